@@ -1,0 +1,130 @@
+//! Typed refusals. A `handle_*` call that returns `Err` changed nothing.
+
+use crate::id::{Version, WorkerId};
+use crate::math::LengthMismatch;
+use core::fmt;
+
+/// Why an input was refused. The state machine's state is unchanged after a refusal; the
+/// caller may log it, count it, or disconnect the peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reject {
+    /// The sender's id is not in `0..n`.
+    UnknownWorker(WorkerId),
+    /// A tensor had the wrong number of elements.
+    WrongLength(LengthMismatch),
+    /// A tensor contained NaN or ±∞.
+    NotFinite,
+    /// A gradient's norm exceeded the configured bound and the policy is to refuse.
+    NormTooLarge,
+    /// The same contribution was already received (same worker, round and sequence).
+    Duplicate {
+        /// The sender.
+        worker: WorkerId,
+        /// The sequence number it sent.
+        seq: u64,
+    },
+    /// A message from an earlier session of a worker that has since rejoined.
+    StaleEpoch {
+        /// The sender.
+        worker: WorkerId,
+        /// The epoch it sent.
+        epoch: u32,
+    },
+    /// A message refers to a version the server has not produced yet.
+    FutureVersion {
+        /// The version the message claimed.
+        claimed: Version,
+        /// The server's current version.
+        current: Version,
+    },
+    /// The message kind is not part of this protocol, or not valid in the current phase.
+    Unexpected {
+        /// The message kind's name.
+        kind: &'static str,
+    },
+    /// The worker has not joined (or has left) and may not send this.
+    NotJoined(WorkerId),
+    /// A gradient was handed to a worker that did not ask for one, or for an abandoned job.
+    NoSuchComputation,
+    /// A fixed-capacity table or queue is full; the input was not taken.
+    Capacity,
+    /// A worker received a model older than the one it already has.
+    OutdatedModel {
+        /// The version received.
+        received: Version,
+        /// The version the worker has.
+        have: Version,
+    },
+    /// The state machine has stopped and takes no more input.
+    Stopped,
+}
+
+/// Why a configuration was refused at construction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `workers` must be in `1..=MAX_WORKERS`.
+    WorkerCount(u32),
+    /// The learning rate must be finite and positive.
+    LearningRate,
+    /// The model must have at least one parameter.
+    EmptyModel,
+    /// The scratch buffer is shorter than the protocol needs.
+    ScratchTooSmall {
+        /// Elements needed.
+        needed: usize,
+        /// Elements given.
+        given: usize,
+    },
+    /// A protocol knob is out of range; the name says which.
+    Knob(&'static str),
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::WorkerCount(n) => write!(f, "worker count {n} is outside 1..={}", crate::id::MAX_WORKERS),
+            Self::LearningRate => f.write_str("learning rate must be finite and positive"),
+            Self::EmptyModel => f.write_str("the model has no parameters"),
+            Self::ScratchTooSmall { needed, given } => {
+                write!(f, "scratch buffer has {given} elements, the protocol needs {needed}")
+            }
+            Self::Knob(name) => write!(f, "protocol setting `{name}` is out of range"),
+        }
+    }
+}
+
+impl core::error::Error for ConfigError {}
+
+impl fmt::Display for Reject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::UnknownWorker(w) => write!(f, "unknown {w}"),
+            Self::WrongLength(m) => write!(f, "{m}"),
+            Self::NotFinite => f.write_str("tensor contains NaN or infinity"),
+            Self::NormTooLarge => f.write_str("gradient norm above the configured bound"),
+            Self::Duplicate { worker, seq } => write!(f, "duplicate message seq {seq} from {worker}"),
+            Self::StaleEpoch { worker, epoch } => write!(f, "stale epoch {epoch} from {worker}"),
+            Self::FutureVersion { claimed, current } => {
+                write!(f, "message claims {claimed}, server is at {current}")
+            }
+            Self::Unexpected { kind } => write!(f, "unexpected {kind} message"),
+            Self::NotJoined(w) => write!(f, "{w} has not joined"),
+            Self::NoSuchComputation => {
+                f.write_str("gradient for a computation that was not requested or was abandoned")
+            }
+            Self::Capacity => f.write_str("fixed capacity exhausted"),
+            Self::OutdatedModel { received, have } => write!(f, "received model {received}, already have {have}"),
+            Self::Stopped => f.write_str("stopped"),
+        }
+    }
+}
+
+impl core::error::Error for Reject {}
+
+impl From<LengthMismatch> for Reject {
+    fn from(m: LengthMismatch) -> Self {
+        Self::WrongLength(m)
+    }
+}

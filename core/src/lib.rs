@@ -1,0 +1,107 @@
+//! # syncopate
+//!
+//! Straggler-tolerant synchronization protocols for parameter-server training, written as
+//! pure state machines: message in, messages out, time passed in, gradients in
+//! caller-owned buffers. `#![no_std]`, no allocation, no panics on any input.
+//!
+//! A parameter server holds the model; `n` workers compute gradients and push them; a
+//! *synchronization protocol* decides when the server applies what it received, what it
+//! sends back, and when each worker may go on. With synchronous SGD every step waits for the
+//! slowest worker; the protocols here are the published answers to that:
+//!
+//! | module | protocol |
+//! |---|---|
+//! | [`proto::bsp`] | bulk synchronous parallel (the baseline) |
+//! | [`proto::asp`] | fully asynchronous (the other baseline) |
+//!
+//! ## Architecture
+//!
+//! - [`time`]: [`Instant`] and [`Duration`], inputs only; the core never reads a clock.
+//! - [`id`]: [`WorkerId`], [`Version`], [`ComputeId`] and the fixed-size [`WorkerSet`].
+//! - [`msg`]: the message vocabulary of every protocol, with borrowed tensor payloads.
+//! - [`math`]: slice kernels generic on [`Scalar`] (`f32`, `f64`).
+//! - [`proto`]: the protocols, their common verbs ([`Server`], [`Worker`]) and the
+//!   configuration-driven [`AnyServer`] / [`AnyWorker`].
+//! - [`error`]: [`Reject`] (an input was refused, nothing changed) and [`ConfigError`].
+//!
+//! ## Driving a protocol
+//!
+//! Feed an input, drain the outputs, wait for the next deadline. Here a BSP server and two
+//! workers are wired together by hand; the `syncopate-adapters` crate does the same over
+//! threads, TCP and a simulator.
+//!
+//! ```
+//! use syncopate::proto::bsp::{BspConfig, BspServer};
+//! use syncopate::{GradientWorker, GradientWorkerConfig, Instant, Recipient, Server,
+//!                 ServerOutput, ToServer, ToWorker, Values, Worker, WorkerId, WorkerOutput};
+//!
+//! let now = Instant::ZERO;
+//! let mut server = BspServer::new(BspConfig::new(2, 0.5), [1.0f32; 3], [0.0f32; 3]).unwrap();
+//! let mut workers = [0, 1].map(|i| GradientWorker::new(GradientWorkerConfig::new(WorkerId(i)), [0.0f32; 3]).unwrap());
+//!
+//! for _ in 0..2 {
+//!     // Workers -> server: each sends its pending messages; the host computes gradients.
+//!     for w in workers.iter_mut() {
+//!         let mut job = None;
+//!         while let Some(out) = w.poll_output() {
+//!             match out {
+//!                 WorkerOutput::Send(msg) => server.handle(now, w.id(), msg).unwrap(),
+//!                 WorkerOutput::Compute { id, params, .. } => {
+//!                     job = Some((id, params.iter().map(|p| p * 2.0).collect::<Vec<f32>>()))
+//!                 }
+//!                 WorkerOutput::Event(_) => {}
+//!             }
+//!         }
+//!         if let Some((id, grad)) = job {
+//!             w.handle_gradient(now, id, &grad).unwrap();
+//!             while let Some(WorkerOutput::Send(msg)) = w.poll_output() {
+//!                 server.handle(now, w.id(), msg).unwrap();
+//!             }
+//!         }
+//!     }
+//!     // Server -> workers.
+//!     let mut inbox: Vec<(Option<u32>, u64, Vec<f32>)> = Vec::new();
+//!     while let Some(out) = server.poll_output() {
+//!         if let ServerOutput::Send { to, msg: ToWorker::Model { version, values, .. } } = out {
+//!             let mut params = vec![0.0; 3];
+//!             values.copy_into(&mut params).unwrap();
+//!             let to = match to { Recipient::Worker(w) => Some(w.0), Recipient::AllWorkers => None };
+//!             inbox.push((to, version.0, params));
+//!         }
+//!     }
+//!     for (to, version, params) in inbox {
+//!         for w in workers.iter_mut().filter(|w| to.is_none_or(|t| t == w.id().0)) {
+//!             let msg = ToWorker::Model { version: syncopate::Version(version), clock: version, values: Values::Slice(&params) };
+//!             w.handle(now, msg).unwrap();
+//!         }
+//!     }
+//! }
+//! // One BSP step with gradient 2w: w = 1 - 0.5 * 2 = 0.
+//! assert_eq!(server.version().0, 1);
+//! assert_eq!(server.params(), &[0.0; 3]);
+//! ```
+
+#![no_std]
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+#[cfg(any(feature = "std", test))]
+extern crate std;
+
+pub mod error;
+pub mod id;
+pub mod math;
+pub mod msg;
+pub mod proto;
+pub mod time;
+pub mod wire;
+
+pub use error::{ConfigError, Reject};
+pub use id::{ComputeId, MAX_WORKERS, Version, WorkerId, WorkerSet};
+pub use math::Scalar;
+pub use msg::{ToServer, ToWorker, Values};
+pub use proto::{
+    AnyServer, AnyWorker, DropReason, GradientWorker, GradientWorkerConfig, ProtocolConfig, Recipient, Server,
+    ServerEvent, ServerOutput, ServerStats, Worker, WorkerEvent, WorkerOutput, WorkerSetup,
+};
+pub use time::{Duration, Instant};

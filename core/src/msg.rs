@@ -1,0 +1,282 @@
+//! The message vocabulary of every protocol: [`ToServer`], [`ToWorker`], and the tensor
+//! payload [`Values`].
+//!
+//! Messages borrow their payload, so a message decoded from a network buffer points into
+//! that buffer ([`Values::LittleEndian`]) and one built in-process points at a model or
+//! gradient slice ([`Values::Slice`]); either is read straight into the destination without
+//! an intermediate copy. The sender of a `ToServer` message is not in the message: the
+//! transport knows which (authenticated) worker a message came from and passes it to
+//! `handle` separately.
+//!
+//! | message | used by |
+//! |---|---|
+//! | [`ToServer::Join`] | every protocol: a worker (re)joins and asks for the model |
+//! | [`ToServer::Grad`] | BSP, ASP, backup workers, DBW, BAP, grouped |
+//! | [`ToServer::Delta`] | WBSP |
+//! | [`ToServer::Pull`] | BAP, SSP, WBSP |
+//! | [`ToServer::Clock`] | SSP |
+//! | [`ToServer::Leave`] | every protocol: a clean goodbye |
+//! | [`ToWorker::Model`] | every protocol |
+//! | [`ToWorker::NotNewer`] | BAP, SSP |
+//! | [`ToWorker::PushAck`] | WBSP |
+//! | [`ToWorker::Abort`] | backup workers, DBW, BAP |
+//! | [`ToWorker::Stop`] | every protocol: training is over |
+
+use crate::id::Version;
+use crate::math::{self, LengthMismatch, Scalar};
+
+/// A tensor payload: a borrowed slice of elements, or their little-endian bytes as they
+/// came off the wire.
+#[derive(Clone, Copy, Debug)]
+pub enum Values<'a, T> {
+    /// Elements in host representation (in-process transports).
+    Slice(&'a [T]),
+    /// Raw little-endian bytes; the length is a multiple of `T::BYTES` when built by
+    /// [`crate::wire`] (other lengths are refused by every reader here).
+    LittleEndian(&'a [u8]),
+}
+
+impl<T: Scalar> Values<'_, T> {
+    /// Number of elements (for [`Values::LittleEndian`], whole elements only).
+    pub fn len(&self) -> usize {
+        match self {
+            Values::Slice(s) => s.len(),
+            Values::LittleEndian(b) => b.len() / T::BYTES,
+        }
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Checks that the payload has exactly `dim` elements (and, for bytes, no partial one).
+    pub fn check_len(&self, dim: usize) -> Result<(), LengthMismatch> {
+        let ok = match self {
+            Values::Slice(s) => s.len() == dim,
+            Values::LittleEndian(b) => b.len() % T::BYTES == 0 && b.len() / T::BYTES == dim,
+        };
+        if ok { Ok(()) } else { Err(LengthMismatch { expected: dim, actual: self.len() }) }
+    }
+
+    /// Element `i`, if in range.
+    pub fn get(&self, i: usize) -> Option<T> {
+        match self {
+            Values::Slice(s) => s.get(i).copied(),
+            Values::LittleEndian(b) => {
+                let start = i.checked_mul(T::BYTES)?;
+                b.get(start..start.checked_add(T::BYTES)?).and_then(T::from_le)
+            }
+        }
+    }
+
+    /// `Σ x_i²` over the payload.
+    pub fn squared_norm(&self) -> T {
+        match self {
+            Values::Slice(s) => math::squared_norm(s),
+            Values::LittleEndian(b) => {
+                let mut acc = T::zero();
+                for c in b.chunks_exact(T::BYTES) {
+                    let v = T::from_le(c).unwrap_or_else(T::zero);
+                    acc = acc + v * v;
+                }
+                acc
+            }
+        }
+    }
+
+    /// Whether every element is finite.
+    pub fn all_finite(&self) -> bool {
+        match self {
+            Values::Slice(s) => math::all_finite(s),
+            Values::LittleEndian(b) => b.chunks_exact(T::BYTES).all(|c| T::from_le(c).is_some_and(|v| v.is_finite())),
+        }
+    }
+
+    /// `dst = values`.
+    pub fn copy_into(&self, dst: &mut [T]) -> Result<(), LengthMismatch> {
+        self.check_len(dst.len())?;
+        match self {
+            Values::Slice(s) => dst.copy_from_slice(s),
+            Values::LittleEndian(b) => {
+                for (d, c) in dst.iter_mut().zip(b.chunks_exact(T::BYTES)) {
+                    *d = T::from_le(c).unwrap_or_else(T::zero);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `dst += a * values`.
+    pub fn scaled_add_into(&self, dst: &mut [T], a: T) -> Result<(), LengthMismatch> {
+        self.check_len(dst.len())?;
+        match self {
+            Values::Slice(s) => math::scaled_add(dst, a, s)?,
+            Values::LittleEndian(b) => {
+                for (d, c) in dst.iter_mut().zip(b.chunks_exact(T::BYTES)) {
+                    *d = *d + a * T::from_le(c).unwrap_or_else(T::zero);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `dst += values` (exact for integer-valued test data; a separate loop from
+    /// [`Self::scaled_add_into`] so the common unscaled case does one multiply fewer).
+    pub fn add_into(&self, dst: &mut [T]) -> Result<(), LengthMismatch> {
+        self.check_len(dst.len())?;
+        match self {
+            Values::Slice(s) => math::add(dst, s)?,
+            Values::LittleEndian(b) => {
+                for (d, c) in dst.iter_mut().zip(b.chunks_exact(T::BYTES)) {
+                    *d = *d + T::from_le(c).unwrap_or_else(T::zero);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A message from a worker (or a group server acting as one) to its server.
+#[derive(Clone, Copy, Debug)]
+pub enum ToServer<'a, T> {
+    /// The worker starts or restarts. `epoch` grows with every restart of the same worker id,
+    /// so the server can tell a rejoin from a replay. The server answers with the model.
+    Join {
+        /// The worker's session epoch.
+        epoch: u32,
+    },
+    /// A gradient computed on model `base`.
+    Grad {
+        /// The model version the gradient was computed on.
+        base: Version,
+        /// The worker's own iteration index (BAP's iteration `j`; others send their step count).
+        iteration: u64,
+        /// Per-worker sequence number, strictly increasing within an epoch (deduplication).
+        seq: u64,
+        /// The gradient.
+        values: Values<'a, T>,
+    },
+    /// WBSP: the change of the worker's local model since its previous upload.
+    Delta {
+        /// The round (model version) the worker's local model started from.
+        round: Version,
+        /// Local SGD steps contained in this delta (more than one when coalesced).
+        local_steps: u32,
+        /// Per-worker sequence number (deduplication).
+        seq: u64,
+        /// The delta (already includes the learning rate: `w_local - w_last_upload`).
+        values: Values<'a, T>,
+    },
+    /// Asks for the model if the server has one newer than `have`.
+    Pull {
+        /// The version the worker already has.
+        have: Version,
+        /// SSP: the oldest server clock the worker can accept (its clock minus the bound);
+        /// the server answers once its clock reaches it. Other protocols send 0.
+        min_clock: u64,
+    },
+    /// SSP: the worker finished clock `clock`; `values` is that clock's additive update.
+    Clock {
+        /// The clock that ended.
+        clock: u64,
+        /// Per-worker sequence number (deduplication).
+        seq: u64,
+        /// The update `u` (the server does `w += u`).
+        values: Values<'a, T>,
+    },
+    /// The worker leaves cleanly; the server treats it as lost.
+    Leave,
+}
+
+/// A message from a server to a worker (or from the central server to a group server).
+#[derive(Clone, Copy, Debug)]
+pub enum ToWorker<'a, T> {
+    /// The model at `version`.
+    Model {
+        /// The model version.
+        version: Version,
+        /// SSP: the server clock of this snapshot (every update with a timestamp below it is
+        /// included). Other protocols send the version's number.
+        clock: u64,
+        /// The parameters.
+        values: Values<'a, T>,
+    },
+    /// Answer to a pull: the worker's copy is current.
+    NotNewer {
+        /// The server's version.
+        version: Version,
+    },
+    /// WBSP: reply to an upload; `pull_now` tells the worker the round closed and it must
+    /// load the new model.
+    PushAck {
+        /// The server's current round.
+        round: Version,
+        /// Whether to pull the new model now.
+        pull_now: bool,
+    },
+    /// Stop the computation for `iteration` (a version, or BAP's iteration index); its result
+    /// would be dropped.
+    Abort {
+        /// The abandoned iteration.
+        iteration: u64,
+    },
+    /// Training is over; the worker stops.
+    Stop,
+}
+
+impl<T> ToServer<'_, T> {
+    /// A short name of the message kind, for logs and errors.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            ToServer::Join { .. } => "Join",
+            ToServer::Grad { .. } => "Grad",
+            ToServer::Delta { .. } => "Delta",
+            ToServer::Pull { .. } => "Pull",
+            ToServer::Clock { .. } => "Clock",
+            ToServer::Leave => "Leave",
+        }
+    }
+}
+
+impl<T> ToWorker<'_, T> {
+    /// A short name of the message kind, for logs and errors.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            ToWorker::Model { .. } => "Model",
+            ToWorker::NotNewer { .. } => "NotNewer",
+            ToWorker::PushAck { .. } => "PushAck",
+            ToWorker::Abort { .. } => "Abort",
+            ToWorker::Stop => "Stop",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn little_endian_values_read_like_slices() {
+        let xs = [1.5f32, -2.0, 3.25];
+        let mut bytes = [0u8; 12];
+        for (x, out) in xs.iter().zip(bytes.chunks_exact_mut(4)) {
+            assert!(x.write_le(out));
+        }
+        let le: Values<'_, f32> = Values::LittleEndian(&bytes);
+        let sl = Values::Slice(&xs);
+        assert_eq!(le.len(), 3);
+        assert_eq!(le.get(1), Some(-2.0));
+        assert_eq!(le.get(3), None);
+        assert_eq!(le.get(usize::MAX), None);
+        assert_eq!(le.squared_norm(), sl.squared_norm());
+        let (mut a, mut b) = ([1.0f32; 3], [1.0f32; 3]);
+        le.scaled_add_into(&mut a, 2.0).unwrap();
+        sl.scaled_add_into(&mut b, 2.0).unwrap();
+        assert_eq!(a, b);
+        assert!(le.check_len(3).is_ok());
+        let partial: Values<'_, f32> = Values::LittleEndian(&bytes[..11]);
+        assert!(partial.check_len(2).is_err());
+        assert!(partial.copy_into(&mut [0.0; 2]).is_err());
+    }
+}

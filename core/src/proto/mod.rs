@@ -1,0 +1,288 @@
+//! The protocols: one module per synchronization protocol, each a server and a worker state
+//! machine with the same verbs, plus [`AnyServer`] / [`AnyWorker`] to pick one from
+//! configuration.
+//!
+//! # Driving contract
+//!
+//! Both sides are driven the same way (quinn-proto's and str0m's contract):
+//!
+//! 1. Feed one input: [`Server::handle`] (a message from a worker),
+//!    [`Server::handle_worker_lost`] (the transport lost a worker), [`Worker::handle`] (a
+//!    message from the server), [`Worker::handle_gradient`] (the host finished a
+//!    computation the worker asked for), or `handle_timeout(now)` when the deadline from
+//!    `poll_timeout` has passed.
+//! 2. Drain `poll_output()` until it returns `None`, acting on each output: send the message,
+//!    record the event, start the computation. Outputs borrow the state machine's buffers,
+//!    so finish with one (copy or encode it) before asking for the next.
+//! 3. Ask `poll_timeout()` and wake up at that instant (or at the next input, if sooner).
+//!
+//! A `handle*` call that returns `Err(Reject)` changed nothing: no state, no output.
+//!
+//! # Outcomes
+//!
+//! Every gradient (or delta, or clock update) a server receives has exactly one outcome:
+//! refused with an `Err` ([`Reject`]: malformed, duplicate, from an unknown worker, not
+//! finite…), or later an [`ServerEvent::Applied`] or a [`ServerEvent::Dropped`] event (valid
+//! but discarded by the protocol's rules, with a [`DropReason`]).
+
+mod any;
+pub mod asp;
+pub mod bsp;
+mod queue;
+mod roster;
+mod stall;
+mod validate;
+mod worker;
+
+pub use any::{AnyServer, AnyWorker, ProtocolConfig, WorkerSetup};
+pub use validate::{GradientPolicy, LargeGradient};
+pub use worker::{GradientWorker, GradientWorkerConfig};
+
+use crate::error::Reject;
+use crate::id::{ComputeId, Version, WorkerId};
+use crate::math::Scalar;
+use crate::msg::{ToServer, ToWorker};
+use crate::time::Instant;
+
+/// Storage for a tensor: anything that lends out a mutable slice (a `Vec<T>`, a
+/// `&mut [T]`, a `[T; N]`, a static array). The caller owns the memory; the state machine
+/// only borrows it for its lifetime.
+pub trait Buffer<T>: AsRef<[T]> + AsMut<[T]> {}
+impl<T, B: AsRef<[T]> + AsMut<[T]> + ?Sized> Buffer<T> for B {}
+
+/// Where a server's message goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recipient {
+    /// One worker.
+    Worker(WorkerId),
+    /// Every worker the transport is connected to.
+    AllWorkers,
+}
+
+/// One output of a server state machine.
+#[derive(Debug)]
+#[must_use]
+pub enum ServerOutput<'a, T> {
+    /// Send `msg` to `to`.
+    Send {
+        /// The recipient.
+        to: Recipient,
+        /// The message (its payload borrows the server's model).
+        msg: ToWorker<'a, T>,
+    },
+    /// Something happened that a user may want to log, count or plot.
+    Event(ServerEvent),
+}
+
+/// One output of a worker state machine.
+#[derive(Debug)]
+#[must_use]
+pub enum WorkerOutput<'a, T> {
+    /// Send `msg` to the server.
+    Send(ToServer<'a, T>),
+    /// Compute a gradient at `params` and hand it back with
+    /// [`Worker::handle_gradient`]`(now, id, &grad)`.
+    Compute {
+        /// The job's token, to pass back with the gradient.
+        id: ComputeId,
+        /// The model version `params` belongs to.
+        version: Version,
+        /// The parameters to compute the gradient at.
+        params: &'a [T],
+    },
+    /// Something happened on the worker.
+    Event(WorkerEvent),
+}
+
+/// Why a valid gradient was discarded rather than applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DropReason {
+    /// Computed on a version whose iteration already closed (a backup worker, or reordering).
+    Stale,
+    /// The protocol told the worker to abandon this iteration (timeout or backup cut-off).
+    Aborted,
+    /// Its iteration closed by timeout before it arrived.
+    TimedOut,
+    /// Its staleness exceeds the protocol's bound.
+    OverStalenessBound,
+    /// Its worker was declared lost before the gradient could be used.
+    WorkerLost,
+}
+
+impl DropReason {
+    /// Every reason, for counters and reports.
+    pub const ALL: [Self; 5] = [Self::Stale, Self::Aborted, Self::TimedOut, Self::OverStalenessBound, Self::WorkerLost];
+
+    /// A short lowercase name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Stale => "stale",
+            Self::Aborted => "aborted",
+            Self::TimedOut => "timed_out",
+            Self::OverStalenessBound => "over_staleness_bound",
+            Self::WorkerLost => "worker_lost",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Self::Stale => 0,
+            Self::Aborted => 1,
+            Self::TimedOut => 2,
+            Self::OverStalenessBound => 3,
+            Self::WorkerLost => 4,
+        }
+    }
+}
+
+/// What a server reports.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum ServerEvent {
+    /// A contribution from `worker`, computed on `base`, is part of model `version`.
+    Applied {
+        /// Who sent it.
+        worker: WorkerId,
+        /// The version it was computed on.
+        base: Version,
+        /// The model version that first includes it.
+        version: Version,
+        /// Updates applied between `base` and this one (`version - 1 - base`).
+        staleness: u64,
+        /// The factor it was multiplied by before the learning rate (1/k for a mean of k,
+        /// times any clipping factor).
+        weight: f64,
+    },
+    /// A valid contribution was discarded.
+    Dropped {
+        /// Who sent it.
+        worker: WorkerId,
+        /// The version it was computed on.
+        base: Version,
+        /// Why.
+        reason: DropReason,
+    },
+    /// The model moved to `version`, combining `contributions` gradients or deltas.
+    ModelUpdated {
+        /// The new version.
+        version: Version,
+        /// How many contributions it combines.
+        contributions: u32,
+    },
+    /// A worker joined (or rejoined with a newer epoch).
+    WorkerJoined {
+        /// The worker.
+        worker: WorkerId,
+        /// Its session epoch.
+        epoch: u32,
+    },
+    /// A worker was declared lost (by the transport, a `Leave`, or a timeout).
+    WorkerLost {
+        /// The worker.
+        worker: WorkerId,
+    },
+    /// The current iteration has made no progress since `since`; it waits for `waiting_for`
+    /// (the lowest-numbered missing worker). Reported again every stall interval.
+    Stalled {
+        /// A worker the server is waiting for.
+        waiting_for: WorkerId,
+        /// How many workers are missing.
+        missing: u32,
+        /// When the iteration started waiting.
+        since: Instant,
+    },
+}
+
+/// What a worker reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WorkerEvent {
+    /// The worker cannot start its next computation until the server sends a newer model.
+    Blocked {
+        /// The version the worker holds.
+        have: Version,
+    },
+    /// A computation was abandoned (a newer model or an abort arrived).
+    Abandoned {
+        /// The abandoned job.
+        id: ComputeId,
+    },
+    /// The server said training is over.
+    Stopped,
+}
+
+/// Counters every server keeps: what it received and what became of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Contributions (gradients, deltas, clock updates) accepted for processing.
+    pub accepted: u64,
+    /// Contributions applied to the model.
+    pub applied: u64,
+    /// Contributions dropped, by [`DropReason`] (index order of [`DropReason::ALL`]).
+    pub dropped: [u64; 5],
+    /// Inputs refused with a [`Reject`].
+    pub rejected: u64,
+    /// Model updates (version increments).
+    pub updates: u64,
+}
+
+impl ServerStats {
+    /// All drops together.
+    pub fn dropped_total(&self) -> u64 {
+        self.dropped.iter().sum()
+    }
+
+    /// Drops for one reason.
+    pub fn dropped_for(&self, reason: DropReason) -> u64 {
+        self.dropped.get(reason.index()).copied().unwrap_or(0)
+    }
+
+    pub(crate) fn count_drop(&mut self, reason: DropReason) {
+        if let Some(c) = self.dropped.get_mut(reason.index()) {
+            *c += 1;
+        }
+    }
+}
+
+/// The verbs of every server state machine. See the [module docs](self) for the driving
+/// contract.
+pub trait Server<T: Scalar> {
+    /// A message from `from` arrived at `now`.
+    fn handle(&mut self, now: Instant, from: WorkerId, msg: ToServer<'_, T>) -> Result<(), Reject>;
+    /// The transport lost `worker` (connection closed, heartbeat missed).
+    fn handle_worker_lost(&mut self, now: Instant, worker: WorkerId) -> Result<(), Reject>;
+    /// The deadline from [`Self::poll_timeout`] passed.
+    fn handle_timeout(&mut self, now: Instant);
+    /// The next output, borrowing the server's model; `None` when drained.
+    fn poll_output(&mut self) -> Option<ServerOutput<'_, T>>;
+    /// When [`Self::handle_timeout`] should be called next, if ever.
+    fn poll_timeout(&self) -> Option<Instant>;
+    /// Tells every worker to stop (queues [`ToWorker::Stop`]).
+    fn stop(&mut self);
+    /// The current model version.
+    fn version(&self) -> Version;
+    /// The current model.
+    fn params(&self) -> &[T];
+    /// What the server received and what became of it.
+    fn stats(&self) -> &ServerStats;
+}
+
+/// The verbs of every worker state machine. See the [module docs](self) for the driving
+/// contract. A new worker's first output is its [`ToServer::Join`].
+pub trait Worker<T: Scalar> {
+    /// A message from the server arrived at `now`.
+    fn handle(&mut self, now: Instant, msg: ToWorker<'_, T>) -> Result<(), Reject>;
+    /// The host finished the computation `id` that a [`WorkerOutput::Compute`] asked for.
+    fn handle_gradient(&mut self, now: Instant, id: ComputeId, grad: &[T]) -> Result<(), Reject>;
+    /// The deadline from [`Self::poll_timeout`] passed.
+    fn handle_timeout(&mut self, now: Instant);
+    /// The next output; `None` when drained.
+    fn poll_output(&mut self) -> Option<WorkerOutput<'_, T>>;
+    /// When [`Self::handle_timeout`] should be called next, if ever.
+    fn poll_timeout(&self) -> Option<Instant>;
+    /// This worker's id.
+    fn id(&self) -> WorkerId;
+    /// Whether the server told this worker to stop.
+    fn is_stopped(&self) -> bool;
+}

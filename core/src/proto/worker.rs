@@ -1,0 +1,216 @@
+//! The gradient worker: the worker side of BSP, ASP, backup workers, DBW and group members.
+//!
+//! It joins, waits for a model, asks its host to compute one gradient at that model, sends
+//! it, and waits for the next model. A model newer than the one it is computing on makes
+//! it abandon the computation and start on the new one (option A of PROTOCOLS.md §3.2;
+//! servers that want option B simply do not send models to busy workers). An
+//! `Abort{iteration}` for the current computation abandons it and waits for a model.
+//!
+//! Loss tolerance: with [`GradientWorkerConfig::rejoin_after`] set, a worker that has waited
+//! that long for a model sends `Join` again (same epoch); the server answers with its
+//! current model, so a lost gradient or a lost broadcast costs one timeout, never a hang.
+//! A model with the version the worker last computed on is taken as such a retransmission
+//! and computed again (the server refuses the repeat as a duplicate if the first arrived).
+//!
+//! Memory: one caller-owned buffer of the model's length holds the model while the host
+//! computes, then the gradient while it is sent.
+
+use super::queue::{WorkerItem, WorkerQueue};
+use super::{Buffer, Worker, WorkerEvent, WorkerOutput};
+use crate::error::{ConfigError, Reject};
+use crate::id::{ComputeId, Version, WorkerId};
+use crate::math::{self, Scalar};
+use crate::msg::ToWorker;
+use crate::time::{Duration, Instant};
+use core::marker::PhantomData;
+
+/// Settings of a [`GradientWorker`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GradientWorkerConfig {
+    /// This worker's id.
+    pub id: WorkerId,
+    /// Session epoch: increase it every time the same id restarts.
+    pub epoch: u32,
+    /// Re-send `Join` after waiting this long for a model; `None` waits forever.
+    pub rejoin_after: Option<Duration>,
+}
+
+impl GradientWorkerConfig {
+    /// Worker `id`, epoch 0, no retries.
+    pub fn new(id: WorkerId) -> Self {
+        Self { id, epoch: 0, rejoin_after: None }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for a model; `sent` is the version of the last gradient sent, if any.
+    Waiting {
+        since: Instant,
+        sent: Option<Version>,
+    },
+    /// The host is computing job `id` on `version`.
+    Computing {
+        id: ComputeId,
+        version: Version,
+    },
+    Stopped,
+}
+
+/// The gradient worker state machine. `S` is the caller's buffer of the model's length.
+#[derive(Debug)]
+pub struct GradientWorker<T, S> {
+    config: GradientWorkerConfig,
+    buf: S,
+    phase: Phase,
+    have: Option<Version>,
+    next_job: u64,
+    seq: u64,
+    steps: u64,
+    queue: WorkerQueue,
+    _t: PhantomData<T>,
+}
+
+impl<T: Scalar, S: Buffer<T>> GradientWorker<T, S> {
+    /// A worker whose model and gradient live in `buf` (its length is the model's).
+    /// Its first output is `Join`.
+    pub fn new(config: GradientWorkerConfig, buf: S) -> Result<Self, ConfigError> {
+        if buf.as_ref().is_empty() {
+            return Err(ConfigError::EmptyModel);
+        }
+        let mut queue = WorkerQueue::new();
+        queue.push(WorkerItem::Join { epoch: config.epoch });
+        Ok(Self {
+            config,
+            buf,
+            phase: Phase::Waiting { since: Instant::ZERO, sent: None },
+            have: None,
+            next_job: 0,
+            seq: 0,
+            steps: 0,
+            queue,
+            _t: PhantomData,
+        })
+    }
+
+    /// Gradients sent so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// The newest model version received.
+    pub fn model_version(&self) -> Option<Version> {
+        self.have
+    }
+
+    fn start(&mut self, version: Version) {
+        let id = ComputeId(self.next_job);
+        self.next_job += 1;
+        self.phase = Phase::Computing { id, version };
+        self.queue.push(WorkerItem::Compute { id, version });
+    }
+
+    fn on_model(&mut self, now: Instant, version: Version, values: crate::msg::Values<'_, T>) -> Result<(), Reject> {
+        let _ = now;
+        values.check_len(self.buf.as_ref().len())?;
+        if let Some(have) = self.have {
+            if version < have {
+                return Err(Reject::OutdatedModel { received: version, have });
+            }
+        }
+        match self.phase {
+            Phase::Stopped => return Err(Reject::Stopped),
+            Phase::Computing { id, version: current } => {
+                if version <= current {
+                    return Err(Reject::Duplicate { worker: self.config.id, seq: version.0 });
+                }
+                self.queue.push(WorkerItem::Event(WorkerEvent::Abandoned { id }));
+            }
+            Phase::Waiting { .. } => {}
+        }
+        values.copy_into(self.buf.as_mut())?;
+        self.have = Some(version);
+        self.start(version);
+        Ok(())
+    }
+}
+
+impl<T: Scalar, S: Buffer<T>> Worker<T> for GradientWorker<T, S> {
+    fn handle(&mut self, now: Instant, msg: ToWorker<'_, T>) -> Result<(), Reject> {
+        self.queue.ensure_room(3)?;
+        match msg {
+            ToWorker::Model { version, values, .. } => self.on_model(now, version, values),
+            ToWorker::Abort { iteration } => {
+                if let Phase::Computing { id, version } = self.phase {
+                    if version.0 == iteration {
+                        self.phase = Phase::Waiting { since: now, sent: None };
+                        self.queue.push(WorkerItem::Event(WorkerEvent::Abandoned { id }));
+                    }
+                }
+                Ok(())
+            }
+            ToWorker::Stop => {
+                if self.phase != Phase::Stopped {
+                    self.phase = Phase::Stopped;
+                    self.queue.push(WorkerItem::Event(WorkerEvent::Stopped));
+                }
+                Ok(())
+            }
+            other => Err(Reject::Unexpected { kind: other.kind_name() }),
+        }
+    }
+
+    fn handle_gradient(&mut self, now: Instant, id: ComputeId, grad: &[T]) -> Result<(), Reject> {
+        let Phase::Computing { id: current, version } = self.phase else {
+            return Err(Reject::NoSuchComputation);
+        };
+        if id != current {
+            return Err(Reject::NoSuchComputation);
+        }
+        self.queue.ensure_room(1)?;
+        if grad.len() != self.buf.as_ref().len() {
+            return Err(Reject::WrongLength(math::LengthMismatch {
+                expected: self.buf.as_ref().len(),
+                actual: grad.len(),
+            }));
+        }
+        if !math::all_finite(grad) {
+            return Err(Reject::NotFinite);
+        }
+        self.buf.as_mut().copy_from_slice(grad);
+        self.queue.push(WorkerItem::Grad { base: version, iteration: self.steps, seq: self.seq });
+        self.seq += 1;
+        self.steps += 1;
+        self.phase = Phase::Waiting { since: now, sent: Some(version) };
+        Ok(())
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        if let (Phase::Waiting { since, sent }, Some(after)) = (self.phase, self.config.rejoin_after) {
+            if now >= since + after {
+                self.phase = Phase::Waiting { since: now, sent };
+                self.queue.push(WorkerItem::Join { epoch: self.config.epoch });
+            }
+        }
+    }
+
+    fn poll_output(&mut self) -> Option<WorkerOutput<'_, T>> {
+        let buf = self.buf.as_ref();
+        self.queue.poll(buf, buf)
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        match (self.phase, self.config.rejoin_after) {
+            (Phase::Waiting { since, .. }, Some(after)) => Some(since + after),
+            _ => None,
+        }
+    }
+
+    fn id(&self) -> WorkerId {
+        self.config.id
+    }
+
+    fn is_stopped(&self) -> bool {
+        self.phase == Phase::Stopped
+    }
+}

@@ -1,0 +1,1 @@
+//! The wire codec (placeholder; being written).
