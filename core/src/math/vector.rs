@@ -132,6 +132,7 @@ pub fn apply_and_clear<T: Scalar>(params: &mut [T], a: T, acc: &mut [T]) -> Resu
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::vec::Vec;
 
     #[test]
     fn length_mismatch_is_an_error() {

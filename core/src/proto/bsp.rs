@@ -305,3 +305,207 @@ impl<T: Scalar, S: Buffer<T>> Server<T> for BspServer<T, S> {
         &self.stats
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::{ServerOutput, ToWorkerOwned};
+    use proptest::prelude::*;
+    use std::vec;
+    use std::vec::Vec;
+
+    fn server(n: u32, dim: usize) -> BspServer<f64, Vec<f64>> {
+        BspServer::new(BspConfig::new(n, 0.5), vec![1.0; dim], vec![0.0; dim]).unwrap()
+    }
+
+    fn grad(base: u64, seq: u64, values: &[f64]) -> ToServer<'_, f64> {
+        ToServer::Grad { base: Version(base), iteration: 0, seq, values: Values::Slice(values) }
+    }
+
+    fn drain(s: &mut BspServer<f64, Vec<f64>>) -> (Vec<ServerEvent>, Vec<(Recipient, ToWorkerOwned)>) {
+        let (mut events, mut sends) = (Vec::new(), Vec::new());
+        while let Some(out) = s.poll_output() {
+            match out {
+                ServerOutput::Event(e) => events.push(e),
+                ServerOutput::Send { to, msg } => sends.push((to, ToWorkerOwned::from(&msg))),
+            }
+        }
+        (events, sends)
+    }
+
+    #[test]
+    fn one_round_applies_the_mean_and_broadcasts() {
+        let mut s = server(2, 2);
+        s.handle(Instant::ZERO, WorkerId(0), grad(0, 0, &[2.0, 4.0])).unwrap();
+        assert_eq!(s.version(), Version(0));
+        s.handle(Instant::ZERO, WorkerId(1), grad(0, 0, &[4.0, 8.0])).unwrap();
+        assert_eq!(s.version(), Version(1));
+        // w = 1 - 0.5 * mean([2,4],[4,8]) = 1 - 0.5*[3,6]
+        assert_eq!(s.params(), &[-0.5, -2.0]);
+        let (events, sends) = drain(&mut s);
+        let applied: Vec<_> = events.iter().filter(|e| matches!(e, ServerEvent::Applied { .. })).collect();
+        assert_eq!(applied.len(), 2);
+        assert!(events.contains(&ServerEvent::ModelUpdated { version: Version(1), contributions: 2 }));
+        assert_eq!(sends.len(), 1);
+        assert_eq!(sends[0].0, Recipient::AllWorkers);
+        assert_eq!(sends[0].1, ToWorkerOwned::Model { version: 1, clock: 1, values: vec![-0.5, -2.0] });
+    }
+
+    #[test]
+    fn refusals_change_nothing() {
+        let mut s = server(2, 2);
+        s.handle(Instant::ZERO, WorkerId(0), grad(0, 3, &[1.0, 1.0])).unwrap();
+        let _ = drain(&mut s);
+        let before = (s.params().to_vec(), s.version(), *s.received());
+        let now = Instant::ZERO;
+        assert_eq!(s.handle(now, WorkerId(0), grad(0, 3, &[1.0, 1.0])), Err(Reject::Duplicate { worker: WorkerId(0), seq: 3 }));
+        assert_eq!(s.handle(now, WorkerId(0), grad(0, 2, &[1.0, 1.0])), Err(Reject::Duplicate { worker: WorkerId(0), seq: 2 }));
+        assert_eq!(s.handle(now, WorkerId(0), grad(0, 4, &[1.0, 1.0])), Err(Reject::Duplicate { worker: WorkerId(0), seq: 4 }));
+        assert_eq!(s.handle(now, WorkerId(2), grad(0, 0, &[1.0, 1.0])), Err(Reject::UnknownWorker(WorkerId(2))));
+        assert_eq!(s.handle(now, WorkerId(u32::MAX), grad(0, 0, &[1.0, 1.0])), Err(Reject::UnknownWorker(WorkerId(u32::MAX))));
+        assert!(matches!(s.handle(now, WorkerId(1), grad(0, 0, &[1.0])), Err(Reject::WrongLength(_))));
+        assert_eq!(s.handle(now, WorkerId(1), grad(0, 0, &[f64::NAN, 1.0])), Err(Reject::NotFinite));
+        assert_eq!(s.handle(now, WorkerId(1), grad(0, 0, &[f64::INFINITY, 1.0])), Err(Reject::NotFinite));
+        assert_eq!(
+            s.handle(now, WorkerId(1), grad(7, 0, &[1.0, 1.0])),
+            Err(Reject::FutureVersion { claimed: Version(7), current: Version(0) })
+        );
+        assert_eq!(
+            s.handle(now, WorkerId(1), ToServer::Pull { have: Version(0), min_clock: 0 }),
+            Err(Reject::Unexpected { kind: "Pull" })
+        );
+        let le = [0u8; 15];
+        assert!(matches!(
+            s.handle(now, WorkerId(1), ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::LittleEndian(&le) }),
+            Err(Reject::WrongLength(_))
+        ));
+        assert_eq!((s.params().to_vec(), s.version(), *s.received()), before);
+        assert!(s.poll_output().is_none());
+        assert_eq!(s.stats().rejected, 10);
+        assert_eq!(s.stats().accepted, 1);
+    }
+
+    #[test]
+    fn stale_gradient_is_dropped_with_an_event() {
+        let mut s = server(1, 1);
+        s.handle(Instant::ZERO, WorkerId(0), grad(0, 0, &[1.0])).unwrap();
+        let _ = drain(&mut s);
+        s.handle(Instant::ZERO, WorkerId(0), grad(0, 1, &[1.0])).unwrap();
+        let (events, sends) = drain(&mut s);
+        assert_eq!(events, [ServerEvent::Dropped { worker: WorkerId(0), base: Version(0), reason: DropReason::Stale }]);
+        assert!(sends.is_empty());
+        assert_eq!(s.stats().dropped_for(DropReason::Stale), 1);
+    }
+
+    #[test]
+    fn stall_is_reported_naming_the_missing_worker() {
+        let mut cfg = BspConfig::new(3, 0.5);
+        cfg.stall_report = Some(Duration::from_secs(1));
+        let mut s: BspServer<f32, Vec<f32>> = BspServer::new(cfg, vec![0.0; 1], vec![0.0; 1]).unwrap();
+        s.handle(Instant::ZERO, WorkerId(0), ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::Slice(&[1.0]) }).unwrap();
+        s.handle_worker_lost(Instant::ZERO, WorkerId(1)).unwrap();
+        while s.poll_output().is_some() {}
+        let at = s.poll_timeout().unwrap();
+        assert_eq!(at, Instant::ZERO + Duration::from_secs(1));
+        s.handle_timeout(at);
+        let out = s.poll_output();
+        assert!(matches!(
+            out,
+            Some(ServerOutput::Event(ServerEvent::Stalled { waiting_for: WorkerId(1), missing: 2, .. }))
+        ));
+        assert!(s.poll_timeout().unwrap() > at);
+    }
+
+    #[test]
+    fn join_answers_with_the_model_and_rejects_stale_epochs() {
+        let mut s = server(2, 1);
+        s.handle(Instant::ZERO, WorkerId(1), ToServer::Join { epoch: 2 }).unwrap();
+        let (events, sends) = drain(&mut s);
+        assert_eq!(events, [ServerEvent::WorkerJoined { worker: WorkerId(1), epoch: 2 }]);
+        assert_eq!(sends[0].0, Recipient::Worker(WorkerId(1)));
+        assert_eq!(s.handle(Instant::ZERO, WorkerId(1), ToServer::Join { epoch: 1 }), Err(Reject::StaleEpoch { worker: WorkerId(1), epoch: 1 }));
+    }
+
+    #[test]
+    fn config_errors() {
+        let bad = |c: BspConfig, p: usize, a: usize| BspServer::<f32, Vec<f32>>::new(c, vec![0.0; p], vec![0.0; a]).err();
+        assert_eq!(bad(BspConfig::new(0, 0.1), 1, 1), Some(ConfigError::WorkerCount(0)));
+        assert_eq!(bad(BspConfig::new(1, f64::NAN), 1, 1), Some(ConfigError::LearningRate));
+        assert_eq!(bad(BspConfig::new(1, -1.0), 1, 1), Some(ConfigError::LearningRate));
+        assert_eq!(bad(BspConfig::new(1, 0.1), 0, 1), Some(ConfigError::EmptyModel));
+        assert_eq!(bad(BspConfig::new(1, 0.1), 4, 3), Some(ConfigError::ScratchTooSmall { needed: 4, given: 3 }));
+    }
+
+    proptest! {
+        /// BSP applies exactly the mean of the n gradients computed at version v, once per
+        /// version, whatever the arrival order, duplicates and stale copies in between.
+        #[test]
+        fn applies_exactly_the_mean_of_n(
+            n in 1u32..9,
+            dim in 1usize..6,
+            rounds in 1usize..5,
+            seed in any::<u64>(),
+            grads in proptest::collection::vec(-64i32..64, 9 * 6 * 5),
+        ) {
+            let mut s = server(n, dim);
+            let mut reference = vec![1.0f64; dim];
+            let mut rng = seed;
+            let mut next = || { rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); rng >> 33 };
+            let mut seqs = vec![0u64; n as usize];
+            for r in 0..rounds {
+                let g = |w: usize, j: usize| f64::from(grads[((r * 9 + w) * 6 + j) % grads.len()]);
+                let mut order: Vec<usize> = (0..n as usize).collect();
+                for i in (1..order.len()).rev() { order.swap(i, next() as usize % (i + 1)); }
+                for (pos, &w) in order.iter().enumerate() {
+                    let values: Vec<f64> = (0..dim).map(|j| g(w, j)).collect();
+                    prop_assert_eq!(s.version(), Version(r as u64));
+                    s.handle(Instant::ZERO, WorkerId(w as u32), grad(r as u64, seqs[w], &values)).unwrap();
+                    seqs[w] += 1;
+                    // A replay of the same message is refused and changes nothing.
+                    let snapshot = s.params().to_vec();
+                    prop_assert!(s.handle(Instant::ZERO, WorkerId(w as u32), grad(r as u64, seqs[w] - 1, &values)).is_err());
+                    prop_assert_eq!(s.params(), &snapshot[..]);
+                    if pos + 1 < order.len() { prop_assert_eq!(s.version(), Version(r as u64)); }
+                }
+                for (j, p) in reference.iter_mut().enumerate() {
+                    let sum: f64 = (0..n as usize).map(|w| g(w, j)).sum();
+                    *p += (-0.5 / f64::from(n)) * sum;
+                }
+                prop_assert_eq!(s.version(), Version(r as u64 + 1));
+                prop_assert_eq!(s.params(), &reference[..]);
+                let (events, _) = drain(&mut s);
+                let mut applied: Vec<u32> = events.iter().filter_map(|e| match e {
+                    ServerEvent::Applied { worker, version, staleness: 0, .. } if *version == Version(r as u64 + 1) => Some(worker.0),
+                    _ => None,
+                }).collect();
+                applied.sort_unstable();
+                prop_assert_eq!(applied, (0..n).collect::<Vec<_>>());
+            }
+            prop_assert_eq!(s.stats().applied, u64::from(n) * rounds as u64);
+        }
+
+        /// No input sequence panics, and the version only moves when n distinct workers sent a
+        /// gradient for the current version.
+        #[test]
+        fn arbitrary_inputs_never_panic(ops in proptest::collection::vec((0u32..6, 0u64..4, 0u64..6, 0usize..4, -2.0f64..2.0, 0u8..8), 0..200)) {
+            let mut s = server(4, 3);
+            for (w, base, seq, len, x, kind) in ops {
+                let values = match kind { 0 => vec![f64::NAN; len], 1 => vec![f64::INFINITY; len], _ => vec![x; len] };
+                let before = s.version();
+                let distinct_before = s.received().len();
+                let msg = match kind {
+                    6 => ToServer::Join { epoch: seq as u32 },
+                    7 => ToServer::Leave,
+                    _ => grad(base, seq, &values),
+                };
+                let _ = s.handle(Instant::from_nanos(seq), WorkerId(w), msg);
+                if s.version() != before {
+                    prop_assert_eq!(s.version(), before.next());
+                    prop_assert_eq!(distinct_before, 3);
+                }
+                prop_assert!(s.params().iter().all(|p| p.is_finite()));
+                while s.poll_output().is_some() {}
+            }
+        }
+    }
+}

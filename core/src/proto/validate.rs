@@ -3,7 +3,6 @@
 use crate::error::Reject;
 use crate::math::Scalar;
 use crate::msg::Values;
-use num_traits::Float;
 
 /// What to do with a finite gradient whose L2 norm exceeds [`GradientPolicy::max_norm`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -214,3 +214,95 @@ impl<T: Scalar, S: Buffer<T>> Worker<T> for GradientWorker<T, S> {
         self.phase == Phase::Stopped
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::msg::{ToServer, Values};
+    use std::vec;
+    use std::vec::Vec;
+
+    fn model(version: u64, values: &[f32]) -> ToWorker<'_, f32> {
+        ToWorker::Model { version: Version(version), clock: version, values: Values::Slice(values) }
+    }
+
+    fn drain(w: &mut GradientWorker<f32, Vec<f32>>) -> Vec<std::string::String> {
+        let mut out = Vec::new();
+        while let Some(o) = w.poll_output() {
+            out.push(match o {
+                WorkerOutput::Send(ToServer::Grad { base, seq, values, .. }) => {
+                    std::format!("grad v{} seq{} {:?}", base.0, seq, values.get(0))
+                }
+                WorkerOutput::Send(m) => std::format!("send {}", m.kind_name()),
+                WorkerOutput::Compute { id, version, params } => {
+                    std::format!("compute {} v{} {:?}", id.0, version.0, params.first())
+                }
+                WorkerOutput::Event(e) => std::format!("{e:?}"),
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn join_compute_send_wait() {
+        let mut w = GradientWorker::new(GradientWorkerConfig::new(WorkerId(3)), vec![0.0f32; 2]).unwrap();
+        assert_eq!(drain(&mut w), ["send Join"]);
+        w.handle(Instant::ZERO, model(0, &[5.0, 6.0])).unwrap();
+        assert_eq!(drain(&mut w), ["compute 0 v0 Some(5.0)"]);
+        assert_eq!(w.handle_gradient(Instant::ZERO, ComputeId(9), &[1.0, 1.0]), Err(Reject::NoSuchComputation));
+        assert!(matches!(w.handle_gradient(Instant::ZERO, ComputeId(0), &[1.0]), Err(Reject::WrongLength(_))));
+        assert_eq!(w.handle_gradient(Instant::ZERO, ComputeId(0), &[f32::NAN, 1.0]), Err(Reject::NotFinite));
+        w.handle_gradient(Instant::ZERO, ComputeId(0), &[7.0, 8.0]).unwrap();
+        assert_eq!(drain(&mut w), ["grad v0 seq0 Some(7.0)"]);
+        assert_eq!(w.handle_gradient(Instant::ZERO, ComputeId(0), &[7.0, 8.0]), Err(Reject::NoSuchComputation));
+        assert_eq!(
+            w.handle(Instant::ZERO, model(0, &[1.0])),
+            Err(Reject::WrongLength(math::LengthMismatch { expected: 2, actual: 1 }))
+        );
+        w.handle(Instant::ZERO, model(1, &[1.0, 1.0])).unwrap();
+        assert_eq!(drain(&mut w), ["compute 1 v1 Some(1.0)"]);
+        assert_eq!(w.steps(), 1);
+    }
+
+    #[test]
+    fn newer_model_abandons_and_old_model_is_refused() {
+        let mut w = GradientWorker::new(GradientWorkerConfig::new(WorkerId(0)), vec![0.0f32; 1]).unwrap();
+        let _ = drain(&mut w);
+        w.handle(Instant::ZERO, model(2, &[1.0])).unwrap();
+        let _ = drain(&mut w);
+        assert_eq!(
+            w.handle(Instant::ZERO, model(1, &[1.0])),
+            Err(Reject::OutdatedModel { received: Version(1), have: Version(2) })
+        );
+        w.handle(Instant::ZERO, model(3, &[2.0])).unwrap();
+        assert_eq!(drain(&mut w), ["Abandoned { id: ComputeId(0) }", "compute 1 v3 Some(2.0)"]);
+        w.handle(Instant::ZERO, ToWorker::Abort { iteration: 3 }).unwrap();
+        assert_eq!(drain(&mut w), ["Abandoned { id: ComputeId(1) }"]);
+        assert_eq!(w.handle_gradient(Instant::ZERO, ComputeId(1), &[0.0]), Err(Reject::NoSuchComputation));
+        w.handle(Instant::ZERO, ToWorker::Stop).unwrap();
+        assert!(w.is_stopped());
+        assert_eq!(w.handle(Instant::ZERO, model(4, &[2.0])), Err(Reject::Stopped));
+    }
+
+    #[test]
+    fn rejoins_after_waiting_too_long() {
+        let mut cfg = GradientWorkerConfig::new(WorkerId(0));
+        cfg.rejoin_after = Some(Duration::from_millis(10));
+        let mut w = GradientWorker::new(cfg, vec![0.0f32; 1]).unwrap();
+        let _ = drain(&mut w);
+        let at = w.poll_timeout().unwrap();
+        assert_eq!(at, Instant::ZERO + Duration::from_millis(10));
+        w.handle_timeout(Instant::from_nanos(5));
+        assert!(drain(&mut w).is_empty());
+        w.handle_timeout(at);
+        assert_eq!(drain(&mut w), ["send Join"]);
+        // A retransmitted model of the version already computed on is computed again.
+        w.handle(Instant::ZERO, model(0, &[1.0])).unwrap();
+        let _ = drain(&mut w);
+        w.handle_gradient(Instant::ZERO, ComputeId(0), &[1.0]).unwrap();
+        let _ = drain(&mut w);
+        w.handle(Instant::ZERO, model(0, &[1.0])).unwrap();
+        assert_eq!(drain(&mut w), ["compute 1 v0 Some(1.0)"]);
+        let _ = vec![0];
+    }
+}

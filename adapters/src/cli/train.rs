@@ -1,0 +1,108 @@
+//! `syncopate train`: one training run with real threads, or in the simulator with `--sim`.
+
+use super::{Failure, ProtocolArgs, Summary, WorkloadArgs};
+use crate::sim::{ComputeModel, ComputeSampler};
+use crate::thread::{self, StepDelay, ThreadConfig};
+use clap::Args;
+use std::sync::Arc;
+use std::time::Duration as StdDuration;
+use syncopate::Duration;
+
+/// Flags of `syncopate train`.
+#[derive(Clone, Debug, Args)]
+pub struct TrainArgs {
+    /// The protocol and its knobs.
+    #[command(flatten)]
+    pub protocol: ProtocolArgs,
+    /// The model, data and seed.
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// Gradient steps per worker: the run stops once the server has received
+    /// steps × workers gradients (the same compute budget for every protocol).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub steps: u64,
+    /// Which workers straggle and how, e.g. `0:slow=4` or `all:exp=1/1,odd:delay=20`
+    /// (see the README for the full syntax).
+    #[arg(long, value_name = "SPEC", default_value = "")]
+    pub straggler: String,
+    /// Base time of one gradient computation in milliseconds (threads sleep it; the
+    /// simulator advances its virtual clock by it).
+    #[arg(long, value_name = "MS", default_value_t = 2.0)]
+    pub step_ms: f64,
+    /// Test accuracy whose first crossing is reported as the time to target.
+    #[arg(long, default_value_t = 0.90)]
+    pub target: f64,
+    /// Run in the deterministic simulator (virtual time) instead of real threads.
+    #[arg(long)]
+    pub sim: bool,
+    /// Print the summary as one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Stop a threaded run after this many seconds, whatever the progress.
+    #[arg(long, value_name = "SECS")]
+    pub time_limit: Option<f64>,
+}
+
+impl TrainArgs {
+    fn check(&self) -> Result<(), String> {
+        if !(self.step_ms.is_finite() && self.step_ms >= 0.0 && self.step_ms <= 3_600_000.0) {
+            return Err(format!("invalid value '{}' for '--step-ms': must be between 0 and 3600000", self.step_ms));
+        }
+        if !(0.0..=1.0).contains(&self.target) {
+            return Err(format!("invalid value '{}' for '--target': must be between 0 and 1", self.target));
+        }
+        if let Some(t) = self.time_limit {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(format!("invalid value '{t}' for '--time-limit': must be a positive number of seconds"));
+            }
+        }
+        Ok(())
+    }
+
+    fn base_step(&self) -> Duration {
+        Duration::from_secs_f64(self.step_ms / 1000.0)
+    }
+}
+
+/// Runs `syncopate train`.
+pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
+    args.check().map_err(Failure::Usage)?;
+    let protocol = args.protocol.config().map_err(Failure::Usage)?;
+    let n = protocol.workers();
+    let stragglers = super::parse_stragglers(&args.straggler, n).map_err(Failure::Usage)?;
+    let workload = args.workload.workload().map_err(Failure::Usage)?;
+    let model_name = format!("{:?}", args.workload.model).to_lowercase();
+    let dim = workload.model.dim();
+    if args.sim {
+        return Err(Failure::Usage("--sim is not available yet".into()));
+    }
+    let base = args.base_step();
+    let delays: Vec<StepDelay> = stragglers
+        .into_iter()
+        .enumerate()
+        .map(|(i, model)| {
+            let mut sampler = ComputeSampler::new(model, base, args.workload.seed, i as u32);
+            Box::new(move |_step: u64| StdDuration::from_nanos(sampler.next_step().as_nanos())) as StepDelay
+        })
+        .collect();
+    let config = ThreadConfig {
+        protocol,
+        batch_size: args.workload.batch_size as usize,
+        seed: args.workload.seed,
+        max_gradients: args.steps.saturating_mul(u64::from(n)),
+        time_limit: args.time_limit.map(StdDuration::from_secs_f64),
+        eval_interval: StdDuration::from_millis(20),
+        rejoin_after: Some(StdDuration::from_secs(2)),
+        target_accuracy: args.target,
+    };
+    let bar = super::progress_bar(config.max_gradients, args.json);
+    let report = thread::run(&config, Arc::new(workload), delays, &mut |p| {
+        bar.set_message(format!("v{} acc {:.3}", p.version, p.accuracy));
+    })
+    .map_err(|e| Failure::Run(e.to_string()))?;
+    bar.finish_and_clear();
+    let summary = Summary::from_threads(&report, protocol.name(), n, &model_name, dim, args.workload.seed, args.target);
+    summary.print(args.json);
+    let _ = ComputeModel::None;
+    Ok(())
+}

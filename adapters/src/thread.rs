@@ -1,0 +1,366 @@
+//! Real threads: one server thread and `n` worker threads in one process, connected by the
+//! [`channel`](crate::channel) star, computing real gradients of a [`Workload`], with
+//! injected straggler delays.
+//!
+//! Each loop is the driving contract and nothing more: read the clock, feed one input,
+//! drain the outputs, wait until the next deadline or message. A worker computes a gradient
+//! when its state machine asks (`Compute`), then stays busy for the injected delay of that
+//! step; messages that arrive meanwhile are handled at once, so a newer model or an abort
+//! really interrupts the job (the late gradient is then refused by the worker itself and
+//! never sent). Uploads are channel sends, so they overlap the next computation.
+
+use crate::channel::{self, Packet, RecvError, ServerPort, WorkerPort};
+use crate::workload::{BatchSampler, Workload};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration as StdDuration, Instant as StdInstant};
+use syncopate::wire::{self, Limits};
+use syncopate::{
+    AnyServer, AnyWorker, Instant, ProtocolConfig, Server, ServerEvent, ServerOutput, ServerStats, Worker, WorkerEvent,
+    WorkerOutput, WorkerSetup,
+};
+
+/// The extra time worker `i` stays busy on its `step`-th gradient (its straggler model).
+pub type StepDelay = Box<dyn FnMut(u64) -> StdDuration + Send>;
+
+/// Settings of a threaded run.
+#[derive(Clone, Debug)]
+pub struct ThreadConfig {
+    /// The protocol and its knobs.
+    pub protocol: ProtocolConfig,
+    /// Minibatch size per gradient.
+    pub batch_size: usize,
+    /// Seed for the model's initialisation and the workers' minibatches.
+    pub seed: u64,
+    /// Stop once the server has accepted this many gradients (a compute budget: with `n`
+    /// workers, about `max_gradients / n` steps each, whatever the protocol).
+    pub max_gradients: u64,
+    /// Stop after this much wall time, whatever the version.
+    pub time_limit: Option<StdDuration>,
+    /// Evaluate the model on the test set at most this often (and only after it changed).
+    pub eval_interval: StdDuration,
+    /// Workers re-send `Join` after waiting this long for the server.
+    pub rejoin_after: Option<StdDuration>,
+    /// Test accuracy whose first crossing is reported as the time to target.
+    pub target_accuracy: f64,
+}
+
+/// One evaluation of the server's model.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct EvalPoint {
+    /// Seconds since the start of the run.
+    pub time_s: f64,
+    /// The model version evaluated.
+    pub version: u64,
+    /// Test accuracy.
+    pub accuracy: f64,
+    /// Mean test loss.
+    pub loss: f64,
+}
+
+/// What one worker thread did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct WorkerTally {
+    /// Gradients computed (including abandoned ones).
+    pub computed: u64,
+    /// Jobs abandoned before completion.
+    pub abandoned: u64,
+    /// Seconds spent computing (real compute plus injected delay).
+    pub busy_s: f64,
+    /// Seconds the worker thread ran.
+    pub wall_s: f64,
+}
+
+/// The outcome of a threaded run.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ThreadReport {
+    /// Evaluations over time.
+    pub curve: Vec<EvalPoint>,
+    /// Seconds until the test accuracy first reached the target, if it did.
+    pub time_to_target_s: Option<f64>,
+    /// Wall-clock seconds of the run.
+    pub wall_s: f64,
+    /// The server's counters.
+    #[serde(skip)]
+    pub stats: ServerStats,
+    /// Per worker.
+    pub workers: Vec<WorkerTally>,
+    /// Staleness of each applied contribution: sum, count and maximum.
+    pub staleness: (u64, u64, u64),
+    /// Stall reports the server made.
+    pub stalls: u64,
+    /// Inputs the server refused (decoding errors included).
+    pub refused: u64,
+    /// The final model.
+    #[serde(skip)]
+    pub params: Vec<f32>,
+}
+
+/// Why a threaded run could not start.
+#[derive(Debug)]
+pub struct ThreadError(pub String);
+
+impl std::fmt::Display for ThreadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ThreadError {}
+
+fn since(epoch: StdInstant) -> Instant {
+    Instant::from_nanos(u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
+}
+
+fn until(epoch: StdInstant, at: Instant) -> StdDuration {
+    StdDuration::from_nanos(at.as_nanos().saturating_sub(since(epoch).as_nanos()))
+}
+
+/// Runs `config` on `workload` with one thread per worker; `delays[i]` is worker `i`'s
+/// straggler model (missing entries mean no delay). `progress` sees every evaluation.
+pub fn run(
+    config: &ThreadConfig,
+    workload: Arc<Workload>,
+    delays: Vec<StepDelay>,
+    progress: &mut dyn FnMut(&EvalPoint),
+) -> Result<ThreadReport, ThreadError> {
+    let n = config.protocol.workers() as usize;
+    let dim = workload.model.dim();
+    let mut params = vec![0.0f32; dim];
+    workload.model.init(config.seed, &mut params);
+    let scratch = vec![0.0f32; config.protocol.server_scratch_len(dim)];
+    let server = AnyServer::new(&config.protocol, params, scratch).map_err(|e| ThreadError(e.to_string()))?;
+    let (port, ports) = channel::star(n, 64);
+    let epoch = StdInstant::now();
+    let mut delays = delays.into_iter();
+    let mut handles = Vec::with_capacity(n);
+    for worker_port in ports {
+        let id = worker_port.id();
+        let setup = WorkerSetup {
+            id,
+            epoch: 0,
+            rejoin_after: config.rejoin_after.map(|d| syncopate::Duration::from_nanos(d.as_nanos() as u64)),
+        };
+        let worker = AnyWorker::new(
+            &config.protocol,
+            setup,
+            vec![0.0f32; dim],
+            vec![0.0f32; config.protocol.worker_scratch_len(dim)],
+        )
+        .map_err(|e| ThreadError(e.to_string()))?;
+        let delay = delays.next().unwrap_or_else(|| Box::new(|_| StdDuration::ZERO));
+        let workload = Arc::clone(&workload);
+        let seed = config.seed ^ (u64::from(id.0) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let batch = config.batch_size;
+        handles.push(
+            thread::Builder::new()
+                .name(format!("worker-{}", id.0))
+                .spawn(move || worker_loop(worker, worker_port, &workload, batch, seed, delay, epoch))
+                .map_err(|e| ThreadError(format!("cannot start a worker thread: {e}")))?,
+        );
+    }
+    let mut report = server_loop(server, &port, &workload, config, epoch, progress);
+    drop(port);
+    for h in handles {
+        report.workers.push(h.join().unwrap_or_default());
+    }
+    Ok(report)
+}
+
+struct ServerSide<'a> {
+    port: &'a ServerPort,
+    buf: Vec<u8>,
+    report: ThreadReport,
+}
+
+impl ServerSide<'_> {
+    fn drain(&mut self, server: &mut AnyServer<f32, Vec<f32>>, epoch: StdInstant) {
+        let mut lost = Vec::new();
+        while let Some(out) = server.poll_output() {
+            match out {
+                ServerOutput::Send { to, msg } => {
+                    self.buf.resize(wire::encoded_len_to_worker(&msg), 0);
+                    if let Ok(len) = wire::encode_to_worker(&msg, &mut self.buf) {
+                        lost.extend(self.port.send(to, &self.buf[..len]));
+                    }
+                }
+                ServerOutput::Event(ServerEvent::Applied { staleness, .. }) => {
+                    let s = &mut self.report.staleness;
+                    s.0 += staleness;
+                    s.1 += 1;
+                    s.2 = s.2.max(staleness);
+                }
+                ServerOutput::Event(ServerEvent::Stalled { .. }) => self.report.stalls += 1,
+                ServerOutput::Event(_) => {}
+            }
+        }
+        for w in lost {
+            let _ = server.handle_worker_lost(since(epoch), w);
+        }
+    }
+
+    fn feed(&mut self, server: &mut AnyServer<f32, Vec<f32>>, packet: &Packet, limits: &Limits, now: Instant) {
+        let result = match (packet.from, wire::decode_to_server::<f32>(&packet.bytes, limits)) {
+            (Some(from), Ok(msg)) => server.handle(now, from, msg).is_ok(),
+            _ => false,
+        };
+        if !result {
+            self.report.refused += 1;
+        }
+    }
+}
+
+fn server_loop(
+    mut server: AnyServer<f32, Vec<f32>>,
+    port: &ServerPort,
+    workload: &Workload,
+    config: &ThreadConfig,
+    epoch: StdInstant,
+    progress: &mut dyn FnMut(&EvalPoint),
+) -> ThreadReport {
+    let limits = Limits::for_model(workload.model.dim());
+    let mut side = ServerSide {
+        port,
+        buf: Vec::new(),
+        report: ThreadReport {
+            curve: Vec::new(),
+            time_to_target_s: None,
+            wall_s: 0.0,
+            stats: ServerStats::default(),
+            workers: Vec::new(),
+            staleness: (0, 0, 0),
+            stalls: 0,
+            refused: 0,
+            params: Vec::new(),
+        },
+    };
+    let mut last_eval: Option<(u64, StdInstant)> = None;
+    let tick = StdDuration::from_millis(50);
+    loop {
+        side.drain(&mut server, epoch);
+        let version = server.version().0;
+        let due = last_eval.is_none_or(|(v, at)| v != version && at.elapsed() >= config.eval_interval);
+        if due {
+            last_eval = Some((version, StdInstant::now()));
+            let e = workload.model.evaluate(server.params(), &workload.test);
+            let point = EvalPoint { time_s: epoch.elapsed().as_secs_f64(), version, accuracy: e.accuracy, loss: e.loss };
+            if side.report.time_to_target_s.is_none() && e.accuracy >= config.target_accuracy {
+                side.report.time_to_target_s = Some(point.time_s);
+            }
+            progress(&point);
+            side.report.curve.push(point);
+        }
+        if server.stats().accepted >= config.max_gradients || config.time_limit.is_some_and(|t| epoch.elapsed() >= t) {
+            break;
+        }
+        let wait = server.poll_timeout().map_or(tick, |at| until(epoch, at).min(tick));
+        match port.recv(Some(wait)) {
+            Ok(packet) => {
+                side.feed(&mut server, &packet, &limits, since(epoch));
+                port.recycle(packet);
+            }
+            Err(RecvError::Timeout) => server.handle_timeout(since(epoch)),
+            Err(RecvError::Disconnected) => break,
+        }
+    }
+    server.stop();
+    side.drain(&mut server, epoch);
+    let mut report = side.report;
+    if report.curve.last().is_none_or(|p| p.version != server.version().0) {
+        let e = workload.model.evaluate(server.params(), &workload.test);
+        report.curve.push(EvalPoint {
+            time_s: epoch.elapsed().as_secs_f64(),
+            version: server.version().0,
+            accuracy: e.accuracy,
+            loss: e.loss,
+        });
+    }
+    report.wall_s = epoch.elapsed().as_secs_f64();
+    report.stats = *server.stats();
+    report.params = server.params().to_vec();
+    report
+}
+
+struct Job {
+    id: syncopate::ComputeId,
+    started: StdInstant,
+    ready: StdInstant,
+}
+
+fn worker_loop(
+    mut worker: AnyWorker<f32, Vec<f32>>,
+    port: WorkerPort,
+    workload: &Workload,
+    batch_size: usize,
+    seed: u64,
+    mut delay: StepDelay,
+    epoch: StdInstant,
+) -> WorkerTally {
+    let started = StdInstant::now();
+    let dim = workload.model.dim();
+    let limits = Limits::for_model(dim);
+    let mut tally = WorkerTally::default();
+    let mut sampler = BatchSampler::new(workload.train.len(), seed);
+    let mut scratch = workload.model.scratch();
+    let (mut batch, mut grad, mut buf) = (Vec::with_capacity(batch_size), vec![0.0f32; dim], Vec::new());
+    let mut job: Option<Job> = None;
+    'run: loop {
+        while let Some(out) = worker.poll_output() {
+            match out {
+                WorkerOutput::Send(msg) => {
+                    buf.resize(wire::encoded_len_to_server(&msg), 0);
+                    let sent = wire::encode_to_server(&msg, &mut buf).map(|len| port.send(&buf[..len]));
+                    if !matches!(sent, Ok(Ok(()))) {
+                        break 'run;
+                    }
+                }
+                WorkerOutput::Compute { id, params, .. } => {
+                    let now = StdInstant::now();
+                    if let Some(old) = job.take() {
+                        tally.busy_s += now.duration_since(old.started).as_secs_f64();
+                        tally.abandoned += 1;
+                    }
+                    sampler.next_batch(batch_size, &mut batch);
+                    workload.model.gradient(params, &workload.train, &batch, &mut grad, &mut scratch);
+                    tally.computed += 1;
+                    let extra = delay(tally.computed - 1);
+                    job = Some(Job { id, started: now, ready: StdInstant::now() + extra });
+                }
+                WorkerOutput::Event(WorkerEvent::Abandoned { id }) => {
+                    if let Some(j) = job.take_if(|j| j.id == id) {
+                        tally.busy_s += j.started.elapsed().as_secs_f64();
+                        tally.abandoned += 1;
+                    }
+                }
+                WorkerOutput::Event(_) => {}
+            }
+        }
+        if worker.is_stopped() {
+            break;
+        }
+        if let Some(j) = job.take_if(|j| StdInstant::now() >= j.ready) {
+            tally.busy_s += j.started.elapsed().as_secs_f64();
+            let _ = worker.handle_gradient(since(epoch), j.id, &grad);
+            continue;
+        }
+        let mut wait = StdDuration::from_millis(100);
+        if let Some(j) = &job {
+            wait = wait.min(j.ready.saturating_duration_since(StdInstant::now()));
+        }
+        if let Some(at) = worker.poll_timeout() {
+            wait = wait.min(until(epoch, at));
+        }
+        match port.recv(Some(wait)) {
+            Ok(packet) => {
+                if let Ok(msg) = wire::decode_to_worker::<f32>(&packet.bytes, &limits) {
+                    let _ = worker.handle(since(epoch), msg);
+                }
+                port.recycle(packet);
+            }
+            Err(RecvError::Timeout) => worker.handle_timeout(since(epoch)),
+            Err(RecvError::Disconnected) => break,
+        }
+    }
+    tally.wall_s = started.elapsed().as_secs_f64();
+    tally
+}

@@ -1,0 +1,106 @@
+//! Test-only helpers: owned copies of messages, so tests can collect outputs and deliver
+//! them later in any order.
+
+use crate::id::Version;
+use crate::math::Scalar;
+use crate::msg::{ToServer, ToWorker, Values};
+use std::vec;
+use std::vec::Vec;
+
+fn owned<T: Scalar>(values: &Values<'_, T>) -> Vec<f64> {
+    let mut out = vec![T::zero(); values.len()];
+    let _ = values.copy_into(&mut out);
+    out.into_iter().map(Scalar::to_f64).collect()
+}
+
+/// An owned [`ToWorker`], elements widened to `f64`.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum ToWorkerOwned {
+    Model { version: u64, clock: u64, values: Vec<f64> },
+    NotNewer { version: u64 },
+    PushAck { round: u64, pull_now: bool },
+    Abort { iteration: u64 },
+    Stop,
+}
+
+impl<T: Scalar> From<&ToWorker<'_, T>> for ToWorkerOwned {
+    fn from(msg: &ToWorker<'_, T>) -> Self {
+        match msg {
+            ToWorker::Model { version, clock, values } => {
+                Self::Model { version: version.0, clock: *clock, values: owned(values) }
+            }
+            ToWorker::NotNewer { version } => Self::NotNewer { version: version.0 },
+            ToWorker::PushAck { round, pull_now } => Self::PushAck { round: round.0, pull_now: *pull_now },
+            ToWorker::Abort { iteration } => Self::Abort { iteration: *iteration },
+            ToWorker::Stop => Self::Stop,
+        }
+    }
+}
+
+impl ToWorkerOwned {
+    /// Borrows back as a message (elements narrowed to `T`; `buf` holds them).
+    pub(crate) fn as_msg<'a, T: Scalar>(&self, buf: &'a mut Vec<T>) -> ToWorker<'a, T> {
+        match self {
+            Self::Model { version, clock, values } => {
+                *buf = values.iter().map(|v| T::from_f64(*v)).collect();
+                ToWorker::Model { version: Version(*version), clock: *clock, values: Values::Slice(buf) }
+            }
+            Self::NotNewer { version } => ToWorker::NotNewer { version: Version(*version) },
+            Self::PushAck { round, pull_now } => ToWorker::PushAck { round: Version(*round), pull_now: *pull_now },
+            Self::Abort { iteration } => ToWorker::Abort { iteration: *iteration },
+            Self::Stop => ToWorker::Stop,
+        }
+    }
+}
+
+/// An owned [`ToServer`], elements widened to `f64`.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum ToServerOwned {
+    Join { epoch: u32 },
+    Grad { base: u64, iteration: u64, seq: u64, values: Vec<f64> },
+    Delta { round: u64, local_steps: u32, seq: u64, values: Vec<f64> },
+    Pull { have: u64, min_clock: u64 },
+    Clock { clock: u64, seq: u64, values: Vec<f64> },
+    Leave,
+}
+
+impl<T: Scalar> From<&ToServer<'_, T>> for ToServerOwned {
+    fn from(msg: &ToServer<'_, T>) -> Self {
+        match msg {
+            ToServer::Join { epoch } => Self::Join { epoch: *epoch },
+            ToServer::Grad { base, iteration, seq, values } => {
+                Self::Grad { base: base.0, iteration: *iteration, seq: *seq, values: owned(values) }
+            }
+            ToServer::Delta { round, local_steps, seq, values } => {
+                Self::Delta { round: round.0, local_steps: *local_steps, seq: *seq, values: owned(values) }
+            }
+            ToServer::Pull { have, min_clock } => Self::Pull { have: have.0, min_clock: *min_clock },
+            ToServer::Clock { clock, seq, values } => Self::Clock { clock: *clock, seq: *seq, values: owned(values) },
+            ToServer::Leave => Self::Leave,
+        }
+    }
+}
+
+impl ToServerOwned {
+    /// Borrows back as a message (elements narrowed to `T`; `buf` holds them).
+    pub(crate) fn as_msg<'a, T: Scalar>(&self, buf: &'a mut Vec<T>) -> ToServer<'a, T> {
+        let mut fill = |values: &[f64]| *buf = values.iter().map(|v| T::from_f64(*v)).collect();
+        match self {
+            Self::Join { epoch } => ToServer::Join { epoch: *epoch },
+            Self::Grad { base, iteration, seq, values } => {
+                fill(values);
+                ToServer::Grad { base: Version(*base), iteration: *iteration, seq: *seq, values: Values::Slice(buf) }
+            }
+            Self::Delta { round, local_steps, seq, values } => {
+                fill(values);
+                ToServer::Delta { round: Version(*round), local_steps: *local_steps, seq: *seq, values: Values::Slice(buf) }
+            }
+            Self::Pull { have, min_clock } => ToServer::Pull { have: Version(*have), min_clock: *min_clock },
+            Self::Clock { clock, seq, values } => {
+                fill(values);
+                ToServer::Clock { clock: *clock, seq: *seq, values: Values::Slice(buf) }
+            }
+            Self::Leave => ToServer::Leave,
+        }
+    }
+}
