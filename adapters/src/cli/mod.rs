@@ -4,6 +4,7 @@
 //! Bad flags, values or files end the program with one line on stderr naming the problem
 //! and exit code 2; a failure while running exits with 1.
 
+mod compare;
 mod protocol;
 mod straggler;
 mod summary;
@@ -33,6 +34,11 @@ pub enum Command {
     /// Train on the built-in digits data (or a CSV/LIBSVM file) with real threads, or in the
     /// deterministic simulator with --sim.
     Train(train::TrainArgs),
+    /// Run every protocol of a straggler scenario in the simulator and print a table (the
+    /// built-in default scenario without a file).
+    Compare(compare::CompareArgs),
+    /// Replay a recorded step-time trace under every protocol and recommend the fastest.
+    Advise(compare::AdviseArgs),
 }
 
 /// The model, the data and the randomness of a run.
@@ -101,6 +107,8 @@ pub fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Train(args) => train::run(&args),
+        Command::Compare(args) => compare::run(&args),
+        Command::Advise(args) => compare::advise(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

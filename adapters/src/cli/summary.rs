@@ -124,6 +124,42 @@ impl Summary {
         }
     }
 
+    /// The summary of a simulated run (times are virtual).
+    pub fn from_sim(report: &crate::sim::SimReport, model: &str, params: usize) -> Self {
+        let dropped_by_reason: std::collections::BTreeMap<String, u64> =
+            report.dropped.iter().filter(|(_, v)| **v > 0).map(|(k, v)| ((*k).to_string(), *v)).collect();
+        Self {
+            mode: "sim".into(),
+            protocol: report.protocol.clone(),
+            workers: report.workers,
+            model: model.into(),
+            params,
+            seed: report.seed,
+            final_accuracy: report.final_accuracy,
+            final_loss: report.final_loss,
+            time_s: report.virtual_time_s,
+            target_accuracy: report.target_accuracy,
+            time_to_target_s: report.time_to_target,
+            updates: report.updates,
+            gradients: Outcomes {
+                accepted: report.accepted,
+                applied: report.applied,
+                dropped: dropped_by_reason.values().sum(),
+                dropped_by_reason,
+                refused: report.rejected,
+            },
+            mean_staleness: report.staleness.mean,
+            max_staleness: report.staleness.max,
+            stalls: report.stalls,
+            per_worker: report
+                .per_worker
+                .iter()
+                .map(|w| WorkerSummary { steps: w.gradients_computed, abandoned: w.jobs_abandoned, compute_share: w.compute_share })
+                .collect(),
+            curve: report.curve.clone(),
+        }
+    }
+
     /// Prints the summary: JSON on one line, or a short text block.
     pub fn print(&self, json: bool) {
         if json {

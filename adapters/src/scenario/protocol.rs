@@ -1,0 +1,287 @@
+//! One protocol with its knobs, as a scenario file or the command line spells it, and its
+//! translation into a core [`ProtocolConfig`]. The one place that knows every protocol's
+//! knobs and the learning-rate normalisation between them.
+
+use serde::Deserialize;
+use syncopate::proto::asp::AspConfig;
+use syncopate::proto::backup::{BackupConfig, Interrupt};
+use syncopate::proto::bap::BapConfig;
+use syncopate::proto::bsp::BspConfig;
+use syncopate::proto::dbw::DbwConfig;
+use syncopate::proto::grouped::{GroupedConfig, LrScaling};
+use syncopate::proto::ssp::SspConfig;
+use syncopate::proto::wbsp::WbspConfig;
+use syncopate::{Duration, ProtocolConfig};
+
+/// The protocols syncopate runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProtocolName {
+    /// Bulk synchronous parallel: wait for all n workers every step.
+    Bsp,
+    /// Asynchronous parallel: apply every gradient on arrival.
+    Asp,
+    /// Stale synchronous parallel: run ahead at most `staleness` clocks.
+    Ssp,
+    /// Bounded asynchronous parallel: aggregate per iteration, run ahead on a cached model.
+    Bap,
+    /// Static backup workers: aggregate the fastest n − b gradients.
+    Backup,
+    /// Dynamic backup workers: choose b every iteration.
+    Dbw,
+    /// Worker-busy synchronous parallel.
+    Wbsp,
+    /// WBSP with communication overlapped with computation.
+    WbspOverlap,
+    /// Groups synchronous inside, asynchronous to a central server.
+    Grouped,
+}
+
+impl ProtocolName {
+    /// Every protocol, in the order tables list them.
+    pub const ALL: [Self; 9] =
+        [Self::Bsp, Self::Asp, Self::Ssp, Self::Bap, Self::Backup, Self::Dbw, Self::Wbsp, Self::WbspOverlap, Self::Grouped];
+
+    /// The name as the CLI and scenario files spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Bsp => "bsp",
+            Self::Asp => "asp",
+            Self::Ssp => "ssp",
+            Self::Bap => "bap",
+            Self::Backup => "backup",
+            Self::Dbw => "dbw",
+            Self::Wbsp => "wbsp",
+            Self::WbspOverlap => "wbsp-overlap",
+            Self::Grouped => "grouped",
+        }
+    }
+}
+
+/// How late backup workers are handled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum InterruptMode {
+    /// Option A: stragglers abandon their work when the iteration closes.
+    #[default]
+    Abort,
+    /// Option B: stragglers finish, their gradient is dropped.
+    Complete,
+}
+
+/// How a group's learning rate scales with its size.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum GroupLrScaling {
+    /// `η · n_g / n`: every gradient carries weight `η / n`, as in BSP (this CLI's default,
+    /// consistent with ASP's `η / n`).
+    #[default]
+    Linear,
+    /// `η` for every central update (PROTOCOLS.md §9.4).
+    None,
+    /// `η · √(n_g / n)`.
+    Sqrt,
+}
+
+/// One protocol run: its name and every knob (unset knobs take their defaults).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProtocolSpec {
+    /// The protocol.
+    pub name: ProtocolName,
+    /// Learning rate of one synchronous (averaged) step; `None` takes the scenario's.
+    pub lr: Option<f64>,
+    /// SSP's clock bound `s`, BAP's version bound `s_bap` (default 3 for SSP, 1 for BAP).
+    pub staleness: Option<u64>,
+    /// BAP's per-iteration time limit in milliseconds.
+    pub iteration_timeout_ms: Option<f64>,
+    /// Static backup workers `b` (default 1).
+    pub backup_workers: Option<u32>,
+    /// Backup workers and DBW: abort stragglers or let them finish.
+    pub interrupt: InterruptMode,
+    /// DBW: the smallest k it may choose (default 2).
+    pub k_min: Option<u32>,
+    /// Grouped: the number of groups `G` (default 2).
+    pub groups: Option<u32>,
+    /// Grouped: learning-rate scaling with group size.
+    pub group_lr_scaling: GroupLrScaling,
+    /// WBSP: close a round without a silent worker after this many milliseconds.
+    pub round_deadline_ms: Option<f64>,
+    /// Report a stall after this many milliseconds without progress (synchronous protocols).
+    pub stall_report_ms: Option<f64>,
+}
+
+impl ProtocolSpec {
+    /// `name` with every knob at its default.
+    pub fn new(name: ProtocolName) -> Self {
+        Self {
+            name,
+            lr: None,
+            staleness: None,
+            iteration_timeout_ms: None,
+            backup_workers: None,
+            interrupt: InterruptMode::Abort,
+            k_min: None,
+            groups: None,
+            group_lr_scaling: GroupLrScaling::Linear,
+            round_deadline_ms: None,
+            stall_report_ms: None,
+        }
+    }
+
+    /// A short label with the knobs that differ from the defaults, e.g. `ssp s=3`.
+    pub fn label(&self) -> String {
+        let mut label = self.name.as_str().to_string();
+        let mut add = |k: &str, v: String| {
+            label.push(' ');
+            label.push_str(k);
+            label.push('=');
+            label.push_str(&v);
+        };
+        if let Some(s) = self.staleness {
+            add("s", s.to_string());
+        }
+        if let Some(t) = self.iteration_timeout_ms {
+            add("tmax", format!("{t}ms"));
+        }
+        if let Some(b) = self.backup_workers {
+            add("b", b.to_string());
+        }
+        if self.interrupt == InterruptMode::Complete {
+            add("interrupt", "complete".into());
+        }
+        if let Some(k) = self.k_min {
+            add("kmin", k.to_string());
+        }
+        if let Some(g) = self.groups {
+            add("G", g.to_string());
+        }
+        if let Some(d) = self.round_deadline_ms {
+            add("deadline", format!("{d}ms"));
+        }
+        if let Some(lr) = self.lr {
+            add("lr", lr.to_string());
+        }
+        label
+    }
+
+    /// The core configuration for `workers` workers, with `default_lr` where the spec sets
+    /// none. Learning rates are normalised so that every protocol moves the model as far per
+    /// gradient as BSP does: protocols that apply each gradient alone (ASP) use `η / n`;
+    /// SSP averages per clock itself; grouped scales with group size (`η · n_g / n`) unless
+    /// told otherwise.
+    pub fn config(&self, workers: u32, default_lr: f64) -> Result<ProtocolConfig, String> {
+        let lr = self.lr.unwrap_or(default_lr);
+        if !(lr.is_finite() && lr > 0.0) {
+            return Err(format!("learning rate {lr} must be a positive number"));
+        }
+        let ms = |what: &str, v: Option<f64>| -> Result<Option<Duration>, String> {
+            match v {
+                None => Ok(None),
+                Some(x) if x.is_finite() && x > 0.0 => Ok(Some(Duration::from_secs_f64(x / 1000.0))),
+                Some(x) => Err(format!("{what} {x} must be a positive number of milliseconds")),
+            }
+        };
+        let stall = ms("stall report", self.stall_report_ms)?.or(Some(Duration::from_secs(2)));
+        let interrupt = match self.interrupt {
+            InterruptMode::Abort => Interrupt::Abort,
+            InterruptMode::Complete => Interrupt::RunToCompletion,
+        };
+        let n = workers;
+        Ok(match self.name {
+            ProtocolName::Bsp => {
+                let mut c = BspConfig::new(n, lr);
+                c.stall_report = stall;
+                ProtocolConfig::Bsp(c)
+            }
+            ProtocolName::Asp => ProtocolConfig::Asp(AspConfig::new(n, lr / f64::from(n.max(1)))),
+            ProtocolName::Ssp => {
+                let mut c = SspConfig::new(n, lr, self.staleness.unwrap_or(3));
+                c.stall_report = stall;
+                ProtocolConfig::Ssp(c)
+            }
+            ProtocolName::Bap => {
+                let mut c = BapConfig::new(n, lr, self.staleness.unwrap_or(1));
+                c.iteration_timeout = ms("iteration timeout", self.iteration_timeout_ms)?;
+                c.stall_report = stall;
+                ProtocolConfig::Bap(c)
+            }
+            ProtocolName::Backup => {
+                let b = self.backup_workers.unwrap_or(1);
+                if b >= n {
+                    return Err(format!("backup workers {b} must be fewer than the {n} workers"));
+                }
+                let mut c = BackupConfig::new(n, lr, b);
+                c.interrupt = interrupt;
+                c.stall_report = stall;
+                ProtocolConfig::Backup(c)
+            }
+            ProtocolName::Dbw => {
+                let mut c = DbwConfig::new(n, lr);
+                if let Some(k) = self.k_min {
+                    c.k_min = k;
+                }
+                c.interrupt = interrupt;
+                c.stall_report = stall;
+                ProtocolConfig::Dbw(c)
+            }
+            ProtocolName::Wbsp | ProtocolName::WbspOverlap => {
+                let mut c = WbspConfig::new(n, lr);
+                c.overlap = self.name == ProtocolName::WbspOverlap;
+                if let Some(d) = ms("round deadline", self.round_deadline_ms)? {
+                    c.round_deadline = Some(d);
+                }
+                ProtocolConfig::Wbsp(c)
+            }
+            ProtocolName::Grouped => {
+                let g = self.groups.unwrap_or(2);
+                if g == 0 || g > n {
+                    return Err(format!("groups {g} must be between 1 and the {n} workers"));
+                }
+                let mut c = GroupedConfig::new(n, lr, g);
+                c.lr_scaling = match self.group_lr_scaling {
+                    GroupLrScaling::Linear => LrScaling::Linear,
+                    GroupLrScaling::None => LrScaling::None,
+                    GroupLrScaling::Sqrt => LrScaling::Sqrt,
+                };
+                c.stall_report = stall;
+                ProtocolConfig::Grouped(c)
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_protocol_builds_with_defaults() {
+        for name in ProtocolName::ALL {
+            let config = ProtocolSpec::new(name).config(8, 0.5).unwrap();
+            assert_eq!(config.name(), name.as_str());
+            assert_eq!(config.workers(), 8);
+        }
+    }
+
+    #[test]
+    fn bad_knobs_are_refused_with_a_reason() {
+        let mut s = ProtocolSpec::new(ProtocolName::Backup);
+        s.backup_workers = Some(8);
+        assert!(s.config(8, 0.5).unwrap_err().contains("fewer than the 8 workers"));
+        let mut g = ProtocolSpec::new(ProtocolName::Grouped);
+        g.groups = Some(9);
+        assert!(g.config(8, 0.5).unwrap_err().contains("groups 9"));
+        assert!(ProtocolSpec::new(ProtocolName::Bsp).config(8, -1.0).is_err());
+        let mut b = ProtocolSpec::new(ProtocolName::Bap);
+        b.iteration_timeout_ms = Some(-3.0);
+        assert!(b.config(8, 0.5).is_err());
+    }
+
+    #[test]
+    fn labels_show_the_knobs() {
+        let mut s = ProtocolSpec::new(ProtocolName::Ssp);
+        s.staleness = Some(3);
+        assert_eq!(s.label(), "ssp s=3");
+        assert_eq!(ProtocolSpec::new(ProtocolName::WbspOverlap).label(), "wbsp-overlap");
+    }
+}
