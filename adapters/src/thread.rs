@@ -45,21 +45,11 @@ pub struct ThreadConfig {
     pub target_accuracy: f64,
 }
 
-/// One evaluation of the server's model.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
-pub struct EvalPoint {
-    /// Seconds since the start of the run.
-    pub time_s: f64,
-    /// The model version evaluated.
-    pub version: u64,
-    /// Test accuracy.
-    pub accuracy: f64,
-    /// Mean test loss.
-    pub loss: f64,
-}
+/// One evaluation of the server's model (time in wall-clock seconds since the start).
+pub use crate::sim::CurvePoint as EvalPoint;
 
 /// What one worker thread did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct WorkerTally {
     /// Gradients computed (including abandoned ones).
     pub computed: u64,
@@ -69,6 +59,9 @@ pub struct WorkerTally {
     pub busy_s: f64,
     /// Seconds the worker thread ran.
     pub wall_s: f64,
+    /// Seconds each completed step took (real compute plus injected delay), in order.
+    #[serde(skip)]
+    pub step_times: Vec<f64>,
 }
 
 /// The outcome of a threaded run.
@@ -339,7 +332,9 @@ fn worker_loop(
             break;
         }
         if let Some(j) = job.take_if(|j| StdInstant::now() >= j.ready) {
-            tally.busy_s += j.started.elapsed().as_secs_f64();
+            let took = j.started.elapsed().as_secs_f64();
+            tally.busy_s += took;
+            tally.step_times.push(took);
             let _ = worker.handle_gradient(since(epoch), j.id, &grad);
             continue;
         }

@@ -179,7 +179,7 @@ impl Summary {
             Some(t) => format!("{t:.3} s"),
             None => "not reached".into(),
         };
-        println!("  {clock} time      {:.3} s   time to {:.2}: {target}", self.time_s, self.target_accuracy);
+        println!("  {:<14} {:.3} s   time to {:.2}: {target}", format!("{clock} time"), self.time_s, self.target_accuracy);
         let g = &self.gradients;
         println!(
             "  updates        {}   gradients: accepted {}, applied {}, dropped {}, refused {}",

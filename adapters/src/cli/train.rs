@@ -1,7 +1,8 @@
 //! `syncopate train`: one training run with real threads, or in the simulator with `--sim`.
 
 use super::{Failure, ProtocolArgs, Summary, WorkloadArgs};
-use crate::sim::{ComputeModel, ComputeSampler};
+use crate::sim::{self, ComputeModel, ComputeSampler, SimConfig, StopRule};
+use crate::trace;
 use crate::thread::{self, StepDelay, ThreadConfig};
 use clap::Args;
 use std::sync::Arc;
@@ -41,6 +42,10 @@ pub struct TrainArgs {
     /// Stop a threaded run after this many seconds, whatever the progress.
     #[arg(long, value_name = "SECS")]
     pub time_limit: Option<f64>,
+    /// Write every worker's step times to FILE (CSV worker,step,seconds) for
+    /// `syncopate advise --trace FILE`.
+    #[arg(long, value_name = "FILE")]
+    pub record_trace: Option<std::path::PathBuf>,
 }
 
 impl TrainArgs {
@@ -74,7 +79,7 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
     let model_name = format!("{:?}", args.workload.model).to_lowercase();
     let dim = workload.model.dim();
     if args.sim {
-        return Err(Failure::Usage("--sim is not available yet".into()));
+        return run_sim(args, protocol, stragglers, &workload, &model_name);
     }
     let base = args.base_step();
     let delays: Vec<StepDelay> = stragglers
@@ -101,8 +106,48 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
     })
     .map_err(|e| Failure::Run(e.to_string()))?;
     bar.finish_and_clear();
+    if let Some(path) = &args.record_trace {
+        let steps: Vec<trace::Step> = report
+            .workers
+            .iter()
+            .enumerate()
+            .flat_map(|(w, t)| {
+                t.step_times.iter().enumerate().map(move |(i, s)| trace::Step { worker: w as u32, step: i as u64, seconds: *s })
+            })
+            .collect();
+        trace::write(path, &steps).map_err(Failure::Run)?;
+    }
     let summary = Summary::from_threads(&report, protocol.name(), n, &model_name, dim, args.workload.seed, args.target);
     summary.print(args.json);
-    let _ = ComputeModel::None;
+    Ok(())
+}
+
+fn run_sim(
+    args: &TrainArgs,
+    protocol: syncopate::ProtocolConfig,
+    stragglers: Vec<ComputeModel>,
+    workload: &crate::workload::Workload,
+    model_name: &str,
+) -> Result<(), Failure> {
+    let n = u64::from(protocol.workers());
+    let mut config = SimConfig::new(protocol, args.workload.model);
+    config.seed = args.workload.seed;
+    config.batch_size = args.workload.batch_size as usize;
+    config.base_step = args.base_step();
+    config.compute = stragglers;
+    config.stop = StopRule { max_time: None, max_gradients: Some(args.steps.saturating_mul(n)), ..StopRule::default() };
+    config.eval_interval = Duration::from_secs_f64((args.step_ms / 1000.0).max(1e-6));
+    config.target_accuracy = args.target;
+    config.record_trace = args.record_trace.is_some();
+    let report = sim::try_run(&config, workload).map_err(|e| Failure::Usage(e.to_string()))?;
+    if let Some(path) = &args.record_trace {
+        let steps: Vec<trace::Step> = report
+            .compute_trace
+            .iter()
+            .map(|s| trace::Step { worker: s.worker, step: s.step, seconds: s.seconds })
+            .collect();
+        trace::write(path, &steps).map_err(Failure::Run)?;
+    }
+    Summary::from_sim(&report, model_name, workload.model.dim()).print(args.json);
     Ok(())
 }

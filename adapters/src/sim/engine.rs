@@ -1,0 +1,743 @@
+//! The discrete-event engine: a binary heap of events ordered by (virtual time, insertion
+//! sequence), one server, `n` workers with their hosts (compute and links), and the driving
+//! contract applied after every input.
+
+use super::SimError;
+use super::compute::ComputeSampler;
+use super::config::SimConfig;
+use super::network::{BufferPool, Link};
+use super::report::{CurvePoint, Fnv, Node, Observation, SimReport, StalenessStats, TraceStep, WorkerReport};
+use crate::rng::Rng;
+use crate::workload::{BatchSampler, Scratch, Workload};
+use core::cmp::Ordering;
+use core::fmt::Write as _;
+use std::collections::{BTreeMap, BinaryHeap};
+use syncopate::wire::{self, Limits};
+use syncopate::{
+    AnyServer, AnyWorker, ComputeId, DropReason, Duration, Instant, Recipient, Reject, Server, ServerEvent,
+    ServerOutput, ToServer, ToWorker, Worker, WorkerEvent, WorkerId, WorkerOutput, WorkerSetup,
+};
+
+/// What happens at a scheduled instant.
+#[derive(Clone, Copy, Debug)]
+enum Event {
+    /// An encoded message (in pool slot `slot`) reaches `to`. `incarnation` is the worker
+    /// end's incarnation when it was sent: a crash in between makes it vanish.
+    Deliver { slot: usize, worker: u32, to_server: bool, incarnation: u32 },
+    /// A worker's computation `id` finishes.
+    ComputeDone { worker: u32, incarnation: u32, id: ComputeId },
+    /// A node's timer (re-checked against `poll_timeout` when it fires).
+    ServerTimer,
+    /// A worker's timer.
+    WorkerTimer { worker: u32, incarnation: u32 },
+    /// Evaluate the server's model.
+    Eval,
+    /// Crash number `i` of the config.
+    Crash(usize),
+    /// A crashed worker restarts.
+    Restart(u32),
+}
+
+#[derive(Debug)]
+struct Scheduled {
+    at: Instant,
+    seq: u64,
+    event: Event,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    /// Reversed, so the max-heap pops the earliest (then first-inserted) event.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+/// A computation in progress.
+#[derive(Clone, Copy, Debug)]
+struct Job {
+    id: ComputeId,
+    start: Instant,
+}
+
+/// A worker and everything around it: its machine (compute, data), its links and counters.
+struct Host {
+    worker: Option<AnyWorker<f32, Vec<f32>>>,
+    epoch: u32,
+    incarnation: u32,
+    uplink: Link,
+    downlink: Link,
+    sampler: ComputeSampler,
+    batches: BatchSampler,
+    batch: Vec<usize>,
+    grad: Vec<f32>,
+    scratch: Scratch,
+    job: Option<Job>,
+    timer: Option<Instant>,
+    busy: Duration,
+    report: WorkerReport,
+}
+
+/// Everything except the server and the hosts, so those can be borrowed separately.
+struct Core<'a, 'o> {
+    config: &'a SimConfig,
+    workload: &'a Workload,
+    observer: &'o mut dyn FnMut(&Observation<'_>),
+    limits: Limits,
+    now: Instant,
+    queue: BinaryHeap<Scheduled>,
+    seq: u64,
+    /// Events in the queue other than evaluations: when zero, nothing can happen any more.
+    pending_work: u64,
+    pool: BufferPool,
+    hash: Fnv,
+    server_timer: Option<Instant>,
+    curve: Vec<CurvePoint>,
+    time_to_target: Option<(f64, u64)>,
+    staleness: StalenessStats,
+    trace: Vec<TraceStep>,
+    events: u64,
+    delivered: u64,
+    lost: u64,
+    bytes: u64,
+    codec_errors: u64,
+    worker_rejects: u64,
+    stalls: u64,
+    target_reached: bool,
+    eval_scratch: Scratch,
+}
+
+impl Core<'_, '_> {
+    fn schedule(&mut self, at: Instant, event: Event) {
+        if !matches!(event, Event::Eval) {
+            self.pending_work += 1;
+        }
+        self.queue.push(Scheduled { at, seq: self.seq, event });
+        self.seq += 1;
+    }
+
+    fn observe(&mut self, o: &Observation<'_>) {
+        (self.observer)(o);
+    }
+
+    fn tag(&mut self, tag: u64, node: Node) {
+        self.hash.u64(tag);
+        self.hash.u64(self.now.as_nanos());
+        self.hash.node(node);
+    }
+
+    fn server_event(&mut self, event: ServerEvent) {
+        self.tag(1, Node::Server);
+        let _ = write!(self.hash, "{event:?}");
+        match event {
+            ServerEvent::Applied { staleness, .. } => self.staleness.record(staleness),
+            ServerEvent::Stalled { .. } => self.stalls += 1,
+            _ => {}
+        }
+        let at = self.now;
+        self.observe(&Observation::Server { at, event });
+    }
+
+    fn worker_event(&mut self, worker: u32, event: WorkerEvent) {
+        self.tag(2, Node::Worker(worker));
+        let _ = write!(self.hash, "{event:?}");
+        let at = self.now;
+        self.observe(&Observation::Worker { at, worker: WorkerId(worker), event });
+    }
+
+    fn sent(&mut self, from: Node, to: Node, kind: &'static str, bytes: usize) {
+        self.tag(3, from);
+        self.hash.node(to);
+        self.hash.bytes(kind.as_bytes());
+        self.hash.u64(bytes as u64);
+        self.bytes += bytes as u64;
+        let at = self.now;
+        self.observe(&Observation::Sent { at, from, to, kind, bytes });
+    }
+
+    fn delivered(&mut self, from: Node, to: Node, kind: &'static str, bytes: usize, result: Result<(), Reject>) {
+        self.tag(4, to);
+        self.hash.node(from);
+        let _ = write!(self.hash, "{result:?}");
+        self.delivered += 1;
+        if result.is_err() && to != Node::Server {
+            self.worker_rejects += 1;
+        }
+        let at = self.now;
+        self.observe(&Observation::Delivered { at, from, to, kind, bytes, result });
+    }
+
+    fn codec_error(&mut self, what: &dyn core::fmt::Debug) {
+        self.codec_errors += 1;
+        debug_assert!(false, "simulator codec error (a bug in the wire codec or the simulator): {what:?}");
+    }
+
+    /// Encodes a worker's message into a pool buffer; `None` on a codec error.
+    fn encode_to_server(&mut self, msg: &ToServer<'_, f32>) -> Option<(usize, usize)> {
+        let len = wire::encoded_len_to_server(msg);
+        let slot = self.pool.take(len);
+        match wire::encode_to_server(msg, self.pool.bytes_mut(slot)) {
+            Ok(n) => {
+                self.pool.set_len(slot, n);
+                Some((slot, n))
+            }
+            Err(e) => {
+                self.pool.release(slot);
+                self.codec_error(&e);
+                None
+            }
+        }
+    }
+
+    fn encode_to_worker(&mut self, msg: &ToWorker<'_, f32>) -> Option<(usize, usize)> {
+        let len = wire::encoded_len_to_worker(msg);
+        let slot = self.pool.take(len);
+        match wire::encode_to_worker(msg, self.pool.bytes_mut(slot)) {
+            Ok(n) => {
+                self.pool.set_len(slot, n);
+                Some((slot, n))
+            }
+            Err(e) => {
+                self.pool.release(slot);
+                self.codec_error(&e);
+                None
+            }
+        }
+    }
+
+    /// Puts a server message on the downlinks of its recipients (every live worker for a
+    /// broadcast; one encoding shared by all copies).
+    fn send_from_server(&mut self, hosts: &mut [Host], to: Recipient, msg: &ToWorker<'_, f32>) {
+        let kind = msg.kind_name();
+        let Some((slot, len)) = self.encode_to_worker(msg) else { return };
+        let mut copies = 0u32;
+        let mut send = |core: &mut Self, i: usize, host: &mut Host| {
+            if host.worker.is_none() {
+                core.lost += 1;
+                return;
+            }
+            let at = host.downlink.send(core.now, len);
+            if copies > 0 {
+                core.pool.share(slot, 1);
+            }
+            copies += 1;
+            let worker = i as u32;
+            core.schedule(at, Event::Deliver { slot, worker, to_server: false, incarnation: host.incarnation });
+            core.sent(Node::Server, Node::Worker(worker), kind, len);
+        };
+        match to {
+            Recipient::Worker(w) => match hosts.get_mut(w.index()) {
+                Some(host) => send(self, w.index(), host),
+                None => self.lost += 1,
+            },
+            Recipient::AllWorkers => {
+                for (i, host) in hosts.iter_mut().enumerate() {
+                    send(self, i, host);
+                }
+            }
+        }
+        if copies == 0 {
+            self.pool.release(slot);
+        }
+    }
+
+    /// Arms a node's timer for `deadline` (not before `floor`) unless an earlier one is armed.
+    fn rearm(
+        &mut self,
+        armed: Option<Instant>,
+        deadline: Option<Instant>,
+        floor: Instant,
+        event: Event,
+    ) -> Option<Instant> {
+        let Some(t) = deadline else { return armed };
+        let t = t.max(floor);
+        if armed.is_none_or(|a| t < a) {
+            self.schedule(t, event);
+            Some(t)
+        } else {
+            armed
+        }
+    }
+
+    fn evaluate(&mut self, server: &AnyServer<f32, Vec<f32>>) {
+        let e = self.workload.model.evaluate_with(server.params(), &self.workload.test, &mut self.eval_scratch);
+        let point = CurvePoint {
+            time_s: self.now.as_secs_f64(),
+            version: server.version().0,
+            accuracy: e.accuracy,
+            loss: e.loss,
+        };
+        self.tag(6, Node::Server);
+        self.hash.u64(point.version);
+        self.hash.u64(point.accuracy.to_bits());
+        self.hash.u64(point.loss.to_bits());
+        if point.accuracy >= self.config.target_accuracy && self.time_to_target.is_none() {
+            self.time_to_target = Some((point.time_s, point.version));
+            self.target_reached = true;
+        }
+        self.curve.push(point);
+        self.observe(&Observation::Evaluated { point });
+    }
+}
+
+/// One simulation.
+pub(crate) struct Engine<'a, 'o> {
+    core: Core<'a, 'o>,
+    server: AnyServer<f32, Vec<f32>>,
+    hosts: Vec<Host>,
+}
+
+impl<'a, 'o> Engine<'a, 'o> {
+    pub(crate) fn new(
+        config: &'a SimConfig,
+        workload: &'a Workload,
+        observer: &'o mut dyn FnMut(&Observation<'_>),
+    ) -> Result<Self, SimError> {
+        if config.batch_size == 0 {
+            return Err(SimError::BatchSize);
+        }
+        let protocol = &config.protocol;
+        let model = &workload.model;
+        let dim = model.dim();
+        let params = model.init_params(config.seed);
+        let scratch = vec![0.0; protocol.server_scratch_len(dim)];
+        let server = AnyServer::new(protocol, params, scratch).map_err(SimError::Config)?;
+        let n = config.workers();
+        let mut hosts = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let worker = new_worker(config, dim, i, 0)?;
+            let batch_seed = Rng::derive(config.seed, 0xBA7C_0000_0000 | u64::from(i)).next_u64();
+            hosts.push(Host {
+                worker: Some(worker),
+                epoch: 0,
+                incarnation: 0,
+                uplink: Link::new(config.network.latency, config.network.bandwidth),
+                downlink: Link::new(config.network.latency, config.network.bandwidth),
+                sampler: ComputeSampler::new(config.compute_model(i), config.base_step, config.seed, i),
+                batches: BatchSampler::new(workload.train.len(), batch_seed),
+                batch: Vec::with_capacity(config.batch_size),
+                grad: vec![0.0; dim],
+                scratch: model.scratch(),
+                job: None,
+                timer: None,
+                busy: Duration::ZERO,
+                report: WorkerReport { worker: i, ..WorkerReport::default() },
+            });
+        }
+        let core = Core {
+            config,
+            workload,
+            observer,
+            limits: Limits::for_model(dim),
+            now: Instant::ZERO,
+            queue: BinaryHeap::with_capacity(4 * n as usize + 16),
+            seq: 0,
+            pending_work: 0,
+            pool: BufferPool::new(),
+            hash: Fnv::new(),
+            server_timer: None,
+            curve: Vec::new(),
+            time_to_target: None,
+            staleness: StalenessStats::new(),
+            trace: Vec::new(),
+            events: 0,
+            delivered: 0,
+            lost: 0,
+            bytes: 0,
+            codec_errors: 0,
+            worker_rejects: 0,
+            stalls: 0,
+            target_reached: false,
+            eval_scratch: model.scratch(),
+        };
+        Ok(Self { core, server, hosts })
+    }
+
+    /// Runs to the end and reports.
+    pub(crate) fn run(mut self) -> SimReport {
+        let config = self.core.config;
+        let start = Instant::ZERO;
+        for (i, c) in config.crashes.iter().enumerate() {
+            self.core.schedule(start + c.at, Event::Crash(i));
+        }
+        self.core.schedule(start, Event::Eval);
+        self.drain_server(start);
+        for i in 0..self.hosts.len() {
+            self.drain_worker(i, start);
+        }
+        let stop = &config.stop;
+        let reason = loop {
+            if self.core.pending_work == 0 {
+                break "idle";
+            }
+            let Some(next) = self.core.queue.pop() else { break "idle" };
+            if let Some(max) = stop.max_time {
+                let end = start + max;
+                if next.at > end {
+                    self.core.now = end;
+                    break "max_time";
+                }
+            }
+            self.core.now = next.at;
+            if !matches!(next.event, Event::Eval) {
+                self.core.pending_work -= 1;
+            }
+            self.step(next.event);
+            self.core.events += 1;
+            let at = self.core.now;
+            (self.core.observer)(&Observation::Step { at, server: &self.server });
+            if stop.stop_at_target && self.core.target_reached {
+                break "target";
+            }
+            if stop.max_updates.is_some_and(|m| self.server.version().0 >= m) {
+                break "max_updates";
+            }
+            if stop.max_gradients.is_some_and(|m| self.server.stats().accepted >= m) {
+                break "max_gradients";
+            }
+            if self.core.events >= stop.max_events {
+                break "max_events";
+            }
+        };
+        let last = self.core.curve.last().copied();
+        let now_s = self.core.now.as_secs_f64();
+        if last.is_none_or(|p| p.time_s != now_s || p.version != self.server.version().0) {
+            self.core.evaluate(&self.server);
+        }
+        self.report(reason)
+    }
+
+    fn step(&mut self, event: Event) {
+        let now = self.core.now;
+        match event {
+            Event::Deliver { slot, worker, to_server, incarnation } => {
+                self.deliver(slot, worker, to_server, incarnation);
+            }
+            Event::ComputeDone { worker, incarnation, id } => self.compute_done(worker, incarnation, id),
+            Event::ServerTimer => {
+                if self.core.server_timer == Some(now) {
+                    self.core.server_timer = None;
+                }
+                if self.server.poll_timeout().is_some_and(|t| t <= now) {
+                    self.server.handle_timeout(now);
+                }
+                self.drain_server(now + Duration::from_nanos(1));
+            }
+            Event::WorkerTimer { worker, incarnation } => {
+                let Some(host) = self.hosts.get_mut(worker as usize) else { return };
+                if host.incarnation != incarnation {
+                    return;
+                }
+                if host.timer == Some(now) {
+                    host.timer = None;
+                }
+                if let Some(w) = host.worker.as_mut() {
+                    if w.poll_timeout().is_some_and(|t| t <= now) {
+                        w.handle_timeout(now);
+                    }
+                }
+                self.drain_worker(worker as usize, now + Duration::from_nanos(1));
+            }
+            Event::Eval => {
+                self.core.evaluate(&self.server);
+                let interval = self.core.config.eval_interval;
+                if interval > Duration::ZERO {
+                    self.core.schedule(now + interval, Event::Eval);
+                }
+            }
+            Event::Crash(i) => self.crash(i),
+            Event::Restart(worker) => self.restart(worker),
+        }
+    }
+
+    fn deliver(&mut self, slot: usize, worker: u32, to_server: bool, incarnation: u32) {
+        let now = self.core.now;
+        let Some(host) = self.hosts.get_mut(worker as usize) else {
+            self.core.pool.release(slot);
+            return;
+        };
+        if host.incarnation != incarnation || host.worker.is_none() {
+            // The worker crashed while the message was in flight.
+            self.core.pool.release(slot);
+            self.core.lost += 1;
+            return;
+        }
+        let bytes = self.core.pool.bytes(slot);
+        let len = bytes.len();
+        let id = WorkerId(worker);
+        let outcome = if to_server {
+            match wire::decode_to_server::<f32>(bytes, &self.core.limits) {
+                Ok(msg) => Ok((msg.kind_name(), self.server.handle(now, id, msg))),
+                Err(e) => Err(e),
+            }
+        } else {
+            match (wire::decode_to_worker::<f32>(bytes, &self.core.limits), host.worker.as_mut()) {
+                (Ok(msg), Some(w)) => Ok((msg.kind_name(), w.handle(now, msg))),
+                (Ok(_), None) => Ok(("", Err(Reject::Stopped))),
+                (Err(e), _) => Err(e),
+            }
+        };
+        self.core.pool.release(slot);
+        let (kind, result) = match outcome {
+            Ok(x) => x,
+            Err(e) => {
+                self.core.codec_error(&e);
+                return;
+            }
+        };
+        let (from, to) =
+            if to_server { (Node::Worker(worker), Node::Server) } else { (Node::Server, Node::Worker(worker)) };
+        self.core.delivered(from, to, kind, len, result);
+        if to_server {
+            self.drain_server(now);
+        } else {
+            self.drain_worker(worker as usize, now);
+        }
+    }
+
+    fn compute_done(&mut self, worker: u32, incarnation: u32, id: ComputeId) {
+        let now = self.core.now;
+        let Some(host) = self.hosts.get_mut(worker as usize) else { return };
+        if host.incarnation != incarnation {
+            return;
+        }
+        // A job that was replaced or abandoned has already been accounted for.
+        let Some(job) = host.job.filter(|j| j.id == id) else { return };
+        host.job = None;
+        host.busy = host.busy + (now - job.start);
+        let Some(w) = host.worker.as_mut() else { return };
+        let result = w.handle_gradient(now, id, &host.grad);
+        if result.is_ok() {
+            host.report.gradients_computed += 1;
+        } else {
+            host.report.jobs_abandoned += 1;
+            self.core.worker_rejects += 1;
+        }
+        self.core.tag(5, Node::Worker(worker));
+        let _ = write!(self.core.hash, "{result:?}");
+        self.core.observe(&Observation::GradientComputed { at: now, worker: WorkerId(worker), result });
+        self.drain_worker(worker as usize, now);
+    }
+
+    fn crash(&mut self, i: usize) {
+        let now = self.core.now;
+        let Some(c) = self.core.config.crashes.get(i).copied() else { return };
+        let Some(host) = self.hosts.get_mut(c.worker as usize) else { return };
+        if host.worker.is_none() {
+            return;
+        }
+        host.worker = None;
+        host.incarnation += 1;
+        host.timer = None;
+        if let Some(job) = host.job.take() {
+            host.busy = host.busy + (now - job.start);
+            host.report.jobs_abandoned += 1;
+        }
+        host.uplink.reset(now);
+        host.downlink.reset(now);
+        host.report.crashes += 1;
+        self.core.tag(7, Node::Worker(c.worker));
+        self.core.observe(&Observation::Crashed { at: now, worker: WorkerId(c.worker) });
+        if c.notify_server {
+            let result = self.server.handle_worker_lost(now, WorkerId(c.worker));
+            let _ = write!(self.core.hash, "{result:?}");
+            self.drain_server(now);
+        }
+        if let Some(after) = c.restart_after {
+            self.core.schedule(now + after, Event::Restart(c.worker));
+        }
+    }
+
+    fn restart(&mut self, worker: u32) {
+        let now = self.core.now;
+        let dim = self.core.workload.model.dim();
+        let Some(host) = self.hosts.get_mut(worker as usize) else { return };
+        if host.worker.is_some() {
+            return;
+        }
+        let epoch = host.epoch + 1;
+        // The configuration was valid for epoch 0, so it is for this one.
+        let Ok(w) = new_worker(self.core.config, dim, worker, epoch) else { return };
+        host.epoch = epoch;
+        host.worker = Some(w);
+        self.core.tag(8, Node::Worker(worker));
+        self.core.observe(&Observation::Restarted { at: now, worker: WorkerId(worker), epoch });
+        self.drain_worker(worker as usize, now);
+    }
+
+    /// Drains the server's outputs, then re-arms its timer (not before `floor`).
+    fn drain_server(&mut self, floor: Instant) {
+        let Self { core, server, hosts } = self;
+        while let Some(out) = server.poll_output() {
+            match out {
+                ServerOutput::Send { to, msg } => core.send_from_server(hosts, to, &msg),
+                ServerOutput::Event(e) => core.server_event(e),
+            }
+        }
+        let floor = floor.max(core.now);
+        core.server_timer = core.rearm(core.server_timer, server.poll_timeout(), floor, Event::ServerTimer);
+    }
+
+    /// Drains worker `i`'s outputs: sends its messages, starts its computations; then re-arms
+    /// its timer.
+    fn drain_worker(&mut self, i: usize, floor: Instant) {
+        let Self { core, hosts, .. } = self;
+        let Some(host) = hosts.get_mut(i) else { return };
+        let Host {
+            worker, incarnation, uplink, sampler, batches, batch, grad, scratch, job, busy, report, timer, ..
+        } = host;
+        let Some(w) = worker.as_mut() else { return };
+        let now = core.now;
+        let worker_index = i as u32;
+        let node = Node::Worker(worker_index);
+        while let Some(out) = w.poll_output() {
+            match out {
+                WorkerOutput::Send(msg) => {
+                    let kind = msg.kind_name();
+                    if matches!(msg, ToServer::Grad { .. } | ToServer::Delta { .. } | ToServer::Clock { .. }) {
+                        report.gradients_sent += 1;
+                    }
+                    let Some((slot, len)) = core.encode_to_server(&msg) else { continue };
+                    let at = uplink.send(now, len);
+                    core.schedule(
+                        at,
+                        Event::Deliver { slot, worker: worker_index, to_server: true, incarnation: *incarnation },
+                    );
+                    core.sent(node, Node::Server, kind, len);
+                }
+                WorkerOutput::Compute { id, params, .. } => {
+                    if let Some(old) = job.take() {
+                        // One job at a time: the new one replaces it.
+                        *busy = *busy + (now - old.start);
+                        report.jobs_abandoned += 1;
+                    }
+                    batches.next_batch(core.config.batch_size, batch);
+                    let model = &core.workload.model;
+                    let _loss = model.gradient(params, &core.workload.train, batch, grad, scratch);
+                    let step = sampler.steps();
+                    let dt = sampler.next_step();
+                    if core.config.record_trace {
+                        core.trace.push(TraceStep { worker: worker_index, step, seconds: dt.as_secs_f64() });
+                    }
+                    *job = Some(Job { id, start: now });
+                    core.schedule(now + dt, Event::ComputeDone { worker: worker_index, incarnation: *incarnation, id });
+                    core.tag(9, node);
+                    core.hash.u64(id.0);
+                    core.hash.u64(dt.as_nanos());
+                }
+                WorkerOutput::Event(e) => {
+                    if let WorkerEvent::Abandoned { id } = e {
+                        if let Some(j) = job.take_if(|j| j.id == id) {
+                            *busy = *busy + (now - j.start);
+                            report.jobs_abandoned += 1;
+                        }
+                    }
+                    core.worker_event(worker_index, e);
+                }
+            }
+        }
+        let floor = floor.max(now);
+        let event = Event::WorkerTimer { worker: worker_index, incarnation: *incarnation };
+        *timer = core.rearm(*timer, w.poll_timeout(), floor, event);
+    }
+
+    fn report(self, stop_reason: &'static str) -> SimReport {
+        let Self { core, server, hosts } = self;
+        let now = core.now;
+        let total = now.as_secs_f64();
+        let per_worker: Vec<WorkerReport> = hosts
+            .into_iter()
+            .map(|h| {
+                let running = h.job.map_or(Duration::ZERO, |j| now - j.start);
+                let busy = (h.busy + running).as_secs_f64();
+                WorkerReport {
+                    compute_time_s: busy,
+                    compute_share: if total > 0.0 { busy / total } else { 0.0 },
+                    ..h.report
+                }
+            })
+            .collect();
+        let mean_compute_share = if per_worker.is_empty() {
+            0.0
+        } else {
+            per_worker.iter().map(|w| w.compute_share).sum::<f64>() / per_worker.len() as f64
+        };
+        let stats = *server.stats();
+        let dropped: BTreeMap<&'static str, u64> =
+            DropReason::ALL.iter().map(|&r| (r.name(), stats.dropped_for(r))).collect();
+        let mut staleness = core.staleness;
+        staleness.finish();
+        let last = core.curve.last().copied();
+        let final_params = server.params().to_vec();
+        let mut h = Fnv::new();
+        for p in &final_params {
+            h.bytes(&p.to_bits().to_le_bytes());
+        }
+        let mut trace_hash = core.hash;
+        trace_hash.u64(h.0);
+        SimReport {
+            protocol: core.config.protocol.name().to_string(),
+            seed: core.config.seed,
+            workers: core.config.workers(),
+            stop_reason,
+            target_accuracy: core.config.target_accuracy,
+            time_to_target: core.time_to_target.map(|t| t.0),
+            updates_to_target: core.time_to_target.map(|t| t.1),
+            final_accuracy: last.map_or(0.0, |p| p.accuracy),
+            final_loss: last.map_or(f64::NAN, |p| p.loss),
+            curve: core.curve,
+            virtual_time_s: total,
+            updates: stats.updates,
+            accepted: stats.accepted,
+            applied: stats.applied,
+            dropped,
+            rejected: stats.rejected,
+            worker_rejects: core.worker_rejects,
+            stalls: core.stalls,
+            per_worker,
+            mean_compute_share,
+            staleness,
+            events: core.events,
+            messages_delivered: core.delivered,
+            messages_lost: core.lost,
+            bytes_moved: core.bytes,
+            codec_errors: core.codec_errors,
+            trace_hash: trace_hash.0,
+            final_params_hash: h.0,
+            compute_trace: core.trace,
+            final_params,
+        }
+    }
+}
+
+fn new_worker(config: &SimConfig, dim: usize, i: u32, epoch: u32) -> Result<AnyWorker<f32, Vec<f32>>, SimError> {
+    let setup = WorkerSetup { id: WorkerId(i), epoch, rejoin_after: config.rejoin_after };
+    let scratch = vec![0.0; config.protocol.worker_scratch_len(dim)];
+    AnyWorker::new(&config.protocol, setup, vec![0.0; dim], scratch).map_err(SimError::Config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_pop_in_time_then_insertion_order() {
+        let mut q = BinaryHeap::new();
+        let t = Instant::from_nanos;
+        for (seq, at) in [(0, 5), (1, 3), (2, 5), (3, 3), (4, 0)] {
+            q.push(Scheduled { at: t(at), seq, event: Event::Eval });
+        }
+        let order: Vec<(u64, u64)> = core::iter::from_fn(|| q.pop()).map(|s| (s.at.as_nanos(), s.seq)).collect();
+        assert_eq!(order, [(0, 4), (3, 1), (3, 3), (5, 0), (5, 2)]);
+    }
+}
