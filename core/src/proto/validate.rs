@@ -35,7 +35,7 @@ impl GradientPolicy {
         let Some(max) = self.max_norm else {
             return Ok(T::one());
         };
-        let norm = sq.to_f64().sqrt();
+        let norm = libm::sqrt(sq.to_f64());
         if max.is_nan() || norm <= max {
             return Ok(T::one());
         }

@@ -1,1 +1,0 @@
-//! The wire codec (placeholder; being written).
