@@ -4,8 +4,25 @@
 //! the `syncopate` core crate to a real or simulated world.
 //!
 //! - [`rng`]: a seeded PRNG and the distributions the simulator draws from.
+//! - [`workload`]: data sets (built-in digits, CSV, LIBSVM, IDX), models (softmax regression,
+//!   a one-hidden-layer MLP), minibatch gradients, evaluation and seeded batch sampling.
+//! - [`sim`]: a deterministic discrete-event simulator (virtual time, straggler models, a
+//!   network of links, crashes) driving any protocol on real gradients: the experiment
+//!   engine and test harness.
+//! - [`tcp`]: the parameter server and workers in separate processes over TCP: framing,
+//!   authenticated handshake, limits and deadlines, worker loss and rejoin, checkpoints.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod channel;
+pub mod cli;
+pub mod compare;
+pub mod plot;
 pub mod rng;
+pub mod scenario;
+pub mod sim;
+pub mod tcp;
+pub mod thread;
+pub mod trace;
+pub mod workload;

@@ -13,12 +13,20 @@
 //! |---|---|
 //! | [`proto::bsp`] | bulk synchronous parallel (the baseline) |
 //! | [`proto::asp`] | fully asynchronous (the other baseline) |
+//! | [`proto::backup`] | synchronous with `b` static backup workers: each update averages the first `n − b` gradients |
+//! | [`proto::dbw`] | dynamic backup workers: `b_t` chosen every iteration to maximise expected progress per second |
+//! | [`proto::wbsp`] | worker-busy synchronous parallel: fast workers keep taking local steps, the round closes on the slowest upload (basic and overlapped) |
+//! | [`proto::ssp`] | stale synchronous parallel: per-worker clocks, updates applied on arrival, reads from a cache at most `s` clocks stale (read-my-writes) |
+//! | [`proto::bap`] | bounded asynchronous parallel: per-iteration aggregation, workers run ahead up to `s_bap` versions, optional per-iteration time limit |
+//! | [`proto::grouped`] | grouped hybrid: BSP inside `G` groups, each group server an ASP client of a central server (`G = 1` is BSP, `G = n` is ASP) |
 //!
 //! ## Architecture
 //!
 //! - [`time`]: [`Instant`] and [`Duration`], inputs only; the core never reads a clock.
 //! - [`id`]: [`WorkerId`], [`Version`], [`ComputeId`] and the fixed-size [`WorkerSet`].
 //! - [`msg`]: the message vocabulary of every protocol, with borrowed tensor payloads.
+//! - [`wire`]: the byte codec of those messages (header, postcard control fields,
+//!   little-endian tensor), specified in `core/WIRE.md`.
 //! - [`math`]: slice kernels generic on [`Scalar`] (`f32`, `f64`).
 //! - [`proto`]: the protocols, their common verbs ([`Server`], [`Worker`]) and the
 //!   configuration-driven [`AnyServer`] / [`AnyWorker`].
@@ -105,3 +113,8 @@ pub use proto::{
     ServerEvent, ServerOutput, ServerStats, Worker, WorkerEvent, WorkerOutput, WorkerSetup,
 };
 pub use time::{Duration, Instant};
+
+/// The README's Rust examples, compiled and run as doctests.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

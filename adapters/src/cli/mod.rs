@@ -6,9 +6,11 @@
 
 mod compare;
 mod protocol;
+mod serve;
 mod straggler;
 mod summary;
 mod train;
+mod work;
 
 pub use protocol::ProtocolArgs;
 pub use straggler::parse_stragglers;
@@ -39,6 +41,10 @@ pub enum Command {
     Compare(compare::CompareArgs),
     /// Replay a recorded step-time trace under every protocol and recommend the fastest.
     Advise(compare::AdviseArgs),
+    /// Run the parameter server of a multi-process run over TCP (workers join with `work`).
+    Serve(serve::ServeArgs),
+    /// Run one worker of a multi-process run over TCP, connecting to `serve`.
+    Work(work::WorkArgs),
 }
 
 /// The model, the data and the randomness of a run.
@@ -109,6 +115,8 @@ pub fn main() -> ExitCode {
         Command::Train(args) => train::run(&args),
         Command::Compare(args) => compare::run(&args),
         Command::Advise(args) => compare::advise(&args),
+        Command::Serve(args) => serve::run(&args),
+        Command::Work(args) => work::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -343,7 +343,7 @@ impl<'a, 'o> Engine<'a, 'o> {
             queue: BinaryHeap::with_capacity(4 * n as usize + 16),
             seq: 0,
             pending_work: 0,
-            pool: BufferPool::new(),
+            pool: BufferPool::new(Limits::for_model(dim).max_message_len::<f32>()),
             hash: Fnv::new(),
             server_timer: None,
             curve: Vec::new(),
@@ -711,6 +711,7 @@ impl<'a, 'o> Engine<'a, 'o> {
             messages_delivered: core.delivered,
             messages_lost: core.lost,
             bytes_moved: core.bytes,
+            buffers_allocated: core.pool.allocations(),
             codec_errors: core.codec_errors,
             trace_hash: trace_hash.0,
             final_params_hash: h.0,
@@ -739,5 +740,20 @@ mod tests {
         }
         let order: Vec<(u64, u64)> = core::iter::from_fn(|| q.pop()).map(|s| (s.at.as_nanos(), s.seq)).collect();
         assert_eq!(order, [(0, 4), (3, 1), (3, 3), (5, 0), (5, 2)]);
+    }
+
+    #[test]
+    fn message_buffers_are_reused() {
+        use crate::workload::ModelKind;
+        use syncopate::ProtocolConfig;
+        use syncopate::proto::bsp::BspConfig;
+        let config = SimConfig::new(ProtocolConfig::Bsp(BspConfig::new(4, 0.5)), ModelKind::Softmax);
+        let w = config.digits_workload();
+        let short = super::super::run(&config.clone().with_max_updates(10), &w);
+        let long = super::super::run(&config.with_max_updates(200), &w);
+        assert!(long.messages_delivered > 10 * short.messages_delivered);
+        assert_eq!(long.buffers_allocated, short.buffers_allocated);
+        // Four gradients and four model copies (one shared buffer) in flight at most.
+        assert!(long.buffers_allocated <= 4 + 4 + 1, "{}", long.buffers_allocated);
     }
 }

@@ -2,7 +2,13 @@
 //! (enum dispatch, no trait objects, no allocation).
 
 use super::asp::{AspConfig, AspServer};
+use super::backup::{BackupConfig, BackupServer};
+use super::bap::{BapConfig, BapServer, BapWorker};
 use super::bsp::{BspConfig, BspServer};
+use super::dbw::{DbwConfig, DbwServer};
+use super::grouped::{GroupedConfig, GroupedServer};
+use super::ssp::{SspConfig, SspServer, SspWorker};
+use super::wbsp::{WbspConfig, WbspServer, WbspWorker};
 use super::{Buffer, GradientWorker, GradientWorkerConfig, Server, ServerOutput, ServerStats, Worker, WorkerOutput};
 use crate::error::{ConfigError, Reject};
 use crate::id::{ComputeId, Version, WorkerId};
@@ -11,6 +17,9 @@ use crate::msg::{ToServer, ToWorker};
 use crate::time::{Duration, Instant};
 
 /// A protocol and its settings.
+// `Grouped` carries an explicit partition table inline (256 bytes) so that a configuration
+// stays `Copy` and allocation-free.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum ProtocolConfig {
@@ -18,6 +27,18 @@ pub enum ProtocolConfig {
     Bsp(BspConfig),
     /// Asynchronous parallel.
     Asp(AspConfig),
+    /// Synchronous with a static number of backup workers.
+    Backup(BackupConfig),
+    /// Dynamic backup workers.
+    Dbw(DbwConfig),
+    /// Worker-busy synchronous parallel (basic, or optimized with `overlap`).
+    Wbsp(WbspConfig),
+    /// Grouped hybrid: BSP inside groups, ASP between groups and a central server.
+    Grouped(GroupedConfig),
+    /// Stale synchronous parallel (staleness bound `s`).
+    Ssp(SspConfig),
+    /// Bounded asynchronous parallel (bound `s_bap`, optional iteration time limit).
+    Bap(BapConfig),
 }
 
 impl ProtocolConfig {
@@ -26,6 +47,12 @@ impl ProtocolConfig {
         match self {
             Self::Bsp(_) => "bsp",
             Self::Asp(_) => "asp",
+            Self::Backup(_) => "backup",
+            Self::Dbw(_) => "dbw",
+            Self::Wbsp(c) => c.name(),
+            Self::Grouped(_) => "grouped",
+            Self::Ssp(_) => "ssp",
+            Self::Bap(_) => "bap",
         }
     }
 
@@ -34,6 +61,12 @@ impl ProtocolConfig {
         match self {
             Self::Bsp(c) => c.workers,
             Self::Asp(c) => c.workers,
+            Self::Backup(c) => c.workers,
+            Self::Dbw(c) => c.workers,
+            Self::Wbsp(c) => c.workers,
+            Self::Grouped(c) => c.workers,
+            Self::Ssp(c) => c.workers,
+            Self::Bap(c) => c.workers,
         }
     }
 
@@ -42,6 +75,12 @@ impl ProtocolConfig {
         match self {
             Self::Bsp(_) => dim,
             Self::Asp(_) => 0,
+            Self::Backup(_) => dim,
+            Self::Dbw(c) => c.scratch_len(dim),
+            Self::Wbsp(_) => dim,
+            Self::Grouped(c) => c.scratch_len(dim),
+            Self::Ssp(_) => 0,
+            Self::Bap(c) => c.open_iterations().saturating_mul(dim),
         }
     }
 
@@ -49,7 +88,8 @@ impl ProtocolConfig {
     pub fn worker_scratch_len(&self, dim: usize) -> usize {
         let _ = dim;
         match self {
-            Self::Bsp(_) | Self::Asp(_) => 0,
+            Self::Bsp(_) | Self::Asp(_) | Self::Backup(_) | Self::Dbw(_) | Self::Grouped(_) => 0,
+            Self::Wbsp(_) | Self::Ssp(_) | Self::Bap(_) => dim,
         }
     }
 }
@@ -57,11 +97,26 @@ impl ProtocolConfig {
 /// Any protocol's server.
 #[derive(Debug)]
 #[non_exhaustive]
+// Servers hold fixed-size tables (no allocation), so variants differ in size by design;
+// box the `AnyServer` itself if it must be moved around cheaply.
+#[allow(clippy::large_enum_variant)]
 pub enum AnyServer<T, S> {
     /// A BSP server.
     Bsp(BspServer<T, S>),
     /// An ASP server.
     Asp(AspServer<T, S>),
+    /// A static backup-worker server.
+    Backup(BackupServer<T, S>),
+    /// A DBW server.
+    Dbw(DbwServer<T, S>),
+    /// A WBSP server.
+    Wbsp(WbspServer<T, S>),
+    /// The grouped hybrid server (central and group servers in one state machine).
+    Grouped(GroupedServer<T, S>),
+    /// An SSP server.
+    Ssp(SspServer<T, S>),
+    /// A BAP server.
+    Bap(BapServer<T, S>),
 }
 
 /// Any protocol's worker.
@@ -70,6 +125,12 @@ pub enum AnyServer<T, S> {
 pub enum AnyWorker<T, S> {
     /// The worker of BSP, ASP and the backup-worker protocols.
     Gradient(GradientWorker<T, S>),
+    /// The WBSP worker (local SGD steps, delta uploads).
+    Wbsp(WbspWorker<T, S>),
+    /// The SSP worker (cache, clock, staleness check).
+    Ssp(SspWorker<T, S>),
+    /// The BAP worker (runs ahead on its cache up to `s_bap` versions).
+    Bap(BapWorker<T, S>),
 }
 
 /// Settings every worker takes whatever the protocol.
@@ -95,6 +156,12 @@ impl<T: Scalar, S: Buffer<T>> AnyServer<T, S> {
         Ok(match config {
             ProtocolConfig::Bsp(c) => Self::Bsp(BspServer::resume(*c, params, scratch, version)?),
             ProtocolConfig::Asp(c) => Self::Asp(AspServer::resume(*c, params, version)?),
+            ProtocolConfig::Backup(c) => Self::Backup(BackupServer::resume(*c, params, scratch, version)?),
+            ProtocolConfig::Dbw(c) => Self::Dbw(DbwServer::resume(*c, params, scratch, version)?),
+            ProtocolConfig::Wbsp(c) => Self::Wbsp(WbspServer::resume(*c, params, scratch, version)?),
+            ProtocolConfig::Grouped(c) => Self::Grouped(GroupedServer::resume(*c, params, scratch, version)?),
+            ProtocolConfig::Ssp(c) => Self::Ssp(SspServer::resume(*c, params, version)?),
+            ProtocolConfig::Bap(c) => Self::Bap(BapServer::resume(*c, params, scratch, version)?),
         })
     }
 }
@@ -106,7 +173,16 @@ impl<T: Scalar, S: Buffer<T>> AnyWorker<T, S> {
         let _ = scratch;
         let gradient = GradientWorkerConfig { id: setup.id, epoch: setup.epoch, rejoin_after: setup.rejoin_after };
         Ok(match config {
-            ProtocolConfig::Bsp(_) | ProtocolConfig::Asp(_) => Self::Gradient(GradientWorker::new(gradient, params)?),
+            ProtocolConfig::Bsp(_)
+            | ProtocolConfig::Asp(_)
+            | ProtocolConfig::Backup(_)
+            | ProtocolConfig::Dbw(_)
+            | ProtocolConfig::Grouped(_) => {
+                Self::Gradient(GradientWorker::new(gradient, params)?)
+            }
+            ProtocolConfig::Wbsp(c) => Self::Wbsp(WbspWorker::new(*c, setup, params, scratch)?),
+            ProtocolConfig::Ssp(c) => Self::Ssp(SspWorker::new(*c, setup, params, scratch)?),
+            ProtocolConfig::Bap(c) => Self::Bap(BapWorker::new(*c, setup, params, scratch)?),
         })
     }
 }
@@ -119,54 +195,54 @@ macro_rules! dispatch {
 
 impl<T: Scalar, S: Buffer<T>> Server<T> for AnyServer<T, S> {
     fn handle(&mut self, now: Instant, from: WorkerId, msg: ToServer<'_, T>) -> Result<(), Reject> {
-        dispatch!(self, s => s.handle(now, from, msg), Bsp, Asp)
+        dispatch!(self, s => s.handle(now, from, msg), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Ssp, Bap)
     }
     fn handle_worker_lost(&mut self, now: Instant, worker: WorkerId) -> Result<(), Reject> {
-        dispatch!(self, s => s.handle_worker_lost(now, worker), Bsp, Asp)
+        dispatch!(self, s => s.handle_worker_lost(now, worker), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Ssp, Bap)
     }
     fn handle_timeout(&mut self, now: Instant) {
-        dispatch!(self, s => s.handle_timeout(now), Bsp, Asp)
+        dispatch!(self, s => s.handle_timeout(now), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Ssp, Bap)
     }
     fn poll_output(&mut self) -> Option<ServerOutput<'_, T>> {
-        dispatch!(self, s => s.poll_output(), Bsp, Asp)
+        dispatch!(self, s => s.poll_output(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Ssp, Bap)
     }
     fn poll_timeout(&self) -> Option<Instant> {
-        dispatch!(self, s => s.poll_timeout(), Bsp, Asp)
+        dispatch!(self, s => s.poll_timeout(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Ssp, Bap)
     }
     fn stop(&mut self) {
-        dispatch!(self, s => s.stop(), Bsp, Asp)
+        dispatch!(self, s => s.stop(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Ssp, Bap)
     }
     fn version(&self) -> Version {
-        dispatch!(self, s => s.version(), Bsp, Asp)
+        dispatch!(self, s => s.version(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Ssp, Bap)
     }
     fn params(&self) -> &[T] {
-        dispatch!(self, s => s.params(), Bsp, Asp)
+        dispatch!(self, s => s.params(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Ssp, Bap)
     }
     fn stats(&self) -> &ServerStats {
-        dispatch!(self, s => s.stats(), Bsp, Asp)
+        dispatch!(self, s => s.stats(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Ssp, Bap)
     }
 }
 
 impl<T: Scalar, S: Buffer<T>> Worker<T> for AnyWorker<T, S> {
     fn handle(&mut self, now: Instant, msg: ToWorker<'_, T>) -> Result<(), Reject> {
-        dispatch!(self, w => w.handle(now, msg), Gradient)
+        dispatch!(self, w => w.handle(now, msg), Gradient, Wbsp, Ssp, Bap)
     }
     fn handle_gradient(&mut self, now: Instant, id: ComputeId, grad: &[T]) -> Result<(), Reject> {
-        dispatch!(self, w => w.handle_gradient(now, id, grad), Gradient)
+        dispatch!(self, w => w.handle_gradient(now, id, grad), Gradient, Wbsp, Ssp, Bap)
     }
     fn handle_timeout(&mut self, now: Instant) {
-        dispatch!(self, w => w.handle_timeout(now), Gradient)
+        dispatch!(self, w => w.handle_timeout(now), Gradient, Wbsp, Ssp, Bap)
     }
     fn poll_output(&mut self) -> Option<WorkerOutput<'_, T>> {
-        dispatch!(self, w => w.poll_output(), Gradient)
+        dispatch!(self, w => w.poll_output(), Gradient, Wbsp, Ssp, Bap)
     }
     fn poll_timeout(&self) -> Option<Instant> {
-        dispatch!(self, w => w.poll_timeout(), Gradient)
+        dispatch!(self, w => w.poll_timeout(), Gradient, Wbsp, Ssp, Bap)
     }
     fn id(&self) -> WorkerId {
-        dispatch!(self, w => w.id(), Gradient)
+        dispatch!(self, w => w.id(), Gradient, Wbsp, Ssp, Bap)
     }
     fn is_stopped(&self) -> bool {
-        dispatch!(self, w => w.is_stopped(), Gradient)
+        dispatch!(self, w => w.is_stopped(), Gradient, Wbsp, Ssp, Bap)
     }
 }

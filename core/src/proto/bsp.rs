@@ -381,7 +381,7 @@ mod tests {
         ));
         assert_eq!((s.params().to_vec(), s.version(), *s.received()), before);
         assert!(s.poll_output().is_none());
-        assert_eq!(s.stats().rejected, 10);
+        assert_eq!(s.stats().rejected, 11);
         assert_eq!(s.stats().accepted, 1);
     }
 

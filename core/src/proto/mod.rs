@@ -27,16 +27,27 @@
 
 mod any;
 pub mod asp;
+pub mod backup;
+pub mod bap;
 pub mod bsp;
+pub mod dbw;
+pub mod grouped;
 mod queue;
 mod roster;
+pub mod ssp;
 mod stall;
+#[cfg(test)]
+mod testkit;
 mod validate;
+pub mod wbsp;
 mod worker;
 
 pub use any::{AnyServer, AnyWorker, ProtocolConfig, WorkerSetup};
 pub use validate::{GradientPolicy, LargeGradient};
 pub use worker::{GradientWorker, GradientWorkerConfig};
+#[cfg(test)]
+#[allow(unused_imports)]
+pub(crate) use testkit::{ToServerOwned, ToWorkerOwned};
 
 use crate::error::Reject;
 use crate::id::{ComputeId, Version, WorkerId};
@@ -170,6 +181,21 @@ pub enum ServerEvent {
         /// How many contributions it combines.
         contributions: u32,
     },
+    /// Grouped protocol: group `group`'s aggregate (the mean gradient of its members, or the
+    /// sum of `H` such means) was applied to the central model, making `version`. One per
+    /// central update; the per-gradient outcomes are the members' [`Self::Applied`] events.
+    GroupApplied {
+        /// The group (an index into the partition).
+        group: u32,
+        /// The central version the group's model was based on.
+        base: Version,
+        /// The central version that first includes the aggregate.
+        version: Version,
+        /// Central updates applied between `base` and this one (other groups' updates).
+        staleness: u64,
+        /// Worker gradients the aggregate combines.
+        contributions: u32,
+    },
     /// A worker joined (or rejoined with a newer epoch).
     WorkerJoined {
         /// The worker.
@@ -181,6 +207,25 @@ pub enum ServerEvent {
     WorkerLost {
         /// The worker.
         worker: WorkerId,
+    },
+    /// DBW chose how many gradients version `version` waits for (`b = n − k` backup
+    /// workers), once per iteration, with the estimates behind the choice.
+    BackupChosen {
+        /// The version whose iteration waits for `k` gradients.
+        version: Version,
+        /// Gradients to wait for.
+        k: u32,
+        /// Smoothed squared gradient norm `Ĝ` (0 until estimated). The estimates are `f32`
+        /// to keep every server's output queue small.
+        g_estimate: f32,
+        /// Smoothed per-gradient variance `Ŝ` (0 until estimated).
+        s_estimate: f32,
+        /// The smoothness product `Lη` used.
+        l_eta_estimate: f32,
+        /// Expected duration of the iteration with this `k`, seconds (0 until estimated).
+        tau_estimate: f32,
+        /// Observed duration of the iteration that just closed, seconds.
+        observed_iteration_time: f32,
     },
     /// The current iteration has made no progress since `since`; it waits for `waiting_for`
     /// (the lowest-numbered missing worker). Reported again every stall interval.
