@@ -68,7 +68,7 @@ fn scenario(file: Option<&PathBuf>, preset: Option<&str>) -> Result<Scenario, Fa
     }
 }
 
-fn with_trace(mut s: Scenario, trace: &PathBuf) -> Result<Scenario, Failure> {
+fn with_trace(mut s: Scenario, trace: &std::path::Path) -> Result<Scenario, Failure> {
     let steps = crate::trace::read(trace).map_err(Failure::Usage)?;
     let models = crate::trace::compute_models(&steps, s.workers, &trace.display().to_string()).map_err(Failure::Usage)?;
     s.name = format!("{} (replaying {})", s.name, trace.display());

@@ -23,7 +23,7 @@ pub trait RangeValue: Sized {
 
 impl RangeValue for u64 {
     fn range(a: &str, b: &str, inclusive: bool) -> Result<Vec<Self>, String> {
-        let parse = |s: &str| s.trim().parse::<u64>().map_err(|_| format!("'{s}' is not a whole number"));
+        let parse = |s: &str| s.trim().parse::<Self>().map_err(|_| format!("'{s}' is not a whole number"));
         let (lo, hi) = (parse(a)?, parse(b)?);
         let hi = if inclusive { hi.checked_add(1).ok_or("range end too large")? } else { hi };
         if lo >= hi || hi - lo > 10_000 {

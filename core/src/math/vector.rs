@@ -95,14 +95,9 @@ pub fn squared_norm<T: Scalar>(x: &[T]) -> T {
     lanes.iter().fold(T::zero(), |a, b| a + *b)
 }
 
-/// Whether every element is finite (no NaN, no ±∞).
+/// Whether every element is finite (no NaN, no ±∞). Branch-free, so it vectorises.
 pub fn all_finite<T: Scalar>(x: &[T]) -> bool {
-    // `x - x` is 0 for finite x and NaN otherwise; summing keeps the loop branch-free.
-    let mut acc = T::zero();
-    for v in x {
-        acc = acc + (*v - *v);
-    }
-    acc == T::zero()
+    x.iter().fold(true, |ok, v| ok & v.is_finite())
 }
 
 /// Scales `x` so its L2 norm is at most `max_norm`; returns the factor applied (1 when

@@ -80,10 +80,6 @@ impl ServerQueue {
             ServerItem::Event(e) => ServerOutput::Event(e),
         })
     }
-
-    pub(crate) fn len(&self) -> usize {
-        self.items.len()
-    }
 }
 
 /// A worker output before its payload is attached.
@@ -113,7 +109,6 @@ pub(crate) enum WorkerItem {
         clock: u64,
         seq: u64,
     },
-    Leave,
     /// Params: the worker's model buffer.
     Compute {
         id: ComputeId,
@@ -157,13 +152,8 @@ impl WorkerQueue {
             WorkerItem::Clock { clock, seq } => {
                 WorkerOutput::Send(ToServer::Clock { clock, seq, values: Values::Slice(outgoing) })
             }
-            WorkerItem::Leave => WorkerOutput::Send(ToServer::Leave),
             WorkerItem::Compute { id, version } => WorkerOutput::Compute { id, version, params },
             WorkerItem::Event(e) => WorkerOutput::Event(e),
         })
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.items.is_empty()
     }
 }

@@ -1,0 +1,170 @@
+//! `syncopate serve`: the parameter server of a multi-process run over TCP.
+
+use super::{Failure, ProtocolArgs, Summary, WorkloadArgs};
+use crate::tcp::{self, FrameTimeout, Note, RunPlan, Secret, ServerOptions, TcpServer, checkpoint};
+use crate::thread::{EvalPoint, ThreadReport, WorkerTally};
+use clap::Args;
+use core::time::Duration;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use syncopate::{ServerEvent, Version};
+
+/// Flags of `syncopate serve`.
+#[derive(Clone, Debug, Args)]
+pub struct ServeArgs {
+    /// The protocol and its knobs (workers must pass the same).
+    #[command(flatten)]
+    pub protocol: ProtocolArgs,
+    /// The model, data and seed (workers must pass the same model and data).
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// Address to listen on. Without a shared secret only loopback addresses are allowed,
+    /// unless --insecure is given.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7070")]
+    pub listen: String,
+    /// Gradient steps per worker: the run stops once the server has received
+    /// steps × workers gradients.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub steps: u64,
+    /// Test accuracy whose first crossing is reported as the time to target.
+    #[arg(long, default_value_t = 0.90)]
+    pub target: f64,
+    /// Print the summary as one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Stop after this many seconds, whatever the progress.
+    #[arg(long, value_name = "SECS")]
+    pub time_limit: Option<f64>,
+    /// File holding the shared secret (at least 16 bytes); otherwise $SYNCOPATE_SECRET if set.
+    #[arg(long, value_name = "FILE")]
+    pub secret_file: Option<PathBuf>,
+    /// Allow listening beyond loopback without a shared secret.
+    #[arg(long)]
+    pub insecure: bool,
+    /// Write the model and its version to this file (atomically) every --checkpoint-every
+    /// updates and at the end.
+    #[arg(long, value_name = "FILE")]
+    pub checkpoint: Option<PathBuf>,
+    /// Model updates between checkpoints (0: only at the end).
+    #[arg(long, value_name = "K", default_value_t = 0, requires = "checkpoint")]
+    pub checkpoint_every: u64,
+    /// Start from the model and version in --checkpoint instead of a fresh model.
+    #[arg(long, requires = "checkpoint")]
+    pub resume: bool,
+    /// Absolute deadline of a connection's handshake, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub handshake_timeout: u64,
+    /// Deadline of one frame from its first byte, in milliseconds (plus 1 s per MiB).
+    #[arg(long, value_name = "MS", default_value_t = 10000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub frame_timeout: u64,
+}
+
+fn model_name(w: &WorkloadArgs) -> String {
+    format!("{:?}", w.model).to_lowercase()
+}
+
+/// The shared secret from `file`, or from `$SYNCOPATE_SECRET`, or none.
+pub(super) fn load_secret(file: Option<&Path>) -> Result<Option<Secret>, String> {
+    match file {
+        Some(path) => Secret::from_file(path).map(Some).map_err(|e| e.to_string()),
+        None => Secret::from_env(tcp::auth::SECRET_ENV).map_err(|e| e.to_string()),
+    }
+}
+
+/// Runs `syncopate serve`.
+pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
+    if !(0.0..=1.0).contains(&args.target) {
+        return Err(Failure::Usage(format!("invalid value '{}' for '--target': must be between 0 and 1", args.target)));
+    }
+    let time_limit = match args.time_limit {
+        Some(t) if !(t.is_finite() && t > 0.0) => {
+            return Err(Failure::Usage(format!("invalid value '{t}' for '--time-limit': must be a positive number")));
+        }
+        t => t.map(Duration::from_secs_f64),
+    };
+    let protocol = args.protocol.config().map_err(Failure::Usage)?;
+    let n = protocol.workers();
+    let workload = args.workload.workload().map_err(Failure::Usage)?;
+    let dim = workload.model.dim();
+    let secret = load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
+    let (params, version) = if args.resume {
+        let path = args.checkpoint.as_deref().unwrap_or_else(|| Path::new(""));
+        let c = checkpoint::load(path, protocol.name(), dim).map_err(|e| Failure::Usage(e.to_string()))?;
+        eprintln!("serve: resuming from {} at version {}", path.display(), c.version.0);
+        (c.params, c.version)
+    } else {
+        let mut p = vec![0.0f32; dim];
+        workload.model.init(args.workload.seed, &mut p);
+        (p, Version::ZERO)
+    };
+    let mut options = ServerOptions::new(protocol, dim);
+    options.secret = secret;
+    options.insecure = args.insecure;
+    options.handshake_timeout = Duration::from_millis(args.handshake_timeout);
+    options.frame_timeout = FrameTimeout { base: Duration::from_millis(args.frame_timeout), ..FrameTimeout::default() };
+    options.checkpoint = args.checkpoint.clone().map(|p| (p, args.checkpoint_every));
+    let authenticated = options.secret.is_some();
+    let server = TcpServer::bind(&args.listen, options).map_err(|e| Failure::Usage(e.0))?;
+    let addr = server.local_addr().map_err(|e| Failure::Run(e.0))?;
+    eprintln!(
+        "serve: {} with {n} workers, {} ({dim} params), listening on {addr}{}",
+        protocol.name(),
+        model_name(&args.workload),
+        if authenticated { ", authenticated" } else { " (no shared secret)" }
+    );
+    let plan = RunPlan { max_gradients: args.steps.saturating_mul(u64::from(n)), time_limit };
+    let start = Instant::now();
+    let mut curve: Vec<EvalPoint> = Vec::new();
+    let mut time_to_target = None;
+    let mut last_eval: Option<Instant> = None;
+    let mut last_print: Option<Instant> = None;
+    let mut evaluate = |version: Version, params: &[f32], curve: &mut Vec<EvalPoint>| {
+        let e = workload.model.evaluate(params, &workload.test);
+        let point =
+            EvalPoint { time_s: start.elapsed().as_secs_f64(), version: version.0, accuracy: e.accuracy, loss: e.loss };
+        if time_to_target.is_none() && e.accuracy >= args.target {
+            time_to_target = Some(point.time_s);
+        }
+        curve.push(point);
+        point
+    };
+    let report = server
+        .run(params, version, &plan, &mut |note| match note {
+            Note::Log(line) => eprintln!("serve: {line}"),
+            Note::Event(ServerEvent::Stalled { waiting_for, missing, .. }) => {
+                eprintln!("serve: stalled: waiting for worker {} ({missing} missing)", waiting_for.0);
+            }
+            Note::Event(_) => {}
+            Note::Model { version, params } => {
+                if last_eval.is_none_or(|t| t.elapsed() >= Duration::from_millis(50)) {
+                    last_eval = Some(Instant::now());
+                    let p = evaluate(version, params, &mut curve);
+                    if last_print.is_none_or(|t: Instant| t.elapsed() >= Duration::from_secs(1)) {
+                        last_print = Some(Instant::now());
+                        eprintln!("serve: version {} test accuracy {:.4} loss {:.4}", p.version, p.accuracy, p.loss);
+                    }
+                }
+            }
+        })
+        .map_err(|e| Failure::Run(e.0))?;
+    if curve.last().is_none_or(|p| p.version != report.version.0) {
+        evaluate(report.version, &report.params, &mut curve);
+    }
+    eprintln!("serve: finished ({:?}) at version {}", report.reason, report.version.0);
+    let threads = ThreadReport {
+        curve,
+        time_to_target_s: time_to_target,
+        wall_s: report.wall_s,
+        stats: report.stats,
+        workers: report.per_worker.iter().map(|c| WorkerTally { computed: *c, ..WorkerTally::default() }).collect(),
+        staleness: report.staleness,
+        stalls: report.stalls,
+        refused: report.refused,
+        params: Vec::new(),
+    };
+    let model = model_name(&args.workload);
+    let mut summary = Summary::from_threads(&threads, protocol.name(), n, &model, dim, args.workload.seed, args.target);
+    summary.mode = "tcp".into();
+    summary.print(args.json);
+    Ok(())
+}

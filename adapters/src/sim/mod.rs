@@ -1,0 +1,116 @@
+//! A deterministic discrete-event simulator: the experiment engine and test harness.
+//!
+//! One server and `n` workers run any protocol through [`AnyServer`](syncopate::AnyServer) /
+//! [`AnyWorker`](syncopate::AnyWorker), exactly as a real transport drives them, but in
+//! virtual time:
+//!
+//! - **Compute**: a worker's `Compute` output is answered with a real gradient of the
+//!   [`Workload`] at the given parameters on a fresh minibatch (computed at once), handed back
+//!   at `now + step time`, the step time drawn from the worker's [`ComputeModel`] (straggler
+//!   models, seeded per worker). A worker computes one job at a time; a new `Compute` replaces
+//!   the old job, and an `Abandoned` event ends it early.
+//! - **Network**: each worker has an uplink and a downlink ([`network::Link`]): a message
+//!   occupies its link for `bytes / bandwidth`, arrives `latency` later, and stays in order
+//!   behind earlier messages on that link. A broadcast is one copy per downlink (the
+//!   server's network card is not a shared bottleneck). Computing and communicating are
+//!   independent, so a worker computes while its upload is in flight. Messages cross as the
+//!   bytes [`syncopate::wire`] encodes (exactly what TCP carries), from a pool of reused
+//!   buffers; a codec error is a bug (counted, and a panic in debug builds).
+//! - **Faults**: [`Crash`]es stop a worker (its job and its messages in flight vanish),
+//!   optionally tell the server (`handle_worker_lost`), and optionally restart it with the
+//!   next epoch.
+//! - **Driving contract**: after every input the node's outputs are drained, then its timer
+//!   is re-armed from `poll_timeout`; a timer that fires calls `handle_timeout` only if the
+//!   deadline is still due.
+//! - **Measurement**: the server's model is evaluated on the test set every
+//!   [`SimConfig::eval_interval`]; the [`SimReport`] has the curve, time to target, the
+//!   server's counters, per-worker compute shares, staleness, traffic, and a hash of the
+//!   whole event trace.
+//!
+//! Events are ordered by (virtual time, insertion sequence), nothing iterates a hash map
+//! and nothing reads a clock, so the same config and workload give the same report, bit for
+//! bit. [`SimReport::events`] counts the events processed, for throughput measurements.
+//!
+//! ```
+//! use syncopate::ProtocolConfig;
+//! use syncopate::proto::bsp::BspConfig;
+//! use syncopate_adapters::sim::{self, ComputeModel, SimConfig};
+//! use syncopate_adapters::workload::ModelKind;
+//!
+//! let config = SimConfig::new(ProtocolConfig::Bsp(BspConfig::new(4, 0.5)), ModelKind::Softmax)
+//!     .with_compute(ComputeModel::one_straggler(4, 0, 2.0))
+//!     .with_max_updates(20);
+//! let report = sim::run(&config, &config.digits_workload());
+//! assert_eq!(report.updates, 20);
+//! assert_eq!(report.applied, 80);
+//! ```
+
+mod compute;
+mod config;
+mod engine;
+pub mod network;
+mod report;
+
+pub use compute::{ComputeModel, ComputeSampler};
+pub use config::{Crash, NetworkConfig, SimConfig, StopRule};
+pub use report::{Bucket, CurvePoint, Node, Observation, SimReport, StalenessStats, TraceStep, WorkerReport};
+
+use crate::workload::Workload;
+use core::fmt;
+use syncopate::ConfigError;
+
+/// Why a simulation could not start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SimError {
+    /// The protocol refused its configuration.
+    Config(ConfigError),
+    /// The batch size must be at least 1.
+    BatchSize,
+}
+
+impl fmt::Display for SimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Config(e) => write!(f, "invalid protocol configuration: {e}"),
+            Self::BatchSize => f.write_str("batch size must be at least 1"),
+        }
+    }
+}
+
+impl core::error::Error for SimError {}
+
+/// Runs `config` on `workload` and reports.
+///
+/// # Panics
+///
+/// If the configuration is invalid (see [`try_run`]).
+pub fn run(config: &SimConfig, workload: &Workload) -> SimReport {
+    run_observed(config, workload, &mut |_| {})
+}
+
+/// Runs `config` on `workload`, showing every [`Observation`] to `observer` as it happens.
+///
+/// # Panics
+///
+/// If the configuration is invalid (see [`try_run_observed`]).
+pub fn run_observed(config: &SimConfig, workload: &Workload, observer: &mut dyn FnMut(&Observation<'_>)) -> SimReport {
+    match try_run_observed(config, workload, observer) {
+        Ok(r) => r,
+        Err(e) => panic!("simulation not started: {e}"),
+    }
+}
+
+/// Runs `config` on `workload`, or says why it cannot.
+pub fn try_run(config: &SimConfig, workload: &Workload) -> Result<SimReport, SimError> {
+    try_run_observed(config, workload, &mut |_| {})
+}
+
+/// [`run_observed`], or why the simulation cannot start.
+pub fn try_run_observed(
+    config: &SimConfig,
+    workload: &Workload,
+    observer: &mut dyn FnMut(&Observation<'_>),
+) -> Result<SimReport, SimError> {
+    Ok(engine::Engine::new(config, workload, observer)?.run())
+}

@@ -1,0 +1,381 @@
+//! What a run produced: [`SimReport`] (serializable), and the [`Observation`]s a test or a
+//! tool can watch while it runs.
+
+use core::fmt;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use syncopate::{AnyServer, Instant, Reject, ServerEvent, WorkerEvent, WorkerId};
+
+/// A node of the simulated cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum Node {
+    /// The parameter server.
+    Server,
+    /// A worker, by index.
+    Worker(u32),
+}
+
+impl fmt::Display for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Server => f.write_str("server"),
+            Self::Worker(i) => write!(f, "worker {i}"),
+        }
+    }
+}
+
+/// Something that happened during a run, shown to the observer of [`super::run_observed`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Observation<'a> {
+    /// The server emitted an event.
+    Server {
+        /// Virtual time.
+        at: Instant,
+        /// The event.
+        event: ServerEvent,
+    },
+    /// A worker emitted an event.
+    Worker {
+        /// Virtual time.
+        at: Instant,
+        /// The worker.
+        worker: WorkerId,
+        /// The event.
+        event: WorkerEvent,
+    },
+    /// A node put a message on the network.
+    Sent {
+        /// Virtual time.
+        at: Instant,
+        /// Sender.
+        from: Node,
+        /// Receiver.
+        to: Node,
+        /// Message kind ([`syncopate::ToServer::kind_name`] / [`syncopate::ToWorker::kind_name`]).
+        kind: &'static str,
+        /// Encoded length.
+        bytes: usize,
+    },
+    /// A message reached its receiver, which took it (`Ok`) or refused it.
+    Delivered {
+        /// Virtual time.
+        at: Instant,
+        /// Sender.
+        from: Node,
+        /// Receiver.
+        to: Node,
+        /// Message kind.
+        kind: &'static str,
+        /// Encoded length.
+        bytes: usize,
+        /// What the receiver's `handle` returned.
+        result: Result<(), Reject>,
+    },
+    /// A worker finished a computation and handed the gradient over (`Ok`), or the worker
+    /// refused it because the job had been abandoned.
+    GradientComputed {
+        /// Virtual time.
+        at: Instant,
+        /// The worker.
+        worker: WorkerId,
+        /// What `handle_gradient` returned.
+        result: Result<(), Reject>,
+    },
+    /// A worker crashed.
+    Crashed {
+        /// Virtual time.
+        at: Instant,
+        /// The worker.
+        worker: WorkerId,
+    },
+    /// A crashed worker restarted with a new epoch.
+    Restarted {
+        /// Virtual time.
+        at: Instant,
+        /// The worker.
+        worker: WorkerId,
+        /// Its new epoch.
+        epoch: u32,
+    },
+    /// The server's model was evaluated on the test set.
+    Evaluated {
+        /// The curve point.
+        point: CurvePoint,
+    },
+    /// One simulation step (one event and everything it caused) is complete; the server
+    /// can be inspected.
+    Step {
+        /// Virtual time.
+        at: Instant,
+        /// The server, read-only.
+        server: &'a AnyServer<f32, Vec<f32>>,
+    },
+}
+
+/// One evaluation of the server's model on the test set.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct CurvePoint {
+    /// Virtual time in seconds.
+    pub time_s: f64,
+    /// The server's model version.
+    pub version: u64,
+    /// Test accuracy.
+    pub accuracy: f64,
+    /// Test loss.
+    pub loss: f64,
+}
+
+/// What became of one worker.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct WorkerReport {
+    /// The worker's index.
+    pub worker: u32,
+    /// Computations finished and handed to the worker.
+    pub gradients_computed: u64,
+    /// Contributions (gradients, deltas, clock updates) the worker sent.
+    pub gradients_sent: u64,
+    /// Computations abandoned before they finished, or refused at the end.
+    pub jobs_abandoned: u64,
+    /// Virtual time spent computing (abandoned work included), in seconds.
+    pub compute_time_s: f64,
+    /// `compute_time_s` / run time: how busy the worker was.
+    pub compute_share: f64,
+    /// Times it crashed.
+    pub crashes: u32,
+}
+
+/// One bucket of the staleness histogram: `lo..=hi`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Bucket {
+    /// Smallest staleness in the bucket.
+    pub lo: u64,
+    /// Largest staleness in the bucket (`u64::MAX` for the last).
+    pub hi: u64,
+    /// Applied contributions in the bucket.
+    pub count: u64,
+}
+
+/// Staleness of the applied contributions (from [`ServerEvent::Applied`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StalenessStats {
+    /// Applied contributions.
+    pub count: u64,
+    /// Mean staleness.
+    pub mean: f64,
+    /// Largest staleness.
+    pub max: u64,
+    /// Buckets 0, 1, 2–3, 4–7, …, 512+.
+    pub histogram: Vec<Bucket>,
+}
+
+impl StalenessStats {
+    const BUCKETS: usize = 11;
+
+    pub(crate) fn new() -> Self {
+        let histogram = (0..Self::BUCKETS)
+            .map(|i| {
+                let lo = if i == 0 { 0 } else { 1u64 << (i - 1) };
+                let hi = if i == 0 {
+                    0
+                } else if i == Self::BUCKETS - 1 {
+                    u64::MAX
+                } else {
+                    (1u64 << i) - 1
+                };
+                Bucket { lo, hi, count: 0 }
+            })
+            .collect();
+        Self { count: 0, mean: 0.0, max: 0, histogram }
+    }
+
+    pub(crate) fn record(&mut self, staleness: u64) {
+        self.count += 1;
+        // Running sum kept in `mean` until `finish`.
+        self.mean += staleness as f64;
+        self.max = self.max.max(staleness);
+        let i = if staleness == 0 { 0 } else { (64 - staleness.leading_zeros() as usize).min(Self::BUCKETS - 1) };
+        if let Some(b) = self.histogram.get_mut(i) {
+            b.count += 1;
+        }
+    }
+
+    pub(crate) fn finish(&mut self) {
+        if self.count > 0 {
+            self.mean /= self.count as f64;
+        }
+    }
+}
+
+/// One recorded step time (for `--record-trace` and replay with
+/// [`super::ComputeModel::Trace`]).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct TraceStep {
+    /// The worker.
+    pub worker: u32,
+    /// Its step index (0, 1, …).
+    pub step: u64,
+    /// The sampled compute time in seconds.
+    pub seconds: f64,
+}
+
+/// Everything a run measured. Two runs with the same config and workload produce equal
+/// reports (including [`SimReport::trace_hash`] and [`SimReport::final_params_hash`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SimReport {
+    /// The protocol's short name.
+    pub protocol: String,
+    /// The run seed.
+    pub seed: u64,
+    /// Number of workers.
+    pub workers: u32,
+    /// Why the run ended: `max_time`, `max_updates`, `target`, `idle` (nothing left to do)
+    /// or `max_events`.
+    pub stop_reason: &'static str,
+    /// Test accuracy and loss over virtual time.
+    pub curve: Vec<CurvePoint>,
+    /// The target accuracy.
+    pub target_accuracy: f64,
+    /// Virtual seconds until the first evaluation at or above the target.
+    pub time_to_target: Option<f64>,
+    /// Model version at that evaluation.
+    pub updates_to_target: Option<u64>,
+    /// Test accuracy at the end.
+    pub final_accuracy: f64,
+    /// Test loss at the end.
+    pub final_loss: f64,
+    /// Virtual time at the end, in seconds.
+    pub virtual_time_s: f64,
+    /// Model updates (server version increments).
+    pub updates: u64,
+    /// Contributions the server accepted.
+    pub accepted: u64,
+    /// Contributions applied.
+    pub applied: u64,
+    /// Contributions dropped, by reason name (every reason of [`syncopate::DropReason::ALL`]).
+    pub dropped: BTreeMap<&'static str, u64>,
+    /// Inputs the server refused.
+    pub rejected: u64,
+    /// [`ServerEvent::Stalled`] reports (the server waited a stall interval without progress).
+    pub stalls: u64,
+    /// Inputs workers refused (messages and gradients).
+    pub worker_rejects: u64,
+    /// Per-worker figures.
+    pub per_worker: Vec<WorkerReport>,
+    /// Mean of the workers' compute shares.
+    pub mean_compute_share: f64,
+    /// Staleness of the applied contributions.
+    pub staleness: StalenessStats,
+    /// Events processed.
+    pub events: u64,
+    /// Messages delivered.
+    pub messages_delivered: u64,
+    /// Messages lost with a crashed worker.
+    pub messages_lost: u64,
+    /// Encoded bytes put on the network.
+    pub bytes_moved: u64,
+    /// Message buffers the pool had to allocate or grow: bounded by the messages in flight at
+    /// once, flat in the steady state (no allocation per message).
+    pub buffers_allocated: usize,
+    /// Messages that failed to encode or decode (a bug; always 0).
+    pub codec_errors: u64,
+    /// FNV-1a hash of every event in order, for determinism checks.
+    pub trace_hash: u64,
+    /// FNV-1a hash of the bits of the final model.
+    pub final_params_hash: u64,
+    /// Every sampled step time, in order (empty unless `record_trace`); not serialized.
+    #[serde(skip)]
+    pub compute_trace: Vec<TraceStep>,
+    /// The final model; not serialized.
+    #[serde(skip)]
+    pub final_params: Vec<f32>,
+}
+
+impl SimReport {
+    /// The recorded step times of `worker`, in step order (for replay with
+    /// [`super::ComputeModel::Trace`]).
+    pub fn worker_trace(&self, worker: u32) -> Vec<f64> {
+        self.compute_trace.iter().filter(|s| s.worker == worker).map(|s| s.seconds).collect()
+    }
+
+    /// Mean virtual seconds per model update.
+    pub fn seconds_per_update(&self) -> Option<f64> {
+        (self.updates > 0).then(|| self.virtual_time_s / self.updates as f64)
+    }
+}
+
+/// FNV-1a, 64 bit. Also a [`fmt::Write`] sink, so `Debug` output can be hashed without
+/// allocating.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Fnv(pub(crate) u64);
+
+impl Fnv {
+    pub(crate) const fn new() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+
+    pub(crate) fn bytes(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    pub(crate) fn u64(&mut self, x: u64) {
+        self.bytes(&x.to_le_bytes());
+    }
+
+    pub(crate) fn node(&mut self, n: Node) {
+        match n {
+            Node::Server => self.u64(u64::MAX),
+            Node::Worker(i) => self.u64(u64::from(i)),
+        }
+    }
+}
+
+impl fmt::Write for Fnv {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.bytes(s.as_bytes());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::fmt::Write as _;
+
+    #[test]
+    fn fnv_matches_reference_vectors() {
+        let mut h = Fnv::new();
+        h.bytes(b"");
+        assert_eq!(h.0, 0xcbf2_9ce4_8422_2325);
+        let mut h = Fnv::new();
+        h.bytes(b"a");
+        assert_eq!(h.0, 0xaf63_dc4c_8601_ec8c);
+        let mut h = Fnv::new();
+        let bar = "bar";
+        write!(h, "foo{bar}").unwrap();
+        let mut g = Fnv::new();
+        g.bytes(b"foobar");
+        assert_eq!(h, g);
+        assert_eq!(g.0, 0x85944171f73967e8);
+    }
+
+    #[test]
+    fn staleness_buckets() {
+        let mut s = StalenessStats::new();
+        for x in [0, 1, 2, 3, 4, 7, 8, 600, 100_000] {
+            s.record(x);
+        }
+        s.finish();
+        let counts: Vec<u64> = s.histogram.iter().map(|b| b.count).collect();
+        assert_eq!(counts, [1, 1, 2, 2, 1, 0, 0, 0, 0, 0, 2]);
+        assert_eq!(s.max, 100_000);
+        assert_eq!(s.count, 9);
+        for (b, x) in s.histogram.iter().zip([0u64, 1, 2, 4, 8]) {
+            assert_eq!(b.lo, x);
+        }
+        assert_eq!(s.histogram[3].hi, 7);
+    }
+}
