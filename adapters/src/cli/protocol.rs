@@ -1,18 +1,9 @@
-//! `--protocol` and its knobs, turned into a core [`ProtocolConfig`].
+//! `--protocol` and its knobs, the flags `train`, `serve` and `work` share. They describe a
+//! [`ProtocolSpec`], the same thing a scenario file's `[[protocols]]` entry does.
 
-use clap::{Args, ValueEnum};
-use syncopate::proto::asp::AspConfig;
-use syncopate::proto::bsp::BspConfig;
-use syncopate::{Duration, ProtocolConfig};
-
-/// The protocols the CLI can run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ProtocolName {
-    /// Bulk synchronous parallel: wait for all n workers every step.
-    Bsp,
-    /// Asynchronous parallel: apply every gradient on arrival.
-    Asp,
-}
+use crate::scenario::{GroupLrScaling, InterruptMode, ProtocolName, ProtocolSpec};
+use clap::Args;
+use syncopate::ProtocolConfig;
 
 /// The protocol flags shared by `train`, `serve` and `work`.
 #[derive(Clone, Debug, Args)]
@@ -23,32 +14,60 @@ pub struct ProtocolArgs {
     /// Number of workers.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub workers: u32,
-    /// Learning rate of one synchronous (averaged) step. Protocols that apply each
-    /// gradient on its own (asp) use lr / workers, so a full pass over the workers moves
-    /// the model as far as one averaged step (PROTOCOLS.md §5.1).
+    /// Learning rate of one synchronous (averaged) step. Protocols that apply each gradient
+    /// on its own use lr / workers (asp), or average per clock (ssp), so that every protocol
+    /// moves the model as far per gradient as BSP (PROTOCOLS.md §5.1).
     #[arg(long, default_value_t = 0.5)]
     pub lr: f64,
+    /// ssp: the clock bound s (default 3); bap: the version bound s_bap (default 1).
+    #[arg(long, value_name = "S")]
+    pub staleness: Option<u64>,
+    /// bap: close an iteration after this many milliseconds with the gradients received.
+    #[arg(long, value_name = "MS")]
+    pub iteration_timeout: Option<f64>,
+    /// backup: aggregate the fastest workers − B gradients (default 1).
+    #[arg(long, value_name = "B")]
+    pub backup_workers: Option<u32>,
+    /// backup, dbw: abort stragglers when an iteration closes, or let them complete.
+    #[arg(long, value_enum, default_value = "abort")]
+    pub interrupt: InterruptMode,
+    /// dbw: the smallest number of gradients it may aggregate (default 2).
+    #[arg(long, value_name = "K")]
+    pub k_min: Option<u32>,
+    /// grouped: the number of groups G (default 2).
+    #[arg(long, value_name = "G")]
+    pub groups: Option<u32>,
+    /// grouped: how a group's learning rate scales with its size.
+    #[arg(long, value_enum, default_value = "linear")]
+    pub group_lr_scaling: GroupLrScaling,
+    /// wbsp: close a round without a silent worker after this many milliseconds.
+    #[arg(long, value_name = "MS")]
+    pub round_deadline: Option<f64>,
     /// Report a stall when a synchronous step waits longer than this many milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 2000)]
-    pub stall_report: u64,
+    #[arg(long, value_name = "MS", default_value_t = 2000.0)]
+    pub stall_report: f64,
 }
 
 impl ProtocolArgs {
-    /// The core configuration these flags describe.
-    pub fn config(&self) -> Result<ProtocolConfig, String> {
-        if !(self.lr.is_finite() && self.lr > 0.0) {
-            return Err(format!("invalid value '{}' for '--lr': must be a positive number", self.lr));
+    /// The protocol and knobs these flags describe.
+    pub fn spec(&self) -> ProtocolSpec {
+        ProtocolSpec {
+            name: self.protocol,
+            lr: Some(self.lr),
+            staleness: self.staleness,
+            iteration_timeout_ms: self.iteration_timeout,
+            backup_workers: self.backup_workers,
+            interrupt: self.interrupt,
+            k_min: self.k_min,
+            groups: self.groups,
+            group_lr_scaling: self.group_lr_scaling,
+            round_deadline_ms: self.round_deadline,
+            stall_report_ms: Some(self.stall_report),
         }
-        let n = self.workers;
-        let per_gradient_lr = self.lr / f64::from(n);
-        let stall = Some(Duration::from_millis(self.stall_report));
-        Ok(match self.protocol {
-            ProtocolName::Bsp => {
-                let mut c = BspConfig::new(n, self.lr);
-                c.stall_report = stall;
-                ProtocolConfig::Bsp(c)
-            }
-            ProtocolName::Asp => ProtocolConfig::Asp(AspConfig::new(n, per_gradient_lr)),
-        })
+    }
+
+    /// The core configuration these flags describe; the error names the bad flag's value.
+    pub fn config(&self) -> Result<ProtocolConfig, String> {
+        self.spec().config(self.workers, self.lr).map_err(|e| format!("--protocol {}: {e}", self.protocol.as_str()))
     }
 }

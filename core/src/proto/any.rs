@@ -177,9 +177,7 @@ impl<T: Scalar, S: Buffer<T>> AnyWorker<T, S> {
             | ProtocolConfig::Asp(_)
             | ProtocolConfig::Backup(_)
             | ProtocolConfig::Dbw(_)
-            | ProtocolConfig::Grouped(_) => {
-                Self::Gradient(GradientWorker::new(gradient, params)?)
-            }
+            | ProtocolConfig::Grouped(_) => Self::Gradient(GradientWorker::new(gradient, params)?),
             ProtocolConfig::Wbsp(c) => Self::Wbsp(WbspWorker::new(*c, setup, params, scratch)?),
             ProtocolConfig::Ssp(c) => Self::Ssp(SspWorker::new(*c, setup, params, scratch)?),
             ProtocolConfig::Bap(c) => Self::Bap(BapWorker::new(*c, setup, params, scratch)?),

@@ -1,0 +1,558 @@
+//! Online estimators for choosing how many gradients to wait for (dynamic backup workers,
+//! [`crate::proto::dbw`]): an exponential moving average, the gradient-norm and
+//! gradient-noise estimates from the `k` gradients of one iteration, the expected-decrease
+//! model `D(k)`, and expected order statistics `E[T_(k:n)]` of round-trip times from a
+//! fixed-size, possibly right-censored window of samples.
+//!
+//! Everything runs in fixed buffers (no allocation) with `libm` for the transcendental
+//! functions, so it works in the `no_std` core.
+//!
+//! # Order statistics from a censored window
+//!
+//! [`RttWindow`] keeps the last [`MAX_RTT_SAMPLES`] (or fewer) round-trip times, each either
+//! *observed* or *right-censored* (the worker was told to abandon its computation when the
+//! iteration closed, so all we know is that its round trip would have taken longer).
+//! [`RttWindow::expected_order_statistics`] pools them (identical workers), builds the
+//! Kaplan–Meier estimate of the distribution, and integrates
+//! `E[T_(k:n)] = ∫₀^∞ P(Bin(n, F(x)) < k) dx` exactly over its steps, for every `k` at
+//! once. The mass Kaplan–Meier cannot place (beyond the largest sample, when the largest
+//! samples are censored) gets an exponential tail whose mean is the censored-data maximum
+//! likelihood estimate `Σ (t_i − u)⁺ / #{observed t_i > u}` above a threshold `u` (the
+//! Kaplan–Meier median, or the smallest sample when fewer than half were observed). That
+//! tail is exact for shifted-exponential round trips (memorylessness) and an
+//! underestimate for heavier tails; this is this project's reconstruction (PROTOCOLS.md
+//! §3.3 leaves the censoring method open).
+
+use crate::id::MAX_WORKERS;
+use crate::time::Duration;
+
+/// Capacity of an [`RttWindow`] in samples (pooled over workers). With `n` workers a window
+/// of `W` iterations holds `min(W·n, MAX_RTT_SAMPLES)` samples: 128 iterations of 16
+/// workers, 8 iterations of 256. Memory: two arrays of this many `u32` (16 KiB); samples
+/// have microsecond resolution and saturate at about 35 minutes.
+pub const MAX_RTT_SAMPLES: usize = 2048;
+
+/// Quadrature points for the exponential tail of [`RttWindow::expected_order_statistics`].
+const TAIL_POINTS: usize = 128;
+
+/// An exponential moving average `x̄ ← β x̄ + (1 − β) x`, started at the first sample (no
+/// start-up bias towards zero).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Ema {
+    beta: f64,
+    value: Option<f64>,
+}
+
+impl Ema {
+    /// An empty average with smoothing factor `beta` (clamped to `[0, 1)`; 0 keeps only the
+    /// latest sample).
+    pub fn new(beta: f64) -> Self {
+        let beta = if beta.is_finite() { beta.clamp(0.0, 0.999_999) } else { 0.0 };
+        Self { beta, value: None }
+    }
+
+    /// Adds a sample; non-finite samples are ignored.
+    pub fn update(&mut self, x: f64) {
+        if !x.is_finite() {
+            return;
+        }
+        self.value = Some(match self.value {
+            Some(v) => self.beta * v + (1.0 - self.beta) * x,
+            None => x,
+        });
+    }
+
+    /// The current average, if any sample arrived.
+    pub fn get(&self) -> Option<f64> {
+        self.value
+    }
+}
+
+/// The squared gradient norm `G = ‖∇F‖²` and the per-gradient variance `S = E‖g − ∇F‖²`,
+/// estimated from the `k` gradients of one iteration (all computed at the same model).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NoiseEstimate {
+    /// `Ĝ = max(‖ḡ‖² − Ŝ/k, 0)` (unbiased before the clipping).
+    pub g: f64,
+    /// `Ŝ = (Σ‖g_i‖² − k‖ḡ‖²)/(k − 1)` (unbiased), clipped at zero.
+    pub s: f64,
+}
+
+/// [`NoiseEstimate`] from the streaming sums of one iteration: `k` gradients whose squared
+/// norms add up to `sum_sq_norms`, and whose mean `ḡ` has squared norm `mean_sq_norm`.
+/// `None` when `k < 2` (the variance is undefined) or an input is not finite.
+pub fn noise_estimate(k: u32, sum_sq_norms: f64, mean_sq_norm: f64) -> Option<NoiseEstimate> {
+    if k < 2 || !sum_sq_norms.is_finite() || !mean_sq_norm.is_finite() {
+        return None;
+    }
+    let kf = f64::from(k);
+    let s = ((sum_sq_norms - kf * mean_sq_norm) / (kf - 1.0)).max(0.0);
+    let g = (mean_sq_norm - s / kf).max(0.0);
+    Some(NoiseEstimate { g, s })
+}
+
+/// The expected loss decrease of one step averaging `k` gradients, divided by the learning
+/// rate `η` (PROTOCOLS.md §3.3, from the descent lemma for an `L`-smooth loss):
+/// `D(k)/η = (1 − Lη/2)·G − Lη·S/(2k)`. It increases with `k` and saturates at
+/// `(1 − Lη/2)·G`. `k = 0` gives `-∞`.
+pub fn expected_decrease(g: f64, s: f64, l_eta: f64, k: u32) -> f64 {
+    if k == 0 {
+        return f64::NEG_INFINITY;
+    }
+    (1.0 - l_eta / 2.0) * g - l_eta * s / (2.0 * f64::from(k))
+}
+
+/// The `k` in `k_min..=k_max` that maximises `D(k)/τ(k)`, the expected loss decrease per
+/// unit of wall-clock time, with `tau[k-1] = τ(k)` the expected iteration time when waiting
+/// for `k` gradients. Ties go to the larger `k`. `None` when no `k` in range has
+/// `D(k) > 0` and a positive finite `τ(k)` (then nothing is gained by cutting stragglers;
+/// callers wait for all).
+pub fn choose_k(g: f64, s: f64, l_eta: f64, tau: &[f64], k_min: u32, k_max: u32) -> Option<(u32, f64)> {
+    let mut best: Option<(u32, f64)> = None;
+    for k in k_min.max(1)..=k_max {
+        let Some(&t) = tau.get(k as usize - 1) else { break };
+        let d = expected_decrease(g, s, l_eta, k);
+        if !(d > 0.0 && t > 0.0 && t.is_finite()) {
+            continue;
+        }
+        let r = d / t;
+        if best.is_none_or(|(_, b)| r >= b) {
+            best = Some((k, r));
+        }
+    }
+    best
+}
+
+/// `E[T_(k:n)]` for `n` i.i.d. shifted-exponential times `T = shift + Exp(rate)`:
+/// `shift + (1/rate) Σ_{j=n−k+1}^{n} 1/j` (the closed form the tests check against).
+pub fn shifted_exp_order_statistic(n: u32, k: u32, shift: f64, rate: f64) -> f64 {
+    let k = k.min(n);
+    let sum: f64 = (n - k + 1..=n).map(|j| 1.0 / f64::from(j)).sum();
+    shift + sum / rate
+}
+
+/// Writes the probabilities of `Bin(n, p)` into `out[0..=n]` (the rest untouched). Computed
+/// from the mode outwards, so no term underflows before the negligible ones. Returns
+/// `false` (and writes nothing) if `out` is shorter than `n + 1`.
+pub fn binomial_pmf(n: usize, p: f64, out: &mut [f64]) -> bool {
+    let Some(out) = out.get_mut(..=n) else { return false };
+    out.fill(0.0);
+    let p = if p.is_nan() { 0.0 } else { p.clamp(0.0, 1.0) };
+    if p <= 0.0 || p >= 1.0 {
+        let at = if p <= 0.0 { 0 } else { n };
+        if let Some(x) = out.get_mut(at) {
+            *x = 1.0;
+        }
+        return true;
+    }
+    let nf = n as f64;
+    let mode = (libm::floor((nf + 1.0) * p) as usize).min(n);
+    let mf = mode as f64;
+    let log_mode = libm::lgamma(nf + 1.0) - libm::lgamma(mf + 1.0) - libm::lgamma(nf - mf + 1.0)
+        + mf * libm::log(p)
+        + (nf - mf) * libm::log1p(-p);
+    let odds = p / (1.0 - p);
+    let mut x = libm::exp(log_mode);
+    if let Some(o) = out.get_mut(mode) {
+        *o = x;
+    }
+    for j in mode..n {
+        x *= (nf - j as f64) / (j as f64 + 1.0) * odds;
+        if let Some(o) = out.get_mut(j + 1) {
+            *o = x;
+        }
+    }
+    x = libm::exp(log_mode);
+    for j in (1..=mode).rev() {
+        x *= j as f64 / (nf - j as f64 + 1.0) / odds;
+        if let Some(o) = out.get_mut(j - 1) {
+            *o = x;
+        }
+    }
+    true
+}
+
+/// Adds `width · P(Bin(n, cdf) < k)` to `out[k-1]` for every `k` in `1..=n`: one step of
+/// `E[T_(k:n)] = ∫ P(Bin(n, F(x)) < k) dx`.
+fn add_step(n: usize, width: f64, cdf: f64, pmf: &mut [f64; MAX_WORKERS + 1], out: &mut [f64]) {
+    if width.is_nan() || width <= 0.0 || !binomial_pmf(n, cdf, pmf) {
+        return;
+    }
+    let mut below = 0.0;
+    for (o, p) in out.iter_mut().take(n).zip(pmf.iter()) {
+        below += *p;
+        *o += width * below.min(1.0);
+    }
+}
+
+const CENSORED: u32 = 1;
+
+/// A fixed-capacity ring of round-trip times, each observed or right-censored, pooled over
+/// workers. See the [module docs](self) for the estimator.
+#[derive(Clone, Debug)]
+pub struct RttWindow {
+    /// Samples as `micros << 1 | censored`, so that sorting puts an observation before a
+    /// censoring at the same time (the Kaplan–Meier convention).
+    ring: [u32; MAX_RTT_SAMPLES],
+    sorted: [u32; MAX_RTT_SAMPLES],
+    capacity: usize,
+    head: usize,
+    len: usize,
+}
+
+impl RttWindow {
+    /// An empty window keeping the newest `capacity` samples (clamped to
+    /// `1..=MAX_RTT_SAMPLES`).
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            ring: [0; MAX_RTT_SAMPLES],
+            sorted: [0; MAX_RTT_SAMPLES],
+            capacity: capacity.clamp(1, MAX_RTT_SAMPLES),
+            head: 0,
+            len: 0,
+        }
+    }
+
+    /// The number of samples held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the window is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The capacity in samples.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Adds a sample (evicting the oldest when full). `censored`: the true round trip is
+    /// longer than `rtt`.
+    pub fn push(&mut self, rtt: Duration, censored: bool) {
+        let micros = (rtt.as_nanos() / 1_000).min(u64::from(u32::MAX >> 1)) as u32;
+        let key = (micros << 1) | u32::from(censored);
+        let at = (self.head + self.len) % self.capacity;
+        if let Some(slot) = self.ring.get_mut(at) {
+            *slot = key;
+        }
+        if self.len < self.capacity {
+            self.len += 1;
+        } else {
+            self.head = (self.head + 1) % self.capacity;
+        }
+    }
+
+    /// Forgets every sample.
+    pub fn clear(&mut self) {
+        self.head = 0;
+        self.len = 0;
+    }
+
+    /// Writes `E[T_(k:n)]` in seconds into `out[k-1]` for `k` in `1..=n`, for `n` i.i.d.
+    /// draws from the window's (Kaplan–Meier) distribution. Returns `false`, writing
+    /// nothing, if there is no observed sample, `n` is 0 or above [`MAX_WORKERS`], or
+    /// `out` is shorter than `n`. Cost: a sort of the window plus `O(n)` per distinct
+    /// observed time.
+    pub fn expected_order_statistics(&mut self, n: usize, out: &mut [f64]) -> bool {
+        if n == 0 || n > MAX_WORKERS || out.len() < n || self.len == 0 {
+            return false;
+        }
+        let (Some(ring), Some(sorted)) = (self.ring.get(..self.capacity), self.sorted.get_mut(..self.len)) else {
+            return false;
+        };
+        for (i, s) in sorted.iter_mut().enumerate() {
+            *s = ring.get((self.head + i) % self.capacity).copied().unwrap_or(0);
+        }
+        sorted.sort_unstable();
+        let sorted: &[u32] = sorted;
+        let secs = |key: u32| f64::from(key >> 1) / 1e6;
+        let observed = |key: u32| key & CENSORED == 0;
+        if !sorted.iter().any(|k| observed(*k)) {
+            return false;
+        }
+
+        // Pass 1: Kaplan–Meier masses, to find the median (the tail threshold).
+        let mut threshold = sorted.first().map_or(0.0, |k| secs(*k));
+        let mut survival = 1.0;
+        for_each_km_step(sorted, |t, mass, _| {
+            let before = survival;
+            survival -= mass;
+            if before > 0.5 && survival <= 0.5 {
+                threshold = t;
+            }
+        });
+        if survival > 0.5 {
+            threshold = sorted.first().map_or(0.0, |k| secs(*k));
+        }
+        // Censored exponential MLE of the mean excess above the threshold.
+        let (mut excess, mut events) = (0.0, 0u32);
+        for key in sorted {
+            let t = secs(*key);
+            if t > threshold {
+                excess += t - threshold;
+                events += u32::from(observed(*key));
+            }
+        }
+        let tail_mean = if events > 0 { excess / f64::from(events) } else { 0.0 };
+        let last = sorted.last().map_or(0.0, |k| secs(*k));
+
+        // Pass 2: integrate over the Kaplan–Meier steps, then over the tail.
+        let Some(out) = out.get_mut(..n) else { return false };
+        out.fill(0.0);
+        let mut pmf = [0.0; MAX_WORKERS + 1];
+        let (mut x, mut cdf) = (0.0f64, 0.0f64);
+        for_each_km_step(sorted, |t, mass, _| {
+            add_step(n, t - x, cdf, &mut pmf, out);
+            x = t;
+            cdf = (cdf + mass).min(1.0);
+        });
+        let tail_mass = (1.0 - cdf).max(0.0);
+        if tail_mass > 1e-12 {
+            add_step(n, last - x, cdf, &mut pmf, out);
+            // Beyond `last`: S(x) = tail_mass·exp(−(x − last)/θ). With s = S(x),
+            // ∫ P(Bin(n, 1 − s) < k) dx = θ ∫₀^{tail_mass} P(Bin(n, 1 − s) < k) / s ds,
+            // by the midpoint rule (the integrand is a polynomial in s).
+            if tail_mean > 0.0 {
+                let h = tail_mass / TAIL_POINTS as f64;
+                for j in 0..TAIL_POINTS {
+                    let s = h * (j as f64 + 0.5);
+                    add_step(n, tail_mean * h / s, 1.0 - s, &mut pmf, out);
+                }
+            }
+        }
+        true
+    }
+}
+
+/// Calls `f(time_secs, mass, at_risk)` for each distinct observed time of the sorted
+/// samples, with its Kaplan–Meier probability mass.
+fn for_each_km_step(sorted: &[u32], mut f: impl FnMut(f64, f64, usize)) {
+    let mut at_risk = sorted.len();
+    let mut survival = 1.0f64;
+    let mut i = 0;
+    while i < sorted.len() {
+        let time = sorted.get(i).map_or(0, |k| k >> 1);
+        let (mut deaths, mut censored) = (0usize, 0usize);
+        while let Some(key) = sorted.get(i) {
+            if key >> 1 != time {
+                break;
+            }
+            if key & CENSORED == 0 {
+                deaths += 1;
+            } else {
+                censored += 1;
+            }
+            i += 1;
+        }
+        if deaths > 0 && at_risk > 0 {
+            let mass = survival * deaths as f64 / at_risk as f64;
+            survival -= mass;
+            f(f64::from(time) / 1e6, mass, at_risk);
+        }
+        at_risk = at_risk.saturating_sub(deaths + censored);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::vec;
+    use std::vec::Vec;
+
+    fn secs(x: f64) -> Duration {
+        Duration::from_secs_f64(x)
+    }
+
+    /// Deterministic quantiles of `shift + Exp(rate)`.
+    fn shifted_exp_quantile(u: f64, shift: f64, rate: f64) -> f64 {
+        shift - libm::log(1.0 - u) / rate
+    }
+
+    #[test]
+    fn ema_starts_at_first_sample() {
+        let mut e = Ema::new(0.5);
+        assert_eq!(e.get(), None);
+        e.update(4.0);
+        assert_eq!(e.get(), Some(4.0));
+        e.update(f64::NAN);
+        assert_eq!(e.get(), Some(4.0));
+        e.update(0.0);
+        assert_eq!(e.get(), Some(2.0));
+        let mut keep_last = Ema::new(f64::NAN);
+        keep_last.update(1.0);
+        keep_last.update(3.0);
+        assert_eq!(keep_last.get(), Some(3.0));
+    }
+
+    #[test]
+    fn noise_estimate_matches_the_sample_formulas() {
+        // Gradients (1,0), (3,0), (2,3): mean (2,1), Σ‖g‖² = 1 + 9 + 13 = 23, ‖ḡ‖² = 5.
+        let e = noise_estimate(3, 23.0, 5.0).unwrap();
+        // Σ‖g_i − ḡ‖² = (1+1) + (1+1) + (0+4) = 8 → S = 4; G = 5 − 4/3.
+        assert_eq!(e.s, 4.0);
+        assert!((e.g - (5.0 - 4.0 / 3.0)).abs() < 1e-12);
+        assert_eq!(noise_estimate(1, 1.0, 1.0), None);
+        assert_eq!(noise_estimate(2, f64::NAN, 1.0), None);
+        // Identical gradients: no variance.
+        assert_eq!(noise_estimate(4, 8.0, 2.0), Some(NoiseEstimate { g: 2.0, s: 0.0 }));
+    }
+
+    #[test]
+    fn binomial_pmf_sums_to_one_and_matches_small_cases() {
+        let mut pmf = [0.0; MAX_WORKERS + 1];
+        assert!(binomial_pmf(2, 0.5, &mut pmf));
+        assert_eq!(&pmf[..3], &[0.25, 0.5, 0.25]);
+        for &(n, p) in &[(16usize, 0.3), (256, 0.999), (256, 1e-6), (1, 0.7), (0, 0.5)] {
+            assert!(binomial_pmf(n, p, &mut pmf));
+            let total: f64 = pmf[..=n].iter().sum();
+            assert!((total - 1.0).abs() < 1e-9, "n={n} p={p} total={total}");
+        }
+        assert!(binomial_pmf(3, 1.0, &mut pmf));
+        assert_eq!(&pmf[..4], &[0.0, 0.0, 0.0, 1.0]);
+        assert!(!binomial_pmf(MAX_WORKERS + 1, 0.5, &mut pmf));
+    }
+
+    #[test]
+    fn order_statistics_of_a_discrete_distribution_are_exact() {
+        // Uniform on {1, 2, 3}, n = 2: min has E = (1·5 + 2·3 + 3·1)/9, max E = (1·1 + 2·3 + 3·5)/9.
+        let mut w = RttWindow::new(16);
+        for t in [1.0, 2.0, 3.0] {
+            w.push(secs(t), false);
+        }
+        let mut out = [0.0; 2];
+        assert!(w.expected_order_statistics(2, &mut out));
+        assert!((out[0] - 14.0 / 9.0).abs() < 1e-9, "{out:?}");
+        assert!((out[1] - 22.0 / 9.0).abs() < 1e-9, "{out:?}");
+        assert!(!w.expected_order_statistics(0, &mut out));
+        assert!(!w.expected_order_statistics(3, &mut out));
+        assert!(!RttWindow::new(4).expected_order_statistics(1, &mut out));
+    }
+
+    #[test]
+    fn shifted_exponential_closed_form_uncensored() {
+        let (n, shift, rate) = (16usize, 1.0, 1.0);
+        let mut w = RttWindow::new(MAX_RTT_SAMPLES);
+        let m = MAX_RTT_SAMPLES;
+        for i in 0..m {
+            w.push(secs(shifted_exp_quantile((i as f64 + 0.5) / m as f64, shift, rate)), false);
+        }
+        let mut out = [0.0; 16];
+        assert!(w.expected_order_statistics(n, &mut out));
+        for k in 1..=n {
+            let exact = shifted_exp_order_statistic(n as u32, k as u32, shift, rate);
+            assert!((out[k - 1] - exact).abs() / exact < 0.01, "k={k} est={} exact={exact}", out[k - 1]);
+        }
+        assert!((shifted_exp_order_statistic(16, 16, 1.0, 1.0) - (1.0 + 3.380_728_993)).abs() < 1e-8);
+        assert_eq!(shifted_exp_order_statistic(4, 1, 0.0, 2.0), 0.125);
+    }
+
+    /// Option A censoring: each iteration observes only its k fastest round trips; the other
+    /// n − k are censored at the k-th. Kaplan–Meier plus the exponential tail still recovers
+    /// the closed form for every k, including those never observed.
+    #[test]
+    fn shifted_exponential_closed_form_censored() {
+        let (n, shift, rate) = (16usize, 1.0, 0.5);
+        for k_obs in [2usize, 8, 14] {
+            let mut w = RttWindow::new(MAX_RTT_SAMPLES);
+            let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+            for _ in 0..MAX_RTT_SAMPLES / n {
+                let mut draws: Vec<f64> = (0..n)
+                    .map(|_| {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        shifted_exp_quantile((rng >> 11) as f64 / (1u64 << 53) as f64, shift, rate)
+                    })
+                    .collect();
+                draws.sort_by(f64::total_cmp);
+                let close = draws[k_obs - 1];
+                for (i, d) in draws.iter().enumerate() {
+                    if i < k_obs { w.push(secs(*d), false) } else { w.push(secs(close), true) }
+                }
+            }
+            let mut out = [0.0; 16];
+            assert!(w.expected_order_statistics(n, &mut out));
+            for k in 1..=n {
+                let exact = shifted_exp_order_statistic(n as u32, k as u32, shift, rate);
+                let tol = if k <= k_obs { 0.03 } else { 0.08 };
+                assert!(
+                    (out[k - 1] - exact).abs() / exact < tol,
+                    "observed {k_obs}: k={k} est={} exact={exact}",
+                    out[k - 1]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn window_evicts_the_oldest() {
+        let mut w = RttWindow::new(2);
+        w.push(secs(100.0), false);
+        w.push(secs(1.0), false);
+        w.push(secs(1.0), false);
+        assert_eq!(w.len(), 2);
+        let mut out = [0.0; 1];
+        assert!(w.expected_order_statistics(1, &mut out));
+        assert!((out[0] - 1.0).abs() < 1e-9);
+        w.clear();
+        assert!(w.is_empty());
+        w.push(secs(1.0), true);
+        assert!(!w.expected_order_statistics(1, &mut out), "only censored samples");
+    }
+
+    #[test]
+    fn decrease_grows_with_k_and_saturates() {
+        let (g, s, l_eta) = (1.0, 10.0, 0.5);
+        let d: Vec<f64> = (1..=64).map(|k| expected_decrease(g, s, l_eta, k)).collect();
+        assert!(d.windows(2).all(|w| w[1] > w[0]));
+        let limit = (1.0 - l_eta / 2.0) * g;
+        assert!(d.iter().all(|x| *x < limit));
+        assert!(limit - d[63] < 0.1 * limit);
+        // Increments shrink (concave in k): saturation.
+        assert!(d.windows(3).all(|w| w[2] - w[1] < w[1] - w[0]));
+        assert_eq!(expected_decrease(g, s, l_eta, 0), f64::NEG_INFINITY);
+    }
+
+    #[test]
+    fn chosen_k_grows_as_the_signal_to_noise_ratio_shrinks() {
+        let n = 16u32;
+        let tau: Vec<f64> = (1..=n).map(|k| shifted_exp_order_statistic(n, k, 1.0, 1.0)).collect();
+        let mut last = 0;
+        let mut ks = Vec::new();
+        for g_over_s in [10.0, 1.0, 0.3, 0.1, 0.03, 0.01, 0.003] {
+            // No k with a positive expected decrease: wait for all.
+            let k = choose_k(g_over_s, 1.0, 1.0, &tau, 1, n).map_or(n, |c| c.0);
+            assert!(k >= last, "G/S={g_over_s}: k={k} < {last}");
+            last = k;
+            ks.push(k);
+        }
+        assert!(ks[0] <= 2 && *ks.last().unwrap() == n, "{ks:?}");
+        // Bounds are honoured; no positive decrease means no choice.
+        assert_eq!(choose_k(100.0, 1.0, 1.0, &tau, 5, 9).unwrap().0, 5);
+        assert_eq!(choose_k(0.0, 1.0, 1.0, &tau, 1, n), None);
+        assert_eq!(choose_k(1.0, 0.0, 2.5, &tau, 1, n), None);
+        assert_eq!(choose_k(1.0, 1.0, 1.0, &tau[..3], 1, n).map(|c| c.0 <= 3), Some(true));
+    }
+
+    proptest! {
+        /// Order statistics are non-decreasing in k, bounded by the sample range (plus the
+        /// tail), and never NaN, whatever the samples and censoring.
+        #[test]
+        fn order_statistics_are_monotone(
+            samples in proptest::collection::vec((1u64..10_000, any::<bool>()), 1..300),
+            n in 1usize..40,
+        ) {
+            let mut w = RttWindow::new(256);
+            for (t, c) in &samples { w.push(Duration::from_micros(*t), *c); }
+            let mut out = vec![0.0; n];
+            if w.expected_order_statistics(n, &mut out) {
+                let lo = samples.iter().map(|s| s.0).min().unwrap() as f64 / 1e6;
+                prop_assert!(out.iter().all(|x| x.is_finite() && *x >= lo - 1e-9));
+                prop_assert!(out.windows(2).all(|p| p[1] >= p[0] - 1e-9), "{:?}", out);
+            }
+        }
+    }
+}

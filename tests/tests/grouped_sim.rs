@@ -1,0 +1,202 @@
+//! The grouped hybrid protocol in the simulator (PROTOCOLS.md §6): `G = 1` is BSP and `G = n`
+//! is ASP, run for run; a straggler delays only its own group; every worker gradient reaches
+//! the central model once, through its group; and the paper's headline: with one node
+//! delayed by 300% (4× step time), the best number of groups finishes within 20% of the
+//! no-delay BSP time with accuracy within 2.5 points.
+//!
+//! The table: `cargo test --release -p syncopate-tests --test grouped_sim -- --nocapture headline`
+
+use std::collections::BTreeMap;
+use syncopate::proto::asp::AspConfig;
+use syncopate::proto::bsp::BspConfig;
+use syncopate::proto::grouped::{GroupedConfig, Partition};
+use syncopate::{Duration, ProtocolConfig, ServerEvent};
+use syncopate_adapters::sim::{self, ComputeModel, Observation, SimConfig, SimReport};
+use syncopate_adapters::workload::{ModelKind, Workload};
+
+const N: u32 = 16;
+const LR: f64 = 0.5;
+/// The straggler (contiguous groups: it is in group 0 for every G).
+const STRAGGLER: u32 = 0;
+
+fn workload() -> Workload {
+    Workload::digits(ModelKind::Softmax, 1)
+}
+
+fn grouped(groups: u32) -> ProtocolConfig {
+    ProtocolConfig::Grouped(GroupedConfig::new(N, LR, groups))
+}
+
+fn straggler() -> Vec<ComputeModel> {
+    ComputeModel::one_straggler(N, STRAGGLER, 4.0)
+}
+
+/// What a run reports about the per-update staleness ([`ServerEvent::GroupApplied`]).
+#[derive(Default)]
+struct Watch {
+    group_updates: u64,
+    contributions: u64,
+    staleness: BTreeMap<u64, u64>,
+    applied_per_worker: BTreeMap<u32, u64>,
+}
+
+fn run_watched(config: &SimConfig, w: &Workload) -> (SimReport, Watch) {
+    let mut watch = Watch::default();
+    let report = sim::run_observed(config, w, &mut |o| {
+        if let Observation::Server { event, .. } = o {
+            match event {
+                ServerEvent::GroupApplied { base, version, staleness, contributions, .. } => {
+                    assert_eq!(*staleness, version.0 - 1 - base.0);
+                    watch.group_updates += 1;
+                    watch.contributions += u64::from(*contributions);
+                    *watch.staleness.entry(*staleness).or_default() += 1;
+                }
+                ServerEvent::Applied { worker, .. } => *watch.applied_per_worker.entry(worker.0).or_default() += 1,
+                _ => {}
+            }
+        }
+    });
+    (report, watch)
+}
+
+#[test]
+fn one_group_is_bsp_and_n_groups_are_asp_in_the_simulator() {
+    let w = workload();
+    let same = |a: &SimReport, b: &SimReport| {
+        assert_eq!(a.final_params_hash, b.final_params_hash);
+        assert_eq!(a.curve, b.curve);
+        assert_eq!((a.updates, a.applied, a.accepted), (b.updates, b.applied, b.accepted));
+        assert_eq!(a.staleness, b.staleness);
+        assert_eq!(a.per_worker, b.per_worker);
+    };
+    let config = |p| SimConfig::new(p, ModelKind::Softmax).with_compute(straggler()).with_max_updates(30);
+    let bsp = sim::run(&config(ProtocolConfig::Bsp(BspConfig::new(N, LR))), &w);
+    same(&bsp, &sim::run(&config(grouped(1)), &w));
+    let config = |p| SimConfig::new(p, ModelKind::Softmax).with_compute(straggler()).with_max_updates(400);
+    let asp = sim::run(&config(ProtocolConfig::Asp(AspConfig::new(N, LR))), &w);
+    same(&asp, &sim::run(&config(grouped(N)), &w));
+}
+
+#[test]
+fn a_straggler_delays_only_its_own_group() {
+    let w = workload();
+    for partition in [Partition::Contiguous, Partition::RoundRobin] {
+        let mut c = GroupedConfig::new(N, LR, 4);
+        c.partition = partition;
+        let config = SimConfig::new(ProtocolConfig::Grouped(c), ModelKind::Softmax)
+            .with_compute(straggler())
+            .with_max_time(Duration::from_secs(1));
+        let r = sim::run(&config, &w);
+        let sent: Vec<u64> = r.per_worker.iter().map(|p| p.gradients_sent).collect();
+        let in_slow_group = |i: u32| c.group_of(syncopate::WorkerId(i)) == c.group_of(syncopate::WorkerId(STRAGGLER));
+        let slow: Vec<u64> = (0..N).filter(|i| in_slow_group(*i)).map(|i| sent[i as usize]).collect();
+        let fast: Vec<u64> = (0..N).filter(|i| !in_slow_group(*i)).map(|i| sent[i as usize]).collect();
+        assert_eq!(slow.len(), 4);
+        // Its group runs at the straggler's pace (a step every 40 ms + network), the other
+        // groups at full pace (10 ms + network).
+        let (lo, hi) = (*slow.iter().min().unwrap(), *slow.iter().max().unwrap());
+        assert!(hi - lo <= 1 && (22..=26).contains(&lo), "{partition:?}: {sent:?}");
+        assert!(fast.iter().all(|f| (80..=100).contains(f)), "{partition:?}: {sent:?}");
+    }
+}
+
+#[test]
+fn every_worker_gradient_reaches_the_central_model_once_through_its_group() {
+    let w = workload();
+    for (groups, h) in [(2, 1), (4, 1), (4, 3), (5, 2)] {
+        let mut c = GroupedConfig::new(N, LR, groups);
+        c.local_steps = h;
+        let config = SimConfig::new(ProtocolConfig::Grouped(c), ModelKind::Softmax)
+            .with_compute(straggler())
+            .with_max_time(Duration::from_millis(700));
+        let (r, watch) = run_watched(&config, &w);
+        // One central update per group aggregate, each combining H full group steps.
+        assert_eq!(watch.group_updates, r.updates);
+        assert_eq!(r.dropped.values().sum::<u64>(), 0);
+        assert_eq!(r.rejected, 0);
+        // Every gradient sent was accepted and has an outcome, except those in steps still
+        // open at the end (at most one per worker, plus H − 1 finished local steps).
+        let sent: u64 = r.per_worker.iter().map(|p| p.gradients_sent).sum();
+        assert_eq!(r.accepted, sent);
+        let pending = sent - r.applied;
+        assert!(pending <= u64::from(N * h), "groups {groups}, H {h}: {pending} pending");
+        // The central model received exactly the applied gradients of finished exchanges.
+        let exchanged = watch.contributions;
+        assert!(exchanged <= r.applied && r.applied - exchanged < u64::from(N * h));
+        for (worker, applied) in &watch.applied_per_worker {
+            let p = &r.per_worker[*worker as usize];
+            assert!(*applied <= p.gradients_sent && p.gradients_sent - applied <= u64::from(h));
+        }
+        eprintln!("G = {groups}, H = {h}: {} central updates, per-update staleness {:?}", r.updates, watch.staleness);
+    }
+}
+
+struct Row {
+    name: String,
+    time_to_90: Option<f64>,
+    final_accuracy: f64,
+    updates: u64,
+    mean_staleness: f64,
+}
+
+/// The headline (PROTOCOLS.md §6.3): 16 workers, worker 0 4× slower (delayed by 300%),
+/// digits softmax, G ∈ {1, 2, 4, 8, 16} next to BSP without the straggler, a fixed budget of
+/// virtual time long enough for accuracy to plateau.
+#[test]
+fn headline_best_group_count_is_within_20_percent_of_no_delay_bsp() {
+    let w = workload();
+    let budget = Duration::from_secs(4);
+    let config = |p, compute| {
+        let mut c = SimConfig::new(p, ModelKind::Softmax).with_compute(compute).with_max_time(budget);
+        c.eval_interval = Duration::from_millis(10);
+        c
+    };
+    let row = |name: String, r: &SimReport| Row {
+        name,
+        time_to_90: r.time_to_target,
+        final_accuracy: r.final_accuracy,
+        updates: r.updates,
+        mean_staleness: r.staleness.mean,
+    };
+    let baseline = sim::run(&config(ProtocolConfig::Bsp(BspConfig::new(N, LR)), vec![]), &w);
+    let mut rows = vec![row("BSP, no delay".into(), &baseline)];
+    rows.push(row(
+        "BSP, worker 0 4x".into(),
+        &sim::run(&config(ProtocolConfig::Bsp(BspConfig::new(N, LR)), straggler()), &w),
+    ));
+    let mut staleness = Vec::new();
+    for g in [1, 2, 4, 8, 16] {
+        let (r, watch) = run_watched(&config(grouped(g), straggler()), &w);
+        rows.push(row(format!("grouped G = {g:2}, worker 0 4x"), &r));
+        staleness.push((g, watch.staleness));
+    }
+    let t0 = baseline.time_to_target.expect("no-delay BSP reaches 0.90");
+    println!(
+        "16 workers, digits softmax, η = {LR}, {} s of virtual time, evaluation every 10 ms",
+        budget.as_secs_f64()
+    );
+    println!("{:32} {:>10} {:>8} {:>8} {:>8} {:>10}", "run", "t(0.90) s", "vs BSP", "final", "updates", "staleness");
+    for r in &rows {
+        let t = r.time_to_90.map_or("-".into(), |t| format!("{t:.2}"));
+        let ratio = r.time_to_90.map_or("-".into(), |t| format!("{:.2}x", t / t0));
+        println!(
+            "{:32} {:>10} {:>8} {:>8.4} {:>8} {:>10.2}",
+            r.name, t, ratio, r.final_accuracy, r.updates, r.mean_staleness
+        );
+    }
+    for (g, hist) in &staleness {
+        println!("G = {g:2}: central updates by staleness {hist:?}");
+    }
+    // The best G: the fastest to 0.90 among those within the accuracy budget.
+    let within_budget = |r: &&Row| r.name.starts_with("grouped") && r.final_accuracy >= baseline.final_accuracy - 0.025;
+    let best = rows
+        .iter()
+        .filter(within_budget)
+        .filter(|r| r.time_to_90.is_some())
+        .min_by(|a, b| a.time_to_90.partial_cmp(&b.time_to_90).unwrap())
+        .expect("some G reaches 0.90 within the accuracy budget");
+    println!("best: {} ({:.2}x the no-delay time)", best.name, best.time_to_90.unwrap() / t0);
+    assert!(best.time_to_90.unwrap() <= 1.2 * t0);
+    // G = 1 is BSP: it pays the straggler in full.
+    assert!(rows[2].time_to_90.unwrap() >= 2.0 * t0);
+}
