@@ -1,0 +1,456 @@
+//! Length-prefixed frames with sequence numbers, optional MACs, size limits and absolute
+//! deadlines.
+//!
+//! ```text
+//! frame = len: u32 LE | seq: u64 LE | payload: len - 8 - tag bytes | tag: 0 or 16 bytes
+//! ```
+//!
+//! `len` counts everything after itself. Frames are numbered from 0 in each direction of a
+//! connection, handshake frames included; a frame must carry exactly the next number. In an
+//! authenticated session every frame after the handshake ends with
+//! `HMAC-SHA256(session key of its direction, len || seq || payload)[..16]`.
+//!
+//! The reader checks `len` against the connection's current maximum before it reads or
+//! allocates anything, and gives every frame an absolute deadline that starts with its first
+//! byte ([`FrameTimeout`]): a peer that trickles bytes is cut off however slowly it sends,
+//! which a per-`read` timeout alone would not do.
+
+use super::auth::{FrameMac, TAG_LEN};
+use core::fmt;
+use core::time::Duration;
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::Instant;
+
+/// Bytes of the `len` field.
+pub const LEN_BYTES: usize = 4;
+/// Bytes of the `seq` field.
+pub const SEQ_BYTES: usize = 8;
+
+/// How long a frame may take to arrive once its first byte is in: `base` plus its length
+/// at `min_bytes_per_sec`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameTimeout {
+    /// Allowed for any frame.
+    pub base: Duration,
+    /// The slowest transfer rate tolerated for large frames, in bytes per second.
+    pub min_bytes_per_sec: u64,
+}
+
+impl Default for FrameTimeout {
+    fn default() -> Self {
+        Self { base: Duration::from_secs(10), min_bytes_per_sec: 1 << 20 }
+    }
+}
+
+impl FrameTimeout {
+    /// The time allowed for a frame whose `len` field is `len`.
+    pub fn allowed(&self, len: usize) -> Duration {
+        let rate = self.min_bytes_per_sec.max(1);
+        let extra_ms = (len as u64).saturating_mul(1000) / rate;
+        self.base.saturating_add(Duration::from_millis(extra_ms))
+    }
+}
+
+/// Why a frame could not be read (or written).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum FrameError {
+    /// The peer closed the connection between frames.
+    Closed,
+    /// The connection ended inside a frame.
+    Truncated {
+        /// Bytes of the frame (length field included) that arrived.
+        got: usize,
+        /// Bytes the frame should have had (0 if the length field itself was cut).
+        expected: usize,
+    },
+    /// The length field exceeds the connection's maximum; nothing was allocated.
+    TooLarge {
+        /// The announced length.
+        len: u64,
+        /// The maximum.
+        max: usize,
+    },
+    /// The length field is too small to hold a sequence number (and tag).
+    TooSmall {
+        /// The announced length.
+        len: u64,
+    },
+    /// The frame did not complete within its deadline (counted from its first byte).
+    Deadline {
+        /// Bytes that had arrived.
+        got: usize,
+        /// The time allowed.
+        allowed: Duration,
+    },
+    /// No frame started before the wait deadline (not a fault: the caller decides).
+    Idle,
+    /// The frame's sequence number is not the next one (a gap, a replay or a reorder).
+    BadSeq {
+        /// The number expected.
+        expected: u64,
+        /// The number received.
+        got: u64,
+    },
+    /// The frame's MAC does not verify.
+    BadMac,
+    /// A socket error.
+    Io(io::Error),
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Closed => f.write_str("connection closed by peer"),
+            Self::Truncated { got, expected: 0 } => write!(f, "connection closed inside a frame header ({got} bytes)"),
+            Self::Truncated { got, expected } => {
+                write!(f, "connection closed inside a frame ({got} of {expected} bytes)")
+            }
+            Self::TooLarge { len, max } => write!(f, "frame length {len} exceeds the limit of {max} bytes"),
+            Self::TooSmall { len } => write!(f, "frame length {len} is too small"),
+            Self::Deadline { got, allowed } => {
+                write!(
+                    f,
+                    "frame not complete within {} ms of its first byte ({got} bytes arrived)",
+                    allowed.as_millis()
+                )
+            }
+            Self::Idle => f.write_str("no frame before the deadline"),
+            Self::BadSeq { expected, got } => write!(f, "frame sequence number {got}, expected {expected}"),
+            Self::BadMac => f.write_str("frame authentication failed (bad MAC)"),
+            Self::Io(e) => write!(f, "socket error: {e}"),
+        }
+    }
+}
+
+impl core::error::Error for FrameError {}
+
+/// Reads frames from one connection into a caller's buffer.
+#[derive(Debug)]
+pub struct FrameReader {
+    stream: TcpStream,
+    max_len: usize,
+    timeout: FrameTimeout,
+    mac: Option<FrameMac>,
+    next_seq: u64,
+    hard_deadline: Option<Instant>,
+}
+
+/// Where a frame's payload sits in the buffer it was read into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FramePayload {
+    /// First byte of the payload.
+    pub start: usize,
+    /// One past its last byte.
+    pub end: usize,
+}
+
+impl FramePayload {
+    /// The payload within `buf`.
+    pub fn of<'a>(&self, buf: &'a [u8]) -> &'a [u8] {
+        buf.get(self.start..self.end).unwrap_or_default()
+    }
+}
+
+impl FrameReader {
+    /// A reader of frames whose `len` is at most `max_len`.
+    pub fn new(stream: TcpStream, max_len: usize, timeout: FrameTimeout) -> Self {
+        Self { stream, max_len, timeout, mac: None, next_seq: 0, hard_deadline: None }
+    }
+
+    /// No frame may end later than `deadline` (the handshake's absolute deadline); `None`
+    /// lifts the cap.
+    pub fn set_hard_deadline(&mut self, deadline: Option<Instant>) {
+        self.hard_deadline = deadline;
+    }
+
+    /// The socket.
+    pub fn stream(&self) -> &TcpStream {
+        &self.stream
+    }
+
+    /// Changes the largest `len` accepted (after the handshake).
+    pub fn set_max_len(&mut self, max_len: usize) {
+        self.max_len = max_len;
+    }
+
+    /// From now on every frame must end with a tag that `mac` verifies.
+    pub fn set_mac(&mut self, mac: FrameMac) {
+        self.mac = Some(mac);
+    }
+
+    /// The sequence number the next frame must carry.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Reads one frame into `buf` (resized to the frame's `len`; the `len` field itself is
+    /// not kept) and returns where its payload is. Waits for the first byte until
+    /// `wait_until` (`None`: forever), then gives the frame its own deadline.
+    pub fn read_frame(&mut self, buf: &mut Vec<u8>, wait_until: Option<Instant>) -> Result<FramePayload, FrameError> {
+        let mut len_bytes = [0u8; LEN_BYTES];
+        // The first byte: wait until `wait_until`.
+        let first = loop {
+            let timeout = match wait_until {
+                None => None,
+                Some(t) => match t.checked_duration_since(Instant::now()) {
+                    Some(d) if !d.is_zero() => Some(d),
+                    _ => return Err(FrameError::Idle),
+                },
+            };
+            self.stream.set_read_timeout(timeout).map_err(FrameError::Io)?;
+            match self.stream.read(&mut len_bytes[..1]) {
+                Ok(0) => return Err(FrameError::Closed),
+                Ok(_) => break Instant::now(),
+                Err(e) if is_timeout(&e) => continue,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(FrameError::Io(e)),
+            }
+        };
+        let hard_deadline = self.hard_deadline;
+        let cap = |allowed: Duration| match hard_deadline {
+            Some(hard) if hard < first + allowed => (hard, hard.saturating_duration_since(first)),
+            _ => (first + allowed, allowed),
+        };
+        let base = self.timeout.base;
+        self.read_until(&mut len_bytes[1..], cap(base), 1, 0)?;
+        let len = u32::from_le_bytes(len_bytes) as usize;
+        let tag_len = if self.mac.is_some() { TAG_LEN } else { 0 };
+        if len > self.max_len {
+            return Err(FrameError::TooLarge { len: len as u64, max: self.max_len });
+        }
+        if len < SEQ_BYTES + tag_len {
+            return Err(FrameError::TooSmall { len: len as u64 });
+        }
+        let limit = cap(self.timeout.allowed(len));
+        buf.clear();
+        buf.resize(len, 0);
+        self.read_until(buf, limit, LEN_BYTES, len + LEN_BYTES)?;
+        let seq_bytes: [u8; SEQ_BYTES] = buf.get(..SEQ_BYTES).and_then(|s| s.try_into().ok()).unwrap_or_default();
+        let seq = u64::from_le_bytes(seq_bytes);
+        let end = len - tag_len;
+        if let Some(mac) = &self.mac {
+            let payload = buf.get(SEQ_BYTES..end).unwrap_or_default();
+            let tag = buf.get(end..).unwrap_or_default();
+            if !mac.verify(len as u32, seq, payload, tag) {
+                return Err(FrameError::BadMac);
+            }
+        }
+        if seq != self.next_seq {
+            return Err(FrameError::BadSeq { expected: self.next_seq, got: seq });
+        }
+        self.next_seq += 1;
+        Ok(FramePayload { start: SEQ_BYTES, end })
+    }
+
+    /// Fills `dst` before `deadline` (`allowed` after the frame's first byte). `before` bytes
+    /// of the frame were read already and the frame has `total` bytes (0 if not known yet),
+    /// for error messages.
+    fn read_until(
+        &mut self,
+        dst: &mut [u8],
+        (deadline, allowed): (Instant, Duration),
+        before: usize,
+        total: usize,
+    ) -> Result<(), FrameError> {
+        let mut done = 0;
+        while done < dst.len() {
+            let now = Instant::now();
+            let Some(left) = deadline.checked_duration_since(now).filter(|d| !d.is_zero()) else {
+                return Err(FrameError::Deadline { got: before + done, allowed });
+            };
+            self.stream.set_read_timeout(Some(left)).map_err(FrameError::Io)?;
+            let rest = dst.get_mut(done..).unwrap_or_default();
+            match self.stream.read(rest) {
+                Ok(0) => return Err(FrameError::Truncated { got: before + done, expected: total }),
+                Ok(n) => done += n,
+                Err(e) if is_timeout(&e) || e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(FrameError::Io(e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
+}
+
+/// Writes frames to one connection.
+#[derive(Debug)]
+pub struct FrameWriter<W: Write> {
+    out: W,
+    max_len: usize,
+    mac: Option<FrameMac>,
+    next_seq: u64,
+}
+
+impl<W: Write> FrameWriter<W> {
+    /// A writer of frames whose `len` is at most `max_len` (larger ones are refused, never
+    /// truncated).
+    pub fn new(out: W, max_len: usize) -> Self {
+        Self { out, max_len, mac: None, next_seq: 0 }
+    }
+
+    /// Changes the largest `len` sent.
+    pub fn set_max_len(&mut self, max_len: usize) {
+        self.max_len = max_len;
+    }
+
+    /// From now on every frame ends with a tag made with `mac`.
+    pub fn set_mac(&mut self, mac: FrameMac) {
+        self.mac = Some(mac);
+    }
+
+    /// The underlying writer.
+    pub fn get_mut(&mut self) -> &mut W {
+        &mut self.out
+    }
+
+    /// Writes one frame carrying `payload` and flushes.
+    pub fn write_frame(&mut self, payload: &[u8]) -> io::Result<()> {
+        let tag_len = if self.mac.is_some() { TAG_LEN } else { 0 };
+        let len = SEQ_BYTES + payload.len() + tag_len;
+        if len > self.max_len {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("refusing to send a frame of {len} bytes: the limit is {}", self.max_len),
+            ));
+        }
+        let len32 = u32::try_from(len).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame too large"))?;
+        let seq = self.next_seq;
+        let mut head = [0u8; LEN_BYTES + SEQ_BYTES];
+        head[..LEN_BYTES].copy_from_slice(&len32.to_le_bytes());
+        head[LEN_BYTES..].copy_from_slice(&seq.to_le_bytes());
+        self.out.write_all(&head)?;
+        self.out.write_all(payload)?;
+        if let Some(mac) = &self.mac {
+            self.out.write_all(&mac.tag(len32, seq, payload))?;
+        }
+        self.out.flush()?;
+        self.next_seq += 1;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::BufWriter;
+    use std::net::TcpListener;
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        (a, b)
+    }
+
+    fn timeout(ms: u64) -> FrameTimeout {
+        FrameTimeout { base: Duration::from_millis(ms), min_bytes_per_sec: 1 << 20 }
+    }
+
+    #[test]
+    fn frames_round_trip_with_and_without_mac() {
+        let (a, b) = pair();
+        let mut w = FrameWriter::new(BufWriter::new(a), 1000);
+        let mut r = FrameReader::new(b, 1000, timeout(2000));
+        let mut buf = Vec::new();
+        w.write_frame(b"hello").unwrap();
+        let p = r.read_frame(&mut buf, None).unwrap();
+        assert_eq!(p.of(&buf), b"hello");
+        let mac = FrameMac::new(b"k");
+        w.set_mac(mac.clone());
+        r.set_mac(mac);
+        w.write_frame(b"").unwrap();
+        w.write_frame(&[7; 900]).unwrap();
+        assert_eq!(r.read_frame(&mut buf, None).unwrap().of(&buf), b"");
+        assert_eq!(r.read_frame(&mut buf, None).unwrap().of(&buf), &[7; 900][..]);
+        assert!(w.write_frame(&[0; 1000]).is_err(), "over-limit frames are refused");
+        assert!(matches!(
+            r.read_frame(&mut buf, Some(Instant::now() + Duration::from_millis(50))),
+            Err(FrameError::Idle)
+        ));
+    }
+
+    #[test]
+    fn oversized_length_is_refused_before_reading() {
+        let (mut a, b) = pair();
+        let mut r = FrameReader::new(b, 1000, timeout(2000));
+        a.write_all(&u32::MAX.to_le_bytes()).unwrap();
+        let mut buf = Vec::new();
+        match r.read_frame(&mut buf, None) {
+            Err(FrameError::TooLarge { len, max: 1000 }) => assert_eq!(len, u64::from(u32::MAX)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(buf.capacity(), 0, "nothing allocated");
+    }
+
+    #[test]
+    fn bad_mac_bad_seq_truncated_and_small_frames_are_refused() {
+        let mac = FrameMac::new(b"k");
+        let mut buf = Vec::new();
+        // Tampered payload.
+        let (a, b) = pair();
+        let mut raw = Vec::new();
+        let mut w = FrameWriter::new(&mut raw, 100);
+        w.set_mac(mac.clone());
+        w.write_frame(b"abc").unwrap();
+        w.write_frame(b"abc").unwrap();
+        let one = raw.len() / 2;
+        let mut tampered = raw[..one].to_vec();
+        tampered[LEN_BYTES + SEQ_BYTES] ^= 1;
+        (&a).write_all(&tampered).unwrap();
+        let mut r = FrameReader::new(b, 100, timeout(2000));
+        r.set_mac(mac.clone());
+        assert!(matches!(r.read_frame(&mut buf, None), Err(FrameError::BadMac)));
+        // Replayed frame: the first frame twice.
+        let (a, b) = pair();
+        (&a).write_all(&raw[..one]).unwrap();
+        (&a).write_all(&raw[..one]).unwrap();
+        let mut r = FrameReader::new(b, 100, timeout(2000));
+        r.set_mac(mac);
+        r.read_frame(&mut buf, None).unwrap();
+        assert!(matches!(r.read_frame(&mut buf, None), Err(FrameError::BadSeq { expected: 1, got: 0 })));
+        // Truncated.
+        let (a, b) = pair();
+        (&a).write_all(&raw[..one - 3]).unwrap();
+        drop(a);
+        let mut r = FrameReader::new(b, 100, timeout(2000));
+        assert!(matches!(r.read_frame(&mut buf, None), Err(FrameError::Truncated { .. })));
+        // Too small to hold a sequence number.
+        let (a, b) = pair();
+        (&a).write_all(&3u32.to_le_bytes()).unwrap();
+        let mut r = FrameReader::new(b, 100, timeout(2000));
+        assert!(matches!(r.read_frame(&mut buf, None), Err(FrameError::TooSmall { len: 3 })));
+        // Clean close between frames.
+        let (a, b) = pair();
+        drop(a);
+        let mut r = FrameReader::new(b, 100, timeout(2000));
+        assert!(matches!(r.read_frame(&mut buf, None), Err(FrameError::Closed)));
+    }
+
+    #[test]
+    fn trickling_peer_is_cut_off_at_the_frame_deadline() {
+        let (a, b) = pair();
+        let start = Instant::now();
+        let t = std::thread::spawn(move || {
+            // One byte every 50 ms: each read succeeds well within any per-read timeout.
+            for byte in 20u32.to_le_bytes().iter().chain([0u8; 20].iter()) {
+                if (&a).write_all(&[*byte]).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let mut r = FrameReader::new(b, 100, timeout(300));
+        let mut buf = Vec::new();
+        let res = r.read_frame(&mut buf, None);
+        let took = start.elapsed();
+        assert!(matches!(res, Err(FrameError::Deadline { .. })), "{res:?}");
+        assert!(took < Duration::from_millis(330 + 50), "cut off after {took:?}");
+        drop(r);
+        t.join().unwrap();
+    }
+}

@@ -1,0 +1,72 @@
+//! TCP: the parameter server and its workers in separate processes (or machines).
+//!
+//! - [`frame`]: length-prefixed frames with sequence numbers, MACs, size limits and
+//!   absolute per-frame deadlines (a peer that trickles bytes is cut off).
+//! - [`handshake`]: transport and wire versions, protocol and settings, model shape and
+//!   worker id are checked, and with a shared secret both sides authenticate each other
+//!   (HMAC-SHA256 over the transcript, per-worker keys from HKDF); a mismatch is refused
+//!   with one clear line on both sides.
+//! - [`auth`]: the secret, key derivation and MACs.
+//! - [`server`]: the server: an accept thread, a reader and a writer thread per connection
+//!   (bounded queues: a worker that stops reading is dropped, never waited for), and one
+//!   thread that drives the protocol's [`AnyServer`](syncopate::AnyServer). A lost
+//!   connection is a lost worker for the protocol; a worker that reconnects rejoins with a
+//!   new epoch and gets the current model.
+//! - [`worker`]: the worker loop: connect, handshake, drive the protocol's
+//!   [`AnyWorker`](syncopate::AnyWorker), compute gradients, reconnect with backoff.
+//! - [`checkpoint`]: the model and its version in a file, written atomically.
+//!
+//! The byte layout of frames and the handshake is in `adapters/TCP.md`; the messages inside
+//! the frames are the core's wire format (`core/WIRE.md`).
+//!
+//! The adapter knows nothing about any protocol's state: it feeds messages, losses and
+//! timeouts to the core and delivers what the core sends.
+
+pub mod auth;
+pub mod checkpoint;
+pub mod frame;
+pub mod handshake;
+pub mod server;
+pub mod worker;
+
+pub use auth::{Secret, WorkerKey};
+pub use frame::FrameTimeout;
+pub use server::{Note, RunPlan, ServerHandle, ServerOptions, ServerReport, StopReason, TcpServer};
+pub use worker::{Backoff, WorkerOptions, WorkerReport, run_worker};
+
+use core::fmt;
+use std::time::Instant as StdInstant;
+use syncopate::Instant;
+
+/// A failure of the TCP adapter: one line naming what was wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpError(pub String);
+
+impl fmt::Display for TcpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl core::error::Error for TcpError {}
+
+/// The largest frame `len` of a session for a model of `dim` `f32` parameters: the
+/// sequence number, the largest message the core's codec accepts, and the tag.
+pub fn session_max_len(dim: usize) -> usize {
+    let msg = syncopate::wire::Limits::for_model(dim).max_message_len::<f32>();
+    frame::SEQ_BYTES.saturating_add(msg).saturating_add(auth::TAG_LEN)
+}
+
+/// The core's clock: nanoseconds since `epoch`.
+fn since(epoch: StdInstant) -> Instant {
+    Instant::from_nanos(u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// The std instant of a core instant.
+fn at(epoch: StdInstant, t: Instant) -> StdInstant {
+    epoch + core::time::Duration::from_nanos(t.as_nanos())
+}
+
+fn core_duration(d: core::time::Duration) -> syncopate::Duration {
+    syncopate::Duration::from_nanos(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}

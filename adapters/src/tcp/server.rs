@@ -1,0 +1,773 @@
+//! The TCP parameter server.
+//!
+//! Threads: one accepts connections (with caps on the total and on connections still in the
+//! handshake); one per connection runs the handshake under an absolute deadline and then
+//! reads frames; one per connection writes frames from a bounded queue; and the thread that
+//! called [`TcpServer::run`] drives the protocol. Readers hand frames to the protocol thread
+//! over one bounded channel; buffers go back to their reader's pool, so steady state does not
+//! allocate per gradient.
+//!
+//! Each outgoing message is encoded once; a broadcast shares the same bytes with every
+//! writer (each writer adds its own sequence number and MAC). A writer queue that is full
+//! means the worker does not read: its connection is dropped and the protocol is told the
+//! worker was lost, so one stuck peer never stalls the server.
+//!
+//! A connection that ends, misbehaves (bad frame, bad MAC, undecodable message) or is
+//! replaced by a newer session of the same worker is reported to the protocol with
+//! `handle_worker_lost`. What happens next is the protocol's business: BSP waits (and
+//! reports `Stalled` naming the worker), asynchronous and backup protocols go on.
+//!
+//! Checkpoints (if configured) are written after every `every`-th model update, before the
+//! new model is sent to anyone, and at the end of a run.
+
+use super::auth::Secret;
+use super::checkpoint;
+use super::frame::{FrameError, FrameReader, FrameTimeout, FrameWriter};
+use super::handshake::{self, HandshakeError, RefuseCode, ServerSide, Terms};
+use super::{TcpError, at, since};
+use core::net::SocketAddr;
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use core::time::Duration;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError, bounded};
+use std::io::BufWriter;
+use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Instant as StdInstant;
+use syncopate::wire::{self, Limits};
+use syncopate::{
+    AnyServer, ProtocolConfig, Recipient, Server, ServerEvent, ServerOutput, ServerStats, Version, WorkerId,
+};
+
+/// Settings of a [`TcpServer`].
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// The protocol and its knobs.
+    pub protocol: ProtocolConfig,
+    /// The model dimension.
+    pub dim: usize,
+    /// The shared secret; `None` runs unauthenticated (loopback only unless `insecure`).
+    pub secret: Option<Secret>,
+    /// Allow listening beyond loopback without a secret.
+    pub insecure: bool,
+    /// The absolute deadline of a handshake, from the connection's accept.
+    pub handshake_timeout: Duration,
+    /// The deadline of each frame, from its first byte.
+    pub frame_timeout: FrameTimeout,
+    /// The most connections at once (handshaking or in session).
+    pub max_connections: usize,
+    /// The most connections still in the handshake.
+    pub max_unauthenticated: usize,
+    /// Frames queued per connection before the worker counts as not reading.
+    pub send_queue: usize,
+    /// How long one socket write may block.
+    pub write_timeout: Duration,
+    /// Write a checkpoint here every `every` model updates (and at the end).
+    pub checkpoint: Option<(PathBuf, u64)>,
+}
+
+impl ServerOptions {
+    /// Defaults for `protocol` on a model of `dim`: no secret, 5 s handshakes, 10 s frames,
+    /// 64 queued frames, checkpoints off.
+    pub fn new(protocol: ProtocolConfig, dim: usize) -> Self {
+        let n = protocol.workers() as usize;
+        Self {
+            protocol,
+            dim,
+            secret: None,
+            insecure: false,
+            handshake_timeout: Duration::from_secs(5),
+            frame_timeout: FrameTimeout::default(),
+            max_connections: 2 * n + 16,
+            max_unauthenticated: n + 16,
+            send_queue: 64,
+            write_timeout: Duration::from_secs(10),
+            checkpoint: None,
+        }
+    }
+}
+
+/// When a run ends.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RunPlan {
+    /// Stop (telling workers to stop) once the server has accepted this many gradients.
+    pub max_gradients: u64,
+    /// Stop after this much wall time, whatever the progress.
+    pub time_limit: Option<Duration>,
+}
+
+/// Why a run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum StopReason {
+    /// The gradient budget was reached; workers were told to stop.
+    Budget,
+    /// The time limit passed; workers were told to stop.
+    TimeLimit,
+    /// [`ServerHandle::stop`] was called; workers were told to stop.
+    Stopped,
+    /// [`ServerHandle::crash`] was called: the server vanished without a word (tests of
+    /// restarts).
+    Crashed,
+}
+
+/// What the server reports while it runs.
+#[derive(Debug)]
+pub enum Note<'a> {
+    /// A line for the operator's log (connections, refusals, losses).
+    Log(&'a str),
+    /// An event of the protocol.
+    Event(&'a ServerEvent),
+    /// The model changed.
+    Model {
+        /// Its version.
+        version: Version,
+        /// The parameters.
+        params: &'a [f32],
+    },
+}
+
+/// The outcome of a run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerReport {
+    /// Why it ended.
+    pub reason: StopReason,
+    /// The final model version.
+    pub version: Version,
+    /// The final model.
+    pub params: Vec<f32>,
+    /// The protocol's counters.
+    pub stats: ServerStats,
+    /// Seconds the run took.
+    pub wall_s: f64,
+    /// Staleness of applied contributions: sum, count, max.
+    pub staleness: (u64, u64, u64),
+    /// `Stalled` events.
+    pub stalls: u64,
+    /// The last stall: the worker waited for and how many were missing.
+    pub last_stall: Option<(WorkerId, u32)>,
+    /// Messages refused (undecodable or refused by the protocol).
+    pub refused: u64,
+    /// Contributions per worker (applied or dropped), in id order.
+    pub per_worker: Vec<u64>,
+    /// Sessions established.
+    pub sessions: u64,
+    /// Workers declared lost.
+    pub lost: u64,
+    /// Handshakes refused or failed.
+    pub handshake_failures: u64,
+    /// Checkpoints written.
+    pub checkpoints: u64,
+}
+
+#[derive(Debug, Default)]
+struct Control {
+    stop: AtomicBool,
+    crash: AtomicBool,
+}
+
+/// Stops a running server from another thread.
+#[derive(Clone, Debug)]
+pub struct ServerHandle(Arc<Control>);
+
+impl ServerHandle {
+    /// Ends the run: workers are told to stop, a final checkpoint is written.
+    pub fn stop(&self) {
+        self.0.stop.store(true, Ordering::SeqCst);
+    }
+
+    /// Ends the run abruptly, as if the process died: connections are cut, nothing is sent,
+    /// no final checkpoint.
+    pub fn crash(&self) {
+        self.0.crash.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A bound server, ready to [`run`](Self::run).
+#[derive(Debug)]
+pub struct TcpServer {
+    listener: TcpListener,
+    options: ServerOptions,
+    control: Arc<Control>,
+}
+
+enum Inbound {
+    Log(String),
+    HandshakeFailed,
+    Connected {
+        conn: u64,
+        worker: WorkerId,
+        epoch: u32,
+        addr: SocketAddr,
+        tx: Sender<Arc<Vec<u8>>>,
+        stream: TcpStream,
+        done: Arc<AtomicBool>,
+    },
+    Frame {
+        conn: u64,
+        worker: WorkerId,
+        buf: Vec<u8>,
+        start: usize,
+        end: usize,
+        home: Sender<Vec<u8>>,
+    },
+    Closed {
+        conn: u64,
+        worker: WorkerId,
+        reason: String,
+    },
+}
+
+struct Conn {
+    id: u64,
+    tx: Sender<Arc<Vec<u8>>>,
+    stream: TcpStream,
+    /// Set by the writer thread when it has exited.
+    done: Arc<AtomicBool>,
+}
+
+struct Shared {
+    options: ServerOptions,
+    terms: Terms,
+    server_id: u64,
+    version: AtomicU64,
+    epochs: Mutex<Vec<u32>>,
+    next_conn: AtomicU64,
+    connections: AtomicUsize,
+    unauthenticated: AtomicUsize,
+    failures: AtomicU64,
+    closing: AtomicBool,
+    session_max_len: usize,
+}
+
+/// Decrements a counter when dropped.
+struct Slot<'a>(&'a AtomicUsize);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn is_loopback(addr: &SocketAddr) -> bool {
+    addr.ip().is_loopback()
+}
+
+impl TcpServer {
+    /// Binds `addr`. Without a secret, an address that is not loopback is refused unless
+    /// `options.insecure` is set.
+    pub fn bind(addr: &str, options: ServerOptions) -> Result<Self, TcpError> {
+        let addrs: Vec<SocketAddr> =
+            addr.to_socket_addrs().map_err(|e| TcpError(format!("invalid listen address '{addr}': {e}")))?.collect();
+        if addrs.is_empty() {
+            return Err(TcpError(format!("listen address '{addr}' resolves to nothing")));
+        }
+        if options.secret.is_none() && !options.insecure && !addrs.iter().all(is_loopback) {
+            return Err(TcpError(format!(
+                "refusing to listen on {addr} without a shared secret: give --secret-file or ${}, listen on \
+                 127.0.0.1, or pass --insecure",
+                super::auth::SECRET_ENV
+            )));
+        }
+        if options.dim == 0 {
+            return Err(TcpError("the model has no parameters".into()));
+        }
+        let listener =
+            TcpListener::bind(addrs.as_slice()).map_err(|e| TcpError(format!("cannot listen on {addr}: {e}")))?;
+        Ok(Self { listener, options, control: Arc::default() })
+    }
+
+    /// The address the server listens on (with the real port when bound to port 0).
+    pub fn local_addr(&self) -> Result<SocketAddr, TcpError> {
+        self.listener.local_addr().map_err(|e| TcpError(format!("listener address: {e}")))
+    }
+
+    /// A handle to stop the run from another thread.
+    pub fn handle(&self) -> ServerHandle {
+        ServerHandle(Arc::clone(&self.control))
+    }
+
+    /// Serves the protocol on the model `params` at `version` (0, or a checkpoint's) until
+    /// the plan says stop. `note` sees logs, events and model changes.
+    pub fn run(
+        self,
+        params: Vec<f32>,
+        version: Version,
+        plan: &RunPlan,
+        note: &mut dyn FnMut(Note<'_>),
+    ) -> Result<ServerReport, TcpError> {
+        let Self { listener, options, control } = self;
+        let dim = options.dim;
+        if params.len() != dim {
+            return Err(TcpError(format!("the model has {} parameters, the server expects {dim}", params.len())));
+        }
+        let scratch = vec![0.0f32; options.protocol.server_scratch_len(dim)];
+        let server = AnyServer::resume(&options.protocol, params, scratch, version)
+            .map_err(|e| TcpError(format!("invalid protocol settings: {e}")))?;
+        listener.set_nonblocking(true).map_err(|e| TcpError(format!("listener: {e}")))?;
+        let n = options.protocol.workers() as usize;
+        let server_id = u64::from_le_bytes(
+            super::auth::nonce().map_err(|e| TcpError(e.to_string()))?[..8].try_into().unwrap_or_default(),
+        );
+        let shared = Arc::new(Shared {
+            terms: Terms::new(&options.protocol, dim),
+            session_max_len: super::session_max_len(dim),
+            options,
+            server_id,
+            version: AtomicU64::new(version.0),
+            epochs: Mutex::new(vec![0; n]),
+            next_conn: AtomicU64::new(0),
+            connections: AtomicUsize::new(0),
+            unauthenticated: AtomicUsize::new(0),
+            failures: AtomicU64::new(0),
+            closing: AtomicBool::new(false),
+        });
+        let (in_tx, in_rx) = bounded::<Inbound>(4 * n + 64);
+        let accept = {
+            let shared = Arc::clone(&shared);
+            thread::Builder::new()
+                .name("syncopate-accept".into())
+                .spawn(move || accept_loop(&listener, &shared, &in_tx))
+                .map_err(|e| TcpError(format!("cannot start the accept thread: {e}")))?
+        };
+        let mut core = Core {
+            server,
+            shared: Arc::clone(&shared),
+            conns: (0..n).map(|_| None).collect(),
+            epoch: StdInstant::now(),
+            report: ServerReport {
+                reason: StopReason::Budget,
+                version,
+                params: Vec::new(),
+                stats: ServerStats::default(),
+                wall_s: 0.0,
+                staleness: (0, 0, 0),
+                stalls: 0,
+                last_stall: None,
+                refused: 0,
+                per_worker: vec![0; n],
+                sessions: 0,
+                lost: 0,
+                handshake_failures: 0,
+                checkpoints: 0,
+            },
+            limits: Limits::for_model(dim),
+            checkpoint_due: false,
+            last_version: version,
+        };
+        let reason = core.run(&in_rx, plan, &control, note);
+        core.finish(reason, note);
+        shared.closing.store(true, Ordering::SeqCst);
+        drop(in_rx);
+        let _ = accept.join();
+        core.report.reason = reason;
+        core.report.version = core.server.version();
+        core.report.params = core.server.params().to_vec();
+        core.report.stats = *core.server.stats();
+        core.report.wall_s = core.epoch.elapsed().as_secs_f64();
+        Ok(core.report)
+    }
+}
+
+fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, in_tx: &Sender<Inbound>) {
+    while !shared.closing.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((stream, addr)) => {
+                let total = shared.connections.fetch_add(1, Ordering::SeqCst);
+                let unauth = shared.unauthenticated.fetch_add(1, Ordering::SeqCst);
+                let over = total >= shared.options.max_connections || unauth >= shared.options.max_unauthenticated;
+                let shared2 = Arc::clone(shared);
+                let tx = in_tx.clone();
+                let spawned = thread::Builder::new().name("syncopate-conn".into()).spawn(move || {
+                    let _total = Slot(&shared2.connections);
+                    let unauth = Slot(&shared2.unauthenticated);
+                    if over {
+                        refuse_busy(stream, &shared2, addr, &tx);
+                        return;
+                    }
+                    connection(stream, addr, &shared2, &tx, unauth);
+                });
+                if spawned.is_err() {
+                    shared.connections.fetch_sub(1, Ordering::SeqCst);
+                    shared.unauthenticated.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(5)),
+            Err(_) => thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+fn log_failure(shared: &Shared, tx: &Sender<Inbound>, line: String) {
+    let k = shared.failures.fetch_add(1, Ordering::SeqCst);
+    let _ = tx.send(Inbound::HandshakeFailed);
+    // Rate limit: the first 20 failures, then every 100th.
+    if k < 20 || k % 100 == 0 {
+        let _ = tx.send(Inbound::Log(line));
+    }
+}
+
+fn refuse_busy(stream: TcpStream, shared: &Shared, addr: SocketAddr, tx: &Sender<Inbound>) {
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
+    let mut w = FrameWriter::new(BufWriter::new(&stream), handshake::HANDSHAKE_MAX_LEN);
+    let msg =
+        handshake::Message::Refuse { code: RefuseCode::Busy, message: "server busy: too many connections".into() };
+    let _ = w.write_frame(&msg.encode());
+    let _ = stream.shutdown(Shutdown::Both);
+    log_failure(shared, tx, format!("refused connection from {addr}: too many connections"));
+}
+
+fn connection(stream: TcpStream, addr: SocketAddr, shared: &Arc<Shared>, tx: &Sender<Inbound>, unauth: Slot<'_>) {
+    let opts = &shared.options;
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_write_timeout(Some(opts.write_timeout.min(opts.handshake_timeout)));
+    let (Ok(read_half), Ok(write_half)) = (stream.try_clone(), stream.try_clone()) else {
+        return;
+    };
+    let mut reader = FrameReader::new(read_half, handshake::HANDSHAKE_MAX_LEN, opts.frame_timeout);
+    let mut writer = FrameWriter::new(BufWriter::with_capacity(1 << 16, write_half), handshake::HANDSHAKE_MAX_LEN);
+    let side = ServerSide {
+        terms: &shared.terms,
+        workers: opts.protocol.workers(),
+        secret: opts.secret.as_ref(),
+        server_id: shared.server_id,
+        version: shared.version.load(Ordering::SeqCst),
+    };
+    let deadline = StdInstant::now() + opts.handshake_timeout;
+    let assign = |w: WorkerId| {
+        let mut epochs = shared.epochs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        epochs.get_mut(w.index()).map_or(0, |e| {
+            let mine = *e;
+            *e = e.saturating_add(1);
+            mine
+        })
+    };
+    let session =
+        match handshake::server_handshake(&mut reader, &mut writer, &side, deadline, shared.session_max_len, assign) {
+            Ok(s) => s,
+            Err(e) => {
+                let who = match &e {
+                    HandshakeError::Refusing { worker: Some(w), .. } => format!(" (worker {})", w.0),
+                    _ => String::new(),
+                };
+                log_failure(shared, tx, format!("handshake with {addr}{who} failed: {e}"));
+                let _ = stream.shutdown(Shutdown::Both);
+                return;
+            }
+        };
+    drop(unauth);
+    let _ = stream.set_write_timeout(Some(opts.write_timeout));
+    let conn = shared.next_conn.fetch_add(1, Ordering::SeqCst);
+    let worker = session.worker;
+    let (out_tx, out_rx) = bounded::<Arc<Vec<u8>>>(opts.send_queue.max(1));
+    let Ok(stream2) = stream.try_clone() else {
+        return;
+    };
+    let writer_tx = tx.clone();
+    let done = Arc::new(AtomicBool::new(false));
+    let done2 = Arc::clone(&done);
+    let spawned = thread::Builder::new().name(format!("syncopate-write-{}", worker.0)).spawn(move || {
+        for bytes in out_rx {
+            if let Err(e) = writer.write_frame(&bytes) {
+                let _ = writer_tx.send(Inbound::Closed { conn, worker, reason: format!("write failed: {e}") });
+                let _ = stream2.shutdown(Shutdown::Both);
+                done2.store(true, Ordering::SeqCst);
+                return;
+            }
+        }
+        let _ = stream2.shutdown(Shutdown::Write);
+        done2.store(true, Ordering::SeqCst);
+    });
+    let Ok(writer_thread) = spawned else {
+        return;
+    };
+    let Ok(stream3) = stream.try_clone() else {
+        return;
+    };
+    let connected = Inbound::Connected { conn, worker, epoch: session.epoch, addr, tx: out_tx, stream: stream3, done };
+    if tx.send(connected).is_err() {
+        return;
+    }
+    // Read frames until the connection ends; buffers come back through `home`.
+    let (home, pool) = bounded::<Vec<u8>>(8);
+    let reason = loop {
+        let mut buf = pool.try_recv().unwrap_or_default();
+        match reader.read_frame(&mut buf, None) {
+            Ok(p) => {
+                let frame = Inbound::Frame { conn, worker, buf, start: p.start, end: p.end, home: home.clone() };
+                if tx.send(frame).is_err() {
+                    break None;
+                }
+            }
+            Err(FrameError::Closed) => break Some("connection closed".to_owned()),
+            Err(e) => break Some(e.to_string()),
+        }
+    };
+    if let Some(reason) = reason {
+        let _ = tx.send(Inbound::Closed { conn, worker, reason });
+    }
+    // The writer ends once the protocol thread lets go of the connection; let it send what
+    // it has (a final Stop) before the socket closes.
+    let _ = writer_thread.join();
+    let _ = stream.shutdown(Shutdown::Both);
+}
+
+struct Core {
+    server: AnyServer<f32, Vec<f32>>,
+    shared: Arc<Shared>,
+    conns: Vec<Option<Conn>>,
+    epoch: StdInstant,
+    report: ServerReport,
+    limits: Limits,
+    checkpoint_due: bool,
+    last_version: Version,
+}
+
+impl Core {
+    fn run(
+        &mut self,
+        in_rx: &Receiver<Inbound>,
+        plan: &RunPlan,
+        control: &Control,
+        note: &mut dyn FnMut(Note<'_>),
+    ) -> StopReason {
+        let tick = Duration::from_millis(50);
+        loop {
+            self.drain(note);
+            if control.crash.load(Ordering::SeqCst) {
+                return StopReason::Crashed;
+            }
+            if control.stop.load(Ordering::SeqCst) {
+                return StopReason::Stopped;
+            }
+            if self.server.stats().accepted >= plan.max_gradients {
+                return StopReason::Budget;
+            }
+            if plan.time_limit.is_some_and(|t| self.epoch.elapsed() >= t) {
+                return StopReason::TimeLimit;
+            }
+            let mut wake = StdInstant::now() + tick;
+            if let Some(t) = self.server.poll_timeout() {
+                wake = wake.min(at(self.epoch, t));
+            }
+            match in_rx.recv_deadline(wake) {
+                Ok(msg) => self.inbound(msg, note),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return StopReason::Stopped,
+            }
+            if self.server.poll_timeout().is_some_and(|t| at(self.epoch, t) <= StdInstant::now()) {
+                self.server.handle_timeout(since(self.epoch));
+            }
+        }
+    }
+
+    fn log(note: &mut dyn FnMut(Note<'_>), line: &str) {
+        note(Note::Log(line));
+    }
+
+    fn inbound(&mut self, msg: Inbound, note: &mut dyn FnMut(Note<'_>)) {
+        match msg {
+            Inbound::Log(line) => Self::log(note, &line),
+            Inbound::HandshakeFailed => self.report.handshake_failures += 1,
+            Inbound::Connected { conn, worker, epoch, addr, tx, stream, done } => {
+                self.report.sessions += 1;
+                Self::log(note, &format!("worker {} connected from {addr} (epoch {epoch})", worker.0));
+                let new = Conn { id: conn, tx, stream, done };
+                let old = self.conns.get_mut(worker.index()).and_then(|slot| slot.replace(new));
+                if let Some(old) = old {
+                    Self::log(note, &format!("worker {}: the new session replaces the old one", worker.0));
+                    self.close(old);
+                    self.lose(worker, note);
+                }
+            }
+            Inbound::Frame { conn, worker, buf, start, end, home } => {
+                if self.current(worker, conn) {
+                    let bytes = buf.get(start..end).unwrap_or_default();
+                    let now = since(self.epoch);
+                    match wire::decode_to_server::<f32>(bytes, &self.limits) {
+                        Ok(msg) => {
+                            if self.server.handle(now, worker, msg).is_err() {
+                                self.report.refused += 1;
+                            }
+                        }
+                        Err(e) => {
+                            self.report.refused += 1;
+                            Self::log(note, &format!("worker {} sent a bad message ({e}); disconnecting", worker.0));
+                            self.drop_worker(worker, note);
+                        }
+                    }
+                }
+                let _ = home.try_send(buf);
+            }
+            Inbound::Closed { conn, worker, reason } => {
+                if self.current(worker, conn) {
+                    Self::log(note, &format!("worker {} lost: {reason}", worker.0));
+                    self.drop_worker(worker, note);
+                }
+            }
+        }
+    }
+
+    fn current(&self, worker: WorkerId, conn: u64) -> bool {
+        matches!(self.conns.get(worker.index()), Some(Some(c)) if c.id == conn)
+    }
+
+    fn close(&mut self, conn: Conn) {
+        let _ = conn.stream.shutdown(Shutdown::Both);
+    }
+
+    /// Cuts `worker`'s connection and tells the protocol.
+    fn drop_worker(&mut self, worker: WorkerId, note: &mut dyn FnMut(Note<'_>)) {
+        if let Some(conn) = self.conns.get_mut(worker.index()).and_then(Option::take) {
+            self.close(conn);
+        }
+        self.lose(worker, note);
+    }
+
+    fn lose(&mut self, worker: WorkerId, note: &mut dyn FnMut(Note<'_>)) {
+        let _ = self.server.handle_worker_lost(since(self.epoch), worker);
+        let _ = note;
+    }
+
+    /// Drains the protocol's outputs: events are noted, messages encoded once, a checkpoint
+    /// written if due, then messages handed to the writers.
+    fn drain(&mut self, note: &mut dyn FnMut(Note<'_>)) {
+        loop {
+            let mut outbox: Vec<(Recipient, Arc<Vec<u8>>)> = Vec::new();
+            while let Some(out) = self.server.poll_output() {
+                match out {
+                    ServerOutput::Send { to, msg } => {
+                        let mut bytes = vec![0u8; wire::encoded_len_to_worker(&msg)];
+                        match wire::encode_to_worker(&msg, &mut bytes) {
+                            Ok(n) => {
+                                bytes.truncate(n);
+                                outbox.push((to, Arc::new(bytes)));
+                            }
+                            Err(e) => note(Note::Log(&format!("cannot encode a {} message: {e}", msg.kind_name()))),
+                        }
+                    }
+                    ServerOutput::Event(ev) => {
+                        Self::count(&mut self.report, &mut self.checkpoint_due, &self.shared.options, &ev);
+                        note(Note::Event(&ev));
+                    }
+                }
+            }
+            let version = self.server.version();
+            if version != self.last_version {
+                self.last_version = version;
+                self.shared.version.store(version.0, Ordering::SeqCst);
+                note(Note::Model { version, params: self.server.params() });
+            }
+            if self.checkpoint_due {
+                self.checkpoint_due = false;
+                self.save_checkpoint(note);
+            }
+            let mut dropped = Vec::new();
+            for (to, bytes) in outbox {
+                let targets: Vec<WorkerId> = match to {
+                    Recipient::Worker(w) => vec![w],
+                    Recipient::AllWorkers => {
+                        (0..self.conns.len() as u32).map(WorkerId).filter(|w| self.is_connected(*w)).collect()
+                    }
+                };
+                for w in targets {
+                    let Some(Some(conn)) = self.conns.get(w.index()) else {
+                        continue;
+                    };
+                    match conn.tx.try_send(Arc::clone(&bytes)) {
+                        Ok(()) => {}
+                        Err(TrySendError::Full(_)) => dropped.push((w, "send queue full (the worker does not read)")),
+                        Err(TrySendError::Disconnected(_)) => dropped.push((w, "writer gone")),
+                    }
+                }
+            }
+            if dropped.is_empty() {
+                return;
+            }
+            for (w, why) in dropped {
+                if self.is_connected(w) {
+                    note(Note::Log(&format!("worker {} dropped: {why}", w.0)));
+                    self.drop_worker(w, note);
+                }
+            }
+        }
+    }
+
+    fn is_connected(&self, w: WorkerId) -> bool {
+        matches!(self.conns.get(w.index()), Some(Some(_)))
+    }
+
+    fn count(report: &mut ServerReport, checkpoint_due: &mut bool, options: &ServerOptions, ev: &ServerEvent) {
+        match *ev {
+            ServerEvent::Applied { worker, staleness, .. } => {
+                let s = &mut report.staleness;
+                s.0 += staleness;
+                s.1 += 1;
+                s.2 = s.2.max(staleness);
+                if let Some(c) = report.per_worker.get_mut(worker.index()) {
+                    *c += 1;
+                }
+            }
+            ServerEvent::Dropped { worker, .. } => {
+                if let Some(c) = report.per_worker.get_mut(worker.index()) {
+                    *c += 1;
+                }
+            }
+            ServerEvent::Stalled { waiting_for, missing, .. } => {
+                report.stalls += 1;
+                report.last_stall = Some((waiting_for, missing));
+            }
+            ServerEvent::WorkerLost { .. } => report.lost += 1,
+            ServerEvent::ModelUpdated { version, .. } => {
+                if let Some((_, every)) = &options.checkpoint {
+                    if *every > 0 && version.0 % every == 0 {
+                        *checkpoint_due = true;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn save_checkpoint(&mut self, note: &mut dyn FnMut(Note<'_>)) {
+        if let Some((path, _)) = &self.shared.options.checkpoint {
+            let name = self.shared.options.protocol.name();
+            match checkpoint::save(path, name, self.server.version(), self.server.params()) {
+                Ok(()) => self.report.checkpoints += 1,
+                Err(e) => note(Note::Log(&e.to_string())),
+            }
+        }
+    }
+
+    /// Ends the run: tells workers to stop (unless crashing), writes the final checkpoint,
+    /// lets writers flush for a moment, and cuts every connection.
+    fn finish(&mut self, reason: StopReason, note: &mut dyn FnMut(Note<'_>)) {
+        if reason != StopReason::Crashed {
+            self.server.stop();
+            self.drain(note);
+            if self.shared.options.checkpoint.is_some() {
+                self.save_checkpoint(note);
+            }
+        }
+        let conns: Vec<Conn> = self.conns.iter_mut().filter_map(Option::take).collect();
+        if reason == StopReason::Crashed {
+            for c in conns {
+                let _ = c.stream.shutdown(Shutdown::Both);
+            }
+            return;
+        }
+        // Writers end after their queue is sent (the Stop message last); give them a moment.
+        let deadline = StdInstant::now() + Duration::from_secs(2);
+        let mut pending = Vec::new();
+        for Conn { tx, stream, done, .. } in conns {
+            drop(tx);
+            pending.push((stream, done));
+        }
+        while pending.iter().any(|(_, d)| !d.load(Ordering::SeqCst)) && StdInstant::now() < deadline {
+            thread::sleep(Duration::from_millis(2));
+        }
+        for (s, _) in pending {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! Shared pieces of the TCP tests: an in-process server and worker threads over real
+//! loopback sockets, each bounded in time.
+
+#![allow(dead_code, unreachable_pub)]
+
+use core::net::SocketAddr;
+use core::sync::atomic::AtomicBool;
+use core::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::Instant;
+use syncopate::proto::asp::AspConfig;
+use syncopate::proto::bsp::BspConfig;
+use syncopate::{ProtocolConfig, Version, WorkerId};
+use syncopate_adapters::tcp::{
+    Note, RunPlan, ServerHandle, ServerOptions, ServerReport, TcpError, TcpServer, WorkerOptions, WorkerReport,
+    run_worker,
+};
+use syncopate_adapters::workload::{BatchSampler, ModelKind, Workload};
+
+pub const SEED: u64 = 5;
+pub const BATCH: usize = 32;
+
+pub fn workload() -> Arc<Workload> {
+    Arc::new(Workload::digits(ModelKind::Softmax, SEED))
+}
+
+pub fn bsp(n: u32) -> ProtocolConfig {
+    let mut c = BspConfig::new(n, 0.5);
+    c.stall_report = Some(syncopate::Duration::from_millis(200));
+    ProtocolConfig::Bsp(c)
+}
+
+pub fn asp(n: u32) -> ProtocolConfig {
+    ProtocolConfig::Asp(AspConfig::new(n, 0.5 / f64::from(n)))
+}
+
+/// A running in-process server.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub handle: ServerHandle,
+    pub logs: Arc<Mutex<Vec<String>>>,
+    pub events: Arc<Mutex<Vec<syncopate::ServerEvent>>>,
+    pub join: JoinHandle<Result<ServerReport, TcpError>>,
+}
+
+impl Running {
+    pub fn logs_contain(&self, needle: &str) -> bool {
+        self.logs.lock().unwrap().iter().any(|l| l.contains(needle))
+    }
+
+    /// Waits (bounded) until a log line contains `needle`.
+    #[track_caller]
+    pub fn wait_log(&self, needle: &str, within: Duration) {
+        let end = Instant::now() + within;
+        while Instant::now() < end {
+            if self.logs_contain(needle) {
+                return;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        panic!("no log line with {needle:?} within {within:?}; logs: {:#?}", self.logs.lock().unwrap());
+    }
+
+    pub fn finish(self) -> ServerReport {
+        self.join.join().expect("server thread panicked").expect("server failed")
+    }
+}
+
+pub fn start_server_at(
+    addr: &str,
+    options: ServerOptions,
+    params: Vec<f32>,
+    version: Version,
+    plan: RunPlan,
+) -> Running {
+    let server = TcpServer::bind(addr, options).expect("bind");
+    let addr = server.local_addr().unwrap();
+    let handle = server.handle();
+    let logs = Arc::new(Mutex::new(Vec::new()));
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let (l2, e2) = (Arc::clone(&logs), Arc::clone(&events));
+    let join = thread::spawn(move || {
+        server.run(params, version, &plan, &mut |n| match n {
+            Note::Log(line) => l2.lock().unwrap().push(line.to_owned()),
+            Note::Event(ev) => e2.lock().unwrap().push(*ev),
+            Note::Model { .. } => {}
+        })
+    });
+    Running { addr, handle, logs, events, join }
+}
+
+pub fn start_server(options: ServerOptions, w: &Workload, plan: RunPlan) -> Running {
+    let mut params = vec![0.0f32; w.model.dim()];
+    w.model.init(SEED, &mut params);
+    start_server_at("127.0.0.1:0", options, params, Version::ZERO, plan)
+}
+
+pub fn plan(max_gradients: u64, secs: u64) -> RunPlan {
+    RunPlan { max_gradients, time_limit: Some(Duration::from_secs(secs)) }
+}
+
+pub fn worker_options(addr: SocketAddr, id: u32, protocol: ProtocolConfig, dim: usize) -> WorkerOptions {
+    let mut o = WorkerOptions::new(addr.to_string(), WorkerId(id), protocol, dim);
+    o.backoff.give_up_after = Duration::from_secs(10);
+    o.rejoin_after = Some(Duration::from_millis(500));
+    o
+}
+
+/// Runs a worker thread computing real gradients of `w`.
+pub fn spawn_worker(
+    options: WorkerOptions,
+    w: Arc<Workload>,
+) -> JoinHandle<(Result<WorkerReport, TcpError>, Vec<String>)> {
+    thread::spawn(move || {
+        let seed = SEED ^ (u64::from(options.id.0) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let mut sampler = BatchSampler::new(w.train.len(), seed);
+        let mut scratch = w.model.scratch();
+        let mut batch = Vec::new();
+        let mut logs = Vec::new();
+        let r = run_worker(
+            &options,
+            &mut |params, grad| {
+                sampler.next_batch(BATCH, &mut batch);
+                w.model.gradient(params, &w.train, &batch, grad, &mut scratch);
+            },
+            &mut |line| logs.push(line.to_owned()),
+        );
+        (r, logs)
+    })
+}
+
+pub fn kill_switch() -> Arc<AtomicBool> {
+    Arc::new(AtomicBool::new(false))
+}
+
+pub fn accuracy(w: &Workload, params: &[f32]) -> f64 {
+    w.model.evaluate(params, &w.test).accuracy
+}
+
+/// Fails the test if `f` takes longer than `limit` (runs it on a thread).
+#[track_caller]
+pub fn bounded<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(v) => v,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("test exceeded its time bound of {limit:?}"),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("test body panicked (see above)"),
+    }
+}

@@ -1,0 +1,87 @@
+//! Training over real loopback sockets reaches the accuracy the thread adapter reaches with
+//! the same protocol, workload and gradient budget, and every gradient the server accepted
+//! has an outcome.
+
+#[path = "tcp_common/mod.rs"]
+mod common;
+
+use common::*;
+use core::time::Duration;
+use std::sync::Arc;
+use syncopate::ProtocolConfig;
+use syncopate_adapters::tcp::ServerOptions;
+use syncopate_adapters::thread::{self, ThreadConfig};
+
+const WORKERS: u32 = 3;
+const STEPS: u64 = 150;
+
+fn threads_accuracy(protocol: ProtocolConfig) -> f64 {
+    let w = workload();
+    let config = ThreadConfig {
+        protocol,
+        batch_size: BATCH,
+        seed: SEED,
+        max_gradients: STEPS * u64::from(WORKERS),
+        time_limit: Some(Duration::from_secs(30)),
+        eval_interval: Duration::from_millis(50),
+        rejoin_after: Some(Duration::from_secs(1)),
+        target_accuracy: 0.9,
+    };
+    let report = thread::run(&config, Arc::clone(&w), Vec::new(), &mut |_| {}).unwrap();
+    accuracy(&w, &report.params)
+}
+
+fn tcp_run(protocol: ProtocolConfig, secret: bool) -> (f64, syncopate_adapters::tcp::ServerReport) {
+    let w = workload();
+    let dim = w.model.dim();
+    let mut options = ServerOptions::new(protocol, dim);
+    let key_secret = syncopate_adapters::tcp::Secret::new(b"a test secret of enough bytes").unwrap();
+    if secret {
+        options.secret = Some(key_secret.clone());
+    }
+    let server = start_server(options, &w, plan(STEPS * u64::from(WORKERS), 30));
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|i| {
+            let mut o = worker_options(server.addr, i, protocol, dim);
+            if secret {
+                o.key = Some(key_secret.worker_key(syncopate::WorkerId(i)));
+            }
+            spawn_worker(o, Arc::clone(&w))
+        })
+        .collect();
+    let report = server.finish();
+    for h in workers {
+        let (r, logs) = h.join().unwrap();
+        let r = r.unwrap_or_else(|e| panic!("worker failed: {e}; {logs:?}"));
+        assert!(r.stopped, "the server told every worker to stop");
+        assert!(r.steps > 0);
+    }
+    (accuracy(&w, &report.params), report)
+}
+
+fn check(protocol: ProtocolConfig, secret: bool) {
+    let (tcp, report) = tcp_run(protocol, secret);
+    let threads = threads_accuracy(protocol);
+    eprintln!("{}: tcp accuracy {tcp:.4}, threads {threads:.4}, report {report:?}", protocol.name());
+    assert_eq!(report.reason, syncopate_adapters::tcp::StopReason::Budget);
+    assert!(report.stats.accepted >= STEPS * u64::from(WORKERS));
+    let s = report.stats;
+    assert!(s.applied + s.dropped_total() <= s.accepted);
+    assert!(tcp > 0.85, "tcp accuracy {tcp}");
+    assert!((tcp - threads).abs() < 0.05, "tcp {tcp} vs threads {threads}");
+}
+
+#[test]
+fn bsp_over_tcp_matches_threads() {
+    bounded(Duration::from_secs(90), || check(bsp(WORKERS), false));
+}
+
+#[test]
+fn asp_over_tcp_matches_threads() {
+    bounded(Duration::from_secs(90), || check(asp(WORKERS), false));
+}
+
+#[test]
+fn authenticated_bsp_over_tcp_matches_threads() {
+    bounded(Duration::from_secs(90), || check(bsp(WORKERS), true));
+}
