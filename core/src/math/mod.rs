@@ -8,6 +8,8 @@ pub mod estimate;
 mod scalar;
 mod vector;
 
+pub(crate) use vector::LANES;
+
 pub use scalar::Scalar;
 pub use vector::{
     LengthMismatch, add, all_finite, apply_and_clear, clip_by_norm, copy, fill_zero, mean_of, scale, scaled_add,

@@ -79,11 +79,18 @@ pub fn mean_of<T: Scalar>(y: &mut [T], k: usize) {
     }
 }
 
-/// `Σ x_i²`, accumulated in `T` with four independent lanes (vectorisable, and
-/// deterministic: the same input always gives the same bits).
+/// Elements per step of the chunked kernels: enough independent lanes to hide the latency
+/// of a vector add on current x86-64 and AArch64 cores, and a multiple of every vector width.
+pub(crate) const LANES: usize = 16;
+
+/// `Σ x_i²`, accumulated in `T` with [`LANES`] independent lanes (vectorisable, and
+/// deterministic: the same input always gives the same bits; lane `i` sums elements
+/// `i, i + 16, …`, the tail goes to the first lanes, then the lanes are added in order).
+/// [`crate::Values::squared_norm`] of the same elements as little-endian bytes gives the
+/// same bits.
 pub fn squared_norm<T: Scalar>(x: &[T]) -> T {
-    let mut lanes = [T::zero(); 8];
-    let mut chunks = x.chunks_exact(8);
+    let mut lanes = [T::zero(); LANES];
+    let mut chunks = x.chunks_exact(LANES);
     for c in &mut chunks {
         for (l, v) in lanes.iter_mut().zip(c) {
             *l = *l + *v * *v;
