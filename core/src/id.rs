@@ -21,6 +21,16 @@ pub struct Version(pub u64);
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ComputeId(pub u64);
 
+/// The first sequence number of session `epoch`.
+///
+/// Sequence numbers are namespaced by session: a worker in epoch `e` numbers its messages
+/// from `e · 2³²` up. Servers deduplicate with a per-worker high-water mark that a rejoin
+/// raises to the new session's first number (never lowers), so a delayed or replayed message
+/// of an earlier session can never be accepted again after the worker restarted.
+pub const fn first_seq(epoch: u32) -> u64 {
+    (epoch as u64) << 32
+}
+
 impl WorkerId {
     /// The id as a table index.
     pub const fn index(self) -> usize {

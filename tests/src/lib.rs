@@ -1,1 +1,6 @@
-//! Shared helpers for the integration tests.
+//! Shared helpers for the integration tests: the swarm fault simulator and its invariant
+//! checker ([`fault`]), the seeded PRNG ([`rng`]) and the swarm runner used by the fault
+//! suite, the canaries and the fuzz targets.
+
+pub mod fault;
+pub mod rng;

@@ -796,16 +796,22 @@ mod tests {
         let mut s = server(3, 1, Interrupt::Abort, 2);
         let now = Instant::ZERO;
         s.handle(now, WorkerId(0), ToServer::Join { epoch: 1 }).unwrap();
-        s.handle(now, WorkerId(0), grad(0, 3, &[1.0, 1.0])).unwrap();
+        let seq = crate::id::first_seq(1) + 3;
+        s.handle(now, WorkerId(0), grad(0, seq, &[1.0, 1.0])).unwrap();
         let _ = drain(&mut s);
         let before = (s.params().to_vec(), s.version(), *s.received(), *s.stats());
         assert_eq!(
-            s.handle(now, WorkerId(0), grad(0, 3, &[1.0, 1.0])),
-            Err(Reject::Duplicate { worker: WorkerId(0), seq: 3 })
+            s.handle(now, WorkerId(0), grad(0, seq, &[1.0, 1.0])),
+            Err(Reject::Duplicate { worker: WorkerId(0), seq })
         );
+        // A message of the earlier session (seq below first_seq(1)) is a replay.
         assert_eq!(
             s.handle(now, WorkerId(0), grad(0, 4, &[1.0, 1.0])),
             Err(Reject::Duplicate { worker: WorkerId(0), seq: 4 })
+        );
+        assert_eq!(
+            s.handle(now, WorkerId(0), grad(0, seq + 1, &[1.0, 1.0])),
+            Err(Reject::Duplicate { worker: WorkerId(0), seq: seq + 1 })
         );
         assert_eq!(s.handle(now, WorkerId(3), grad(0, 0, &[1.0, 1.0])), Err(Reject::UnknownWorker(WorkerId(3))));
         assert!(matches!(s.handle(now, WorkerId(1), grad(0, 0, &[1.0])), Err(Reject::WrongLength(_))));
@@ -826,7 +832,7 @@ mod tests {
         let after = (s.params().to_vec(), s.version(), *s.received());
         assert_eq!(after, (before.0, before.1, before.2));
         assert!(s.poll_output().is_none());
-        assert_eq!(s.stats().rejected, before.3.rejected + 8);
+        assert_eq!(s.stats().rejected, before.3.rejected + 9);
         assert_eq!(s.stats().accepted, before.3.accepted);
     }
 

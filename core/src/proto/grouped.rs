@@ -981,7 +981,9 @@ impl<T: Scalar, S: Buffer<T>> GroupServer<T, S> {
         math::fill_zero(area);
         let mut up = Deque::new();
         let _ = up.push_back(Up::Join);
-        Ok(Self { group: Group::new(group, &shared), shared, epoch, model, scratch, up, _t: PhantomData })
+        let mut group = Group::new(group, &shared);
+        group.seq = crate::id::first_seq(epoch);
+        Ok(Self { group, shared, epoch, model, scratch, up, _t: PhantomData })
     }
 
     /// The settings.
@@ -1758,7 +1760,10 @@ mod tests {
         g1.handle(Instant::ZERO, WorkerId(2), grad(5, 0, &[2.0])).unwrap();
         g1.handle(Instant::ZERO, WorkerId(3), grad(5, 0, &[4.0])).unwrap();
         let up = g1.poll_upstream().map(|m| ToServerOwned::from(&m));
-        assert_eq!(up, Some(ToServerOwned::Grad { base: 5, iteration: 0, seq: 0, values: vec![3.0] }));
+        assert_eq!(
+            up,
+            Some(ToServerOwned::Grad { base: 5, iteration: 0, seq: crate::id::first_seq(7), values: vec![3.0] })
+        );
         // While the exchange is out, the closed step takes nothing more.
         g1.handle(Instant::ZERO, WorkerId(2), grad(5, 1, &[2.0])).unwrap();
         assert!(drain_server(&mut g1).contains(&Out::Event(ServerEvent::Dropped {

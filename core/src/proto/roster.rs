@@ -1,7 +1,7 @@
 //! Per-worker bookkeeping shared by servers: membership, session epochs, deduplication.
 
 use crate::error::{ConfigError, Reject};
-use crate::id::{MAX_WORKERS, WorkerId, WorkerSet};
+use crate::id::{MAX_WORKERS, WorkerId, WorkerSet, first_seq};
 
 /// Who the workers are, which session each is in, and the lowest sequence number each may
 /// still send. Deduplication is a per-worker high-water mark: a sequence number at or
@@ -58,13 +58,13 @@ impl Roster {
         }
     }
 
-    /// Records a join in `epoch`; a new epoch resets the worker's sequence numbers.
+    /// Records a join in `epoch`. A new epoch raises the worker's sequence high-water mark to
+    /// the epoch's first number ([`first_seq`]), never lowering it, so messages of earlier
+    /// sessions stay refused.
     pub(crate) fn commit_join(&mut self, id: WorkerId, epoch: u32) {
         let i = id.index();
         if let (Some(e), Some(s)) = (self.epoch.get_mut(i), self.next_seq.get_mut(i)) {
-            if *e != epoch || !self.joined.contains(id) {
-                *s = 0;
-            }
+            *s = (*s).max(first_seq(epoch));
             *e = epoch;
         }
         self.joined.insert(id);
@@ -121,11 +121,18 @@ mod tests {
         r.commit_join(WorkerId(0), 1);
         assert_eq!(r.check_join(WorkerId(0), 1), Ok(false));
         assert!(r.check_join(WorkerId(0), 0).is_err());
-        r.check_seq(WorkerId(0), 0).unwrap();
-        r.commit_seq(WorkerId(0), 0);
-        assert!(r.check_seq(WorkerId(0), 0).is_err());
-        r.check_seq(WorkerId(0), 5).unwrap();
+        let base = first_seq(1);
+        assert!(r.check_seq(WorkerId(0), 0).is_err(), "epoch 1 numbers from first_seq(1)");
+        r.check_seq(WorkerId(0), base).unwrap();
+        r.commit_seq(WorkerId(0), base);
+        assert!(r.check_seq(WorkerId(0), base).is_err());
+        r.check_seq(WorkerId(0), base + 5).unwrap();
+        r.commit_seq(WorkerId(0), base + 5);
         r.commit_join(WorkerId(0), 2);
-        r.check_seq(WorkerId(0), 0).unwrap();
+        // A message of the old session (a replay, or a delayed one) is refused after the
+        // rejoin; the new session numbers from first_seq(2).
+        assert!(r.check_seq(WorkerId(0), 5).is_err());
+        assert!(r.check_seq(WorkerId(0), first_seq(2) - 1).is_err());
+        r.check_seq(WorkerId(0), first_seq(2)).unwrap();
     }
 }

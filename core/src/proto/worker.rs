@@ -86,7 +86,7 @@ impl<T: Scalar, S: Buffer<T>> GradientWorker<T, S> {
             phase: Phase::Waiting { since: Instant::ZERO, sent: None },
             have: None,
             next_job: 0,
-            seq: 0,
+            seq: crate::id::first_seq(config.epoch),
             steps: 0,
             queue,
             _t: PhantomData,

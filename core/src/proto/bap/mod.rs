@@ -692,7 +692,7 @@ impl<T: Scalar, S: Buffer<T>> BapWorker<T, S> {
             has_model: false,
             cache_version: Version::ZERO,
             next: 1,
-            seq: 0,
+            seq: crate::id::first_seq(setup.epoch),
             next_job: 0,
             last_grad: None,
             queue,

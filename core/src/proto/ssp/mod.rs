@@ -550,7 +550,7 @@ impl<T: Scalar, S: Buffer<T>> SspWorker<T, S> {
             clock: 0,
             cache_version: Version::ZERO,
             cache_clock: 0,
-            seq: 0,
+            seq: crate::id::first_seq(setup.epoch),
             next_job: 0,
             last_clock: None,
             queue,

@@ -99,7 +99,7 @@ impl<T: Scalar, S: Buffer<T>> WbspWorker<T, S> {
             local_steps: 0,
             uploads: 0,
             discarded: 0,
-            seq: 0,
+            seq: crate::id::first_seq(setup.epoch),
             next_job: 0,
             queue,
             _t: PhantomData,
