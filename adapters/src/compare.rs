@@ -19,6 +19,10 @@ pub struct Row {
     pub time_to_target_s: Option<f64>,
     /// The baseline's time to target divided by this run's.
     pub speedup_vs_bsp: Option<f64>,
+    /// Seeds whose run reached the target, of [`Row::seeds`].
+    pub reached: u32,
+    /// Seeds the run was repeated with; the figures are medians (shares and staleness: means).
+    pub seeds: u32,
     /// Test accuracy at the end of the budget.
     pub final_accuracy: f64,
     /// Model updates.
@@ -44,7 +48,7 @@ pub struct Comparison {
     pub target_accuracy: f64,
     /// The table, in scenario order.
     pub rows: Vec<Row>,
-    /// The full report of every run, in the same order.
+    /// The full report of every run's first seed, in the same order.
     pub reports: Vec<SimReport>,
     /// The row the speedups are relative to: the first BSP run with the scenario's own
     /// stragglers, else the first run.
@@ -75,7 +79,10 @@ impl Comparison {
             "busy"
         );
         for (i, r) in self.rows.iter().enumerate() {
-            let time = r.time_to_target_s.map_or("-".into(), |t| format!("{t:.3}"));
+            let mut time = r.time_to_target_s.map_or("-".into(), |t| format!("{t:.3}"));
+            if r.seeds > 1 && r.reached < r.seeds {
+                time = format!("{time} ({}/{})", r.reached, r.seeds);
+            }
             let speedup = if i == self.baseline { "1.00x".into() } else { r.speedup_vs_bsp.map_or("-".into(), |s| format!("{s:.2}x")) };
             out.push_str(&format!(
                 "{:<36} {:>9} {:>8} {:>8.4} {:>8} {:>9} {:>8} {:>7.2} {:>6.0}%\n",
@@ -86,8 +93,52 @@ impl Comparison {
     }
 }
 
-/// Runs every run of `scenario` on `workload` (built from the scenario's model and seed when
-/// `None`), on up to `jobs` threads; `done` is called after each run with its index.
+/// The median of `values` (`None` when empty); `None` entries (target not reached) sort
+/// last, so the median is `None` when at least half the seeds missed.
+fn median(mut values: Vec<Option<f64>>) -> Option<f64> {
+    values.sort_by(|a, b| match (a, b) {
+        (Some(x), Some(y)) => x.partial_cmp(y).unwrap_or(std::cmp::Ordering::Equal),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => std::cmp::Ordering::Equal,
+    });
+    let n = values.len();
+    if n == 0 {
+        return None;
+    }
+    if n % 2 == 1 {
+        values.get(n / 2).copied().flatten()
+    } else {
+        match (values.get(n / 2 - 1).copied().flatten(), values.get(n / 2).copied().flatten()) {
+            (Some(a), Some(b)) => Some((a + b) / 2.0),
+            _ => None,
+        }
+    }
+}
+
+fn row(label: String, reports: &[SimReport]) -> Row {
+    let med = |f: &dyn Fn(&SimReport) -> f64| median(reports.iter().map(|r| Some(f(r))).collect()).unwrap_or(0.0);
+    let mean = |f: &dyn Fn(&SimReport) -> f64| reports.iter().map(f).sum::<f64>() / reports.len().max(1) as f64;
+    Row {
+        label,
+        protocol: reports.first().map(|r| r.protocol.clone()).unwrap_or_default(),
+        time_to_target_s: median(reports.iter().map(|r| r.time_to_target).collect()),
+        speedup_vs_bsp: None,
+        reached: reports.iter().filter(|r| r.time_to_target.is_some()).count() as u32,
+        seeds: reports.len() as u32,
+        final_accuracy: med(&|r| r.final_accuracy),
+        updates: med(&|r| r.updates as f64) as u64,
+        applied: med(&|r| r.applied as f64) as u64,
+        dropped: med(&|r| r.dropped.values().sum::<u64>() as f64) as u64,
+        mean_staleness: mean(&|r| r.staleness.mean),
+        compute_share: mean(&|r| r.mean_compute_share),
+        virtual_time_s: med(&|r| r.virtual_time_s),
+    }
+}
+
+/// Runs every run of `scenario` with each of its seeds on `workload` (built from the
+/// scenario's model and first seed when `None`), on up to `jobs` threads; `done` is called
+/// after each simulation.
 pub fn run(scenario: &Scenario, workload: Option<&Workload>, jobs: usize, done: &(dyn Fn(usize) + Sync)) -> Result<Comparison, String> {
     let own;
     let workload = match workload {
@@ -97,7 +148,13 @@ pub fn run(scenario: &Scenario, workload: Option<&Workload>, jobs: usize, done: 
             &own
         }
     };
-    let configs = scenario.runs.iter().map(|r| scenario.sim_config(r)).collect::<Result<Vec<_>, _>>()?;
+    let seeds = scenario.seeds.max(1);
+    let mut configs = Vec::with_capacity(scenario.runs.len() * seeds as usize);
+    for run in &scenario.runs {
+        for repeat in 0..seeds {
+            configs.push(scenario.sim_config(run, repeat)?);
+        }
+    }
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<Result<SimReport, String>>>> = Mutex::new(vec![None; configs.len()]);
     std::thread::scope(|s| {
@@ -118,36 +175,42 @@ pub fn run(scenario: &Scenario, workload: Option<&Workload>, jobs: usize, done: 
         }
     });
     let results = results.into_inner().map_err(|_| "a simulation thread panicked".to_string())?;
-    let mut reports = Vec::with_capacity(results.len());
-    for (run, r) in scenario.runs.iter().zip(results) {
-        reports.push(r.ok_or_else(|| format!("{}: the run did not finish", run.label()))?.map_err(|e| format!("{}: {e}", run.label()))?);
+    let mut all = results.into_iter();
+    let mut rows = Vec::with_capacity(scenario.runs.len());
+    let mut reports = Vec::with_capacity(scenario.runs.len());
+    for run in &scenario.runs {
+        let mut per_seed = Vec::with_capacity(seeds as usize);
+        for _ in 0..seeds {
+            let r = all.next().flatten().ok_or_else(|| format!("{}: the run did not finish", run.label()))?;
+            per_seed.push(r.map_err(|e| format!("{}: {e}", run.label()))?);
+        }
+        rows.push(row(run.label(), &per_seed));
+        reports.extend(per_seed.into_iter().next());
     }
     let baseline = scenario
         .runs
         .iter()
         .position(|r| r.spec.name == ProtocolName::Bsp && r.compute.is_none())
         .unwrap_or(0);
-    let base_time = reports.get(baseline).and_then(|r| r.time_to_target);
-    let rows = scenario
-        .runs
-        .iter()
-        .zip(&reports)
-        .map(|(run, rep)| Row {
-            label: run.label(),
-            protocol: rep.protocol.clone(),
-            time_to_target_s: rep.time_to_target,
-            speedup_vs_bsp: match (base_time, rep.time_to_target) {
-                (Some(b), Some(t)) if t > 0.0 => Some(b / t),
-                _ => None,
-            },
-            final_accuracy: rep.final_accuracy,
-            updates: rep.updates,
-            applied: rep.applied,
-            dropped: rep.dropped.values().sum(),
-            mean_staleness: rep.staleness.mean,
-            compute_share: rep.mean_compute_share,
-            virtual_time_s: rep.virtual_time_s,
-        })
-        .collect();
+    let base_time = rows.get(baseline).and_then(|r| r.time_to_target_s);
+    for r in &mut rows {
+        r.speedup_vs_bsp = match (base_time, r.time_to_target_s) {
+            (Some(b), Some(t)) if t > 0.0 => Some(b / t),
+            _ => None,
+        };
+    }
     Ok(Comparison { scenario: scenario.name.clone(), target_accuracy: scenario.target_accuracy, rows, reports, baseline })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_counts_misses_as_slowest() {
+        assert_eq!(median(vec![Some(3.0), Some(1.0), Some(2.0)]), Some(2.0));
+        assert_eq!(median(vec![Some(3.0), None, Some(1.0), Some(2.0)]), Some(2.5));
+        assert_eq!(median(vec![Some(1.0), None, None]), None);
+        assert_eq!(median(vec![]), None);
+    }
 }

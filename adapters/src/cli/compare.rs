@@ -84,7 +84,7 @@ fn with_trace(mut s: Scenario, trace: &std::path::Path) -> Result<Scenario, Fail
 
 fn execute(s: &Scenario, jobs: Option<u32>, json: bool) -> Result<Comparison, Failure> {
     let jobs = jobs.map_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()), |j| j as usize);
-    let bar = super::progress_bar(s.runs.len() as u64, json);
+    let bar = super::progress_bar(s.runs.len() as u64 * u64::from(s.seeds.max(1)), json);
     bar.set_message(s.name.clone());
     let result = compare::run(s, None, jobs, &|_| bar.inc(1)).map_err(Failure::Run);
     bar.finish_and_clear();

@@ -3,6 +3,7 @@
 //! ```toml
 //! name = "one straggler"        # shown in reports
 //! seed = 1                      # everything random derives from it
+//! seeds = 5                     # repeat every run with seeds seed..seed+5; report medians
 //! workers = 8
 //! model = "softmax"             # softmax | mlp | mlp:H
 //! batch_size = 32
@@ -113,6 +114,8 @@ struct ScenarioFile {
     name: Option<String>,
     #[serde(default = "one")]
     seed: u64,
+    #[serde(default = "one_u32")]
+    seeds: u32,
     workers: u32,
     #[serde(default = "softmax")]
     model: String,
@@ -137,6 +140,9 @@ struct ScenarioFile {
 }
 
 fn one() -> u64 {
+    1
+}
+fn one_u32() -> u32 {
     1
 }
 fn softmax() -> String {
@@ -166,8 +172,10 @@ fn eval() -> f64 {
 pub struct Scenario {
     /// Its name.
     pub name: String,
-    /// The run seed.
+    /// The first run seed.
     pub seed: u64,
+    /// Every run is repeated with seeds `seed..seed + seeds`; tables report medians.
+    pub seeds: u32,
     /// Number of workers.
     pub workers: u32,
     /// The model.
@@ -302,6 +310,9 @@ impl Scenario {
             return Err(format!("workers: {} is outside 1..={}", file.workers, syncopate::MAX_WORKERS));
         }
         let model: ModelKind = file.model.parse().map_err(|e| format!("model: {e}"))?;
+        if file.seeds == 0 || file.seeds > 100 {
+            return Err(format!("seeds: {} is outside 1..=100", file.seeds));
+        }
         if file.batch_size == 0 {
             return Err("batch_size: must be at least 1".into());
         }
@@ -352,6 +363,7 @@ impl Scenario {
         Ok(Self {
             name: file.name.unwrap_or_else(|| "scenario".into()),
             seed: file.seed,
+            seeds: file.seeds,
             workers: file.workers,
             model,
             batch_size: file.batch_size as usize,
@@ -367,11 +379,12 @@ impl Scenario {
         })
     }
 
-    /// The simulator configuration of one run (validated in [`Self::parse`]).
-    pub fn sim_config(&self, run: &Run) -> Result<SimConfig, String> {
+    /// The simulator configuration of one run with the `repeat`-th seed (validated in
+    /// [`Self::parse`]).
+    pub fn sim_config(&self, run: &Run, repeat: u32) -> Result<SimConfig, String> {
         let protocol = run.spec.config(self.workers, self.learning_rate)?;
         let mut c = SimConfig::new(protocol, self.model);
-        c.seed = self.seed;
+        c.seed = self.seed.wrapping_add(u64::from(repeat));
         c.batch_size = self.batch_size;
         c.base_step = self.base_step;
         c.compute = run.compute.clone().unwrap_or_else(|| self.compute.clone());
