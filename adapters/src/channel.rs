@@ -9,7 +9,7 @@
 //! Channels are bounded: a sender blocks while the receiver's queue is full (backpressure),
 //! and a send to a port that was dropped (a dead worker) returns [`Disconnected`].
 
-use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded, unbounded};
 use std::fmt;
 use std::time::Duration;
 use syncopate::{Recipient, WorkerId};

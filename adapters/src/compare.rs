@@ -5,8 +5,8 @@ use crate::scenario::{ProtocolName, Scenario};
 use crate::sim::{self, SimReport};
 use crate::workload::Workload;
 use serde::Serialize;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// One line of the comparison table.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -83,10 +83,22 @@ impl Comparison {
             if r.seeds > 1 && r.reached < r.seeds {
                 time = format!("{time} ({}/{})", r.reached, r.seeds);
             }
-            let speedup = if i == self.baseline { "1.00x".into() } else { r.speedup_vs_bsp.map_or("-".into(), |s| format!("{s:.2}x")) };
+            let speedup = if i == self.baseline {
+                "1.00x".into()
+            } else {
+                r.speedup_vs_bsp.map_or("-".into(), |s| format!("{s:.2}x"))
+            };
             out.push_str(&format!(
                 "{:<36} {:>9} {:>8} {:>8.4} {:>8} {:>9} {:>8} {:>7.2} {:>6.0}%\n",
-                r.label, time, speedup, r.final_accuracy, r.updates, r.applied, r.dropped, r.mean_staleness, r.compute_share * 100.0
+                r.label,
+                time,
+                speedup,
+                r.final_accuracy,
+                r.updates,
+                r.applied,
+                r.dropped,
+                r.mean_staleness,
+                r.compute_share * 100.0
             ));
         }
         out
@@ -139,7 +151,12 @@ fn row(label: String, reports: &[SimReport]) -> Row {
 /// Runs every run of `scenario` with each of its seeds on `workload` (built from the
 /// scenario's model and first seed when `None`), on up to `jobs` threads; `done` is called
 /// after each simulation.
-pub fn run(scenario: &Scenario, workload: Option<&Workload>, jobs: usize, done: &(dyn Fn(usize) + Sync)) -> Result<Comparison, String> {
+pub fn run(
+    scenario: &Scenario,
+    workload: Option<&Workload>,
+    jobs: usize,
+    done: &(dyn Fn(usize) + Sync),
+) -> Result<Comparison, String> {
     let own;
     let workload = match workload {
         Some(w) => w,
@@ -187,11 +204,8 @@ pub fn run(scenario: &Scenario, workload: Option<&Workload>, jobs: usize, done: 
         rows.push(row(run.label(), &per_seed));
         reports.extend(per_seed.into_iter().next());
     }
-    let baseline = scenario
-        .runs
-        .iter()
-        .position(|r| r.spec.name == ProtocolName::Bsp && r.compute.is_none())
-        .unwrap_or(0);
+    let baseline =
+        scenario.runs.iter().position(|r| r.spec.name == ProtocolName::Bsp && r.compute.is_none()).unwrap_or(0);
     let base_time = rows.get(baseline).and_then(|r| r.time_to_target_s);
     for r in &mut rows {
         r.speedup_vs_bsp = match (base_time, r.time_to_target_s) {
@@ -199,7 +213,13 @@ pub fn run(scenario: &Scenario, workload: Option<&Workload>, jobs: usize, done: 
             _ => None,
         };
     }
-    Ok(Comparison { scenario: scenario.name.clone(), target_accuracy: scenario.target_accuracy, rows, reports, baseline })
+    Ok(Comparison {
+        scenario: scenario.name.clone(),
+        target_accuracy: scenario.target_accuracy,
+        rows,
+        reports,
+        baseline,
+    })
 }
 
 #[cfg(test)]

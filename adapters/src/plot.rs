@@ -18,12 +18,7 @@ pub fn accuracy_svg(path: &Path, title: &str, curves: &[(String, Vec<CurvePoint>
         .y_label_area_size(60)
         .build_cartesian_2d(0.0..max_t, min_acc..1.0)
         .map_err(|e| fail(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc("virtual time (s)")
-        .y_desc("test accuracy")
-        .draw()
-        .map_err(|e| fail(&e))?;
+    chart.configure_mesh().x_desc("virtual time (s)").y_desc("test accuracy").draw().map_err(|e| fail(&e))?;
     chart
         .draw_series(LineSeries::new([(0.0, target), (max_t, target)], BLACK.mix(0.3)))
         .map_err(|e| fail(&e))?
@@ -32,7 +27,10 @@ pub fn accuracy_svg(path: &Path, title: &str, curves: &[(String, Vec<CurvePoint>
     for (i, (label, points)) in curves.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         chart
-            .draw_series(LineSeries::new(points.iter().map(|p| (p.time_s, p.accuracy.max(min_acc))), color.stroke_width(2)))
+            .draw_series(LineSeries::new(
+                points.iter().map(|p| (p.time_s, p.accuracy.max(min_acc))),
+                color.stroke_width(2),
+            ))
             .map_err(|e| fail(&e))?
             .label(label.clone())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));

@@ -236,7 +236,8 @@ fn server_loop(
         if due {
             last_eval = Some((version, StdInstant::now()));
             let e = workload.model.evaluate(server.params(), &workload.test);
-            let point = EvalPoint { time_s: epoch.elapsed().as_secs_f64(), version, accuracy: e.accuracy, loss: e.loss };
+            let point =
+                EvalPoint { time_s: epoch.elapsed().as_secs_f64(), version, accuracy: e.accuracy, loss: e.loss };
             if side.report.time_to_target_s.is_none() && e.accuracy >= config.target_accuracy {
                 side.report.time_to_target_s = Some(point.time_s);
             }

@@ -86,7 +86,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("syncopate-trace-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("t.csv");
-        let steps = [Step { worker: 1, step: 1, seconds: 0.5 }, Step { worker: 0, step: 0, seconds: 0.25 }, Step { worker: 1, step: 0, seconds: 0.125 }];
+        let steps = [
+            Step { worker: 1, step: 1, seconds: 0.5 },
+            Step { worker: 0, step: 0, seconds: 0.25 },
+            Step { worker: 1, step: 0, seconds: 0.125 },
+        ];
         write(&path, &steps).unwrap();
         let back = read(&path).unwrap();
         assert_eq!(back, steps);

@@ -96,6 +96,8 @@
 #[cfg(any(feature = "std", test))]
 extern crate std;
 
+#[cfg(feature = "_canary")]
+pub mod canary;
 pub mod error;
 pub mod id;
 pub mod math;

@@ -62,7 +62,9 @@ fn scenario(file: Option<&PathBuf>, preset: Option<&str>) -> Result<Scenario, Fa
     match (file, preset) {
         (Some(path), _) => Scenario::load(path).map_err(Failure::Usage),
         (None, Some(name)) => Scenario::preset(name)
-            .ok_or_else(|| Failure::Usage(format!("invalid value '{name}' for '--preset': one of dbw, wbsp, bap, grouped")))?
+            .ok_or_else(|| {
+                Failure::Usage(format!("invalid value '{name}' for '--preset': one of dbw, wbsp, bap, grouped"))
+            })?
             .map_err(Failure::Run),
         (None, None) => Ok(Scenario::default_scenario()),
     }
@@ -70,7 +72,8 @@ fn scenario(file: Option<&PathBuf>, preset: Option<&str>) -> Result<Scenario, Fa
 
 fn with_trace(mut s: Scenario, trace: &std::path::Path) -> Result<Scenario, Failure> {
     let steps = crate::trace::read(trace).map_err(Failure::Usage)?;
-    let models = crate::trace::compute_models(&steps, s.workers, &trace.display().to_string()).map_err(Failure::Usage)?;
+    let models =
+        crate::trace::compute_models(&steps, s.workers, &trace.display().to_string()).map_err(Failure::Usage)?;
     s.name = format!("{} (replaying {})", s.name, trace.display());
     s.compute = models.clone();
     for run in &mut s.runs {
@@ -93,7 +96,12 @@ fn execute(s: &Scenario, jobs: Option<u32>, json: bool) -> Result<Comparison, Fa
 
 fn print(c: &Comparison, json: bool) {
     if json {
-        let out = Json { scenario: &c.scenario, target_accuracy: c.target_accuracy, runs: &c.rows, fastest: c.fastest().map(|r| r.label.as_str()) };
+        let out = Json {
+            scenario: &c.scenario,
+            target_accuracy: c.target_accuracy,
+            runs: &c.rows,
+            fastest: c.fastest().map(|r| r.label.as_str()),
+        };
         match serde_json::to_string(&out) {
             Ok(s) => println!("{s}"),
             Err(e) => eprintln!("error: cannot encode JSON: {e}"),
@@ -113,7 +121,8 @@ pub(super) fn run(args: &CompareArgs) -> Result<(), Failure> {
     let c = execute(&s, args.jobs, args.json)?;
     print(&c, args.json);
     if let Some(path) = &args.plot {
-        let curves: Vec<_> = c.rows.iter().zip(&c.reports).map(|(r, rep)| (r.label.clone(), rep.curve.clone())).collect();
+        let curves: Vec<_> =
+            c.rows.iter().zip(&c.reports).map(|(r, rep)| (r.label.clone(), rep.curve.clone())).collect();
         crate::plot::accuracy_svg(path, &c.scenario, &curves, c.target_accuracy).map_err(Failure::Run)?;
         if !args.json {
             println!("plot written to {}", path.display());
@@ -138,7 +147,10 @@ pub(super) fn advise(args: &AdviseArgs) -> Result<(), Failure> {
                     best.time_to_target_s.unwrap_or(0.0)
                 );
             }
-            None => println!("recommendation: none of the runs reached {:.2}; raise max_time_s or lower the target", c.target_accuracy),
+            None => println!(
+                "recommendation: none of the runs reached {:.2}; raise max_time_s or lower the target",
+                c.target_accuracy
+            ),
         }
     }
     Ok(())

@@ -89,7 +89,10 @@ impl WorkloadArgs {
         }
         .map_err(|e| e.to_string())?;
         if data.len() < 2 || data.n_classes < 2 {
-            return Err(format!("{}: need at least 2 rows and 2 classes", self.data.as_deref().unwrap_or_else(|| std::path::Path::new("?")).display()));
+            return Err(format!(
+                "{}: need at least 2 rows and 2 classes",
+                self.data.as_deref().unwrap_or_else(|| std::path::Path::new("?")).display()
+            ));
         }
         Ok(Workload::new(data, self.model, 0.2, self.seed))
     }
@@ -101,7 +104,12 @@ pub fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind;
-            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
                 let _ = e.print();
                 return ExitCode::SUCCESS;
             }
@@ -146,7 +154,9 @@ pub(crate) fn progress_bar(len: u64, json: bool) -> indicatif::ProgressBar {
         return indicatif::ProgressBar::hidden();
     }
     let bar = indicatif::ProgressBar::new(len);
-    if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}") {
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}")
+    {
         bar.set_style(style);
     }
     bar

@@ -91,8 +91,17 @@ pub struct Summary {
 
 impl Summary {
     /// The summary of a threaded run.
-    pub fn from_threads(report: &ThreadReport, protocol: &str, workers: u32, model: &str, params: usize, seed: u64, target: f64) -> Self {
-        let last = report.curve.last().copied().unwrap_or(EvalPoint { time_s: 0.0, version: 0, accuracy: 0.0, loss: 0.0 });
+    pub fn from_threads(
+        report: &ThreadReport,
+        protocol: &str,
+        workers: u32,
+        model: &str,
+        params: usize,
+        seed: u64,
+        target: f64,
+    ) -> Self {
+        let last =
+            report.curve.last().copied().unwrap_or(EvalPoint { time_s: 0.0, version: 0, accuracy: 0.0, loss: 0.0 });
         let (sum, count, max) = report.staleness;
         Self {
             mode: "threads".into(),
@@ -154,7 +163,11 @@ impl Summary {
             per_worker: report
                 .per_worker
                 .iter()
-                .map(|w| WorkerSummary { steps: w.gradients_computed, abandoned: w.jobs_abandoned, compute_share: w.compute_share })
+                .map(|w| WorkerSummary {
+                    steps: w.gradients_computed,
+                    abandoned: w.jobs_abandoned,
+                    compute_share: w.compute_share,
+                })
                 .collect(),
             curve: report.curve.clone(),
         }
@@ -179,7 +192,12 @@ impl Summary {
             Some(t) => format!("{t:.3} s"),
             None => "not reached".into(),
         };
-        println!("  {:<14} {:.3} s   time to {:.2}: {target}", format!("{clock} time"), self.time_s, self.target_accuracy);
+        println!(
+            "  {:<14} {:.3} s   time to {:.2}: {target}",
+            format!("{clock} time"),
+            self.time_s,
+            self.target_accuracy
+        );
         let g = &self.gradients;
         println!(
             "  updates        {}   gradients: accepted {}, applied {}, dropped {}, refused {}",
@@ -189,7 +207,10 @@ impl Summary {
             let reasons: Vec<String> = g.dropped_by_reason.iter().map(|(k, v)| format!("{k} {v}")).collect();
             println!("  dropped        {}", reasons.join(", "));
         }
-        println!("  staleness      mean {:.2}, max {}   stall reports {}", self.mean_staleness, self.max_staleness, self.stalls);
+        println!(
+            "  staleness      mean {:.2}, max {}   stall reports {}",
+            self.mean_staleness, self.max_staleness, self.stalls
+        );
         let steps: Vec<String> = self.per_worker.iter().map(|w| w.steps.to_string()).collect();
         let share: Vec<String> = self.per_worker.iter().map(|w| format!("{:.0}%", w.compute_share * 100.0)).collect();
         println!("  steps/worker   {}", steps.join(" "));

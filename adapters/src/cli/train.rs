@@ -2,8 +2,8 @@
 
 use super::{Failure, ProtocolArgs, Summary, WorkloadArgs};
 use crate::sim::{self, ComputeModel, ComputeSampler, SimConfig, StopRule};
-use crate::trace;
 use crate::thread::{self, StepDelay, ThreadConfig};
+use crate::trace;
 use clap::Args;
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
@@ -112,7 +112,11 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
             .iter()
             .enumerate()
             .flat_map(|(w, t)| {
-                t.step_times.iter().enumerate().map(move |(i, s)| trace::Step { worker: w as u32, step: i as u64, seconds: *s })
+                t.step_times.iter().enumerate().map(move |(i, s)| trace::Step {
+                    worker: w as u32,
+                    step: i as u64,
+                    seconds: *s,
+                })
             })
             .collect();
         trace::write(path, &steps).map_err(Failure::Run)?;

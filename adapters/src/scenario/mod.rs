@@ -282,9 +282,8 @@ fn position(text: &str, span: Option<std::ops::Range<usize>>) -> String {
 impl Scenario {
     /// Parses and validates scenario text; `source` names it in errors (a file name).
     pub fn parse(text: &str, source: &str) -> Result<Self, String> {
-        let file: ScenarioFile = toml::from_str(text).map_err(|e| {
-            format!("{source}:{}{}", position(text, e.span()), e.message().replace('\n', " ").trim())
-        })?;
+        let file: ScenarioFile = toml::from_str(text)
+            .map_err(|e| format!("{source}:{}{}", position(text, e.span()), e.message().replace('\n', " ").trim()))?;
         Self::validate(file).map_err(|e| format!("{source}: {e}"))
     }
 
@@ -323,7 +322,9 @@ impl Scenario {
             None => NetworkConfig::default(),
             Some(n) => NetworkConfig {
                 latency: Duration::from_secs_f64(
-                    if n.latency_ms.is_finite() && n.latency_ms >= 0.0 { n.latency_ms } else {
+                    if n.latency_ms.is_finite() && n.latency_ms >= 0.0 {
+                        n.latency_ms
+                    } else {
                         return Err(format!("network.latency_ms: {} must be a non-negative number", n.latency_ms));
                     } / 1000.0,
                 ),
@@ -346,19 +347,24 @@ impl Scenario {
         for (i, p) in file.protocols.iter().enumerate() {
             let compute = match &p.stragglers {
                 None => None,
-                Some(spec) => Some(
-                    crate::cli::parse_stragglers(spec, file.workers)
-                        .map_err(|e| format!("protocols[{i}].stragglers: {}", e.split_once(": ").map_or(e.as_str(), |(_, r)| r)))?,
-                ),
+                Some(spec) => Some(crate::cli::parse_stragglers(spec, file.workers).map_err(|e| {
+                    format!("protocols[{i}].stragglers: {}", e.split_once(": ").map_or(e.as_str(), |(_, r)| r))
+                })?),
             };
-            runs.extend(p.specs().into_iter().map(|spec| Run { spec, compute: compute.clone(), stragglers_note: p.stragglers.clone() }));
+            runs.extend(p.specs().into_iter().map(|spec| Run {
+                spec,
+                compute: compute.clone(),
+                stragglers_note: p.stragglers.clone(),
+            }));
         }
         if runs.len() > 512 {
             return Err(format!("protocols: the sweeps expand to {} runs; at most 512", runs.len()));
         }
         let learning_rate = positive("learning_rate", file.learning_rate)?;
         for (i, r) in runs.iter().enumerate() {
-            r.spec.config(file.workers, learning_rate).map_err(|e| format!("protocols ({}, run {i}): {e}", r.label()))?;
+            r.spec
+                .config(file.workers, learning_rate)
+                .map_err(|e| format!("protocols ({}, run {i}): {e}", r.label()))?;
         }
         Ok(Self {
             name: file.name.unwrap_or_else(|| "scenario".into()),
@@ -432,7 +438,10 @@ mod tests {
             ("workers = 4\n", "missing field `protocols`"),
             ("workers = 4\nprotocols = []\n", "at least one"),
             ("workers = 4\nstep_ms = -1\n[[protocols]]\nname = \"bsp\"\n", "step_ms: -1 must be a positive number"),
-            ("workers = 4\n[[stragglers]]\nworkers = \"9\"\nmodel = \"slow=2\"\n[[protocols]]\nname = \"bsp\"\n", "outside 0..4"),
+            (
+                "workers = 4\n[[stragglers]]\nworkers = \"9\"\nmodel = \"slow=2\"\n[[protocols]]\nname = \"bsp\"\n",
+                "outside 0..4",
+            ),
             ("workers = 4\n[[protocols]]\nname = \"backup\"\nbackup_workers = 4\n", "fewer than the 4 workers"),
             ("workers = 4\nmodel = \"cnn\"\n[[protocols]]\nname = \"bsp\"\n", "model:"),
             ("workers = 4\n[[protocols]]\nname = \"bsp\"\nstaleness = \"x\"\n", "t.toml:4:"),

@@ -39,8 +39,17 @@ pub enum ProtocolName {
 
 impl ProtocolName {
     /// Every protocol, in the order tables list them.
-    pub const ALL: [Self; 9] =
-        [Self::Bsp, Self::Asp, Self::Ssp, Self::Bap, Self::Backup, Self::Dbw, Self::Wbsp, Self::WbspOverlap, Self::Grouped];
+    pub const ALL: [Self; 9] = [
+        Self::Bsp,
+        Self::Asp,
+        Self::Ssp,
+        Self::Bap,
+        Self::Backup,
+        Self::Dbw,
+        Self::Wbsp,
+        Self::WbspOverlap,
+        Self::Grouped,
+    ];
 
     /// The name as the CLI and scenario files spell it.
     pub fn as_str(self) -> &'static str {

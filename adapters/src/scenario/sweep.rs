@@ -58,7 +58,11 @@ impl<'de, T: Deserialize<'de> + RangeValue> Deserialize<'de> for Sweep<T> {
                     Some((a, b)) => (a, b, true),
                     None => match s.split_once("..") {
                         Some((a, b)) => (a, b, false),
-                        None => return Err(serde::de::Error::custom(format!("'{s}' is not a value, a list or a range like \"0..4\""))),
+                        None => {
+                            return Err(serde::de::Error::custom(format!(
+                                "'{s}' is not a value, a list or a range like \"0..4\""
+                            )));
+                        }
                     },
                 };
                 T::range(a, b, inclusive).map_err(serde::de::Error::custom)?

@@ -36,6 +36,119 @@ pub struct Crash {
     pub notify_server: bool,
 }
 
+/// One direction of a worker's connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Direction {
+    /// Worker → server (or → its group node).
+    Up,
+    /// Server (or group node) → worker.
+    Down,
+}
+
+/// A one-way partition: worker `worker`'s link in `direction` is cut during
+/// `from..until` (virtual time). A message handed to a cut link is lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinkCut {
+    /// The worker whose link is cut.
+    pub worker: u32,
+    /// Which direction.
+    pub direction: Direction,
+    /// Start of the cut (inclusive).
+    pub from: Duration,
+    /// End of the cut (exclusive).
+    pub until: Duration,
+}
+
+/// A server crash: at `at` the server's state is lost except its checkpoint, the model and
+/// version as of its last update (the model only changes with the version, so no applied
+/// update is lost). After `down_for` a new server resumes from the checkpoint
+/// (`AnyServer::resume`). Messages reaching the server while it is down are lost; workers
+/// find the new server through their `Join` retry, so set [`SimConfig::rejoin_after`] in such
+/// scenarios (the resumed server knows no member until they join again).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerCrash {
+    /// Virtual time of the crash.
+    pub at: Duration,
+    /// How long the server stays down.
+    pub down_for: Duration,
+}
+
+/// Injected faults (RELIABILITY.md §3.3). The default injects nothing and draws no random
+/// numbers, so a config without faults runs exactly as before they existed.
+///
+/// Message faults apply to every message on a worker's links (never to computation, and
+/// never to the group↔central links of a two-level grouped run, which model reliable TCP),
+/// each decided when the message is handed to its link, in this order: partition (lost),
+/// loss, delay spike, duplication. Random draws come from the dedicated stream
+/// `Rng::derive(seed, FAULT_STREAM)` (random partitions and crashes from sub-streams of it),
+/// so faults never disturb the straggler or minibatch draws.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FaultConfig {
+    /// Probability that a message is lost (0–0.3 in the fault model).
+    pub loss: f64,
+    /// Probability that a message is delivered twice (0–0.5): the copy is a replay that
+    /// arrives [`Self::replay_delay`] (mean, exponential) after the original.
+    pub duplicate: f64,
+    /// Mean extra delay of a duplicate after the original (zero: at the same instant).
+    pub replay_delay: Duration,
+    /// Probability of a delay spike on a message.
+    pub delay: f64,
+    /// Mean of the exponential extra delay of a spike. A delayed message does not hold up
+    /// its link, so later messages may overtake it (reordering).
+    pub delay_mean: Duration,
+    /// Scripted one-way partitions.
+    pub cuts: Vec<LinkCut>,
+    /// Random one-way partitions: each worker link is cut at this rate per virtual second
+    /// (0: none) ...
+    pub cut_rate: f64,
+    /// ... for an exponential time of this mean.
+    pub cut_mean: Duration,
+    /// Random worker crashes: probability per virtual second per worker (a Poisson rate;
+    /// 0: none). A crashed worker restarts (next epoch) after an exponential delay of mean
+    /// [`Self::restart_mean`].
+    pub crash_rate: f64,
+    /// Mean restart delay of a random crash.
+    pub restart_mean: Duration,
+    /// Random crashes tell the server (`handle_worker_lost`), as a transport that sees the
+    /// connection close would.
+    pub crash_notify_server: bool,
+    /// Server crashes and restarts from checkpoint (not supported with
+    /// [`SimConfig::group_link`]).
+    pub server_crashes: Vec<ServerCrash>,
+    /// Virtual time after which no new fault happens (the liveness phase): messages sent
+    /// from then on are untouched, cuts end, no random crash starts (scripted crashes and
+    /// pending restarts still happen as configured).
+    pub quiet_after: Option<Duration>,
+}
+
+impl FaultConfig {
+    /// Whether any message-level fault is configured.
+    pub fn message_faults(&self) -> bool {
+        self.loss > 0.0
+            || self.duplicate > 0.0
+            || self.delay > 0.0
+            || !self.cuts.is_empty()
+            || (self.cut_rate > 0.0 && self.cut_mean > Duration::ZERO)
+    }
+
+    /// Whether `now` (from the start of the run) is before the quiet phase.
+    pub fn active_at(&self, now: Duration) -> bool {
+        self.quiet_after.is_none_or(|q| now < q)
+    }
+}
+
+/// Where a worker's gradient comes from.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum GradientSource {
+    /// A real gradient of the workload at the given parameters on a fresh minibatch.
+    #[default]
+    Workload,
+    /// Every element is this value and nothing is evaluated: computing costs (almost)
+    /// nothing, for measuring the throughput of the protocol and the engine. The model does
+    /// not learn anything meaningful (turn evaluations off with a zero `eval_interval`).
+    Constant(f32),
+}
+
 /// When a run ends (whichever comes first; with none set it runs until nothing is left to
 /// do).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -97,6 +210,16 @@ pub struct SimConfig {
     pub target_accuracy: f64,
     /// Record every step time in [`super::SimReport::compute_trace`].
     pub record_trace: bool,
+    /// Injected faults (default: none).
+    pub faults: FaultConfig,
+    /// Where gradients come from (default: the workload).
+    pub gradient: GradientSource,
+    /// Two-level network for [`ProtocolConfig::Grouped`]: when set, each group runs as its
+    /// own node ([`syncopate::proto::grouped::GroupServer`]) with this link pair to a central
+    /// node (an ASP server over the groups); workers talk to their group's node. `None`:
+    /// the single-process `GroupedServer` (instant group↔central exchanges). Ignored for
+    /// other protocols.
+    pub group_link: Option<NetworkConfig>,
 }
 
 impl SimConfig {
@@ -117,6 +240,9 @@ impl SimConfig {
             eval_interval: Duration::from_millis(50),
             target_accuracy: 0.90,
             record_trace: true,
+            faults: FaultConfig::default(),
+            gradient: GradientSource::Workload,
+            group_link: None,
         }
     }
 
@@ -156,6 +282,24 @@ impl SimConfig {
     /// Builder: stop at `time` of virtual time.
     pub fn with_max_time(mut self, time: Duration) -> Self {
         self.stop.max_time = Some(time);
+        self
+    }
+
+    /// Builder: the injected faults.
+    pub fn with_faults(mut self, faults: FaultConfig) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    /// Builder: the gradient source.
+    pub fn with_gradient(mut self, gradient: GradientSource) -> Self {
+        self.gradient = gradient;
+        self
+    }
+
+    /// Builder: run a grouped protocol on a two-level network with this group↔central link.
+    pub fn with_group_link(mut self, link: NetworkConfig) -> Self {
+        self.group_link = Some(link);
         self
     }
 

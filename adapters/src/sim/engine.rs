@@ -1,22 +1,40 @@
 //! The discrete-event engine: a binary heap of events ordered by (virtual time, insertion
 //! sequence), one server, `n` workers with their hosts (compute and links), and the driving
 //! contract applied after every input.
+//!
+//! With [`SimConfig::group_link`] and a grouped protocol the single server is replaced by a
+//! two-level deployment: one [`GroupServer`] node per group plus a central ASP node (the
+//! `server` field). This is the one place the engine knows a protocol's topology: which
+//! process talks to which over which link is a deployment choice (the core offers both the
+//! one-process `GroupedServer` and the split `GroupServer` + `AspServer`), not protocol state,
+//! so it belongs to the harness that models the network.
 
+use super::GradientSource;
 use super::SimError;
 use super::compute::ComputeSampler;
-use super::config::SimConfig;
+use super::config::{Direction, SimConfig};
 use super::network::{BufferPool, Link};
-use super::report::{CurvePoint, Fnv, Node, Observation, SimReport, StalenessStats, TraceStep, WorkerReport};
+use super::report::{
+    CurvePoint, FastDebug, Fault, FaultStats, Fnv, Node, Observation, SimReport, StalenessStats, TraceStep,
+    WorkerReport,
+};
 use crate::rng::Rng;
 use crate::workload::{BatchSampler, Scratch, Workload};
 use core::cmp::Ordering;
 use core::fmt::Write as _;
 use std::collections::{BTreeMap, BinaryHeap};
+use syncopate::proto::grouped::GroupServer;
 use syncopate::wire::{self, Limits};
 use syncopate::{
-    AnyServer, AnyWorker, ComputeId, DropReason, Duration, Instant, Recipient, Reject, Server, ServerEvent,
-    ServerOutput, ToServer, ToWorker, Worker, WorkerEvent, WorkerId, WorkerOutput, WorkerSetup,
+    AnyServer, AnyWorker, ComputeId, DropReason, Duration, Instant, ProtocolConfig, Recipient, Reject, Server,
+    ServerEvent, ServerOutput, ServerStats, ToServer, ToWorker, Version, Worker, WorkerEvent, WorkerId, WorkerOutput,
+    WorkerSetup,
 };
+
+/// The stream id of the fault injector's random numbers: `Rng::derive(seed, FAULT_STREAM)`
+/// draws the message faults; random partitions and crashes use sub-streams
+/// `FAULT_STREAM + 1 + link` and `FAULT_STREAM + 0x1_0000 + worker`.
+pub const FAULT_STREAM: u64 = 0xFA17_5EED_0000_0000;
 
 /// What happens at a scheduled instant.
 #[derive(Clone, Copy, Debug)]
@@ -36,6 +54,16 @@ enum Event {
     Crash(usize),
     /// A crashed worker restarts.
     Restart(u32),
+    /// A random crash of a worker (if it is up).
+    RandomCrash(u32),
+    /// Server crash number `i` of the fault config.
+    ServerCrash(usize),
+    /// The crashed server restarts from its checkpoint.
+    ServerRestart,
+    /// Two-level grouped: an encoded message between group `group` and the central node.
+    GroupDeliver { slot: usize, group: u32, to_central: bool },
+    /// Two-level grouped: group `group`'s timer.
+    GroupTimer(u32),
 }
 
 #[derive(Debug)]
@@ -88,6 +116,75 @@ struct Host {
     report: WorkerReport,
 }
 
+/// A random one-way partition process of one link: alternating up and cut periods; the
+/// current or next cut is `start..end`.
+#[derive(Clone, Debug)]
+struct CutProcess {
+    rng: Rng,
+    start: Instant,
+    end: Instant,
+}
+
+impl CutProcess {
+    fn new(seed: u64, link: u64, rate: f64, mean: Duration) -> Self {
+        let mut rng = Rng::derive(seed, FAULT_STREAM.wrapping_add(1 + link));
+        let start = Instant::ZERO + exp_secs(&mut rng, rate);
+        let end = start + exp_mean(&mut rng, mean);
+        Self { rng, start, end }
+    }
+
+    /// Whether the link is cut at `t` (`t` never decreases between calls).
+    fn cut_at(&mut self, t: Instant, rate: f64, mean: Duration) -> bool {
+        while self.end <= t {
+            self.start = self.end + exp_secs(&mut self.rng, rate);
+            self.end = self.start + exp_mean(&mut self.rng, mean);
+        }
+        self.start <= t
+    }
+}
+
+/// An exponential time with `rate` per second.
+fn exp_secs(rng: &mut Rng, rate: f64) -> Duration {
+    Duration::from_secs_f64(rng.exponential(rate))
+}
+
+/// An exponential time with mean `mean`.
+fn exp_mean(rng: &mut Rng, mean: Duration) -> Duration {
+    Duration::from_secs_f64(rng.exponential(1.0) * mean.as_secs_f64())
+}
+
+/// The fault injector's state.
+struct Faults {
+    /// Message faults configured (otherwise the send path skips all of this).
+    messages: bool,
+    /// The end of the fault phase.
+    quiet: Option<Instant>,
+    rng: Rng,
+    /// Random cut processes, two per worker (up, down), when random cuts are configured.
+    cuts: Vec<CutProcess>,
+    /// Random crash streams, one per worker, when random crashes are configured.
+    crash_rngs: Vec<Rng>,
+    stats: FaultStats,
+}
+
+/// What the network does with one message.
+#[derive(Clone, Copy, Debug)]
+struct Fate {
+    first: Option<Instant>,
+    replay: Option<Instant>,
+    faults: [Option<Fault>; 2],
+}
+
+/// A group node of a two-level grouped run.
+struct GroupNode {
+    server: GroupServer<f32, Vec<f32>>,
+    /// Group → central.
+    uplink: Link,
+    /// Central → group.
+    downlink: Link,
+    timer: Option<Instant>,
+}
+
 /// Everything except the server and the hosts, so those can be borrowed separately.
 struct Core<'a, 'o> {
     config: &'a SimConfig,
@@ -115,6 +212,10 @@ struct Core<'a, 'o> {
     stalls: u64,
     target_reached: bool,
     eval_scratch: Scratch,
+    faults: Faults,
+    /// The group of each worker in a two-level grouped run (empty otherwise).
+    group_of: Vec<u32>,
+    fast_debug: FastDebug,
 }
 
 impl Core<'_, '_> {
@@ -136,9 +237,9 @@ impl Core<'_, '_> {
         self.hash.node(node);
     }
 
-    fn server_event(&mut self, event: ServerEvent) {
-        self.tag(1, Node::Server);
-        let _ = write!(self.hash, "{event:?}");
+    fn server_event(&mut self, node: Node, event: ServerEvent) {
+        self.tag(1, node);
+        self.fast_debug.server_event(&mut self.hash, &event);
         match event {
             ServerEvent::Applied { staleness, .. } => self.staleness.record(staleness),
             ServerEvent::Stalled { .. } => self.stalls += 1,
@@ -146,6 +247,15 @@ impl Core<'_, '_> {
         }
         let at = self.now;
         self.observe(&Observation::Server { at, event });
+    }
+
+    /// An event of the central node of a two-level run (its "workers" are the groups: not
+    /// recorded as worker staleness).
+    fn central_event(&mut self, event: ServerEvent) {
+        self.tag(12, Node::Server);
+        self.fast_debug.server_event(&mut self.hash, &event);
+        let at = self.now;
+        self.observe(&Observation::Central { at, event });
     }
 
     fn worker_event(&mut self, worker: u32, event: WorkerEvent) {
@@ -168,9 +278,9 @@ impl Core<'_, '_> {
     fn delivered(&mut self, from: Node, to: Node, kind: &'static str, bytes: usize, result: Result<(), Reject>) {
         self.tag(4, to);
         self.hash.node(from);
-        let _ = write!(self.hash, "{result:?}");
+        self.hash.result(&result);
         self.delivered += 1;
-        if result.is_err() && to != Node::Server {
+        if result.is_err() && matches!(to, Node::Worker(_)) {
             self.worker_rejects += 1;
         }
         let at = self.now;
@@ -215,40 +325,116 @@ impl Core<'_, '_> {
         }
     }
 
-    /// Puts a server message on the downlinks of its recipients (every live worker for a
-    /// broadcast; one encoding shared by all copies).
-    fn send_from_server(&mut self, hosts: &mut [Host], to: Recipient, msg: &ToWorker<'_, f32>) {
+    /// Puts a server's (or a group node's) message on the downlinks of its recipients (every
+    /// live worker, or every live member of the sending group, for a broadcast; one encoding
+    /// shared by all copies).
+    fn send_to_workers(&mut self, hosts: &mut [Host], from: Node, to: Recipient, msg: &ToWorker<'_, f32>) {
         let kind = msg.kind_name();
         let Some((slot, len)) = self.encode_to_worker(msg) else { return };
-        let mut copies = 0u32;
-        let mut send = |core: &mut Self, i: usize, host: &mut Host| {
+        let send = |core: &mut Self, i: usize, host: &mut Host| {
             if host.worker.is_none() {
                 core.lost += 1;
                 return;
             }
-            let at = host.downlink.send(core.now, len);
-            if copies > 0 {
-                core.pool.share(slot, 1);
-            }
-            copies += 1;
             let worker = i as u32;
-            core.schedule(at, Event::Deliver { slot, worker, to_server: false, incarnation: host.incarnation });
-            core.sent(Node::Server, Node::Worker(worker), kind, len);
+            let arrival = host.downlink.send(core.now, len);
+            let fate = core.fate(worker, Direction::Down, arrival);
+            let event = Event::Deliver { slot, worker, to_server: false, incarnation: host.incarnation };
+            core.schedule_fate(&fate, slot, event);
+            core.sent(from, Node::Worker(worker), kind, len);
+            core.record_faults(from, Node::Worker(worker), kind, &fate);
         };
         match to {
             Recipient::Worker(w) => match hosts.get_mut(w.index()) {
-                Some(host) => send(self, w.index(), host),
-                None => self.lost += 1,
+                Some(host) if self.reaches(from, w.0) => send(self, w.index(), host),
+                _ => self.lost += 1,
             },
             Recipient::AllWorkers => {
                 for (i, host) in hosts.iter_mut().enumerate() {
-                    send(self, i, host);
+                    if self.reaches(from, i as u32) {
+                        send(self, i, host);
+                    }
                 }
             }
         }
-        if copies == 0 {
-            self.pool.release(slot);
+        self.pool.release(slot);
+    }
+
+    /// Whether `from` talks to `worker` directly (a group node only to its members).
+    fn reaches(&self, from: Node, worker: u32) -> bool {
+        match from {
+            Node::Group(g) => self.group_of.get(worker as usize) == Some(&g),
+            _ => true,
         }
+    }
+
+    /// The node worker `worker` sends to.
+    fn server_node(&self, worker: u32) -> Node {
+        self.group_of.get(worker as usize).map_or(Node::Server, |&g| Node::Group(g))
+    }
+
+    /// What the network does with a message handed to worker `worker`'s link in direction
+    /// `dir` now, which would arrive at `arrival` (draws nothing without message faults, or
+    /// in the quiet phase).
+    fn fate(&mut self, worker: u32, dir: Direction, arrival: Instant) -> Fate {
+        let mut fate = Fate { first: Some(arrival), replay: None, faults: [None, None] };
+        let now = self.now;
+        if !self.faults.messages || self.faults.quiet.is_some_and(|q| now >= q) {
+            return fate;
+        }
+        let f = &self.config.faults;
+        let since = now - Instant::ZERO;
+        let scripted =
+            f.cuts.iter().any(|c| c.worker == worker && c.direction == dir && c.from <= since && since < c.until);
+        let link = 2 * worker as usize + usize::from(dir == Direction::Down);
+        let random = self.faults.cuts.get_mut(link).is_some_and(|p| p.cut_at(now, f.cut_rate, f.cut_mean));
+        let rng = &mut self.faults.rng;
+        if scripted || random {
+            fate.first = None;
+            fate.faults[0] = Some(Fault::Partitioned);
+            return fate;
+        }
+        if f.loss > 0.0 && rng.next_f64() < f.loss {
+            fate.first = None;
+            fate.faults[0] = Some(Fault::Dropped);
+            return fate;
+        }
+        if f.delay > 0.0 && rng.next_f64() < f.delay {
+            let extra = exp_mean(rng, f.delay_mean);
+            fate.first = Some(arrival + extra);
+            fate.faults[0] = Some(Fault::Delayed(extra));
+        }
+        if f.duplicate > 0.0 && rng.next_f64() < f.duplicate {
+            let later = exp_mean(rng, f.replay_delay);
+            fate.replay = fate.first.map(|t| t + later);
+            fate.faults[1] = Some(Fault::Duplicated(later));
+        }
+        fate
+    }
+
+    /// Schedules the deliveries of `fate` for the message in `slot` (one buffer reference
+    /// each; the sender releases its own).
+    fn schedule_fate(&mut self, fate: &Fate, slot: usize, event: Event) {
+        for at in [fate.first, fate.replay].into_iter().flatten() {
+            self.pool.share(slot, 1);
+            self.schedule(at, event);
+        }
+    }
+
+    fn record_faults(&mut self, from: Node, to: Node, kind: &'static str, fate: &Fate) {
+        for fault in fate.faults.into_iter().flatten() {
+            self.fault(from, to, kind, fault);
+        }
+    }
+
+    fn fault(&mut self, from: Node, to: Node, kind: &'static str, fault: Fault) {
+        self.faults.stats.count(fault, kind);
+        self.tag(10, from);
+        self.hash.node(to);
+        self.hash.bytes(kind.as_bytes());
+        let _ = write!(self.hash, "{fault:?}");
+        let at = self.now;
+        self.observe(&Observation::Fault { at, from, to, kind, fault });
     }
 
     /// Arms a node's timer for `deadline` (not before `floor`) unless an earlier one is armed.
@@ -293,8 +479,16 @@ impl Core<'_, '_> {
 /// One simulation.
 pub(crate) struct Engine<'a, 'o> {
     core: Core<'a, 'o>,
+    /// The server (the central node of a two-level grouped run).
     server: AnyServer<f32, Vec<f32>>,
     hosts: Vec<Host>,
+    /// The group nodes of a two-level grouped run (empty otherwise).
+    groups: Vec<GroupNode>,
+    /// The server is down (crashed, not yet restarted); `checkpoint` is what it resumes from.
+    server_down: bool,
+    checkpoint: Option<(Vec<f32>, Version)>,
+    /// Counters of servers that crashed (added to the live server's).
+    dead_stats: ServerStats,
 }
 
 impl<'a, 'o> Engine<'a, 'o> {
@@ -310,13 +504,43 @@ impl<'a, 'o> Engine<'a, 'o> {
         let model = &workload.model;
         let dim = model.dim();
         let params = model.init_params(config.seed);
-        let scratch = vec![0.0; protocol.server_scratch_len(dim)];
-        let server = AnyServer::new(protocol, params, scratch).map_err(SimError::Config)?;
         let n = config.workers();
+        let mut groups = Vec::new();
+        let mut group_of = Vec::new();
+        let server = match (protocol, &config.group_link) {
+            (ProtocolConfig::Grouped(gc), Some(link)) => {
+                if !config.faults.server_crashes.is_empty() {
+                    return Err(SimError::Unsupported("server crashes with a two-level grouped network"));
+                }
+                let central = ProtocolConfig::Asp(gc.central_config());
+                let scratch = vec![0.0; central.server_scratch_len(dim)];
+                let server = AnyServer::new(&central, params, scratch).map_err(SimError::Config)?;
+                for g in 0..gc.groups {
+                    let scratch = vec![0.0; gc.group_scratch_len(dim)];
+                    let node = GroupServer::new(*gc, g, 0, vec![0.0; dim], scratch).map_err(SimError::Config)?;
+                    groups.push(GroupNode {
+                        server: node,
+                        uplink: Link::new(link.latency, link.bandwidth),
+                        downlink: Link::new(link.latency, link.bandwidth),
+                        timer: None,
+                    });
+                }
+                group_of = (0..n).map(|i| gc.group_of(WorkerId(i)).unwrap_or(0)).collect();
+                server
+            }
+            _ => {
+                let scratch = vec![0.0; protocol.server_scratch_len(dim)];
+                AnyServer::new(protocol, params, scratch).map_err(SimError::Config)?
+            }
+        };
         let mut hosts = Vec::with_capacity(n as usize);
         for i in 0..n {
             let worker = new_worker(config, dim, i, 0)?;
             let batch_seed = Rng::derive(config.seed, 0xBA7C_0000_0000 | u64::from(i)).next_u64();
+            let grad = match config.gradient {
+                GradientSource::Workload => vec![0.0; dim],
+                GradientSource::Constant(v) => vec![v; dim],
+            };
             hosts.push(Host {
                 worker: Some(worker),
                 epoch: 0,
@@ -326,7 +550,7 @@ impl<'a, 'o> Engine<'a, 'o> {
                 sampler: ComputeSampler::new(config.compute_model(i), config.base_step, config.seed, i),
                 batches: BatchSampler::new(workload.train.len(), batch_seed),
                 batch: Vec::with_capacity(config.batch_size),
-                grad: vec![0.0; dim],
+                grad,
                 scratch: model.scratch(),
                 job: None,
                 timer: None,
@@ -334,6 +558,25 @@ impl<'a, 'o> Engine<'a, 'o> {
                 report: WorkerReport { worker: i, ..WorkerReport::default() },
             });
         }
+        let f = &config.faults;
+        let cuts = if f.cut_rate > 0.0 && f.cut_mean > Duration::ZERO {
+            (0..2 * u64::from(n)).map(|link| CutProcess::new(config.seed, link, f.cut_rate, f.cut_mean)).collect()
+        } else {
+            Vec::new()
+        };
+        let crash_rngs = if f.crash_rate > 0.0 {
+            (0..n).map(|i| Rng::derive(config.seed, FAULT_STREAM.wrapping_add(0x1_0000 + u64::from(i)))).collect()
+        } else {
+            Vec::new()
+        };
+        let faults = Faults {
+            messages: f.message_faults(),
+            quiet: f.quiet_after.map(|q| Instant::ZERO + q),
+            rng: Rng::derive(config.seed, FAULT_STREAM),
+            cuts,
+            crash_rngs,
+            stats: FaultStats::default(),
+        };
         let core = Core {
             config,
             workload,
@@ -359,8 +602,36 @@ impl<'a, 'o> Engine<'a, 'o> {
             stalls: 0,
             target_reached: false,
             eval_scratch: model.scratch(),
+            faults,
+            group_of,
+            fast_debug: FastDebug::default(),
         };
-        Ok(Self { core, server, hosts })
+        Ok(Self {
+            core,
+            server,
+            hosts,
+            groups,
+            server_down: false,
+            checkpoint: None,
+            dead_stats: ServerStats::default(),
+        })
+    }
+
+    /// The protocol's counters: the server's (plus those of crashed servers), or in a
+    /// two-level run the sum over the group nodes (worker gradients) with the central
+    /// node's `updates` (central updates, as `GroupedServer` counts them; the groups count
+    /// an update only when its reply reaches them).
+    fn stats(&self) -> ServerStats {
+        let mut total = self.dead_stats;
+        if self.groups.is_empty() {
+            add_stats(&mut total, self.server.stats());
+        } else {
+            for g in &self.groups {
+                add_stats(&mut total, g.server.stats());
+            }
+            total.updates = self.server.stats().updates;
+        }
+        total
     }
 
     /// Runs to the end and reports.
@@ -370,8 +641,17 @@ impl<'a, 'o> Engine<'a, 'o> {
         for (i, c) in config.crashes.iter().enumerate() {
             self.core.schedule(start + c.at, Event::Crash(i));
         }
+        for (i, c) in config.faults.server_crashes.iter().enumerate() {
+            self.core.schedule(start + c.at, Event::ServerCrash(i));
+        }
+        for w in 0..self.core.faults.crash_rngs.len() {
+            self.schedule_random_crash(w as u32);
+        }
         self.core.schedule(start, Event::Eval);
         self.drain_server(start);
+        for g in 0..self.groups.len() {
+            self.drain_group(g, start);
+        }
         for i in 0..self.hosts.len() {
             self.drain_worker(i, start);
         }
@@ -402,7 +682,7 @@ impl<'a, 'o> Engine<'a, 'o> {
             if stop.max_updates.is_some_and(|m| self.server.version().0 >= m) {
                 break "max_updates";
             }
-            if stop.max_gradients.is_some_and(|m| self.server.stats().accepted >= m) {
+            if stop.max_gradients.is_some_and(|m| self.stats().accepted >= m) {
                 break "max_gradients";
             }
             if self.core.events >= stop.max_events {
@@ -428,6 +708,9 @@ impl<'a, 'o> Engine<'a, 'o> {
                 if self.core.server_timer == Some(now) {
                     self.core.server_timer = None;
                 }
+                if self.server_down {
+                    return;
+                }
                 if self.server.poll_timeout().is_some_and(|t| t <= now) {
                     self.server.handle_timeout(now);
                 }
@@ -448,6 +731,16 @@ impl<'a, 'o> Engine<'a, 'o> {
                 }
                 self.drain_worker(worker as usize, now + Duration::from_nanos(1));
             }
+            Event::GroupTimer(g) => {
+                let Some(node) = self.groups.get_mut(g as usize) else { return };
+                if node.timer == Some(now) {
+                    node.timer = None;
+                }
+                if node.server.poll_timeout().is_some_and(|t| t <= now) {
+                    node.server.handle_timeout(now);
+                }
+                self.drain_group(g as usize, now + Duration::from_nanos(1));
+            }
             Event::Eval => {
                 self.core.evaluate(&self.server);
                 let interval = self.core.config.eval_interval;
@@ -455,8 +748,15 @@ impl<'a, 'o> Engine<'a, 'o> {
                     self.core.schedule(now + interval, Event::Eval);
                 }
             }
-            Event::Crash(i) => self.crash(i),
+            Event::Crash(i) => {
+                let Some(c) = self.core.config.crashes.get(i).copied() else { return };
+                self.crash(c.worker, c.restart_after, c.notify_server);
+            }
             Event::Restart(worker) => self.restart(worker),
+            Event::RandomCrash(worker) => self.random_crash(worker),
+            Event::ServerCrash(i) => self.server_crash(i),
+            Event::ServerRestart => self.server_restart(),
+            Event::GroupDeliver { slot, group, to_central } => self.group_deliver(slot, group, to_central),
         }
     }
 
@@ -472,12 +772,26 @@ impl<'a, 'o> Engine<'a, 'o> {
             self.core.lost += 1;
             return;
         }
+        let group = self.core.group_of.get(worker as usize).copied();
         let bytes = self.core.pool.bytes(slot);
         let len = bytes.len();
         let id = WorkerId(worker);
+        if to_server && group.is_none() && self.server_down {
+            let kind = wire::decode_to_server::<f32>(bytes, &self.core.limits).map_or("", |m| m.kind_name());
+            self.core.pool.release(slot);
+            self.core.fault(Node::Worker(worker), Node::Server, kind, Fault::ServerDown);
+            return;
+        }
         let outcome = if to_server {
             match wire::decode_to_server::<f32>(bytes, &self.core.limits) {
-                Ok(msg) => Ok((msg.kind_name(), self.server.handle(now, id, msg))),
+                Ok(msg) => {
+                    let kind = msg.kind_name();
+                    let result = match group.and_then(|g| self.groups.get_mut(g as usize)) {
+                        Some(node) => node.server.handle(now, id, msg),
+                        None => self.server.handle(now, id, msg),
+                    };
+                    Ok((kind, result))
+                }
                 Err(e) => Err(e),
             }
         } else {
@@ -495,13 +809,48 @@ impl<'a, 'o> Engine<'a, 'o> {
                 return;
             }
         };
+        let server_node = self.core.server_node(worker);
         let (from, to) =
-            if to_server { (Node::Worker(worker), Node::Server) } else { (Node::Server, Node::Worker(worker)) };
+            if to_server { (Node::Worker(worker), server_node) } else { (server_node, Node::Worker(worker)) };
         self.core.delivered(from, to, kind, len, result);
-        if to_server {
+        match (to_server, group) {
+            (true, Some(g)) => self.drain_group(g as usize, now),
+            (true, None) => self.drain_server(now),
+            (false, _) => self.drain_worker(worker as usize, now),
+        }
+    }
+
+    /// A message between group `group` and the central node arrives.
+    fn group_deliver(&mut self, slot: usize, group: u32, to_central: bool) {
+        let now = self.core.now;
+        let Some(node) = self.groups.get_mut(group as usize) else {
+            self.core.pool.release(slot);
+            return;
+        };
+        let bytes = self.core.pool.bytes(slot);
+        let len = bytes.len();
+        let outcome = if to_central {
+            wire::decode_to_server::<f32>(bytes, &self.core.limits)
+                .map(|msg| (msg.kind_name(), self.server.handle(now, WorkerId(group), msg)))
+        } else {
+            wire::decode_to_worker::<f32>(bytes, &self.core.limits)
+                .map(|msg| (msg.kind_name(), node.server.handle_upstream(now, msg)))
+        };
+        self.core.pool.release(slot);
+        let (kind, result) = match outcome {
+            Ok(x) => x,
+            Err(e) => {
+                self.core.codec_error(&e);
+                return;
+            }
+        };
+        let (from, to) =
+            if to_central { (Node::Group(group), Node::Server) } else { (Node::Server, Node::Group(group)) };
+        self.core.delivered(from, to, kind, len, result);
+        if to_central {
             self.drain_server(now);
         } else {
-            self.drain_worker(worker as usize, now);
+            self.drain_group(group as usize, now);
         }
     }
 
@@ -524,17 +873,17 @@ impl<'a, 'o> Engine<'a, 'o> {
             self.core.worker_rejects += 1;
         }
         self.core.tag(5, Node::Worker(worker));
-        let _ = write!(self.core.hash, "{result:?}");
+        self.core.hash.result(&result);
         self.core.observe(&Observation::GradientComputed { at: now, worker: WorkerId(worker), result });
         self.drain_worker(worker as usize, now);
     }
 
-    fn crash(&mut self, i: usize) {
+    /// Worker `worker` crashes (if it is up).
+    fn crash(&mut self, worker: u32, restart_after: Option<Duration>, notify_server: bool) -> bool {
         let now = self.core.now;
-        let Some(c) = self.core.config.crashes.get(i).copied() else { return };
-        let Some(host) = self.hosts.get_mut(c.worker as usize) else { return };
+        let Some(host) = self.hosts.get_mut(worker as usize) else { return false };
         if host.worker.is_none() {
-            return;
+            return false;
         }
         host.worker = None;
         host.incarnation += 1;
@@ -546,16 +895,50 @@ impl<'a, 'o> Engine<'a, 'o> {
         host.uplink.reset(now);
         host.downlink.reset(now);
         host.report.crashes += 1;
-        self.core.tag(7, Node::Worker(c.worker));
-        self.core.observe(&Observation::Crashed { at: now, worker: WorkerId(c.worker) });
-        if c.notify_server {
-            let result = self.server.handle_worker_lost(now, WorkerId(c.worker));
-            let _ = write!(self.core.hash, "{result:?}");
-            self.drain_server(now);
+        self.core.tag(7, Node::Worker(worker));
+        self.core.observe(&Observation::Crashed { at: now, worker: WorkerId(worker) });
+        if notify_server {
+            match self.core.group_of.get(worker as usize).copied() {
+                Some(g) => {
+                    if let Some(node) = self.groups.get_mut(g as usize) {
+                        let result = node.server.handle_worker_lost(now, WorkerId(worker));
+                        let _ = write!(self.core.hash, "{result:?}");
+                        self.drain_group(g as usize, now);
+                    }
+                }
+                None if !self.server_down => {
+                    let result = self.server.handle_worker_lost(now, WorkerId(worker));
+                    let _ = write!(self.core.hash, "{result:?}");
+                    self.drain_server(now);
+                }
+                None => {}
+            }
         }
-        if let Some(after) = c.restart_after {
-            self.core.schedule(now + after, Event::Restart(c.worker));
+        if let Some(after) = restart_after {
+            self.core.schedule(now + after, Event::Restart(worker));
         }
+        true
+    }
+
+    /// Schedules worker `worker`'s next random crash, if before the quiet phase.
+    fn schedule_random_crash(&mut self, worker: u32) {
+        let rate = self.core.config.faults.crash_rate;
+        let Some(rng) = self.core.faults.crash_rngs.get_mut(worker as usize) else { return };
+        let at = self.core.now + exp_secs(rng, rate);
+        if self.core.faults.quiet.is_none_or(|q| at < q) {
+            self.core.schedule(at, Event::RandomCrash(worker));
+        }
+    }
+
+    fn random_crash(&mut self, worker: u32) {
+        let f = &self.core.config.faults;
+        let (mean, notify) = (f.restart_mean, f.crash_notify_server);
+        let Some(rng) = self.core.faults.crash_rngs.get_mut(worker as usize) else { return };
+        let restart = exp_mean(rng, mean);
+        if self.crash(worker, Some(restart), notify) {
+            self.core.faults.stats.random_crashes += 1;
+        }
+        self.schedule_random_crash(worker);
     }
 
     fn restart(&mut self, worker: u32) {
@@ -575,17 +958,108 @@ impl<'a, 'o> Engine<'a, 'o> {
         self.drain_worker(worker as usize, now);
     }
 
+    /// The server crashes: everything but the checkpoint (model and version as of the last
+    /// update; the model only changes with the version) is lost.
+    fn server_crash(&mut self, i: usize) {
+        let now = self.core.now;
+        let Some(c) = self.core.config.faults.server_crashes.get(i).copied() else { return };
+        if self.server_down || !self.groups.is_empty() {
+            return;
+        }
+        let version = self.server.version();
+        self.checkpoint = Some((self.server.params().to_vec(), version));
+        add_stats(&mut self.dead_stats, self.server.stats());
+        self.server_down = true;
+        self.core.server_timer = None;
+        self.core.faults.stats.server_crashes += 1;
+        self.core.tag(11, Node::Server);
+        self.core.hash.u64(version.0);
+        self.core.observe(&Observation::ServerCrashed { at: now, version });
+        self.core.schedule(now + c.down_for, Event::ServerRestart);
+    }
+
+    /// A new server resumes from the checkpoint.
+    fn server_restart(&mut self) {
+        let now = self.core.now;
+        let Some((params, version)) = self.checkpoint.take() else { return };
+        let protocol = &self.core.config.protocol;
+        let scratch = vec![0.0; protocol.server_scratch_len(params.len())];
+        // The configuration was valid at the start, so it is for the resumed server.
+        let Ok(server) = AnyServer::resume(protocol, params, scratch, version) else { return };
+        self.server = server;
+        self.server_down = false;
+        self.core.faults.stats.server_restarts += 1;
+        self.core.tag(13, Node::Server);
+        self.core.hash.u64(version.0);
+        self.core.observe(&Observation::ServerRestarted { at: now });
+        self.drain_server(now);
+    }
+
     /// Drains the server's outputs, then re-arms its timer (not before `floor`).
     fn drain_server(&mut self, floor: Instant) {
-        let Self { core, server, hosts } = self;
-        while let Some(out) = server.poll_output() {
-            match out {
-                ServerOutput::Send { to, msg } => core.send_from_server(hosts, to, &msg),
-                ServerOutput::Event(e) => core.server_event(e),
+        let Self { core, server, hosts, groups, .. } = self;
+        if groups.is_empty() {
+            while let Some(out) = server.poll_output() {
+                match out {
+                    ServerOutput::Send { to, msg } => core.send_to_workers(hosts, Node::Server, to, &msg),
+                    ServerOutput::Event(e) => core.server_event(Node::Server, e),
+                }
+            }
+        } else {
+            // The central node of a two-level run: its "workers" are the group nodes.
+            while let Some(out) = server.poll_output() {
+                match out {
+                    ServerOutput::Send { to, msg } => {
+                        let kind = msg.kind_name();
+                        let Some((slot, len)) = core.encode_to_worker(&msg) else { continue };
+                        for (g, node) in groups.iter_mut().enumerate() {
+                            if matches!(to, Recipient::Worker(w) if w.index() != g) {
+                                continue;
+                            }
+                            let at = node.downlink.send(core.now, len);
+                            core.pool.share(slot, 1);
+                            core.schedule(at, Event::GroupDeliver { slot, group: g as u32, to_central: false });
+                            core.sent(Node::Server, Node::Group(g as u32), kind, len);
+                        }
+                        core.pool.release(slot);
+                    }
+                    ServerOutput::Event(e) => core.central_event(e),
+                }
             }
         }
         let floor = floor.max(core.now);
         core.server_timer = core.rearm(core.server_timer, server.poll_timeout(), floor, Event::ServerTimer);
+    }
+
+    /// Drains group node `g`'s outputs toward its members and toward the central node, then
+    /// re-arms its timer.
+    fn drain_group(&mut self, g: usize, floor: Instant) {
+        let Self { core, hosts, groups, .. } = self;
+        let Some(node) = groups.get_mut(g) else { return };
+        let from = Node::Group(g as u32);
+        loop {
+            let mut any = false;
+            while let Some(out) = node.server.poll_output() {
+                any = true;
+                match out {
+                    ServerOutput::Send { to, msg } => core.send_to_workers(hosts, from, to, &msg),
+                    ServerOutput::Event(e) => core.server_event(from, e),
+                }
+            }
+            while let Some(msg) = node.server.poll_upstream() {
+                any = true;
+                let kind = msg.kind_name();
+                let Some((slot, len)) = core.encode_to_server(&msg) else { continue };
+                let at = node.uplink.send(core.now, len);
+                core.schedule(at, Event::GroupDeliver { slot, group: g as u32, to_central: true });
+                core.sent(from, Node::Server, kind, len);
+            }
+            if !any {
+                break;
+            }
+        }
+        let floor = floor.max(core.now);
+        node.timer = core.rearm(node.timer, node.server.poll_timeout(), floor, Event::GroupTimer(g as u32));
     }
 
     /// Drains worker `i`'s outputs: sends its messages, starts its computations; then re-arms
@@ -600,6 +1074,7 @@ impl<'a, 'o> Engine<'a, 'o> {
         let now = core.now;
         let worker_index = i as u32;
         let node = Node::Worker(worker_index);
+        let to = core.server_node(worker_index);
         while let Some(out) = w.poll_output() {
             match out {
                 WorkerOutput::Send(msg) => {
@@ -608,12 +1083,14 @@ impl<'a, 'o> Engine<'a, 'o> {
                         report.gradients_sent += 1;
                     }
                     let Some((slot, len)) = core.encode_to_server(&msg) else { continue };
-                    let at = uplink.send(now, len);
-                    core.schedule(
-                        at,
-                        Event::Deliver { slot, worker: worker_index, to_server: true, incarnation: *incarnation },
-                    );
-                    core.sent(node, Node::Server, kind, len);
+                    let arrival = uplink.send(now, len);
+                    let fate = core.fate(worker_index, Direction::Up, arrival);
+                    let event =
+                        Event::Deliver { slot, worker: worker_index, to_server: true, incarnation: *incarnation };
+                    core.schedule_fate(&fate, slot, event);
+                    core.pool.release(slot);
+                    core.sent(node, to, kind, len);
+                    core.record_faults(node, to, kind, &fate);
                 }
                 WorkerOutput::Compute { id, params, .. } => {
                     if let Some(old) = job.take() {
@@ -621,9 +1098,11 @@ impl<'a, 'o> Engine<'a, 'o> {
                         *busy = *busy + (now - old.start);
                         report.jobs_abandoned += 1;
                     }
-                    batches.next_batch(core.config.batch_size, batch);
-                    let model = &core.workload.model;
-                    let _loss = model.gradient(params, &core.workload.train, batch, grad, scratch);
+                    if core.config.gradient == GradientSource::Workload {
+                        batches.next_batch(core.config.batch_size, batch);
+                        let model = &core.workload.model;
+                        let _loss = model.gradient(params, &core.workload.train, batch, grad, scratch);
+                    }
                     let step = sampler.steps();
                     let dt = sampler.next_step();
                     if core.config.record_trace {
@@ -652,7 +1131,8 @@ impl<'a, 'o> Engine<'a, 'o> {
     }
 
     fn report(self, stop_reason: &'static str) -> SimReport {
-        let Self { core, server, hosts } = self;
+        let stats = self.stats();
+        let Self { core, server, hosts, .. } = self;
         let now = core.now;
         let total = now.as_secs_f64();
         let per_worker: Vec<WorkerReport> = hosts
@@ -672,7 +1152,6 @@ impl<'a, 'o> Engine<'a, 'o> {
         } else {
             per_worker.iter().map(|w| w.compute_share).sum::<f64>() / per_worker.len() as f64
         };
-        let stats = *server.stats();
         let dropped: BTreeMap<&'static str, u64> =
             DropReason::ALL.iter().map(|&r| (r.name(), stats.dropped_for(r))).collect();
         let mut staleness = core.staleness;
@@ -710,6 +1189,7 @@ impl<'a, 'o> Engine<'a, 'o> {
             events: core.events,
             messages_delivered: core.delivered,
             messages_lost: core.lost,
+            faults: core.faults.stats,
             bytes_moved: core.bytes,
             buffers_allocated: core.pool.allocations(),
             codec_errors: core.codec_errors,
@@ -719,6 +1199,16 @@ impl<'a, 'o> Engine<'a, 'o> {
             final_params,
         }
     }
+}
+
+fn add_stats(total: &mut ServerStats, s: &ServerStats) {
+    total.accepted += s.accepted;
+    total.applied += s.applied;
+    for (t, d) in total.dropped.iter_mut().zip(s.dropped) {
+        *t += d;
+    }
+    total.rejected += s.rejected;
+    total.updates += s.updates;
 }
 
 fn new_worker(config: &SimConfig, dim: usize, i: u32, epoch: u32) -> Result<AnyWorker<f32, Vec<f32>>, SimError> {

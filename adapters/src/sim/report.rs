@@ -1,7 +1,7 @@
 //! What a run produced: [`SimReport`] (serializable), and the [`Observation`]s a test or a
 //! tool can watch while it runs.
 
-use core::fmt;
+use core::fmt::{self, Write as _};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use syncopate::{AnyServer, Instant, Reject, ServerEvent, WorkerEvent, WorkerId};
@@ -13,6 +13,8 @@ pub enum Node {
     Server,
     /// A worker, by index.
     Worker(u32),
+    /// A group node of a two-level grouped run (then [`Node::Server`] is the central node).
+    Group(u32),
 }
 
 impl fmt::Display for Node {
@@ -20,6 +22,7 @@ impl fmt::Display for Node {
         match self {
             Self::Server => f.write_str("server"),
             Self::Worker(i) => write!(f, "worker {i}"),
+            Self::Group(g) => write!(f, "group {g}"),
         }
     }
 }
@@ -28,12 +31,46 @@ impl fmt::Display for Node {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Observation<'a> {
-    /// The server emitted an event.
+    /// The server emitted an event (in a two-level grouped run: a group node; the central
+    /// node's events are [`Observation::Central`]).
     Server {
         /// Virtual time.
         at: Instant,
         /// The event.
         event: ServerEvent,
+    },
+    /// The central node of a two-level grouped run emitted an event (its "workers" are the
+    /// groups).
+    Central {
+        /// Virtual time.
+        at: Instant,
+        /// The event.
+        event: ServerEvent,
+    },
+    /// A message fault was injected.
+    Fault {
+        /// Virtual time (when the message was handed to its link).
+        at: Instant,
+        /// Sender.
+        from: Node,
+        /// Receiver.
+        to: Node,
+        /// Message kind.
+        kind: &'static str,
+        /// What happened to it.
+        fault: Fault,
+    },
+    /// The server crashed (its state is lost except the checkpoint).
+    ServerCrashed {
+        /// Virtual time.
+        at: Instant,
+        /// The checkpointed model version it will resume from.
+        version: syncopate::Version,
+    },
+    /// The server restarted from its checkpoint.
+    ServerRestarted {
+        /// Virtual time.
+        at: Instant,
     },
     /// A worker emitted an event.
     Worker {
@@ -104,13 +141,73 @@ pub enum Observation<'a> {
         point: CurvePoint,
     },
     /// One simulation step (one event and everything it caused) is complete; the server
-    /// can be inspected.
+    /// (the central node of a two-level grouped run) can be inspected.
     Step {
         /// Virtual time.
         at: Instant,
         /// The server, read-only.
         server: &'a AnyServer<f32, Vec<f32>>,
     },
+}
+
+/// A message fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Fault {
+    /// Lost (random loss).
+    Dropped,
+    /// Lost because its link was cut (a partition).
+    Partitioned,
+    /// Delayed by this much extra (it may be overtaken).
+    Delayed(syncopate::Duration),
+    /// Delivered a second time, this long after the original.
+    Duplicated(syncopate::Duration),
+    /// Lost because the server was down when it arrived.
+    ServerDown,
+}
+
+/// Injected faults, counted (all zero without [`super::FaultConfig`]). Message counts are by
+/// message kind (`Grad`, `Model`, `Join`, …).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct FaultStats {
+    /// Messages lost at random.
+    pub dropped: BTreeMap<&'static str, u64>,
+    /// Messages delivered twice.
+    pub duplicated: BTreeMap<&'static str, u64>,
+    /// Messages given a delay spike.
+    pub delayed: BTreeMap<&'static str, u64>,
+    /// Messages lost to a cut link.
+    pub partitioned: BTreeMap<&'static str, u64>,
+    /// Messages lost because the server was down.
+    pub server_down: BTreeMap<&'static str, u64>,
+    /// Random worker crashes (scripted ones are in [`WorkerReport::crashes`] only).
+    pub random_crashes: u64,
+    /// Server crashes.
+    pub server_crashes: u64,
+    /// Server restarts from checkpoint.
+    pub server_restarts: u64,
+}
+
+impl FaultStats {
+    /// All messages lost to faults (dropped, partitioned, server down).
+    pub fn messages_lost(&self) -> u64 {
+        [&self.dropped, &self.partitioned, &self.server_down].iter().flat_map(|m| m.values()).sum()
+    }
+
+    /// Total of one counter map.
+    pub fn total(map: &BTreeMap<&'static str, u64>) -> u64 {
+        map.values().sum()
+    }
+
+    pub(crate) fn count(&mut self, fault: Fault, kind: &'static str) {
+        let map = match fault {
+            Fault::Dropped => &mut self.dropped,
+            Fault::Partitioned => &mut self.partitioned,
+            Fault::Delayed(_) => &mut self.delayed,
+            Fault::Duplicated(_) => &mut self.duplicated,
+            Fault::ServerDown => &mut self.server_down,
+        };
+        *map.entry(kind).or_default() += 1;
+    }
 }
 
 /// One evaluation of the server's model on the test set.
@@ -270,8 +367,10 @@ pub struct SimReport {
     pub events: u64,
     /// Messages delivered.
     pub messages_delivered: u64,
-    /// Messages lost with a crashed worker.
+    /// Messages lost with a crashed worker (fault losses are in [`SimReport::faults`]).
     pub messages_lost: u64,
+    /// Injected faults.
+    pub faults: FaultStats,
     /// Encoded bytes put on the network.
     pub bytes_moved: u64,
     /// Message buffers the pool had to allocate or grow: bounded by the messages in flight at
@@ -329,6 +428,79 @@ impl Fnv {
         match n {
             Node::Server => self.u64(u64::MAX),
             Node::Worker(i) => self.u64(u64::from(i)),
+            Node::Group(g) => self.u64((1 << 32) | u64::from(g)),
+        }
+    }
+}
+
+/// Hashes the `Debug` text of the most frequent trace items without the formatting
+/// machinery (the trace hash is of the exact same bytes; a test compares both).
+#[derive(Debug, Default)]
+pub(crate) struct FastDebug {
+    /// The `Debug` text of the last `Applied` weight (weights repeat: `1/k`).
+    weight_bits: u64,
+    weight: String,
+}
+
+impl FastDebug {
+    /// `write!(h, "{event:?}")`.
+    pub(crate) fn server_event(&mut self, h: &mut Fnv, event: &ServerEvent) {
+        match *event {
+            ServerEvent::Applied { worker, base, version, staleness, weight } => {
+                h.bytes(b"Applied { worker: WorkerId(");
+                h.decimal(u64::from(worker.0));
+                h.bytes(b"), base: Version(");
+                h.decimal(base.0);
+                h.bytes(b"), version: Version(");
+                h.decimal(version.0);
+                h.bytes(b"), staleness: ");
+                h.decimal(staleness);
+                h.bytes(b", weight: ");
+                if self.weight.is_empty() || self.weight_bits != weight.to_bits() {
+                    self.weight.clear();
+                    let _ = write!(self.weight, "{weight:?}");
+                    self.weight_bits = weight.to_bits();
+                }
+                h.bytes(self.weight.as_bytes());
+                h.bytes(b" }");
+            }
+            ServerEvent::ModelUpdated { version, contributions } => {
+                h.bytes(b"ModelUpdated { version: Version(");
+                h.decimal(version.0);
+                h.bytes(b"), contributions: ");
+                h.decimal(u64::from(contributions));
+                h.bytes(b" }");
+            }
+            _ => {
+                let _ = write!(h, "{event:?}");
+            }
+        }
+    }
+}
+
+impl Fnv {
+    /// `write!(self, "{x}")` for an unsigned integer.
+    pub(crate) fn decimal(&mut self, mut x: u64) {
+        let mut buf = [0u8; 20];
+        let mut i = buf.len();
+        loop {
+            i -= 1;
+            buf[i] = b'0' + (x % 10) as u8;
+            x /= 10;
+            if x == 0 {
+                break;
+            }
+        }
+        self.bytes(&buf[i..]);
+    }
+
+    /// `write!(self, "{result:?}")`.
+    pub(crate) fn result(&mut self, result: &Result<(), Reject>) {
+        match result {
+            Ok(()) => self.bytes(b"Ok(())"),
+            Err(_) => {
+                let _ = write!(self, "{result:?}");
+            }
         }
     }
 }
@@ -343,7 +515,6 @@ impl fmt::Write for Fnv {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use core::fmt::Write as _;
 
     #[test]
     fn fnv_matches_reference_vectors() {
@@ -360,6 +531,40 @@ mod tests {
         g.bytes(b"foobar");
         assert_eq!(h, g);
         assert_eq!(g.0, 0x85944171f73967e8);
+    }
+
+    #[test]
+    fn fast_debug_hashes_the_same_bytes() {
+        use syncopate::{DropReason, Version, WorkerId};
+        let mut fast = FastDebug::default();
+        let weights = [0.125, 1.0, 0.0, -0.0, 1e-7, 1e20, 1.0 / 3.0, f64::NAN, f64::INFINITY, 0.125];
+        let big = [0, 1, 9, 10, 99, 100, 12_345, u64::from(u32::MAX), u64::MAX];
+        let mut events = Vec::new();
+        for (i, &weight) in weights.iter().enumerate() {
+            let x = big[i % big.len()];
+            let y = big[(i + 3) % big.len()];
+            events.push(ServerEvent::Applied {
+                worker: WorkerId(x as u32),
+                base: Version(x),
+                version: Version(y),
+                staleness: y,
+                weight,
+            });
+            events.push(ServerEvent::ModelUpdated { version: Version(x), contributions: y as u32 });
+        }
+        events.push(ServerEvent::Dropped { worker: WorkerId(3), base: Version(7), reason: DropReason::Stale });
+        for e in &events {
+            let (mut a, mut b) = (Fnv::new(), Fnv::new());
+            fast.server_event(&mut a, e);
+            write!(b, "{e:?}").unwrap();
+            assert_eq!(a, b, "{e:?}");
+        }
+        for r in [Ok(()), Err(Reject::Stopped)] {
+            let (mut a, mut b) = (Fnv::new(), Fnv::new());
+            a.result(&r);
+            write!(b, "{r:?}").unwrap();
+            assert_eq!(a, b);
+        }
     }
 
     #[test]

@@ -291,6 +291,9 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
             }
             _ => None,
         };
+        // CANARY (planted bug, test builds only): a late gradient joins the current round.
+        #[cfg(feature = "_canary")]
+        let base = if crate::canary::is_on(crate::canary::Canary::LateGradientAdded) { self.version } else { base };
         if base < self.version {
             self.stats.count_drop(DropReason::Stale);
             self.queue.push(ServerItem::Event(ServerEvent::Dropped { worker: from, base, reason: DropReason::Stale }));

@@ -43,11 +43,11 @@ pub mod wbsp;
 mod worker;
 
 pub use any::{AnyServer, AnyWorker, ProtocolConfig, WorkerSetup};
-pub use validate::{GradientPolicy, LargeGradient};
-pub use worker::{GradientWorker, GradientWorkerConfig};
 #[cfg(test)]
 #[allow(unused_imports)]
 pub(crate) use testkit::{ToServerOwned, ToWorkerOwned};
+pub use validate::{GradientPolicy, LargeGradient};
+pub use worker::{GradientWorker, GradientWorkerConfig};
 
 use crate::error::Reject;
 use crate::id::{ComputeId, Version, WorkerId};

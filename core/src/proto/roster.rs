@@ -74,6 +74,11 @@ impl Roster {
     /// Refuses a sequence number already used (duplicate or replay).
     pub(crate) fn check_seq(&self, id: WorkerId, seq: u64) -> Result<(), Reject> {
         let i = self.check_member(id)?;
+        // CANARY (planted bug, test builds only): deduplication off, a replay is accepted.
+        #[cfg(feature = "_canary")]
+        if crate::canary::is_on(crate::canary::Canary::DedupOff) {
+            return Ok(());
+        }
         match self.next_seq.get(i) {
             Some(next) if seq >= *next => Ok(()),
             _ => Err(Reject::Duplicate { worker: id, seq }),

@@ -93,7 +93,12 @@ impl ToServerOwned {
             }
             Self::Delta { round, local_steps, seq, values } => {
                 fill(values);
-                ToServer::Delta { round: Version(*round), local_steps: *local_steps, seq: *seq, values: Values::Slice(buf) }
+                ToServer::Delta {
+                    round: Version(*round),
+                    local_steps: *local_steps,
+                    seq: *seq,
+                    values: Values::Slice(buf),
+                }
             }
             Self::Pull { have, min_clock } => ToServer::Pull { have: Version(*have), min_clock: *min_clock },
             Self::Clock { clock, seq, values } => {

@@ -342,11 +342,16 @@ impl<T: Scalar, S: Buffer<T>> BapServer<T, S> {
         self.accs.as_mut().get_mut(start..start.checked_add(dim)?)
     }
 
-    /// When the head iteration times out, if it has a gradient and a limit is set.
+    /// When the head iteration times out, if a limit is set and it has a gradient. An empty
+    /// head behind a later open iteration that has one (the head's gradients were lost)
+    /// counts from that later iteration's first gradient.
     fn head_deadline(&self) -> Option<Instant> {
         let t_max = self.config.iteration_timeout?;
-        let slot = self.slots.get(self.slot_index(self.version.0.saturating_add(1))?)?;
-        let first = slot.first?;
+        let head = self.slots.get(self.slot_index(self.version.0.saturating_add(1))?)?;
+        let first = match head.first {
+            Some(first) => first,
+            None => self.slots.iter().take(self.open() as usize).filter_map(|s| s.first).min()?,
+        };
         let from = match self.config.timeout_from {
             TimeoutFrom::LaterOfBoth => first.max(self.published),
             TimeoutFrom::FirstGradient => first,
@@ -368,11 +373,11 @@ impl<T: Scalar, S: Buffer<T>> BapServer<T, S> {
             let head = self.version.0.saturating_add(1);
             let Some(k) = self.slot_index(head) else { return };
             let Some(slot) = self.slots.get(k) else { return };
-            if slot.got.is_empty() {
-                return;
-            }
             let live = self.roster.live();
-            let complete = (0..self.n()).map(|i| WorkerId(i as u32)).all(|w| !live.contains(w) || slot.got.contains(w));
+            // An empty head is never complete; it closes only by timeout, when a later
+            // iteration has a gradient (its own were lost).
+            let complete = !slot.got.is_empty()
+                && (0..self.n()).map(|i| WorkerId(i as u32)).all(|w| !live.contains(w) || slot.got.contains(w));
             let timed_out = self.head_deadline().is_some_and(|d| now >= d);
             if !complete && !timed_out {
                 return;
@@ -470,6 +475,13 @@ impl<T: Scalar, S: Buffer<T>> BapServer<T, S> {
             }
         }
         let lag = j - 1 - base.0;
+        #[allow(unused_mut)]
+        let mut bound = self.s;
+        // CANARY (planted bug, test builds only): the staleness bound is off by one.
+        #[cfg(feature = "_canary")]
+        if crate::canary::is_on(crate::canary::Canary::StalenessBoundPlusOne) {
+            bound = bound.saturating_add(1);
+        }
         let outcome = if j <= self.version.0 {
             Err(match self.missed.get(i) {
                 Some(&(it, reason)) if it >= j => reason,
@@ -477,7 +489,7 @@ impl<T: Scalar, S: Buffer<T>> BapServer<T, S> {
             })
         } else {
             match slot_k {
-                Some(k) if lag <= self.s => Ok(k),
+                Some(k) if lag <= bound => Ok(k),
                 _ => Err(DropReason::OverStalenessBound),
             }
         };

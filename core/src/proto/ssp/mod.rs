@@ -210,6 +210,8 @@ pub struct SspServer<T, S> {
     last_sent: [u64; MAX_WORKERS],
     /// Per worker: its own updates applied since that model.
     own_since: [u64; MAX_WORKERS],
+    /// Per worker: the epoch of its last `Join`.
+    epochs: [Option<u32>; MAX_WORKERS],
     roster: Roster,
     stall: StallWatch,
     stats: ServerStats,
@@ -243,6 +245,7 @@ impl<T: Scalar, S: Buffer<T>> SspServer<T, S> {
             pending: [None; MAX_WORKERS],
             last_sent: [version.0; MAX_WORKERS],
             own_since: [0; MAX_WORKERS],
+            epochs: [None; MAX_WORKERS],
             roster,
             stall,
             stats: ServerStats::default(),
@@ -335,12 +338,20 @@ impl<T: Scalar, S: Buffer<T>> SspServer<T, S> {
         if fresh {
             self.queue.push(ServerItem::Event(ServerEvent::WorkerJoined { worker: from, epoch }));
         }
-        // A joining SSP worker has no state: it starts at the server clock.
-        if let Some(c) = self.clocks.get_mut(i) {
-            *c = self.clock;
-        }
-        if let Some(p) = self.pending.get_mut(i) {
-            *p = None;
+        let server_clock = self.clock;
+        if let (Some(c), Some(e), Some(p)) = (self.clocks.get_mut(i), self.epochs.get_mut(i), self.pending.get_mut(i)) {
+            if *e == Some(epoch) {
+                // The same session again (a retransmitted or delayed `Join`): the worker may
+                // be past the server clock already, and its updates are in (a repeat of its
+                // last `Clock` would be refused as a duplicate), so its clock never goes down.
+                *c = (*c).max(server_clock);
+            } else {
+                // A new session starts from nothing: at the server clock (the clock of the
+                // model it receives), with no pull of the old session parked.
+                *c = server_clock;
+                *p = None;
+                *e = Some(epoch);
+            }
         }
         self.send_model(from);
         self.advance(now);

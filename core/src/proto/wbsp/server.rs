@@ -105,6 +105,11 @@ impl<T: Scalar, S: Buffer<T>> WbspServer<T, S> {
     /// Whether every live worker uploaded in the open round.
     fn complete(&self) -> bool {
         let n = self.roster.n();
+        // CANARY (planted bug, test builds only): a lost worker is still waited for.
+        #[cfg(feature = "_canary")]
+        if crate::canary::is_on(crate::canary::Canary::LostWorkerAwaited) {
+            return (0..n as u32).map(WorkerId).all(|w| self.got.contains(w));
+        }
         (0..n as u32).map(WorkerId).all(|w| self.got.contains(w) || !self.roster.is_live(w))
     }
 
