@@ -37,27 +37,29 @@ type Decision = (u64, u32, f32, f32, f32, f32, f32);
 fn run(protocol: ProtocolConfig, seed: u64, w: &Workload) -> (SimReport, Vec<Decision>) {
     let mut decisions = Vec::new();
     let report = sim::run_observed(&config(protocol, seed), w, &mut |o| {
-        if let Observation::Server { event, .. } = o {
-            if let ServerEvent::BackupChosen {
-                version,
-                k,
-                tau_estimate,
-                observed_iteration_time,
-                l_eta_estimate,
-                g_estimate,
-                s_estimate,
-            } = *event
-            {
-                decisions.push((
-                    version.0,
+        if let Observation::Server {
+            event:
+                ServerEvent::BackupChosen {
+                    version,
                     k,
                     tau_estimate,
                     observed_iteration_time,
                     l_eta_estimate,
                     g_estimate,
                     s_estimate,
-                ));
-            }
+                },
+            ..
+        } = o
+        {
+            decisions.push((
+                version.0,
+                k,
+                tau_estimate,
+                observed_iteration_time,
+                l_eta_estimate,
+                g_estimate,
+                s_estimate,
+            ));
         }
     });
     (report, decisions)
