@@ -53,12 +53,12 @@ fn run(protocol: ProtocolConfig, seed: u64, w: &Workload) -> (SimReport, Vec<Dec
         {
             decisions.push((
                 version.0,
-                k,
-                tau_estimate,
-                observed_iteration_time,
-                l_eta_estimate,
-                g_estimate,
-                s_estimate,
+                *k,
+                *tau_estimate,
+                *observed_iteration_time,
+                *l_eta_estimate,
+                *g_estimate,
+                *s_estimate,
             ));
         }
     });
