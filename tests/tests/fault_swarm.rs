@@ -18,7 +18,6 @@ fn swarm(crashes: bool) {
             continue;
         }
         let before = failures.len();
-        let mut open_liveness = 0u64;
         let mut total = Counts::default();
         let t = std::time::Instant::now();
         for seed in first..first + seeds {
@@ -29,20 +28,11 @@ fn swarm(crashes: bool) {
             let r = Sim::new(spec).run();
             total.add(&r.counts);
             if let Some(v) = r.violation {
-                if !crashes && matches!(name, "ssp" | "bap") && v.starts_with("L1") {
-                    // Open finding: SSP/BAP stop making progress after lost or partitioned
-                    // messages (TESTING.md). Safety violations still fail the test.
-                    open_liveness += 1;
-                    if open_liveness == 1 {
-                        println!("OPEN {name}: {v}");
-                    }
-                } else {
-                    failures.push(v);
-                }
+                failures.push(v);
             }
         }
         println!(
-            "sim: protocol={name} seeds={seeds} open_liveness={open_liveness} steps={} sent={} lost={} duplicated={} delayed={} partitions={} crashes={} server_restarts={} applied={} dropped={} rejected={} updates={} checks={} max_quiet_ticks={} secs={:.2}",
+            "sim: protocol={name} seeds={seeds} steps={} sent={} lost={} duplicated={} delayed={} partitions={} crashes={} server_restarts={} applied={} dropped={} rejected={} updates={} checks={} max_quiet_ticks={} secs={:.2}",
             total.steps,
             total.sent,
             total.lost,
@@ -66,17 +56,14 @@ fn swarm(crashes: bool) {
     assert!(failures.is_empty(), "{} seeds failed", failures.len());
 }
 
-/// Fast tier: every fault kind except worker crashes (see TESTING.md, open findings).
+/// Fast tier: every fault kind except worker crashes. Safety and liveness violations fail.
 #[test]
 fn swarm_network_and_server_faults() {
     swarm(false);
 }
 
-/// Every fault kind including worker crash/restart. Currently finds C1 violations (the same
-/// `(worker, epoch, seq)` accepted twice after a `handle_worker_lost`) in every protocol:
-/// see TESTING.md. Run with `cargo test -p syncopate-tests --test fault_swarm -- --ignored`.
+/// Every fault kind including worker crash/restart.
 #[test]
-#[ignore = "open finding: duplicate acceptance after worker loss (TESTING.md)"]
 fn swarm_with_worker_crashes() {
     swarm(true);
 }

@@ -155,14 +155,17 @@ pub enum ServerEvent {
     Applied {
         /// Who sent it.
         worker: WorkerId,
-        /// The version it was computed on.
+        /// The version it was computed on. SSP: the version of the last model the server
+        /// sent to that worker (the base of its cache).
         base: Version,
         /// The model version that first includes it.
         version: Version,
-        /// Updates applied between `base` and this one (`version - 1 - base`).
+        /// Updates applied between `base` and this one (`version - 1 - base`). SSP: only
+        /// other workers' updates (the worker's own are in its cache).
         staleness: u64,
         /// The factor it was multiplied by before the learning rate (1/k for a mean of k,
-        /// times any clipping factor).
+        /// times any clipping factor). SSP: only the clipping factor, since its payload is
+        /// already the step `−η_step · g`.
         weight: f64,
     },
     /// A valid contribution was discarded.

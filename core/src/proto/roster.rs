@@ -80,7 +80,9 @@ impl Roster {
             return Ok(());
         }
         match self.next_seq.get(i) {
-            Some(next) if seq >= *next => Ok(()),
+            // `u64::MAX` is never accepted: the high-water mark saturates there, so once used
+            // it could not refuse its own replay.
+            Some(next) if seq >= *next && seq != u64::MAX => Ok(()),
             _ => Err(Reject::Duplicate { worker: id, seq }),
         }
     }
@@ -139,5 +141,7 @@ mod tests {
         assert!(r.check_seq(WorkerId(0), 5).is_err());
         assert!(r.check_seq(WorkerId(0), first_seq(2) - 1).is_err());
         r.check_seq(WorkerId(0), first_seq(2)).unwrap();
+        // The last number is reserved: accepting it would make its replay indistinguishable.
+        assert!(r.check_seq(WorkerId(0), u64::MAX).is_err());
     }
 }

@@ -48,7 +48,9 @@
 //! - **The timeout's reference point** ([`BapConfig::timeout_from`]): the default
 //!   [`TimeoutFrom::LaterOfBoth`] starts the clock of iteration `j` at its first gradient,
 //!   or at the publication of `w_{j−1}` if that is later (PROTOCOLS.md); the other two
-//!   variants use one of the two alone. An iteration with no gradient is never closed.
+//!   variants use one of the two alone. An iteration with no gradient is closed (by
+//!   timeout, the model unchanged, `ModelUpdated{contributions: 0}`) only when a later open
+//!   iteration has one: its own were lost. Its deadline counts from that later gradient.
 //! - **Lost workers**: an iteration is complete when every *live* worker has contributed;
 //!   a worker the transport declared lost is not waited for (its late gradients are
 //!   dropped with [`DropReason::WorkerLost`]). A message from it makes it live again.
@@ -86,6 +88,18 @@
 //!   drops); `None` waits forever.
 //! - [`BapConfig::learning_rate`]: as for BSP (updates average the gradients received).
 //! - [`BapConfig::gradient_policy`], [`BapConfig::stall_report`]: as for BSP.
+//!
+//! # Liveness under message loss
+//!
+//! With [`WorkerSetup::rejoin_after`] set, no lost message hangs BAP, with or without a
+//! time limit: a joining worker re-sends `Join`; a pulling worker re-sends its last `Grad`
+//! (refused as a duplicate if it arrived) and its `Pull`. A worker that ran ahead (`s_bap >
+//! 0`) keeps only its last gradient, so an earlier lost one is recovered by the server: a
+//! repeated parked pull from a worker whose gradient of the head iteration is missing is
+//! answered with the model the worker already has, and a worker receiving the model it
+//! holds while blocked computes iteration `version + 1` again (copies the server already
+//! has are refused as duplicates). With a time limit, the head also closes without it, and
+//! an empty head behind later gradients closes too (see above).
 //!
 //! # Liveness when a worker dies
 //!
@@ -537,7 +551,18 @@ impl<T: Scalar, S: Buffer<T>> BapServer<T, S> {
                 self.queue.push(ServerItem::NotNewer { to: from, version: self.version });
             }
         } else {
-            *slot = Some(min_clock);
+            let again = slot.replace(min_clock).is_some();
+            // A parked puller is past the head iteration (its next iteration is above
+            // `min_clock > v`). If it pulls again (its retry after `rejoin_after`, which
+            // re-sends its last gradient first) and its gradient of the head is still
+            // missing, that gradient was lost: re-send the model the worker has, which tells
+            // it to compute the head again (a late original or a second copy is then refused
+            // as a duplicate, or dropped once the iteration closed).
+            let head = self.version.0.saturating_add(1);
+            let missing = self.slot_index(head).and_then(|k| self.slots.get(k)).is_some_and(|s| !s.got.contains(from));
+            if again && missing {
+                self.queue.push(ServerItem::Model { to: Recipient::Worker(from) });
+            }
         }
         Ok(())
     }
@@ -757,6 +782,15 @@ impl<T: Scalar, S: Buffer<T>> BapWorker<T, S> {
         values.check_len(self.dim())?;
         if self.phase == Phase::Stopped {
             return Err(Reject::Stopped);
+        }
+        if let Phase::Pulling { min, .. } = self.phase {
+            if self.has_model && version == self.cache_version && version.0 < min {
+                // The server re-sent the model we hold without satisfying the pull: it lacks
+                // our gradient of iteration `version + 1` (lost). Compute it again.
+                self.next = version.0.saturating_add(1);
+                self.proceed(now);
+                return Ok(());
+            }
         }
         if self.has_model && version <= self.cache_version {
             return Err(if version == self.cache_version {

@@ -524,3 +524,90 @@ proptest! {
         prop_assert_eq!(st.accepted, st.applied + st.dropped_total() + s.open_gradients());
     }
 }
+
+/// Regression (swarm seed 38): every gradient of iteration 1 was lost while iteration 2's
+/// arrived. An iteration with no gradient never timed out, so version 1 never came and the
+/// workers, blocked on it, hung. Now an empty head behind a later iteration with gradients
+/// times out (counted from that iteration's first gradient) and closes without a change.
+#[test]
+fn an_empty_head_behind_a_later_iteration_times_out() {
+    let mut c = BapConfig::new(2, 0.5, 1);
+    c.iteration_timeout = Some(Duration::from_millis(10));
+    let mut s = server_with(c, 1);
+    s.handle(ms(2), WorkerId(0), grad(0, 2, 1, &[2.0])).unwrap();
+    s.handle(ms(3), WorkerId(1), grad(0, 2, 1, &[4.0])).unwrap();
+    s.handle(ms(3), WorkerId(0), pull(0, 1)).unwrap();
+    assert_eq!(s.poll_timeout(), Some(ms(12)));
+    let _ = drain(&mut s);
+    s.handle_timeout(ms(12));
+    // Iteration 1 closes empty (the model does not move), then iteration 2 is complete.
+    assert_eq!(s.version(), Version(2));
+    assert_eq!(s.params(), &[-0.5]); // 1 - 0.5 * mean(2, 4)
+    let (events, sends) = drain(&mut s);
+    assert!(events.contains(&ServerEvent::ModelUpdated { version: Version(1), contributions: 0 }));
+    assert!(events.contains(&ServerEvent::ModelUpdated { version: Version(2), contributions: 2 }));
+    assert!(sends.contains(&(Recipient::Worker(WorkerId(0)), ToWorkerOwned::Abort { iteration: 1 })));
+    assert_eq!(s.stats().applied, 2);
+    // Nothing open: no deadline, and an empty server never closes anything.
+    assert_eq!(s.poll_timeout(), None);
+}
+
+/// Regression: without a time limit, a gradient lost while the worker ran ahead (`s_bap >
+/// 0`) was never sent again (the worker retries only its last one), and the iteration
+/// waited for it forever. The server now answers a repeated parked pull from a worker
+/// missing from the head with the model it already has, and the worker computes the head
+/// again.
+#[test]
+fn a_lost_gradient_is_computed_again_without_a_time_limit() {
+    let c = BapConfig::new(2, 0.5, 1);
+    let mut s = server_with(c, 1);
+    let mut cfg = setup(0);
+    cfg.rejoin_after = Some(Duration::from_millis(100));
+    let mut w: Wrk = BapWorker::new(c, cfg, vec![0.0; 1], vec![0.0; 1]).unwrap();
+    let _ = drain_worker(&mut w);
+    w.handle(T0, model(0, &[1.0])).unwrap();
+    assert!(matches!(drain_worker(&mut w)[..], [Out::Compute(ComputeId(0), Version(0), _)]));
+    // Iteration 1's gradient and pull are lost; the worker's pull (min 0) is answered anyway.
+    w.handle_gradient(T0, ComputeId(0), &[2.0]).unwrap();
+    let _ = drain_worker(&mut w);
+    w.handle(T0, ToWorker::NotNewer { version: Version(0) }).unwrap();
+    let _ = drain_worker(&mut w);
+    // Iteration 2 arrives, then the pull for version 1 is parked.
+    w.handle_gradient(T0, ComputeId(1), &[4.0]).unwrap();
+    for out in drain_worker(&mut w) {
+        if let Out::Send(m) = out {
+            let mut buf = Vec::new();
+            s.handle(T0, WorkerId(0), m.as_msg::<f64>(&mut buf)).unwrap();
+        }
+    }
+    assert!(drain(&mut s).1.is_empty(), "a first pull overtaking the gradient just waits");
+    // The worker's retry: its last gradient (a duplicate now) and the pull again.
+    w.handle_timeout(ms(100));
+    for out in drain_worker(&mut w) {
+        if let Out::Send(m) = out {
+            let mut buf = Vec::new();
+            let _ = s.handle(T0, WorkerId(0), m.as_msg::<f64>(&mut buf));
+        }
+    }
+    let (_, sends) = drain(&mut s);
+    assert_eq!(
+        sends,
+        [(Recipient::Worker(WorkerId(0)), ToWorkerOwned::Model { version: 0, clock: 0, values: vec![1.0] })]
+    );
+    w.handle(T0, model(0, &[1.0])).unwrap();
+    assert!(matches!(drain_worker(&mut w)[..], [Out::Compute(ComputeId(2), Version(0), _)]));
+    assert_eq!(w.iteration(), 1);
+    w.handle_gradient(T0, ComputeId(2), &[2.0]).unwrap();
+    let outs = drain_worker(&mut w);
+    assert!(outs.contains(&Out::Send(ToServerOwned::Grad { base: 0, iteration: 1, seq: 2, values: vec![2.0] })));
+    for out in outs {
+        if let Out::Send(m) = out {
+            let mut buf = Vec::new();
+            s.handle(T0, WorkerId(0), m.as_msg::<f64>(&mut buf)).unwrap();
+        }
+    }
+    s.handle(T0, WorkerId(1), grad(0, 1, 0, &[6.0])).unwrap();
+    s.handle(T0, WorkerId(1), grad(0, 2, 1, &[8.0])).unwrap();
+    assert_eq!(s.version(), Version(2));
+    assert_eq!(s.stats().applied, 4);
+}

@@ -60,9 +60,15 @@
 //! - **Server clock over live workers.** A worker declared lost (by the transport, a
 //!   `Leave`) no longer holds the server clock back. If it comes back (a message, a join),
 //!   its clock is raised to the server clock so the server clock never moves backwards.
-//! - **Staleness reported** in [`ServerEvent::Applied`]: `base` is the version of the last
-//!   model the server sent to that worker, `staleness` the number of *other* workers'
-//!   updates applied since then (the worker's own are in its cache).
+//! - **Sessions.** A worker restarting with a new epoch starts at the server clock (the
+//!   clock of the model it receives). The session starts at its `Join` or at its first
+//!   `Clock`, whichever arrives first (`seq` carries the epoch, `crate::id::first_seq`); a
+//!   repeated or late `Join` of the current session never lowers the worker's clock.
+//! - **What [`ServerEvent::Applied`] reports.** `base` is the version of the last model the
+//!   server sent to that worker (its cache's base; not the `Clock`'s clock), `staleness` the
+//!   number of *other* workers' updates applied since then (the worker's own are in its
+//!   cache), and `weight` only the clipping factor (1 unless clipped): the payload already
+//!   is the step `u = −η_step · g`, so the model moves by `weight · u`.
 //!
 //! # Messages
 //!
@@ -89,6 +95,14 @@
 //!   learning rate with the default `Averaged` step.
 //! - [`SspConfig::gradient_policy`]: norm bound on gradients (see "who scales").
 //! - [`SspConfig::stall_report`]: how often to report a stall.
+//!
+//! # Liveness under message loss
+//!
+//! With [`WorkerSetup::rejoin_after`] set, no lost message hangs SSP: a joining worker
+//! re-sends `Join`; a blocked worker re-sends its last `Clock` (refused as a duplicate if
+//! it arrived) and its `Pull` (parked again, answered when it can be). A lost earlier
+//! update is not needed for progress (worker clocks only go up). Without `rejoin_after`, a
+//! lost `Join`, `Clock`, `Pull` or `Model` blocks that worker for good.
 //!
 //! # Liveness when a worker dies
 //!
@@ -377,6 +391,18 @@ impl<T: Scalar, S: Buffer<T>> SspServer<T, S> {
         let i = from.index();
         if !self.roster.is_live(from) {
             self.readmit(i);
+        }
+        // Sequence numbers are namespaced by epoch (`first_seq(epoch) = epoch << 32`): an
+        // update of a session the server has not seen join yet (its `Join` is late; the
+        // worker started on another model sent to it) starts that session here, so the late
+        // `Join` counts as a repeat and does not pull the clock back.
+        let session = u32::try_from(seq >> 32).unwrap_or(u32::MAX);
+        let server_clock = self.clock;
+        if let (Some(e), Some(c)) = (self.epochs.get_mut(i), self.clocks.get_mut(i)) {
+            if *e != Some(session) {
+                *e = Some(session);
+                *c = server_clock;
+            }
         }
         self.roster.commit_seq(from, seq);
         self.stats.accepted += 1;

@@ -434,3 +434,101 @@ proptest! {
         prop_assert_eq!(st.dropped_for(DropReason::Stale), 0);
     }
 }
+
+/// Regression (swarm seed 13): a duplicated or delayed `Join` of the current session reset
+/// the worker's clock at the server to the server clock. The worker's updates were already
+/// in, so the repeat of its last `Clock` was refused as a duplicate and the server clock
+/// stayed behind for good: every puller hung.
+#[test]
+fn a_repeated_join_does_not_lower_a_running_workers_clock() {
+    let mut s = server(2, 1, 1);
+    s.handle(T0, WorkerId(0), ToServer::Join { epoch: 0 }).unwrap();
+    s.handle(T0, WorkerId(1), ToServer::Join { epoch: 0 }).unwrap();
+    s.handle(T0, WorkerId(0), clock(0, 0, &[-0.5])).unwrap();
+    s.handle(T0, WorkerId(0), clock(1, 1, &[-0.5])).unwrap();
+    // Worker 0 is at clock 2 and pulls for server clock 1.
+    s.handle(T0, WorkerId(0), ToServer::Pull { have: Version(0), min_clock: 1 }).unwrap();
+    let _ = drain_server(&mut s);
+    // The network delivers a second copy of worker 0's join.
+    s.handle(T0, WorkerId(0), ToServer::Join { epoch: 0 }).unwrap();
+    assert_eq!(s.worker_clock(WorkerId(0)), Some(2));
+    assert!(s.is_waiting(WorkerId(0)), "the parked pull of the same session stays parked");
+    // Its retry of the last update is a duplicate, and changes nothing.
+    assert!(s.handle(T0, WorkerId(0), clock(1, 1, &[-0.5])).is_err());
+    let _ = drain_server(&mut s);
+    // Worker 1 finishes clock 0: the server clock reaches 1 and the pull is answered.
+    s.handle(T0, WorkerId(1), clock(0, 0, &[-0.5])).unwrap();
+    assert_eq!(s.clock(), 1);
+    let (_, sends) = drain_server(&mut s);
+    assert!(
+        sends
+            .iter()
+            .any(|(to, m)| *to == Recipient::Worker(WorkerId(0)) && matches!(m, ToWorkerOwned::Model { clock: 1, .. }))
+    );
+}
+
+/// Regression (swarm with worker crashes, seed 9): a crashed worker restarts with a new
+/// epoch and starts at the server clock; a repeat of its new join (its retry after a lost
+/// model, or a network duplicate) once it has run ahead must not pull its clock back to the
+/// server clock, and the old session's parked pull is forgotten.
+#[test]
+fn a_worker_restarting_with_a_new_epoch_starts_at_the_server_clock() {
+    let mut s = server(2, 1, 1);
+    for w in 0..2 {
+        s.handle(T0, WorkerId(w), ToServer::Join { epoch: 0 }).unwrap();
+        s.handle(T0, WorkerId(w), clock(0, 0, &[-0.5])).unwrap();
+    }
+    s.handle(T0, WorkerId(0), clock(1, 1, &[-0.5])).unwrap();
+    s.handle(T0, WorkerId(0), clock(2, 2, &[-0.5])).unwrap();
+    s.handle(T0, WorkerId(0), ToServer::Pull { have: Version(0), min_clock: 2 }).unwrap();
+    assert_eq!((s.clock(), s.worker_clock(WorkerId(0))), (1, Some(3)));
+    // Worker 0 crashes and restarts with epoch 1; the transport told the server.
+    s.handle_worker_lost(T0, WorkerId(0)).unwrap();
+    let _ = drain_server(&mut s);
+    s.handle(T0, WorkerId(0), ToServer::Join { epoch: 1 }).unwrap();
+    assert_eq!(s.worker_clock(WorkerId(0)), Some(1));
+    assert!(!s.is_waiting(WorkerId(0)));
+    let (_, sends) = drain_server(&mut s);
+    let Some((_, ToWorkerOwned::Model { version, clock: c, values })) =
+        sends.iter().find(|(to, _)| *to == Recipient::Worker(WorkerId(0)))
+    else {
+        panic!("no model for the new session: {sends:?}")
+    };
+    // The new worker takes that clock and runs two clocks ahead.
+    let mut cfg = setup(0);
+    cfg.epoch = 1;
+    let mut w: Wrk = SspWorker::new(SspConfig::new(2, 0.5, 1), cfg, vec![0.0; 1], vec![0.0; 1]).unwrap();
+    let _ = drain_worker(&mut w);
+    w.handle(T0, model(*version, *c, values)).unwrap();
+    assert_eq!(w.clock(), 1);
+    let seq = crate::id::first_seq(1);
+    s.handle(T0, WorkerId(0), clock(1, seq, &[-0.5])).unwrap();
+    s.handle(T0, WorkerId(0), clock(2, seq + 1, &[-0.5])).unwrap();
+    // A repeat of its join must not lower its clock (its updates are in).
+    s.handle(T0, WorkerId(0), ToServer::Join { epoch: 1 }).unwrap();
+    assert_eq!(s.worker_clock(WorkerId(0)), Some(3));
+    s.handle(T0, WorkerId(1), clock(1, 1, &[-0.5])).unwrap();
+    s.handle(T0, WorkerId(1), clock(2, 2, &[-0.5])).unwrap();
+    assert_eq!(s.clock(), 3);
+}
+
+/// Regression (swarm with worker crashes, seed 811 of 2000): a restarted worker took a model
+/// answering a pull of its previous session, so its new session's updates reached the server
+/// before its (delayed) `Join`. The late join then reset its clock to the server clock
+/// although its updates were in, and the server clock stuck there.
+#[test]
+fn a_new_sessions_updates_overtaking_its_join_keep_their_clock() {
+    let mut s = server(2, 1, 1);
+    s.handle(T0, WorkerId(0), ToServer::Join { epoch: 0 }).unwrap();
+    s.handle(T0, WorkerId(1), ToServer::Join { epoch: 0 }).unwrap();
+    s.handle_worker_lost(T0, WorkerId(0)).unwrap();
+    let seq = crate::id::first_seq(1);
+    s.handle(T0, WorkerId(0), clock(0, seq, &[-0.5])).unwrap();
+    s.handle(T0, WorkerId(0), clock(1, seq + 1, &[-0.5])).unwrap();
+    assert_eq!(s.worker_clock(WorkerId(0)), Some(2));
+    s.handle(T0, WorkerId(0), ToServer::Join { epoch: 1 }).unwrap();
+    assert_eq!(s.worker_clock(WorkerId(0)), Some(2));
+    s.handle(T0, WorkerId(1), clock(0, 0, &[-0.5])).unwrap();
+    s.handle(T0, WorkerId(1), clock(1, 1, &[-0.5])).unwrap();
+    assert_eq!(s.clock(), 2);
+}
