@@ -2,5 +2,6 @@
 //! checker ([`fault`]), the seeded PRNG ([`rng`]) and the swarm runner used by the fault
 //! suite, the canaries and the fuzz targets.
 
+pub mod drive;
 pub mod fault;
 pub mod rng;
