@@ -1,5 +1,5 @@
 //! Real threads: one server thread and `n` worker threads in one process, connected by the
-//! [`channel`](crate::channel) star, computing real gradients of a [`Workload`], with
+//! [`crate::channel`] star, computing real gradients of a [`Workload`], with
 //! injected straggler delays.
 //!
 //! Each loop is the driving contract and nothing more: read the clock, feed one input,

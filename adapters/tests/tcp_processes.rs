@@ -213,3 +213,49 @@ fn wrong_secret_is_refused_on_both_sides_across_processes() {
     assert!(err.contains("--id 9 is out of range"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The grouped protocol with its group servers as their own processes: a central
+/// `serve --protocol asp --workers 2`, two `group` processes and four `work` processes reach
+/// the accuracy `train --protocol grouped --groups 2 --workers 4` reaches with threads.
+#[test]
+fn group_server_processes_train_like_in_process_grouped() {
+    let knobs = ["--protocol", "grouped", "--groups", "2", "--workers", "4", "--lr", "0.5"];
+    let mut train_args = vec!["train", "--steps", "300", "--json"];
+    train_args.extend_from_slice(&knobs);
+    let (code, out) = Proc::spawn(&train_args).finish(Duration::from_secs(60));
+    assert_eq!(code, 0, "train grouped");
+    let threads = json_field(&out, "final_accuracy");
+    // The central learning rate per aggregate is the grouped lr: `serve` divides by G.
+    let central_knobs = ["--protocol", "asp", "--workers", "2", "--lr", "1.0"];
+    let mut serve_args = vec!["--steps", "300", "--json", "--time-limit", "60"];
+    serve_args.extend_from_slice(&central_knobs);
+    let (central, central_addr) = serve(&serve_args);
+    let groups: Vec<(Proc, String)> = (0..2)
+        .map(|g| {
+            let g = g.to_string();
+            let mut all = vec!["group", "--listen", "127.0.0.1:0", "--connect", &central_addr, "--group", &g];
+            all.extend_from_slice(&knobs);
+            let p = Proc::spawn(&all);
+            let line = p.wait_err("listening on ", Duration::from_secs(20));
+            let addr = line.split("listening on ").nth(1).unwrap().split([' ', ',']).next().unwrap().to_owned();
+            (p, addr)
+        })
+        .collect();
+    let workers: Vec<Proc> = (0..4).map(|i| work(&groups[i as usize / 2].1, i, &knobs)).collect();
+    let (code, out) = central.finish(Duration::from_secs(90));
+    assert_eq!(code, 0, "central serve");
+    let tcp = json_field(&out, "final_accuracy");
+    for (g, _) in groups {
+        let (code, out) = g.finish(Duration::from_secs(10));
+        assert_eq!(code, 0, "group");
+        assert!(out.contains("finished (UpstreamStopped)"), "{out}");
+    }
+    for w in workers {
+        let (code, out) = w.finish(Duration::from_secs(10));
+        assert_eq!(code, 0, "work");
+        assert!(out.contains("stopped by the server"), "{out}");
+    }
+    eprintln!("grouped with group processes: {tcp:.4}, threads {threads:.4}");
+    assert!(tcp > 0.9, "{tcp}");
+    assert!((tcp - threads).abs() < 0.03, "processes {tcp} vs threads {threads}");
+}

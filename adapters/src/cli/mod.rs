@@ -5,6 +5,7 @@
 //! and exit code 2; a failure while running exits with 1.
 
 mod compare;
+mod group;
 mod protocol;
 mod serve;
 mod straggler;
@@ -45,6 +46,9 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Run one worker of a multi-process run over TCP, connecting to `serve`.
     Work(work::WorkArgs),
+    /// Run one group server of the grouped protocol over TCP: its members connect with
+    /// `work`, and it connects upstream to a central `serve --protocol asp --workers G`.
+    Group(group::GroupArgs),
 }
 
 /// The model, the data and the randomness of a run.
@@ -125,6 +129,7 @@ pub fn main() -> ExitCode {
         Command::Advise(args) => compare::advise(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Work(args) => work::run(&args),
+        Command::Group(args) => group::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

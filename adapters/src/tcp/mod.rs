@@ -15,6 +15,9 @@
 //! - [`worker`]: the worker loop: connect, handshake, drive the protocol's
 //!   [`AnyWorker`](syncopate::AnyWorker), compute gradients, reconnect with backoff.
 //! - [`checkpoint`]: the model and its version in a file, written atomically.
+//! - [`group`]: a group server of the grouped protocol as its own process: the server above
+//!   toward its member workers, and a worker-style session upstream to a central ASP server
+//!   (the generic [`TcpServer::drive`] with an [`Uplink`]).
 //!
 //! The byte layout of frames and the handshake is in `adapters/TCP.md`; the messages inside
 //! the frames are the core's wire format (`core/WIRE.md`).
@@ -25,13 +28,15 @@
 pub mod auth;
 pub mod checkpoint;
 pub mod frame;
+pub mod group;
 pub mod handshake;
 pub mod server;
 pub mod worker;
 
 pub use auth::{Secret, WorkerKey};
 pub use frame::FrameTimeout;
-pub use server::{Note, RunPlan, ServerHandle, ServerOptions, ServerReport, StopReason, TcpServer};
+pub use group::{GroupOptions, run_group};
+pub use server::{Driven, Note, RunPlan, ServerHandle, ServerOptions, ServerReport, StopReason, TcpServer, Uplink};
 pub use worker::{Backoff, WorkerOptions, WorkerReport, run_worker};
 
 use core::fmt;

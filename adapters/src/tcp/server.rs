@@ -35,10 +35,55 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Instant as StdInstant;
+use syncopate::proto::grouped::GroupServer;
 use syncopate::wire::{self, Limits};
 use syncopate::{
-    AnyServer, ProtocolConfig, Recipient, Server, ServerEvent, ServerOutput, ServerStats, Version, WorkerId,
+    AnyServer, Instant, ProtocolConfig, Recipient, Reject, Server, ServerEvent, ServerOutput, ServerStats, ToServer,
+    ToWorker, Version, WorkerId,
 };
+
+/// What a [`TcpServer`] drives: a protocol's server toward its workers and, for a server that
+/// is itself a worker of another server (a group server of the grouped protocol in its own
+/// process), its link upstream. The adapter only moves these messages; the protocol decides
+/// what they mean. A top-level server keeps the defaults (nothing goes upstream).
+pub trait Driven: Server<f32> {
+    /// The next message for the upstream server; `None` when drained.
+    fn poll_upstream(&mut self) -> Option<ToServer<'_, f32>> {
+        None
+    }
+
+    /// A message from the upstream server arrived at `now`.
+    fn handle_upstream(&mut self, now: Instant, msg: ToWorker<'_, f32>) -> Result<(), Reject> {
+        let _ = now;
+        Err(Reject::Unexpected { kind: msg.kind_name() })
+    }
+}
+
+impl Driven for AnyServer<f32, Vec<f32>> {}
+
+impl Driven for GroupServer<f32, Vec<f32>> {
+    fn poll_upstream(&mut self) -> Option<ToServer<'_, f32>> {
+        Self::poll_upstream(self)
+    }
+
+    fn handle_upstream(&mut self, now: Instant, msg: ToWorker<'_, f32>) -> Result<(), Reject> {
+        Self::handle_upstream(self, now, msg)
+    }
+}
+
+/// An established session with an upstream server (see [`TcpServer::drive`]): the streams
+/// after a successful client handshake.
+#[derive(Debug)]
+pub struct Uplink {
+    /// The upstream server's address, for log lines.
+    pub addr: String,
+    /// The connection.
+    pub stream: TcpStream,
+    /// Reads the session's frames.
+    pub reader: FrameReader,
+    /// Writes the session's frames.
+    pub writer: FrameWriter<BufWriter<TcpStream>>,
+}
 
 /// Settings of a [`TcpServer`].
 #[derive(Clone, Debug)]
@@ -109,6 +154,11 @@ pub enum StopReason {
     /// [`ServerHandle::crash`] was called: the server vanished without a word (tests of
     /// restarts).
     Crashed,
+    /// The upstream server said stop; the workers were told to stop.
+    UpstreamStopped,
+    /// The upstream connection was lost: the connections were cut without a word, so the
+    /// workers reconnect to a restarted process.
+    UpstreamLost,
 }
 
 /// What the server reports while it runs.
@@ -216,6 +266,14 @@ enum Inbound {
         worker: WorkerId,
         reason: String,
     },
+    Upstream {
+        buf: Vec<u8>,
+        start: usize,
+        end: usize,
+    },
+    UpstreamClosed {
+        reason: String,
+    },
 }
 
 struct Conn {
@@ -282,6 +340,11 @@ impl TcpServer {
         self.listener.local_addr().map_err(|e| TcpError(format!("listener address: {e}")))
     }
 
+    /// The settings the server was bound with.
+    pub fn options(&self) -> &ServerOptions {
+        &self.options
+    }
+
     /// A handle to stop the run from another thread.
     pub fn handle(&self) -> ServerHandle {
         ServerHandle(Arc::clone(&self.control))
@@ -296,14 +359,38 @@ impl TcpServer {
         plan: &RunPlan,
         note: &mut dyn FnMut(Note<'_>),
     ) -> Result<ServerReport, TcpError> {
-        let Self { listener, options, control } = self;
-        let dim = options.dim;
+        let dim = self.options.dim;
         if params.len() != dim {
             return Err(TcpError(format!("the model has {} parameters, the server expects {dim}", params.len())));
         }
-        let scratch = vec![0.0f32; options.protocol.server_scratch_len(dim)];
-        let server = AnyServer::resume(&options.protocol, params, scratch, version)
+        let scratch = vec![0.0f32; self.options.protocol.server_scratch_len(dim)];
+        let server = AnyServer::resume(&self.options.protocol, params, scratch, version)
             .map_err(|e| TcpError(format!("invalid protocol settings: {e}")))?;
+        self.drive(server, None, plan, note)
+    }
+
+    /// Serves `server` (built for `options.protocol` on a model of `options.dim`) until the
+    /// plan says stop, exactly as [`run`](Self::run) does, and, with an `uplink`, carries its
+    /// [`Driven::poll_upstream`] messages to the upstream server and the replies back to
+    /// [`Driven::handle_upstream`]. The run then also ends when the upstream server says stop
+    /// ([`StopReason::UpstreamStopped`]) or the upstream connection is lost
+    /// ([`StopReason::UpstreamLost`]).
+    pub fn drive<S: Driven>(
+        self,
+        server: S,
+        uplink: Option<Uplink>,
+        plan: &RunPlan,
+        note: &mut dyn FnMut(Note<'_>),
+    ) -> Result<ServerReport, TcpError> {
+        let Self { listener, options, control } = self;
+        let dim = options.dim;
+        if server.params().len() != dim {
+            return Err(TcpError(format!(
+                "the model has {} parameters, the server expects {dim}",
+                server.params().len()
+            )));
+        }
+        let version = server.version();
         listener.set_nonblocking(true).map_err(|e| TcpError(format!("listener: {e}")))?;
         let n = options.protocol.workers() as usize;
         let server_id = u64::from_le_bytes(
@@ -325,13 +412,20 @@ impl TcpServer {
         let (in_tx, in_rx) = bounded::<Inbound>(4 * n + 64);
         let accept = {
             let shared = Arc::clone(&shared);
+            let in_tx = in_tx.clone();
             thread::Builder::new()
                 .name("syncopate-accept".into())
                 .spawn(move || accept_loop(&listener, &shared, &in_tx))
                 .map_err(|e| TcpError(format!("cannot start the accept thread: {e}")))?
         };
+        let up = match uplink {
+            Some(link) => Some(start_uplink(link, &in_tx, options_send_queue(&shared))?),
+            None => None,
+        };
         let mut core = Core {
             server,
+            up,
+            upstream_end: None,
             shared: Arc::clone(&shared),
             conns: (0..n).map(|_| None).collect(),
             epoch: StdInstant::now(),
@@ -512,8 +606,12 @@ fn connection(stream: TcpStream, addr: SocketAddr, shared: &Arc<Shared>, tx: &Se
     let _ = stream.shutdown(Shutdown::Both);
 }
 
-struct Core {
-    server: AnyServer<f32, Vec<f32>>,
+struct Core<S> {
+    server: S,
+    /// The upstream session, if the server has one.
+    up: Option<Conn>,
+    /// Set when the upstream server said stop or its connection ended.
+    upstream_end: Option<StopReason>,
     shared: Arc<Shared>,
     conns: Vec<Option<Conn>>,
     epoch: StdInstant,
@@ -523,7 +621,7 @@ struct Core {
     last_version: Version,
 }
 
-impl Core {
+impl<S: Driven> Core<S> {
     fn run(
         &mut self,
         in_rx: &Receiver<Inbound>,
@@ -536,6 +634,9 @@ impl Core {
             self.drain(note);
             if control.crash.load(Ordering::SeqCst) {
                 return StopReason::Crashed;
+            }
+            if let Some(reason) = self.upstream_end {
+                return reason;
             }
             if control.stop.load(Ordering::SeqCst) {
                 return StopReason::Stopped;
@@ -605,7 +706,33 @@ impl Core {
                     self.drop_worker(worker, note);
                 }
             }
+            Inbound::Upstream { buf, start, end } => {
+                let bytes = buf.get(start..end).unwrap_or_default();
+                let now = since(self.epoch);
+                match wire::decode_to_worker::<f32>(bytes, &self.limits) {
+                    Ok(msg) => {
+                        let stop = matches!(msg, ToWorker::Stop);
+                        if let Err(e) = self.server.handle_upstream(now, msg) {
+                            self.report.refused += 1;
+                            Self::log(note, &format!("the upstream server's message was refused: {e}"));
+                        } else if stop {
+                            Self::log(note, "the upstream server said stop");
+                            self.upstream_end = Some(StopReason::UpstreamStopped);
+                        }
+                    }
+                    Err(e) => self.lose_upstream(&format!("the upstream server sent a bad message ({e})"), note),
+                }
+            }
+            Inbound::UpstreamClosed { reason } => self.lose_upstream(&reason, note),
         }
+    }
+
+    fn lose_upstream(&mut self, reason: &str, note: &mut dyn FnMut(Note<'_>)) {
+        if let Some(up) = self.up.take() {
+            Self::log(note, &format!("upstream connection lost: {reason}"));
+            self.close(up);
+        }
+        self.upstream_end.get_or_insert(StopReason::UpstreamLost);
     }
 
     fn current(&self, worker: WorkerId, conn: u64) -> bool {
@@ -652,6 +779,17 @@ impl Core {
                     }
                 }
             }
+            let mut upbox: Vec<Arc<Vec<u8>>> = Vec::new();
+            while let Some(msg) = self.server.poll_upstream() {
+                let mut bytes = vec![0u8; wire::encoded_len_to_server(&msg)];
+                match wire::encode_to_server(&msg, &mut bytes) {
+                    Ok(n) => {
+                        bytes.truncate(n);
+                        upbox.push(Arc::new(bytes));
+                    }
+                    Err(e) => note(Note::Log(&format!("cannot encode a {} message: {e}", msg.kind_name()))),
+                }
+            }
             let version = self.server.version();
             if version != self.last_version {
                 self.last_version = version;
@@ -661,6 +799,14 @@ impl Core {
             if self.checkpoint_due {
                 self.checkpoint_due = false;
                 self.save_checkpoint(note);
+            }
+            for bytes in upbox {
+                let sent = self.up.as_ref().map(|up| up.tx.try_send(bytes));
+                match sent {
+                    Some(Ok(())) => {}
+                    Some(Err(_)) => self.lose_upstream("upstream send queue full", note),
+                    None => self.lose_upstream("no upstream connection", note),
+                }
             }
             let mut dropped = Vec::new();
             for (to, bytes) in outbox {
@@ -742,15 +888,19 @@ impl Core {
     /// Ends the run: tells workers to stop (unless crashing), writes the final checkpoint,
     /// lets writers flush for a moment, and cuts every connection.
     fn finish(&mut self, reason: StopReason, note: &mut dyn FnMut(Note<'_>)) {
-        if reason != StopReason::Crashed {
-            self.server.stop();
+        let abrupt = matches!(reason, StopReason::Crashed | StopReason::UpstreamLost);
+        if !abrupt {
+            if reason != StopReason::UpstreamStopped {
+                self.server.stop();
+            }
             self.drain(note);
             if self.shared.options.checkpoint.is_some() {
                 self.save_checkpoint(note);
             }
         }
-        let conns: Vec<Conn> = self.conns.iter_mut().filter_map(Option::take).collect();
-        if reason == StopReason::Crashed {
+        let mut conns: Vec<Conn> = self.conns.iter_mut().filter_map(Option::take).collect();
+        conns.extend(self.up.take());
+        if abrupt {
             for c in conns {
                 let _ = c.stream.shutdown(Shutdown::Both);
             }
@@ -770,4 +920,55 @@ impl Core {
             let _ = s.shutdown(Shutdown::Both);
         }
     }
+}
+
+fn options_send_queue(shared: &Shared) -> usize {
+    shared.options.send_queue.max(1)
+}
+
+/// Starts the reader and writer threads of the upstream session: frames from upstream go to
+/// the protocol thread as [`Inbound::Upstream`], a closed or broken connection as
+/// [`Inbound::UpstreamClosed`].
+fn start_uplink(link: Uplink, tx: &Sender<Inbound>, queue: usize) -> Result<Conn, TcpError> {
+    let Uplink { addr, stream, mut reader, mut writer } = link;
+    let clone = |s: &TcpStream| s.try_clone().map_err(|e| TcpError(format!("upstream connection: {e}")));
+    let (stream2, stream3) = (clone(&stream)?, clone(&stream)?);
+    let (out_tx, out_rx) = bounded::<Arc<Vec<u8>>>(queue);
+    let done = Arc::new(AtomicBool::new(false));
+    let (done2, writer_tx) = (Arc::clone(&done), tx.clone());
+    thread::Builder::new()
+        .name("syncopate-up-write".into())
+        .spawn(move || {
+            for bytes in out_rx {
+                if let Err(e) = writer.write_frame(&bytes) {
+                    let _ = writer_tx.send(Inbound::UpstreamClosed { reason: format!("write failed: {e}") });
+                    let _ = stream2.shutdown(Shutdown::Both);
+                    done2.store(true, Ordering::SeqCst);
+                    return;
+                }
+            }
+            let _ = stream2.shutdown(Shutdown::Write);
+            done2.store(true, Ordering::SeqCst);
+        })
+        .map_err(|e| TcpError(format!("cannot start the upstream writer: {e}")))?;
+    let reader_tx = tx.clone();
+    thread::Builder::new()
+        .name("syncopate-up-read".into())
+        .spawn(move || {
+            let reason = loop {
+                let mut buf = Vec::new();
+                match reader.read_frame(&mut buf, None) {
+                    Ok(p) => {
+                        if reader_tx.send(Inbound::Upstream { buf, start: p.start, end: p.end }).is_err() {
+                            return;
+                        }
+                    }
+                    Err(FrameError::Closed) => break format!("{addr} closed the connection"),
+                    Err(e) => break format!("{addr}: {e}"),
+                }
+            };
+            let _ = reader_tx.send(Inbound::UpstreamClosed { reason });
+        })
+        .map_err(|e| TcpError(format!("cannot start the upstream reader: {e}")))?;
+    Ok(Conn { id: u64::MAX, tx: out_tx, stream: stream3, done })
 }
