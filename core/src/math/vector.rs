@@ -83,23 +83,25 @@ pub fn mean_of<T: Scalar>(y: &mut [T], k: usize) {
 /// of a vector add on current x86-64 and AArch64 cores, and a multiple of every vector width.
 pub(crate) const LANES: usize = 16;
 
-/// `Σ x_i²`, accumulated in `T` with [`LANES`] independent lanes (vectorisable, and
+/// `Σ x_i²`, accumulated in `T` with `LANES` independent lanes (vectorisable, and
 /// deterministic: the same input always gives the same bits; lane `i` sums elements
-/// `i, i + 16, …`, the tail goes to the first lanes, then the lanes are added in order).
+/// `i, i + 16, …` of the whole chunks, the lanes are added in order, then the sum of the
+/// tail).
 /// [`crate::Values::squared_norm`] of the same elements as little-endian bytes gives the
 /// same bits.
 pub fn squared_norm<T: Scalar>(x: &[T]) -> T {
     let mut lanes = [T::zero(); LANES];
     let mut chunks = x.chunks_exact(LANES);
     for c in &mut chunks {
+        // As a fixed-size array the inner loop has a constant trip count and vectorises.
+        let Ok(c) = <&[T; LANES]>::try_from(c) else { continue };
         for (l, v) in lanes.iter_mut().zip(c) {
             *l = *l + *v * *v;
         }
     }
-    for (l, v) in lanes.iter_mut().zip(chunks.remainder()) {
-        *l = *l + *v * *v;
-    }
-    lanes.iter().fold(T::zero(), |a, b| a + *b)
+    // The tail in its own sum: writing it into `lanes` would keep the lanes in memory.
+    let tail = chunks.remainder().iter().fold(T::zero(), |a, v| a + *v * *v);
+    lanes.iter().fold(T::zero(), |a, b| a + *b) + tail
 }
 
 /// Whether every element is finite (no NaN, no ±∞). Branch-free, so it vectorises.
