@@ -9,7 +9,7 @@
 //! Channels are bounded: a sender blocks while the receiver's queue is full (backpressure),
 //! and a send to a port that was dropped (a dead worker) returns [`Disconnected`].
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded, unbounded};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
 use std::fmt;
 use std::time::Duration;
 use syncopate::{Recipient, WorkerId};
@@ -53,22 +53,30 @@ struct Pool {
 }
 
 impl Pool {
-    fn new() -> Self {
-        let (home, returned) = unbounded();
+    /// A pool that keeps up to `keep` returned buffers (more are freed). Bounded, so
+    /// returning a buffer never allocates (an unbounded channel allocates a block every
+    /// 31 sends); `keep` covers every buffer of this sender that can be in flight.
+    fn new(keep: usize) -> Self {
+        let (home, returned) = bounded(keep.max(1));
         Self { returned, home }
     }
 
     fn packet(&self, from: Option<WorkerId>, bytes: &[u8]) -> Packet {
         let mut buf = self.returned.try_recv().unwrap_or_default();
         buf.clear();
+        if buf.capacity() < bytes.len() {
+            // Room for the largest control section too: messages of one model differ only in
+            // their varint fields, so a buffer grows once, not each time a counter gains a byte.
+            buf.reserve_exact(bytes.len() + syncopate::wire::MAX_CONTROL_LEN);
+        }
         buf.extend_from_slice(bytes);
         Packet { from, bytes: buf, home: self.home.clone() }
     }
 }
 
 fn recycle(packet: Packet) {
-    // The sender's pool is gone only when the sender is; then the buffer is simply freed.
-    let _ = packet.home.send(packet.bytes);
+    // The sender's pool is gone only when the sender is, or is full; then the buffer is freed.
+    let _ = packet.home.try_send(packet.bytes);
 }
 
 fn recv(rx: &Receiver<Packet>, timeout: Option<Duration>) -> Result<Packet, RecvError> {
@@ -107,9 +115,13 @@ pub fn star(workers: usize, capacity: usize) -> (ServerPort, Vec<WorkerPort>) {
     for i in 0..workers {
         let (tx, rx) = bounded(capacity.max(1));
         to_workers.push(tx);
-        ports.push(WorkerPort { id: WorkerId(i as u32), inbox: rx, to_server: to_server.clone(), pool: Pool::new() });
+        // A worker's packets in flight: at most the server's whole inbox, plus one held.
+        let pool = Pool::new(capacity.max(1) * workers.max(1) + 1);
+        ports.push(WorkerPort { id: WorkerId(i as u32), inbox: rx, to_server: to_server.clone(), pool });
     }
-    (ServerPort { inbox: server_inbox, to_workers, pool: Pool::new() }, ports)
+    // The server's: every worker's full inbox, plus one held by each worker.
+    let pool = Pool::new((capacity.max(1) + 1) * workers.max(1));
+    (ServerPort { inbox: server_inbox, to_workers, pool }, ports)
 }
 
 impl ServerPort {

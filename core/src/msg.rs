@@ -79,16 +79,16 @@ impl<T: Scalar> Values<'_, T> {
                 let mut lanes = [T::zero(); LANES];
                 let mut chunks = b.chunks_exact(LANES * T::BYTES);
                 for c in &mut chunks {
-                    for (l, e) in lanes.iter_mut().zip(c.chunks_exact(T::BYTES)) {
-                        let v = T::from_le(e).unwrap_or_else(T::zero);
-                        *l = *l + v * v;
+                    let v = decode_chunk::<T>(c);
+                    for (l, v) in lanes.iter_mut().zip(&v) {
+                        *l = *l + *v * *v;
                     }
                 }
-                for (l, e) in lanes.iter_mut().zip(chunks.remainder().chunks_exact(T::BYTES)) {
+                let tail = chunks.remainder().chunks_exact(T::BYTES).fold(T::zero(), |a, e| {
                     let v = T::from_le(e).unwrap_or_else(T::zero);
-                    *l = *l + v * v;
-                }
-                lanes.iter().fold(T::zero(), |a, b| a + *b)
+                    a + v * v
+                });
+                lanes.iter().fold(T::zero(), |a, b| a + *b) + tail
             }
         }
     }
@@ -136,6 +136,18 @@ impl<T: Scalar> Values<'_, T> {
 /// Elements per step of the little-endian loops (as the slice kernels).
 const LANES: usize = math::LANES;
 
+/// Decodes up to [`LANES`] elements into a fixed-size array (zeros past the end of `bytes`;
+/// callers pass exactly `LANES * T::BYTES` bytes). A constant trip count, so it vectorises
+/// (a plain load on little-endian hosts) and the array stays in registers.
+#[inline(always)]
+fn decode_chunk<T: Scalar>(bytes: &[u8]) -> [T; LANES] {
+    let mut v = [T::zero(); LANES];
+    for (x, e) in v.iter_mut().zip(bytes.chunks_exact(T::BYTES)) {
+        *x = T::from_le(e).unwrap_or_else(T::zero);
+    }
+    v
+}
+
 /// Calls `f(dst_i, decode(bytes_i))` for every element, in chunks of [`LANES`] elements
 /// whose inner loop has a constant trip count, so the decode and `f` vectorise together
 /// (on little-endian hosts the decode is a plain load). The caller checked the lengths.
@@ -144,8 +156,10 @@ fn zip_le<T: Scalar>(dst: &mut [T], bytes: &[u8], mut f: impl FnMut(&mut T, T)) 
     let mut dst_chunks = dst.chunks_exact_mut(LANES);
     let mut byte_chunks = bytes.chunks_exact(LANES * T::BYTES);
     for (ds, bs) in (&mut dst_chunks).zip(&mut byte_chunks) {
-        for (d, e) in ds.iter_mut().zip(bs.chunks_exact(T::BYTES)) {
-            f(d, T::from_le(e).unwrap_or_else(T::zero));
+        let Ok(ds) = <&mut [T; LANES]>::try_from(ds) else { continue };
+        let v = decode_chunk::<T>(bs);
+        for (d, v) in ds.iter_mut().zip(v) {
+            f(d, v);
         }
     }
     for (d, e) in dst_chunks.into_remainder().iter_mut().zip(byte_chunks.remainder().chunks_exact(T::BYTES)) {

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Runs every benchmark of BENCHMARKS.md in one go and writes the tables to
+# target/bench-report/REPORT.md (also printed at the end):
+#   1. aggregation kernels (criterion, benches/benches/kernels.rs), with ratios to a copy
+#      and to a hand-written 16-lane loop measured in the same run;
+#   2. state-machine overhead per control message (criterion, benches/benches/overhead.rs);
+#   3. end-to-end BSP rounds over the channel star and TCP loopback (benches/src/bin/rounds.rs),
+#      next to MPI_Allreduce of the same bytes and ranks when mpicc/mpirun are present
+#      (benches/mpi/allreduce.c; Debian: apt-get install openmpi-bin libopenmpi-dev);
+#   4. simulator throughput (tests/tests/sim_throughput.rs, release, ignored test).
+# Usage: benches/run.sh [--quick]   (--quick: fewer rounds, for a smoke run)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+QUICK=""
+[[ "${1:-}" == "--quick" ]] && QUICK="--quick"
+OUT=target/bench-report
+mkdir -p "$OUT"
+REPORT="$OUT/REPORT.md"
+
+{
+  echo "# Benchmark run $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo
+  echo '```'
+  echo "nproc: $(nproc)"
+  lscpu | grep -E '^(Model name|CPU\(s\)|Thread|Core|L1d|L2|L3)' || true
+  echo "kernel: $(uname -r)"
+  rustc --version
+  echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo '```'
+  echo
+} > "$REPORT"
+
+echo "== kernels and state-machine overhead (criterion)" >&2
+cargo bench -p syncopate-benches --bench kernels --bench overhead -- --noplot >"$OUT/criterion.log" 2>&1
+cargo run -q -p syncopate-benches --release --bin summary >>"$REPORT"
+
+echo "== end-to-end BSP rounds" >&2
+MPI_ARGS=()
+if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
+  mpicc -O2 -o "$OUT/allreduce" benches/mpi/allreduce.c
+  MPI_ARGS=(--mpi "$PWD/$OUT/allreduce")
+else
+  echo "(mpicc not found: MPI peer skipped)" >&2
+fi
+{
+  echo
+  echo "### End-to-end BSP rounds (f32, constant gradient, median over rounds)"
+  echo
+  cargo run -q -p syncopate-benches --release --bin rounds -- $QUICK "${MPI_ARGS[@]}"
+} >>"$REPORT"
+
+echo "== simulator throughput" >&2
+{
+  echo
+  echo "### Simulator throughput (trivial workload: GradientSource::Constant)"
+  echo
+  echo '```'
+  cargo test -q --release -p syncopate-tests --test sim_throughput -- --ignored --nocapture 2>&1 |
+    grep -E 'events/s|test result' || echo "(sim throughput test did not run)"
+  echo '```'
+} >>"$REPORT"
+
+cat "$REPORT"
