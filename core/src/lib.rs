@@ -50,10 +50,10 @@
 //! for _ in 0..2 {
 //!     // Workers -> server: each sends its pending messages; the host computes gradients.
 //!     for w in workers.iter_mut() {
-//!         let mut job = None;
+//!         let (me, mut job) = (w.id(), None);
 //!         while let Some(out) = w.poll_output() {
 //!             match out {
-//!                 WorkerOutput::Send(msg) => server.handle(now, w.id(), msg).unwrap(),
+//!                 WorkerOutput::Send(msg) => server.handle(now, me, msg).unwrap(),
 //!                 WorkerOutput::Compute { id, params, .. } => {
 //!                     job = Some((id, params.iter().map(|p| p * 2.0).collect::<Vec<f32>>()))
 //!                 }
@@ -63,7 +63,7 @@
 //!         if let Some((id, grad)) = job {
 //!             w.handle_gradient(now, id, &grad).unwrap();
 //!             while let Some(WorkerOutput::Send(msg)) = w.poll_output() {
-//!                 server.handle(now, w.id(), msg).unwrap();
+//!                 server.handle(now, me, msg).unwrap();
 //!             }
 //!         }
 //!     }
