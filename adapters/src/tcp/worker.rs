@@ -245,6 +245,10 @@ fn session(
     Ok(end)
 }
 
+/// Frames waiting for the writer thread: a small bound, so a slow link pushes back on the
+/// worker instead of queueing without limit.
+const UPLOADS_IN_FLIGHT: usize = 2;
+
 fn drive(
     worker: &mut AnyWorker<f32, Vec<f32>>,
     reader: &mut FrameReader,
@@ -253,17 +257,52 @@ fn drive(
     report: &mut WorkerReport,
     compute: &mut dyn FnMut(&[f32], &mut [f32]),
 ) -> SessionEnd {
+    // Uploads go through a writer thread, so sending a large gradient or delta overlaps the
+    // next computation (the optimized WBSP worker relies on it); encoded buffers come back
+    // through `spare` and are reused, so steady state allocates nothing.
+    let (to_writer, frames) = crossbeam_channel::bounded::<Vec<u8>>(UPLOADS_IN_FLIGHT);
+    let (give_back, spare) = crossbeam_channel::bounded::<Vec<u8>>(UPLOADS_IN_FLIGHT + 1);
+    thread::scope(|scope| {
+        let writing = scope.spawn(move || -> Result<(), String> {
+            for frame in frames {
+                writer.write_frame(&frame).map_err(|e| e.to_string())?;
+                let _ = give_back.try_send(frame);
+            }
+            Ok(())
+        });
+        let end = drive_loop(worker, reader, &to_writer, &spare, options, report, compute);
+        drop(to_writer);
+        match (writing.join(), end) {
+            (Ok(Err(e)), SessionEnd::Lost(_)) => SessionEnd::Lost(e),
+            (_, end) => end,
+        }
+    })
+}
+
+fn drive_loop(
+    worker: &mut AnyWorker<f32, Vec<f32>>,
+    reader: &mut FrameReader,
+    uploads: &crossbeam_channel::Sender<Vec<u8>>,
+    spare: &crossbeam_channel::Receiver<Vec<u8>>,
+    options: &WorkerOptions,
+    report: &mut WorkerReport,
+    compute: &mut dyn FnMut(&[f32], &mut [f32]),
+) -> SessionEnd {
     let epoch = StdInstant::now();
     let limits = Limits::for_model(options.dim);
-    let (mut out, mut inbuf, mut grad) = (Vec::new(), Vec::new(), vec![0.0f32; options.dim]);
+    let (mut inbuf, mut grad) = (Vec::new(), vec![0.0f32; options.dim]);
     loop {
         let mut job = None;
         while let Some(o) = worker.poll_output() {
             match o {
                 WorkerOutput::Send(msg) => {
+                    let mut out = spare.try_recv().unwrap_or_default();
                     out.resize(wire::encoded_len_to_server(&msg), 0);
                     let sent = match wire::encode_to_server(&msg, &mut out) {
-                        Ok(n) => writer.write_frame(out.get(..n).unwrap_or_default()).map_err(|e| e.to_string()),
+                        Ok(n) => {
+                            out.truncate(n);
+                            uploads.send(out).map_err(|_| "the connection's writer stopped".to_string())
+                        }
                         Err(e) => Err(format!("cannot encode {}: {e}", msg.kind_name())),
                     };
                     if let Err(e) = sent {
