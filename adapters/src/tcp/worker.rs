@@ -291,24 +291,28 @@ fn drive_loop(
     let epoch = StdInstant::now();
     let limits = Limits::for_model(options.dim);
     let (mut inbuf, mut grad) = (Vec::new(), vec![0.0f32; options.dim]);
+    // Set when an upload could not be handed to the writer (the connection broke while
+    // sending). The session then ends as lost, but only after reading what the server
+    // already sent: a `Stop` that crossed with the upload ends it as stopped instead.
+    let mut upload_failed: Option<String> = None;
     loop {
         let mut job = None;
         while let Some(o) = worker.poll_output() {
             match o {
-                WorkerOutput::Send(msg) => {
+                WorkerOutput::Send(msg) if upload_failed.is_none() => {
                     let mut out = spare.try_recv().unwrap_or_default();
                     out.resize(wire::encoded_len_to_server(&msg), 0);
-                    let sent = match wire::encode_to_server(&msg, &mut out) {
+                    match wire::encode_to_server(&msg, &mut out) {
                         Ok(n) => {
                             out.truncate(n);
-                            uploads.send(out).map_err(|_| "the connection's writer stopped".to_string())
+                            if uploads.send(out).is_err() {
+                                upload_failed = Some("the connection broke while sending".to_string());
+                            }
                         }
-                        Err(e) => Err(format!("cannot encode {}: {e}", msg.kind_name())),
-                    };
-                    if let Err(e) = sent {
-                        return SessionEnd::Lost(e);
+                        Err(e) => return SessionEnd::Lost(format!("cannot encode {}: {e}", msg.kind_name())),
                     }
                 }
+                WorkerOutput::Send(_) => {}
                 WorkerOutput::Compute { id, version, params } => {
                     let t = StdInstant::now();
                     compute(params, &mut grad);
@@ -336,6 +340,9 @@ fn drive_loop(
         if let Some(t) = worker.poll_timeout() {
             wake = wake.min(at(epoch, t));
         }
+        if upload_failed.is_some() {
+            wake = StdInstant::now() + Duration::from_millis(50);
+        }
         match reader.read_frame(&mut inbuf, Some(wake)) {
             Ok(p) => match wire::decode_to_worker::<f32>(p.of(&inbuf), &limits) {
                 Ok(msg) => {
@@ -343,8 +350,12 @@ fn drive_loop(
                 }
                 Err(e) => return SessionEnd::Lost(format!("server sent a bad message: {e}")),
             },
-            Err(FrameError::Idle) => {}
-            Err(e) => return SessionEnd::Lost(e.to_string()),
+            Err(FrameError::Idle) => {
+                if let Some(e) = upload_failed.take() {
+                    return SessionEnd::Lost(e);
+                }
+            }
+            Err(e) => return SessionEnd::Lost(upload_failed.take().unwrap_or_else(|| e.to_string())),
         }
         if worker.poll_timeout().is_some_and(|t| at(epoch, t) <= StdInstant::now()) {
             worker.handle_timeout(since(epoch));
