@@ -450,7 +450,7 @@ impl TcpServer {
             last_version: version,
         };
         let reason = core.run(&in_rx, plan, &control, note);
-        core.finish(reason, note);
+        core.finish(reason, &in_rx, note);
         shared.closing.store(true, Ordering::SeqCst);
         drop(in_rx);
         let _ = accept.join();
@@ -887,7 +887,7 @@ impl<S: Driven> Core<S> {
 
     /// Ends the run: tells workers to stop (unless crashing), writes the final checkpoint,
     /// lets writers flush for a moment, and cuts every connection.
-    fn finish(&mut self, reason: StopReason, note: &mut dyn FnMut(Note<'_>)) {
+    fn finish(&mut self, reason: StopReason, in_rx: &Receiver<Inbound>, note: &mut dyn FnMut(Note<'_>)) {
         let abrupt = matches!(reason, StopReason::Crashed | StopReason::UpstreamLost);
         if !abrupt {
             if reason != StopReason::UpstreamStopped {
@@ -909,14 +909,25 @@ impl<S: Driven> Core<S> {
         // Writers end after their queue is sent (the Stop message last); give them a moment.
         let deadline = StdInstant::now() + Duration::from_secs(2);
         let mut pending = Vec::new();
-        for Conn { tx, stream, done, .. } in conns {
+        for Conn { id, tx, stream, done } in conns {
             drop(tx);
-            pending.push((stream, done));
+            pending.push((id, stream, done));
         }
-        while pending.iter().any(|(_, d)| !d.load(Ordering::SeqCst)) && StdInstant::now() < deadline {
+        while pending.iter().any(|(_, _, d)| !d.load(Ordering::SeqCst)) && StdInstant::now() < deadline {
             thread::sleep(Duration::from_millis(2));
         }
-        for (s, _) in pending {
+        // Lingering close: wait (briefly) for each peer to close its end after reading our
+        // Stop. Closing first while a late frame of the peer sits unread would reset the
+        // connection, and a reset can discard the Stop before the peer has read it.
+        let mut open: Vec<u64> = pending.iter().map(|(id, _, _)| *id).collect();
+        while !open.is_empty() {
+            match in_rx.recv_deadline(deadline) {
+                Ok(Inbound::Closed { conn, .. }) => open.retain(|id| *id != conn),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        for (_, s, _) in pending {
             let _ = s.shutdown(Shutdown::Both);
         }
     }
