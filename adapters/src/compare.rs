@@ -8,6 +8,9 @@ use serde::Serialize;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+/// Stack size of a simulation thread.
+const SIM_STACK: usize = 64 << 20;
+
 /// One line of the comparison table.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Row {
@@ -176,7 +179,10 @@ pub fn run(
     let results: Mutex<Vec<Option<Result<SimReport, String>>>> = Mutex::new(vec![None; configs.len()]);
     std::thread::scope(|s| {
         for _ in 0..jobs.clamp(1, configs.len().max(1)) {
-            s.spawn(|| {
+            // Protocol state machines are fixed-size values (the grouped server is ~130 KB) and
+            // the simulator holds a few of them on its stack: give the threads room.
+            let builder = std::thread::Builder::new().name("compare".into()).stack_size(SIM_STACK);
+            let spawned = builder.spawn_scoped(s, || {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(config) = configs.get(i) else { break };
@@ -189,6 +195,9 @@ pub fn run(
                     done(i);
                 }
             });
+            if spawned.is_err() {
+                break;
+            }
         }
     });
     let results = results.into_inner().map_err(|_| "a simulation thread panicked".to_string())?;
