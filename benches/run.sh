@@ -5,13 +5,16 @@
 #      and to a hand-written 16-lane loop measured in the same run;
 #   2. state-machine overhead per control message (criterion, benches/benches/overhead.rs);
 #   3. end-to-end BSP rounds over the channel star and TCP loopback (benches/src/bin/rounds.rs),
-#      next to MPI_Allreduce of the same bytes and ranks when mpicc/mpirun are present
-#      (benches/mpi/allreduce.c; Debian: apt-get install openmpi-bin libopenmpi-dev);
+#      next to two MPI peers of the same bytes and ranks when mpicc/mpirun are present
+#      (benches/mpi/allreduce.c; Debian: apt-get install openmpi-bin libopenmpi-dev):
+#      MPI_Allreduce (the target) and MPI_Reduce + MPI_Bcast (a parameter server's
+#      gather/broadcast pattern); each configuration runs 3 times, ours and MPI's
+#      interleaved, and the table shows medians (the machine is shared and noisy);
 #   4. simulator throughput (tests/tests/sim_throughput.rs, release, ignored test).
 # Usage: benches/run.sh [--quick]   (--quick: fewer rounds, for a smoke run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-QUICK=""
+QUICK="--repeat 3"
 [[ "${1:-}" == "--quick" ]] && QUICK="--quick"
 OUT=target/bench-report
 mkdir -p "$OUT"
@@ -44,7 +47,7 @@ else
 fi
 {
   echo
-  echo "### End-to-end BSP rounds (f32, constant gradient, median over rounds)"
+  echo "### End-to-end BSP rounds (f32, constant gradient, median over rounds, then over runs)"
   echo
   cargo run -q -p syncopate-benches --release --bin rounds -- $QUICK "${MPI_ARGS[@]}"
 } >>"$REPORT"

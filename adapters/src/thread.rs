@@ -162,7 +162,6 @@ pub fn run(
 
 struct ServerSide<'a> {
     port: &'a ServerPort,
-    buf: Vec<u8>,
     report: ThreadReport,
 }
 
@@ -172,9 +171,9 @@ impl ServerSide<'_> {
         while let Some(out) = server.poll_output() {
             match out {
                 ServerOutput::Send { to, msg } => {
-                    self.buf.resize(wire::encoded_len_to_worker(&msg), 0);
-                    if let Ok(len) = wire::encode_to_worker(&msg, &mut self.buf) {
-                        lost.extend(self.port.send(to, &self.buf[..len]));
+                    // Encoded once into a buffer every recipient shares.
+                    if let Ok(gone) = self.port.send_to_worker(to, &msg) {
+                        lost.extend(gone);
                     }
                 }
                 ServerOutput::Event(ServerEvent::Applied { staleness, .. }) => {
@@ -214,7 +213,6 @@ fn server_loop(
     let limits = Limits::for_model(workload.model.dim());
     let mut side = ServerSide {
         port,
-        buf: Vec::new(),
         report: ThreadReport {
             curve: Vec::new(),
             time_to_target_s: None,
@@ -296,15 +294,14 @@ fn worker_loop(
     let mut tally = WorkerTally::default();
     let mut sampler = BatchSampler::new(workload.train.len(), seed);
     let mut scratch = workload.model.scratch();
-    let (mut batch, mut grad, mut buf) = (Vec::with_capacity(batch_size), vec![0.0f32; dim], Vec::new());
+    let (mut batch, mut grad) = (Vec::with_capacity(batch_size), vec![0.0f32; dim]);
     let mut job: Option<Job> = None;
     'run: loop {
         while let Some(out) = worker.poll_output() {
             match out {
                 WorkerOutput::Send(msg) => {
-                    buf.resize(wire::encoded_len_to_server(&msg), 0);
-                    let sent = wire::encode_to_server(&msg, &mut buf).map(|len| port.send(&buf[..len]));
-                    if !matches!(sent, Ok(Ok(()))) {
+                    // Encoded straight into a pooled packet.
+                    if port.send_to_server(&msg).is_err() {
                         break 'run;
                     }
                 }

@@ -53,6 +53,64 @@ fn kernels(c: &mut Criterion) {
             })
         });
 
+        // The same, fused: one pass reads `acc` and the payload, writes `spare = acc + g` and
+        // measures the norm; the accumulators swap on acceptance (`Round` with a spare).
+        let mut spare = test_vector(d, 4);
+        group.bench_function(BenchmarkId::new("admit_accumulate_le_fused", d), |b| {
+            b.iter(|| {
+                let v = Values::<f32>::LittleEndian(black_box(&g_le[..]));
+                if policy.admit_add_to(&v, &acc, &mut spare).is_ok() {
+                    std::mem::swap(&mut acc, &mut spare);
+                }
+            })
+        });
+
+        // Finiteness checks: the vectorised kernels next to the scalar fold they replaced.
+        group.bench_function(BenchmarkId::new("finite", d), |b| b.iter(|| math::all_finite(black_box(&g[..]))));
+        group.bench_function(BenchmarkId::new("finite_scalar", d), |b| b.iter(|| scalar_all_finite(black_box(&g))));
+        group.bench_function(BenchmarkId::new("finite_le", d), |b| {
+            b.iter(|| Values::<f32>::LittleEndian(black_box(&g_le[..])).all_finite())
+        });
+        group.bench_function(BenchmarkId::new("finite_le_scalar", d), |b| {
+            b.iter(|| scalar_all_finite_le(black_box(&g_le)))
+        });
+
+        // The worker taking a gradient (`GradientWorker::handle_gradient`): check + copy into
+        // its buffer in one pass, against two passes (vectorised check, and the scalar one).
+        group.bench_function(BenchmarkId::new("worker_grad", d), |b| {
+            b.iter(|| math::copy_finite(&mut acc, black_box(&g)))
+        });
+        group.bench_function(BenchmarkId::new("worker_grad_2pass", d), |b| {
+            b.iter(|| {
+                if math::all_finite(black_box(&g)) {
+                    acc.copy_from_slice(&g);
+                }
+            })
+        });
+        group.bench_function(BenchmarkId::new("worker_grad_2pass_scalar", d), |b| {
+            b.iter(|| {
+                if scalar_all_finite(black_box(&g)) {
+                    acc.copy_from_slice(&g);
+                }
+            })
+        });
+
+        // BSP's round close with its last gradient (after admission): the add folded into
+        // the update (`params += a·(acc + g); acc = 0`) against add then apply-and-clear.
+        group.bench_function(BenchmarkId::new("close_folded_le", d), |b| {
+            b.iter(|| {
+                let v = Values::<f32>::LittleEndian(black_box(&g_le[..]));
+                v.add_apply_and_clear(1.0, &mut params, black_box(-1e-3), &mut acc)
+            })
+        });
+        group.bench_function(BenchmarkId::new("close_2pass_le", d), |b| {
+            b.iter(|| {
+                let v = Values::<f32>::LittleEndian(black_box(&g_le[..]));
+                let _ = v.add_into(&mut acc);
+                math::apply_and_clear(&mut params, black_box(-1e-3), &mut acc)
+            })
+        });
+
         // Average k: `acc /= k`.
         group.bench_function(BenchmarkId::new("average", d), |b| b.iter(|| math::mean_of(&mut acc, black_box(4))));
         group.bench_function(BenchmarkId::new("average_simd", d), |b| b.iter(|| simd_scale(&mut acc, black_box(0.25))));
@@ -74,6 +132,16 @@ fn kernels(c: &mut Criterion) {
         black_box((&acc, &params));
     }
     group.finish();
+}
+
+/// The finiteness check as it was before it was vectorised (the baseline of `finite`).
+fn scalar_all_finite(x: &[f32]) -> bool {
+    x.iter().fold(true, |ok, v| ok & v.is_finite())
+}
+
+/// The little-endian check as it was before it was vectorised (the baseline of `finite_le`).
+fn scalar_all_finite_le(b: &[u8]) -> bool {
+    b.chunks_exact(4).all(|c| f32::from_le(c).is_some_and(|v| v.is_finite()))
 }
 
 criterion_group! {

@@ -7,6 +7,7 @@
 //! as the kernel.
 
 pub mod drive;
+pub mod inmem;
 
 use std::path::{Path, PathBuf};
 

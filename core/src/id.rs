@@ -65,22 +65,31 @@ impl fmt::Display for Version {
     }
 }
 
-/// A fixed-size set of worker ids below [`MAX_WORKERS`].
+/// A fixed-size set of worker ids below [`MAX_WORKERS`]: a bitmap plus a count, so
+/// [`Self::len`] is O(1) and iteration skips empty words.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct WorkerSet {
-    bits: [u64; MAX_WORKERS / 64],
+    bits: [u64; WORDS],
+    /// The number of set bits (always `Σ bits.count_ones()`).
+    count: u16,
 }
+
+/// 64-bit words of a [`WorkerSet`].
+const WORDS: usize = MAX_WORKERS / 64;
 
 impl WorkerSet {
     /// The empty set.
-    pub const EMPTY: Self = Self { bits: [0; MAX_WORKERS / 64] };
+    pub const EMPTY: Self = Self { bits: [0; WORDS], count: 0 };
 
     /// The set `{0, .., n-1}` (capped at [`MAX_WORKERS`]).
     pub fn first(n: usize) -> Self {
+        let n = n.min(MAX_WORKERS);
         let mut set = Self::EMPTY;
-        for i in 0..n.min(MAX_WORKERS) {
-            set.insert(WorkerId(i as u32));
+        for (i, w) in set.bits.iter_mut().enumerate() {
+            let below = n.saturating_sub(i * 64);
+            *w = if below >= 64 { u64::MAX } else { (1u64 << below) - 1 };
         }
+        set.count = n as u16;
         set
     }
 
@@ -90,6 +99,7 @@ impl WorkerSet {
         match self.bits.get_mut(word) {
             Some(w) if *w & bit == 0 => {
                 *w |= bit;
+                self.count += 1;
                 true
             }
             _ => false,
@@ -102,6 +112,7 @@ impl WorkerSet {
         match self.bits.get_mut(word) {
             Some(w) if *w & bit != 0 => {
                 *w &= !bit;
+                self.count -= 1;
                 true
             }
             _ => false,
@@ -116,32 +127,63 @@ impl WorkerSet {
 
     /// The number of ids in the set.
     pub fn len(&self) -> usize {
-        self.bits.iter().map(|w| w.count_ones() as usize).sum()
+        usize::from(self.count)
     }
 
     /// Whether the set is empty.
     pub fn is_empty(&self) -> bool {
-        self.bits.iter().all(|w| *w == 0)
+        self.count == 0
     }
 
     /// Empties the set.
     pub fn clear(&mut self) {
-        self.bits = [0; MAX_WORKERS / 64];
+        *self = Self::EMPTY;
     }
 
     /// The ids in increasing order.
     pub fn iter(&self) -> impl Iterator<Item = WorkerId> + '_ {
-        (0..MAX_WORKERS as u32).map(WorkerId).filter(move |id| self.contains(*id))
+        Iter { bits: self.bits, word: 0 }
     }
 
     /// The smallest id of `{0..n-1}` not in the set, if any.
     pub fn first_missing(&self, n: usize) -> Option<WorkerId> {
-        (0..n.min(MAX_WORKERS) as u32).map(WorkerId).find(|id| !self.contains(*id))
+        let n = n.min(MAX_WORKERS);
+        self.bits
+            .iter()
+            .enumerate()
+            .find_map(|(i, w)| {
+                let id = i * 64 + (!w).trailing_zeros() as usize;
+                (w != &u64::MAX).then_some(id)
+            })
+            .filter(|id| *id < n)
+            .map(|id| WorkerId(id as u32))
     }
 
     fn locate(id: WorkerId) -> (usize, u64) {
         let i = id.index();
         (i / 64, 1u64 << (i % 64))
+    }
+}
+
+/// Iterator over a [`WorkerSet`]'s ids: one `trailing_zeros` per id, empty words skipped.
+struct Iter {
+    bits: [u64; WORDS],
+    word: usize,
+}
+
+impl Iterator for Iter {
+    type Item = WorkerId;
+
+    fn next(&mut self) -> Option<WorkerId> {
+        loop {
+            let w = self.bits.get_mut(self.word)?;
+            if *w != 0 {
+                let bit = w.trailing_zeros();
+                *w &= *w - 1;
+                return Some(WorkerId((self.word * 64) as u32 + bit));
+            }
+            self.word += 1;
+        }
     }
 }
 
@@ -164,5 +206,38 @@ mod tests {
         assert!(s.remove(WorkerId(3)));
         assert!(s.is_empty());
         assert_eq!(WorkerSet::first(3).iter().count(), 3);
+        assert_eq!(WorkerSet::first(0), WorkerSet::EMPTY);
+        assert_eq!(WorkerSet::first(usize::MAX).len(), MAX_WORKERS);
+        assert_eq!(WorkerSet::first(MAX_WORKERS).first_missing(usize::MAX), None);
+    }
+
+    proptest::proptest! {
+        // The bitmap-and-count set behaves like a plain set of ids.
+        #[test]
+        fn worker_set_matches_a_reference_set(
+            ops in proptest::collection::vec((0u32..300, proptest::bool::ANY), 0..200),
+            first in 0usize..300,
+            n in 0usize..300,
+        ) {
+            let mut s = WorkerSet::first(first);
+            let mut reference: std::collections::BTreeSet<u32> = (0..first.min(MAX_WORKERS) as u32).collect();
+            for (id, add) in ops {
+                let in_range = (id as usize) < MAX_WORKERS;
+                if add {
+                    proptest::prop_assert_eq!(s.insert(WorkerId(id)), in_range && reference.insert(id));
+                } else {
+                    proptest::prop_assert_eq!(s.remove(WorkerId(id)), reference.remove(&id));
+                }
+                proptest::prop_assert_eq!(s.len(), reference.len());
+                proptest::prop_assert_eq!(s.is_empty(), reference.is_empty());
+            }
+            let ids: std::vec::Vec<u32> = s.iter().map(|w| w.0).collect();
+            proptest::prop_assert_eq!(ids, reference.iter().copied().collect::<std::vec::Vec<_>>());
+            let missing = (0..n.min(MAX_WORKERS) as u32).find(|i| !reference.contains(i)).map(WorkerId);
+            proptest::prop_assert_eq!(s.first_missing(n), missing);
+            for id in 0..300u32 {
+                proptest::prop_assert_eq!(s.contains(WorkerId(id)), reference.contains(&id));
+            }
+        }
     }
 }

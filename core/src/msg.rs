@@ -88,16 +88,25 @@ impl<T: Scalar> Values<'_, T> {
                     let v = T::from_le(e).unwrap_or_else(T::zero);
                     a + v * v
                 });
-                lanes.iter().fold(T::zero(), |a, b| a + *b) + tail
+                math::sum_lanes(&{ lanes }) + tail
             }
         }
     }
 
-    /// Whether every element is finite.
+    /// Whether every element is finite (the verdict of `is_finite` on each; vectorised as
+    /// [`math::all_finite`], for bytes too).
     pub fn all_finite(&self) -> bool {
         match self {
             Values::Slice(s) => math::all_finite(s),
-            Values::LittleEndian(b) => b.chunks_exact(T::BYTES).all(|c| T::from_le(c).is_some_and(|v| v.is_finite())),
+            Values::LittleEndian(b) => {
+                let mut blocks = b.chunks_exact(math::FINITE_BLOCK * T::BYTES);
+                for block in &mut blocks {
+                    if !le_finite_lanes::<T>(block) {
+                        return false;
+                    }
+                }
+                le_finite_lanes::<T>(blocks.remainder())
+            }
         }
     }
 
@@ -131,6 +140,96 @@ impl<T: Scalar> Values<'_, T> {
         }
         Ok(())
     }
+
+    /// A round's last gradient folded into the update step: `params += a * (acc + factor ·
+    /// values); acc = 0`, one pass over the three. Every element has the bits of
+    /// [`Self::add_into`] (`factor == 1`) or [`Self::scaled_add_into`] (otherwise) into `acc`
+    /// followed by [`math::apply_and_clear`]`(params, a, acc)`. On a length mismatch
+    /// nothing is written.
+    pub fn add_apply_and_clear(&self, factor: T, params: &mut [T], a: T, acc: &mut [T]) -> Result<(), LengthMismatch> {
+        self.check_len(params.len())?;
+        if acc.len() != params.len() {
+            return Err(LengthMismatch { expected: params.len(), actual: acc.len() });
+        }
+        match (self, factor == T::one()) {
+            (Values::Slice(s), true) => math::add_apply_and_clear(params, a, acc, s),
+            (Values::Slice(s), false) => math::scaled_add_apply_and_clear(params, a, acc, factor, s),
+            (Values::LittleEndian(b), true) => {
+                fold_apply_le(params, a, acc, b, |g, v| g + v);
+                Ok(())
+            }
+            (Values::LittleEndian(b), false) => {
+                fold_apply_le(params, a, acc, b, |g, v| g + factor * v);
+                Ok(())
+            }
+        }
+    }
+
+    /// `out = acc + values`, returning `Σ values²` with the bits of [`Self::squared_norm`]:
+    /// the admission measure and the accumulation in one pass over the payload (see
+    /// [`math::add_to_measured`]). `acc` is never written; every `out_i` has the bits
+    /// [`Self::add_into`] would give `acc_i`.
+    pub fn add_to_measured(&self, acc: &[T], out: &mut [T]) -> Result<T, LengthMismatch> {
+        self.check_len(out.len())?;
+        match self {
+            Values::Slice(s) => math::add_to_measured(out, acc, s),
+            Values::LittleEndian(b) => {
+                if acc.len() != out.len() {
+                    return Err(LengthMismatch { expected: out.len(), actual: acc.len() });
+                }
+                let mut lanes = [T::zero(); LANES];
+                let mut oc = out.chunks_exact_mut(LANES);
+                let mut ac = acc.chunks_exact(LANES);
+                let mut bc = b.chunks_exact(LANES * T::BYTES);
+                for ((os, as_), bs) in (&mut oc).zip(&mut ac).zip(&mut bc) {
+                    let (Ok(os), Ok(as_)) = (<&mut [T; LANES]>::try_from(os), <&[T; LANES]>::try_from(as_)) else {
+                        continue;
+                    };
+                    let v = decode_chunk::<T>(bs);
+                    for (((o, a), v), l) in os.iter_mut().zip(as_).zip(&v).zip(lanes.iter_mut()) {
+                        *o = *a + *v;
+                        *l = *l + *v * *v;
+                    }
+                }
+                let mut tail = T::zero();
+                let rest = oc.into_remainder().iter_mut().zip(ac.remainder());
+                for ((o, a), e) in rest.zip(bc.remainder().chunks_exact(T::BYTES)) {
+                    let v = T::from_le(e).unwrap_or_else(T::zero);
+                    *o = *a + v;
+                    tail = tail + v * v;
+                }
+                Ok(math::sum_lanes(&{ lanes }) + tail)
+            }
+        }
+    }
+
+    /// `out = acc + a * values`; every `out_i` has the bits [`Self::scaled_add_into`] would
+    /// give `acc_i`.
+    pub fn scaled_add_to(&self, acc: &[T], a: T, out: &mut [T]) -> Result<(), LengthMismatch> {
+        self.check_len(out.len())?;
+        match self {
+            Values::Slice(s) => math::scaled_add_to(out, acc, a, s),
+            Values::LittleEndian(b) => {
+                if acc.len() != out.len() {
+                    return Err(LengthMismatch { expected: out.len(), actual: acc.len() });
+                }
+                let mut oc = out.chunks_exact_mut(LANES);
+                let mut ac = acc.chunks_exact(LANES);
+                let mut bc = b.chunks_exact(LANES * T::BYTES);
+                for ((os, as_), bs) in (&mut oc).zip(&mut ac).zip(&mut bc) {
+                    let v = decode_chunk::<T>(bs);
+                    for ((o, g), v) in os.iter_mut().zip(as_).zip(v) {
+                        *o = *g + a * v;
+                    }
+                }
+                let rest = oc.into_remainder().iter_mut().zip(ac.remainder());
+                for ((o, g), e) in rest.zip(bc.remainder().chunks_exact(T::BYTES)) {
+                    *o = *g + a * T::from_le(e).unwrap_or_else(T::zero);
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 /// Elements per step of the little-endian loops (as the slice kernels).
@@ -146,6 +245,48 @@ fn decode_chunk<T: Scalar>(bytes: &[u8]) -> [T; LANES] {
         *x = T::from_le(e).unwrap_or_else(T::zero);
     }
     v
+}
+
+/// Whether every element of `bytes` (whole elements only) is finite: lanes of `v - v` as in
+/// [`math::all_finite`].
+#[inline(always)]
+fn le_finite_lanes<T: Scalar>(bytes: &[u8]) -> bool {
+    let mut lanes = [T::zero(); LANES];
+    let mut chunks = bytes.chunks_exact(LANES * T::BYTES);
+    for c in &mut chunks {
+        let v = decode_chunk::<T>(c);
+        for (l, v) in lanes.iter_mut().zip(&v) {
+            *l = *l + math::zero_if_finite(*v);
+        }
+    }
+    let tail = chunks.remainder().chunks_exact(T::BYTES).fold(T::zero(), |a, e| {
+        let v = T::from_le(e).unwrap_or_else(T::zero);
+        a + math::zero_if_finite(v)
+    });
+    math::lanes_are_zero(&lanes) & (tail == T::zero())
+}
+
+/// `t = add(acc_i, decode(bytes_i)); params_i += a * t; acc_i = 0` in chunks of [`LANES`]
+/// elements (the little-endian form of [`math::add_apply_and_clear`]). The caller checked
+/// the lengths.
+#[inline(always)]
+fn fold_apply_le<T: Scalar>(params: &mut [T], a: T, acc: &mut [T], bytes: &[u8], add: impl Fn(T, T) -> T) {
+    let mut pc = params.chunks_exact_mut(LANES);
+    let mut gc = acc.chunks_exact_mut(LANES);
+    let mut bc = bytes.chunks_exact(LANES * T::BYTES);
+    for ((ps, gs), bs) in (&mut pc).zip(&mut gc).zip(&mut bc) {
+        let (Ok(ps), Ok(gs)) = (<&mut [T; LANES]>::try_from(ps), <&mut [T; LANES]>::try_from(gs)) else { continue };
+        let v = decode_chunk::<T>(bs);
+        for ((p, g), v) in ps.iter_mut().zip(gs.iter()).zip(v) {
+            *p = *p + a * add(*g, v);
+        }
+        *gs = [T::zero(); LANES];
+    }
+    let rest = pc.into_remainder().iter_mut().zip(gc.into_remainder());
+    for ((p, g), e) in rest.zip(bc.remainder().chunks_exact(T::BYTES)) {
+        *p = *p + a * add(*g, T::from_le(e).unwrap_or_else(T::zero));
+        *g = T::zero();
+    }
 }
 
 /// Calls `f(dst_i, decode(bytes_i))` for every element, in chunks of [`LANES`] elements
@@ -314,7 +455,51 @@ mod tests {
         xs.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
 
+    #[test]
+    fn folded_close_refuses_mismatched_lengths_and_writes_nothing() {
+        let bytes = le_bytes(&[1.0, 2.0]);
+        let (mut p, mut g) = ([5.0f32; 2], [7.0f32; 3]);
+        for v in [Values::LittleEndian(&bytes), Values::Slice(&[1.0f32, 2.0][..])] {
+            assert!(v.add_apply_and_clear(1.0, &mut p, 1.0, &mut g).is_err());
+            assert!(v.add_apply_and_clear(2.0, &mut p, 1.0, &mut g[..2]).is_ok() && p == [14.0, 16.0]);
+            assert!(v.add_apply_and_clear(1.0, &mut [0.0; 3], 1.0, &mut g).is_err());
+            p = [5.0; 2];
+            g = [7.0; 3];
+        }
+        let odd = [0u8; 7];
+        assert!(Values::<f32>::LittleEndian(&odd).add_apply_and_clear(1.0, &mut p, 1.0, &mut g[..2]).is_err());
+        assert_eq!((p, g), ([5.0; 2], [7.0; 3]));
+    }
+
     proptest::proptest! {
+        // The vectorised byte check gives the verdict of `is_finite` on every element, for
+        // any bit pattern (NaN payloads, ±∞, subnormals, -0) at any position around the
+        // chunk and block boundaries, f32 and f64, and ignores a partial trailing element.
+        #[test]
+        fn little_endian_finite_check_matches_the_scalar_definition(
+            len in 0usize..2200,
+            bad in proptest::option::of((0usize..2200, proptest::num::u64::ANY)),
+            trailing in 0usize..4,
+        ) {
+            let mut xs: std::vec::Vec<f64> =
+                (0..len).map(|i| if i % 3 == 0 { f64::from_bits(i as u64) } else { -(i as f64) }).collect();
+            if let Some((at, bits)) = bad {
+                if let Some(v) = xs.get_mut(at) {
+                    *v = f64::from_bits(bits | 0x7ff0_0000_0000_0000);
+                }
+            }
+            let f32s: std::vec::Vec<f32> = xs.iter().map(|v| {
+                if v.is_finite() { f32::from_bits(v.to_bits() as u32 & 0x807f_ffff) } else { f32::from_bits(0x7f80_0000 | v.to_bits() as u32) }
+            }).collect();
+            let mut b64: std::vec::Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let mut b32 = le_bytes(&f32s);
+            b64.extend(core::iter::repeat_n(0xff, trailing));
+            b32.extend(core::iter::repeat_n(0xff, trailing));
+            proptest::prop_assert_eq!(Values::<f64>::LittleEndian(&b64).all_finite(), xs.iter().all(|v| v.is_finite()));
+            proptest::prop_assert_eq!(Values::<f32>::LittleEndian(&b32).all_finite(), f32s.iter().all(|v| v.is_finite()));
+            proptest::prop_assert_eq!(Values::Slice(&f32s[..]).all_finite(), f32s.iter().all(|v| v.is_finite()));
+        }
+
         // The chunked little-endian loops (16 lanes plus a tail) agree bit for bit with the
         // slice kernels at every length around the chunk boundaries.
         #[test]
@@ -333,6 +518,36 @@ mod tests {
             le.scaled_add_into(&mut x, a).unwrap();
             sl.scaled_add_into(&mut y, a).unwrap();
             proptest::prop_assert_eq!(&x, &y);
+            // The fused add-and-measure and its scaled form, bytes and slices alike.
+            let (mut o1, mut o2) = (std::vec![0.0f32; xs.len()], std::vec![0.0f32; xs.len()]);
+            let sq1 = le.add_to_measured(&y, &mut o1).unwrap();
+            let sq2 = sl.add_to_measured(&y, &mut o2).unwrap();
+            proptest::prop_assert_eq!(sq1.to_bits(), sl.squared_norm().to_bits());
+            proptest::prop_assert_eq!(sq2.to_bits(), sl.squared_norm().to_bits());
+            let mut z = y.clone();
+            sl.add_into(&mut z).unwrap();
+            proptest::prop_assert_eq!(&o1, &z);
+            proptest::prop_assert_eq!(&o2, &z);
+            le.scaled_add_to(&y, a, &mut o1).unwrap();
+            sl.scaled_add_to(&y, a, &mut o2).unwrap();
+            let mut z = y.clone();
+            sl.scaled_add_into(&mut z, a).unwrap();
+            proptest::prop_assert_eq!(&o1, &z);
+            proptest::prop_assert_eq!(&o2, &z);
+            proptest::prop_assert!(le.add_to_measured(&y[..y.len().saturating_sub(1)], &mut o1).is_err() || y.is_empty());
+            // The folded close, bytes and slices alike, scaled or not, against add then apply.
+            for f in [1.0f32, a] {
+                let params: std::vec::Vec<f32> = (0..xs.len()).map(|i| 1.0 - i as f32 * 0.11).collect();
+                let (mut p0, mut g0) = (params.clone(), y.clone());
+                if f == 1.0 { sl.add_into(&mut g0).unwrap() } else { sl.scaled_add_into(&mut g0, f).unwrap() }
+                math::apply_and_clear(&mut p0, 0.25 - a, &mut g0).unwrap();
+                for v in [le, sl] {
+                    let (mut p, mut g) = (params.clone(), y.clone());
+                    v.add_apply_and_clear(f, &mut p, 0.25 - a, &mut g).unwrap();
+                    proptest::prop_assert!(p.iter().zip(&p0).all(|(u, w)| u.to_bits() == w.to_bits()));
+                    proptest::prop_assert!(g.iter().all(|v| v.to_bits() == 0));
+                }
+            }
             le.copy_into(&mut x).unwrap();
             proptest::prop_assert_eq!(&x, &xs);
             let naive: f64 = xs.iter().map(|v| f64::from(*v) * f64::from(*v)).sum();

@@ -2,8 +2,9 @@
 //! 16 workers whose compute times are shifted-exponential (`base · (1 + Exp(1))`, so the
 //! random part is as large as the fixed part on average) learning digits with softmax
 //! regression. DBW, untuned, reaches 0.90 test accuracy within 1.2× of the best static `b`
-//! (mean over 16 seeds; measured 1.13×), far ahead of BSP, and its `b_t` trajectory is
-//! printed.
+//! (mean over seeds 1..=16: measured 1.13×; on the held-out seeds 17..=32: 1.11×; the goal
+//! is 1.1×, see "Measured" in the `dbw` module docs), far ahead of BSP, and its `b_t`
+//! trajectory is printed (mean over the seeds by version, and seed 1 in full).
 //!
 //! The table and trajectory: `cargo test -p syncopate-tests --test dbw_sweep -- --nocapture`.
 
@@ -17,8 +18,11 @@ const N: u32 = 16;
 const LR: f64 = 0.5;
 const BATCH: usize = 16;
 const TARGET: f64 = 0.90;
-/// Time to target varies a lot between seeds; the comparison is of means over these.
+/// Time to target varies a lot between seeds; the comparison is of means over a seed set.
+/// The assertion is on the first set; the second, disjoint one checks that the result is
+/// not an artefact of those seeds.
 const SEEDS: std::ops::RangeInclusive<u64> = 1..=16;
+const HOLDOUT: std::ops::RangeInclusive<u64> = 17..=32;
 
 fn config(protocol: ProtocolConfig, seed: u64) -> SimConfig {
     let mut c = SimConfig::new(protocol, ModelKind::Softmax)
@@ -65,10 +69,15 @@ fn run(protocol: ProtocolConfig, seed: u64, w: &Workload) -> (SimReport, Vec<Dec
     (report, decisions)
 }
 
-/// Mean time to target over the seeds (every run must reach it).
-fn mean_time(protocol: ProtocolConfig, w: &Workload) -> (f64, f64, Vec<Decision>) {
-    let (mut time, mut updates, mut first) = (0.0, 0.0, None);
-    for seed in SEEDS {
+/// Mean time to target, its standard error, and mean updates over `seeds` (every run must reach it), and each seed's
+/// decisions.
+fn mean_time(
+    protocol: ProtocolConfig,
+    w: &Workload,
+    seeds: &std::ops::RangeInclusive<u64>,
+) -> (f64, f64, f64, Vec<Vec<Decision>>) {
+    let (mut times, mut updates, mut all) = (Vec::new(), 0.0, Vec::new());
+    for seed in seeds.clone() {
         let (r, d) = run(protocol, seed, w);
         let t = r.time_to_target.unwrap_or_else(|| panic!("{} seed {seed} missed the target", r.protocol));
         assert_eq!(r.codec_errors, 0);
@@ -76,12 +85,35 @@ fn mean_time(protocol: ProtocolConfig, w: &Workload) -> (f64, f64, Vec<Decision>
         // open when the run stopped.
         assert!(r.accepted >= r.applied + r.dropped.values().sum::<u64>());
         assert!(in_flight(&r) < u64::from(N));
-        time += t;
+        times.push(t);
         updates += r.updates_to_target.unwrap_or(0) as f64;
-        first.get_or_insert(d);
+        all.push(d);
     }
-    let s = SEEDS.count() as f64;
-    (time / s, updates / s, first.unwrap_or_default())
+    let s = times.len() as f64;
+    let mean = times.iter().sum::<f64>() / s;
+    let var = times.iter().map(|t| (t - mean) * (t - mean)).sum::<f64>() / (s - 1.0).max(1.0);
+    (mean, (var / s).sqrt(), updates / s, all)
+}
+
+/// The sweep on one seed set: every static `b`, then DBW. Returns (BSP, best static
+/// (time, b), DBW time, DBW decisions per seed).
+fn sweep(w: &Workload, seeds: &std::ops::RangeInclusive<u64>) -> (f64, (f64, u32), f64, Vec<Vec<Decision>>) {
+    let mut times = Vec::new();
+    for b in 0..N {
+        times.push(mean_time(ProtocolConfig::Backup(BackupConfig::new(N, LR, b)), w, seeds));
+    }
+    let dbw = mean_time(ProtocolConfig::Dbw(DbwConfig::new(N, LR)), w, seeds);
+    let best = (0..N).map(|b| (times[b as usize].0, b)).min_by(|x, y| x.0.total_cmp(&y.0)).unwrap_or((f64::NAN, 0));
+    (times[0].0, best, dbw.0, {
+        eprintln!("seeds {seeds:?}");
+        eprintln!("{:>10} {:>3} {:>9} {:>7} {:>8}", "protocol", "b", "time (s)", "± s.e.", "updates");
+        for (b, (t, e, u, _)) in times.iter().enumerate() {
+            eprintln!("{:>10} {b:>3} {t:>9.3} {e:>7.3} {u:>8.1}", "backup");
+        }
+        eprintln!("{:>10} {:>3} {:>9.3} {:>7.3} {:>8.1}", "dbw", "b_t", dbw.0, dbw.1, dbw.2);
+        eprintln!("best static b = {} ({:.3} s); DBW / best = {:.3}", best.1, best.0, dbw.0 / best.0);
+        dbw.3
+    })
 }
 
 /// Gradients accepted into the round that was open when the run stopped.
@@ -94,33 +126,40 @@ fn dbw_against_every_static_b() {
     let w = Workload::digits(ModelKind::Softmax, 1);
     eprintln!(
         "16 workers, compute 10 ms x (1 + Exp(1)), softmax on digits, lr {LR}, batch {BATCH}, \
-         time to {TARGET} test accuracy, mean of seeds {SEEDS:?}"
+         time to {TARGET} test accuracy, mean over seeds"
     );
-    eprintln!("{:>10} {:>3} {:>12} {:>8}", "protocol", "b", "time (s)", "updates");
-    let mut best = (f64::INFINITY, 0);
-    let mut bsp = 0.0;
-    for b in 0..N {
-        let (t, u, _) = mean_time(ProtocolConfig::Backup(BackupConfig::new(N, LR, b)), &w);
-        eprintln!("{:>10} {b:>3} {t:>12.3} {u:>8.1}", "backup");
-        if b == 0 {
-            bsp = t;
-        }
-        if t < best.0 {
-            best = (t, b);
-        }
+    let (bsp, best, t, decisions) = sweep(&w, &SEEDS);
+    let (_, holdout_best, holdout_t, _) = sweep(&w, &HOLDOUT);
+    eprintln!(
+        "DBW / best static b: {:.3} on seeds {SEEDS:?}, {:.3} on seeds {HOLDOUT:?}",
+        t / best.0,
+        holdout_t / holdout_best.0
+    );
+    // Mean b_t per version over the seeds (runs that stopped earlier drop out).
+    eprintln!("DBW mean b_t by version over seeds {SEEDS:?} (runs still going):");
+    let longest = decisions.iter().map(Vec::len).max().unwrap_or(0);
+    let mut line = String::new();
+    for v in 0..longest.min(40) {
+        let ks: Vec<u32> = decisions.iter().filter_map(|d| d.get(v)).map(|d| d.1).collect();
+        let b = ks.iter().map(|k| f64::from(N - k)).sum::<f64>() / ks.len() as f64;
+        line += &format!(" v{}:{b:.1}", v + 1);
     }
-    let (t, u, decisions) = mean_time(ProtocolConfig::Dbw(DbwConfig::new(N, LR)), &w);
-    eprintln!("{:>10} {:>3} {t:>12.3} {u:>8.1}", "dbw", "b_t");
-    eprintln!("best static b = {} ({:.3} s); DBW / best = {:.3}", best.1, best.0, t / best.0);
+    eprintln!(" {line}");
     eprintln!("DBW trajectory (seed 1): version, b_t, tau_est (s), observed previous (s), L*eta, G, S");
-    let step = (decisions.len() / 20).max(1);
-    for (v, k, tau, obs, l_eta, g, s) in decisions.iter().step_by(step) {
+    for (v, k, tau, obs, l_eta, g, s) in decisions.first().into_iter().flatten() {
         eprintln!("  v{v:<4} b={:<2} tau={tau:.4} obs={obs:.4} L*eta={l_eta:.3} G={g:.4} S={s:.4}", N - k);
     }
-    // Measured: 1.13 (the goal was 1.1; see "Measured" in the `dbw` module docs).
+    // Measured: 1.13 and, held out, 1.11 (the goal is 1.1; about 0.07 of it is the one
+    // warm-up iteration that waits for all 16; see "Measured" in the `dbw` module docs).
     assert!(t <= 1.2 * best.0, "DBW {t:.3} s vs best static b={} {:.3} s", best.1, best.0);
+    assert!(
+        holdout_t <= 1.2 * holdout_best.0,
+        "held out: DBW {holdout_t:.3} s vs best static b={} {:.3} s",
+        holdout_best.1,
+        holdout_best.0
+    );
     // Stragglers hurt: the best static b beats BSP (b = 0) by far, and so does DBW.
     assert!(best.1 > 0 && t < 0.6 * bsp, "bsp {bsp:.3} s, dbw {t:.3} s");
     // It actually cuts stragglers after the warm-up.
-    assert!(decisions.iter().skip(2).all(|d| d.1 < N), "{decisions:?}");
+    assert!(decisions.iter().flatten().skip(2).all(|d| d.1 < N), "{decisions:?}");
 }

@@ -479,8 +479,9 @@ impl Core<'_, '_> {
 /// One simulation.
 pub(crate) struct Engine<'a, 'o> {
     core: Core<'a, 'o>,
-    /// The server (the central node of a two-level grouped run).
-    server: AnyServer<f32, Vec<f32>>,
+    /// The server (the central node of a two-level grouped run), boxed: an `AnyServer` is
+    /// ~140 KB (fixed `MAX_WORKERS` tables), too much to move around a test thread's stack.
+    server: Box<AnyServer<f32, Vec<f32>>>,
     hosts: Vec<Host>,
     /// The group nodes of a two-level grouped run (empty otherwise).
     groups: Vec<GroupNode>,
@@ -514,7 +515,7 @@ impl<'a, 'o> Engine<'a, 'o> {
                 }
                 let central = ProtocolConfig::Asp(gc.central_config());
                 let scratch = vec![0.0; central.server_scratch_len(dim)];
-                let server = AnyServer::new(&central, params, scratch).map_err(SimError::Config)?;
+                let server = Box::new(AnyServer::new(&central, params, scratch).map_err(SimError::Config)?);
                 for g in 0..gc.groups {
                     let scratch = vec![0.0; gc.group_scratch_len(dim)];
                     let node = GroupServer::new(*gc, g, 0, vec![0.0; dim], scratch).map_err(SimError::Config)?;
@@ -530,7 +531,7 @@ impl<'a, 'o> Engine<'a, 'o> {
             }
             _ => {
                 let scratch = vec![0.0; protocol.server_scratch_len(dim)];
-                AnyServer::new(protocol, params, scratch).map_err(SimError::Config)?
+                Box::new(AnyServer::new(protocol, params, scratch).map_err(SimError::Config)?)
             }
         };
         let mut hosts = Vec::with_capacity(n as usize);
@@ -986,7 +987,7 @@ impl<'a, 'o> Engine<'a, 'o> {
         let scratch = vec![0.0; protocol.server_scratch_len(params.len())];
         // The configuration was valid at the start, so it is for the resumed server.
         let Ok(server) = AnyServer::resume(protocol, params, scratch, version) else { return };
-        self.server = server;
+        *self.server = server;
         self.server_down = false;
         self.core.faults.stats.server_restarts += 1;
         self.core.tag(13, Node::Server);

@@ -144,7 +144,7 @@ fn try_connect(options: &GroupOptions, terms: &Terms, dim: usize) -> Result<(Upl
     }
     let stream = stream.map_err(|e| (e, true))?;
     let io = |e: std::io::Error| (e.to_string(), true);
-    stream.set_nodelay(true).map_err(io)?;
+    super::frame::tune_stream(&stream, super::session_max_len(dim)).map_err(io)?;
     stream.set_write_timeout(Some(options.write_timeout)).map_err(io)?;
     let mut reader = FrameReader::new(stream.try_clone().map_err(io)?, 0, options.frame_timeout);
     let mut writer = FrameWriter::new(BufWriter::with_capacity(1 << 16, stream.try_clone().map_err(io)?), 0);

@@ -448,6 +448,9 @@ impl TcpServer {
             limits: Limits::for_model(dim),
             checkpoint_due: false,
             last_version: version,
+            // Enough for a broadcast and a message to each worker in flight; more are freed
+            // once sent, so a burst of queued frames does not pin its memory for good.
+            bufs: SharedBufs::new(2 * n + 2),
         };
         let reason = core.run(&in_rx, plan, &control, note);
         core.finish(reason, &in_rx, note);
@@ -551,6 +554,10 @@ fn connection(stream: TcpStream, addr: SocketAddr, shared: &Arc<Shared>, tx: &Se
         };
     drop(unauth);
     let _ = stream.set_write_timeout(Some(opts.write_timeout));
+    // Only now, for an authenticated session: large socket buffers for large frames.
+    if let Err(e) = super::frame::tune_stream(&stream, shared.session_max_len) {
+        let _ = tx.send(Inbound::Log(format!("worker {}: cannot size the socket buffers: {e}", session.worker.0)));
+    }
     let conn = shared.next_conn.fetch_add(1, Ordering::SeqCst);
     let worker = session.worker;
     let (out_tx, out_rx) = bounded::<Arc<Vec<u8>>>(opts.send_queue.max(1));
@@ -619,6 +626,56 @@ struct Core<S> {
     limits: Limits,
     checkpoint_due: bool,
     last_version: Version,
+    /// Encoded messages, reused once every writer has sent them.
+    bufs: SharedBufs,
+}
+
+/// Buffers of encoded outgoing messages. Each message is encoded once into one of them and
+/// shared by every writer that sends it; a buffer no writer holds any more is reused for the
+/// next message, so a model broadcast neither allocates nor zeroes a fresh buffer of the
+/// model's size.
+struct SharedBufs {
+    bufs: Vec<Arc<Vec<u8>>>,
+    keep: usize,
+}
+
+impl SharedBufs {
+    fn new(keep: usize) -> Self {
+        Self { bufs: Vec::with_capacity(keep), keep }
+    }
+
+    /// A buffer holding what `encode` wrote into `len` bytes, ready to share.
+    fn fill<E>(&mut self, len: usize, encode: impl FnOnce(&mut [u8]) -> Result<usize, E>) -> Result<Arc<Vec<u8>>, E> {
+        // Only this pool clones these `Arc`s, so a count of 1 cannot go back up.
+        let free = self.bufs.iter().position(|b| Arc::strong_count(b) == 1 && Arc::weak_count(b) == 0);
+        let mut shared = free.map(|i| self.bufs.swap_remove(i)).unwrap_or_default();
+        let written = match Arc::get_mut(&mut shared) {
+            Some(buf) => encode_into(buf, len, encode),
+            None => {
+                let mut buf = Vec::new();
+                let written = encode_into(&mut buf, len, encode);
+                shared = Arc::new(buf);
+                written
+            }
+        };
+        if self.bufs.len() < self.keep {
+            self.bufs.push(Arc::clone(&shared));
+        }
+        written.map(|()| shared)
+    }
+}
+
+/// Makes `buf` exactly `len` bytes and lets `encode` fill it, keeping what it wrote. Only
+/// the bytes the buffer gains are zeroed: `encode` overwrites the rest. A length no
+/// allocation can hold leaves the buffer short, and the encoder refuses it.
+fn encode_into<E>(buf: &mut Vec<u8>, len: usize, encode: impl FnOnce(&mut [u8]) -> Result<usize, E>) -> Result<(), E> {
+    if buf.capacity() < len {
+        let _ = buf.try_reserve_exact(len.saturating_add(wire::MAX_CONTROL_LEN).saturating_sub(buf.len()));
+    }
+    if buf.capacity() >= len {
+        buf.resize(len, 0);
+    }
+    encode(buf).map(|n| buf.truncate(n))
 }
 
 impl<S: Driven> Core<S> {
@@ -764,12 +821,9 @@ impl<S: Driven> Core<S> {
             while let Some(out) = self.server.poll_output() {
                 match out {
                     ServerOutput::Send { to, msg } => {
-                        let mut bytes = vec![0u8; wire::encoded_len_to_worker(&msg)];
-                        match wire::encode_to_worker(&msg, &mut bytes) {
-                            Ok(n) => {
-                                bytes.truncate(n);
-                                outbox.push((to, Arc::new(bytes)));
-                            }
+                        let len = wire::encoded_len_to_worker(&msg);
+                        match self.bufs.fill(len, |buf| wire::encode_to_worker(&msg, buf)) {
+                            Ok(bytes) => outbox.push((to, bytes)),
                             Err(e) => note(Note::Log(&format!("cannot encode a {} message: {e}", msg.kind_name()))),
                         }
                     }
@@ -781,12 +835,9 @@ impl<S: Driven> Core<S> {
             }
             let mut upbox: Vec<Arc<Vec<u8>>> = Vec::new();
             while let Some(msg) = self.server.poll_upstream() {
-                let mut bytes = vec![0u8; wire::encoded_len_to_server(&msg)];
-                match wire::encode_to_server(&msg, &mut bytes) {
-                    Ok(n) => {
-                        bytes.truncate(n);
-                        upbox.push(Arc::new(bytes));
-                    }
+                let len = wire::encoded_len_to_server(&msg);
+                match self.bufs.fill(len, |buf| wire::encode_to_server(&msg, buf)) {
+                    Ok(bytes) => upbox.push(bytes),
                     Err(e) => note(Note::Log(&format!("cannot encode a {} message: {e}", msg.kind_name()))),
                 }
             }

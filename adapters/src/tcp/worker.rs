@@ -210,12 +210,13 @@ fn session(
 ) -> Result<SessionEnd, ConnectError> {
     let stream = connect(&options.addr, options.handshake_timeout)?;
     let io = |e: std::io::Error| ConnectError::Io(e.to_string());
-    stream.set_nodelay(true).map_err(io)?;
+    let max_len = super::session_max_len(options.dim);
+    // TCP_NODELAY, and socket buffers that hold a whole large frame.
+    super::frame::tune_stream(&stream, max_len).map_err(io)?;
     stream.set_write_timeout(Some(options.write_timeout)).map_err(io)?;
     let mut reader = FrameReader::new(stream.try_clone().map_err(io)?, 0, options.frame_timeout);
     let mut writer = FrameWriter::new(BufWriter::with_capacity(1 << 16, stream.try_clone().map_err(io)?), 0);
     let deadline = StdInstant::now() + options.handshake_timeout;
-    let max_len = super::session_max_len(options.dim);
     let s = handshake::client_handshake(
         &mut reader,
         &mut writer,

@@ -4,7 +4,11 @@
 //! round time (model version to model version at the server) and the bytes per second of
 //! gradients aggregated.
 //!
-//! `cargo run -p syncopate-benches --release --bin rounds -- [--quick]`
+//! Next to each row: the MPI peers of the same floats and ranks (`benches/mpi/allreduce.c`
+//! under `mpirun`, with `--mpi BIN`): `MPI_Allreduce` (the target) and `MPI_Reduce` to rank 0
+//! + `MPI_Bcast` (the gather/broadcast pattern of a parameter server).
+//!
+//! `cargo run -p syncopate-benches --release --bin rounds -- --help`
 
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -23,17 +27,71 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs.get(xs.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-/// Round times (s) from the instants of successive model versions, skipping `warmup`.
-fn round_times(stamps: &[Instant], warmup: usize) -> Vec<f64> {
-    stamps.windows(2).skip(warmup).map(|w| (w[1] - w[0]).as_secs_f64()).collect()
+/// Model versions before the measured rounds (the first rounds page in buffers and grow
+/// socket windows).
+const WARMUP: u64 = 3;
+
+/// CPU time (ns) all threads of this process have run so far, from
+/// `/proc/self/task/*/schedstat` (Linux); `None` elsewhere.
+fn cpu_ns() -> Option<u64> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = task.ok()?.path().join("schedstat");
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        total += text.split_whitespace().next().and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    }
+    Some(total)
+}
+
+/// One run: the time (s) of each measured round and the CPU time per round (s) of every
+/// thread (server, workers, and for TCP the socket readers and writers), which machine
+/// noise inflates far less than wall time.
+#[derive(Debug, Default)]
+struct Run {
+    times: Vec<f64>,
+    cpu: Option<f64>,
+}
+
+/// Collects the instant of every model version.
+#[derive(Debug)]
+struct Stamps {
+    at: Vec<Instant>,
+    cpu_from: Option<u64>,
+    cpu_to: Option<u64>,
+    last: u64,
+}
+
+impl Stamps {
+    fn new(last: u64) -> Self {
+        Self { at: Vec::with_capacity(last as usize + 1), cpu_from: None, cpu_to: None, last }
+    }
+
+    fn version(&mut self, v: Version) {
+        self.at.push(Instant::now());
+        if v.0 == WARMUP {
+            self.cpu_from = cpu_ns();
+        } else if v.0 == self.last {
+            self.cpu_to = cpu_ns();
+        }
+    }
+
+    /// Round times from successive model versions after the warm-up.
+    fn run(&self) -> Run {
+        let times: Vec<f64> =
+            self.at.windows(2).skip(WARMUP as usize - 1).map(|w| (w[1] - w[0]).as_secs_f64()).collect();
+        let cpu = match (self.cpu_from, self.cpu_to) {
+            (Some(a), Some(b)) if !times.is_empty() => Some(b.saturating_sub(a) as f64 / 1e9 / times.len() as f64),
+            _ => None,
+        };
+        Run { times, cpu }
+    }
 }
 
 /// BSP over `channel::star`: one server thread and `n` worker threads.
-fn channel_bsp(n: u32, dim: usize, rounds: u64) -> Vec<f64> {
+fn channel_bsp(n: u32, dim: usize, rounds: u64) -> Run {
     let config = ProtocolConfig::Bsp(BspConfig::new(n, 1e-6));
     let (server_port, worker_ports) = channel::star(n as usize, 4);
     let limits = Limits::for_model(dim);
-    let msg_len = limits.max_message_len::<f32>();
     let workers: Vec<_> = worker_ports
         .into_iter()
         .map(|port| {
@@ -41,7 +99,6 @@ fn channel_bsp(n: u32, dim: usize, rounds: u64) -> Vec<f64> {
                 let setup = WorkerSetup { id: port.id(), epoch: 1, rejoin_after: None };
                 let mut w = AnyWorker::new(&config, setup, vec![0.0f32; dim], vec![0.0; 1]).expect("worker");
                 let grad = vec![1e-3f32; dim];
-                let mut buf = vec![0u8; msg_len];
                 let now = CoreInstant::ZERO;
                 loop {
                     loop {
@@ -49,8 +106,7 @@ fn channel_bsp(n: u32, dim: usize, rounds: u64) -> Vec<f64> {
                         while let Some(out) = w.poll_output() {
                             match out {
                                 WorkerOutput::Send(msg) => {
-                                    let len = wire::encode_to_server(&msg, &mut buf).expect("encode");
-                                    if port.send(&buf[..len]).is_err() {
+                                    if port.send_to_server(&msg).is_err() {
                                         return;
                                     }
                                 }
@@ -74,8 +130,7 @@ fn channel_bsp(n: u32, dim: usize, rounds: u64) -> Vec<f64> {
         })
         .collect();
     let mut server = AnyServer::new(&config, vec![0.5f32; dim], vec![0.0; dim]).expect("server");
-    let mut buf = vec![0u8; msg_len];
-    let mut stamps = Vec::with_capacity(rounds as usize + 1);
+    let mut stamps = Stamps::new(rounds);
     let now = CoreInstant::ZERO;
     while server.version().0 < rounds {
         let Ok(packet) = server_port.recv(Some(Duration::from_secs(30))) else { break };
@@ -86,10 +141,9 @@ fn channel_bsp(n: u32, dim: usize, rounds: u64) -> Vec<f64> {
         while let Some(out) = server.poll_output() {
             match out {
                 ServerOutput::Send { to, msg } => {
-                    let len = wire::encode_to_worker(&msg, &mut buf).expect("encode");
-                    server_port.send(to, &buf[..len]);
+                    server_port.send_to_worker(to, &msg).expect("encode");
                 }
-                ServerOutput::Event(ServerEvent::ModelUpdated { .. }) => stamps.push(Instant::now()),
+                ServerOutput::Event(ServerEvent::ModelUpdated { version, .. }) => stamps.version(version),
                 ServerOutput::Event(_) => {}
             }
         }
@@ -97,8 +151,7 @@ fn channel_bsp(n: u32, dim: usize, rounds: u64) -> Vec<f64> {
     server.stop();
     while let Some(out) = server.poll_output() {
         if let ServerOutput::Send { to, msg } = out {
-            let len = wire::encode_to_worker(&msg, &mut buf).expect("encode");
-            server_port.send(to, &buf[..len]);
+            server_port.send_to_worker(to, &msg).expect("encode");
         }
     }
     // Workers may still be sending; keep draining until they have all stopped.
@@ -107,16 +160,16 @@ fn channel_bsp(n: u32, dim: usize, rounds: u64) -> Vec<f64> {
         let _ = w.join();
     }
     let _ = drain.join();
-    round_times(&stamps, 2)
+    stamps.run()
 }
 
 /// BSP over the TCP adapter on loopback: `n` worker threads with `run_worker`.
-fn tcp_bsp(n: u32, dim: usize, rounds: u64) -> Result<Vec<f64>, String> {
+fn tcp_bsp(n: u32, dim: usize, rounds: u64) -> Result<Run, String> {
     let config = ProtocolConfig::Bsp(BspConfig::new(n, 1e-6));
     let options = ServerOptions::new(config, dim);
     let server = TcpServer::bind("127.0.0.1:0", options).map_err(|e| e.to_string())?;
     let addr = server.local_addr().map_err(|e| e.to_string())?.to_string();
-    let stamps = Arc::new(Mutex::new(Vec::with_capacity(rounds as usize + 1)));
+    let stamps = Arc::new(Mutex::new(Stamps::new(rounds)));
     let workers: Vec<_> = (0..n)
         .map(|i| {
             let opts = WorkerOptions::new(addr.clone(), WorkerId(i), config, dim);
@@ -128,73 +181,176 @@ fn tcp_bsp(n: u32, dim: usize, rounds: u64) -> Result<Vec<f64>, String> {
     let plan = RunPlan { max_gradients: rounds * u64::from(n), time_limit: Some(Duration::from_secs(300)) };
     let sink = Arc::clone(&stamps);
     let report = server.run(vec![0.5f32; dim], Version::ZERO, &plan, &mut |note| {
-        if let Note::Model { .. } = note {
-            sink.lock().expect("stamps").push(Instant::now());
+        if let Note::Model { version, .. } = note {
+            sink.lock().expect("stamps").version(version);
         }
     });
     for w in workers {
         let _ = w.join();
     }
     report.map_err(|e| e.to_string())?;
-    let stamps = stamps.lock().expect("stamps").clone();
-    Ok(round_times(&stamps, 2))
+    let run = stamps.lock().expect("stamps").run();
+    Ok(run)
 }
 
-/// The median `MPI_Allreduce` time (s) of `dim` floats over `n` ranks with the byte transfer
-/// layers `btl`, by running the peer program under `mpirun`; `None` if it did not run.
-fn mpi_allreduce(bin: &str, btl: &str, n: u32, dim: usize, iters: u64) -> Option<f64> {
+/// The two MPI peers of one configuration: medians (s) of `MPI_Allreduce` and of
+/// `MPI_Reduce` to rank 0 + `MPI_Bcast`.
+#[derive(Clone, Copy, Debug)]
+struct MpiTimes {
+    allreduce: f64,
+    reduce_bcast: Option<f64>,
+}
+
+/// Runs the peer program under `mpirun` with the byte transfer layers `btl` on `dim` floats
+/// over `n` ranks; `None` if it did not run.
+fn mpi_peer(bin: &str, btl: &str, n: u32, dim: usize, iters: u64) -> Option<MpiTimes> {
     let out = std::process::Command::new("mpirun")
         .args(["--allow-run-as-root", "--oversubscribe", "--mca", "btl", btl, "-np", &n.to_string(), bin])
         .args([dim.to_string(), iters.to_string()])
         .output()
         .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().find(|l| l.starts_with("mpi "))?;
-    let ms = line.split_whitespace().find_map(|f| f.strip_prefix("median_ms="))?;
-    ms.parse::<f64>().ok().map(|ms| ms / 1e3)
+    let median_of = |op: &str| {
+        let line = text.lines().find(|l| l.starts_with("mpi ") && l.split_whitespace().any(|f| f == op))?;
+        let ms = line.split_whitespace().find_map(|f| f.strip_prefix("median_ms="))?;
+        ms.parse::<f64>().ok().map(|ms| ms / 1e3)
+    };
+    // An older peer program prints one line without `op=`: its median is the allreduce.
+    let allreduce = median_of("op=allreduce").or_else(|| median_of("mpi"))?;
+    Some(MpiTimes { allreduce, reduce_bcast: median_of("op=reduce_bcast") })
 }
 
-fn row(transport: &str, n: u32, dim: usize, times: &[f64], peer: Option<(&str, f64)>) {
-    let m = median(times.to_vec());
-    let gbs = (u64::from(n) * dim as u64 * 4) as f64 / m / 1e9;
-    let (peer_name, peer_ms, ratio) = match peer {
-        Some((name, t)) => (name, format!("{:.3}", t * 1e3), format!("{:.2}x", t / m)),
-        None => ("–", "–".into(), "–".into()),
+/// `a / b` as the table's ratio, or a dash.
+fn ratio(a: Option<f64>, b: f64) -> String {
+    a.map_or_else(|| "–".into(), |a| format!("{:.2}x", a / b))
+}
+
+fn ms(t: Option<f64>) -> String {
+    t.map_or_else(|| "–".into(), |t| format!("{:.3}", t * 1e3))
+}
+
+/// One table row: the median of the runs' median round times (and their range), the
+/// median CPU time per round, next to the median of the MPI runs (each run of the peer
+/// reports its own median).
+fn row(transport: &str, n: u32, dim: usize, runs: &[Run], btl: Option<&str>, peers: &[MpiTimes]) {
+    let medians: Vec<f64> = runs.iter().filter(|r| !r.times.is_empty()).map(|r| median(r.times.clone())).collect();
+    let m = median(medians.clone());
+    let spread = match (medians.iter().copied().reduce(f64::min), medians.iter().copied().reduce(f64::max)) {
+        (Some(lo), Some(hi)) if medians.len() > 1 => format!(" ({:.1}–{:.1})", lo * 1e3, hi * 1e3),
+        _ => String::new(),
     };
+    let cpu: Vec<f64> = runs.iter().filter_map(|r| r.cpu).collect();
+    let cpu = (!cpu.is_empty()).then(|| median(cpu));
+    let gbs = (u64::from(n) * dim as u64 * 4) as f64 / m / 1e9;
+    let all = (!peers.is_empty()).then(|| median(peers.iter().map(|p| p.allreduce).collect()));
+    let rb: Vec<f64> = peers.iter().filter_map(|p| p.reduce_bcast).collect();
+    let rb = (!rb.is_empty()).then(|| median(rb));
+    let rounds = runs.first().map_or(0, |r| r.times.len());
     println!(
-        "| {transport} | {n} | {dim:.0e} | {} | {:.3} | {gbs:.2} | {peer_name} | {peer_ms} | {ratio} |",
-        times.len(),
-        m * 1e3
+        "| {transport} | {n} | {dim:.0e} | {rounds}×{} | {:.3}{spread} | {} | {gbs:.2} | {} | {} | {} | {} | {} |",
+        runs.len(),
+        m * 1e3,
+        ms(cpu),
+        if peers.is_empty() { "–" } else { btl.unwrap_or("–") },
+        ms(all),
+        ratio(all, m),
+        ms(rb),
+        ratio(rb, m),
     );
+}
+
+const USAGE: &str = "usage: rounds [--quick] [--mpi BIN] [--transport channel|tcp] [--n N] [--dim D] \
+                     [--rounds R] [--repeat K]
+  --quick         6 rounds per run instead of 60 (d = 1e6) / 20 (d = 1e7)
+  --mpi BIN       also run the MPI peer program BIN (benches/mpi/allreduce.c) under mpirun
+  --transport T   only this transport (default: both)
+  --n N           only N workers (default: 2 and 4)
+  --dim D         only this model dimension (default: 1e6 and 1e7)
+  --rounds R      rounds per run (the first 3 are warm-up and not counted)
+  --repeat K      runs per configuration, ours and the peer's interleaved; the table shows the
+                  median of the runs' medians and, in parentheses, their range (default 1)";
+
+fn usage_exit(why: &str) -> ! {
+    eprintln!("{why}\n{USAGE}");
+    std::process::exit(2);
+}
+
+/// The value after `flag`.
+fn flag_str(args: &[String], flag: &str) -> Option<String> {
+    let i = args.iter().position(|a| a == flag)?;
+    Some(args.get(i + 1).cloned().unwrap_or_else(|| usage_exit(&format!("{flag} needs a value"))))
+}
+
+/// The whole number after `flag`, written plainly or as `1e6`.
+fn flag_num(args: &[String], flag: &str) -> Option<u64> {
+    let v = flag_str(args, flag)?;
+    let x = v.parse::<u64>().ok().or_else(|| {
+        let f = v.parse::<f64>().ok()?;
+        (f >= 0.0 && f.fract() == 0.0 && f < 1e15).then_some(f as u64)
+    });
+    Some(x.unwrap_or_else(|| usage_exit(&format!("bad value for {flag}: {v}"))))
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return;
+    }
     let quick = args.iter().any(|a| a == "--quick");
-    let mpi = args.iter().position(|a| a == "--mpi").and_then(|i| args.get(i + 1)).cloned();
+    let mpi = flag_str(&args, "--mpi");
+    let transport = flag_str(&args, "--transport");
+    if transport.as_deref().is_some_and(|t| t != "channel" && t != "tcp") {
+        usage_exit("--transport is channel or tcp");
+    }
+    let only_n = flag_num(&args, "--n").map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+    let only_dim = flag_num(&args, "--dim").map(|d| usize::try_from(d).unwrap_or(usize::MAX));
+    let fixed_rounds = flag_num(&args, "--rounds").map(|r| r.max(4));
+    let repeat = flag_num(&args, "--repeat").unwrap_or(1).max(1);
+    let want = |t: &str| transport.as_deref().is_none_or(|x| x == t);
     // OpenMPI 4 calls its shared-memory transport `vader`, OpenMPI 5 `sm`.
-    let shm_btl = mpi.as_deref().and_then(|bin| {
-        ["self,vader", "self,sm"].into_iter().find(|btl| mpi_allreduce(bin, btl, 2, 1000, 3).is_some())
-    });
+    let shm_btl = mpi
+        .as_deref()
+        .and_then(|bin| ["self,vader", "self,sm"].into_iter().find(|btl| mpi_peer(bin, btl, 2, 1000, 3).is_some()));
     println!(
-        "| transport | n | d | rounds | median round (ms) | gradient GB/s | MPI peer (btl) | MPI_Allreduce (ms) | MPI / ours |"
+        "| transport | n | d | rounds×runs | median round (ms) | CPU per round (ms) | gradient GB/s | MPI peer (btl) \
+         | MPI_Allreduce (ms) | Allreduce / ours | MPI Reduce+Bcast (ms) | Reduce+Bcast / ours |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---|---:|---:|");
-    for dim in [1_000_000usize, 10_000_000] {
-        let rounds = match (quick, dim >= 10_000_000) {
+    println!("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|");
+    let dims: Vec<usize> = only_dim.map_or_else(|| vec![1_000_000, 10_000_000], |d| vec![d]);
+    let ns: Vec<u32> = only_n.map_or_else(|| vec![2, 4], |n| vec![n]);
+    for &dim in &dims {
+        let rounds = fixed_rounds.unwrap_or(match (quick, dim >= 10_000_000) {
             (true, _) => 6,
             (false, true) => 20,
             (false, false) => 60,
-        };
-        for n in [2u32, 4] {
-            let peer = |btl: Option<&'static str>| {
-                let (bin, btl) = (mpi.as_deref()?, btl?);
-                mpi_allreduce(bin, btl, n, dim, rounds).map(|t| (btl, t))
-            };
-            row("channel", n, dim, &channel_bsp(n, dim, rounds), peer(shm_btl));
-            match tcp_bsp(n, dim, rounds) {
-                Ok(t) => row("tcp", n, dim, &t, peer(Some("self,tcp"))),
-                Err(e) => println!("| tcp | {n} | {dim:.0e} | – | failed: {e} | – | – | – | – |"),
+        });
+        for &n in &ns {
+            let peer = |btl: Option<&str>| -> Option<MpiTimes> { mpi_peer(mpi.as_deref()?, btl?, n, dim, rounds) };
+            if want("channel") {
+                let (mut runs, mut peers) = (Vec::new(), Vec::new());
+                for _ in 0..repeat {
+                    runs.push(channel_bsp(n, dim, rounds));
+                    peers.extend(peer(shm_btl));
+                }
+                row("channel", n, dim, &runs, shm_btl, &peers);
+            }
+            if want("tcp") {
+                let (mut runs, mut peers) = (Vec::new(), Vec::new());
+                let mut failed = None;
+                for _ in 0..repeat {
+                    match tcp_bsp(n, dim, rounds) {
+                        Ok(t) => runs.push(t),
+                        Err(e) => failed = Some(e),
+                    }
+                    peers.extend(peer(Some("self,tcp")));
+                }
+                match failed {
+                    Some(e) if runs.is_empty() => {
+                        println!("| tcp | {n} | {dim:.0e} | – | failed: {e} | – | – | – | – | – | – | – |");
+                    }
+                    _ => row("tcp", n, dim, &runs, Some("self,tcp"), &peers),
+                }
             }
         }
     }

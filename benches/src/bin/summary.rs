@@ -6,14 +6,24 @@
 use syncopate_benches::{KERNEL_DIMS, criterion_median_ns};
 
 /// (kernel id, its 16-lane baseline id, what it does)
-const KERNELS: [(&str, Option<&str>, &str); 8] = [
+const KERNELS: [(&str, Option<&str>, &str); 14] = [
     ("accumulate", Some("accumulate_simd"), "acc += g"),
     ("accumulate_le", Some("accumulate_le_simd"), "acc += decode_le(payload)"),
     ("admit_accumulate_le", Some("accumulate_le_simd"), "admit (len, finite, norm) + acc += decode_le"),
+    (
+        "admit_accumulate_le_fused",
+        Some("accumulate_le_simd"),
+        "one pass: spare = acc + decode_le, norm; swap on accept",
+    ),
     ("average", Some("average_simd"), "acc *= 1/k"),
     ("apply", Some("apply_simd"), "w += a*acc; acc = 0"),
     ("norm", Some("norm_simd"), "sum g^2"),
     ("norm_le", Some("norm_simd"), "sum decode_le(payload)^2"),
+    ("finite", Some("finite_scalar"), "all finite (SIMD column: the scalar fold it replaced)"),
+    ("finite_le", Some("finite_le_scalar"), "all finite, decode_le (SIMD column: the scalar loop)"),
+    ("worker_grad", Some("worker_grad_2pass"), "buf = g while checking finite (SIMD column: check, then copy)"),
+    ("worker_grad_2pass_scalar", None, "scalar finite check, then copy (before)"),
+    ("close_folded_le", Some("close_2pass_le"), "w += a*(acc + decode_le); acc = 0 (SIMD column: add, then apply)"),
     ("copy", None, "copy_from_slice (baseline)"),
 ];
 
@@ -42,26 +52,22 @@ fn main() {
         }
     }
     println!();
-    println!("### State machines (ns per control message: handle + drain, d = 16)\n");
-    println!("| protocol | message | ns/msg |");
-    println!("|---|---|---:|");
+    println!("### State machines (ns per control message, n = 4, d = 16)\n");
+    println!("handle + drain: `handle` of in-memory messages (`Values::Slice`) and draining `poll_output`");
+    println!("(each output copied once); with wire codec: also decoding each inbound message and encoding");
+    println!("each reply for each recipient.\n");
+    println!("| protocol | handle + drain (ns/msg) | with wire codec (ns/msg) |");
+    println!("|---|---:|---:|");
     let Ok(dir) = std::fs::read_dir(syncopate_benches::criterion_dir().join("overhead")) else { return };
-    let mut rows: Vec<(String, String, f64)> = Vec::new();
-    for proto in dir.flatten() {
-        let proto_name = proto.file_name().to_string_lossy().into_owned();
-        let Ok(sub) = std::fs::read_dir(proto.path()) else { continue };
-        for msg in sub.flatten() {
-            let msg_name = msg.file_name().to_string_lossy().into_owned();
-            if msg_name == "report" {
-                continue;
-            }
-            if let Some(t) = criterion_median_ns(&format!("overhead/{proto_name}/{msg_name}")) {
-                rows.push((proto_name.clone(), msg_name, t));
-            }
+    let mut protocols: Vec<String> =
+        dir.flatten().map(|p| p.file_name().to_string_lossy().into_owned()).filter(|p| p != "report").collect();
+    protocols.sort();
+    let cell = |id: String| criterion_median_ns(&id).map_or("–".to_string(), |t| format!("{t:.0}"));
+    for p in protocols {
+        let (mem, wire) = (format!("overhead/{p}/mem_n4"), format!("overhead/{p}/wire_n4"));
+        if criterion_median_ns(&mem).is_none() && criterion_median_ns(&wire).is_none() {
+            continue;
         }
-    }
-    rows.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-    for (p, m, t) in rows {
-        println!("| {p} | {m} | {t:.0} |");
+        println!("| {p} | {} | {} |", cell(mem), cell(wire));
     }
 }

@@ -18,9 +18,10 @@
 //! once. The mass Kaplan–Meier cannot place (beyond the largest sample, when the largest
 //! samples are censored) gets an exponential tail whose mean is the censored-data maximum
 //! likelihood estimate `Σ (t_i − u)⁺ / #{observed t_i > u}` above a threshold `u` (the
-//! Kaplan–Meier median, or the smallest sample when fewer than half were observed). That
-//! tail is exact for shifted-exponential round trips (memorylessness) and an
-//! underestimate for heavier tails; this is this project's reconstruction (PROTOCOLS.md
+//! Kaplan–Meier median, or the smallest sample when fewer than half were observed),
+//! integrated in closed form (the draws that land in the tail are `Bin(n, mass)` many
+//! i.i.d. exponentials past the last sample). That tail is exact for shifted-exponential
+//! round trips (memorylessness) and an underestimate for heavier tails; this is this project's reconstruction (PROTOCOLS.md
 //! §3.3 leaves the censoring method open).
 
 use crate::id::MAX_WORKERS;
@@ -32,15 +33,17 @@ use crate::time::Duration;
 /// have microsecond resolution and saturate at about 35 minutes.
 pub const MAX_RTT_SAMPLES: usize = 2048;
 
-/// Quadrature points for the exponential tail of [`RttWindow::expected_order_statistics`].
-const TAIL_POINTS: usize = 128;
-
-/// An exponential moving average `x̄ ← β x̄ + (1 − β) x`, started at the first sample (no
-/// start-up bias towards zero).
+/// An exponential moving average with start-up bias correction (as in Adam): after samples
+/// `x_1..x_t` it is `Σ β^(t−i) x_i / Σ β^(t−i)`, the weighted mean of the samples so far.
+/// Early on every sample counts about equally (no bias towards zero, and no outsized weight
+/// on the first sample); later the weights decay with time constant `1/(1 − β)`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Ema {
     beta: f64,
-    value: Option<f64>,
+    /// `Σ β^(t−i) (1 − β) x_i`.
+    sum: f64,
+    /// `Σ β^(t−i) (1 − β) = 1 − β^t`.
+    weight: f64,
 }
 
 impl Ema {
@@ -48,7 +51,7 @@ impl Ema {
     /// latest sample).
     pub fn new(beta: f64) -> Self {
         let beta = if beta.is_finite() { beta.clamp(0.0, 0.999_999) } else { 0.0 };
-        Self { beta, value: None }
+        Self { beta, sum: 0.0, weight: 0.0 }
     }
 
     /// Adds a sample; non-finite samples are ignored.
@@ -56,15 +59,13 @@ impl Ema {
         if !x.is_finite() {
             return;
         }
-        self.value = Some(match self.value {
-            Some(v) => self.beta * v + (1.0 - self.beta) * x,
-            None => x,
-        });
+        self.sum = self.beta * self.sum + (1.0 - self.beta) * x;
+        self.weight = self.beta * self.weight + (1.0 - self.beta);
     }
 
     /// The current average, if any sample arrived.
     pub fn get(&self) -> Option<f64> {
-        self.value
+        (self.weight > 0.0).then(|| self.sum / self.weight)
     }
 }
 
@@ -133,8 +134,29 @@ pub fn shifted_exp_order_statistic(n: u32, k: u32, shift: f64, rate: f64) -> f64
 
 /// Writes the probabilities of `Bin(n, p)` into `out[0..=n]` (the rest untouched). Computed
 /// from the mode outwards, so no term underflows before the negligible ones. Returns
-/// `false` (and writes nothing) if `out` is shorter than `n + 1`.
+/// `false` (and writes nothing) if `out` is shorter than `n + 1` or `n` exceeds
+/// [`MAX_WORKERS`].
 pub fn binomial_pmf(n: usize, p: f64, out: &mut [f64]) -> bool {
+    let mut table = [0.0; MAX_WORKERS + 1];
+    log_binomials(n, &mut table) && pmf_with(n, p, &table, out)
+}
+
+/// Writes `ln C(n, m)` into `out[m]` for `m` in `0..=n` (one `ln` per entry, by the
+/// multiplicative recurrence). `false` if `out` is too short.
+fn log_binomials(n: usize, out: &mut [f64]) -> bool {
+    let Some(out) = out.get_mut(..=n) else { return false };
+    let mut x = 0.0;
+    for (m, o) in out.iter_mut().enumerate() {
+        if m > 0 {
+            x += libm::log((n - m + 1) as f64 / m as f64);
+        }
+        *o = x;
+    }
+    true
+}
+
+/// [`binomial_pmf`] with `ln C(n, m)` precomputed in `log_binom` (see [`log_binomials`]).
+fn pmf_with(n: usize, p: f64, log_binom: &[f64], out: &mut [f64]) -> bool {
     let Some(out) = out.get_mut(..=n) else { return false };
     out.fill(0.0);
     let p = if p.is_nan() { 0.0 } else { p.clamp(0.0, 1.0) };
@@ -148,9 +170,7 @@ pub fn binomial_pmf(n: usize, p: f64, out: &mut [f64]) -> bool {
     let nf = n as f64;
     let mode = (libm::floor((nf + 1.0) * p) as usize).min(n);
     let mf = mode as f64;
-    let log_mode = libm::lgamma(nf + 1.0) - libm::lgamma(mf + 1.0) - libm::lgamma(nf - mf + 1.0)
-        + mf * libm::log(p)
-        + (nf - mf) * libm::log1p(-p);
+    let log_mode = log_binom.get(mode).copied().unwrap_or(0.0) + mf * libm::log(p) + (nf - mf) * libm::log1p(-p);
     let odds = p / (1.0 - p);
     let mut x = libm::exp(log_mode);
     if let Some(o) = out.get_mut(mode) {
@@ -174,8 +194,8 @@ pub fn binomial_pmf(n: usize, p: f64, out: &mut [f64]) -> bool {
 
 /// Adds `width · P(Bin(n, cdf) < k)` to `out[k-1]` for every `k` in `1..=n`: one step of
 /// `E[T_(k:n)] = ∫ P(Bin(n, F(x)) < k) dx`.
-fn add_step(n: usize, width: f64, cdf: f64, pmf: &mut [f64; MAX_WORKERS + 1], out: &mut [f64]) {
-    if width.is_nan() || width <= 0.0 || !binomial_pmf(n, cdf, pmf) {
+fn add_step(n: usize, width: f64, cdf: f64, log_binom: &[f64], pmf: &mut [f64; MAX_WORKERS + 1], out: &mut [f64]) {
+    if width.is_nan() || width <= 0.0 || !pmf_with(n, cdf, log_binom, pmf) {
         return;
     }
     let mut below = 0.0;
@@ -198,6 +218,13 @@ pub struct RttWindow {
     capacity: usize,
     head: usize,
     len: usize,
+    /// Samples pushed since the last successful [`RttWindow::expected_order_statistics`].
+    fresh: usize,
+    /// `ln C(n, m)` for `m` in `0..=log_binom_n` (`log_binom_n == 0`: not computed yet).
+    log_binom: [f64; MAX_WORKERS + 1],
+    log_binom_n: usize,
+    /// Work space for the binomial probabilities.
+    pmf: [f64; MAX_WORKERS + 1],
 }
 
 impl RttWindow {
@@ -210,6 +237,10 @@ impl RttWindow {
             capacity: capacity.clamp(1, MAX_RTT_SAMPLES),
             head: 0,
             len: 0,
+            fresh: 0,
+            log_binom: [0.0; MAX_WORKERS + 1],
+            log_binom_n: 0,
+            pmf: [0.0; MAX_WORKERS + 1],
         }
     }
 
@@ -242,12 +273,21 @@ impl RttWindow {
         } else {
             self.head = (self.head + 1) % self.capacity;
         }
+        self.fresh = self.fresh.saturating_add(1);
+    }
+
+    /// Samples pushed since the last successful
+    /// [`expected_order_statistics`](Self::expected_order_statistics) (or since creation).
+    /// Callers use it to decide when the window changed enough to be worth re-estimating.
+    pub fn fresh(&self) -> usize {
+        self.fresh
     }
 
     /// Forgets every sample.
     pub fn clear(&mut self) {
         self.head = 0;
         self.len = 0;
+        self.fresh = 0;
     }
 
     /// Writes `E[T_(k:n)]` in seconds into `out[k-1]` for `k` in `1..=n`, for `n` i.i.d.
@@ -259,12 +299,12 @@ impl RttWindow {
         if n == 0 || n > MAX_WORKERS || out.len() < n || self.len == 0 {
             return false;
         }
-        let (Some(ring), Some(sorted)) = (self.ring.get(..self.capacity), self.sorted.get_mut(..self.len)) else {
+        // The samples held are `ring[..len]` as a set (the head moves only once the ring is
+        // full), and they are sorted next, so their order does not matter.
+        let (Some(ring), Some(sorted)) = (self.ring.get(..self.len), self.sorted.get_mut(..self.len)) else {
             return false;
         };
-        for (i, s) in sorted.iter_mut().enumerate() {
-            *s = ring.get((self.head + i) % self.capacity).copied().unwrap_or(0);
-        }
+        sorted.copy_from_slice(ring);
         sorted.sort_unstable();
         let sorted: &[u32] = sorted;
         let secs = |key: u32| f64::from(key >> 1) / 1e6;
@@ -273,62 +313,72 @@ impl RttWindow {
             return false;
         }
 
-        // Pass 1: Kaplan–Meier masses, to find the median (the tail threshold).
-        let mut threshold = sorted.first().map_or(0.0, |k| secs(*k));
-        let mut survival = 1.0;
-        for_each_km_step(sorted, |t, mass, _| {
-            let before = survival;
-            survival -= mass;
-            if before > 0.5 && survival <= 0.5 {
-                threshold = t;
-            }
-        });
-        if survival > 0.5 {
-            threshold = sorted.first().map_or(0.0, |k| secs(*k));
-        }
-        // Censored exponential MLE of the mean excess above the threshold.
-        let (mut excess, mut events) = (0.0, 0u32);
-        for key in sorted {
-            let t = secs(*key);
-            if t > threshold {
-                excess += t - threshold;
-                events += u32::from(observed(*key));
-            }
-        }
-        let tail_mean = if events > 0 { excess / f64::from(events) } else { 0.0 };
-        let last = sorted.last().map_or(0.0, |k| secs(*k));
-
-        // Pass 2: integrate over the Kaplan–Meier steps, then over the tail.
         let Some(out) = out.get_mut(..n) else { return false };
+        // `ln C(n, ·)` changes only with `n`: computed once per live count.
+        if self.log_binom_n != n {
+            if !log_binomials(n, &mut self.log_binom) {
+                return false;
+            }
+            self.log_binom_n = n;
+        }
+        let (log_binom, pmf) = (&self.log_binom, &mut self.pmf);
         out.fill(0.0);
-        let mut pmf = [0.0; MAX_WORKERS + 1];
+        // One pass over the Kaplan–Meier steps: integrate, and find the median (the tail
+        // threshold; the smallest sample when the observed mass never reaches one half).
+        let first = sorted.first().map_or(0, |k| k >> 1);
+        let mut threshold = first;
         let (mut x, mut cdf) = (0.0f64, 0.0f64);
-        for_each_km_step(sorted, |t, mass, _| {
-            add_step(n, t - x, cdf, &mut pmf, out);
+        for_each_km_step(sorted, |micros, mass| {
+            let t = f64::from(micros) / 1e6;
+            add_step(n, t - x, cdf, log_binom, pmf, out);
             x = t;
+            let before = cdf;
             cdf = (cdf + mass).min(1.0);
+            if before < 0.5 && cdf >= 0.5 {
+                threshold = micros;
+            }
         });
+        if cdf < 0.5 {
+            threshold = first;
+        }
+        // Censored exponential MLE of the mean excess above the threshold (in integer
+        // microseconds, over the sorted samples above it).
+        let above = sorted.get(sorted.partition_point(|k| k >> 1 <= threshold)..).unwrap_or(&[]);
+        let (mut excess, mut events) = (0u64, 0u32);
+        for key in above {
+            excess += u64::from((key >> 1).saturating_sub(threshold));
+            events += u32::from(observed(*key));
+        }
+        let tail_mean = if events > 0 { excess as f64 / 1e6 / f64::from(events) } else { 0.0 };
+        let last = sorted.last().map_or(0.0, |k| secs(*k));
         let tail_mass = (1.0 - cdf).max(0.0);
         if tail_mass > 1e-12 {
-            add_step(n, last - x, cdf, &mut pmf, out);
-            // Beyond `last`: S(x) = tail_mass·exp(−(x − last)/θ). With s = S(x),
-            // ∫ P(Bin(n, 1 − s) < k) dx = θ ∫₀^{tail_mass} P(Bin(n, 1 − s) < k) / s ds,
-            // by the midpoint rule (the integrand is a polynomial in s).
-            if tail_mean > 0.0 {
-                let h = tail_mass / TAIL_POINTS as f64;
-                for j in 0..TAIL_POINTS {
-                    let s = h * (j as f64 + 0.5);
-                    add_step(n, tail_mean * h / s, 1.0 - s, &mut pmf, out);
+            add_step(n, last - x, cdf, log_binom, pmf, out);
+            // Beyond `last` each draw lies with probability `tail_mass`, then at `last` plus
+            // an Exp(mean θ) excess. With J ~ Bin(n, tail_mass) draws there, T_(k:n) is
+            // the (k − n + J)-th smallest of J exponentials (memorylessness), so
+            // E[(T_(k:n) − last)⁺] = θ Σ_{J > n−k} P(J) Σ_{i=n−k+1}^{J} 1/i
+            //                      = θ Σ_{i=n−k+1}^{n} P(J ≥ i)/i,
+            // exact, with one binomial and a suffix sum for every k at once.
+            if tail_mean > 0.0 && pmf_with(n, tail_mass, log_binom, pmf) {
+                let (mut at_least, mut sum) = (0.0, 0.0);
+                for i in (1..=n).rev() {
+                    at_least += pmf.get(i).copied().unwrap_or(0.0);
+                    sum += at_least.min(1.0) / i as f64;
+                    if let Some(o) = out.get_mut(n - i) {
+                        *o += tail_mean * sum;
+                    }
                 }
             }
         }
+        self.fresh = 0;
         true
     }
 }
 
-/// Calls `f(time_secs, mass, at_risk)` for each distinct observed time of the sorted
-/// samples, with its Kaplan–Meier probability mass.
-fn for_each_km_step(sorted: &[u32], mut f: impl FnMut(f64, f64, usize)) {
+/// Calls `f(time_micros, mass)` for each distinct observed time of the sorted samples, with
+/// its Kaplan–Meier probability mass.
+fn for_each_km_step(sorted: &[u32], mut f: impl FnMut(u32, f64)) {
     let mut at_risk = sorted.len();
     let mut survival = 1.0f64;
     let mut i = 0;
@@ -349,7 +399,7 @@ fn for_each_km_step(sorted: &[u32], mut f: impl FnMut(f64, f64, usize)) {
         if deaths > 0 && at_risk > 0 {
             let mass = survival * deaths as f64 / at_risk as f64;
             survival -= mass;
-            f(f64::from(time) / 1e6, mass, at_risk);
+            f(time, mass);
         }
         at_risk = at_risk.saturating_sub(deaths + censored);
     }
@@ -372,15 +422,27 @@ mod tests {
     }
 
     #[test]
-    fn ema_starts_at_first_sample() {
+    fn ema_is_bias_corrected() {
         let mut e = Ema::new(0.5);
         assert_eq!(e.get(), None);
         e.update(4.0);
         assert_eq!(e.get(), Some(4.0));
         e.update(f64::NAN);
         assert_eq!(e.get(), Some(4.0));
+        // Weights 1/2 and 1 (β = 1/2): (4·½ + 0·1) / (½ + 1).
         e.update(0.0);
-        assert_eq!(e.get(), Some(2.0));
+        assert_eq!(e.get(), Some(4.0 / 3.0));
+        // Long run: the weights decay geometrically, the average tracks the recent samples.
+        for _ in 0..60 {
+            e.update(2.0);
+        }
+        assert!((e.get().unwrap() - 2.0).abs() < 1e-12);
+        // β = 0.9, samples 1 then 0: a plain EMA started at the first sample says 0.9; the
+        // bias-corrected one weighs them 0.9 : 1.
+        let mut e = Ema::new(0.9);
+        e.update(1.0);
+        e.update(0.0);
+        assert!((e.get().unwrap() - 0.9 / 1.9).abs() < 1e-12);
         let mut keep_last = Ema::new(f64::NAN);
         keep_last.update(1.0);
         keep_last.update(3.0);
@@ -429,6 +491,27 @@ mod tests {
         assert!(!w.expected_order_statistics(0, &mut out));
         assert!(!w.expected_order_statistics(3, &mut out));
         assert!(!RttWindow::new(4).expected_order_statistics(1, &mut out));
+    }
+
+    /// Observed 1, 2, 5 and censored 6: Kaplan–Meier masses ¼ at 1, 2 and 5, survival ¼ past
+    /// 6; median 2, so the tail mean is ((5 − 2) + (6 − 2))/1 = 7. For n = 1,
+    /// E T = ∫ S = 1 + ¾ + ½·3 + ¼·1 + ¼·7 = 5.25; for n = 2 the minimum is
+    /// ∫ S² = 1 + 9/16 + ¼·3 + 1/16 + (1/16)·7/2 = 2.59375 and the maximum 2·5.25 − 2.59375.
+    #[test]
+    fn censored_tail_is_integrated_exactly() {
+        let mut w = RttWindow::new(8);
+        for (t, censored) in [(5.0, false), (1.0, false), (6.0, true), (2.0, false)] {
+            w.push(secs(t), censored);
+        }
+        assert_eq!(w.fresh(), 4);
+        let mut one = [0.0; 1];
+        assert!(w.expected_order_statistics(1, &mut one));
+        assert_eq!(w.fresh(), 0);
+        assert!((one[0] - 5.25).abs() < 1e-9, "{one:?}");
+        let mut two = [0.0; 2];
+        assert!(w.expected_order_statistics(2, &mut two));
+        assert!((two[0] - 2.593_75).abs() < 1e-9, "{two:?}");
+        assert!((two[1] - (10.5 - 2.593_75)).abs() < 1e-9, "{two:?}");
     }
 
     #[test]

@@ -130,6 +130,8 @@ pub(crate) struct Admitted {
     pub(crate) rtt: Option<Duration>,
     /// The clipping factor the gradient was multiplied by (1 if none).
     pub(crate) factor: f64,
+    /// The squared L2 norm of the gradient as received (before clipping), from admission.
+    pub(crate) sq_norm: f64,
     /// The round now holds `k` gradients: the caller closes it.
     pub(crate) full: bool,
 }
@@ -268,7 +270,7 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
         values: &Values<'_, T>,
     ) -> Result<Admitted, Reject> {
         self.roster.check_seq(from, seq)?;
-        let factor = self.policy.admit(values, self.dim())?;
+        let (factor, sq_norm) = self.policy.admit_measured(values, self.dim())?;
         if base > self.version {
             return Err(Reject::FutureVersion { claimed: base, current: self.version });
         }
@@ -301,12 +303,13 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
                 self.queue.push(ServerItem::Model { to: Recipient::Worker(from) });
                 self.mark_sent(now, from);
             }
-            return Ok(Admitted { contributed: false, rtt, factor: factor.to_f64(), full: false });
+            return Ok(Admitted { contributed: false, rtt, factor: factor.to_f64(), sq_norm, full: false });
         }
         let acc = self.scratch.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
         self.round.add(from, values, factor, acc)?;
         self.stall.progress(now);
-        Ok(Admitted { contributed: true, rtt, factor: factor.to_f64(), full: self.round.got.len() >= self.k })
+        let full = self.round.got.len() >= self.k;
+        Ok(Admitted { contributed: true, rtt, factor: factor.to_f64(), sq_norm, full })
     }
 
     /// Applies the update from the full round. Returns the contributors and the time the

@@ -84,11 +84,17 @@ impl Round {
         } else {
             values.scaled_add_into(acc, factor)?;
         }
+        self.record(worker, factor);
+        Ok(())
+    }
+
+    /// Records `worker`'s contribution with `factor` whose values the caller already added
+    /// (the fused path: [`GradientPolicy::admit_add_to`] into a spare accumulator).
+    pub(crate) fn record<T: Scalar>(&mut self, worker: WorkerId, factor: T) {
         self.got.insert(worker);
         if let Some(f) = self.factors.get_mut(worker.index()) {
             *f = factor.to_f64();
         }
-        Ok(())
     }
 
     /// Closes the round: `params -= lr/k * acc`, `acc = 0`, queues an `Applied` event per
@@ -102,10 +108,43 @@ impl Round {
         queue: &mut ServerQueue,
         stats: &mut ServerStats,
     ) -> Version {
+        // Lengths were fixed at construction; a mismatch is impossible here.
+        let _ = math::apply_and_clear(params, Self::rate(learning_rate, self.got.len()), acc);
+        self.finish(base, queue, stats)
+    }
+
+    /// The update's factor `−lr/k` for `k` contributions (at least 1).
+    fn rate<T: Scalar>(learning_rate: f64, k: usize) -> T {
+        T::from_f64(-learning_rate / k.max(1) as f64)
+    }
+
+    /// [`Self::add`] of the round's last gradient fused with [`Self::close`]: one pass does
+    /// `params += a · (acc + factor · values); acc = 0` (the bits of the two calls, one pass
+    /// over the accumulator fewer). `worker` is not in `got`. On `Err` (a length mismatch)
+    /// nothing changed.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn add_and_close<T: Scalar>(
+        &mut self,
+        worker: WorkerId,
+        values: &Values<'_, T>,
+        factor: T,
+        params: &mut [T],
+        acc: &mut [T],
+        learning_rate: f64,
+        base: Version,
+        queue: &mut ServerQueue,
+        stats: &mut ServerStats,
+    ) -> Result<Version, Reject> {
+        let k = self.got.len() + usize::from(!self.got.contains(worker));
+        values.add_apply_and_clear(factor, params, Self::rate(learning_rate, k), acc)?;
+        self.record(worker, factor);
+        Ok(self.finish(base, queue, stats))
+    }
+
+    /// The bookkeeping of a close once the update is applied: events, stats, next version.
+    fn finish(&mut self, base: Version, queue: &mut ServerQueue, stats: &mut ServerStats) -> Version {
         let k = self.got.len().max(1);
         let version = base.next();
-        // Lengths were fixed at construction; a mismatch is impossible here.
-        let _ = math::apply_and_clear(params, T::from_f64(-learning_rate / k as f64), acc);
         for worker in self.got.iter() {
             let factor = self.factors.get(worker.index()).copied().unwrap_or(1.0);
             queue.push(ServerItem::Event(ServerEvent::Applied {
@@ -130,6 +169,9 @@ pub struct BspServer<T, S> {
     config: BspConfig,
     params: S,
     acc: S,
+    /// Optional second accumulator for the fused admission (see
+    /// [`BspServer::with_spare_accumulator`]).
+    spare: Option<S>,
     version: Version,
     round: Round,
     roster: Roster,
@@ -165,6 +207,7 @@ impl<T: Scalar, S: Buffer<T>> BspServer<T, S> {
             config,
             params,
             acc,
+            spare: None,
             version,
             round: Round::new(),
             roster,
@@ -173,6 +216,21 @@ impl<T: Scalar, S: Buffer<T>> BspServer<T, S> {
             queue: ServerQueue::new(),
             _t: PhantomData,
         })
+    }
+
+    /// Gives the server a second accumulator (at least the model's length; its contents
+    /// are never read) so that each gradient costs one pass instead of two: admission
+    /// (length, finiteness, norm) and accumulation run fused, writing `spare = acc + g`,
+    /// and the two buffers swap when the gradient is accepted. A refused gradient still
+    /// changes nothing (the accumulator is never written before the verdict) and the
+    /// result has the same bits as without a spare. Costs `d` more elements of memory.
+    pub fn with_spare_accumulator(mut self, spare: S) -> Result<Self, ConfigError> {
+        let (dim, given) = (self.dim(), spare.as_ref().len());
+        if given < dim {
+            return Err(ConfigError::ScratchTooSmall { needed: dim, given });
+        }
+        self.spare = Some(spare);
+        Ok(self)
     }
 
     /// The settings.
@@ -208,7 +266,42 @@ impl<T: Scalar, S: Buffer<T>> BspServer<T, S> {
         values: Values<'_, T>,
     ) -> Result<(), Reject> {
         self.roster.check_seq(from, seq)?;
-        let factor = self.config.gradient_policy.admit(&values, self.dim())?;
+        let dim = self.dim();
+        if base == self.version && !self.round.got.contains(from) && self.round.got.len() + 1 == self.needed() {
+            // The round's last gradient: admission (the verdict of either path below), then
+            // the accumulation folded into the update, one pass over the accumulator fewer.
+            let factor = self.config.gradient_policy.admit(&values, dim)?;
+            let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
+            self.version = self.round.add_and_close(
+                from,
+                &values,
+                factor,
+                self.params.as_mut(),
+                acc,
+                self.config.learning_rate,
+                self.version,
+                &mut self.queue,
+                &mut self.stats,
+            )?;
+            self.roster.commit_seq(from, seq);
+            self.stats.accepted += 1;
+            self.queue.push(ServerItem::Model { to: Recipient::AllWorkers });
+            self.stall.progress(now);
+            return Ok(());
+        }
+        if let Some(spare) = self.spare.as_mut().filter(|_| base == self.version && !self.round.got.contains(from)) {
+            // Fused: the only checks left after admission pass here, so the verdict (and any
+            // refusal) is the one of the two-pass path below.
+            let (acc, out) = (self.acc.as_ref().get(..dim), spare.as_mut().get_mut(..dim));
+            let (Some(acc), Some(out)) = (acc, out) else { return Err(Reject::Capacity) };
+            let (factor, _) = self.config.gradient_policy.admit_add_to(&values, acc, out)?;
+            core::mem::swap(&mut self.acc, spare);
+            self.roster.commit_seq(from, seq);
+            self.stats.accepted += 1;
+            self.round.record(from, factor);
+            return self.after_add(now, dim);
+        }
+        let factor = self.config.gradient_policy.admit(&values, dim)?;
         if base > self.version {
             return Err(Reject::FutureVersion { claimed: base, current: self.version });
         }
@@ -222,9 +315,13 @@ impl<T: Scalar, S: Buffer<T>> BspServer<T, S> {
             self.queue.push(ServerItem::Event(ServerEvent::Dropped { worker: from, base, reason: DropReason::Stale }));
             return Ok(());
         }
-        let dim = self.dim();
         let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
         self.round.add(from, &values, factor, acc)?;
+        self.after_add(now, dim)
+    }
+
+    /// Gradients that complete a round.
+    fn needed(&self) -> usize {
         #[allow(unused_mut)]
         let mut needed = self.roster.n();
         // CANARY (planted bug, test builds only): the round closes one gradient short.
@@ -232,7 +329,12 @@ impl<T: Scalar, S: Buffer<T>> BspServer<T, S> {
         if crate::canary::is_on(crate::canary::Canary::RoundClosesEarly) {
             needed = needed.saturating_sub(1).max(1);
         }
-        if self.round.got.len() == needed {
+        needed
+    }
+
+    /// After a gradient went into the round: closes it when complete.
+    fn after_add(&mut self, now: Instant, dim: usize) -> Result<(), Reject> {
+        if self.round.got.len() == self.needed() {
             let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
             self.version = self.round.close(
                 self.params.as_mut(),
@@ -316,7 +418,7 @@ impl<T: Scalar, S: Buffer<T>> Server<T> for BspServer<T, S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::{ServerOutput, ToWorkerOwned};
+    use crate::proto::{LargeGradient, ServerOutput, ToWorkerOwned};
     use proptest::prelude::*;
     use std::vec;
     use std::vec::Vec;
@@ -468,7 +570,134 @@ mod tests {
         assert_eq!(bad(BspConfig::new(1, 0.1), 4, 3), Some(ConfigError::ScratchTooSmall { needed: 4, given: 3 }));
     }
 
+    #[test]
+    fn spare_accumulator_must_cover_the_model() {
+        let cfg = BspConfig::new(2, 0.5);
+        let s: BspServer<f32, Vec<f32>> = BspServer::new(cfg, vec![0.0; 3], vec![0.0; 3]).unwrap();
+        assert_eq!(
+            s.with_spare_accumulator(vec![0.0; 2]).err(),
+            Some(ConfigError::ScratchTooSmall { needed: 3, given: 2 })
+        );
+    }
+
     proptest! {
+        /// With a spare accumulator (fused admission and accumulation) the server behaves
+        /// bit for bit as without: the same verdict on every input (refusals included:
+        /// wrong length, non-finite, clipped or too large, duplicates, future and stale
+        /// versions), the same outputs, the same model.
+        #[test]
+        fn spare_accumulator_changes_no_bit(
+            n in 1u32..5,
+            dim in 1usize..40,
+            sends in proptest::collection::vec((0u32..5, 0u8..12, -8i32..8, 0u64..3), 1..80),
+            reject_large in proptest::bool::ANY,
+        ) {
+            let mut cfg = BspConfig::new(n, 0.375);
+            let on_large = if reject_large { LargeGradient::Reject } else { LargeGradient::Clip };
+            cfg.gradient_policy = GradientPolicy { max_norm: Some(20.0), on_large };
+            let mk = || BspServer::<f32, Vec<f32>>::new(cfg, vec![0.25; dim], vec![9.0; dim]).unwrap();
+            let (mut plain, mut fused) = (mk(), mk().with_spare_accumulator(vec![f32::NAN; dim + 3]).unwrap());
+            let mut seqs = [0u64; 5];
+            for (w, kind, x, lag) in sends {
+                let mut g: Vec<f32> = (0..dim).map(|i| (x as f32) * 0.75 + i as f32 * 0.125).collect();
+                match kind {
+                    0 => g[dim / 2] = f32::NAN,
+                    1 => g[0] = f32::NEG_INFINITY,
+                    2 => g.push(1.0),
+                    3 => g.iter_mut().for_each(|v| *v *= 1e20),
+                    4 => g.iter_mut().for_each(|v| *v *= 50.0),
+                    _ => {}
+                }
+                let seq = if kind == 5 { seqs[w as usize % 5].saturating_sub(1) } else { seqs[w as usize % 5] };
+                seqs[w as usize % 5] = seq + 1;
+                let base = Version((plain.version().0 + 1).saturating_sub(lag));
+                let bytes: Vec<u8> = g.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let values = if x % 2 == 0 { Values::Slice(&g[..]) } else { Values::LittleEndian(&bytes[..]) };
+                let msg = ToServer::Grad { base, iteration: 0, seq, values };
+                let (a, b) = (plain.handle(Instant::ZERO, WorkerId(w), msg), fused.handle(Instant::ZERO, WorkerId(w), msg));
+                prop_assert_eq!(a, b);
+                loop {
+                    let (x, y) = (plain.poll_output(), fused.poll_output());
+                    match (x, y) {
+                        (None, None) => break,
+                        (Some(ServerOutput::Event(e)), Some(ServerOutput::Event(f))) => prop_assert_eq!(e, f),
+                        (Some(ServerOutput::Send { to, msg }), Some(ServerOutput::Send { to: t2, msg: m2 })) => {
+                            prop_assert_eq!(to, t2);
+                            prop_assert_eq!(ToWorkerOwned::from(&msg), ToWorkerOwned::from(&m2));
+                        }
+                        (x, y) => prop_assert!(false, "outputs differ: {:?} vs {:?}", x, y),
+                    }
+                }
+                let bits = |s: &BspServer<f32, Vec<f32>>| s.params().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                prop_assert_eq!(bits(&plain), bits(&fused));
+                prop_assert_eq!(plain.received(), fused.received());
+                prop_assert_eq!(plain.stats(), fused.stats());
+            }
+        }
+
+        /// The round's last gradient is folded into the update (`params += a·(acc + f·g)`),
+        /// with the bits of adding it then applying: the server against a reference built
+        /// from the separate kernels, on values that round, clipped or not, slices and
+        /// bytes, with and without a spare accumulator; a refused closing gradient (NaN,
+        /// ±∞, too large, wrong length) changes nothing, and its clean resend closes.
+        #[test]
+        fn folded_close_matches_add_then_apply_bitwise(
+            n in 1u32..5,
+            dim in 1usize..40,
+            rounds in proptest::collection::vec(proptest::collection::vec((-1e3f32..1e3, 0u8..10), 4), 1..5),
+            spare in proptest::bool::ANY,
+            reject_large in proptest::bool::ANY,
+        ) {
+            let lr = 0.3;
+            let mut cfg = BspConfig::new(n, lr);
+            let on_large = if reject_large { LargeGradient::Reject } else { LargeGradient::Clip };
+            cfg.gradient_policy = GradientPolicy { max_norm: Some(4e3), on_large };
+            let mut s = BspServer::<f32, Vec<f32>>::new(cfg, vec![0.7; dim], vec![3.0; dim]).unwrap();
+            if spare {
+                s = s.with_spare_accumulator(vec![f32::NAN; dim]).unwrap();
+            }
+            let (mut params, mut acc) = (vec![0.7f32; dim], vec![0.0f32; dim]);
+            for (r, round) in rounds.iter().enumerate() {
+                for (w, &(x, kind)) in round.iter().take(n as usize).enumerate() {
+                    let g: Vec<f32> = (0..dim).map(|i| x * 1.37 + i as f32 * 0.1234567 - 1.0 / 3.0).collect();
+                    let closing = w + 1 == n as usize;
+                    if closing || kind == 9 {
+                        // A refused copy first: nothing changes.
+                        let mut bad = g.clone();
+                        match kind % 4 {
+                            0 => bad[dim / 2] = f32::NAN,
+                            1 => bad[dim - 1] = f32::NEG_INFINITY,
+                            2 => bad.push(1.0),
+                            _ => bad[0] = f32::MAX,
+                        }
+                        let before = (s.params().to_vec(), s.version(), *s.received(), *s.stats());
+                        let msg = ToServer::Grad { base: Version(r as u64), iteration: 0, seq: 2 * r as u64, values: Values::Slice(&bad[..]) };
+                        prop_assert!(s.handle(Instant::ZERO, WorkerId(w as u32), msg).is_err());
+                        prop_assert!(s.poll_output().is_none());
+                        prop_assert_eq!(before.0, s.params().to_vec());
+                        prop_assert_eq!((before.1, before.2), (s.version(), *s.received()));
+                        prop_assert_eq!(before.3.accepted, s.stats().accepted);
+                    }
+                    let bytes: Vec<u8> = g.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    let values = if kind % 2 == 0 { Values::Slice(&g[..]) } else { Values::LittleEndian(&bytes[..]) };
+                    let f = cfg.gradient_policy.admit(&values, dim);
+                    let msg = ToServer::Grad { base: Version(r as u64), iteration: 0, seq: 2 * r as u64 + 1, values };
+                    let got = s.handle(Instant::ZERO, WorkerId(w as u32), msg);
+                    prop_assert_eq!(got.is_ok(), f.is_ok());
+                    let Ok(f) = f else { return Ok(()) };
+                    if f == 1.0 { values.add_into(&mut acc).unwrap() } else { values.scaled_add_into(&mut acc, f).unwrap() }
+                    if closing {
+                        math::apply_and_clear(&mut params, f32::from_f64(-lr / f64::from(n)), &mut acc).unwrap();
+                        prop_assert_eq!(s.version(), Version(r as u64 + 1));
+                    }
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    prop_assert_eq!(bits(s.params()), bits(&params));
+                    while s.poll_output().is_some() {}
+                }
+            }
+            prop_assert_eq!(s.stats().updates, s.version().0);
+        }
+
         /// BSP applies exactly the mean of the n gradients computed at version v, once per
         /// version, whatever the arrival order, duplicates and stale copies in between.
         #[test]

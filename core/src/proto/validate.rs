@@ -27,22 +27,57 @@ impl GradientPolicy {
     /// Checks `values` against `dim` and the policy. Returns the factor to multiply the
     /// gradient by (1, or the clipping factor). One pass over the data in the common case.
     pub fn admit<T: Scalar>(&self, values: &Values<'_, T>, dim: usize) -> Result<T, Reject> {
+        self.admit_measured(values, dim).map(|(factor, _)| factor)
+    }
+
+    /// [`Self::admit`], also returning the squared L2 norm of the gradient as received
+    /// (before any clipping; multiply by the factor squared for the admitted gradient's),
+    /// so callers that need it do not make a second pass over the data.
+    pub fn admit_measured<T: Scalar>(&self, values: &Values<'_, T>, dim: usize) -> Result<(T, f64), Reject> {
         values.check_len(dim)?;
-        let sq = values.squared_norm();
+        self.verdict(values, values.squared_norm())
+    }
+
+    /// The admission verdict on `values` given its squared norm `sq` (computed by
+    /// [`Values::squared_norm`] or a fused kernel giving the same bits).
+    fn verdict<T: Scalar>(&self, values: &Values<'_, T>, sq: T) -> Result<(T, f64), Reject> {
         if !sq.is_finite() {
             return Err(if values.all_finite() { Reject::NormTooLarge } else { Reject::NotFinite });
         }
+        let sq = sq.to_f64();
         let Some(max) = self.max_norm else {
-            return Ok(T::one());
+            return Ok((T::one(), sq));
         };
-        let norm = libm::sqrt(sq.to_f64());
+        let norm = libm::sqrt(sq);
         if max.is_nan() || norm <= max {
-            return Ok(T::one());
+            return Ok((T::one(), sq));
         }
         match self.on_large {
-            LargeGradient::Clip => Ok(T::from_f64(max.max(0.0) / norm)),
+            LargeGradient::Clip => Ok((T::from_f64(max.max(0.0) / norm), sq)),
             LargeGradient::Reject => Err(Reject::NormTooLarge),
         }
+    }
+
+    /// [`Self::admit_measured`] fused with the accumulation: one pass over `values` reads
+    /// `acc` and writes `out = acc + factor · values` while measuring the norm (a second
+    /// pass only when the gradient is clipped). `acc` is never written, so on `Err` the
+    /// caller's accumulator is unchanged; on `Ok` the caller adopts `out` as its
+    /// accumulator (swaps the buffers). `out`'s prior contents are never read.
+    /// Returns what [`Self::admit_measured`] returns, and `out` has the bits
+    /// `acc.add_into`/`scaled_add_into` would give.
+    pub fn admit_add_to<T: Scalar>(
+        &self,
+        values: &Values<'_, T>,
+        acc: &[T],
+        out: &mut [T],
+    ) -> Result<(T, f64), Reject> {
+        values.check_len(acc.len())?;
+        let sq = values.add_to_measured(acc, out)?;
+        let (factor, sq) = self.verdict(values, sq)?;
+        if factor != T::one() {
+            values.scaled_add_to(acc, factor, out)?;
+        }
+        Ok((factor, sq))
     }
 }
 
@@ -63,5 +98,26 @@ mod tests {
         let refuse = GradientPolicy { max_norm: Some(1.0), on_large: LargeGradient::Reject };
         assert_eq!(refuse.admit(&Values::Slice(&[3.0f64, 4.0]), 2), Err(Reject::NormTooLarge));
         assert_eq!(refuse.admit(&Values::Slice(&[0.5f64, 0.5]), 2), Ok(1.0));
+    }
+
+    #[test]
+    fn fused_admission_agrees_and_never_writes_the_accumulator() {
+        let acc = [1.0f32, -2.0];
+        let clip = GradientPolicy { max_norm: Some(1.0), on_large: LargeGradient::Clip };
+        let refuse = GradientPolicy { max_norm: Some(1.0), on_large: LargeGradient::Reject };
+        let cases: [&[f32]; 6] = [&[3.0, 4.0], &[0.5, 0.5], &[f32::NAN, 0.0], &[1e30, 1e30], &[1.0], &[0.0, 0.0]];
+        for p in [GradientPolicy::default(), clip, refuse] {
+            for g in cases {
+                let v = Values::Slice(g);
+                let mut out = [7.0f32; 2];
+                let fused = p.admit_add_to(&v, &acc, &mut out);
+                assert_eq!(fused, p.admit_measured(&v, 2), "{p:?} {g:?}");
+                if let Ok((f, _)) = fused {
+                    let mut want = acc;
+                    v.scaled_add_into(&mut want, f).unwrap();
+                    assert_eq!(out, want);
+                }
+            }
+        }
     }
 }

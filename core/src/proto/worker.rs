@@ -13,9 +13,13 @@
 //! and computed again (the server refuses the repeat as a duplicate if the first arrived).
 //!
 //! Memory: one caller-owned buffer of the model's length holds the model while the host
-//! computes, then the gradient while it is sent.
+//! computes, then the gradient while it is sent. The gradient is checked (finite) while it
+//! is copied in, one pass; a refused gradient changes nothing the worker or its host can
+//! observe: when no output is pending, the buffer's bytes may have been overwritten, but
+//! the model in it was already handed out and every later output that shows the buffer
+//! comes after it has been written whole again (the next accepted gradient or model).
 
-use super::queue::{WorkerItem, WorkerQueue};
+use super::queue::{WORKER_QUEUE, WorkerItem, WorkerQueue};
 use super::{Buffer, Worker, WorkerEvent, WorkerOutput};
 use crate::error::{ConfigError, Reject};
 use crate::id::{ComputeId, Version, WorkerId};
@@ -174,10 +178,20 @@ impl<T: Scalar, S: Buffer<T>> Worker<T> for GradientWorker<T, S> {
                 actual: grad.len(),
             }));
         }
-        if !math::all_finite(grad) {
-            return Err(Reject::NotFinite);
+        if self.queue.ensure_room(WORKER_QUEUE).is_ok() {
+            // No pending output reads the buffer (the host already has its `Compute`), and
+            // every later output that does is preceded by a write of the whole buffer (this
+            // gradient accepted, or the next model): the model in it is dead, so copy and
+            // check in one pass. A refused gradient leaves bytes nothing reads.
+            if !math::copy_finite(self.buf.as_mut(), grad)? {
+                return Err(Reject::NotFinite);
+            }
+        } else {
+            if !math::all_finite(grad) {
+                return Err(Reject::NotFinite);
+            }
+            self.buf.as_mut().copy_from_slice(grad);
         }
-        self.buf.as_mut().copy_from_slice(grad);
         self.queue.push(WorkerItem::Grad { base: version, iteration: self.steps, seq: self.seq });
         self.seq += 1;
         self.steps += 1;
@@ -262,6 +276,73 @@ mod tests {
         w.handle(Instant::ZERO, model(1, &[1.0, 1.0])).unwrap();
         assert_eq!(drain(&mut w), ["compute 1 v1 Some(1.0)"]);
         assert_eq!(w.steps(), 1);
+    }
+
+    #[test]
+    fn a_refused_gradient_changes_nothing_observable() {
+        let dim = 40;
+        let model_a: Vec<f32> = (0..dim).map(|i| i as f32).collect();
+        let model_b: Vec<f32> = (0..dim).map(|i| -(i as f32)).collect();
+        let good: Vec<f32> = (0..dim).map(|i| 0.5 + i as f32).collect();
+        for bad_at in [0, 1, 15, 16, 33, 39] {
+            for bad in [f32::NAN, f32::INFINITY, f32::from_bits(0xff80_0001)] {
+                let mut nan = good.clone();
+                nan[bad_at] = bad;
+                // The fused path (outputs drained): the trace equals a clean run's, with
+                // every payload compared whole.
+                let trace = |refuse: bool| {
+                    let mut w = GradientWorker::new(GradientWorkerConfig::new(WorkerId(1)), vec![0.0f32; dim]).unwrap();
+                    let mut seen: Vec<Vec<f32>> = Vec::new();
+                    let pull = |w: &mut GradientWorker<f32, Vec<f32>>, seen: &mut Vec<Vec<f32>>| {
+                        while let Some(o) = w.poll_output() {
+                            match o {
+                                WorkerOutput::Send(ToServer::Grad { values, .. }) => {
+                                    let mut v = vec![0.0; dim];
+                                    values.copy_into(&mut v).unwrap();
+                                    seen.push(v);
+                                }
+                                WorkerOutput::Compute { params, .. } => seen.push(params.to_vec()),
+                                _ => {}
+                            }
+                        }
+                    };
+                    pull(&mut w, &mut seen);
+                    w.handle(Instant::ZERO, model(0, &model_a)).unwrap();
+                    pull(&mut w, &mut seen);
+                    if refuse {
+                        assert_eq!(w.handle_gradient(Instant::ZERO, ComputeId(0), &nan), Err(Reject::NotFinite));
+                        pull(&mut w, &mut seen);
+                    }
+                    w.handle_gradient(Instant::ZERO, ComputeId(0), &good).unwrap();
+                    pull(&mut w, &mut seen);
+                    w.handle(Instant::ZERO, model(1, &model_b)).unwrap();
+                    pull(&mut w, &mut seen);
+                    if refuse {
+                        assert_eq!(w.handle_gradient(Instant::ZERO, ComputeId(1), &nan), Err(Reject::NotFinite));
+                        pull(&mut w, &mut seen);
+                    }
+                    // A newer model while computing (after a refused gradient) abandons.
+                    w.handle(Instant::ZERO, model(2, &model_a)).unwrap();
+                    pull(&mut w, &mut seen);
+                    w.handle_gradient(Instant::ZERO, ComputeId(2), &good).unwrap();
+                    pull(&mut w, &mut seen);
+                    (seen, w.steps(), w.model_version())
+                };
+                let clean = trace(false);
+                assert_eq!(clean.0.len(), 5);
+                assert_eq!(trace(true), clean);
+                // The two-pass path (the model's `Compute` not yet polled): the buffer still
+                // holds the model when the host reads it.
+                let mut w = GradientWorker::new(GradientWorkerConfig::new(WorkerId(1)), vec![0.0f32; dim]).unwrap();
+                let _ = drain(&mut w);
+                w.handle(Instant::ZERO, model(0, &model_a)).unwrap();
+                assert_eq!(w.handle_gradient(Instant::ZERO, ComputeId(0), &nan), Err(Reject::NotFinite));
+                match w.poll_output() {
+                    Some(WorkerOutput::Compute { params, .. }) => assert_eq!(params, &model_a[..]),
+                    _ => panic!("expected the Compute"),
+                }
+            }
+        }
     }
 
     #[test]
