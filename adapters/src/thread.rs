@@ -122,7 +122,10 @@ pub fn run(
     let mut params = vec![0.0f32; dim];
     workload.model.init(config.seed, &mut params);
     let scratch = vec![0.0f32; config.protocol.server_scratch_len(dim)];
-    let server = AnyServer::new(&config.protocol, params, scratch).map_err(|e| ThreadError(e.to_string()))?;
+    let spare = vec![0.0f32; config.protocol.spare_accumulator_len(dim)];
+    let server = AnyServer::new(&config.protocol, params, scratch)
+        .and_then(|s| s.with_spare_accumulator(spare))
+        .map_err(|e| ThreadError(e.to_string()))?;
     let (port, ports) = channel::star(n, 64);
     let epoch = StdInstant::now();
     let mut delays = delays.into_iter();

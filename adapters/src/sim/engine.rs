@@ -531,7 +531,9 @@ impl<'a, 'o> Engine<'a, 'o> {
             }
             _ => {
                 let scratch = vec![0.0; protocol.server_scratch_len(dim)];
-                Box::new(AnyServer::new(protocol, params, scratch).map_err(SimError::Config)?)
+                let spare = vec![0.0; protocol.spare_accumulator_len(dim)];
+                let server = AnyServer::new(protocol, params, scratch).and_then(|s| s.with_spare_accumulator(spare));
+                Box::new(server.map_err(SimError::Config)?)
             }
         };
         let mut hosts = Vec::with_capacity(n as usize);
@@ -986,7 +988,10 @@ impl<'a, 'o> Engine<'a, 'o> {
         let protocol = &self.core.config.protocol;
         let scratch = vec![0.0; protocol.server_scratch_len(params.len())];
         // The configuration was valid at the start, so it is for the resumed server.
-        let Ok(server) = AnyServer::resume(protocol, params, scratch, version) else { return };
+        let spare = vec![0.0; protocol.spare_accumulator_len(params.len())];
+        let server =
+            AnyServer::resume(protocol, params, scratch, version).and_then(|s| s.with_spare_accumulator(spare));
+        let Ok(server) = server else { return };
         *self.server = server;
         self.server_down = false;
         self.core.faults.stats.server_restarts += 1;

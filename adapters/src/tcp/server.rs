@@ -364,7 +364,9 @@ impl TcpServer {
             return Err(TcpError(format!("the model has {} parameters, the server expects {dim}", params.len())));
         }
         let scratch = vec![0.0f32; self.options.protocol.server_scratch_len(dim)];
+        let spare = vec![0.0f32; self.options.protocol.spare_accumulator_len(dim)];
         let server = AnyServer::resume(&self.options.protocol, params, scratch, version)
+            .and_then(|s| s.with_spare_accumulator(spare))
             .map_err(|e| TcpError(format!("invalid protocol settings: {e}")))?;
         self.drive(server, None, plan, note)
     }

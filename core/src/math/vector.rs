@@ -85,22 +85,23 @@ pub fn mean_of<T: Scalar>(y: &mut [T], k: usize) {
 /// of a vector add on current x86-64 and AArch64 cores, and a multiple of every vector width.
 pub(crate) const LANES: usize = 16;
 
-/// The sum of the lanes: lanes `j, j + 4, j + 8, j + 12` in order for each `j < 4`, then
-/// those four pairwise. Always the same order, so the same bits, and a dependency chain of
-/// 5 adds instead of the 16 of an in-order fold (which cost ~20 ns per norm, a tenth of a
-/// server's work per message at small d).
-///
-/// Not inlined, and called on a copy (`sum_lanes(&{ lanes })`): inlined into the callers,
-/// any reduction order but the in-order fold made the compiler vectorise their main loops
-/// two lanes wide instead of four (half the throughput), and a reference to the loop's own
-/// array kept the lanes in memory; this way the main loop is vectorised on its own.
-#[inline(never)]
+/// The sum of the lanes as a fixed tree: lanes `j, j + 4, j + 8, j + 12` pairwise for each
+/// `j < 4` (`(a_j + a_{j+4}) + (a_{j+8} + a_{j+12})`: elementwise adds of four-lane groups,
+/// which stay vector adds in the caller), then those four pairwise, `(s0 + s2) + (s1 + s3)`.
+/// Always the same order, so the same bits, and a dependency chain of 4 adds instead of the
+/// 16 of an in-order fold.
+#[inline(always)]
 pub(crate) fn sum_lanes<T: Scalar>(lanes: &[T; LANES]) -> T {
     let [a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15] = *lanes;
-    let s0 = ((a0 + a4) + a8) + a12;
-    let s1 = ((a1 + a5) + a9) + a13;
-    let s2 = ((a2 + a6) + a10) + a14;
-    let s3 = ((a3 + a7) + a11) + a15;
+    sum_quad(&[(a0 + a4) + (a8 + a12), (a1 + a5) + (a9 + a13), (a2 + a6) + (a10 + a14), (a3 + a7) + (a11 + a15)])
+}
+
+/// The last two levels of [`sum_lanes`]: `(s0 + s2) + (s1 + s3)`. Not inlined: in the
+/// caller, this two-wide step made the compiler vectorise the main loops two lanes wide
+/// instead of four (half the throughput); the four-wide step above does not.
+#[inline(never)]
+fn sum_quad<T: Scalar>(s: &[T; 4]) -> T {
+    let [s0, s1, s2, s3] = *s;
     (s0 + s2) + (s1 + s3)
 }
 

@@ -84,6 +84,13 @@ impl ProtocolConfig {
         }
     }
 
+    /// Elements of the optional spare accumulator ([`AnyServer::with_spare_accumulator`])
+    /// that make admission and accumulation one pass over each gradient: `dim` for the
+    /// protocols that use one (BSP), 0 for the others.
+    pub fn spare_accumulator_len(&self, dim: usize) -> usize {
+        if let Self::Bsp(_) = self { dim } else { 0 }
+    }
+
     /// Elements of scratch storage each worker needs for a model of `dim` elements.
     pub fn worker_scratch_len(&self, dim: usize) -> usize {
         let _ = dim;
@@ -149,6 +156,17 @@ impl<T: Scalar, S: Buffer<T>> AnyServer<T, S> {
     /// must hold at least [`ProtocolConfig::server_scratch_len`] elements.
     pub fn new(config: &ProtocolConfig, params: S, scratch: S) -> Result<Self, ConfigError> {
         Self::resume(config, params, scratch, Version::ZERO)
+    }
+
+    /// Gives a protocol that can use it a second accumulator of at least the model's length
+    /// (see [`BspServer::with_spare_accumulator`]): each gradient then costs one pass over its
+    /// data instead of two, with the same bits and a refused gradient still changing nothing.
+    /// Protocols whose [`ProtocolConfig::spare_accumulator_len`] is 0 drop `spare` unused.
+    pub fn with_spare_accumulator(self, spare: S) -> Result<Self, ConfigError> {
+        Ok(match self {
+            Self::Bsp(server) => Self::Bsp(server.with_spare_accumulator(spare)?),
+            other => other,
+        })
     }
 
     /// A server for `config` resuming from `params` at `version` (a checkpoint).
@@ -242,5 +260,31 @@ impl<T: Scalar, S: Buffer<T>> Worker<T> for AnyWorker<T, S> {
     }
     fn is_stopped(&self) -> bool {
         dispatch!(self, w => w.is_stopped(), Gradient, Wbsp, Ssp, Bap)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::asp::AspConfig;
+    use crate::proto::bsp::BspConfig;
+    use std::vec;
+    use std::vec::Vec;
+
+    #[test]
+    fn only_protocols_that_use_a_spare_accumulator_ask_for_one() {
+        let bsp = ProtocolConfig::Bsp(BspConfig::new(2, 0.5));
+        let asp = ProtocolConfig::Asp(AspConfig::new(2, 0.5));
+        assert_eq!(bsp.spare_accumulator_len(3), 3);
+        assert_eq!(asp.spare_accumulator_len(3), 0);
+        let server =
+            AnyServer::new(&bsp, vec![0.0f32; 3], vec![0.0; 3]).and_then(|s| s.with_spare_accumulator(vec![0.0; 3]));
+        assert!(server.is_ok());
+        let short =
+            AnyServer::new(&bsp, vec![0.0f32; 3], vec![0.0; 3]).and_then(|s| s.with_spare_accumulator(vec![0.0; 2]));
+        assert!(matches!(short, Err(ConfigError::ScratchTooSmall { needed: 3, given: 2 })));
+        let ignored =
+            AnyServer::new(&asp, vec![0.0f32; 3], vec![0.0; 3]).and_then(|s| s.with_spare_accumulator(Vec::new()));
+        assert!(ignored.is_ok());
     }
 }
