@@ -4,7 +4,10 @@
 //! regression. DBW, untuned, reaches 0.90 test accuracy within 1.2× of the best static `b`
 //! (mean over seeds 1..=16: measured 1.13×; on the held-out seeds 17..=32: 1.11×; the goal
 //! is 1.1×, see "Measured" in the `dbw` module docs), far ahead of BSP, and its `b_t`
-//! trajectory is printed (mean over the seeds by version, and seed 1 in full).
+//! trajectory is printed (mean over the seeds by version, and seed 1 in full). The minimum
+//! over 16 noisy static means is biased low, so the test also prints DBW against a static `b`
+//! tuned on the other seed set (as a user tuning `b` by preliminary runs would): measured
+//! 1.10× and 1.05×, pooled 1.07×.
 //!
 //! The table and trajectory: `cargo test -p syncopate-tests --test dbw_sweep -- --nocapture`.
 
@@ -95,16 +98,26 @@ fn mean_time(
     (mean, (var / s).sqrt(), updates / s, all)
 }
 
-/// The sweep on one seed set: every static `b`, then DBW. Returns (BSP, best static
-/// (time, b), DBW time, DBW decisions per seed).
-fn sweep(w: &Workload, seeds: &std::ops::RangeInclusive<u64>) -> (f64, (f64, u32), f64, Vec<Vec<Decision>>) {
+/// One seed set's sweep: BSP's mean time, the best static `(time, b)`, DBW's mean time, DBW's
+/// decisions per seed, and every static `b`'s mean time (index `b`).
+struct Sweep {
+    bsp: f64,
+    best: (f64, u32),
+    dbw: f64,
+    decisions: Vec<Vec<Decision>>,
+    static_times: Vec<f64>,
+}
+
+/// The sweep on one seed set: every static `b`, then DBW.
+fn sweep(w: &Workload, seeds: &std::ops::RangeInclusive<u64>) -> Sweep {
     let mut times = Vec::new();
     for b in 0..N {
         times.push(mean_time(ProtocolConfig::Backup(BackupConfig::new(N, LR, b)), w, seeds));
     }
     let dbw = mean_time(ProtocolConfig::Dbw(DbwConfig::new(N, LR)), w, seeds);
     let best = (0..N).map(|b| (times[b as usize].0, b)).min_by(|x, y| x.0.total_cmp(&y.0)).unwrap_or((f64::NAN, 0));
-    (times[0].0, best, dbw.0, {
+    let static_times = times.iter().map(|t| t.0).collect();
+    let decisions = {
         eprintln!("seeds {seeds:?}");
         eprintln!("{:>10} {:>3} {:>9} {:>7} {:>8}", "protocol", "b", "time (s)", "± s.e.", "updates");
         for (b, (t, e, u, _)) in times.iter().enumerate() {
@@ -113,7 +126,8 @@ fn sweep(w: &Workload, seeds: &std::ops::RangeInclusive<u64>) -> (f64, (f64, u32
         eprintln!("{:>10} {:>3} {:>9.3} {:>7.3} {:>8.1}", "dbw", "b_t", dbw.0, dbw.1, dbw.2);
         eprintln!("best static b = {} ({:.3} s); DBW / best = {:.3}", best.1, best.0, dbw.0 / best.0);
         dbw.3
-    })
+    };
+    Sweep { bsp: times[0].0, best, dbw: dbw.0, decisions, static_times }
 }
 
 /// Gradients accepted into the round that was open when the run stopped.
@@ -128,12 +142,28 @@ fn dbw_against_every_static_b() {
         "16 workers, compute 10 ms x (1 + Exp(1)), softmax on digits, lr {LR}, batch {BATCH}, \
          time to {TARGET} test accuracy, mean over seeds"
     );
-    let (bsp, best, t, decisions) = sweep(&w, &SEEDS);
-    let (_, holdout_best, holdout_t, _) = sweep(&w, &HOLDOUT);
+    let first = sweep(&w, &SEEDS);
+    let holdout = sweep(&w, &HOLDOUT);
+    let (bsp, best, t, decisions) = (first.bsp, first.best, first.dbw, &first.decisions);
+    let (holdout_best, holdout_t) = (holdout.best, holdout.dbw);
     eprintln!(
         "DBW / best static b: {:.3} on seeds {SEEDS:?}, {:.3} on seeds {HOLDOUT:?}",
         t / best.0,
         holdout_t / holdout_best.0
+    );
+    // The minimum of 16 noisy means is biased low (selection). The unbiased comparison is the
+    // one a user tuning `b` by preliminary runs gets: `b` chosen on one seed set, measured on
+    // the other (both ways, pooled).
+    let at = |s: &Sweep, b: u32| s.static_times.get(b as usize).copied().unwrap_or(f64::NAN);
+    let (tuned_on_holdout, tuned_on_first) = (at(&first, holdout_best.1), at(&holdout, best.1));
+    eprintln!(
+        "static b tuned on the other set: b={} on seeds {SEEDS:?} {tuned_on_holdout:.3} s (DBW / it {:.3}), \
+         b={} on seeds {HOLDOUT:?} {tuned_on_first:.3} s (DBW / it {:.3}); pooled DBW / tuned static {:.3}",
+        holdout_best.1,
+        t / tuned_on_holdout,
+        best.1,
+        holdout_t / tuned_on_first,
+        (t + holdout_t) / (tuned_on_holdout + tuned_on_first)
     );
     // Mean b_t per version over the seeds (runs that stopped earlier drop out).
     eprintln!("DBW mean b_t by version over seeds {SEEDS:?} (runs still going):");
