@@ -74,6 +74,27 @@ pub struct Cluster {
     pub rejected: u64,
 }
 
+/// A bench cluster's server.
+pub(crate) type BenchServer = AnyServer<f32, Vec<f32>>;
+/// A bench cluster's worker.
+pub(crate) type BenchWorker = AnyWorker<f32, Vec<f32>>;
+
+/// The server (model 0.5 everywhere) and the `n` workers (epoch 1) of a bench cluster
+/// running `config` on a model of `dim` parameters; shared by [`Cluster`] and
+/// [`MemCluster`](crate::inmem::MemCluster).
+pub(crate) fn nodes(config: &ProtocolConfig, dim: usize) -> (BenchServer, Vec<BenchWorker>) {
+    let server =
+        AnyServer::new(config, vec![0.5f32; dim], vec![0.0; config.server_scratch_len(dim).max(1)]).expect("server");
+    let workers = (0..config.workers())
+        .map(|i| {
+            let setup = WorkerSetup { id: WorkerId(i), epoch: 1, rejoin_after: None };
+            AnyWorker::new(config, setup, vec![0.0f32; dim], vec![0.0; config.worker_scratch_len(dim).max(1)])
+                .expect("worker")
+        })
+        .collect();
+    (server, workers)
+}
+
 /// Messages each mailbox holds: far more than any protocol queues per step.
 const MAILBOX: usize = 64;
 
@@ -81,15 +102,7 @@ impl Cluster {
     /// A cluster running `config` on a model of `dim` parameters.
     pub fn new(config: &ProtocolConfig, dim: usize) -> Self {
         let n = config.workers() as usize;
-        let server = AnyServer::new(config, vec![0.5f32; dim], vec![0.0; config.server_scratch_len(dim).max(1)])
-            .expect("server");
-        let workers = (0..n)
-            .map(|i| {
-                let setup = WorkerSetup { id: WorkerId(i as u32), epoch: 1, rejoin_after: None };
-                AnyWorker::new(config, setup, vec![0.0f32; dim], vec![0.0; config.worker_scratch_len(dim).max(1)])
-                    .expect("worker")
-            })
-            .collect();
+        let (server, workers) = nodes(config, dim);
         let limits = Limits::for_model(dim);
         let msg_len = limits.max_message_len::<f32>();
         Self {

@@ -13,7 +13,7 @@
 use std::hint::black_box;
 use syncopate::{
     AnyServer, AnyWorker, Duration, Instant, ProtocolConfig, Recipient, Server, ServerOutput, ToServer, ToWorker,
-    Values, Worker, WorkerId, WorkerOutput, WorkerSetup,
+    Values, Worker, WorkerId, WorkerOutput,
 };
 
 /// Messages each queue holds per worker: far more than any protocol queues per step.
@@ -110,15 +110,7 @@ impl MemCluster {
     /// A cluster running `config` on a model of `dim` parameters.
     pub fn new(config: &ProtocolConfig, dim: usize) -> Self {
         let n = config.workers() as usize;
-        let server = AnyServer::new(config, vec![0.5f32; dim], vec![0.0; config.server_scratch_len(dim).max(1)])
-            .expect("server");
-        let workers = (0..n)
-            .map(|i| {
-                let setup = WorkerSetup { id: WorkerId(i as u32), epoch: 1, rejoin_after: None };
-                AnyWorker::new(config, setup, vec![0.0f32; dim], vec![0.0; config.worker_scratch_len(dim).max(1)])
-                    .expect("worker")
-            })
-            .collect();
+        let (server, workers) = crate::drive::nodes(config, dim);
         Self {
             server,
             workers,
