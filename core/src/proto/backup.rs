@@ -45,10 +45,10 @@
 //!
 //! Aggregation reuses BSP's round (sums in arrival order; exact for integer test data).
 
-use super::bsp::{Round, check_learning_rate};
-use super::queue::{ServerItem, ServerQueue};
-use super::roster::Roster;
-use super::stall::StallWatch;
+use super::common::round::{Round, check_learning_rate};
+use super::common::queue::{ServerItem, ServerQueue};
+use super::common::roster::Roster;
+use super::common::stall::StallWatch;
 use super::{Buffer, DropReason, GradientPolicy, Recipient, Server, ServerEvent, ServerOutput, ServerStats};
 use crate::error::{ConfigError, Reject};
 use crate::id::{MAX_WORKERS, Version, WorkerId, WorkerSet};

@@ -91,7 +91,7 @@
 //! `k`), `interrupt`.
 
 use super::backup::{Engine, Interrupt};
-use super::queue::ServerItem;
+use super::common::queue::ServerItem;
 use super::{Buffer, GradientPolicy, Server, ServerEvent, ServerOutput, ServerStats};
 use crate::error::{ConfigError, Reject};
 use crate::id::{MAX_WORKERS, Version, WorkerId, WorkerSet};

@@ -110,9 +110,9 @@
 //! central model, exactly as an ASP server answers a join.)
 
 use super::asp::{AspConfig, AspServer};
-use super::bsp::check_learning_rate;
-use super::roster::Roster;
-use super::stall::StallWatch;
+use super::common::round::check_learning_rate;
+use super::common::roster::Roster;
+use super::common::stall::StallWatch;
 use super::{Buffer, DropReason, GradientPolicy, Recipient, Server, ServerEvent, ServerOutput, ServerStats};
 use crate::error::{ConfigError, Reject};
 use crate::id::{MAX_WORKERS, Version, WorkerId, WorkerSet};

@@ -30,24 +30,19 @@ pub mod asp;
 pub mod backup;
 pub mod bap;
 pub mod bsp;
+pub mod common;
 pub mod dbw;
 pub mod grouped;
-mod queue;
-mod roster;
 pub mod ssp;
-mod stall;
-#[cfg(test)]
-mod testkit;
-mod validate;
 pub mod wbsp;
-mod worker;
 
 pub use any::{AnyServer, AnyWorker, ProtocolConfig, WorkerSetup};
+pub use common::engine::{ProtocolServer, Rules, ServerCore};
+pub use common::gradient_worker::{GradientWorker, GradientWorkerConfig};
 #[cfg(test)]
 #[allow(unused_imports)]
-pub(crate) use testkit::{ToServerOwned, ToWorkerOwned};
-pub use validate::{GradientPolicy, LargeGradient};
-pub use worker::{GradientWorker, GradientWorkerConfig};
+pub(crate) use common::testkit::{ToServerOwned, ToWorkerOwned};
+pub use common::validate::{GradientPolicy, LargeGradient};
 
 use crate::error::Reject;
 use crate::id::{ComputeId, Version, WorkerId};

@@ -116,10 +116,10 @@
 //! iteration); per-iteration tables are fixed arrays. Worker: the cached model plus one
 //! scratch buffer of the model's length for the outgoing gradient.
 
-use super::bsp::check_learning_rate;
-use super::queue::{ServerItem, ServerQueue, WorkerItem, WorkerQueue};
-use super::roster::Roster;
-use super::stall::StallWatch;
+use crate::proto::common::round::check_learning_rate;
+use crate::proto::common::queue::{ServerItem, ServerQueue, WorkerItem, WorkerQueue};
+use crate::proto::common::roster::Roster;
+use crate::proto::common::stall::StallWatch;
 use super::{
     Buffer, DropReason, GradientPolicy, Recipient, Server, ServerEvent, ServerOutput, ServerStats, Worker, WorkerEvent,
     WorkerOutput, WorkerSetup,

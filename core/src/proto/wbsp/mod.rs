@@ -130,7 +130,7 @@ pub use server::WbspServer;
 pub use worker::WbspWorker;
 
 use super::GradientPolicy;
-use super::bsp::check_learning_rate;
+use crate::proto::common::round::check_learning_rate;
 use crate::error::ConfigError;
 use crate::time::Duration;
 

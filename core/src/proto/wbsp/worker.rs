@@ -27,7 +27,7 @@ use crate::error::{ConfigError, Reject};
 use crate::id::{ComputeId, Version, WorkerId};
 use crate::math::{self, Scalar};
 use crate::msg::{ToServer, ToWorker, Values};
-use crate::proto::queue::{WorkerItem, WorkerQueue};
+use crate::proto::common::queue::{WorkerItem, WorkerQueue};
 use crate::proto::{Buffer, Worker, WorkerEvent, WorkerOutput, WorkerSetup};
 use crate::time::Instant;
 use core::marker::PhantomData;

@@ -20,7 +20,7 @@
 //! comes after it has been written whole again (the next accepted gradient or model).
 
 use super::queue::{WORKER_QUEUE, WorkerItem, WorkerQueue};
-use super::{Buffer, Worker, WorkerEvent, WorkerOutput};
+use crate::proto::{Buffer, Worker, WorkerEvent, WorkerOutput};
 use crate::error::{ConfigError, Reject};
 use crate::id::{ComputeId, Version, WorkerId};
 use crate::math::{self, Scalar};

@@ -109,3 +109,18 @@ impl ToServerOwned {
         }
     }
 }
+
+/// What every protocol's test module uses, in one import.
+#[allow(unused_imports)]
+pub(crate) mod prelude {
+    pub(crate) use super::{ToServerOwned, ToWorkerOwned};
+    pub(crate) use crate::error::{ConfigError, Reject};
+    pub(crate) use crate::id::{ComputeId, Version, WorkerId, WorkerSet};
+    pub(crate) use crate::math::{self, Scalar};
+    pub(crate) use crate::msg::{ToServer, ToWorker, Values};
+    pub(crate) use crate::proto::{
+        Buffer, DropReason, GradientPolicy, GradientWorker, GradientWorkerConfig, Recipient, Server, ServerEvent,
+        ServerOutput, ServerStats, Worker, WorkerEvent, WorkerOutput,
+    };
+    pub(crate) use crate::time::{Duration, Instant};
+}

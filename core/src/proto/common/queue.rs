@@ -2,7 +2,7 @@
 //! state machine's buffers only when an item is polled, so queuing a model broadcast costs
 //! no copy.
 
-use super::{Recipient, ServerEvent, ServerOutput, WorkerEvent, WorkerOutput};
+use crate::proto::{Recipient, ServerEvent, ServerOutput, WorkerEvent, WorkerOutput};
 use crate::error::Reject;
 use crate::id::{ComputeId, MAX_WORKERS, Version, WorkerId};
 use crate::msg::{ToServer, ToWorker, Values};

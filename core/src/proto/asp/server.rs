@@ -1,0 +1,89 @@
+//! ASP's server: every admitted gradient is applied on arrival and answered with the new
+//! model, over the shared [`ServerCore`].
+
+use super::AspConfig;
+use crate::error::{ConfigError, Reject};
+use crate::id::{Version, WorkerId};
+use crate::math::Scalar;
+use crate::msg::{ToServer, Values};
+use crate::proto::{Buffer, ProtocolServer, Recipient, Rules, ServerCore, ServerEvent};
+use crate::time::Instant;
+use core::marker::PhantomData;
+
+/// The ASP server. `S` is the caller's storage for the model.
+pub type AspServer<T, S> = ProtocolServer<T, S, AspRules<T>>;
+
+/// ASP's own state over the shared server core: only its settings.
+#[derive(Debug)]
+pub struct AspRules<T> {
+    config: AspConfig,
+    _t: PhantomData<T>,
+}
+
+impl<T: Scalar, S: Buffer<T>> AspServer<T, S> {
+    /// A server starting from the model in `params` at version 0.
+    pub fn new(config: AspConfig, params: S) -> Result<Self, ConfigError> {
+        Self::resume(config, params, Version::ZERO)
+    }
+
+    /// A server resuming from a checkpoint: `params` is the model at `version`.
+    pub fn resume(config: AspConfig, params: S, version: Version) -> Result<Self, ConfigError> {
+        let core = ServerCore::new(config.workers, config.learning_rate, None, params, version)?;
+        Ok(Self::from_parts(core, AspRules { config, _t: PhantomData }))
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &AspConfig {
+        &self.rules().config
+    }
+}
+
+impl<T: Scalar> AspRules<T> {
+    fn on_grad<S: Buffer<T>>(
+        &mut self,
+        core: &mut ServerCore<T, S>,
+        from: WorkerId,
+        base: Version,
+        seq: u64,
+        values: Values<'_, T>,
+    ) -> Result<(), Reject> {
+        core.roster.check_seq(from, seq)?;
+        let factor = self.config.gradient_policy.admit(&values, core.dim())?;
+        if base > core.version {
+            return Err(Reject::FutureVersion { claimed: base, current: core.version });
+        }
+        core.roster.commit_seq(from, seq);
+        core.stats.accepted += 1;
+        let scale = T::from_f64(-self.config.learning_rate) * factor;
+        values.scaled_add_into(core.params.as_mut(), scale)?;
+        let staleness = base.lag_behind(core.version);
+        core.version = core.version.next();
+        core.stats.applied += 1;
+        core.stats.updates += 1;
+        let version = core.version;
+        core.event(ServerEvent::Applied { worker: from, base, version, staleness, weight: factor.to_f64() });
+        core.event(ServerEvent::ModelUpdated { version, contributions: 1 });
+        core.send_model(Recipient::Worker(from));
+        Ok(())
+    }
+}
+
+impl<T: Scalar, S: Buffer<T>> Rules<T, S> for AspRules<T> {
+    fn burst(&self, _core: &ServerCore<T, S>) -> usize {
+        4
+    }
+
+    fn on_message(
+        &mut self,
+        core: &mut ServerCore<T, S>,
+        _now: Instant,
+        from: WorkerId,
+        msg: ToServer<'_, T>,
+    ) -> Result<(), Reject> {
+        match msg {
+            ToServer::Join { epoch } => core.join_and_send_model(from, epoch).map(|_| ()),
+            ToServer::Grad { base, seq, values, .. } => self.on_grad(core, from, base, seq, values),
+            other => Err(Reject::Unexpected { kind: other.kind_name() }),
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! BSP's server: one [`Round`] per version, closed when all `n` gradients of that version are
+//! in, over the shared [`ServerCore`].
+
+use super::BspConfig;
+use crate::error::{ConfigError, Reject};
+use crate::id::{Version, WorkerId, WorkerSet};
+use crate::math::{self, Scalar};
+use crate::msg::{ToServer, Values};
+use crate::proto::common::round::Round;
+use crate::proto::{Buffer, DropReason, ProtocolServer, Recipient, Rules, ServerCore, ServerEvent};
+use crate::time::Instant;
+use core::marker::PhantomData;
+
+/// The BSP server. `S` is the caller's storage for the model and the accumulator.
+pub type BspServer<T, S> = ProtocolServer<T, S, BspRules<T, S>>;
+
+/// BSP's own state over the shared server core: the accumulator and the open round.
+#[derive(Debug)]
+pub struct BspRules<T, S> {
+    config: BspConfig,
+    acc: S,
+    /// Optional second accumulator for the fused admission (see
+    /// [`BspServer::with_spare_accumulator`]).
+    spare: Option<S>,
+    round: Round,
+    _t: PhantomData<T>,
+}
+
+impl<T: Scalar, S: Buffer<T>> BspServer<T, S> {
+    /// A server starting from the model in `params` at version 0. `acc` is scratch space of
+    /// the same length (its contents are overwritten).
+    pub fn new(config: BspConfig, params: S, acc: S) -> Result<Self, ConfigError> {
+        Self::resume(config, params, acc, Version::ZERO)
+    }
+
+    /// A server resuming from a checkpoint: `params` is the model at `version`.
+    pub fn resume(config: BspConfig, params: S, mut acc: S, version: Version) -> Result<Self, ConfigError> {
+        let core = ServerCore::new(config.workers, config.learning_rate, config.stall_report, params, version)?;
+        let dim = core.dim();
+        let given = acc.as_ref().len();
+        let Some(acc_slice) = acc.as_mut().get_mut(..dim) else {
+            return Err(ConfigError::ScratchTooSmall { needed: dim, given });
+        };
+        math::fill_zero(acc_slice);
+        Ok(Self::from_parts(core, BspRules { config, acc, spare: None, round: Round::new(), _t: PhantomData }))
+    }
+
+    /// Gives the server a second accumulator (at least the model's length; its contents
+    /// are never read) so that each gradient costs one pass instead of two: admission
+    /// (length, finiteness, norm) and accumulation run fused, writing `spare = acc + g`,
+    /// and the two buffers swap when the gradient is accepted. A refused gradient still
+    /// changes nothing (the accumulator is never written before the verdict) and the
+    /// result has the same bits as without a spare. Costs `d` more elements of memory.
+    pub fn with_spare_accumulator(mut self, spare: S) -> Result<Self, ConfigError> {
+        let (dim, given) = (self.core.dim(), spare.as_ref().len());
+        if given < dim {
+            return Err(ConfigError::ScratchTooSmall { needed: dim, given });
+        }
+        self.rules.spare = Some(spare);
+        Ok(self)
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &BspConfig {
+        &self.rules().config
+    }
+
+    /// Workers whose gradient for the current version is in.
+    pub fn received(&self) -> &WorkerSet {
+        &self.rules().round.got
+    }
+}
+
+impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
+    /// Gradients that complete a round.
+    fn needed(core: &ServerCore<T, S>) -> usize {
+        #[allow(unused_mut)]
+        let mut needed = core.n();
+        // CANARY (planted bug, test builds only): the round closes one gradient short.
+        #[cfg(feature = "_canary")]
+        if crate::canary::is_on(crate::canary::Canary::RoundClosesEarly) {
+            needed = needed.saturating_sub(1).max(1);
+        }
+        needed
+    }
+
+    fn on_grad(
+        &mut self,
+        core: &mut ServerCore<T, S>,
+        now: Instant,
+        from: WorkerId,
+        base: Version,
+        seq: u64,
+        values: Values<'_, T>,
+    ) -> Result<(), Reject> {
+        core.roster.check_seq(from, seq)?;
+        let dim = core.dim();
+        let current = base == core.version && !self.round.got.contains(from);
+        if current && self.round.got.len() + 1 == Self::needed(core) {
+            // The round's last gradient: admission (the verdict of either path below), then
+            // the accumulation folded into the update, one pass over the accumulator fewer.
+            let factor = self.config.gradient_policy.admit(&values, dim)?;
+            let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
+            core.version = self.round.add_and_close(
+                from,
+                &values,
+                factor,
+                core.params.as_mut(),
+                acc,
+                self.config.learning_rate,
+                core.version,
+                &mut core.queue,
+                &mut core.stats,
+            )?;
+            core.roster.commit_seq(from, seq);
+            core.stats.accepted += 1;
+            core.send_model(Recipient::AllWorkers);
+            core.stall.progress(now);
+            return Ok(());
+        }
+        if let Some(spare) = self.spare.as_mut().filter(|_| current) {
+            // Fused: the only checks left after admission pass here, so the verdict (and any
+            // refusal) is the one of the two-pass path below.
+            let (acc, out) = (self.acc.as_ref().get(..dim), spare.as_mut().get_mut(..dim));
+            let (Some(acc), Some(out)) = (acc, out) else { return Err(Reject::Capacity) };
+            let (factor, _) = self.config.gradient_policy.admit_add_to(&values, acc, out)?;
+            core::mem::swap(&mut self.acc, spare);
+            core.roster.commit_seq(from, seq);
+            core.stats.accepted += 1;
+            self.round.record(from, factor);
+            return self.after_add(core, now, dim);
+        }
+        let factor = self.config.gradient_policy.admit(&values, dim)?;
+        if base > core.version {
+            return Err(Reject::FutureVersion { claimed: base, current: core.version });
+        }
+        if base == core.version && self.round.got.contains(from) {
+            return Err(Reject::Duplicate { worker: from, seq });
+        }
+        core.roster.commit_seq(from, seq);
+        core.stats.accepted += 1;
+        if base < core.version {
+            core.stats.count_drop(DropReason::Stale);
+            core.event(ServerEvent::Dropped { worker: from, base, reason: DropReason::Stale });
+            return Ok(());
+        }
+        let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
+        self.round.add(from, &values, factor, acc)?;
+        self.after_add(core, now, dim)
+    }
+
+    /// After a gradient went into the round: closes it when complete.
+    fn after_add(&mut self, core: &mut ServerCore<T, S>, now: Instant, dim: usize) -> Result<(), Reject> {
+        if self.round.got.len() == Self::needed(core) {
+            let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
+            core.version = self.round.close(
+                core.params.as_mut(),
+                acc,
+                self.config.learning_rate,
+                core.version,
+                &mut core.queue,
+                &mut core.stats,
+            );
+            core.send_model(Recipient::AllWorkers);
+        }
+        core.stall.progress(now);
+        Ok(())
+    }
+}
+
+impl<T: Scalar, S: Buffer<T>> Rules<T, S> for BspRules<T, S> {
+    fn burst(&self, core: &ServerCore<T, S>) -> usize {
+        // A close: one event per contributor, the update event and the broadcast.
+        2 * core.n() + 4
+    }
+
+    fn on_message(
+        &mut self,
+        core: &mut ServerCore<T, S>,
+        now: Instant,
+        from: WorkerId,
+        msg: ToServer<'_, T>,
+    ) -> Result<(), Reject> {
+        match msg {
+            ToServer::Join { epoch } => core.join_and_send_model(from, epoch).map(|_| ()),
+            ToServer::Grad { base, seq, values, .. } => self.on_grad(core, now, from, base, seq, values),
+            other => Err(Reject::Unexpected { kind: other.kind_name() }),
+        }
+    }
+
+    fn on_timeout(&mut self, core: &mut ServerCore<T, S>, now: Instant) {
+        if core.stall.due(now) {
+            if let Some(waiting_for) = self.round.got.first_missing(core.n()) {
+                let missing = (core.n() - self.round.got.len()) as u32;
+                let since = core.stall.since();
+                core.event(ServerEvent::Stalled { waiting_for, missing, since });
+            }
+        }
+    }
+}
