@@ -45,9 +45,9 @@
 //!
 //! Aggregation reuses BSP's round (sums in arrival order; exact for integer test data).
 
-use super::common::round::{Round, check_learning_rate};
 use super::common::queue::{ServerItem, ServerQueue};
 use super::common::roster::Roster;
+use super::common::round::{Round, check_learning_rate};
 use super::common::stall::StallWatch;
 use super::{Buffer, DropReason, GradientPolicy, Recipient, Server, ServerEvent, ServerOutput, ServerStats};
 use crate::error::{ConfigError, Reject};

@@ -110,8 +110,8 @@
 //! central model, exactly as an ASP server answers a join.)
 
 use super::asp::{AspConfig, AspServer};
-use super::common::round::check_learning_rate;
 use super::common::roster::Roster;
+use super::common::round::check_learning_rate;
 use super::common::stall::StallWatch;
 use super::{Buffer, DropReason, GradientPolicy, Recipient, Server, ServerEvent, ServerOutput, ServerStats};
 use crate::error::{ConfigError, Reject};

@@ -116,10 +116,6 @@
 //! iteration); per-iteration tables are fixed arrays. Worker: the cached model plus one
 //! scratch buffer of the model's length for the outgoing gradient.
 
-use crate::proto::common::round::check_learning_rate;
-use crate::proto::common::queue::{ServerItem, ServerQueue, WorkerItem, WorkerQueue};
-use crate::proto::common::roster::Roster;
-use crate::proto::common::stall::StallWatch;
 use super::{
     Buffer, DropReason, GradientPolicy, Recipient, Server, ServerEvent, ServerOutput, ServerStats, Worker, WorkerEvent,
     WorkerOutput, WorkerSetup,
@@ -128,6 +124,10 @@ use crate::error::{ConfigError, Reject};
 use crate::id::{ComputeId, MAX_WORKERS, Version, WorkerId, WorkerSet};
 use crate::math::{self, Scalar};
 use crate::msg::{ToServer, ToWorker, Values};
+use crate::proto::common::queue::{ServerItem, ServerQueue, WorkerItem, WorkerQueue};
+use crate::proto::common::roster::Roster;
+use crate::proto::common::round::check_learning_rate;
+use crate::proto::common::stall::StallWatch;
 use crate::time::{Duration, Instant};
 use core::marker::PhantomData;
 

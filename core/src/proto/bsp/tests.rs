@@ -145,8 +145,7 @@ fn join_answers_with_the_model_and_rejects_stale_epochs() {
 
 #[test]
 fn config_errors() {
-    let bad =
-        |c: BspConfig, p: usize, a: usize| BspServer::<f32, Vec<f32>>::new(c, vec![0.0; p], vec![0.0; a]).err();
+    let bad = |c: BspConfig, p: usize, a: usize| BspServer::<f32, Vec<f32>>::new(c, vec![0.0; p], vec![0.0; a]).err();
     assert_eq!(bad(BspConfig::new(0, 0.1), 1, 1), Some(ConfigError::WorkerCount(0)));
     assert_eq!(bad(BspConfig::new(1, f64::NAN), 1, 1), Some(ConfigError::LearningRate));
     assert_eq!(bad(BspConfig::new(1, -1.0), 1, 1), Some(ConfigError::LearningRate));

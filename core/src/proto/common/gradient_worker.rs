@@ -20,11 +20,11 @@
 //! comes after it has been written whole again (the next accepted gradient or model).
 
 use super::queue::{WORKER_QUEUE, WorkerItem, WorkerQueue};
-use crate::proto::{Buffer, Worker, WorkerEvent, WorkerOutput};
 use crate::error::{ConfigError, Reject};
 use crate::id::{ComputeId, Version, WorkerId};
 use crate::math::{self, Scalar};
 use crate::msg::ToWorker;
+use crate::proto::{Buffer, Worker, WorkerEvent, WorkerOutput};
 use crate::time::{Duration, Instant};
 use core::marker::PhantomData;
 

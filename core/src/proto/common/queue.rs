@@ -2,10 +2,10 @@
 //! state machine's buffers only when an item is polled, so queuing a model broadcast costs
 //! no copy.
 
-use crate::proto::{Recipient, ServerEvent, ServerOutput, WorkerEvent, WorkerOutput};
 use crate::error::Reject;
 use crate::id::{ComputeId, MAX_WORKERS, Version, WorkerId};
 use crate::msg::{ToServer, ToWorker, Values};
+use crate::proto::{Recipient, ServerEvent, ServerOutput, WorkerEvent, WorkerOutput};
 use heapless::Deque;
 
 /// Capacity of a server's output queue: one event and one message per worker, plus slack.

@@ -120,7 +120,7 @@ pub(crate) mod prelude {
     pub(crate) use crate::msg::{ToServer, ToWorker, Values};
     pub(crate) use crate::proto::{
         Buffer, DropReason, GradientPolicy, GradientWorker, GradientWorkerConfig, Recipient, Server, ServerEvent,
-        ServerOutput, ServerStats, Worker, WorkerEvent, WorkerOutput,
+        ServerOutput, ServerStats, Worker, WorkerEvent, WorkerOutput, WorkerSetup,
     };
     pub(crate) use crate::time::{Duration, Instant};
 }

@@ -1,6 +1,7 @@
 use super::harness::{Entry, Net};
 use super::*;
 use crate::proto::bsp::{BspConfig, BspServer};
+use crate::proto::common::testkit::prelude::*;
 use crate::proto::{DropReason, GradientWorker, GradientWorkerConfig, ToServerOwned, ToWorkerOwned};
 use proptest::prelude::*;
 use std::vec;

@@ -126,12 +126,12 @@ mod server;
 mod tests;
 mod worker;
 
-pub use server::WbspServer;
+pub use server::{WbspRules, WbspServer};
 pub use worker::WbspWorker;
 
 use super::GradientPolicy;
-use crate::proto::common::round::check_learning_rate;
 use crate::error::ConfigError;
+use crate::proto::common::round::check_learning_rate;
 use crate::time::Duration;
 
 /// How the server scales a delta before adding it to the round's accumulator.
