@@ -1,5 +1,6 @@
 use super::*;
 use crate::proto::bsp::{BspConfig, BspServer};
+use crate::proto::common::testkit::prelude::*;
 use crate::proto::ssp::harness::{Entry, Net};
 use crate::proto::{GradientWorker, GradientWorkerConfig, ToServerOwned, ToWorkerOwned};
 use proptest::prelude::*;
