@@ -261,6 +261,9 @@ impl<T: Scalar, S: Buffer<T>> Worker<T> for AnyWorker<T, S> {
     fn is_stopped(&self) -> bool {
         dispatch!(self, w => w.is_stopped(), Gradient, Wbsp, Ssp, Bap)
     }
+    fn outputs_lost(&self) -> u64 {
+        dispatch!(self, w => w.outputs_lost(), Gradient, Wbsp, Ssp, Bap)
+    }
 }
 
 #[cfg(test)]

@@ -358,8 +358,11 @@ impl Shared {
     }
 
     fn push(&mut self, item: Item) {
-        // Room for the largest burst is checked before every input (`ensure_room`).
-        let _ = self.queue.push_back(item);
+        // Room for the largest burst is checked before every input (`ensure_room`), so this
+        // cannot fail; should it ever, the output is counted, never dropped silently.
+        if self.queue.push_back(item).is_err() {
+            self.stats.outputs_lost += 1;
+        }
     }
 
     fn event(&mut self, event: ServerEvent) {
@@ -965,7 +968,7 @@ impl<T: Scalar, S: Buffer<T>> GroupServer<T, S> {
     /// Group `group` of `config`, joining the central server with session `epoch` (increase
     /// it on every restart). Its first upstream output is `Join`.
     pub fn new(config: GroupedConfig, group: u32, epoch: u32, model: S, mut scratch: S) -> Result<Self, ConfigError> {
-        let shared = Shared::new(config)?;
+        let mut shared = Shared::new(config)?;
         if group >= config.groups {
             return Err(ConfigError::Knob("group"));
         }
@@ -980,7 +983,10 @@ impl<T: Scalar, S: Buffer<T>> GroupServer<T, S> {
         };
         math::fill_zero(area);
         let mut up = Deque::new();
-        let _ = up.push_back(Up::Join);
+        // The first item of an empty queue: cannot fail, and is counted if it does.
+        if up.push_back(Up::Join).is_err() {
+            shared.stats.outputs_lost += 1;
+        }
         let mut group = Group::new(group, &shared);
         group.seq = crate::id::first_seq(epoch);
         Ok(Self { group, shared, epoch, model, scratch, up, _t: PhantomData })
@@ -1062,7 +1068,9 @@ impl<T: Scalar, S: Buffer<T>> Server<T> for GroupServer<T, S> {
                             return Err(Reject::Capacity);
                         }
                         g.phase = Phase::Joining;
-                        let _ = self.up.push_back(Up::Join);
+                        if self.up.push_back(Up::Join).is_err() {
+                            self.shared.stats.outputs_lost += 1;
+                        }
                     }
                     self.shared.on_join(&mut self.group, from, epoch)
                 }
@@ -1077,15 +1085,17 @@ impl<T: Scalar, S: Buffer<T>> Server<T> for GroupServer<T, S> {
                     let (acc, total) = self.scratch.as_mut().split_at_mut_checked(dim).ok_or(Reject::Capacity)?;
                     let total = total.get_mut(..total_len).ok_or(Reject::Capacity)?;
                     if group.on_grad(shared, now, from, base, seq, &values, acc)? {
-                        match group.close(shared, now, self.model.as_mut(), acc, total) {
-                            Closed::Local => {}
+                        let up = match group.close(shared, now, self.model.as_mut(), acc, total) {
+                            Closed::Local => None,
                             Closed::Exchange => {
                                 let (base, iteration, seq) = group.take_exchange();
-                                let _ = self.up.push_back(Up::Grad { base, iteration, seq });
+                                Some(Up::Grad { base, iteration, seq })
                             }
-                            Closed::Rejoin => {
-                                let _ = self.up.push_back(Up::Join);
-                            }
+                            Closed::Rejoin => Some(Up::Join),
+                        };
+                        // Room was checked above: this cannot fail, and is counted if it does.
+                        if up.is_some_and(|item| self.up.push_back(item).is_err()) {
+                            shared.stats.outputs_lost += 1;
                         }
                     }
                     Ok(())

@@ -268,6 +268,10 @@ pub struct ServerStats {
     pub rejected: u64,
     /// Model updates (version increments).
     pub updates: u64,
+    /// Outputs that found the output queue full. Zero by construction (every input is
+    /// refused with [`Reject::Capacity`] unless there is room for all it can produce); a
+    /// nonzero count is a bug, reported here instead of lost silently.
+    pub outputs_lost: u64,
 }
 
 impl ServerStats {
@@ -328,4 +332,9 @@ pub trait Worker<T: Scalar> {
     fn id(&self) -> WorkerId;
     /// Whether the server told this worker to stop.
     fn is_stopped(&self) -> bool;
+    /// Outputs that found the worker's output queue full: zero by construction (inputs are
+    /// refused with [`Reject::Capacity`] unless there is room), nonzero only through a bug.
+    fn outputs_lost(&self) -> u64 {
+        0
+    }
 }

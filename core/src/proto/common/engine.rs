@@ -189,17 +189,21 @@ impl<T: Scalar, S: Buffer<T>, R: Rules<T, S>> Server<T> for ProtocolServer<T, S,
         if result.is_err() {
             self.core.stats.rejected += 1;
         }
+        self.core.stats.outputs_lost = self.core.queue.lost();
         result
     }
 
     fn handle_worker_lost(&mut self, now: Instant, worker: WorkerId) -> Result<(), Reject> {
         self.core.roster.check_member(worker)?;
         self.core.queue.ensure_room(self.rules.burst(&self.core))?;
-        self.lose(now, worker)
+        let result = self.lose(now, worker);
+        self.core.stats.outputs_lost = self.core.queue.lost();
+        result
     }
 
     fn handle_timeout(&mut self, now: Instant) {
         self.rules.on_timeout(&mut self.core, now);
+        self.core.stats.outputs_lost = self.core.queue.lost();
     }
 
     fn poll_output(&mut self) -> Option<ServerOutput<'_, T>> {
@@ -215,6 +219,7 @@ impl<T: Scalar, S: Buffer<T>, R: Rules<T, S>> Server<T> for ProtocolServer<T, S,
     fn stop(&mut self) {
         self.rules.on_stop(&mut self.core);
         self.core.queue.push(ServerItem::Stop);
+        self.core.stats.outputs_lost = self.core.queue.lost();
     }
 
     fn version(&self) -> Version {

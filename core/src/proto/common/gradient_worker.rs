@@ -227,6 +227,10 @@ impl<T: Scalar, S: Buffer<T>> Worker<T> for GradientWorker<T, S> {
     fn is_stopped(&self) -> bool {
         self.phase == Phase::Stopped
     }
+
+    fn outputs_lost(&self) -> u64 {
+        self.queue.lost()
+    }
 }
 
 #[cfg(test)]

@@ -14,3 +14,6 @@ pub(crate) mod stall;
 #[cfg(test)]
 pub(crate) mod testkit;
 pub(crate) mod validate;
+
+#[cfg(test)]
+mod capacity_tests;

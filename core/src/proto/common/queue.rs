@@ -41,20 +41,31 @@ pub(crate) enum ServerItem {
 #[derive(Debug)]
 pub(crate) struct ServerQueue {
     items: Deque<ServerItem, SERVER_QUEUE>,
+    /// Pushes that found the queue full (never expected: see [`Self::push`]).
+    lost: u64,
 }
 
 impl ServerQueue {
     pub(crate) const fn new() -> Self {
-        Self { items: Deque::new() }
+        Self { items: Deque::new(), lost: 0 }
     }
 
-    /// Queues `item`. The capacity covers the largest burst any protocol produces for one
-    /// input when the caller drains after every input, as the contract says; a caller that
-    /// does not drain gets `Capacity` (from the `try_*` path) or loses the newest events.
+    /// Queues `item`. Every input is screened first with [`Self::ensure_room`] for the most
+    /// outputs it can produce (each protocol's `burst`, proven by the capacity tests at
+    /// `n = MAX_WORKERS`), and refused with [`Reject::Capacity`] before any state changes
+    /// when there is not room; so a push cannot find the queue full. Should it ever, the
+    /// output is counted in [`ServerStats::outputs_lost`](crate::proto::ServerStats) rather
+    /// than dropped silently, and the tests fail on any count but zero.
     #[inline]
     pub(crate) fn push(&mut self, item: ServerItem) {
-        // Full only if the caller ignored the drain contract; the oldest output is kept.
-        let _ = self.items.push_back(item);
+        if self.items.push_back(item).is_err() {
+            self.lost += 1;
+        }
+    }
+
+    /// Outputs that found the queue full.
+    pub(crate) fn lost(&self) -> u64 {
+        self.lost
     }
 
     /// Refuses new input while there is not room for a full burst (n events + n messages).
@@ -129,17 +140,29 @@ pub(crate) enum WorkerItem {
 #[derive(Debug)]
 pub(crate) struct WorkerQueue {
     items: Deque<WorkerItem, WORKER_QUEUE>,
+    /// Pushes that found the queue full (never expected: see [`Self::push`]).
+    lost: u64,
 }
 
 impl WorkerQueue {
     pub(crate) const fn new() -> Self {
-        Self { items: Deque::new() }
+        Self { items: Deque::new(), lost: 0 }
     }
 
+    /// Queues `item`. A worker checks [`Self::ensure_room`] for the few outputs an input can
+    /// produce before it changes any state, so a push cannot find the queue full; should it
+    /// ever, the output is counted ([`Worker::outputs_lost`](crate::proto::Worker)), never
+    /// dropped silently.
     #[inline]
     pub(crate) fn push(&mut self, item: WorkerItem) {
-        // A worker queues at most a handful of items per input; see `WORKER_QUEUE`.
-        let _ = self.items.push_back(item);
+        if self.items.push_back(item).is_err() {
+            self.lost += 1;
+        }
+    }
+
+    /// Outputs that found the queue full.
+    pub(crate) fn lost(&self) -> u64 {
+        self.lost
     }
 
     pub(crate) fn ensure_room(&self, burst: usize) -> Result<(), Reject> {

@@ -242,4 +242,8 @@ impl<T: Scalar, S: Buffer<T>> Worker<T> for SspWorker<T, S> {
     fn is_stopped(&self) -> bool {
         self.phase == Phase::Stopped
     }
+
+    fn outputs_lost(&self) -> u64 {
+        self.queue.lost()
+    }
 }

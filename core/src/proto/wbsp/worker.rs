@@ -335,4 +335,8 @@ impl<T: Scalar, S: Buffer<T>> Worker<T> for WbspWorker<T, S> {
     fn is_stopped(&self) -> bool {
         self.stopped
     }
+
+    fn outputs_lost(&self) -> u64 {
+        self.queue.lost()
+    }
 }
