@@ -13,7 +13,7 @@ use crate::{DIM, WORKERS};
 use heapless::Vec;
 use syncopate::{
     ComputeId, ConfigError, Duration, GradientWorker, GradientWorkerConfig, Instant, Recipient, Reject, Server,
-    ServerEvent, ServerOutput, Worker, WorkerEvent, WorkerId, WorkerOutput,
+    ServerEvent, ServerOutput, Worker as _, WorkerEvent, WorkerId, WorkerOutput,
 };
 
 /// Base step time of the fast workers (a step is `base · (1 + Exp(1))`).
@@ -112,9 +112,12 @@ pub struct Goal {
     pub max_updates: u64,
 }
 
+/// A gradient worker whose model lives in the static memory.
+pub type Worker<'m> = GradientWorker<f32, &'m mut [f32]>;
+
 /// The workers, their jobs and the simulated clock.
 pub struct Cluster<'m> {
-    workers: Vec<GradientWorker<f32, &'m mut [f32]>, WORKERS>,
+    workers: Vec<Worker<'m>, WORKERS>,
     jobs: [Option<Job>; WORKERS],
     grad: &'m mut [f32],
     steps: Rng,

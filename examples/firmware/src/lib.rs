@@ -18,7 +18,7 @@ pub mod report;
 pub mod rng;
 pub mod stack;
 
-use cluster::{Cluster, Failure, Goal, Outcome};
+use cluster::{Cluster, Failure, Goal, Outcome, Worker};
 use core::panic::PanicInfo;
 use cortex_m_semihosting::{debug, hprintln};
 use problem::Problem;
@@ -34,11 +34,11 @@ pub const DIM: usize = 1024;
 /// Rows of the least-squares problem each worker holds.
 pub const ROWS_PER_WORKER: usize = 8;
 /// The learning rate `η` of both servers (stable for every `k ≥ 2` DBW may choose).
-pub const LEARNING_RATE: f64 = 1.0;
+pub const LEARNING_RATE: f64 = 0.5;
 /// Seed of the problem and of the step times.
 pub const SEED: u64 = 14;
 /// A run passes when its loss falls to this fraction of the initial loss.
-pub const LOSS_FRACTION: f32 = 1e-4;
+pub const LOSS_FRACTION: f32 = 1e-6;
 /// A run that has not passed after this many model updates fails.
 pub const MAX_UPDATES: u64 = 1000;
 
@@ -91,11 +91,13 @@ impl Firmware {
         };
         stack::paint();
         hprintln!(
-            "syncopate firmware `{}`: least squares, n = {} workers, d = {} f32 parameters, {} rows, eta = 1, seed {}",
+            "syncopate firmware `{}`: least squares, n = {} workers, d = {} f32 parameters, {} rows of rank {}, eta = {}, seed {}",
             image,
             WORKERS,
             DIM,
             Problem::rows(),
+            problem::RANK,
+            Sci(LEARNING_RATE as f32),
             SEED
         );
         Self { memory, problem: Problem::new(SEED), passed: true }
@@ -111,11 +113,18 @@ impl Firmware {
         let Memory { workers, params, scratch, grad } = &mut *self.memory;
         params.fill(0.0);
         let goal = Goal { loss_fraction: LOSS_FRACTION, max_updates: MAX_UPDATES };
-        let outcome = build(params, scratch).map_err(Failure::Config).and_then(|mut server| {
-            let outcome = Cluster::new(workers, grad, SEED)?.train(&mut server, &self.problem, goal);
-            hprintln!("{}: server state {} bytes", name, core::mem::size_of::<S>());
-            outcome
-        });
+        hprintln!(
+            "{}: state beside the tensors: server {} bytes, {} workers {} bytes each",
+            name,
+            core::mem::size_of::<S>(),
+            WORKERS,
+            core::mem::size_of::<Worker<'m>>()
+        );
+        let outcome = match build(params, scratch) {
+            Ok(mut server) => Cluster::new(workers, grad, SEED)
+                .and_then(|mut cluster| cluster.train(&mut server, &self.problem, goal)),
+            Err(e) => Err(Failure::Config(e)),
+        };
         match outcome {
             Ok(o) => {
                 let t = o.tally;

@@ -55,7 +55,7 @@ pub struct Ratio(pub u64, pub u64);
 
 impl fmt::Display for Ratio {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let tenths = if self.1 == 0 { 0 } else { (self.0 * 10 + self.1 / 2) / self.1 };
+        let tenths = (self.0 * 10 + self.1 / 2).checked_div(self.1).unwrap_or(0);
         write!(f, "{}.{}", tenths / 10, tenths % 10)
     }
 }
