@@ -188,10 +188,17 @@ impl Firmware {
     }
 }
 
-/// Prints how much faster (in simulated time) `fast` reached its loss than `slow`.
+/// Prints how many times sooner (in simulated time) `fast` reached the loss than `slow`.
 pub fn compare(fast: (&str, &Outcome), slow: (&str, &Outcome)) {
-    let (fast_ns, slow_ns) = (fast.1.elapsed.as_nanos(), slow.1.elapsed.as_nanos());
-    hprintln!("{} reached the loss in {} of {}'s simulated time", fast.0, Ratio(fast_ns, slow_ns.max(1)), slow.0);
+    let (fast_time, slow_time) = (fast.1.elapsed, slow.1.elapsed);
+    hprintln!(
+        "{} reached the loss {}x sooner than {} in simulated time ({} against {})",
+        fast.0,
+        Ratio(slow_time.as_nanos(), fast_time.as_nanos()),
+        slow.0,
+        Millis(fast_time),
+        Millis(slow_time)
+    );
 }
 
 /// Prints `FAIL: why` and exits QEMU with a failure status.
