@@ -22,7 +22,7 @@ const FAST_STEP: Duration = Duration::from_millis(10);
 const SLOW_STEP: Duration = Duration::from_millis(25);
 /// Workers `SLOW_FROM..` are slow.
 const SLOW_FROM: usize = 6;
-/// Generator stream of the step times (the problem uses streams 0..=64).
+/// Generator stream of the step times (the problem uses streams below 100).
 const STEP_STREAM: u64 = 1 << 32;
 
 /// What stopped a run before its goal.

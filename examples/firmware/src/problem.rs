@@ -58,7 +58,6 @@ impl Problem {
         let mut solution = [0.0f32; DIM];
         let mut rng = Rng::new(seed, SOLUTION_STREAM);
         solution.iter_mut().for_each(|x| *x = ((rng.next_u64() % 17) as f32 - 8.0) / 8.0);
-        problem.targets = [[0.0; ROWS_PER_WORKER]; WORKERS];
         for worker in 0..WORKERS {
             let b = problem.products(worker, &solution);
             if let Some(t) = problem.targets.get_mut(worker) {
