@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The firmware example in CI (issue #14 item 7): installs what it needs, checks format and
-# lints, builds both images (release: opt-level "s", LTO, panic abort, one codegen unit),
+# The firmware example in CI (issue #14 item 7): installs what it needs, checks format,
+# lints and docs, builds both images (release: opt-level "s", LTO, panic abort, one codegen unit),
 # runs each under QEMU's mps2-an386 (Cortex-M4F) with semihosting, requires "PASS" and
 # exit status 0, and reports code size and RAM. Fails if the BSP image's `.text` exceeds
 # 32 KiB. Run from anywhere: `bash examples/firmware/ci.sh`.
@@ -21,6 +21,7 @@ fi
 
 cargo fmt -- --check
 cargo clippy --release --locked -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked
 cargo build --release --locked
 
 for image in train bsp; do
@@ -28,7 +29,7 @@ for image in train bsp; do
   log="$(mktemp)"
   status=0
   timeout 300 qemu-system-arm -M mps2-an386 -nographic -semihosting-config enable=on,target=native \
-    -kernel "$elf" >"$log" 2>&1 || status=$?
+    -kernel "$elf" </dev/null >"$log" 2>&1 || status=$?
   cat "$log"
   if [ "$status" -ne 0 ] || ! grep -qx PASS "$log"; then
     echo "firmware image $image failed under QEMU (exit status $status; PASS expected)"
