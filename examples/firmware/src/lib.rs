@@ -46,29 +46,30 @@ pub const MAX_UPDATES: u64 = 1000;
 pub struct Memory {
     /// Each worker's model / gradient buffer.
     pub workers: [[f32; DIM]; WORKERS],
-    /// The server's model.
-    pub params: [f32; DIM],
-    /// The server's scratch (accumulator; DBW also keeps the previous mean gradient).
-    pub scratch: [f32; 2 * DIM],
+    /// The server's storage.
+    pub server: ServerMemory,
     /// The host's gradient, computed here and handed to a worker.
     pub grad: [f32; DIM],
 }
 
+/// What a server borrows from the caller (one block, so a constructor that takes more
+/// storage needs a new field here and a change in [`bsp_server`] / [`dbw_server`] only).
+pub struct ServerMemory {
+    /// The model.
+    pub params: [f32; DIM],
+    /// Scratch: the accumulator; DBW also keeps the previous mean gradient.
+    pub scratch: [f32; 2 * DIM],
+}
+
 /// The BSP server the firmware runs: the one place that builds it.
-pub fn bsp_server<'m>(
-    params: &'m mut [f32],
-    scratch: &'m mut [f32],
-) -> Result<BspServer<f32, &'m mut [f32]>, ConfigError> {
-    BspServer::new(BspConfig::new(WORKERS as u32, LEARNING_RATE), params, scratch)
+pub fn bsp_server(memory: &mut ServerMemory) -> Result<BspServer<f32, &mut [f32]>, ConfigError> {
+    BspServer::new(BspConfig::new(WORKERS as u32, LEARNING_RATE), &mut memory.params, &mut memory.scratch)
 }
 
 /// The DBW server the firmware runs (the core's defaults: `k_min = 2`, secant `Lη`,
 /// stragglers abort): the one place that builds it.
-pub fn dbw_server<'m>(
-    params: &'m mut [f32],
-    scratch: &'m mut [f32],
-) -> Result<DbwServer<f32, &'m mut [f32]>, ConfigError> {
-    DbwServer::new(DbwConfig::new(WORKERS as u32, LEARNING_RATE), params, scratch)
+pub fn dbw_server(memory: &mut ServerMemory) -> Result<DbwServer<f32, &mut [f32]>, ConfigError> {
+    DbwServer::new(DbwConfig::new(WORKERS as u32, LEARNING_RATE), &mut memory.params, &mut memory.scratch)
 }
 
 /// The state of a firmware run: its memory, its problem and whether every run passed.
@@ -83,8 +84,7 @@ impl Firmware {
     pub fn start(image: &str) -> Self {
         let Some(memory) = cortex_m::singleton!(: Memory = Memory {
             workers: [[0.0; DIM]; WORKERS],
-            params: [0.0; DIM],
-            scratch: [0.0; 2 * DIM],
+            server: ServerMemory { params: [0.0; DIM], scratch: [0.0; 2 * DIM] },
             grad: [0.0; DIM],
         }) else {
             fail("the static memory was already taken")
@@ -103,15 +103,15 @@ impl Firmware {
         Self { memory, problem: Problem::new(SEED), passed: true }
     }
 
-    /// Trains a server built by `build` (from the model and scratch buffers, the model
+    /// Trains a server built by `build` (from the server's storage, the model
     /// zeroed) with eight fresh workers, prints the outcome and returns it.
     pub fn train<'m, S: Server<f32>>(
         &'m mut self,
         name: &str,
-        build: impl FnOnce(&'m mut [f32], &'m mut [f32]) -> Result<S, ConfigError>,
+        build: impl FnOnce(&'m mut ServerMemory) -> Result<S, ConfigError>,
     ) -> Option<Outcome> {
-        let Memory { workers, params, scratch, grad } = &mut *self.memory;
-        params.fill(0.0);
+        let Memory { workers, server, grad } = &mut *self.memory;
+        server.params.fill(0.0);
         let goal = Goal { loss_fraction: LOSS_FRACTION, max_updates: MAX_UPDATES };
         hprintln!(
             "{}: state beside the tensors: server {} bytes, {} workers {} bytes each",
@@ -120,7 +120,7 @@ impl Firmware {
             WORKERS,
             core::mem::size_of::<Worker<'m>>()
         );
-        let outcome = match build(params, scratch) {
+        let outcome = match build(server) {
             Ok(mut server) => Cluster::new(workers, grad, SEED)
                 .and_then(|mut cluster| cluster.train(&mut server, &self.problem, goal)),
             Err(e) => Err(Failure::Config(e)),
@@ -175,7 +175,7 @@ impl Firmware {
     /// Prints RAM use and the verdict, and exits QEMU: status 0 only after "PASS".
     pub fn finish(self) -> ! {
         hprintln!(
-            "memory: statics (.data + .bss) {} bytes, of which model buffers {} bytes; stack high-water {} bytes",
+            "memory: statics (.data + .bss) {} bytes, of which tensors {} bytes; stack high-water {} bytes",
             stack::statics(),
             core::mem::size_of::<Memory>(),
             stack::high_water()
