@@ -1,0 +1,224 @@
+//! One group server on its own, for a group server in its own process.
+
+use crate::error::{ConfigError, Reject};
+use crate::id::{Version, WorkerId};
+use crate::math::{self, Scalar};
+use crate::msg::{ToServer, ToWorker, Values};
+use crate::proto::{Buffer, Server, ServerOutput, ServerStats};
+use crate::time::Instant;
+use core::marker::PhantomData;
+use heapless::Deque;
+
+use super::group::*;
+use super::*;
+
+/// An upstream message before its payload is attached.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Up {
+    Join,
+    Grad { base: Version, iteration: u64, seq: u64 },
+}
+
+/// One group server on its own (for a group server in its own process): BSP toward its
+/// members, an ASP worker of the central server upstream. See the [module docs](self) for
+/// the driving contract. `S` is the caller's storage: `model` (the model's length; its
+/// contents are replaced by the central server's first `Model`) and `scratch` of at least
+/// [`GroupedConfig::group_scratch_len`] elements.
+///
+/// Members keep their global worker ids; ids outside the group are refused as unknown.
+/// [`Server::version`] and [`Server::params`] are the group model's.
+#[derive(Debug)]
+pub struct GroupServer<T, S> {
+    pub(super) group: Group,
+    pub(super) shared: Shared,
+    pub(super) epoch: u32,
+    pub(super) model: S,
+    pub(super) scratch: S,
+    pub(super) up: Deque<Up, 4>,
+    pub(super) _t: PhantomData<T>,
+}
+
+impl<T: Scalar, S: Buffer<T>> GroupServer<T, S> {
+    /// Group `group` of `config`, joining the central server with session `epoch` (increase
+    /// it on every restart). Its first upstream output is `Join`.
+    pub fn new(config: GroupedConfig, group: u32, epoch: u32, model: S, mut scratch: S) -> Result<Self, ConfigError> {
+        let mut shared = Shared::new(config)?;
+        if group >= config.groups {
+            return Err(ConfigError::Knob("group"));
+        }
+        let dim = model.as_ref().len();
+        if dim == 0 {
+            return Err(ConfigError::EmptyModel);
+        }
+        let needed = config.group_scratch_len(dim);
+        let given = scratch.as_ref().len();
+        let Some(area) = scratch.as_mut().get_mut(..needed) else {
+            return Err(ConfigError::ScratchTooSmall { needed, given });
+        };
+        math::fill_zero(area);
+        let mut up = Deque::new();
+        // The first item of an empty queue: cannot fail, and is counted if it does.
+        if up.push_back(Up::Join).is_err() {
+            shared.stats.outputs_lost += 1;
+        }
+        let mut group = Group::new(group, &shared);
+        group.seq = crate::id::first_seq(epoch);
+        Ok(Self { group, shared, epoch, model, scratch, up, _t: PhantomData })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &GroupedConfig {
+        &self.shared.config
+    }
+
+    /// This group's index.
+    pub fn group(&self) -> u32 {
+        self.group.id
+    }
+
+    /// The central version the group model is based on.
+    pub fn central_base(&self) -> Version {
+        self.group.base
+    }
+
+    /// Whether an exchange (or a join) awaits the central server's reply.
+    pub fn awaiting_central(&self) -> bool {
+        self.group.phase != Phase::Collecting
+    }
+
+    /// The next message for the central server (payloads borrow the group's buffers);
+    /// `None` when drained.
+    pub fn poll_upstream(&mut self) -> Option<ToServer<'_, T>> {
+        let item = self.up.pop_front()?;
+        Some(match item {
+            Up::Join => ToServer::Join { epoch: self.epoch },
+            Up::Grad { base, iteration, seq } => {
+                let dim = self.model.as_ref().len();
+                let scratch = self.scratch.as_ref();
+                let aggregate =
+                    if self.shared.config.local_steps > 1 { scratch.get(dim..2 * dim) } else { scratch.get(..dim) };
+                ToServer::Grad { base, iteration, seq, values: Values::Slice(aggregate.unwrap_or(&[])) }
+            }
+        })
+    }
+
+    /// A message from the central server arrived at `now`: `Model` (the reply to a `Join` or
+    /// to an exchange) or `Stop` (passed on to the members).
+    pub fn handle_upstream(&mut self, now: Instant, msg: ToWorker<'_, T>) -> Result<(), Reject> {
+        self.shared.ensure_room()?;
+        match msg {
+            ToWorker::Model { version, values, .. } => {
+                let (model, acc, total) = {
+                    let dim = self.model.as_ref().len();
+                    let total_len = if self.shared.config.local_steps > 1 { dim } else { 0 };
+                    let (acc, total) = self.scratch.as_mut().split_at_mut_checked(dim).ok_or(Reject::Capacity)?;
+                    (self.model.as_mut(), acc, total.get_mut(..total_len).ok_or(Reject::Capacity)?)
+                };
+                self.group.rebase(&mut self.shared, now, version, &values, model, acc, total)
+            }
+            ToWorker::Stop => {
+                self.stop();
+                Ok(())
+            }
+            other => Err(Reject::Unexpected { kind: other.kind_name() }),
+        }
+    }
+}
+
+impl<T: Scalar, S: Buffer<T>> Server<T> for GroupServer<T, S> {
+    fn handle(&mut self, now: Instant, from: WorkerId, msg: ToServer<'_, T>) -> Result<(), Reject> {
+        let result = self.shared.ensure_room().and_then(|()| {
+            if self.shared.layout.group_of(from) != Some(self.group.id as usize) {
+                return Err(Reject::UnknownWorker(from));
+            }
+            match msg {
+                ToServer::Join { epoch } => {
+                    self.shared.roster.check_join(from, epoch)?;
+                    let g = &mut self.group;
+                    if g.size == 1 && g.step == 0 && g.got.is_empty() && g.phase == Phase::Collecting {
+                        // A group of one with no step in progress refreshes from the central
+                        // server first (as an ASP server answers a join); see `GroupedServer`.
+                        if self.up.is_full() {
+                            return Err(Reject::Capacity);
+                        }
+                        g.phase = Phase::Joining;
+                        if self.up.push_back(Up::Join).is_err() {
+                            self.shared.stats.outputs_lost += 1;
+                        }
+                    }
+                    self.shared.on_join(&mut self.group, from, epoch)
+                }
+                ToServer::Grad { base, seq, values, .. } => {
+                    if self.up.len() + 1 > self.up.capacity() {
+                        return Err(Reject::Capacity);
+                    }
+                    let shared = &mut self.shared;
+                    let group = &mut self.group;
+                    let dim = self.model.as_ref().len();
+                    let total_len = if shared.config.local_steps > 1 { dim } else { 0 };
+                    let (acc, total) = self.scratch.as_mut().split_at_mut_checked(dim).ok_or(Reject::Capacity)?;
+                    let total = total.get_mut(..total_len).ok_or(Reject::Capacity)?;
+                    if group.on_grad(shared, now, from, base, seq, &values, acc)? {
+                        let up = match group.close(shared, now, self.model.as_mut(), acc, total) {
+                            Closed::Local => None,
+                            Closed::Exchange => {
+                                let (base, iteration, seq) = group.take_exchange();
+                                Some(Up::Grad { base, iteration, seq })
+                            }
+                            Closed::Rejoin => Some(Up::Join),
+                        };
+                        // Room was checked above: this cannot fail, and is counted if it does.
+                        if up.is_some_and(|item| self.up.push_back(item).is_err()) {
+                            shared.stats.outputs_lost += 1;
+                        }
+                    }
+                    Ok(())
+                }
+                ToServer::Leave => self.shared.on_lost(from),
+                other => Err(Reject::Unexpected { kind: other.kind_name() }),
+            }
+        });
+        if result.is_err() {
+            self.shared.stats.rejected += 1;
+        }
+        result
+    }
+
+    fn handle_worker_lost(&mut self, _now: Instant, worker: WorkerId) -> Result<(), Reject> {
+        if self.shared.layout.group_of(worker) != Some(self.group.id as usize) {
+            return Err(Reject::UnknownWorker(worker));
+        }
+        self.shared.on_lost(worker)
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        self.group.check_stall(&mut self.shared, now);
+    }
+
+    fn poll_output(&mut self) -> Option<ServerOutput<'_, T>> {
+        let version = self.group.version;
+        let model = self.model.as_ref();
+        self.shared.poll(|_| version, |_| model)
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.group.stall.deadline()
+    }
+
+    fn stop(&mut self) {
+        self.group.stall.idle();
+        self.shared.push(Item::Stop);
+    }
+
+    fn version(&self) -> Version {
+        self.group.version
+    }
+
+    fn params(&self) -> &[T] {
+        self.model.as_ref()
+    }
+
+    fn stats(&self) -> &ServerStats {
+        &self.shared.stats
+    }
+}

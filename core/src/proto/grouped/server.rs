@@ -1,0 +1,229 @@
+//! The grouped protocol in one state machine: the central server and every group.
+
+use crate::error::{ConfigError, Reject};
+use crate::id::{Version, WorkerId};
+use crate::math::{self, Scalar};
+use crate::msg::{ToServer, ToWorker, Values};
+use crate::proto::asp::AspServer;
+use crate::proto::{Buffer, Recipient, Server, ServerOutput, ServerStats};
+use crate::time::Instant;
+use core::marker::PhantomData;
+
+use super::group::*;
+use super::*;
+
+/// The grouped protocol in one state machine: the central [`AspServer`] and the `G` group
+/// servers, exchanging instantly and internally, with the [`Server`] verbs toward the `n`
+/// workers. `S` is the caller's storage: `params` holds the central model; `scratch` at
+/// least [`GroupedConfig::scratch_len`] elements (each group's model and accumulators).
+///
+/// [`Server::version`] and [`Server::params`] are the central model's; [`Server::stats`]
+/// counts worker gradients (`updates` counts central updates).
+#[derive(Debug)]
+pub struct GroupedServer<T, S> {
+    pub(super) central: AspServer<T, S>,
+    pub(super) scratch: S,
+    pub(super) groups: [Group; MAX_GROUPS],
+    pub(super) shared: Shared,
+    pub(super) dim: usize,
+    pub(super) per: usize,
+    pub(super) _t: PhantomData<T>,
+}
+
+impl<T: Scalar, S: Buffer<T>> GroupedServer<T, S> {
+    /// A server starting from the model in `params` at version 0.
+    pub fn new(config: GroupedConfig, params: S, scratch: S) -> Result<Self, ConfigError> {
+        Self::resume(config, params, scratch, Version::ZERO)
+    }
+
+    /// A server resuming from a checkpoint: `params` is the central model at `version`.
+    pub fn resume(config: GroupedConfig, params: S, mut scratch: S, version: Version) -> Result<Self, ConfigError> {
+        let shared = Shared::new(config)?;
+        let dim = params.as_ref().len();
+        let central = AspServer::resume(config.central_config(), params, version)?;
+        let needed = config.scratch_len(dim);
+        let given = scratch.as_ref().len();
+        let Some(area) = scratch.as_mut().get_mut(..needed) else {
+            return Err(ConfigError::ScratchTooSmall { needed, given });
+        };
+        math::fill_zero(area);
+        let mut groups = [Group::new(0, &shared); MAX_GROUPS];
+        for (g, group) in groups.iter_mut().enumerate().take(config.groups as usize) {
+            *group = Group::new(g as u32, &shared);
+        }
+        let mut server =
+            Self { central, scratch, groups, shared, dim, per: config.group_buffers() + 1, _t: PhantomData };
+        for g in 0..config.groups {
+            server.exchange(Instant::ZERO, g as usize, Closed::Rejoin);
+        }
+        Ok(server)
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &GroupedConfig {
+        &self.shared.config
+    }
+
+    /// The central server.
+    pub fn central(&self) -> &AspServer<T, S> {
+        &self.central
+    }
+
+    /// Group `g`'s model version (as its members see it), if `g < G`.
+    pub fn group_version(&self, g: u32) -> Option<Version> {
+        self.groups.get(g as usize).filter(|_| g < self.shared.layout.groups).map(|gr| gr.version)
+    }
+
+    /// The central version group `g`'s model is based on, if `g < G`.
+    pub fn group_base(&self, g: u32) -> Option<Version> {
+        self.groups.get(g as usize).filter(|_| g < self.shared.layout.groups).map(|gr| gr.base)
+    }
+
+    /// Group `g`'s model, if `g < G`.
+    pub fn group_model(&self, g: u32) -> Option<&[T]> {
+        (g < self.shared.layout.groups).then(|| part(self.scratch.as_ref(), g as usize, self.dim, self.per))
+    }
+
+    /// Sends group `g`'s pending upstream message (`Grad` after [`Closed::Exchange`], `Join`
+    /// after [`Closed::Rejoin`]) to the central server and delivers its reply.
+    pub(super) fn exchange(&mut self, now: Instant, g: usize, closed: Closed) {
+        let Self { central, scratch, groups, shared, dim, per, .. } = self;
+        let (Some(group), Some((model, acc, total))) = (groups.get_mut(g), parts(scratch.as_mut(), g, *dim, *per))
+        else {
+            return;
+        };
+        let from = WorkerId(group.id);
+        let sent = match closed {
+            Closed::Local => return,
+            Closed::Exchange => {
+                let (base, iteration, seq) = group.take_exchange();
+                let aggregate: &[T] = if shared.config.local_steps > 1 { &*total } else { &*acc };
+                central.handle(now, from, ToServer::Grad { base, iteration, seq, values: Values::Slice(aggregate) })
+            }
+            Closed::Rejoin => central.handle(now, from, ToServer::Join { epoch: 0 }),
+        };
+        // The central server takes every aggregate that passed the same screening, and
+        // answers a join of a known member with its model.
+        debug_assert!(sent.is_ok(), "central server refused a group message: {sent:?}");
+        while let Some(out) = central.poll_output() {
+            if let ServerOutput::Send { to: Recipient::Worker(to), msg: ToWorker::Model { version, values, .. } } = out
+            {
+                if to == from {
+                    let result = group.rebase(shared, now, version, &values, model, acc, total);
+                    debug_assert!(result.is_ok(), "group re-base failed: {result:?}");
+                }
+            }
+        }
+    }
+
+    /// A group of one member that is (re)joining, with no step in progress, takes the newest
+    /// central model first (no other member can be computing on the old one), as an ASP
+    /// worker would.
+    pub(super) fn refresh_single(&mut self, g: usize) {
+        let Self { central, scratch, groups, dim, per, .. } = self;
+        let Some(group) = groups.get_mut(g) else { return };
+        let current = central.version();
+        if group.size != 1
+            || group.step != 0
+            || !group.got.is_empty()
+            || group.phase != Phase::Collecting
+            || current <= group.base
+        {
+            return;
+        }
+        if let Some((model, _, _)) = parts(scratch.as_mut(), g, *dim, *per) {
+            if math::copy(model, central.params()).is_ok() {
+                group.base = current;
+                group.version = group.version.next().max(current);
+            }
+        }
+    }
+
+    pub(super) fn on_grad(
+        &mut self,
+        now: Instant,
+        g: usize,
+        from: WorkerId,
+        base: Version,
+        seq: u64,
+        values: &Values<'_, T>,
+    ) -> Result<(), Reject> {
+        let Self { scratch, groups, shared, dim, per, .. } = self;
+        let group = groups.get_mut(g).ok_or(Reject::UnknownWorker(from))?;
+        let (model, acc, total) = parts(scratch.as_mut(), g, *dim, *per).ok_or(Reject::Capacity)?;
+        if group.on_grad(shared, now, from, base, seq, values, acc)? {
+            let closed = group.close(shared, now, model, acc, total);
+            self.exchange(now, g, closed);
+        }
+        Ok(())
+    }
+}
+
+impl<T: Scalar, S: Buffer<T>> Server<T> for GroupedServer<T, S> {
+    fn handle(&mut self, now: Instant, from: WorkerId, msg: ToServer<'_, T>) -> Result<(), Reject> {
+        let result = self.shared.ensure_room().and_then(|()| {
+            self.shared.roster.check_member(from)?;
+            let g = self.shared.layout.group_of(from).ok_or(Reject::UnknownWorker(from))?;
+            match msg {
+                ToServer::Join { epoch } => {
+                    self.shared.roster.check_join(from, epoch)?;
+                    self.refresh_single(g);
+                    let group = self.groups.get_mut(g).ok_or(Reject::UnknownWorker(from))?;
+                    self.shared.on_join(group, from, epoch)
+                }
+                ToServer::Grad { base, seq, values, .. } => self.on_grad(now, g, from, base, seq, &values),
+                ToServer::Leave => self.shared.on_lost(from),
+                other => Err(Reject::Unexpected { kind: other.kind_name() }),
+            }
+        });
+        if result.is_err() {
+            self.shared.stats.rejected += 1;
+        }
+        result
+    }
+
+    fn handle_worker_lost(&mut self, _now: Instant, worker: WorkerId) -> Result<(), Reject> {
+        self.shared.on_lost(worker)
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        let g = self.shared.layout.groups as usize;
+        for group in self.groups.iter_mut().take(g) {
+            group.check_stall(&mut self.shared, now);
+        }
+    }
+
+    fn poll_output(&mut self) -> Option<ServerOutput<'_, T>> {
+        let scratch = self.scratch.as_ref();
+        let groups = &self.groups;
+        let (dim, per) = (self.dim, self.per);
+        self.shared.poll(
+            |g| groups.get(g as usize).map_or(Version::ZERO, |gr| gr.version),
+            |g| part(scratch, g as usize, dim, per),
+        )
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        let g = self.shared.layout.groups as usize;
+        self.groups.iter().take(g).filter_map(|gr| gr.stall.deadline()).min()
+    }
+
+    fn stop(&mut self) {
+        for group in self.groups.iter_mut() {
+            group.stall.idle();
+        }
+        self.shared.push(Item::Stop);
+    }
+
+    fn version(&self) -> Version {
+        self.central.version()
+    }
+
+    fn params(&self) -> &[T] {
+        self.central.params()
+    }
+
+    fn stats(&self) -> &ServerStats {
+        &self.shared.stats
+    }
+}
