@@ -115,7 +115,16 @@
 //! Server: the model plus `(s_bap + 1) · dim` scratch (one accumulator per open
 //! iteration); per-iteration tables are fixed arrays. Worker: the cached model plus one
 //! scratch buffer of the model's length for the outgoing gradient.
+//!
+//! [`DropReason::Aborted`]: crate::proto::DropReason::Aborted
+//! [`DropReason::OverStalenessBound`]: crate::proto::DropReason::OverStalenessBound
+//! [`DropReason::WorkerLost`]: crate::proto::DropReason::WorkerLost
+//! [`ServerEvent::Dropped`]: crate::proto::ServerEvent::Dropped
+//! [`ServerEvent::Stalled`]: crate::proto::ServerEvent::Stalled
+//! [`WorkerSetup::rejoin_after`]: crate::proto::WorkerSetup::rejoin_after
 
+#[cfg(doc)]
+use crate::proto::ServerEvent;
 mod server;
 mod worker;
 

@@ -21,7 +21,12 @@
 //! Aggregation sums gradients in arrival order. Floating-point addition is not associative,
 //! so two arrival orders can differ in the last bits; with exactly representable test data
 //! (integers, a power-of-two learning rate and worker count) every order gives the same bits.
+//!
+//! [`DropReason::Stale`]: crate::proto::DropReason::Stale
+//! [`ServerEvent::Stalled`]: crate::proto::ServerEvent::Stalled
 
+#[cfg(doc)]
+use crate::proto::ServerEvent;
 mod server;
 #[cfg(test)]
 mod tests;

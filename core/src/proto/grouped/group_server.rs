@@ -20,7 +20,7 @@ pub(super) enum Up {
 }
 
 /// One group server on its own (for a group server in its own process): BSP toward its
-/// members, an ASP worker of the central server upstream. See the [module docs](self) for
+/// members, an ASP worker of the central server upstream. See the [module docs](super) for
 /// the driving contract. `S` is the caller's storage: `model` (the model's length; its
 /// contents are replaced by the central server's first `Model`) and `scratch` of at least
 /// [`GroupedConfig::group_scratch_len`] elements.

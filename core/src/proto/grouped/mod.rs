@@ -108,7 +108,21 @@
 //! open step already arrived, its recomputed copy is refused as a duplicate. (In
 //! [`GroupedServer`], a group of one member with no step in progress first takes the newest
 //! central model, exactly as an ASP server answers a join.)
+//!
+//! [`AspServer`]: crate::proto::asp::AspServer
+//! [`DropReason::Aborted`]: crate::proto::DropReason::Aborted
+//! [`DropReason::Stale`]: crate::proto::DropReason::Stale
+//! [`Reject`]: crate::error::Reject
+//! [`Server`]: crate::proto::Server
+//! [`ServerEvent::Applied`]: crate::proto::ServerEvent::Applied
+//! [`ServerEvent::Dropped`]: crate::proto::ServerEvent::Dropped
+//! [`ServerEvent::GroupApplied`]: crate::proto::ServerEvent::GroupApplied
+//! [`ServerEvent::Stalled`]: crate::proto::ServerEvent::Stalled
 
+#[cfg(doc)]
+use crate::proto::ServerEvent;
+#[cfg(doc)]
+use crate::proto::asp::AspServer;
 mod group;
 mod group_server;
 mod server;

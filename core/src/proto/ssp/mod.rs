@@ -119,7 +119,15 @@
 //! Server: the model only (no scratch); per-worker tables are fixed arrays of
 //! [`MAX_WORKERS`]. Worker: the cached model plus one scratch buffer of the model's length
 //! holding the outgoing update.
+//!
+//! [`MAX_WORKERS`]: crate::id::MAX_WORKERS
+//! [`Server::handle_worker_lost`]: crate::proto::Server::handle_worker_lost
+//! [`ServerEvent::Applied`]: crate::proto::ServerEvent::Applied
+//! [`ServerEvent::Stalled`]: crate::proto::ServerEvent::Stalled
+//! [`WorkerSetup::rejoin_after`]: crate::proto::WorkerSetup::rejoin_after
 
+#[cfg(doc)]
+use crate::proto::ServerEvent;
 mod server;
 mod worker;
 
