@@ -17,7 +17,7 @@
 //! ([`Secret::worker_key`](super::auth::Secret::worker_key)). The session's frame keys are
 //! then derived from `k_w` and both nonces. Without a secret the MACs are all zero and not
 //! checked, and frames carry no tag. Either side may send `Refuse` instead of its next
-//! message; the receiver reports its message. `adapters/TCP.md` gives the byte layout.
+//! message; the receiver reports its message. `adapters/transport/TCP.md` gives the byte layout.
 
 use super::auth::{KEY_LEN, LABEL_ACCEPT, LABEL_CLIENT, LABEL_SERVER, WorkerKey, nonce};
 use super::frame::{FrameError, FrameReader, FrameWriter};

@@ -8,14 +8,14 @@ mod compare;
 mod group;
 mod protocol;
 mod serve;
-mod straggler;
+
 mod summary;
 mod train;
 mod work;
 
 pub use protocol::ProtocolArgs;
-pub use straggler::parse_stragglers;
 pub use summary::Summary;
+pub use syncopate_sim::straggler::parse_stragglers;
 
 use clap::{Args, Parser, Subcommand};
 use std::io::IsTerminal;

@@ -19,7 +19,7 @@
 //!   toward its member workers, and a worker-style session upstream to a central ASP server
 //!   (the generic [`TcpServer::drive`] with an [`Uplink`]).
 //!
-//! The byte layout of frames and the handshake is in `adapters/TCP.md`; the messages inside
+//! The byte layout of frames and the handshake is in `adapters/transport/TCP.md`; the messages inside
 //! the frames are the core's wire format (`core/WIRE.md`).
 //!
 //! The adapter knows nothing about any protocol's state: it feeds messages, losses and

@@ -338,7 +338,7 @@ impl Scenario {
             }
             spec.push_str(&format!("{}:{},", s.workers, s.model));
         }
-        let compute = crate::cli::parse_stragglers(&spec, file.workers)
+        let compute = crate::straggler::parse_stragglers(&spec, file.workers)
             .map_err(|e| format!("stragglers: {}", e.split_once(": ").map_or(e.as_str(), |(_, r)| r)))?;
         if file.protocols.is_empty() {
             return Err("protocols: list at least one [[protocols]] entry".into());
@@ -347,7 +347,7 @@ impl Scenario {
         for (i, p) in file.protocols.iter().enumerate() {
             let compute = match &p.stragglers {
                 None => None,
-                Some(spec) => Some(crate::cli::parse_stragglers(spec, file.workers).map_err(|e| {
+                Some(spec) => Some(crate::straggler::parse_stragglers(spec, file.workers).map_err(|e| {
                     format!("protocols[{i}].stragglers: {}", e.split_once(": ").map_or(e.as_str(), |(_, r)| r))
                 })?),
             };

@@ -14,7 +14,8 @@ use syncopate::proto::wbsp::WbspConfig;
 use syncopate::{Duration, ProtocolConfig};
 
 /// The protocols syncopate runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum ProtocolName {
     /// Bulk synchronous parallel: wait for all n workers every step.
@@ -68,7 +69,8 @@ impl ProtocolName {
 }
 
 /// How late backup workers are handled.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum InterruptMode {
     /// Option A: stragglers abandon their work when the iteration closes.
@@ -79,7 +81,8 @@ pub enum InterruptMode {
 }
 
 /// How a group's learning rate scales with its size.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum GroupLrScaling {
     /// `η · n_g / n`: every gradient carries weight `η / n`, as in BSP (this CLI's default,

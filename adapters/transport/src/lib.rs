@@ -1,0 +1,21 @@
+//! # syncopate-transport
+//!
+//! Real transports for the sans-IO protocol state machines of the `syncopate` core crate,
+//! with no command-line, plotting or simulation dependencies:
+//!
+//! - [`channel`]: the server and workers in one process, messages over crossbeam channels
+//!   (encoded once per broadcast, shared by every recipient).
+//! - [`tcp`]: the parameter server and workers in separate processes or machines: framing,
+//!   authenticated handshake, limits and deadlines, worker loss and rejoin, checkpoints.
+//!
+//! Each is a thin loop: read the clock, feed an input, drain the outputs, sleep until the
+//! next deadline. Anything about protocol state lives in the core.
+
+#![forbid(unsafe_code)]
+// This crate is the std side by design; the workspace lint that steers the core to `core::`
+// paths has nothing to protect here.
+#![allow(clippy::std_instead_of_core, clippy::alloc_instead_of_core)]
+#![deny(missing_docs)]
+
+pub mod channel;
+pub mod tcp;
