@@ -194,6 +194,31 @@ pub enum ServerEvent {
         /// Worker gradients the aggregate combines.
         contributions: u32,
     },
+    /// Grouped protocol: the central server refused group `group`'s message (its aggregate
+    /// computed on central version `base`, or its re-join), so the group's step since its
+    /// last exchange is not in the central model (its members' gradients were reported
+    /// [`Self::Applied`] to the group model). Never expected: the aggregate passed the same
+    /// screening as every gradient in it; reported, in release builds too, so that nothing
+    /// is lost silently.
+    GroupExchangeRefused {
+        /// The group.
+        group: u32,
+        /// The central version the group's model was based on.
+        base: Version,
+        /// Why the central server refused.
+        reason: Reject,
+    },
+    /// Grouped protocol: group `group` could not take the central model `version` (the
+    /// reply to its exchange); it keeps its own model. Never expected; reported, in release
+    /// builds too.
+    GroupRebaseFailed {
+        /// The group.
+        group: u32,
+        /// The central version it could not take.
+        version: Version,
+        /// Why.
+        reason: Reject,
+    },
     /// A worker joined (or rejoined with a newer epoch).
     WorkerJoined {
         /// The worker.

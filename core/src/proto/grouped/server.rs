@@ -5,7 +5,7 @@ use crate::id::{Version, WorkerId};
 use crate::math::{self, Scalar};
 use crate::msg::{ToServer, ToWorker, Values};
 use crate::proto::asp::AspServer;
-use crate::proto::{Buffer, Recipient, Server, ServerOutput, ServerStats};
+use crate::proto::{Buffer, Recipient, Server, ServerEvent, ServerOutput, ServerStats};
 use crate::time::Instant;
 use core::marker::PhantomData;
 
@@ -103,14 +103,17 @@ impl<T: Scalar, S: Buffer<T>> GroupedServer<T, S> {
             Closed::Rejoin => central.handle(now, from, ToServer::Join { epoch: 0 }),
         };
         // The central server takes every aggregate that passed the same screening, and
-        // answers a join of a known member with its model.
-        debug_assert!(sent.is_ok(), "central server refused a group message: {sent:?}");
+        // answers a join of a known member with its model; a refusal is reported all the same.
+        if let Err(reason) = sent {
+            shared.event(ServerEvent::GroupExchangeRefused { group: group.id, base: group.base, reason });
+        }
         while let Some(out) = central.poll_output() {
             if let ServerOutput::Send { to: Recipient::Worker(to), msg: ToWorker::Model { version, values, .. } } = out
             {
                 if to == from {
-                    let result = group.rebase(shared, now, version, &values, model, acc, total);
-                    debug_assert!(result.is_ok(), "group re-base failed: {result:?}");
+                    if let Err(reason) = group.rebase(shared, now, version, &values, model, acc, total) {
+                        shared.event(ServerEvent::GroupRebaseFailed { group: group.id, version, reason });
+                    }
                 }
             }
         }
