@@ -29,7 +29,14 @@
 //!   little-endian tensor), specified in `core/WIRE.md`.
 //! - [`math`]: slice kernels generic on [`Scalar`] (`f32`, `f64`).
 //! - [`proto`]: the protocols, their common verbs ([`Server`], [`Worker`]) and the
-//!   configuration-driven [`AnyServer`] / [`AnyWorker`].
+//!   configuration-driven [`AnyServer`] / [`AnyWorker`]. Every protocol has the same folder
+//!   shape (`proto/<name>/`: `mod.rs` with its rules, paper, invariants and settings,
+//!   `server.rs`, `worker.rs`, `tests.rs`), and every server is one
+//!   [`ProtocolServer`](proto::ProtocolServer): the state all servers share
+//!   ([`ServerCore`](proto::ServerCore): model, version, roster, counters, output queue,
+//!   stall watch) driven by the protocol's [`Rules`](proto::Rules), so the verbs, the
+//!   screening of every input and the output queue are written once, in
+//!   [`proto::common`].
 //! - [`error`]: [`Reject`] (an input was refused, nothing changed) and [`ConfigError`].
 //!
 //! ## Driving a protocol

@@ -1,0 +1,268 @@
+//! DBW's server: the backup-family engine with `k` chosen before every broadcast from
+//! online estimates, over the shared [`ServerCore`].
+
+use super::{DbwConfig, LEta};
+use crate::error::{ConfigError, Reject};
+use crate::id::{MAX_WORKERS, Version, WorkerId, WorkerSet};
+use crate::math::estimate::{Ema, MAX_RTT_SAMPLES, RttWindow, choose_k, noise_estimate};
+use crate::math::{self, Scalar};
+use crate::msg::{ToServer, Values};
+use crate::proto::backup::Engine;
+use crate::proto::{Buffer, ProtocolServer, Rules, ServerCore, ServerEvent};
+use crate::time::Instant;
+
+/// The DBW server. `S` is the caller's storage for the model and the scratch buffer
+/// ([`DbwConfig::scratch_len`] elements).
+pub type DbwServer<T, S> = ProtocolServer<T, S, DbwRules<T, S>>;
+
+/// DBW's own state over the shared server core: the backup-family engine and the online
+/// estimators that choose `k` before every broadcast.
+#[derive(Debug)]
+pub struct DbwRules<T, S> {
+    config: DbwConfig,
+    engine: Engine<T, S>,
+    window: RttWindow,
+    g: Ema,
+    s: Ema,
+    /// Numerator and denominator of the estimated `Lη`, averaged separately (a ratio of
+    /// averages is far less noisy than an average of ratios).
+    l_eta_num: Ema,
+    l_eta_den: Ema,
+    /// `Σ‖g_i‖²` (after clipping) of the current round.
+    sum_sq: f64,
+    /// `‖ḡ‖²` and `k` of the previous iteration (secant mode).
+    previous: Option<(f64, u32)>,
+    closed: u64,
+    /// `τ̂(k)` for `k = 1..=tau_live`, from the window as it was at the last refresh.
+    tau: [f64; MAX_WORKERS],
+    /// The live count `tau` was computed for; 0 when there is no estimate.
+    tau_live: usize,
+}
+
+/// `τ̂` is re-estimated when at least `1/TAU_REFRESH` of the window's samples are new since
+/// the last estimate (or the live count changed): every iteration while the window fills,
+/// then every `W/TAU_REFRESH` iterations or so, which keeps the cost of the sort and the
+/// Kaplan–Meier integral off most iterations while the estimate lags the window by at most
+/// a sixteenth of its length.
+const TAU_REFRESH: usize = 16;
+
+impl<T: Scalar, S: Buffer<T>> DbwServer<T, S> {
+    /// A server starting from the model in `params` at version 0; `scratch` holds at least
+    /// [`DbwConfig::scratch_len`] elements.
+    pub fn new(config: DbwConfig, params: S, scratch: S) -> Result<Self, ConfigError> {
+        Self::resume(config, params, scratch, Version::ZERO)
+    }
+
+    /// A server resuming from a checkpoint: `params` is the model at `version`. The
+    /// estimators start empty (a new warm-up).
+    pub fn resume(config: DbwConfig, params: S, scratch: S, version: Version) -> Result<Self, ConfigError> {
+        config.check()?;
+        let core = ServerCore::new(config.workers, config.learning_rate, config.stall_report, params, version)?;
+        let engine = Engine::new(
+            &core,
+            config.learning_rate,
+            config.gradient_policy,
+            config.interrupt,
+            config.workers as usize,
+            scratch,
+            |dim| config.scratch_len(dim),
+        )?;
+        let samples = (config.window as usize).saturating_mul(config.workers as usize).min(MAX_RTT_SAMPLES);
+        let rules = DbwRules {
+            config,
+            engine,
+            window: RttWindow::new(samples),
+            g: Ema::new(config.ema_beta),
+            s: Ema::new(config.ema_beta),
+            l_eta_num: Ema::new(config.ema_beta),
+            l_eta_den: Ema::new(config.ema_beta),
+            sum_sq: 0.0,
+            previous: None,
+            closed: 0,
+            tau: [0.0; MAX_WORKERS],
+            tau_live: 0,
+        };
+        Ok(Self::from_parts(core, rules))
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &DbwConfig {
+        &self.rules().config
+    }
+
+    /// Workers whose gradient for the current version is in.
+    pub fn received(&self) -> &WorkerSet {
+        &self.rules().engine.round.got
+    }
+
+    /// How many gradients the current iteration waits for.
+    pub fn current_k(&self) -> u32 {
+        self.rules().engine.k as u32
+    }
+
+    /// The `Lη` the next choice will use.
+    pub fn l_eta_estimate(&self) -> f64 {
+        self.rules().l_eta_estimate()
+    }
+}
+
+impl<T: Scalar, S: Buffer<T>> DbwRules<T, S> {
+    /// The `Lη` the next choice will use.
+    fn l_eta_estimate(&self) -> f64 {
+        match (self.config.l_eta, self.config.l_eta.estimated()) {
+            (_, Some((initial, min, max))) => match (self.l_eta_num.get(), self.l_eta_den.get()) {
+                (Some(num), Some(den)) if den > 0.0 => {
+                    let ratio = (num / den).max(0.0);
+                    let l_eta = if let LEta::Secant { .. } = self.config.l_eta { libm::sqrt(ratio) } else { ratio };
+                    l_eta.clamp(min, max)
+                }
+                _ => initial,
+            },
+            (LEta::Fixed(x), None) => x,
+            _ => 1.0,
+        }
+    }
+
+    fn on_grad(
+        &mut self,
+        core: &mut ServerCore<T, S>,
+        now: Instant,
+        from: WorkerId,
+        base: Version,
+        seq: u64,
+        values: &Values<'_, T>,
+    ) -> Result<(), Reject> {
+        let admitted = self.engine.admit(core, now, from, base, seq, values)?;
+        if let Some(rtt) = admitted.rtt {
+            self.window.push(rtt, false);
+        }
+        if admitted.contributed {
+            // The squared norm from admission (no second pass), for the variance estimate.
+            self.sum_sq += admitted.sq_norm * admitted.factor * admitted.factor;
+        }
+        if admitted.full {
+            self.close(core, now);
+        }
+        Ok(())
+    }
+
+    /// Updates the estimators from the full round, applies the update, chooses the next
+    /// `k`, reports it and publishes the model.
+    fn close(&mut self, core: &mut ServerCore<T, S>, now: Instant) {
+        let k = self.engine.round.got.len().max(1) as u32;
+        let kf = f64::from(k);
+        let estimated = self.config.l_eta.estimated();
+        let has_previous = self.previous.is_some();
+        let dim = core.dim();
+        let (acc, extra) = self.engine.scratch_mut(core);
+        let mean_sq = math::squared_norm(acc).to_f64() / (kf * kf);
+        // Estimated Lη: ‖ḡ_t − ḡ_{t−1}‖², ⟨ḡ_t, ḡ_{t−1}⟩ and ḡ_{t−1} ← ḡ_t, in one pass.
+        let (mut diff_sq, mut dot) = (0.0, 0.0);
+        if estimated.is_some() {
+            let inv_k = T::from_f64(1.0 / kf);
+            if let Some(prev) = extra.get_mut(..dim) {
+                for (p, a) in prev.iter_mut().zip(acc.iter()) {
+                    let mean = *a * inv_k;
+                    let (m, q) = (mean.to_f64(), p.to_f64());
+                    diff_sq += (m - q) * (m - q);
+                    dot += m * q;
+                    *p = mean;
+                }
+            }
+        }
+        if let Some(e) = noise_estimate(k, self.sum_sq, mean_sq) {
+            self.s.update(e.s);
+            self.g.update(e.g);
+        } else if let Some(s) = self.s.get() {
+            self.g.update((mean_sq - s / kf).max(0.0));
+        }
+        if let (true, Some((prev_mean_sq, prev_k)), Some(_)) = (has_previous, self.previous, estimated) {
+            // Subtract the noise each side contributes in expectation.
+            let s = self.s.get().unwrap_or(0.0);
+            let prev_noise = s / f64::from(prev_k.max(1));
+            let num = if let LEta::Rayleigh { .. } = self.config.l_eta {
+                prev_mean_sq - prev_noise - dot
+            } else {
+                diff_sq - s / kf - prev_noise
+            };
+            if self.l_eta_den.get().is_none() {
+                // The first secant pair is one noisy sample: start both averages from a prior
+                // sample at `initial`, so early choices stay close to the configured guess.
+                if let Some((initial, _, _)) = estimated {
+                    let prior = if let LEta::Secant { .. } = self.config.l_eta { initial * initial } else { initial };
+                    self.l_eta_num.update(prior * prev_mean_sq);
+                    self.l_eta_den.update(prev_mean_sq);
+                }
+            }
+            self.l_eta_num.update(num);
+            self.l_eta_den.update(prev_mean_sq);
+        }
+        self.previous = Some((mean_sq, k));
+        self.sum_sq = 0.0;
+
+        let (contributors, elapsed) = self.engine.close(core, now);
+        let closed_version = Version(core.version.0.saturating_sub(1));
+        let window = &mut self.window;
+        self.engine.censor_stragglers(now, closed_version, |rtt| window.push(rtt, true));
+        self.closed += 1;
+
+        let n = core.roster.n();
+        let live = core.roster.live().len().clamp(1, n);
+        let k_max = live as u32;
+        let k_lo = self.config.k_min.min(k_max).max(1);
+        if self.tau_live != live || self.window.fresh().saturating_mul(TAU_REFRESH) >= self.window.len() {
+            let ok = self.window.expected_order_statistics(live, &mut self.tau);
+            self.tau_live = if ok { live } else { 0 };
+        }
+        let have_tau = self.tau_live == live;
+        let l_eta = self.l_eta_estimate();
+        let (g, s) = (self.g.get(), self.s.get());
+        let next_k = match (self.closed >= u64::from(self.config.warmup_iterations), have_tau, g, s) {
+            (true, true, Some(g), Some(s)) => {
+                choose_k(g, s, l_eta, self.tau.get(..live).unwrap_or(&[]), k_lo, k_max).map_or(k_max, |c| c.0)
+            }
+            _ => k_max,
+        };
+        self.engine.k = next_k as usize;
+        let tau_estimate = if have_tau { self.tau.get(next_k as usize - 1).copied().unwrap_or(0.0) } else { 0.0 };
+        core.event(ServerEvent::BackupChosen {
+            version: core.version,
+            k: next_k,
+            g_estimate: g.unwrap_or(0.0) as f32,
+            s_estimate: s.unwrap_or(0.0) as f32,
+            l_eta_estimate: l_eta as f32,
+            tau_estimate: tau_estimate as f32,
+            observed_iteration_time: elapsed.as_secs_f64() as f32,
+        });
+        self.engine.publish(core, now, &contributors);
+    }
+}
+
+impl<T: Scalar, S: Buffer<T>> Rules<T, S> for DbwRules<T, S> {
+    fn burst(&self, core: &ServerCore<T, S>) -> usize {
+        // A close, plus the `BackupChosen` report.
+        Engine::<T, S>::burst(core) + 1
+    }
+
+    fn on_message(
+        &mut self,
+        core: &mut ServerCore<T, S>,
+        now: Instant,
+        from: WorkerId,
+        msg: ToServer<'_, T>,
+    ) -> Result<(), Reject> {
+        match msg {
+            ToServer::Join { epoch } => self.engine.on_join(core, now, from, epoch),
+            ToServer::Grad { base, seq, values, .. } => self.on_grad(core, now, from, base, seq, &values),
+            other => Err(Reject::Unexpected { kind: other.kind_name() }),
+        }
+    }
+
+    fn on_lost(&mut self, _core: &mut ServerCore<T, S>, _now: Instant, worker: WorkerId, _was_live: bool) {
+        self.engine.forget(worker);
+    }
+
+    fn on_timeout(&mut self, core: &mut ServerCore<T, S>, now: Instant) {
+        self.engine.timeout(core, now);
+    }
+}

@@ -1,0 +1,270 @@
+//! Unit and property tests of the `dbw` protocol.
+
+use super::*;
+use crate::proto::backup::harness::{Rng, check, run};
+use crate::proto::bsp::{BspConfig, BspServer};
+use crate::proto::common::testkit::prelude::*;
+use proptest::prelude::*;
+use std::vec;
+use std::vec::Vec;
+
+fn server(config: DbwConfig, dim: usize) -> DbwServer<f64, Vec<f64>> {
+    let scratch = vec![0.0; config.scratch_len(dim)];
+    DbwServer::new(config, vec![1.0; dim], scratch).unwrap()
+}
+
+fn chosen(events: &[ServerEvent]) -> Vec<(u64, u32)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            ServerEvent::BackupChosen { version, k, .. } => Some((version.0, *k)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Drives a DBW server directly: every worker holds the current model (option A), its
+/// round trip is `rtt(worker)` seconds and its gradient `grad(worker, params)`;
+/// gradients are delivered in round-trip order until the iteration closes. Returns the
+/// `BackupChosen` events.
+fn drive(
+    s: &mut DbwServer<f64, Vec<f64>>,
+    n: u32,
+    iterations: usize,
+    mut rtt: impl FnMut(u32) -> f64,
+    mut grad: impl FnMut(u32, &[f64]) -> Vec<f64>,
+) -> Vec<ServerEvent> {
+    let mut now = Instant::ZERO;
+    for w in 0..n {
+        s.handle(now, WorkerId(w), ToServer::Join { epoch: 0 }).unwrap();
+    }
+    let mut seq = vec![0u64; n as usize];
+    let mut out = Vec::new();
+    for _ in 0..iterations {
+        while let Some(o) = s.poll_output() {
+            if let ServerOutput::Event(e @ ServerEvent::BackupChosen { .. }) = o {
+                out.push(e);
+            }
+        }
+        let v = s.version();
+        let params = s.params().to_vec();
+        let mut arrivals: Vec<(f64, u32)> = (0..n).map(|w| (rtt(w), w)).collect();
+        arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let start = now;
+        for (t, w) in arrivals {
+            let g = grad(w, &params);
+            now = start + Duration::from_secs_f64(t);
+            let msg = ToServer::Grad { base: v, iteration: 0, seq: seq[w as usize], values: Values::Slice(&g) };
+            s.handle(now, WorkerId(w), msg).unwrap();
+            seq[w as usize] += 1;
+            if s.version() != v {
+                break;
+            }
+        }
+        assert_eq!(s.version(), v.next());
+    }
+    while let Some(o) = s.poll_output() {
+        if let ServerOutput::Event(e @ ServerEvent::BackupChosen { .. }) = o {
+            out.push(e);
+        }
+    }
+    out
+}
+
+fn shifted_exp(rng: &mut Rng) -> f64 {
+    1.0 - libm::log(1.0 - rng.uniform())
+}
+
+#[test]
+fn clean_gradients_pick_k_min_noisy_ones_wait_for_more() {
+    let n = 16;
+    let mut config = DbwConfig::new(n, 0.1);
+    config.warmup_iterations = 5;
+    config.l_eta = LEta::Fixed(1.0);
+    // Identical gradients (S = 0): more gradients add nothing, so the fastest k_min win.
+    let mut rng = Rng(7);
+    let mut s = server(config, 4);
+    let clean = drive(&mut s, n, 60, |_| shifted_exp(&mut rng), |_, p| p.to_vec());
+    let ks: Vec<u32> = clean.iter().map(|e| if let ServerEvent::BackupChosen { k, .. } = e { *k } else { 0 }).collect();
+    // Version 0 and the next four wait for all (five warm-up iterations).
+    assert!(ks[..4].iter().all(|k| *k == n), "warm-up waits for all: {ks:?}");
+    assert!(ks[4..].iter().all(|k| *k == 2), "{ks:?}");
+    // The τ estimate for k = 2 comes from censored windows; compare with the closed form.
+    let exact = math::estimate::shifted_exp_order_statistic(n, 2, 1.0, 1.0);
+    let (mut tau_sum, mut observed_sum, mut m) = (0.0, 0.0, 0.0);
+    for e in &clean[20..] {
+        if let ServerEvent::BackupChosen { tau_estimate, observed_iteration_time, .. } = e {
+            tau_sum += f64::from(*tau_estimate);
+            observed_sum += f64::from(*observed_iteration_time);
+            m += 1.0;
+        }
+    }
+    assert!((tau_sum / m - exact).abs() / exact < 0.1, "tau {} vs {exact}", tau_sum / m);
+    assert!((observed_sum / m - exact).abs() / exact < 0.2, "observed {} vs {exact}", observed_sum / m);
+
+    // Gradients dominated by noise (S ≫ G): wait for (nearly) everyone.
+    let mut rng = Rng(8);
+    let mut noise = Rng(9);
+    let mut s = server(config, 4);
+    let noisy = drive(
+        &mut s,
+        n,
+        60,
+        |_| shifted_exp(&mut rng),
+        |_, p| p.iter().map(|x| x + 50.0 * (noise.uniform() - 0.5)).collect(),
+    );
+    let ks: Vec<u32> = noisy.iter().map(|e| if let ServerEvent::BackupChosen { k, .. } = e { *k } else { 0 }).collect();
+    let mean = ks[10..].iter().map(|k| f64::from(*k)).sum::<f64>() / (ks.len() - 10) as f64;
+    assert!(mean > 12.0, "{ks:?}");
+}
+
+/// On `F(w) = (c/2)‖w‖²` with noiseless gradients `c·w`, both estimates are exactly
+/// `Lη = c·η`; on an anisotropic quadratic the secant sees the larger curvature and the
+/// Rayleigh quotient a mean.
+#[test]
+fn estimated_l_eta_on_quadratics() {
+    let n = 2;
+    let run = |l_eta: LEta, curvature: [f64; 3]| {
+        let mut config = DbwConfig::new(n, 0.25);
+        config.l_eta = l_eta;
+        config.ema_beta = 0.0;
+        let mut s = server(config, 3);
+        let events =
+            drive(&mut s, n, 6, |w| 1.0 + f64::from(w), |_, p| p.iter().zip(curvature).map(|(x, c)| c * x).collect());
+        let last = events.iter().rev().find_map(|e| match e {
+            ServerEvent::BackupChosen { l_eta_estimate, s_estimate, .. } => {
+                assert_eq!(*s_estimate, 0.0);
+                Some(f64::from(*l_eta_estimate))
+            }
+            _ => None,
+        });
+        (last.unwrap(), s.l_eta_estimate())
+    };
+    let secant = LEta::Secant { initial: 1.0, min: 0.01, max: 1.9 };
+    let rayleigh = LEta::Rayleigh { initial: 1.0, min: 0.01, max: 1.9 };
+    for mode in [secant, rayleigh] {
+        let (reported, used) = run(mode, [2.0; 3]);
+        assert!((reported - 0.5).abs() < 1e-6, "{mode:?}: {reported}");
+        assert!((used - 0.5).abs() < 1e-9, "{mode:?}: {used}");
+    }
+    let (s, _) = run(secant, [3.0, 0.5, 0.5]);
+    let (r, _) = run(rayleigh, [3.0, 0.5, 0.5]);
+    assert!(s > r && s <= 0.75 + 1e-6 && r >= 0.125 - 1e-6, "secant {s} rayleigh {r}");
+    assert_eq!(DbwConfig { l_eta: LEta::Fixed(1.0), ..DbwConfig::new(4, 0.1) }.scratch_len(10), 10);
+    assert_eq!(DbwConfig::new(4, 0.1).scratch_len(10), 20);
+}
+
+#[test]
+fn config_errors_and_refusals() {
+    let bad = |c: DbwConfig| DbwServer::<f32, Vec<f32>>::new(c, vec![0.0; 2], vec![0.0; 4]).err();
+    let base = DbwConfig::new(4, 0.1);
+    assert_eq!(bad(DbwConfig { k_min: 0, ..base }), Some(ConfigError::Knob("k_min")));
+    assert_eq!(bad(DbwConfig { k_min: 5, ..base }), Some(ConfigError::Knob("k_min")));
+    assert_eq!(bad(DbwConfig { window: 0, ..base }), Some(ConfigError::Knob("window")));
+    assert_eq!(bad(DbwConfig { ema_beta: 1.0, ..base }), Some(ConfigError::Knob("ema_beta")));
+    assert_eq!(bad(DbwConfig { ema_beta: f64::NAN, ..base }), Some(ConfigError::Knob("ema_beta")));
+    assert_eq!(bad(DbwConfig { l_eta: LEta::Fixed(0.0), ..base }), Some(ConfigError::Knob("l_eta")));
+    let secant = LEta::Secant { initial: 3.0, min: 0.1, max: 2.0 };
+    assert_eq!(bad(DbwConfig { l_eta: secant, ..base }), Some(ConfigError::Knob("l_eta")));
+    let secant = LEta::Secant { initial: 1.0, min: 0.1, max: 2.0 };
+    assert_eq!(
+        DbwServer::<f32, Vec<f32>>::new(DbwConfig { l_eta: secant, ..base }, vec![0.0; 3], vec![0.0; 5]).err(),
+        Some(ConfigError::ScratchTooSmall { needed: 6, given: 5 })
+    );
+    assert_eq!(bad(DbwConfig::new(0, 0.1)), Some(ConfigError::WorkerCount(0)));
+    assert_eq!(DbwConfig::new(1, 0.1).k_min, 1);
+
+    let mut s = server(base, 2);
+    let g = [1.0, 1.0];
+    let msg = |seq| ToServer::Grad { base: Version(0), iteration: 0, seq, values: Values::Slice(&g) };
+    s.handle(Instant::ZERO, WorkerId(0), msg(0)).unwrap();
+    assert_eq!(s.handle(Instant::ZERO, WorkerId(0), msg(1)), Err(Reject::Duplicate { worker: WorkerId(0), seq: 1 }));
+    assert_eq!(s.handle(Instant::ZERO, WorkerId(7), msg(0)), Err(Reject::UnknownWorker(WorkerId(7))));
+    assert_eq!(s.stats().rejected, 2);
+    assert_eq!((s.received().len(), s.current_k()), (1, 4));
+}
+
+/// K3: after a worker is lost, the next choice is bounded by the live count.
+#[test]
+fn lost_workers_bound_the_next_k() {
+    let mut config = DbwConfig::new(4, 0.5);
+    config.warmup_iterations = 100;
+    let mut s = server(config, 1);
+    s.handle_worker_lost(Instant::ZERO, WorkerId(3)).unwrap();
+    for w in 0..3 {
+        let msg = ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::Slice(&[1.0]) };
+        s.handle(Instant::ZERO, WorkerId(w), msg).unwrap();
+    }
+    // Iteration 0 needed 4 (chosen before the loss): it waits; the stall is the
+    // protocol's, and the next choice adapts once it closes.
+    assert_eq!(s.version(), Version(0));
+    let msg = ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::Slice(&[1.0]) };
+    s.handle(Instant::ZERO, WorkerId(3), msg).unwrap();
+    assert_eq!(s.version(), Version(1));
+    let mut events = Vec::new();
+    while let Some(o) = s.poll_output() {
+        if let ServerOutput::Event(e) = o {
+            events.push(e);
+        }
+    }
+    // The late message proved worker 3 alive again: k = 4.
+    assert_eq!(chosen(&events), [(1, 4)]);
+    s.handle_worker_lost(Instant::ZERO, WorkerId(2)).unwrap();
+    for w in [0, 1, 3] {
+        let msg = ToServer::Grad { base: Version(1), iteration: 0, seq: 1, values: Values::Slice(&[1.0]) };
+        s.handle(Instant::ZERO, WorkerId(w), msg).unwrap();
+    }
+    assert_eq!(s.version(), Version(1), "k = 4 chosen before the loss holds for this iteration");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// K1–K3 and conservation with k changing every iteration, for random cluster
+    /// sizes, bounds, warm-ups, interrupt options and delivery orders.
+    #[test]
+    fn k_invariants_hold(
+        n in 1u32..8, k_min in 1u32..8, warmup in 0u32..4, abort in any::<bool>(), mode in 0u8..3,
+        seed in any::<u64>(), dim in 1usize..4, slow in 0u32..8,
+    ) {
+        let mut config = DbwConfig::new(n, 0.5);
+        config.k_min = 1 + (k_min - 1) % n;
+        config.warmup_iterations = warmup;
+        config.window = 4;
+        config.interrupt = if abort { Interrupt::Abort } else { Interrupt::RunToCompletion };
+        config.l_eta = match mode {
+            0 => LEta::Fixed(1.0),
+            1 => LEta::Secant { initial: 1.0, min: 0.05, max: 1.9 },
+            _ => LEta::Rayleigh { initial: 1.0, min: 0.05, max: 1.9 },
+        };
+        let mut s = server(config, dim);
+        let trace = run(&mut s, n, dim, 12, seed, &[slow]);
+        let ks = chosen(&trace.events);
+        prop_assert_eq!(ks.len(), 12);
+        for (i, (v, k)) in ks.iter().enumerate() {
+            prop_assert_eq!(*v, i as u64 + 1);
+            prop_assert!(*k >= config.k_min && *k <= n, "K3: k = {} outside [{}, {}]", k, config.k_min, n);
+            if i + 1 < warmup as usize {
+                prop_assert_eq!(*k, n);
+            }
+        }
+        let k_of = |v: u64| if v == 0 { n as usize } else { ks[v as usize - 1].1 as usize };
+        let dropped = check(&trace, dim, 0.5, 1.0, k_of);
+        prop_assert_eq!(dropped, s.stats().dropped_total());
+    }
+
+    /// With `k_min = n` DBW never cuts a straggler: BSP's trace, plus one
+    /// `BackupChosen` per iteration.
+    #[test]
+    fn k_min_n_is_bsp(n in 1u32..7, seed in any::<u64>(), dim in 1usize..4) {
+        let mut bsp: BspServer<f64, Vec<f64>> = BspServer::new(BspConfig::new(n, 0.5), vec![1.0; dim], vec![0.0; dim]).unwrap();
+        let reference = run(&mut bsp, n, dim, 5, seed, &[0]);
+        let mut config = DbwConfig::new(n, 0.5);
+        config.k_min = n;
+        let mut s = server(config, dim);
+        let mut trace = run(&mut s, n, dim, 5, seed, &[0]);
+        prop_assert_eq!(chosen(&trace.events).len(), 5);
+        trace.events.retain(|e| !matches!(e, ServerEvent::BackupChosen { .. }));
+        prop_assert_eq!(&trace, &reference);
+    }
+}
