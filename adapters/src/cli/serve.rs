@@ -102,9 +102,8 @@ pub(super) fn workload_settings(w: &WorkloadArgs) -> Result<WorkloadSettings, St
                     tcp::settings::MAX_PATH_LEN
                 ));
             }
-            let format = clap::ValueEnum::to_possible_value(&w.data_format)
-                .map(|v| v.get_name().to_owned())
-                .unwrap_or_default();
+            let format =
+                clap::ValueEnum::to_possible_value(&w.data_format).map(|v| v.get_name().to_owned()).unwrap_or_default();
             DataSource::File { path: text.to_owned(), format, sha256: tcp::settings::digest(&bytes) }
         }
     };
@@ -187,8 +186,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     let mut last_print: Option<Instant> = None;
     let mut evaluate = |version: Version, params: &[f32], curve: &mut Vec<EvalPoint>| {
         let e = workload.model.evaluate(params, &workload.test);
-        let point =
-            EvalPoint { time_s: clock(), version: version.0, accuracy: e.accuracy, loss: e.loss };
+        let point = EvalPoint { time_s: clock(), version: version.0, accuracy: e.accuracy, loss: e.loss };
         if time_to_target.is_none() && e.accuracy >= args.target {
             time_to_target = Some(point.time_s);
         }
@@ -235,7 +233,12 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
             .per_worker
             .iter()
             .zip(&report.busy_s)
-            .map(|(c, busy)| WorkerTally { computed: *c, busy_s: *busy, wall_s: report.wall_s, ..WorkerTally::default() })
+            .map(|(c, busy)| WorkerTally {
+                computed: *c,
+                busy_s: *busy,
+                wall_s: report.wall_s,
+                ..WorkerTally::default()
+            })
             .collect(),
         staleness: report.staleness,
         stalls: report.stalls,

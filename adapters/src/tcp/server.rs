@@ -672,11 +672,12 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, in_tx: &Sender<Inbo
                 shared.threads.fetch_add(1, Ordering::SeqCst);
                 let shared2 = Arc::clone(shared);
                 let tx = in_tx.clone();
-                let spawned =
-                    thread::Builder::new().name("syncopate-conn".into()).stack_size(CONNECTION_STACK).spawn(move || {
+                let spawned = thread::Builder::new().name("syncopate-conn".into()).stack_size(CONNECTION_STACK).spawn(
+                    move || {
                         let _alive = Slot(&shared2.threads);
                         connection(stream, addr, pending, &shared2, &tx);
-                    });
+                    },
+                );
                 if spawned.is_err() {
                     shared.threads.fetch_sub(1, Ordering::SeqCst);
                     shared.unverified.lock().unwrap_or_else(std::sync::PoisonError::into_inner).leave(pending);
@@ -757,7 +758,8 @@ fn connection(stream: TcpStream, addr: SocketAddr, pending: u64, shared: &Arc<Sh
         version: shared.version.load(Ordering::SeqCst),
     };
     let now = StdInstant::now();
-    let deadlines = Deadlines { hello: now + opts.hello_timeout.min(opts.handshake_timeout), done: now + opts.handshake_timeout };
+    let deadlines =
+        Deadlines { hello: now + opts.hello_timeout.min(opts.handshake_timeout), done: now + opts.handshake_timeout };
     let admitted = core::cell::Cell::new(false);
     let result = handshake::server_handshake(&mut reader, &mut writer, &side, deadlines, shared.session_max_len, |h| {
         let epoch = admit(shared, pending, h)?;
