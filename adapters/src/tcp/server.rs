@@ -450,6 +450,26 @@ impl SeenNonces {
     }
 }
 
+/// The kernel's queue of connections not yet accepted: deep, so a burst of attacker
+/// connections does not fill it and make the kernel drop a worker's connection attempt
+/// (which the worker's TCP stack would only retry after a second or more).
+const LISTEN_BACKLOG: i32 = 4096;
+
+/// A listener on the first of `addrs` that binds, with a deep backlog.
+fn listen(addrs: &[SocketAddr]) -> std::io::Result<TcpListener> {
+    let mut last = std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, "no address to listen on");
+    for a in addrs {
+        let socket = socket2::Socket::new(socket2::Domain::for_address(*a), socket2::Type::STREAM, None)?;
+        #[cfg(unix)]
+        socket.set_reuse_address(true)?;
+        match socket.bind(&(*a).into()).and_then(|()| socket.listen(LISTEN_BACKLOG)) {
+            Ok(()) => return Ok(socket.into()),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
 fn is_loopback(addr: &SocketAddr) -> bool {
     addr.ip().is_loopback()
 }
@@ -471,8 +491,7 @@ impl TcpServer {
             )));
         }
         let announce = Announce::new(&options.settings).map_err(|e| TcpError(format!("invalid run settings: {e}")))?;
-        let listener =
-            TcpListener::bind(addrs.as_slice()).map_err(|e| TcpError(format!("cannot listen on {addr}: {e}")))?;
+        let listener = listen(&addrs).map_err(|e| TcpError(format!("cannot listen on {addr}: {e}")))?;
         Ok(Self { listener, options, announce, control: Arc::default() })
     }
 

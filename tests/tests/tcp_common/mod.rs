@@ -13,7 +13,7 @@ use syncopate::{Version, WorkerId};
 use syncopate_adapters::scenario::ProtocolName;
 use syncopate_adapters::tcp::{
     Note, ProtocolSettings, RunPlan, RunSettings, ServerHandle, ServerOptions, ServerReport, TcpError, TcpServer,
-    WorkerOptions, WorkerReport, run_worker,
+    WorkerJob, WorkerOptions, WorkerReport, run_worker,
 };
 use syncopate_adapters::workload::{BatchSampler, ModelKind, Workload};
 
@@ -118,20 +118,44 @@ pub fn spawn_worker(
     options: WorkerOptions,
     w: Arc<Workload>,
 ) -> JoinHandle<(Result<WorkerReport, TcpError>, Vec<String>)> {
+    spawn_worker_paced(options, w, Duration::ZERO)
+}
+
+/// Gradients of the test workload, each step held for an extra `step` (an emulated compute
+/// time, during which the worker still reads the server).
+struct Paced {
+    w: Arc<Workload>,
+    sampler: BatchSampler,
+    scratch: syncopate_adapters::workload::Scratch,
+    batch: Vec<usize>,
+    step: Duration,
+}
+
+impl WorkerJob for Paced {
+    fn gradient(&mut self, params: &[f32], grad: &mut [f32]) -> Duration {
+        self.sampler.next_batch(BATCH, &mut self.batch);
+        self.w.model.gradient(params, &self.w.train, &self.batch, grad, &mut self.scratch);
+        self.step
+    }
+}
+
+/// Runs a worker thread computing real gradients of `w`, each step taking at least `step`.
+pub fn spawn_worker_paced(
+    options: WorkerOptions,
+    w: Arc<Workload>,
+    step: Duration,
+) -> JoinHandle<(Result<WorkerReport, TcpError>, Vec<String>)> {
     thread::spawn(move || {
         let seed = SEED ^ (u64::from(options.id.0) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let mut sampler = BatchSampler::new(w.train.len(), seed);
-        let mut scratch = w.model.scratch();
-        let mut batch = Vec::new();
+        let mut job = Paced {
+            sampler: BatchSampler::new(w.train.len(), seed),
+            scratch: w.model.scratch(),
+            batch: Vec::new(),
+            step,
+            w,
+        };
         let mut logs = Vec::new();
-        let r = run_worker(
-            &options,
-            &mut |params: &[f32], grad: &mut [f32]| {
-                sampler.next_batch(BATCH, &mut batch);
-                w.model.gradient(params, &w.train, &batch, grad, &mut scratch);
-            },
-            &mut |line| logs.push(line.to_owned()),
-        );
+        let r = run_worker(&options, &mut job, &mut |line| logs.push(line.to_owned()));
         (r, logs)
     })
 }
