@@ -281,6 +281,10 @@ fn workers_take_the_servers_settings_and_the_launchers_rank() {
         assert!(err.contains(&format!("unexpected argument '{flag}'")), "{err}");
         assert_eq!(p.finish(Duration::from_secs(10)).0, 2);
     }
+    let p = Proc::spawn(&["serve", "--listen", "127.0.0.1:0", "--remote-groups"]);
+    let err = p.wait_err("error", Duration::from_secs(10));
+    assert_eq!(err, "error: --remote-groups: remote groups need the grouped protocol, not bsp");
+    assert_eq!(p.finish(Duration::from_secs(10)).0, 2);
     let p = Proc::spawn(&["work", "--connect", "127.0.0.1:1"]);
     let err = p.wait_err("error", Duration::from_secs(10));
     assert!(err.starts_with("error: --id is required outside a launcher: give --id N, or set one of $RANK"), "{err}");

@@ -9,6 +9,8 @@
 //! the group's aggregates up and the central models back down. Nothing but the central
 //! server's address and the group's index needs repeating.
 //!
+//! [`GroupedConfig::central_config`]: syncopate::proto::grouped::GroupedConfig::central_config
+//!
 //! A lost upstream connection ends the run ([`StopReason::UpstreamLost`](super::StopReason))
 //! without telling the members to stop: restart the process, the central server sees a new
 //! session of the group (a rejoin) and the members reconnect to the new process.
