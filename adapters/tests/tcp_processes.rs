@@ -386,3 +386,33 @@ fn sigint_and_sigterm_on_serve_checkpoint_and_summarise() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A data file the server trains on reaches the workers as a path and a SHA-256: a worker
+/// finds it at the same path (or at `--data`), and a different file is refused.
+#[test]
+fn a_workers_data_file_must_be_the_servers() {
+    let dir = std::env::temp_dir().join(format!("syncopate-data-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rows = |shift: f64| -> String {
+        (0..60).map(|i| format!("{},{},{}\n", f64::from(i % 7) + shift, f64::from(i % 5), i % 2)).collect()
+    };
+    let (data, copy, other) = (dir.join("d.csv"), dir.join("copy.csv"), dir.join("other.csv"));
+    std::fs::write(&data, rows(0.0)).unwrap();
+    std::fs::write(&copy, rows(0.0)).unwrap();
+    std::fs::write(&other, rows(1.0)).unwrap();
+    let (server, addr) = serve(&["--workers", "2", "--steps", "20", "--json", "--data", data.to_str().unwrap()]);
+    let bad = work(&addr, 1, &["--data", other.to_str().unwrap()]);
+    let err = bad.wait_err("error", Duration::from_secs(20));
+    assert!(
+        err.contains(&format!("data file {} differs from the server's (SHA-256 mismatch)", other.display())),
+        "{err}"
+    );
+    assert_eq!(bad.finish(Duration::from_secs(10)).0, 2);
+    let same_path = work(&addr, 0, &[]);
+    let elsewhere = work(&addr, 1, &["--data", copy.to_str().unwrap()]);
+    let (code, _) = server.finish(Duration::from_secs(60));
+    assert_eq!(code, 0);
+    assert_eq!(same_path.finish(Duration::from_secs(10)).0, 0);
+    assert_eq!(elsewhere.finish(Duration::from_secs(10)).0, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
