@@ -110,6 +110,7 @@ pub mod id;
 pub mod math;
 pub mod msg;
 pub mod proto;
+pub mod rng;
 pub mod time;
 pub mod wire;
 

@@ -47,13 +47,11 @@ fn wait_event(server: &Running, within: Duration, f: impl Fn(&ServerEvent) -> bo
 fn bsp_stalls_naming_the_lost_worker_then_a_rejoin_resumes() {
     bounded(Duration::from_secs(60), || {
         let w = workload();
-        let dim = w.model.dim();
-        let protocol = bsp(3);
-        let server = start_server(ServerOptions::new(protocol, dim), &w, plan(3 * 120, 40));
+        let server = start_server(ServerOptions::new(bsp(3)), &w, plan(3 * 120, 40));
         let kill = kill_switch();
         let mut handles = Vec::new();
         for i in 0..3 {
-            let mut o = worker_options(server.addr, i, protocol, dim);
+            let mut o = worker_options(server.addr, i);
             if i == 1 {
                 o.kill = Some(Arc::clone(&kill));
             }
@@ -80,7 +78,7 @@ fn bsp_stalls_naming_the_lost_worker_then_a_rejoin_resumes() {
         let (r1, _) = handles.remove(1).join().unwrap();
         assert!(!r1.unwrap().stopped);
         // Rejoin with the same id: training resumes at the current version and finishes.
-        let rejoin = spawn_worker(worker_options(server.addr, 1, protocol, dim), Arc::clone(&w));
+        let rejoin = spawn_worker(worker_options(server.addr, 1), Arc::clone(&w));
         let report = server.finish();
         assert_eq!(report.reason, StopReason::Budget);
         assert!(report.sessions >= 4, "{report:?}");
@@ -100,13 +98,11 @@ fn bsp_stalls_naming_the_lost_worker_then_a_rejoin_resumes() {
 fn asp_goes_on_when_a_worker_process_dies() {
     bounded(Duration::from_secs(60), || {
         let w = workload();
-        let dim = w.model.dim();
-        let protocol = asp(3);
-        let server = start_server(ServerOptions::new(protocol, dim), &w, plan(3 * 100, 40));
+        let server = start_server(ServerOptions::new(asp(3)), &w, plan(3 * 100, 40));
         let kill = kill_switch();
         let handles: Vec<_> = (0..3)
             .map(|i| {
-                let mut o = worker_options(server.addr, i, protocol, dim);
+                let mut o = worker_options(server.addr, i);
                 if i == 2 {
                     o.kill = Some(Arc::clone(&kill));
                 }
@@ -131,16 +127,14 @@ fn server_restart_from_checkpoint_loses_no_applied_update() {
     bounded(Duration::from_secs(60), || {
         let w = workload();
         let dim = w.model.dim();
-        let protocol = bsp(2);
         let dir = std::env::temp_dir().join(format!("syncopate-tcp-restart-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("model.ckpt");
-        let mut options = ServerOptions::new(protocol, dim);
+        let mut options = ServerOptions::new(bsp(2));
         options.checkpoint = Some((path.clone(), 1));
         let first = start_server(options.clone(), &w, plan(2 * 1000, 40));
         let addr = first.addr;
-        let handles: Vec<_> =
-            (0..2).map(|i| spawn_worker(worker_options(addr, i, protocol, dim), Arc::clone(&w))).collect();
+        let handles: Vec<_> = (0..2).map(|i| spawn_worker(worker_options(addr, i), Arc::clone(&w))).collect();
         wait_version(&first, 15, Duration::from_secs(20));
         first.handle.crash();
         let events = Arc::clone(&first.events);

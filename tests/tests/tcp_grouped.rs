@@ -1,7 +1,9 @@
-//! The grouped protocol's third deployment over real loopback sockets: a central ASP server,
-//! one group server per group (each a `TcpServer` driving a `GroupServer` with an upstream
-//! session to the central server, as `syncopate group` runs it) and the workers. It trains
-//! to the accuracy the in-process grouped server reaches on the same workload and budget.
+//! The grouped protocol's third deployment over real loopback sockets: a central server of
+//! remote groups (ASP over the groups), one group server per group (each a `TcpServer`
+//! driving a `GroupServer` with an upstream session to the central server, as `syncopate
+//! group` runs it) and the workers. The groups and the workers learn the run's settings from
+//! upstream. It trains to the accuracy the in-process grouped server reaches on the same
+//! workload and budget.
 
 #[path = "tcp_common/mod.rs"]
 mod common;
@@ -11,10 +13,12 @@ use core::time::Duration;
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use syncopate::proto::asp::AspConfig;
-use syncopate::proto::grouped::{GroupedConfig, LrScaling};
+use syncopate::proto::grouped::GroupedConfig;
 use syncopate::{ProtocolConfig, WorkerId};
+use syncopate_adapters::scenario::ProtocolName;
 use syncopate_adapters::tcp::{
-    GroupOptions, Note, ServerOptions, ServerReport, StopReason, TcpError, TcpServer, run_group,
+    GroupOptions, Note, ProtocolSettings, RunSettings, ServerOptions, ServerReport, StopReason, TcpError, TcpServer,
+    run_group,
 };
 use syncopate_adapters::thread::{self as threads, ThreadConfig};
 
@@ -24,10 +28,20 @@ const LR: f64 = 0.5;
 /// Gradient steps per worker.
 const STEPS: u64 = 300;
 
+/// The run as the central server announces it: grouped, G groups as their own processes.
+fn settings() -> RunSettings {
+    let mut p = ProtocolSettings::named(ProtocolName::Grouped, WORKERS, LR);
+    p.groups = Some(GROUPS);
+    let mut s = run_settings(p);
+    s.remote_groups = true;
+    s
+}
+
 fn grouped() -> GroupedConfig {
-    let mut c = GroupedConfig::new(WORKERS, LR, GROUPS);
-    c.lr_scaling = LrScaling::Linear;
-    c
+    match settings().worker_config().unwrap() {
+        ProtocolConfig::Grouped(c) => c,
+        other => panic!("{other:?}"),
+    }
 }
 
 fn threads_accuracy() -> f64 {
@@ -48,21 +62,28 @@ fn threads_accuracy() -> f64 {
 
 type GroupRun = (JoinHandle<Result<ServerReport, TcpError>>, core::net::SocketAddr, Arc<Mutex<Vec<String>>>);
 
-fn start_group(central: core::net::SocketAddr, g: u32, dim: usize) -> GroupRun {
-    let config = grouped();
-    let server = TcpServer::bind("127.0.0.1:0", ServerOptions::new(ProtocolConfig::Grouped(config), dim)).unwrap();
-    let addr = server.local_addr().unwrap();
+/// Starts group `g` of the central server at `central`; its members' address comes back
+/// once it is bound (after it learned the settings upstream).
+fn start_group(central: core::net::SocketAddr, g: u32) -> GroupRun {
     let logs = Arc::new(Mutex::new(Vec::new()));
     let l2 = Arc::clone(&logs);
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let join = thread::spawn(move || {
         let mut up = GroupOptions::new(central.to_string(), g);
         up.backoff.give_up_after = Duration::from_secs(5);
-        run_group(server, config, &up, &plan(u64::MAX, 30), &mut |n| {
+        let mut bind = |members: RunSettings| {
+            assert!(!members.remote_groups, "members get the plain grouped settings");
+            let server = TcpServer::bind("127.0.0.1:0", ServerOptions::new(members))?;
+            let _ = addr_tx.send(server.local_addr()?);
+            Ok(server)
+        };
+        run_group(&up, &mut bind, &plan(u64::MAX, 30), &mut |n| {
             if let Note::Log(line) = n {
                 l2.lock().unwrap().push(line.to_owned());
             }
         })
     });
+    let addr = addr_rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| "127.0.0.1:9".parse().unwrap());
     (join, addr, logs)
 }
 
@@ -70,19 +91,17 @@ fn start_group(central: core::net::SocketAddr, g: u32, dim: usize) -> GroupRun {
 fn group_processes_over_tcp_match_in_process_grouped() {
     bounded(Duration::from_secs(120), || {
         let w = workload();
-        let dim = w.model.dim();
         let config = grouped();
-        // The central server: plain ASP over the G groups at the grouped learning rate.
-        let central_protocol = ProtocolConfig::Asp(config.central_config());
-        assert_eq!(central_protocol, ProtocolConfig::Asp(AspConfig::new(GROUPS, LR)));
+        // The central server runs plain ASP over the G groups at the grouped learning rate.
+        assert_eq!(settings().server_config().unwrap(), ProtocolConfig::Asp(AspConfig::new(GROUPS, LR)));
         // G aggregates per STEPS·n_g worker gradients: STEPS · G aggregates is STEPS · n.
-        let central = start_server(ServerOptions::new(central_protocol, dim), &w, plan(STEPS * u64::from(GROUPS), 60));
-        let groups: Vec<GroupRun> = (0..GROUPS).map(|g| start_group(central.addr, g, dim)).collect();
+        let central = start_server(ServerOptions::new(settings()), &w, plan(STEPS * u64::from(GROUPS), 60));
+        let groups: Vec<GroupRun> = (0..GROUPS).map(|g| start_group(central.addr, g)).collect();
         let workers: Vec<_> = (0..WORKERS)
             .map(|i| {
                 let g = config.group_of(WorkerId(i)).unwrap();
                 let addr = groups[g as usize].1;
-                spawn_worker(worker_options(addr, i, ProtocolConfig::Grouped(config), dim), Arc::clone(&w))
+                spawn_worker(worker_options(addr, i), Arc::clone(&w))
             })
             .collect();
         let report = central.finish();
@@ -113,20 +132,25 @@ fn group_processes_over_tcp_match_in_process_grouped() {
 }
 
 #[test]
-fn central_with_another_learning_rate_refuses_the_group() {
+fn workers_and_groups_are_refused_where_they_do_not_belong() {
     bounded(Duration::from_secs(30), || {
         let w = workload();
-        let dim = w.model.dim();
-        // `serve --protocol asp --workers 2 --lr 0.5` divides by the workers: 0.25 ≠ 0.5.
-        let wrong = ProtocolConfig::Asp(AspConfig::new(GROUPS, LR / f64::from(GROUPS)));
-        let central = start_server(ServerOptions::new(wrong, dim), &w, plan(1000, 20));
-        let (join, _, _) = start_group(central.addr, 0, dim);
-        let err = join.join().unwrap().expect_err("the central server refuses other settings");
-        assert!(err.0.contains("settings differ"), "{err}");
-        central.wait_log("protocol settings differ", Duration::from_secs(5));
+        // A worker at a central server of remote groups.
+        let central = start_server(ServerOptions::new(settings()), &w, plan(1000, 20));
+        let mut o = worker_options(central.addr, 0);
+        o.backoff.give_up_after = Duration::from_secs(2);
+        let (r, _) = spawn_worker(o, Arc::clone(&w)).join().unwrap();
+        let err = r.expect_err("a worker cannot join the central server").to_string();
+        assert!(err.contains("this server takes only group servers, but a worker connected as 0"), "{err}");
+        central.wait_log("this server takes only group servers", Duration::from_secs(5));
         central.handle.stop();
-        let report = central.finish();
-        assert_eq!(report.sessions, 0);
-        assert!(report.handshake_failures >= 1);
+        assert_eq!(central.finish().sessions, 0);
+        // A group at an ordinary server.
+        let plain = start_server(ServerOptions::new(bsp(2)), &w, plan(1000, 20));
+        let (join, _, _) = start_group(plain.addr, 0);
+        let err = join.join().unwrap().expect_err("a group cannot join an ordinary server");
+        assert!(err.0.contains("this server takes only workers, but a group server connected as 0"), "{err}");
+        plain.handle.stop();
+        assert_eq!(plain.finish().sessions, 0);
     });
 }

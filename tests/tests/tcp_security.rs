@@ -1,5 +1,6 @@
 //! The TCP edge refuses what it must, with one clear line on both sides, and stays up:
-//! wrong secret, missing secret, wrong wire version, protocol, model shape or worker id;
+//! wrong secret (caught by the hello's early MAC), missing secret, replayed hello, wrong wire
+//! version or worker id, settings other than the ones a worker pinned;
 //! oversized, truncated and garbage frames; replayed and tampered frames; slow-loris peers
 //! (cut off at the absolute deadline, not at a per-read timeout); listening beyond loopback
 //! without a secret.
@@ -17,8 +18,8 @@ use std::thread;
 use std::time::Instant;
 use syncopate::WorkerId;
 use syncopate_adapters::tcp::frame::{FrameReader, FrameTimeout, FrameWriter};
-use syncopate_adapters::tcp::handshake::{self, ClientHello, Message, RefuseCode, Terms};
-use syncopate_adapters::tcp::{Secret, ServerOptions, StopReason, TcpServer, session_max_len};
+use syncopate_adapters::tcp::handshake::{self, ClientHello, ClientSide, Message, RefuseCode, Role};
+use syncopate_adapters::tcp::{Secret, ServerOptions, StopReason, TcpServer, WorkerOptions, session_max_len};
 
 fn secret(s: &[u8]) -> Secret {
     Secret::new(s).unwrap()
@@ -28,7 +29,7 @@ fn secret(s: &[u8]) -> Secret {
 fn idle_server(options: impl FnOnce(&mut ServerOptions)) -> (Running, usize) {
     let w = workload();
     let dim = w.model.dim();
-    let mut o = ServerOptions::new(bsp(2), dim);
+    let mut o = ServerOptions::new(bsp(2));
     o.handshake_timeout = Duration::from_millis(500);
     o.frame_timeout = FrameTimeout { base: Duration::from_millis(300), min_bytes_per_sec: 1 << 20 };
     options(&mut o);
@@ -41,15 +42,10 @@ fn stop(server: Running) {
     assert_eq!(r.reason, StopReason::Stopped);
 }
 
-fn run_one_worker(
-    addr: SocketAddr,
-    protocol: syncopate::ProtocolConfig,
-    dim: usize,
-    id: u32,
-    key: Option<&Secret>,
-) -> String {
-    let mut o = worker_options(addr, id, protocol, dim);
+fn run_one_worker(addr: SocketAddr, id: u32, key: Option<&Secret>, edit: impl FnOnce(&mut WorkerOptions)) -> String {
+    let mut o = worker_options(addr, id);
     o.key = key.map(|s| s.worker_key(WorkerId(id)));
+    edit(&mut o);
     o.backoff.give_up_after = Duration::from_secs(2);
     let (r, _) = spawn_worker(o, workload()).join().unwrap();
     r.expect_err("the worker must be refused").to_string()
@@ -67,14 +63,8 @@ fn time_to_close(mut s: &TcpStream, start: Instant) -> Duration {
     }
 }
 
-fn raw_hello(dim: usize, edit: impl FnOnce(&mut ClientHello)) -> Vec<u8> {
-    let mut h = ClientHello {
-        tcp_version: handshake::TCP_VERSION,
-        auth: false,
-        worker: WorkerId(0),
-        nonce: [7; 32],
-        terms: Terms::new(&bsp(2), dim),
-    };
+fn raw_hello(edit: impl FnOnce(&mut ClientHello)) -> Vec<u8> {
+    let mut h = ClientHello::new(WorkerId(0), Role::Worker, None, None).unwrap();
     edit(&mut h);
     Message::ClientHello(h).encode()
 }
@@ -94,58 +84,65 @@ fn exchange(addr: SocketAddr, payload: &[u8]) -> Message {
 fn wrong_secret_is_refused_and_logged_on_both_sides() {
     bounded(Duration::from_secs(30), || {
         let (server, dim) = idle_server(|o| o.secret = Some(secret(b"the server's own secret")));
-        let err = run_one_worker(server.addr, bsp(2), dim, 0, Some(&secret(b"a different secret!!")));
-        assert!(err.contains("server failed authentication for worker 0: wrong shared secret"), "{err}");
-        server.wait_log("refused by peer: server failed authentication", Duration::from_secs(3));
-        // A client that skips the check and sends a bad MAC is refused by the server.
-        let s = TcpStream::connect(server.addr).unwrap();
-        let mut w = FrameWriter::new(BufWriter::new(s.try_clone().unwrap()), 512);
-        let mut r = FrameReader::new(s, 512, FrameTimeout::default());
-        w.write_frame(&raw_hello(dim, |h| h.auth = true)).unwrap();
-        let mut buf = Vec::new();
-        let p = r.read_frame(&mut buf, None).unwrap();
-        assert!(matches!(Message::decode(p.of(&buf)), Some(Message::ServerHello(_))));
-        w.write_frame(&Message::ClientAuth([0; 32]).encode()).unwrap();
-        let p = r.read_frame(&mut buf, None).unwrap();
-        match Message::decode(p.of(&buf)) {
-            Some(Message::Refuse { code: RefuseCode::AuthFailed, message }) => {
+        let _ = dim;
+        // The hello's early MAC is wrong: refused before the server says anything else (no
+        // nonce, no settings for a stranger).
+        let err = run_one_worker(server.addr, 0, Some(&secret(b"a different secret!!")), |_| {});
+        assert!(err.contains("refused by peer: authentication failed for worker 0: wrong shared secret"), "{err}");
+        server.wait_log("authentication failed for worker 0: wrong shared secret", Duration::from_secs(3));
+        match exchange(server.addr, &raw_hello(|h| h.auth = true)) {
+            Message::Refuse { code: RefuseCode::AuthFailed, message } => {
                 assert!(message.contains("authentication failed for worker 0"), "{message}")
             }
             other => panic!("{other:?}"),
         }
-        server.wait_log("authentication failed for worker 0: wrong shared secret", Duration::from_secs(3));
+        // A server with the wrong secret is caught by the worker (mac_s).
+        let key = secret(b"the server's own secret").worker_key(WorkerId(0));
+        let impostor = idle_server(|o| o.secret = Some(secret(b"an impostor's secret!"))).0;
+        let s = TcpStream::connect(impostor.addr).unwrap();
+        let mut w = FrameWriter::new(BufWriter::new(s.try_clone().unwrap()), 512);
+        let mut r = FrameReader::new(s, 0, FrameTimeout::default());
+        let me = ClientSide { worker: WorkerId(0), role: Role::Worker, key: Some(&key), want: None };
+        // The impostor cannot check our early MAC either, so it refuses us; both sides see why.
+        let err = handshake::client_handshake(&mut r, &mut w, &me, Instant::now() + Duration::from_secs(3))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("wrong shared secret"), "{err}");
+        stop(impostor);
         // No secret at all.
-        let err = run_one_worker(server.addr, bsp(2), dim, 1, None);
+        let err = run_one_worker(server.addr, 1, None, |_| {});
         assert!(err.contains("server requires authentication but worker 1 has no shared secret"), "{err}");
         stop(server);
     });
 }
 
 #[test]
-fn mismatched_version_protocol_shape_and_id_are_refused_clearly() {
+fn mismatched_version_settings_and_id_are_refused_clearly() {
     bounded(Duration::from_secs(30), || {
-        let (server, dim) = idle_server(|_| {});
-        match exchange(server.addr, &raw_hello(dim, |h| h.terms.wire_version = 99)) {
+        let (server, _) = idle_server(|_| {});
+        match exchange(server.addr, &raw_hello(|h| h.wire_version = 99)) {
             Message::Refuse { code: RefuseCode::WireVersion, message } => {
                 assert_eq!(message, "wire version mismatch: server speaks 1, worker 99")
             }
             other => panic!("{other:?}"),
         }
         server.wait_log("wire version mismatch: server speaks 1, worker 99", Duration::from_secs(3));
-        match exchange(server.addr, &raw_hello(dim, |h| h.tcp_version = 7)) {
+        match exchange(server.addr, &raw_hello(|h| h.tcp_version = 7)) {
             Message::Refuse { code: RefuseCode::TcpVersion, .. } => {}
             other => panic!("{other:?}"),
         }
-        let err = run_one_worker(server.addr, asp(2), dim, 0, None);
-        assert!(err.contains("protocol mismatch: server runs bsp, worker 0 runs asp"), "{err}");
-        let err = run_one_worker(server.addr, bsp(3), dim, 0, None);
-        assert!(err.contains("protocol settings differ"), "{err}");
-        let err = run_one_worker(server.addr, bsp(2), dim + 1, 0, None);
-        assert!(err.contains(&format!("model shape mismatch: server has {dim} parameters")), "{err}");
-        let err = run_one_worker(server.addr, bsp(2), dim, 2, None);
+        // A worker that pins settings (as a reconnecting worker does) other than the
+        // server's: refused, naming the server's.
+        for other in [asp(2), bsp(3)] {
+            let err = run_one_worker(server.addr, 0, None, |o| o.expect = Some(other));
+            assert!(
+                err.contains("run settings differ: worker 0 expects other settings than the server's (bsp"),
+                "{err}"
+            );
+        }
+        let err = run_one_worker(server.addr, 2, None, |_| {});
         assert!(err.contains("worker id 2 is out of range: the server has workers 0..2"), "{err}");
-        server.wait_log("protocol mismatch", Duration::from_secs(3));
-        server.wait_log("model shape mismatch", Duration::from_secs(3));
+        server.wait_log("run settings differ", Duration::from_secs(3));
         stop(server);
     });
 }
@@ -175,8 +172,8 @@ fn oversized_truncated_and_garbage_frames_before_the_handshake() {
         server.wait_log("frame length 4294967295 exceeds the limit of 512 bytes", Duration::from_secs(3));
         // The server is still fine: a real worker trains.
         let w = workload();
-        let h = spawn_worker(worker_options(server.addr, 0, bsp(2), w.model.dim()), Arc::clone(&w));
-        let h2 = spawn_worker(worker_options(server.addr, 1, bsp(2), w.model.dim()), w);
+        let h = spawn_worker(worker_options(server.addr, 0), Arc::clone(&w));
+        let h2 = spawn_worker(worker_options(server.addr, 1), w);
         thread::sleep(Duration::from_millis(300));
         server.handle.stop();
         let report = server.finish();
@@ -214,9 +211,10 @@ fn session(addr: SocketAddr, dim: usize, key: &Secret) -> (TcpStream, FrameWrite
     let mut w = FrameWriter::new(Tee { inner: s.try_clone().unwrap(), log: Arc::clone(&log), cur: Vec::new() }, 0);
     let mut r = FrameReader::new(s.try_clone().unwrap(), 0, FrameTimeout::default());
     let k = key.worker_key(WorkerId(0));
-    let terms = Terms::new(&bsp(2), dim);
     let deadline = Instant::now() + Duration::from_secs(3);
-    handshake::client_handshake(&mut r, &mut w, &terms, WorkerId(0), Some(&k), deadline, session_max_len(dim)).unwrap();
+    let me = ClientSide { worker: WorkerId(0), role: Role::Worker, key: Some(&k), want: None };
+    let (_, settings) = handshake::client_handshake(&mut r, &mut w, &me, deadline).unwrap();
+    assert_eq!(settings.dim().unwrap(), dim, "the settings carry the model's shape");
     let join: syncopate::ToServer<'_, f32> = syncopate::ToServer::Join { epoch: 0 };
     let mut buf = vec![0u8; syncopate::wire::encoded_len_to_server(&join)];
     let n = syncopate::wire::encode_to_server(&join, &mut buf).unwrap();
@@ -271,7 +269,8 @@ fn slow_loris_is_cut_off_at_the_absolute_deadline() {
         let (server, dim) = idle_server(|o| o.frame_timeout.base = Duration::from_millis(1000));
         // In the handshake: one byte every 50 ms of a valid hello; deadline 500 ms from accept
         // (before the 1 s frame deadline).
-        let hello = raw_hello(dim, |_| {});
+        let _ = dim;
+        let hello = raw_hello(|_| {});
         let mut frame = ((hello.len() + 8) as u32).to_le_bytes().to_vec();
         frame.extend_from_slice(&0u64.to_le_bytes());
         frame.extend_from_slice(&hello);
@@ -296,16 +295,8 @@ fn slow_loris_is_cut_off_at_the_absolute_deadline() {
         let s = TcpStream::connect(server.addr).unwrap();
         let mut w = FrameWriter::new(BufWriter::new(s.try_clone().unwrap()), 512);
         let mut r = FrameReader::new(s.try_clone().unwrap(), 512, FrameTimeout::default());
-        handshake::client_handshake(
-            &mut r,
-            &mut w,
-            &Terms::new(&bsp(2), dim),
-            WorkerId(1),
-            None,
-            Instant::now() + Duration::from_secs(3),
-            session_max_len(dim),
-        )
-        .unwrap();
+        let me = ClientSide { worker: WorkerId(1), role: Role::Worker, key: None, want: None };
+        handshake::client_handshake(&mut r, &mut w, &me, Instant::now() + Duration::from_secs(3)).unwrap();
         let start = Instant::now();
         let s2 = s.try_clone().unwrap();
         let dribble = thread::spawn(move || {
@@ -328,7 +319,8 @@ fn slow_loris_is_cut_off_at_the_absolute_deadline() {
 #[test]
 fn no_secret_means_loopback_only_unless_insecure() {
     let w = workload();
-    let o = ServerOptions::new(bsp(2), w.model.dim());
+    let _ = w;
+    let o = ServerOptions::new(bsp(2));
     let err = TcpServer::bind("0.0.0.0:0", o.clone()).unwrap_err().to_string();
     assert!(err.contains("refusing to listen on 0.0.0.0:0 without a shared secret"), "{err}");
     let mut insecure = o.clone();
@@ -337,4 +329,52 @@ fn no_secret_means_loopback_only_unless_insecure() {
     let mut with_secret = o;
     with_secret.secret = Some(secret(b"0123456789abcdef"));
     assert!(TcpServer::bind("0.0.0.0:0", with_secret).is_ok());
+}
+
+#[test]
+fn a_replayed_hello_is_refused() {
+    bounded(Duration::from_secs(30), || {
+        let key = secret(b"replay test secret!");
+        let (server, _) = idle_server(|o| o.secret = Some(key.clone()));
+        let hello = Message::ClientHello(
+            ClientHello::new(WorkerId(0), Role::Worker, None, Some(&key.worker_key(WorkerId(0)))).unwrap(),
+        )
+        .encode();
+        assert!(matches!(exchange(server.addr, &hello), Message::ServerHello(_)), "a fresh signed hello passes");
+        match exchange(server.addr, &hello) {
+            Message::Refuse { code: RefuseCode::AuthFailed, message } => {
+                assert_eq!(message, "worker 0: replayed hello (nonce seen before)")
+            }
+            other => panic!("{other:?}"),
+        }
+        stop(server);
+    });
+}
+
+#[test]
+fn a_reconnecting_worker_refuses_a_server_with_other_settings() {
+    bounded(Duration::from_secs(60), || {
+        let w = workload();
+        let first = start_server(ServerOptions::new(bsp(2)), &w, plan(u64::MAX, 30));
+        let addr = first.addr;
+        let workers: Vec<_> = (0..2).map(|i| spawn_worker(worker_options(addr, i), Arc::clone(&w))).collect();
+        first.wait_log("worker 1 connected", Duration::from_secs(10));
+        first.handle.crash();
+        first.finish();
+        // The same address, another run: the workers pinned the first run's settings.
+        let second = start_server_at(
+            &addr.to_string(),
+            ServerOptions::new(asp(2)),
+            vec![0.0; w.model.dim()],
+            syncopate::Version::ZERO,
+            plan(u64::MAX, 30),
+        );
+        for h in workers {
+            let (r, logs) = h.join().unwrap();
+            let err = r.expect_err("a worker never trains under settings it did not start with").to_string();
+            assert!(err.contains("run settings differ") && err.contains("asp"), "{err}; {logs:?}");
+        }
+        second.handle.stop();
+        assert_eq!(second.finish().sessions, 0);
+    });
 }

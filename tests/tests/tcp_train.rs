@@ -8,17 +8,16 @@ mod common;
 use common::*;
 use core::time::Duration;
 use std::sync::Arc;
-use syncopate::ProtocolConfig;
-use syncopate_adapters::tcp::ServerOptions;
+use syncopate_adapters::tcp::{RunSettings, ServerOptions};
 use syncopate_adapters::thread::{self, ThreadConfig};
 
 const WORKERS: u32 = 3;
 const STEPS: u64 = 150;
 
-fn threads_accuracy(protocol: ProtocolConfig) -> f64 {
+fn threads_accuracy(settings: &RunSettings) -> f64 {
     let w = workload();
     let config = ThreadConfig {
-        protocol,
+        protocol: settings.worker_config().unwrap(),
         batch_size: BATCH,
         seed: SEED,
         max_gradients: STEPS * u64::from(WORKERS),
@@ -31,10 +30,9 @@ fn threads_accuracy(protocol: ProtocolConfig) -> f64 {
     accuracy(&w, &report.params)
 }
 
-fn tcp_run(protocol: ProtocolConfig, secret: bool) -> (f64, syncopate_adapters::tcp::ServerReport) {
+fn tcp_run(settings: &RunSettings, secret: bool) -> (f64, syncopate_adapters::tcp::ServerReport) {
     let w = workload();
-    let dim = w.model.dim();
-    let mut options = ServerOptions::new(protocol, dim);
+    let mut options = ServerOptions::new(settings.clone());
     let key_secret = syncopate_adapters::tcp::Secret::new(b"a test secret of enough bytes").unwrap();
     if secret {
         options.secret = Some(key_secret.clone());
@@ -42,7 +40,7 @@ fn tcp_run(protocol: ProtocolConfig, secret: bool) -> (f64, syncopate_adapters::
     let server = start_server(options, &w, plan(STEPS * u64::from(WORKERS), 30));
     let workers: Vec<_> = (0..WORKERS)
         .map(|i| {
-            let mut o = worker_options(server.addr, i, protocol, dim);
+            let mut o = worker_options(server.addr, i);
             if secret {
                 o.key = Some(key_secret.worker_key(syncopate::WorkerId(i)));
             }
@@ -59,10 +57,12 @@ fn tcp_run(protocol: ProtocolConfig, secret: bool) -> (f64, syncopate_adapters::
     (accuracy(&w, &report.params), report)
 }
 
-fn check(protocol: ProtocolConfig, secret: bool) {
-    let (tcp, report) = tcp_run(protocol, secret);
-    let threads = threads_accuracy(protocol);
-    eprintln!("{}: tcp accuracy {tcp:.4}, threads {threads:.4}, report {report:?}", protocol.name());
+fn check(settings: RunSettings, secret: bool) {
+    let (tcp, report) = tcp_run(&settings, secret);
+    let threads = threads_accuracy(&settings);
+    eprintln!("{}: tcp accuracy {tcp:.4}, threads {threads:.4}, report {report:?}", settings.label());
+    assert!(report.connect_wait_s.is_some(), "every worker connected");
+    assert!(report.busy_s.iter().all(|b| *b > 0.0), "compute time is measured per worker: {:?}", report.busy_s);
     assert_eq!(report.reason, syncopate_adapters::tcp::StopReason::Budget);
     assert!(report.stats.accepted >= STEPS * u64::from(WORKERS));
     let s = report.stats;

@@ -20,7 +20,6 @@
 #![deny(missing_docs)]
 
 pub mod compare;
-pub mod rng;
 pub mod scenario;
 pub mod sim;
 pub mod straggler;
@@ -28,5 +27,7 @@ pub mod thread;
 pub mod trace;
 pub mod workload;
 
+/// The core's seeded PRNG and distributions.
+pub use syncopate::rng;
 /// The transport crate's channels, which the threads adapter runs over.
 pub use syncopate_transport::channel;

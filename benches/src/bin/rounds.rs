@@ -167,16 +167,18 @@ fn channel_bsp(n: u32, dim: usize, rounds: u64) -> Run {
 
 /// BSP over the TCP adapter on loopback: `n` worker threads with `run_worker`.
 fn tcp_bsp(n: u32, dim: usize, rounds: u64) -> Result<Run, String> {
-    let config = ProtocolConfig::Bsp(BspConfig::new(n, 1e-6));
-    let options = ServerOptions::new(config, dim);
+    let protocol =
+        syncopate_adapters::tcp::ProtocolSettings::named(syncopate_adapters::scenario::ProtocolName::Bsp, n, 1e-6);
+    let options = ServerOptions::new(syncopate_adapters::tcp::RunSettings::new(protocol, dim));
     let server = TcpServer::bind("127.0.0.1:0", options).map_err(|e| e.to_string())?;
     let addr = server.local_addr().map_err(|e| e.to_string())?.to_string();
     let stamps = Arc::new(Mutex::new(Stamps::new(rounds)));
     let workers: Vec<_> = (0..n)
         .map(|i| {
-            let opts = WorkerOptions::new(addr.clone(), WorkerId(i), config, dim);
+            let opts = WorkerOptions::new(addr.clone(), WorkerId(i));
             thread::spawn(move || {
-                run_worker(&opts, &mut |_params, grad| grad.fill(1e-3), &mut |_| {}).map_err(|e| e.to_string())
+                run_worker(&opts, &mut |_params: &[f32], grad: &mut [f32]| grad.fill(1e-3), &mut |_| {})
+                    .map_err(|e| e.to_string())
             })
         })
         .collect();

@@ -9,12 +9,11 @@ use core::time::Duration;
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Instant;
-use syncopate::proto::asp::AspConfig;
-use syncopate::proto::bsp::BspConfig;
-use syncopate::{ProtocolConfig, Version, WorkerId};
+use syncopate::{Version, WorkerId};
+use syncopate_adapters::scenario::ProtocolName;
 use syncopate_adapters::tcp::{
-    Note, RunPlan, ServerHandle, ServerOptions, ServerReport, TcpError, TcpServer, WorkerOptions, WorkerReport,
-    run_worker,
+    Note, ProtocolSettings, RunPlan, RunSettings, ServerHandle, ServerOptions, ServerReport, TcpError, TcpServer,
+    WorkerJob, WorkerOptions, WorkerReport, run_worker,
 };
 use syncopate_adapters::workload::{BatchSampler, ModelKind, Workload};
 
@@ -25,14 +24,21 @@ pub fn workload() -> Arc<Workload> {
     Arc::new(Workload::digits(ModelKind::Softmax, SEED))
 }
 
-pub fn bsp(n: u32) -> ProtocolConfig {
-    let mut c = BspConfig::new(n, 0.5);
-    c.stall_report = Some(syncopate::Duration::from_millis(200));
-    ProtocolConfig::Bsp(c)
+/// The run's settings for `protocol` on the test workload's model.
+pub fn run_settings(protocol: ProtocolSettings) -> RunSettings {
+    RunSettings::new(protocol, workload().model.dim())
 }
 
-pub fn asp(n: u32) -> ProtocolConfig {
-    ProtocolConfig::Asp(AspConfig::new(n, 0.5 / f64::from(n)))
+/// BSP over `n` workers at learning rate 0.5, reporting stalls after 200 ms.
+pub fn bsp(n: u32) -> RunSettings {
+    let mut p = ProtocolSettings::named(ProtocolName::Bsp, n, 0.5);
+    p.stall_report_ms = Some(200.0);
+    run_settings(p)
+}
+
+/// ASP over `n` workers (learning rate 0.5 / n per gradient).
+pub fn asp(n: u32) -> RunSettings {
+    run_settings(ProtocolSettings::named(ProtocolName::Asp, n, 0.5))
 }
 
 /// A running in-process server.
@@ -84,7 +90,7 @@ pub fn start_server_at(
         server.run(params, version, &plan, &mut |n| match n {
             Note::Log(line) => l2.lock().unwrap().push(line.to_owned()),
             Note::Event(ev) => e2.lock().unwrap().push(*ev),
-            Note::Model { .. } => {}
+            Note::Model { .. } | Note::Started => {}
         })
     });
     Running { addr, handle, logs, events, join }
@@ -100,8 +106,8 @@ pub fn plan(max_gradients: u64, secs: u64) -> RunPlan {
     RunPlan { max_gradients, time_limit: Some(Duration::from_secs(secs)) }
 }
 
-pub fn worker_options(addr: SocketAddr, id: u32, protocol: ProtocolConfig, dim: usize) -> WorkerOptions {
-    let mut o = WorkerOptions::new(addr.to_string(), WorkerId(id), protocol, dim);
+pub fn worker_options(addr: SocketAddr, id: u32) -> WorkerOptions {
+    let mut o = WorkerOptions::new(addr.to_string(), WorkerId(id));
     o.backoff.give_up_after = Duration::from_secs(10);
     o.rejoin_after = Some(Duration::from_millis(500));
     o
@@ -112,20 +118,44 @@ pub fn spawn_worker(
     options: WorkerOptions,
     w: Arc<Workload>,
 ) -> JoinHandle<(Result<WorkerReport, TcpError>, Vec<String>)> {
+    spawn_worker_paced(options, w, Duration::ZERO)
+}
+
+/// Gradients of the test workload, each step held for an extra `step` (an emulated compute
+/// time, during which the worker still reads the server).
+struct Paced {
+    w: Arc<Workload>,
+    sampler: BatchSampler,
+    scratch: syncopate_adapters::workload::Scratch,
+    batch: Vec<usize>,
+    step: Duration,
+}
+
+impl WorkerJob for Paced {
+    fn gradient(&mut self, params: &[f32], grad: &mut [f32]) -> Duration {
+        self.sampler.next_batch(BATCH, &mut self.batch);
+        self.w.model.gradient(params, &self.w.train, &self.batch, grad, &mut self.scratch);
+        self.step
+    }
+}
+
+/// Runs a worker thread computing real gradients of `w`, each step taking at least `step`.
+pub fn spawn_worker_paced(
+    options: WorkerOptions,
+    w: Arc<Workload>,
+    step: Duration,
+) -> JoinHandle<(Result<WorkerReport, TcpError>, Vec<String>)> {
     thread::spawn(move || {
         let seed = SEED ^ (u64::from(options.id.0) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let mut sampler = BatchSampler::new(w.train.len(), seed);
-        let mut scratch = w.model.scratch();
-        let mut batch = Vec::new();
+        let mut job = Paced {
+            sampler: BatchSampler::new(w.train.len(), seed),
+            scratch: w.model.scratch(),
+            batch: Vec::new(),
+            step,
+            w,
+        };
         let mut logs = Vec::new();
-        let r = run_worker(
-            &options,
-            &mut |params, grad| {
-                sampler.next_batch(BATCH, &mut batch);
-                w.model.gradient(params, &w.train, &batch, grad, &mut scratch);
-            },
-            &mut |line| logs.push(line.to_owned()),
-        );
+        let r = run_worker(&options, &mut job, &mut |line| logs.push(line.to_owned()));
         (r, logs)
     })
 }

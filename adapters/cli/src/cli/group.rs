@@ -1,30 +1,24 @@
-//! `syncopate group`: one group server of the grouped protocol as its own process. Its
-//! members connect with `work --protocol grouped ...` exactly as they would to `serve`; it
-//! connects upstream to `serve --protocol asp --workers G --lr <grouped lr × G>` as worker
-//! `--group`.
+//! `syncopate group`: one group server of the grouped protocol as its own process. It
+//! connects upstream to `serve --protocol grouped --remote-groups ...` as group `--group`,
+//! learns the run's settings there, and serves its members, which connect with `work
+//! --connect` exactly as they would to `serve`.
 
-use super::{Failure, ProtocolArgs, WorkloadArgs};
+use super::Failure;
 use crate::tcp::{FrameTimeout, GroupOptions, Note, RunPlan, ServerOptions, StopReason, TcpServer, run_group};
 use clap::Args;
 use core::time::Duration;
 use std::path::PathBuf;
-use syncopate::{ProtocolConfig, ServerEvent, WorkerId};
+use syncopate::{ServerEvent, WorkerId};
 
 /// Flags of `syncopate group`.
 #[derive(Clone, Debug, Args)]
 pub struct GroupArgs {
-    /// The protocol and its knobs: --protocol grouped, --groups G, --workers N, --lr ... (the
-    /// members pass the same).
-    #[command(flatten)]
-    pub protocol: ProtocolArgs,
-    /// The model, data and seed (only the model's size is used here).
-    #[command(flatten)]
-    pub workload: WorkloadArgs,
     /// Address to listen on for this group's members. Without a shared secret only loopback
     /// addresses are allowed, unless --insecure is given.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7071")]
     pub listen: String,
-    /// The central server's address (`serve --protocol asp --workers G`).
+    /// The central server's address (`serve --protocol grouped --remote-groups ...`); the
+    /// run's settings come from it.
     #[arg(long, value_name = "ADDR")]
     pub connect: String,
     /// This group's index g, in 0..groups (its worker id at the central server).
@@ -59,18 +53,6 @@ pub(super) fn run(args: &GroupArgs) -> Result<(), Failure> {
         }
         t => t.map(Duration::from_secs_f64),
     };
-    let protocol = args.protocol.config().map_err(Failure::Usage)?;
-    let ProtocolConfig::Grouped(config) = protocol else {
-        return Err(Failure::Usage(format!("--protocol {}: `group` runs the grouped protocol", protocol.name())));
-    };
-    if args.group >= config.groups {
-        return Err(Failure::Usage(format!(
-            "--group {} is out of range: --groups {} allows 0..{}",
-            args.group, config.groups, config.groups
-        )));
-    }
-    let workload = args.workload.workload().map_err(Failure::Usage)?;
-    let dim = workload.model.dim();
     let secret = super::serve::load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
     let frame_timeout = FrameTimeout { base: Duration::from_millis(args.frame_timeout), ..FrameTimeout::default() };
     let mut up = GroupOptions::new(args.connect.clone(), args.group);
@@ -78,31 +60,48 @@ pub(super) fn run(args: &GroupArgs) -> Result<(), Failure> {
     up.handshake_timeout = Duration::from_millis(args.handshake_timeout);
     up.frame_timeout = frame_timeout;
     up.backoff.give_up_after = Duration::from_secs(args.give_up_after);
-    let mut options = ServerOptions::new(protocol, dim);
-    options.secret = secret;
-    options.insecure = args.insecure;
-    options.handshake_timeout = Duration::from_millis(args.handshake_timeout);
-    options.frame_timeout = frame_timeout;
-    let server = TcpServer::bind(&args.listen, options).map_err(|e| Failure::Usage(e.0))?;
-    let addr = server.local_addr().map_err(|e| Failure::Run(e.0))?;
-    let members = (0..config.workers).filter(|w| config.group_of(WorkerId(*w)) == Some(args.group));
-    let members: Vec<String> = members.map(|w| w.to_string()).collect();
-    eprintln!(
-        "group: group {} of {} (workers {}), listening on {addr}, central server {}",
-        args.group,
-        config.groups,
-        members.join(","),
-        args.connect
-    );
+    let mut bind_error = None;
+    let mut bind = |settings: crate::tcp::RunSettings| {
+        let label = settings.label();
+        let members = settings.worker_config().ok().and_then(|c| match c {
+            syncopate::ProtocolConfig::Grouped(g) => Some(
+                (0..g.workers)
+                    .filter(|w| g.group_of(WorkerId(*w)) == Some(args.group))
+                    .map(|w| w.to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            _ => None,
+        });
+        let mut options = ServerOptions::new(settings);
+        options.secret = secret.clone();
+        options.insecure = args.insecure;
+        options.handshake_timeout = Duration::from_millis(args.handshake_timeout);
+        options.frame_timeout = frame_timeout;
+        let server = TcpServer::bind(&args.listen, options).inspect_err(|e| bind_error = Some(e.0.clone()))?;
+        let addr = server.local_addr()?;
+        eprintln!(
+            "group: group {} (workers {}) of {label}, listening on {addr}, central server {}",
+            args.group,
+            members.unwrap_or_default(),
+            args.connect
+        );
+        Ok(server)
+    };
     let plan = RunPlan { max_gradients: u64::MAX, time_limit };
-    let report = run_group(server, config, &up, &plan, &mut |note| match note {
+    let result = run_group(&up, &mut bind, &plan, &mut |note| match note {
         Note::Log(line) => eprintln!("group: {line}"),
         Note::Event(ServerEvent::Stalled { waiting_for, missing, .. }) => {
             eprintln!("group: stalled: waiting for worker {} ({missing} missing)", waiting_for.0);
         }
-        Note::Event(_) | Note::Model { .. } => {}
-    })
-    .map_err(|e| Failure::Run(e.0))?;
+        Note::Event(_) | Note::Model { .. } | Note::Started => {}
+    });
+    let report = match (result, bind_error) {
+        (Ok(r), _) => r,
+        (Err(e), Some(_)) => return Err(Failure::Usage(e.0)),
+        (Err(e), None) if e.0.contains("out of range") => return Err(Failure::Usage(e.0)),
+        (Err(e), None) => return Err(Failure::Run(e.0)),
+    };
     println!(
         "group: group {} finished ({:?}) at version {} after {} member gradients in {:.2} s",
         args.group, report.reason, report.version.0, report.stats.accepted, report.wall_s

@@ -44,10 +44,11 @@ pub enum Command {
     Advise(compare::AdviseArgs),
     /// Run the parameter server of a multi-process run over TCP (workers join with `work`).
     Serve(serve::ServeArgs),
-    /// Run one worker of a multi-process run over TCP, connecting to `serve`.
+    /// Run one worker of a multi-process run over TCP, connecting to `serve` (the run's
+    /// settings come from the server).
     Work(work::WorkArgs),
-    /// Run one group server of the grouped protocol over TCP: its members connect with
-    /// `work`, and it connects upstream to a central `serve --protocol asp --workers G`.
+    /// Run one group server of the grouped protocol over TCP: it connects upstream to a
+    /// central `serve --protocol grouped --remote-groups`, and its members connect with `work`.
     Group(group::GroupArgs),
 }
 

@@ -1,23 +1,40 @@
-//! `syncopate serve`: the parameter server of a multi-process run over TCP.
+//! `syncopate serve`: the parameter server of a multi-process run over TCP. Its protocol,
+//! knob, model and workload flags are the run's settings: it announces them to every worker
+//! in the handshake, so `syncopate work` needs only `--connect` (and the secret).
+//!
+//! The run's clock (wall time, time to target, the accuracy curve) starts when every worker
+//! has connected once; the wait before is reported apart. SIGINT or SIGTERM ends the run
+//! cleanly: workers are told to stop, the checkpoint is written and the summary printed (a
+//! second signal exits at once).
 
 use super::{Failure, ProtocolArgs, Summary, WorkloadArgs};
-use crate::tcp::{self, FrameTimeout, Note, RunPlan, Secret, ServerOptions, TcpServer, checkpoint};
+use crate::tcp::{
+    self, DataSource, FrameTimeout, Note, ProtocolSettings, RunPlan, RunSettings, Secret, ServerOptions, StopReason,
+    TcpServer, WorkloadSettings, checkpoint,
+};
 use crate::thread::{EvalPoint, ThreadReport, WorkerTally};
 use clap::Args;
 use core::time::Duration;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 use syncopate::{ServerEvent, Version};
 
 /// Flags of `syncopate serve`.
 #[derive(Clone, Debug, Args)]
 pub struct ServeArgs {
-    /// The protocol and its knobs (workers must pass the same).
+    /// The protocol and its knobs (workers learn them in the handshake).
     #[command(flatten)]
     pub protocol: ProtocolArgs,
-    /// The model, data and seed (workers must pass the same model and data).
+    /// The model, data and seed (workers learn them in the handshake; a data file must be
+    /// at the same path on every worker, or given to `work --data`).
     #[command(flatten)]
     pub workload: WorkloadArgs,
+    /// Grouped protocol only: run the central server of groups that run as their own
+    /// processes (`syncopate group --connect THIS --group g`); it runs ASP over the groups.
+    #[arg(long)]
+    pub remote_groups: bool,
     /// Address to listen on. Without a shared secret only loopback addresses are allowed,
     /// unless --insecure is given.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7070")]
@@ -71,6 +88,50 @@ pub(super) fn load_secret(file: Option<&Path>) -> Result<Option<Secret>, String>
     }
 }
 
+/// The workload part of the run's settings (a data file is identified by its SHA-256).
+pub(super) fn workload_settings(w: &WorkloadArgs) -> Result<WorkloadSettings, String> {
+    let data = match &w.data {
+        None => DataSource::Digits,
+        Some(path) => {
+            let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let text = path.to_str().ok_or_else(|| format!("data path {} is not UTF-8", path.display()))?;
+            if text.len() > tcp::settings::MAX_PATH_LEN {
+                return Err(format!(
+                    "data path {} is longer than {} bytes",
+                    path.display(),
+                    tcp::settings::MAX_PATH_LEN
+                ));
+            }
+            let format =
+                clap::ValueEnum::to_possible_value(&w.data_format).map(|v| v.get_name().to_owned()).unwrap_or_default();
+            DataSource::File { path: text.to_owned(), format, sha256: tcp::settings::digest(&bytes) }
+        }
+    };
+    Ok(WorkloadSettings { model: w.model.to_string(), data, batch_size: w.batch_size, seed: w.seed })
+}
+
+/// The run's settings from the command line.
+fn run_settings(args: &ServeArgs, dim: usize) -> Result<RunSettings, String> {
+    let p = &args.protocol;
+    let mut settings = RunSettings::new(ProtocolSettings::new(&p.spec(), p.workers, p.lr), dim);
+    settings.workload = Some(workload_settings(&args.workload)?);
+    settings.remote_groups = args.remote_groups;
+    settings.server_config().map_err(|e| format!("--remote-groups: {e}"))?;
+    settings.encode()?;
+    Ok(settings)
+}
+
+/// SIGINT and SIGTERM set `flag` (the server then stops cleanly); a second one while the
+/// flag is set ends the process at once with exit code 130.
+fn stop_on_signals(flag: &Arc<AtomicBool>) -> Result<(), String> {
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(signal, 130, Arc::clone(flag))
+            .and_then(|_| signal_hook::flag::register(signal, Arc::clone(flag)))
+            .map_err(|e| format!("cannot install the signal handler: {e}"))?;
+    }
+    Ok(())
+}
+
 /// Runs `syncopate serve`.
 pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     if !(0.0..=1.0).contains(&args.target) {
@@ -82,10 +143,11 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         }
         t => t.map(Duration::from_secs_f64),
     };
-    let protocol = args.protocol.config().map_err(Failure::Usage)?;
-    let n = protocol.workers();
     let workload = args.workload.workload().map_err(Failure::Usage)?;
     let dim = workload.model.dim();
+    let settings = run_settings(args, dim).map_err(Failure::Usage)?;
+    let protocol = settings.server_config().map_err(Failure::Usage)?;
+    let n = protocol.workers();
     let secret = load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
     let (params, version) = if args.resume {
         let path = args.checkpoint.as_deref().unwrap_or_else(|| Path::new(""));
@@ -97,7 +159,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         workload.model.init(args.workload.seed, &mut p);
         (p, Version::ZERO)
     };
-    let mut options = ServerOptions::new(protocol, dim);
+    let mut options = ServerOptions::new(settings);
     options.secret = secret;
     options.insecure = args.insecure;
     options.handshake_timeout = Duration::from_millis(args.handshake_timeout);
@@ -106,22 +168,25 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     let authenticated = options.secret.is_some();
     let server = TcpServer::bind(&args.listen, options).map_err(|e| Failure::Usage(e.0))?;
     let addr = server.local_addr().map_err(|e| Failure::Run(e.0))?;
+    stop_on_signals(&server.handle().stop_flag()).map_err(Failure::Run)?;
+    let peers = if args.remote_groups { "group servers" } else { "workers" };
     eprintln!(
-        "serve: {} with {n} workers, {} ({dim} params), listening on {addr}{}",
+        "serve: {} with {n} {peers}, {} ({dim} params), listening on {addr}{}",
         protocol.name(),
         model_name(&args.workload),
         if authenticated { ", authenticated" } else { " (no shared secret)" }
     );
     let plan = RunPlan { max_gradients: args.steps.saturating_mul(u64::from(n)), time_limit };
-    let start = Instant::now();
+    let bound = Instant::now();
+    let start = std::cell::Cell::new(None::<Instant>);
+    let clock = || start.get().map_or(0.0, |t| t.elapsed().as_secs_f64());
     let mut curve: Vec<EvalPoint> = Vec::new();
     let mut time_to_target = None;
     let mut last_eval: Option<Instant> = None;
     let mut last_print: Option<Instant> = None;
     let mut evaluate = |version: Version, params: &[f32], curve: &mut Vec<EvalPoint>| {
         let e = workload.model.evaluate(params, &workload.test);
-        let point =
-            EvalPoint { time_s: start.elapsed().as_secs_f64(), version: version.0, accuracy: e.accuracy, loss: e.loss };
+        let point = EvalPoint { time_s: clock(), version: version.0, accuracy: e.accuracy, loss: e.loss };
         if time_to_target.is_none() && e.accuracy >= args.target {
             time_to_target = Some(point.time_s);
         }
@@ -135,6 +200,11 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
                 eprintln!("serve: stalled: waiting for worker {} ({missing} missing)", waiting_for.0);
             }
             Note::Event(_) => {}
+            Note::Started => {
+                start.set(Some(Instant::now()));
+                let wait = bound.elapsed().as_secs_f64();
+                eprintln!("serve: all {n} {peers} connected after {wait:.2} s; the run's clock starts now");
+            }
             Note::Model { version, params } => {
                 if last_eval.is_none_or(|t| t.elapsed() >= Duration::from_millis(50)) {
                     last_eval = Some(Instant::now());
@@ -150,13 +220,26 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     if curve.last().is_none_or(|p| p.version != report.version.0) {
         evaluate(report.version, &report.params, &mut curve);
     }
+    if report.reason == StopReason::Stopped {
+        eprintln!("serve: interrupted: the workers were told to stop");
+    }
     eprintln!("serve: finished ({:?}) at version {}", report.reason, report.version.0);
     let threads = ThreadReport {
         curve,
         time_to_target_s: time_to_target,
         wall_s: report.wall_s,
         stats: report.stats,
-        workers: report.per_worker.iter().map(|c| WorkerTally { computed: *c, ..WorkerTally::default() }).collect(),
+        workers: report
+            .per_worker
+            .iter()
+            .zip(&report.busy_s)
+            .map(|(c, busy)| WorkerTally {
+                computed: *c,
+                busy_s: *busy,
+                wall_s: report.wall_s,
+                ..WorkerTally::default()
+            })
+            .collect(),
         staleness: report.staleness,
         stalls: report.stalls,
         refused: report.refused,

@@ -1,80 +1,203 @@
 //! `syncopate work`: one worker of a multi-process run over TCP.
+//!
+//! The worker learns everything about the run from the server in the handshake: protocol,
+//! knobs, model, data, batch size and seed. What it still chooses itself:
+//!
+//! - its id (`--id`, or the launcher's rank from `RANK`, `OMPI_COMM_WORLD_RANK`,
+//!   `SLURM_PROCID` or `PMI_RANK`);
+//! - the shared secret (`--secret-file` or `$SYNCOPATE_SECRET`);
+//! - straggler emulation (`--step-ms`, `--straggler`, the same syntax and defaults as
+//!   `train`): the worker's own machine is as slow as it is, and emulation adds time on top;
+//!   the spec names worker ids and each worker applies only its own entry, so every worker
+//!   can be given the same spec, exactly as `train` is;
+//! - where it finds the run's data file (`--data`), which must be byte for byte the
+//!   server's (checked by SHA-256);
+//! - how long it keeps trying to reach a server that does not answer (`--give-up-after`).
+//!
+//! Its minibatch sampler is seeded from the run's seed and its id, as in `train`.
 
-use super::{Failure, ProtocolArgs, WorkloadArgs};
-use crate::tcp::{FrameTimeout, WorkerOptions, run_worker};
-use crate::workload::BatchSampler;
+use super::{DataFormat, Failure, WorkloadArgs};
+use crate::sim::{ComputeModel, ComputeSampler};
+use crate::tcp::{DataSource, FrameTimeout, RunSettings, WorkerJob, WorkerOptions, WorkloadSettings, run_worker};
+use crate::workload::{BatchSampler, ModelKind, Workload};
 use clap::Args;
 use core::time::Duration;
 use std::path::PathBuf;
 use syncopate::WorkerId;
 
+/// Environment variables a launcher sets to a process's rank, in the order they are read.
+pub(super) const RANK_VARIABLES: [&str; 4] = ["RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK"];
+
 /// Flags of `syncopate work`.
 #[derive(Clone, Debug, Args)]
 pub struct WorkArgs {
-    /// The protocol and its knobs (the same as the server's).
-    #[command(flatten)]
-    pub protocol: ProtocolArgs,
-    /// The model, data and seed (the same model and data as the server's).
-    #[command(flatten)]
-    pub workload: WorkloadArgs,
-    /// The server's address.
+    /// The server's address; the run's settings come from it.
     #[arg(long, value_name = "ADDR")]
     pub connect: String,
-    /// This worker's id, in 0..workers.
+    /// This worker's id, in 0..workers; without it, the launcher's rank ($RANK,
+    /// $OMPI_COMM_WORLD_RANK, $SLURM_PROCID or $PMI_RANK).
     #[arg(long)]
-    pub id: u32,
+    pub id: Option<u32>,
     /// File holding the shared secret; otherwise $SYNCOPATE_SECRET if set.
     #[arg(long, value_name = "FILE")]
     pub secret_file: Option<PathBuf>,
-    /// Give up after this many seconds without reaching the server.
-    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    /// Where this worker finds the run's data file, if not at the server's path (it must
+    /// be the same file: its SHA-256 is checked).
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
+    /// Emulated straggling, as `train --straggler` (e.g. `0:slow=4`): this worker applies
+    /// the entry for its own id. The worker's own choice; the server does not send it.
+    #[arg(long, value_name = "SPEC", default_value = "")]
+    pub straggler: String,
+    /// Base time of one emulated gradient step in milliseconds, as `train --step-ms`: the
+    /// worker holds each gradient until this much (times its straggler factor) has passed
+    /// on top of the real computation. 0 turns emulation off.
+    #[arg(long, value_name = "MS", default_value_t = 2.0)]
+    pub step_ms: f64,
+    /// Give up after the server has been unreachable this many seconds in a row (a server
+    /// that answers, even "busy", is retried for as long as it runs).
+    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub give_up_after: u64,
     /// Print the worker's report as one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
 }
 
+/// The worker id from `--id` or, without it, from the first launcher variable `get` finds.
+pub(super) fn worker_id(flag: Option<u32>, get: impl Fn(&str) -> Option<String>) -> Result<u32, String> {
+    if let Some(id) = flag {
+        return Ok(id);
+    }
+    for var in RANK_VARIABLES {
+        if let Some(value) = get(var) {
+            return value.trim().parse::<u32>().map_err(|_| {
+                format!("invalid value '{value}' in ${var} for the worker id: must be a whole number (or give --id)")
+            });
+        }
+    }
+    Err(format!("--id is required outside a launcher: give --id N, or set one of ${}", RANK_VARIABLES.join(", $")))
+}
+
+/// Computes gradients of the run's workload, built from the server's settings.
+struct Job {
+    id: u32,
+    data_override: Option<PathBuf>,
+    straggler: String,
+    step: syncopate::Duration,
+    state: Option<Ready>,
+}
+
+struct Ready {
+    workload: Workload,
+    sampler: BatchSampler,
+    delay: ComputeSampler,
+    scratch: crate::workload::Scratch,
+    batch: Vec<usize>,
+    batch_size: usize,
+}
+
+impl Job {
+    fn build(&self, settings: &RunSettings) -> Result<Ready, String> {
+        let w = settings.workload.as_ref().ok_or("the server announced no workload (it is not `syncopate serve`)")?;
+        let workload = workload(w, self.data_override.as_ref())?;
+        let dim = workload.model.dim();
+        if dim as u64 != settings.dim {
+            return Err(format!("the workload has {dim} parameters but the server's model has {}", settings.dim));
+        }
+        let n = settings.protocol.workers;
+        let models = super::parse_stragglers(&self.straggler, n)?;
+        let model = models.get(self.id as usize).cloned().unwrap_or(ComputeModel::None);
+        let seed = w.seed ^ (u64::from(self.id) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        Ok(Ready {
+            sampler: BatchSampler::new(workload.train.len(), seed),
+            delay: ComputeSampler::new(model, self.step, w.seed, self.id),
+            scratch: workload.model.scratch(),
+            batch: Vec::new(),
+            batch_size: w.batch_size as usize,
+            workload,
+        })
+    }
+}
+
+impl WorkerJob for Job {
+    fn prepare(&mut self, settings: &RunSettings) -> Result<(), String> {
+        self.state = Some(self.build(settings)?);
+        Ok(())
+    }
+
+    fn gradient(&mut self, params: &[f32], grad: &mut [f32]) -> Duration {
+        let Some(r) = &mut self.state else {
+            return Duration::ZERO;
+        };
+        r.sampler.next_batch(r.batch_size, &mut r.batch);
+        r.workload.model.gradient(params, &r.workload.train, &r.batch, grad, &mut r.scratch);
+        Duration::from_nanos(r.delay.next_step().as_nanos())
+    }
+}
+
+/// The workload of the server's settings; a data file must have the server's SHA-256.
+fn workload(w: &WorkloadSettings, data_override: Option<&PathBuf>) -> Result<Workload, String> {
+    let model: ModelKind = w.model.parse().map_err(|e| format!("the server's model: {e}"))?;
+    let (data, data_format) = match &w.data {
+        DataSource::Digits => (None, DataFormat::Csv),
+        DataSource::File { path, format, sha256 } => {
+            let path = data_override.cloned().unwrap_or_else(|| PathBuf::from(path));
+            let bytes = std::fs::read(&path).map_err(|e| {
+                format!("cannot read the run's data file {}: {e} (give its location with --data)", path.display())
+            })?;
+            if crate::tcp::settings::digest(&bytes) != *sha256 {
+                return Err(format!("data file {} differs from the server's (SHA-256 mismatch)", path.display()));
+            }
+            let format = <DataFormat as clap::ValueEnum>::from_str(format, false)
+                .map_err(|_| format!("the server's data format '{format}' is unknown"))?;
+            (Some(path), format)
+        }
+    };
+    WorkloadArgs { model, data, data_format, batch_size: w.batch_size, seed: w.seed }.workload()
+}
+
 /// Runs `syncopate work`.
 pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
-    let protocol = args.protocol.config().map_err(Failure::Usage)?;
-    if args.id >= protocol.workers() {
+    if !(args.step_ms.is_finite() && (0.0..=3_600_000.0).contains(&args.step_ms)) {
         return Err(Failure::Usage(format!(
-            "--id {} is out of range: --workers {} allows 0..{}",
-            args.id,
-            protocol.workers(),
-            protocol.workers()
+            "invalid value '{}' for '--step-ms': must be between 0 and 3600000",
+            args.step_ms
         )));
     }
-    let workload = args.workload.workload().map_err(Failure::Usage)?;
-    let dim = workload.model.dim();
+    // Checked for syntax now; worker ids in it are checked against the server's count.
+    super::parse_stragglers(&args.straggler, 256).map_err(Failure::Usage)?;
+    let id = worker_id(args.id, |v| std::env::var(v).ok()).map_err(Failure::Usage)?;
     let secret = super::serve::load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
-    let id = WorkerId(args.id);
-    let mut options = WorkerOptions::new(args.connect.clone(), id, protocol, dim);
+    let id = WorkerId(id);
+    let mut options = WorkerOptions::new(args.connect.clone(), id);
     options.key = secret.map(|s| s.worker_key(id));
     options.backoff.give_up_after = Duration::from_secs(args.give_up_after);
     options.frame_timeout = FrameTimeout::default();
-    let seed = args.workload.seed ^ (u64::from(id.0) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let mut sampler = BatchSampler::new(workload.train.len(), seed);
-    let mut scratch = workload.model.scratch();
-    let mut batch = Vec::new();
-    let batch_size = args.workload.batch_size as usize;
-    let report = run_worker(
-        &options,
-        &mut |params, grad| {
-            sampler.next_batch(batch_size, &mut batch);
-            workload.model.gradient(params, &workload.train, &batch, grad, &mut scratch);
-        },
-        &mut |line| eprintln!("work: {line}"),
-    )
-    .map_err(|e| Failure::Run(e.0))?;
+    let mut job = Job {
+        id: id.0,
+        data_override: args.data.clone(),
+        straggler: args.straggler.clone(),
+        step: syncopate::Duration::from_secs_f64(args.step_ms / 1000.0),
+        state: None,
+    };
+    let report = run_worker(&options, &mut job, &mut |line| eprintln!("work: {line}")).map_err(|e| {
+        // A worker id out of range or settings this worker cannot use are the operator's to fix.
+        if e.0.contains("out of range") || e.0.contains("--straggler") || e.0.contains("data file") {
+            Failure::Usage(e.0)
+        } else {
+            Failure::Run(e.0)
+        }
+    })?;
     if args.json {
         match serde_json::to_string(&report) {
             Ok(s) => println!("{s}"),
             Err(e) => return Err(Failure::Run(format!("cannot encode the report as JSON: {e}"))),
         }
     } else {
+        let share = if report.wall_s > 0.0 { 100.0 * report.busy_s / report.wall_s } else { 0.0 };
         println!(
-            "work: worker {} {} after {} gradients in {:.2} s ({} session{}, last model version {})",
+            "work: worker {} {} after {} gradients in {:.2} s (computing {share:.0}% of the time; {} session{}, last \
+             model version {})",
             id.0,
             if report.stopped { "stopped by the server" } else { "ended" },
             report.steps,
@@ -85,4 +208,24 @@ pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_id_comes_from_the_flag_then_the_launcher() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| (*v).to_owned())
+        };
+        assert_eq!(worker_id(Some(3), env(&[("RANK", "1")])), Ok(3));
+        assert_eq!(worker_id(None, env(&[("SLURM_PROCID", "2"), ("PMI_RANK", "5")])), Ok(2));
+        assert_eq!(worker_id(None, env(&[("OMPI_COMM_WORLD_RANK", " 7 ")])), Ok(7));
+        assert_eq!(worker_id(None, env(&[("PMI_RANK", "4")])), Ok(4));
+        let e = worker_id(None, env(&[("RANK", "x")])).unwrap_err();
+        assert!(e.contains("$RANK") && e.contains("'x'"), "{e}");
+        let e = worker_id(None, env(&[])).unwrap_err();
+        assert!(e.contains("--id is required") && e.contains("$SLURM_PROCID"), "{e}");
+    }
 }

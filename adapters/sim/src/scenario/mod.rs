@@ -42,11 +42,10 @@
 //! `group_lr_scaling` may be a sweep. Unknown keys and bad values are refused with the
 //! file, the position and the reason.
 
-mod protocol;
 mod sweep;
 
-pub use protocol::{GroupLrScaling, InterruptMode, ProtocolName, ProtocolSpec};
 pub use sweep::Sweep;
+pub use syncopate_transport::protocol_spec::{GroupLrScaling, InterruptMode, ProtocolName, ProtocolSpec};
 
 use crate::sim::{ComputeModel, NetworkConfig, SimConfig, StopRule};
 use crate::workload::ModelKind;

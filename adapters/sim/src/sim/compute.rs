@@ -7,8 +7,8 @@
 //! (an absolute extra, the WBSP paper's H1/H2/H3 setting) and [`ComputeModel::Trace`] (a
 //! recorded trace in seconds).
 
-use crate::rng::Rng;
 use syncopate::Duration;
+use syncopate::rng::Rng;
 
 /// The compute-time model of one worker.
 #[derive(Clone, Debug, PartialEq)]

@@ -18,12 +18,12 @@ use super::report::{
     CurvePoint, FastDebug, Fault, FaultStats, Fnv, Node, Observation, SimReport, StalenessStats, TraceStep,
     WorkerReport,
 };
-use crate::rng::Rng;
 use crate::workload::{BatchSampler, Scratch, Workload};
 use core::cmp::Ordering;
 use core::fmt::Write as _;
 use std::collections::{BTreeMap, BinaryHeap};
 use syncopate::proto::grouped::GroupServer;
+use syncopate::rng::Rng;
 use syncopate::wire::{self, Limits};
 use syncopate::{
     AnyServer, AnyWorker, ComputeId, DropReason, Duration, Instant, ProtocolConfig, Recipient, Reject, Server,

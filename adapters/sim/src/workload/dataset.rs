@@ -6,7 +6,7 @@ use std::io::Read;
 use flate2::read::GzDecoder;
 
 use super::loaders::CsvOptions;
-use crate::rng::Rng;
+use syncopate::rng::Rng;
 
 /// The digits data set as gzip CSV: 1797 rows of 64 pixel counts (0..=16) and a label (0..=9).
 /// Alpaydin & Kaynak 1998, UCI Machine Learning Repository, CC BY 4.0.

@@ -6,7 +6,7 @@ use core::str::FromStr;
 
 use super::dataset::Dataset;
 use super::{mlp, softmax};
-use crate::rng::Rng;
+use syncopate::rng::Rng;
 
 /// PRNG sub-stream used by [`Model::init`].
 const INIT_STREAM: u64 = 0x494e_4954; // "INIT"

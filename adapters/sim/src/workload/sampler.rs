@@ -1,6 +1,6 @@
 //! Seeded minibatch sampling: epochs over a shuffled permutation of the rows.
 
-use crate::rng::Rng;
+use syncopate::rng::Rng;
 
 /// PRNG sub-stream used by [`BatchSampler`].
 const SAMPLER_STREAM: u64 = 0x5341_4d50_4c45; // "SAMPLE"

@@ -31,6 +31,8 @@ const SESSION_INFO_TO_SERVER: &[u8] = b"syncopate-tcp-v1 session worker->server"
 pub(crate) const LABEL_SERVER: &[u8] = b"syncopate-tcp-v1 server hello";
 pub(crate) const LABEL_CLIENT: &[u8] = b"syncopate-tcp-v1 client auth";
 pub(crate) const LABEL_ACCEPT: &[u8] = b"syncopate-tcp-v1 server accept";
+/// The label of the client hello's early MAC (transport version 2).
+pub(crate) const LABEL_HELLO: &[u8] = b"syncopate-tcp-v2 client hello";
 
 /// The master secret shared by the server (and, in the simplest deployment, the workers).
 #[derive(Clone)]
@@ -134,6 +136,20 @@ impl WorkerKey {
             m.update(p);
         }
         m.verify_slice(mac).is_ok()
+    }
+
+    /// Constant-time check of a handshake MAC truncated to its first `mac.len()` bytes
+    /// (at least [`TAG_LEN`]).
+    pub(crate) fn verify_transcript_prefix(&self, label: &[u8], parts: &[&[u8]], mac: &[u8]) -> bool {
+        if mac.len() < TAG_LEN {
+            return false;
+        }
+        let mut m = hmac(&self.0);
+        m.update(label);
+        for p in parts {
+            m.update(p);
+        }
+        m.verify_truncated_left(mac).is_ok()
     }
 
     /// The two session keys (server→worker, worker→server) for a handshake with these nonces.

@@ -1,16 +1,15 @@
 //! A group server of the grouped protocol as its own process (`syncopate group`).
 //!
-//! Toward its member workers it is a [`TcpServer`] like `serve` (same handshake, framing,
-//! authentication and caps; the members present the grouped protocol's settings). Upstream
-//! it is worker `g` of a central ASP server with `G` workers: it connects with the same
-//! client handshake a worker uses, presenting the central settings
-//! ([`GroupedConfig::central_config`]), and the run loop of [`TcpServer::drive`] carries the
-//! group's aggregates up and the central models back down.
+//! Upstream it is worker `g` of a central server started with `serve --protocol grouped
+//! --remote-groups ...`: it connects with the worker's client handshake in the group role
+//! and learns the run's settings from the central server, which runs ASP over the `G`
+//! groups ([`GroupedConfig::central_config`]). Toward its member workers it is then a
+//! [`TcpServer`] like `serve` (same handshake, framing, authentication and admission),
+//! announcing the same grouped settings, and the run loop of [`TcpServer::drive`] carries
+//! the group's aggregates up and the central models back down. Nothing but the central
+//! server's address and the group's index needs repeating.
 //!
-//! The central server is `syncopate serve --protocol asp --workers G`, and its learning rate
-//! per gradient must be the grouped configuration's `η`: `serve` divides `--lr` by the
-//! workers for ASP, so start it with `--lr` = the grouped `--lr` × `G` (otherwise its
-//! handshake refuses the group with "protocol settings differ").
+//! [`GroupedConfig::central_config`]: syncopate::proto::grouped::GroupedConfig::central_config
 //!
 //! A lost upstream connection ends the run ([`StopReason::UpstreamLost`](super::StopReason))
 //! without telling the members to stop: restart the process, the central server sees a new
@@ -19,8 +18,9 @@
 use super::TcpError;
 use super::auth::WorkerKey;
 use super::frame::{FrameReader, FrameTimeout, FrameWriter};
-use super::handshake::{self, Terms};
+use super::handshake::{self, ClientSide, Role};
 use super::server::{Note, RunPlan, ServerReport, TcpServer, Uplink};
+use super::settings::RunSettings;
 use super::worker::Backoff;
 use core::net::SocketAddr;
 use core::time::Duration;
@@ -28,7 +28,7 @@ use std::io::BufWriter;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::thread;
 use std::time::Instant as StdInstant;
-use syncopate::proto::grouped::{GroupServer, GroupedConfig};
+use syncopate::proto::grouped::GroupServer;
 use syncopate::{ProtocolConfig, WorkerId};
 
 /// How a group server reaches its central server.
@@ -65,26 +65,30 @@ impl GroupOptions {
     }
 }
 
-/// Runs group `options.group` of `config`: connects to the central server (retrying with
-/// backoff), then serves the group's members on `server` (bound with
-/// `ProtocolConfig::Grouped(config)`) until the central server says stop, the upstream
-/// connection is lost, or the plan says stop.
+/// Runs group `options.group`: connects to the central server (retrying with backoff),
+/// learns the run's settings from it, binds the members' server with `bind` (given the
+/// settings the members are to receive), then serves the group's members until the central
+/// server says stop, the upstream connection is lost, or the plan says stop.
 pub fn run_group(
-    server: TcpServer,
-    config: GroupedConfig,
     options: &GroupOptions,
+    bind: &mut dyn FnMut(RunSettings) -> Result<TcpServer, TcpError>,
     plan: &RunPlan,
     note: &mut dyn FnMut(Note<'_>),
 ) -> Result<ServerReport, TcpError> {
-    let dim = server.options().dim;
-    if server.options().protocol != ProtocolConfig::Grouped(config) {
-        return Err(TcpError("the group server must be bound with the grouped protocol's settings".into()));
-    }
+    let (uplink, epoch, settings) = connect_upstream(options, note)?;
+    let ProtocolConfig::Grouped(config) = settings.worker_config().map_err(|e| TcpError(format!("group: {e}")))? else {
+        return Err(TcpError(format!(
+            "group {}: the central server runs {}, not the grouped protocol",
+            options.group,
+            settings.label()
+        )));
+    };
     if options.group >= config.groups {
         return Err(TcpError(format!("group {} is out of range: {} groups", options.group, config.groups)));
     }
-    let terms = Terms::new(&ProtocolConfig::Asp(config.central_config()), dim);
-    let (uplink, epoch) = connect_upstream(options, &terms, dim, note)?;
+    let members = RunSettings { remote_groups: false, ..settings };
+    let server = bind(members)?;
+    let dim = server.dim();
     let model = vec![0.0f32; dim];
     let scratch = vec![0.0f32; config.group_scratch_len(dim)];
     let group = GroupServer::new(config, options.group, epoch, model, scratch)
@@ -92,30 +96,34 @@ pub fn run_group(
     server.drive(group, Some(uplink), plan, note)
 }
 
-/// Connects and shakes hands with the central server as worker `g`, retrying transient
-/// failures with backoff; returns the session and the epoch the central server assigned.
+/// Connects and shakes hands with the central server as group `g`, retrying transient
+/// failures with backoff; returns the session, the epoch the central server assigned and
+/// the run's settings.
 fn connect_upstream(
     options: &GroupOptions,
-    terms: &Terms,
-    dim: usize,
     note: &mut dyn FnMut(Note<'_>),
-) -> Result<(Uplink, u32), TcpError> {
-    let started = StdInstant::now();
-    let mut wait = options.backoff.initial;
+) -> Result<(Uplink, u32, RunSettings), TcpError> {
+    let mut unreachable_since: Option<StdInstant> = None;
+    let mut attempt = 0u32;
     loop {
-        match try_connect(options, terms, dim) {
+        match try_connect(options) {
             Ok(done) => {
                 note(Note::Log(&format!(
-                    "group {}: connected to the central server at {} (epoch {})",
-                    options.group, options.central, done.1
+                    "group {}: connected to the central server at {} (epoch {}; {})",
+                    options.group,
+                    options.central,
+                    done.1,
+                    done.2.label()
                 )));
                 return Ok(done);
             }
-            Err((why, transient)) => {
-                if !transient {
-                    return Err(TcpError(format!("group {}: {why}", options.group)));
+            Err(Attempt::Fatal(why)) => return Err(TcpError(format!("group {}: {why}", options.group))),
+            Err(Attempt::Unreachable(why)) => {
+                if attempt < 10 || attempt % 10 == 0 {
+                    note(Note::Log(&format!("group {}: central server unreachable ({why}); retrying", options.group)));
                 }
-                if started.elapsed() >= options.backoff.give_up_after {
+                let since = *unreachable_since.get_or_insert_with(StdInstant::now);
+                if since.elapsed() >= options.backoff.give_up_after {
                     return Err(TcpError(format!(
                         "group {}: cannot reach the central server at {}: {why} (gave up after {:.0} s)",
                         options.group,
@@ -124,17 +132,35 @@ fn connect_upstream(
                     )));
                 }
             }
+            Err(Attempt::Retry(why)) => {
+                unreachable_since = None;
+                if attempt < 10 || attempt % 10 == 0 {
+                    note(Note::Log(&format!("group {}: {why}; retrying", options.group)));
+                }
+            }
         }
-        thread::sleep(wait);
-        wait = (wait * 2).min(options.backoff.max);
+        thread::sleep(options.backoff.wait(attempt, 1.0));
+        attempt = attempt.saturating_add(1);
     }
 }
 
-/// One attempt; the error says whether retrying may help.
-fn try_connect(options: &GroupOptions, terms: &Terms, dim: usize) -> Result<(Uplink, u32), (String, bool)> {
+/// Why one attempt failed.
+enum Attempt {
+    /// Nobody answered.
+    Unreachable(String),
+    /// The central server answered but the session did not start; worth retrying.
+    Retry(String),
+    /// Retrying cannot help.
+    Fatal(String),
+}
+
+/// One attempt.
+fn try_connect(options: &GroupOptions) -> Result<(Uplink, u32, RunSettings), Attempt> {
     let addr = &options.central;
-    let addrs: Vec<SocketAddr> =
-        addr.to_socket_addrs().map_err(|e| (format!("invalid central server address '{addr}': {e}"), false))?.collect();
+    let addrs: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(|e| Attempt::Fatal(format!("invalid central server address '{addr}': {e}")))?
+        .collect();
     let mut stream = Err(format!("'{addr}' resolves to nothing"));
     for a in addrs {
         stream = TcpStream::connect_timeout(&a, options.handshake_timeout).map_err(|e| format!("connect to {a}: {e}"));
@@ -142,25 +168,19 @@ fn try_connect(options: &GroupOptions, terms: &Terms, dim: usize) -> Result<(Upl
             break;
         }
     }
-    let stream = stream.map_err(|e| (e, true))?;
-    let io = |e: std::io::Error| (e.to_string(), true);
-    super::frame::tune_stream(&stream, super::session_max_len(dim)).map_err(io)?;
+    let stream = stream.map_err(Attempt::Unreachable)?;
+    let io = |e: std::io::Error| Attempt::Retry(e.to_string());
+    stream.set_nodelay(true).map_err(io)?;
     stream.set_write_timeout(Some(options.write_timeout)).map_err(io)?;
     let mut reader = FrameReader::new(stream.try_clone().map_err(io)?, 0, options.frame_timeout);
     let mut writer = FrameWriter::new(BufWriter::with_capacity(1 << 16, stream.try_clone().map_err(io)?), 0);
     let deadline = StdInstant::now() + options.handshake_timeout;
-    let session = handshake::client_handshake(
-        &mut reader,
-        &mut writer,
-        terms,
-        WorkerId(options.group),
-        options.key.as_ref(),
-        deadline,
-        super::session_max_len(dim),
-    )
-    .map_err(|e| {
-        let transient = e.is_transient();
-        (format!("central server: {e}"), transient)
+    let me = ClientSide { worker: WorkerId(options.group), role: Role::Group, key: options.key.as_ref(), want: None };
+    let (session, settings) = handshake::client_handshake(&mut reader, &mut writer, &me, deadline).map_err(|e| {
+        let why = format!("central server: {e}");
+        if e.is_transient() { Attempt::Retry(why) } else { Attempt::Fatal(why) }
     })?;
-    Ok((Uplink { addr: addr.clone(), stream, reader, writer }, session.epoch))
+    let dim = settings.dim().map_err(Attempt::Fatal)?;
+    super::frame::tune_stream(&stream, super::session_max_len(dim)).map_err(io)?;
+    Ok((Uplink { addr: addr.clone(), stream, reader, writer }, session.epoch, settings))
 }

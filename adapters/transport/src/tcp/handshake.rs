@@ -1,15 +1,19 @@
-//! The connection handshake: compatibility checks (transport version, wire version,
-//! protocol and its settings, model shape, worker id) and, with a shared secret, mutual
+//! The connection handshake: compatibility checks (transport and wire versions, worker id,
+//! role), the run's settings from the server, and, with a shared secret, mutual
 //! HMAC-SHA256 challenge-response over the whole transcript.
 //!
 //! ```text
 //! worker                                         server
-//!   ClientHello{versions, auth, id, dim, nonce_c, protocol, knobs}  ->
-//!                <-  ServerHello{versions, auth, nonce_s, server id, epoch, version, mac_s}
-//!   ClientAuth{mac_c}                                               ->
+//!   ClientHello{versions, auth, role, id, nonce_c, want, early_mac}  ->
+//!          <-  ServerHello{versions, auth, nonce_s, server id, epoch, version, settings, mac_s}
+//!   ClientAuth{mac_c}                                                ->
 //!                <-  Accept{mac_a}            (or Refuse{code, message} at any step)
 //! ```
 //!
+//! `early_mac = HMAC(k_w, "syncopate-tcp-v2 client hello" || CH without early_mac)[..16]`
+//! lets the server tell a worker holding the secret from anybody else as soon as the first
+//! frame is in, before it spends anything on the connection (see the admission rules in
+//! [`server`](super::server)).
 //! `mac_s = HMAC(k_w, "syncopate-tcp-v1 server hello" || CH || SH without mac_s)`,
 //! `mac_c = HMAC(k_w, "syncopate-tcp-v1 client auth" || CH || SH)`,
 //! `mac_a = HMAC(k_w, "syncopate-tcp-v1 server accept" || CH || SH || CA)`, where `CH`, `SH`
@@ -18,24 +22,28 @@
 //! then derived from `k_w` and both nonces. Without a secret the MACs are all zero and not
 //! checked, and frames carry no tag. Either side may send `Refuse` instead of its next
 //! message; the receiver reports its message. `adapters/transport/TCP.md` gives the byte layout.
+//!
+//! The run's settings ([`RunSettings`]) travel in the server hello as their canonical
+//! bytes, covered by `mac_s`; `want` in the client hello is the SHA-256 of the settings the
+//! worker insists on (all zero: whatever the server runs).
 
-use super::auth::{KEY_LEN, LABEL_ACCEPT, LABEL_CLIENT, LABEL_SERVER, WorkerKey, nonce};
+use super::auth::{KEY_LEN, LABEL_ACCEPT, LABEL_CLIENT, LABEL_HELLO, LABEL_SERVER, TAG_LEN, WorkerKey, nonce};
 use super::frame::{FrameError, FrameReader, FrameWriter};
+use super::settings::{MAX_SETTINGS_LEN, RunSettings};
 use core::fmt;
 use std::io::Write;
 use std::time::Instant;
-use syncopate::{ProtocolConfig, WorkerId};
+use syncopate::WorkerId;
 
 /// `"SYNT"`: the first bytes of every handshake message after its type byte.
 pub const MAGIC: [u8; 4] = *b"SYNT";
 /// The version of this transport (framing and handshake).
-pub const TCP_VERSION: u16 = 1;
-/// The largest frame `len` accepted before the handshake completes.
+pub const TCP_VERSION: u16 = 2;
+/// The largest frame `len` the server accepts before the handshake completes.
 pub const HANDSHAKE_MAX_LEN: usize = 512;
-/// The longest protocol name in a hello.
-pub const MAX_PROTOCOL_NAME: usize = 32;
-/// The longest knob description in a hello.
-pub const MAX_KNOBS: usize = 320;
+/// The largest frame `len` a worker accepts before the handshake completes (the server
+/// hello carries the settings).
+pub const SERVER_HANDSHAKE_MAX_LEN: usize = 256 + MAX_SETTINGS_LEN;
 /// The longest message in a `Refuse`.
 pub const MAX_REFUSE_MESSAGE: usize = 400;
 
@@ -55,11 +63,13 @@ pub enum RefuseCode {
     TcpVersion,
     /// Different wire (message codec) versions.
     WireVersion,
-    /// Different protocols.
+    /// Different protocols (unused since transport version 2: the worker takes the
+    /// server's).
     Protocol,
-    /// Same protocol, different settings.
+    /// The worker pinned settings (by their digest) that differ from the server's.
     Knobs,
-    /// Different model dimension or element type.
+    /// Different model dimension or element type (unused since transport version 2: the
+    /// worker takes the server's).
     ModelShape,
     /// The worker id is outside `0..n`.
     WorkerId,
@@ -69,6 +79,9 @@ pub enum RefuseCode {
     AuthFailed,
     /// Too many connections; try again later.
     Busy,
+    /// The peer is not of the kind this server takes (a worker at a central server of
+    /// remote groups, or a group server at an ordinary server).
+    Role,
     /// Any other code (from a newer peer).
     Other(u8),
 }
@@ -87,6 +100,7 @@ impl RefuseCode {
             Self::AuthMode => 8,
             Self::AuthFailed => 9,
             Self::Busy => 10,
+            Self::Role => 11,
             Self::Other(b) => b,
         }
     }
@@ -104,6 +118,7 @@ impl RefuseCode {
             8 => Self::AuthMode,
             9 => Self::AuthFailed,
             10 => Self::Busy,
+            11 => Self::Role,
             b => Self::Other(b),
         }
     }
@@ -114,39 +129,37 @@ impl RefuseCode {
     }
 }
 
-/// What both sides must agree on: everything but the worker id and the secret.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Terms {
-    /// The wire (message codec) version.
-    pub wire_version: u8,
-    /// The protocol's name.
-    pub protocol: String,
-    /// The protocol's settings, as text (compared exactly).
-    pub knobs: String,
-    /// The model dimension.
-    pub dim: u64,
-    /// Bytes per element (4 for `f32`).
-    pub scalar_bytes: u8,
+/// Who is connecting: a worker of the run, or a group server of the grouped protocol
+/// connecting upstream to its central server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// A worker.
+    Worker,
+    /// A group server (`syncopate group`).
+    Group,
 }
 
-impl Terms {
-    /// The terms of `config` with a model of `dim` `f32` parameters.
-    pub fn new(config: &ProtocolConfig, dim: usize) -> Self {
-        let mut knobs = format!("{config:?}");
-        truncate(&mut knobs, MAX_KNOBS);
-        let mut protocol = config.name().to_owned();
-        truncate(&mut protocol, MAX_PROTOCOL_NAME);
-        Self { wire_version: syncopate::wire::WIRE_VERSION, protocol, knobs, dim: dim as u64, scalar_bytes: 4 }
-    }
-}
-
-fn truncate(s: &mut String, max: usize) {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
+impl Role {
+    fn byte(self) -> u8 {
+        match self {
+            Self::Worker => 0,
+            Self::Group => 1,
         }
-        s.truncate(end);
+    }
+
+    fn from_byte(b: u8) -> Option<Self> {
+        match b {
+            0 => Some(Self::Worker),
+            1 => Some(Self::Group),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Worker => "worker",
+            Self::Group => "group server",
+        }
     }
 }
 
@@ -155,14 +168,56 @@ fn truncate(s: &mut String, max: usize) {
 pub struct ClientHello {
     /// The worker's transport version.
     pub tcp_version: u16,
+    /// The worker's wire (message codec) version.
+    pub wire_version: u8,
     /// Whether the worker authenticates.
     pub auth: bool,
-    /// The worker's id.
+    /// A worker or a group server.
+    pub role: Role,
+    /// The worker's id (a group server's index at its central server).
     pub worker: WorkerId,
     /// The worker's nonce.
     pub nonce: [u8; KEY_LEN],
-    /// What the worker runs.
-    pub terms: Terms,
+    /// SHA-256 of the settings the worker insists on; all zero to take the server's.
+    pub want: [u8; KEY_LEN],
+    /// `early_mac` (zeros without a secret).
+    pub early_mac: [u8; TAG_LEN],
+}
+
+impl ClientHello {
+    /// A hello of `worker` in `role`, pinning `want` (if any), signed with `key` (if any).
+    pub fn new(
+        worker: WorkerId,
+        role: Role,
+        want: Option<[u8; KEY_LEN]>,
+        key: Option<&WorkerKey>,
+    ) -> std::io::Result<Self> {
+        let mut h = Self {
+            tcp_version: TCP_VERSION,
+            wire_version: syncopate::wire::WIRE_VERSION,
+            auth: key.is_some(),
+            role,
+            worker,
+            nonce: nonce()?,
+            want: want.unwrap_or([0; KEY_LEN]),
+            early_mac: [0; TAG_LEN],
+        };
+        if let Some(k) = key {
+            h.sign(k);
+        }
+        Ok(h)
+    }
+
+    /// Sets `early_mac` for `key`.
+    pub fn sign(&mut self, key: &WorkerKey) {
+        let unsigned = Message::client_hello_unsigned(self);
+        let mac = key.transcript_mac(LABEL_HELLO, &[&unsigned]);
+        self.early_mac.copy_from_slice(mac.get(..TAG_LEN).unwrap_or(&[0; TAG_LEN]));
+    }
+
+    fn early_mac_ok(&self, key: &WorkerKey) -> bool {
+        key.verify_transcript_prefix(LABEL_HELLO, &[&Message::client_hello_unsigned(self)], &self.early_mac)
+    }
 }
 
 /// The server's answer.
@@ -182,6 +237,8 @@ pub struct ServerHello {
     pub epoch: u32,
     /// The server's model version when it answered.
     pub version: u64,
+    /// The run's settings, canonically encoded ([`RunSettings::encode`]).
+    pub settings: Vec<u8>,
     /// `mac_s` (zeros without a secret).
     pub mac: [u8; KEY_LEN],
 }
@@ -284,8 +341,8 @@ impl<'a> Cursor<'a> {
     fn u64(&mut self) -> Option<u64> {
         Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
     }
-    fn key(&mut self) -> Option<[u8; KEY_LEN]> {
-        self.take(KEY_LEN)?.try_into().ok()
+    fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
+        self.take(N)?.try_into().ok()
     }
     fn bool(&mut self) -> Option<bool> {
         match self.u8()? {
@@ -294,37 +351,32 @@ impl<'a> Cursor<'a> {
             _ => None,
         }
     }
-    fn str8(&mut self, max: usize) -> Option<String> {
-        let n = usize::from(self.u8()?);
-        if n > max {
-            return None;
-        }
-        String::from_utf8(self.take(n)?.to_vec()).ok()
-    }
-    fn str16(&mut self, max: usize) -> Option<String> {
+    fn bytes16(&mut self, max: usize) -> Option<&'a [u8]> {
         let n = usize::from(self.u16()?);
         if n > max {
             return None;
         }
-        String::from_utf8(self.take(n)?.to_vec()).ok()
+        self.take(n)
     }
     fn magic(&mut self) -> Option<()> {
         (self.take(4)? == MAGIC).then_some(())
     }
 }
 
-fn put_str8(out: &mut Vec<u8>, s: &str, max: usize) {
-    let mut s = s.to_owned();
-    truncate(&mut s, max.min(255));
-    out.push(s.len() as u8);
-    out.extend_from_slice(s.as_bytes());
+fn truncate(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
 }
 
-fn put_str16(out: &mut Vec<u8>, s: &str, max: usize) {
-    let mut s = s.to_owned();
-    truncate(&mut s, max.min(u16::MAX as usize));
-    out.extend_from_slice(&(s.len() as u16).to_le_bytes());
-    out.extend_from_slice(s.as_bytes());
+fn put_bytes16(out: &mut Vec<u8>, b: &[u8], max: usize) {
+    let b = b.get(..b.len().min(max).min(usize::from(u16::MAX))).unwrap_or_default();
+    out.extend_from_slice(&(b.len() as u16).to_le_bytes());
+    out.extend_from_slice(b);
 }
 
 impl Message {
@@ -333,17 +385,8 @@ impl Message {
         let mut out = Vec::with_capacity(128);
         match self {
             Self::ClientHello(h) => {
-                out.push(T_CLIENT_HELLO);
-                out.extend_from_slice(&MAGIC);
-                out.extend_from_slice(&h.tcp_version.to_le_bytes());
-                out.push(h.terms.wire_version);
-                out.push(u8::from(h.auth));
-                out.extend_from_slice(&h.worker.0.to_le_bytes());
-                out.push(h.terms.scalar_bytes);
-                out.extend_from_slice(&h.terms.dim.to_le_bytes());
-                out.extend_from_slice(&h.nonce);
-                put_str8(&mut out, &h.terms.protocol, MAX_PROTOCOL_NAME);
-                put_str16(&mut out, &h.terms.knobs, MAX_KNOBS);
+                out.extend_from_slice(&Self::client_hello_unsigned(h));
+                out.extend_from_slice(&h.early_mac);
             }
             Self::ServerHello(h) => {
                 out.extend_from_slice(&Self::server_hello_unsigned(h));
@@ -360,15 +403,33 @@ impl Message {
             Self::Refuse { code, message } => {
                 out.push(T_REFUSE);
                 out.push(code.byte());
-                put_str16(&mut out, message, MAX_REFUSE_MESSAGE);
+                let mut m = message.clone();
+                truncate(&mut m, MAX_REFUSE_MESSAGE);
+                put_bytes16(&mut out, m.as_bytes(), MAX_REFUSE_MESSAGE);
             }
         }
         out
     }
 
-    /// A server hello's bytes without its MAC (what `mac_s` covers after the client hello).
-    fn server_hello_unsigned(h: &ServerHello) -> Vec<u8> {
+    /// A client hello's payload without `early_mac` (what that MAC covers).
+    fn client_hello_unsigned(h: &ClientHello) -> Vec<u8> {
         let mut out = Vec::with_capacity(96);
+        out.push(T_CLIENT_HELLO);
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&h.tcp_version.to_le_bytes());
+        out.push(h.wire_version);
+        out.push(u8::from(h.auth));
+        out.push(h.role.byte());
+        out.extend_from_slice(&h.worker.0.to_le_bytes());
+        out.extend_from_slice(&h.nonce);
+        out.extend_from_slice(&h.want);
+        out
+    }
+
+    /// A server hello's payload without `mac_s` (what `mac_s` covers, after the client
+    /// hello).
+    fn server_hello_unsigned(h: &ServerHello) -> Vec<u8> {
+        let mut out = Vec::with_capacity(96 + h.settings.len());
         out.push(T_SERVER_HELLO);
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&h.tcp_version.to_le_bytes());
@@ -378,6 +439,7 @@ impl Message {
         out.extend_from_slice(&h.server_id.to_le_bytes());
         out.extend_from_slice(&h.epoch.to_le_bytes());
         out.extend_from_slice(&h.version.to_le_bytes());
+        put_bytes16(&mut out, &h.settings, MAX_SETTINGS_LEN);
         out
     }
 
@@ -387,21 +449,15 @@ impl Message {
         let msg = match c.u8()? {
             T_CLIENT_HELLO => {
                 c.magic()?;
-                let tcp_version = c.u16()?;
-                let wire_version = c.u8()?;
-                let auth = c.bool()?;
-                let worker = WorkerId(c.u32()?);
-                let scalar_bytes = c.u8()?;
-                let dim = c.u64()?;
-                let nonce = c.key()?;
-                let protocol = c.str8(MAX_PROTOCOL_NAME)?;
-                let knobs = c.str16(MAX_KNOBS)?;
                 Self::ClientHello(ClientHello {
-                    tcp_version,
-                    auth,
-                    worker,
-                    nonce,
-                    terms: Terms { wire_version, protocol, knobs, dim, scalar_bytes },
+                    tcp_version: c.u16()?,
+                    wire_version: c.u8()?,
+                    auth: c.bool()?,
+                    role: Role::from_byte(c.u8()?)?,
+                    worker: WorkerId(c.u32()?),
+                    nonce: c.array()?,
+                    want: c.array()?,
+                    early_mac: c.array()?,
                 })
             }
             T_SERVER_HELLO => {
@@ -410,18 +466,19 @@ impl Message {
                     tcp_version: c.u16()?,
                     wire_version: c.u8()?,
                     auth: c.bool()?,
-                    nonce: c.key()?,
+                    nonce: c.array()?,
                     server_id: c.u64()?,
                     epoch: c.u32()?,
                     version: c.u64()?,
-                    mac: c.key()?,
+                    settings: c.bytes16(MAX_SETTINGS_LEN)?.to_vec(),
+                    mac: c.array()?,
                 })
             }
-            T_CLIENT_AUTH => Self::ClientAuth(c.key()?),
-            T_ACCEPT => Self::Accept(c.key()?),
+            T_CLIENT_AUTH => Self::ClientAuth(c.array()?),
+            T_ACCEPT => Self::Accept(c.array()?),
             T_REFUSE => {
                 let code = RefuseCode::from_byte(c.u8()?);
-                let message = c.str16(MAX_REFUSE_MESSAGE)?;
+                let message = String::from_utf8(c.bytes16(MAX_REFUSE_MESSAGE)?.to_vec()).ok()?;
                 Self::Refuse { code, message }
             }
             _ => return None,
@@ -433,16 +490,31 @@ impl Message {
 /// What the server needs to run a handshake.
 #[derive(Debug)]
 pub struct ServerSide<'a> {
-    /// What workers must agree to.
-    pub terms: &'a Terms,
-    /// The number of workers (ids `0..workers`).
-    pub workers: u32,
+    /// The run's settings, canonically encoded.
+    pub settings: &'a [u8],
+    /// Their SHA-256.
+    pub digest: [u8; KEY_LEN],
+    /// A one-line description of the settings, for refusals.
+    pub label: &'a str,
+    /// The number of peers (ids `0..peers`).
+    pub peers: u32,
+    /// The role every peer must have.
+    pub role: Role,
     /// The master secret, if authenticating.
     pub secret: Option<&'a super::auth::Secret>,
     /// This server run's id.
     pub server_id: u64,
     /// The model version to announce.
     pub version: u64,
+}
+
+/// The deadlines of the server's side of a handshake.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadlines {
+    /// The client hello must be in by then.
+    pub hello: Instant,
+    /// The whole handshake must be done by then.
+    pub done: Instant,
 }
 
 /// What a completed handshake established.
@@ -486,99 +558,124 @@ fn refuse<W: Write>(
     HandshakeError::Refusing { code, message, worker }
 }
 
-/// Checks a client hello against the server's terms; the message of a refusal names both
-/// sides' values.
-fn check_hello(h: &ClientHello, side: &ServerSide<'_>) -> Result<(), (RefuseCode, String)> {
-    let t = side.terms;
-    let w = &h.terms;
+/// Checks what must hold before anything else: the transport version, the worker id (its
+/// key depends on it) and the authentication mode, then the early MAC. A hello that passes
+/// comes from a holder of the worker's key (or, without a secret, is at least well formed).
+fn check_identity(h: &ClientHello, side: &ServerSide<'_>) -> Result<Option<WorkerKey>, (RefuseCode, String)> {
     if h.tcp_version != TCP_VERSION {
         return Err((
             RefuseCode::TcpVersion,
             format!("transport version mismatch: server speaks {TCP_VERSION}, worker {}", h.tcp_version),
         ));
     }
-    if w.wire_version != t.wire_version {
-        return Err((
-            RefuseCode::WireVersion,
-            format!("wire version mismatch: server speaks {}, worker {}", t.wire_version, w.wire_version),
-        ));
-    }
-    if h.worker.0 >= side.workers {
+    if h.worker.0 >= side.peers {
         return Err((
             RefuseCode::WorkerId,
-            format!("worker id {} is out of range: the server has workers 0..{}", h.worker.0, side.workers),
+            format!("worker id {} is out of range: the server has workers 0..{}", h.worker.0, side.peers),
         ));
     }
-    if w.protocol != t.protocol {
+    let key = match (side.secret, h.auth) {
+        (Some(_), false) => {
+            return Err((
+                RefuseCode::AuthMode,
+                format!("server requires authentication but worker {} has no shared secret", h.worker.0),
+            ));
+        }
+        (None, true) => {
+            return Err((
+                RefuseCode::AuthMode,
+                format!("server runs without a shared secret but worker {} offers one", h.worker.0),
+            ));
+        }
+        (Some(s), true) => Some(s.worker_key(h.worker)),
+        (None, false) => None,
+    };
+    if let Some(k) = &key {
+        if !h.early_mac_ok(k) {
+            return Err((
+                RefuseCode::AuthFailed,
+                format!("authentication failed for worker {}: wrong shared secret", h.worker.0),
+            ));
+        }
+    }
+    Ok(key)
+}
+
+/// Checks an identified hello against the run: wire version, role, pinned settings.
+fn check_terms(h: &ClientHello, side: &ServerSide<'_>) -> Result<(), (RefuseCode, String)> {
+    let wire = syncopate::wire::WIRE_VERSION;
+    if h.wire_version != wire {
         return Err((
-            RefuseCode::Protocol,
-            format!("protocol mismatch: server runs {}, worker {} runs {}", t.protocol, h.worker.0, w.protocol),
+            RefuseCode::WireVersion,
+            format!("wire version mismatch: server speaks {wire}, worker {}", h.wire_version),
         ));
     }
-    if w.knobs != t.knobs {
+    if h.role != side.role {
         return Err((
-            RefuseCode::Knobs,
-            format!("protocol settings differ: server has {}, worker {} has {}", t.knobs, h.worker.0, w.knobs),
-        ));
-    }
-    if w.dim != t.dim || w.scalar_bytes != t.scalar_bytes {
-        return Err((
-            RefuseCode::ModelShape,
+            RefuseCode::Role,
             format!(
-                "model shape mismatch: server has {} parameters of {} bytes, worker {} has {} of {} bytes",
-                t.dim, t.scalar_bytes, h.worker.0, w.dim, w.scalar_bytes
+                "this server takes only {}s, but a {} connected as {}",
+                side.role.name(),
+                h.role.name(),
+                h.worker.0
             ),
         ));
     }
-    match (side.secret.is_some(), h.auth) {
-        (true, false) => Err((
-            RefuseCode::AuthMode,
-            format!("server requires authentication but worker {} has no shared secret", h.worker.0),
-        )),
-        (false, true) => Err((
-            RefuseCode::AuthMode,
-            format!("server runs without a shared secret but worker {} offers one", h.worker.0),
-        )),
-        _ => Ok(()),
+    if h.want != [0; KEY_LEN] && h.want != side.digest {
+        return Err((
+            RefuseCode::Knobs,
+            format!(
+                "run settings differ: worker {} expects other settings than the server's ({})",
+                h.worker.0, side.label
+            ),
+        ));
     }
+    Ok(())
 }
 
-/// Runs the server side over a fresh connection. `assign_epoch` is called once the worker is
-/// authenticated enough to be worth an epoch (after its hello checks out). On success the
-/// reader and writer are switched to session mode (MACs, `session_max_len`).
+/// Runs the server side over a fresh connection. The client hello must arrive by
+/// `deadlines.hello`, the rest by `deadlines.done`. `admit` is called once the hello is
+/// identified (its early MAC verified) and compatible; it returns the worker's epoch, or a
+/// refusal (a replayed hello, a connection evicted meanwhile). On success the reader and
+/// writer are switched to session mode (MACs, `session_max_len`).
 pub fn server_handshake<W: Write>(
     reader: &mut FrameReader,
     writer: &mut FrameWriter<W>,
     side: &ServerSide<'_>,
-    deadline: Instant,
+    deadlines: Deadlines,
     session_max_len: usize,
-    assign_epoch: impl FnOnce(WorkerId) -> u32,
+    admit: impl FnOnce(&ClientHello) -> Result<u32, (RefuseCode, String)>,
 ) -> Result<Session, HandshakeError> {
-    reader.set_hard_deadline(Some(deadline));
+    reader.set_hard_deadline(Some(deadlines.done.min(deadlines.hello)));
     reader.set_max_len(HANDSHAKE_MAX_LEN);
-    writer.set_max_len(HANDSHAKE_MAX_LEN);
+    writer.set_max_len(SERVER_HANDSHAKE_MAX_LEN);
     let mut buf = Vec::with_capacity(HANDSHAKE_MAX_LEN);
-    let hello = match read_message(reader, &mut buf, deadline) {
+    let hello = match read_message(reader, &mut buf, deadlines.hello) {
         Ok(Message::ClientHello(h)) => h,
         Ok(_) => return Err(refuse(writer, RefuseCode::Malformed, "expected a client hello".into(), None)),
         Err(HandshakeError::Refusing { code, message, worker }) => return Err(refuse(writer, code, message, worker)),
         Err(e) => return Err(e),
     };
+    reader.set_hard_deadline(Some(deadlines.done));
     let ch_bytes = buf.get(super::frame::SEQ_BYTES..).unwrap_or_default().to_vec();
-    if let Err((code, message)) = check_hello(&hello, side) {
-        return Err(refuse(writer, code, message, Some(hello.worker)));
-    }
+    let key = match check_identity(&hello, side) {
+        Ok(key) => key,
+        Err((code, message)) => return Err(refuse(writer, code, message, Some(hello.worker))),
+    };
     let worker = hello.worker;
-    let key = side.secret.map(|s| s.worker_key(worker));
-    let epoch = assign_epoch(worker);
+    let epoch = match check_terms(&hello, side).and_then(|()| admit(&hello)) {
+        Ok(epoch) => epoch,
+        Err((code, message)) => return Err(refuse(writer, code, message, Some(worker))),
+    };
     let mut sh = ServerHello {
         tcp_version: TCP_VERSION,
-        wire_version: side.terms.wire_version,
+        wire_version: syncopate::wire::WIRE_VERSION,
         auth: key.is_some(),
         nonce: nonce()?,
         server_id: side.server_id,
         epoch,
         version: side.version,
+        settings: side.settings.to_vec(),
         mac: [0; KEY_LEN],
     };
     let sh_unsigned = Message::server_hello_unsigned(&sh);
@@ -587,7 +684,7 @@ pub fn server_handshake<W: Write>(
     }
     let sh_bytes = Message::ServerHello(sh.clone()).encode();
     writer.write_frame(&sh_bytes)?;
-    let mac_c = match read_message(reader, &mut buf, deadline) {
+    let mac_c = match read_message(reader, &mut buf, deadlines.done) {
         Ok(Message::ClientAuth(mac)) => mac,
         Ok(_) => return Err(refuse(writer, RefuseCode::Malformed, "expected client auth".into(), Some(worker))),
         Err(HandshakeError::Refusing { code, message, .. }) => {
@@ -620,25 +717,35 @@ pub fn server_handshake<W: Write>(
     Ok(Session { worker, epoch, server_id: side.server_id, version: side.version })
 }
 
-/// Runs the worker side over a fresh connection. On success the reader and writer are
-/// switched to session mode.
+/// Who the worker side of a handshake is.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientSide<'a> {
+    /// The worker's id.
+    pub worker: WorkerId,
+    /// A worker or a group server.
+    pub role: Role,
+    /// The worker's key, if the server authenticates.
+    pub key: Option<&'a WorkerKey>,
+    /// The settings the worker insists on (their digest), if any.
+    pub want: Option<[u8; KEY_LEN]>,
+}
+
+/// Runs the worker side over a fresh connection and returns the session with the run's
+/// settings. On success the reader and writer are switched to session mode.
 pub fn client_handshake<W: Write>(
     reader: &mut FrameReader,
     writer: &mut FrameWriter<W>,
-    terms: &Terms,
-    worker: WorkerId,
-    key: Option<&WorkerKey>,
+    me: &ClientSide<'_>,
     deadline: Instant,
-    session_max_len: usize,
-) -> Result<Session, HandshakeError> {
+) -> Result<(Session, RunSettings), HandshakeError> {
+    let (worker, key) = (me.worker, me.key);
     reader.set_hard_deadline(Some(deadline));
-    reader.set_max_len(HANDSHAKE_MAX_LEN);
+    reader.set_max_len(SERVER_HANDSHAKE_MAX_LEN);
     writer.set_max_len(HANDSHAKE_MAX_LEN);
-    let hello =
-        ClientHello { tcp_version: TCP_VERSION, auth: key.is_some(), worker, nonce: nonce()?, terms: terms.clone() };
+    let hello = ClientHello::new(worker, me.role, me.want, key)?;
     let ch_bytes = Message::ClientHello(hello.clone()).encode();
     writer.write_frame(&ch_bytes)?;
-    let mut buf = Vec::with_capacity(HANDSHAKE_MAX_LEN);
+    let mut buf = Vec::with_capacity(SERVER_HANDSHAKE_MAX_LEN);
     let sh = match read_message(reader, &mut buf, deadline) {
         Ok(Message::ServerHello(sh)) => sh,
         Ok(_) => return Err(refuse(writer, RefuseCode::Malformed, "expected a server hello".into(), Some(worker))),
@@ -648,10 +755,11 @@ pub fn client_handshake<W: Write>(
         Err(e) => return Err(e),
     };
     let sh_bytes = buf.get(super::frame::SEQ_BYTES..).unwrap_or_default().to_vec();
-    if sh.tcp_version != TCP_VERSION || sh.wire_version != terms.wire_version {
+    let wire = syncopate::wire::WIRE_VERSION;
+    if sh.tcp_version != TCP_VERSION || sh.wire_version != wire {
         let message = format!(
-            "version mismatch: server speaks transport {} wire {}, worker transport {TCP_VERSION} wire {}",
-            sh.tcp_version, sh.wire_version, terms.wire_version
+            "version mismatch: server speaks transport {} wire {}, worker transport {TCP_VERSION} wire {wire}",
+            sh.tcp_version, sh.wire_version
         );
         return Err(refuse(writer, RefuseCode::WireVersion, message, Some(worker)));
     }
@@ -672,6 +780,19 @@ pub fn client_handshake<W: Write>(
         }
         mac_c = k.transcript_mac(LABEL_CLIENT, &[&ch_bytes, &sh_bytes]);
     }
+    // Only now, with the settings authenticated, are they worth reading.
+    let settings = match RunSettings::decode(&sh.settings) {
+        Ok(s) => s,
+        Err(e) => return Err(refuse(writer, RefuseCode::Malformed, e, Some(worker))),
+    };
+    if me.want.is_some_and(|w| w != super::settings::digest(&sh.settings)) {
+        let message = format!("the server runs other settings than this worker expects: {}", settings.label());
+        return Err(refuse(writer, RefuseCode::Knobs, message, Some(worker)));
+    }
+    let session_max_len = match settings.dim() {
+        Ok(dim) => super::session_max_len(dim),
+        Err(e) => return Err(refuse(writer, RefuseCode::ModelShape, e, Some(worker))),
+    };
     let ca_bytes = Message::ClientAuth(mac_c).encode();
     writer.write_frame(&ca_bytes)?;
     match read_message(reader, &mut buf, deadline) {
@@ -697,35 +818,43 @@ pub fn client_handshake<W: Write>(
     reader.set_hard_deadline(None);
     reader.set_max_len(session_max_len);
     writer.set_max_len(session_max_len);
-    Ok(Session { worker, epoch: sh.epoch, server_id: sh.server_id, version: sh.version })
+    let session = Session { worker, epoch: sh.epoch, server_id: sh.server_id, version: sh.version };
+    Ok((session, settings))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol_spec::ProtocolName;
+    use crate::tcp::auth::Secret;
+    use crate::tcp::settings::{ProtocolSettings, digest};
 
-    fn terms() -> Terms {
-        Terms { wire_version: 1, protocol: "bsp".into(), knobs: "Bsp(..)".into(), dim: 650, scalar_bytes: 4 }
+    fn settings() -> Vec<u8> {
+        RunSettings::new(ProtocolSettings::named(ProtocolName::Bsp, 2, 0.5), 650).encode().unwrap()
     }
 
     #[test]
     fn messages_round_trip_and_reject_trailing_bytes() {
         let msgs = [
             Message::ClientHello(ClientHello {
-                tcp_version: 1,
+                tcp_version: TCP_VERSION,
+                wire_version: 1,
                 auth: true,
+                role: Role::Group,
                 worker: WorkerId(3),
                 nonce: [9; 32],
-                terms: terms(),
+                want: [4; 32],
+                early_mac: [8; 16],
             }),
             Message::ServerHello(ServerHello {
-                tcp_version: 1,
+                tcp_version: TCP_VERSION,
                 wire_version: 1,
                 auth: false,
                 nonce: [1; 32],
                 server_id: 77,
                 epoch: 4,
                 version: 12,
+                settings: settings(),
                 mac: [2; 32],
             }),
             Message::ClientAuth([5; 32]),
@@ -734,7 +863,7 @@ mod tests {
         ];
         for m in msgs {
             let bytes = m.encode();
-            assert!(bytes.len() + 8 <= HANDSHAKE_MAX_LEN);
+            assert!(bytes.len() + 8 <= SERVER_HANDSHAKE_MAX_LEN);
             assert_eq!(Message::decode(&bytes), Some(m.clone()));
             let mut longer = bytes.clone();
             longer.push(0);
@@ -743,30 +872,51 @@ mod tests {
                 assert_eq!(Message::decode(&bytes[..cut]), None);
             }
         }
+        let hello = Message::ClientHello(ClientHello::new(WorkerId(0), Role::Worker, None, None).unwrap());
+        assert_eq!(hello.encode().len(), 94, "adapters/transport/TCP.md §5 gives this length");
+        assert!(hello.encode().len() + 8 <= HANDSHAKE_MAX_LEN);
         assert_eq!(Message::decode(b"GET / HTTP/1.1\r\n"), None);
     }
 
     #[test]
-    fn hello_checks_name_both_sides() {
-        let t = terms();
-        let side = ServerSide { terms: &t, workers: 2, secret: None, server_id: 1, version: 0 };
-        let mut h = ClientHello { tcp_version: 1, auth: false, worker: WorkerId(1), nonce: [0; 32], terms: terms() };
-        assert!(check_hello(&h, &side).is_ok());
-        h.terms.protocol = "asp".into();
-        let (code, msg) = check_hello(&h, &side).unwrap_err();
-        assert_eq!(code, RefuseCode::Protocol);
-        assert!(msg.contains("server runs bsp") && msg.contains("runs asp"), "{msg}");
-        h.terms = terms();
-        h.terms.dim = 10;
-        assert_eq!(check_hello(&h, &side).unwrap_err().0, RefuseCode::ModelShape);
-        h.terms = terms();
-        h.terms.wire_version = 9;
-        assert_eq!(check_hello(&h, &side).unwrap_err().0, RefuseCode::WireVersion);
-        h.terms = terms();
+    fn hello_checks_name_what_is_wrong() {
+        let s = settings();
+        let secret = Secret::new(b"sixteen bytes at least").unwrap();
+        let side = ServerSide {
+            settings: &s,
+            digest: digest(&s),
+            label: "bsp",
+            peers: 2,
+            role: Role::Worker,
+            secret: Some(&secret),
+            server_id: 1,
+            version: 0,
+        };
+        let key = secret.worker_key(WorkerId(1));
+        let good = ClientHello::new(WorkerId(1), Role::Worker, Some(digest(&s)), Some(&key)).unwrap();
+        assert!(check_identity(&good, &side).unwrap().is_some());
+        assert!(check_terms(&good, &side).is_ok());
+        let mut h = good.clone();
+        h.nonce[0] ^= 1;
+        assert_eq!(check_identity(&h, &side).unwrap_err().0, RefuseCode::AuthFailed, "the early MAC covers the nonce");
+        let other = Secret::new(b"another secret of sixteen").unwrap();
+        let wrong = ClientHello::new(WorkerId(1), Role::Worker, None, Some(&other.worker_key(WorkerId(1)))).unwrap();
+        assert_eq!(check_identity(&wrong, &side).unwrap_err().0, RefuseCode::AuthFailed);
+        let mut h = good.clone();
         h.worker = WorkerId(2);
-        assert_eq!(check_hello(&h, &side).unwrap_err().0, RefuseCode::WorkerId);
-        h.worker = WorkerId(0);
-        h.auth = true;
-        assert_eq!(check_hello(&h, &side).unwrap_err().0, RefuseCode::AuthMode);
+        assert_eq!(check_identity(&h, &side).unwrap_err().0, RefuseCode::WorkerId);
+        let h = ClientHello::new(WorkerId(0), Role::Worker, None, None).unwrap();
+        assert_eq!(check_identity(&h, &side).unwrap_err().0, RefuseCode::AuthMode);
+        let mut h = good.clone();
+        h.want = [1; 32];
+        let (code, msg) = check_terms(&h, &side).unwrap_err();
+        assert_eq!(code, RefuseCode::Knobs);
+        assert!(msg.contains("run settings differ") && msg.contains("bsp"), "{msg}");
+        let mut h = good.clone();
+        h.role = Role::Group;
+        assert_eq!(check_terms(&h, &side).unwrap_err().0, RefuseCode::Role);
+        let mut h = good;
+        h.wire_version = 99;
+        assert_eq!(check_terms(&h, &side).unwrap_err().0, RefuseCode::WireVersion);
     }
 }

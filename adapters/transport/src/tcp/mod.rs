@@ -2,12 +2,16 @@
 //!
 //! - [`frame`]: length-prefixed frames with sequence numbers, MACs, size limits and
 //!   absolute per-frame deadlines (a peer that trickles bytes is cut off).
-//! - [`handshake`]: transport and wire versions, protocol and settings, model shape and
-//!   worker id are checked, and with a shared secret both sides authenticate each other
-//!   (HMAC-SHA256 over the transcript, per-worker keys from HKDF); a mismatch is refused
-//!   with one clear line on both sides.
+//! - [`handshake`]: transport and wire versions, worker id and role are checked, the server
+//!   sends the run's settings, and with a shared secret both sides authenticate each other
+//!   (an early MAC in the first frame, then HMAC-SHA256 over the transcript, per-worker keys
+//!   from HKDF); a mismatch is refused with one clear line on both sides.
+//! - [`settings`]: the run's settings (protocol, knobs, model shape, workload) the server
+//!   announces in its handshake, in a canonical encoding; workers need nothing else.
 //! - [`auth`]: the secret, key derivation and MACs.
-//! - [`server`]: the server: an accept thread, a reader and a writer thread per connection
+//! - [`server`]: the server: an accept thread that admits connections (unverified ones in a
+//!   bounded table, evicted oldest-first, so strangers cannot keep a worker out), a reader
+//!   and a writer thread per connection
 //!   (bounded queues: a worker that stops reading is dropped, never waited for), and one
 //!   thread that drives the protocol's [`AnyServer`](syncopate::AnyServer). A lost
 //!   connection is a lost worker for the protocol; a worker that reconnects rejoins with a
@@ -31,13 +35,15 @@ pub mod frame;
 pub mod group;
 pub mod handshake;
 pub mod server;
+pub mod settings;
 pub mod worker;
 
 pub use auth::{Secret, WorkerKey};
 pub use frame::FrameTimeout;
 pub use group::{GroupOptions, run_group};
 pub use server::{Driven, Note, RunPlan, ServerHandle, ServerOptions, ServerReport, StopReason, TcpServer, Uplink};
-pub use worker::{Backoff, WorkerOptions, WorkerReport, run_worker};
+pub use settings::{DataSource, ProtocolSettings, RunSettings, WorkloadSettings};
+pub use worker::{Backoff, WorkerJob, WorkerOptions, WorkerReport, run_worker};
 
 use core::fmt;
 use std::time::Instant as StdInstant;

@@ -17,18 +17,30 @@
 //! `handle_worker_lost`. What happens next is the protocol's business: BSP waits (and
 //! reports `Stalled` naming the worker), asynchronous and backup protocols go on.
 //!
+//! **Admission.** A connection is *unverified* until its first frame, the client hello, is
+//! in and its early MAC checks out (with a secret; without one, until the hello is well
+//! formed). Unverified connections live in a table of at most `max_unauthenticated`
+//! entries with a short deadline for the hello (`hello_timeout`). A new connection is never
+//! refused for want of room: it evicts the oldest unverified connection of the source
+//! address holding the most entries. A slow-loris attacker without the secret therefore only
+//! churns its own connections, while a worker, which sends its hello at once, leaves the
+//! table within a round trip. Verified connections count toward `max_connections`; a hello
+//! seen before (a replayed nonce) is refused. `adapters/transport/TCP.md` states the threat model.
+//!
 //! Checkpoints (if configured) are written after every `every`-th model update, before the
 //! new model is sent to anyone, and at the end of a run.
 
 use super::auth::Secret;
 use super::checkpoint;
 use super::frame::{FrameError, FrameReader, FrameTimeout, FrameWriter};
-use super::handshake::{self, HandshakeError, RefuseCode, ServerSide, Terms};
+use super::handshake::{self, ClientHello, Deadlines, HandshakeError, RefuseCode, Role, ServerSide};
+use super::settings::RunSettings;
 use super::{TcpError, at, since};
-use core::net::SocketAddr;
+use core::net::{IpAddr, SocketAddr};
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use core::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError, bounded};
+use std::collections::{HashSet, VecDeque};
 use std::io::BufWriter;
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
@@ -88,21 +100,24 @@ pub struct Uplink {
 /// Settings of a [`TcpServer`].
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
-    /// The protocol and its knobs.
-    pub protocol: ProtocolConfig,
-    /// The model dimension.
-    pub dim: usize,
+    /// The run's settings, announced to every worker in the handshake; the server runs
+    /// [`RunSettings::server_config`].
+    pub settings: RunSettings,
     /// The shared secret; `None` runs unauthenticated (loopback only unless `insecure`).
     pub secret: Option<Secret>,
     /// Allow listening beyond loopback without a secret.
     pub insecure: bool,
     /// The absolute deadline of a handshake, from the connection's accept.
     pub handshake_timeout: Duration,
+    /// The deadline of the first frame (the client hello), from the connection's accept: a
+    /// worker sends it at once.
+    pub hello_timeout: Duration,
     /// The deadline of each frame, from its first byte.
     pub frame_timeout: FrameTimeout,
-    /// The most connections at once (handshaking or in session).
+    /// The most verified connections at once (past their hello, or in session).
     pub max_connections: usize,
-    /// The most connections still in the handshake.
+    /// The most unverified connections (hello not yet in and verified); a new connection
+    /// evicts one when the table is full.
     pub max_unauthenticated: usize,
     /// Frames queued per connection before the worker counts as not reading.
     pub send_queue: usize,
@@ -113,19 +128,19 @@ pub struct ServerOptions {
 }
 
 impl ServerOptions {
-    /// Defaults for `protocol` on a model of `dim`: no secret, 5 s handshakes, 10 s frames,
-    /// 64 queued frames, checkpoints off.
-    pub fn new(protocol: ProtocolConfig, dim: usize) -> Self {
-        let n = protocol.workers() as usize;
+    /// Defaults for a run of `settings`: no secret, hellos within 1 s, handshakes within 5 s,
+    /// 10 s frames, 64 queued frames, checkpoints off.
+    pub fn new(settings: RunSettings) -> Self {
+        let n = settings.peers().unwrap_or(settings.protocol.workers) as usize;
         Self {
-            protocol,
-            dim,
+            settings,
             secret: None,
             insecure: false,
             handshake_timeout: Duration::from_secs(5),
+            hello_timeout: Duration::from_secs(1),
             frame_timeout: FrameTimeout::default(),
             max_connections: 2 * n + 16,
-            max_unauthenticated: n + 16,
+            max_unauthenticated: (4 * n + 64).min(1024),
             send_queue: 64,
             write_timeout: Duration::from_secs(10),
             checkpoint: None,
@@ -168,6 +183,9 @@ pub enum Note<'a> {
     Log(&'a str),
     /// An event of the protocol.
     Event(&'a ServerEvent),
+    /// Every worker has connected at least once: the run's clock starts (wall time and
+    /// time to target exclude the wait before).
+    Started,
     /// The model changed.
     Model {
         /// Its version.
@@ -188,8 +206,14 @@ pub struct ServerReport {
     pub params: Vec<f32>,
     /// The protocol's counters.
     pub stats: ServerStats,
-    /// Seconds the run took.
+    /// Seconds the run took, from the moment every worker had connected (or, if some never
+    /// did, from the start).
     pub wall_s: f64,
+    /// Seconds from the start until every worker had connected (`None` if some never did).
+    pub connect_wait_s: Option<f64>,
+    /// Per worker, in id order: seconds from a model's dispatch to the worker until its next
+    /// gradient arrived, summed (compute time as the server sees it, network included).
+    pub busy_s: Vec<f64>,
     /// Staleness of applied contributions: sum, count, max.
     pub staleness: (u64, u64, u64),
     /// `Stalled` events.
@@ -206,13 +230,15 @@ pub struct ServerReport {
     pub lost: u64,
     /// Handshakes refused or failed.
     pub handshake_failures: u64,
+    /// Unverified connections evicted to make room for new ones.
+    pub evicted: u64,
     /// Checkpoints written.
     pub checkpoints: u64,
 }
 
 #[derive(Debug, Default)]
 struct Control {
-    stop: AtomicBool,
+    stop: Arc<AtomicBool>,
     crash: AtomicBool,
 }
 
@@ -224,6 +250,11 @@ impl ServerHandle {
     /// Ends the run: workers are told to stop, a final checkpoint is written.
     pub fn stop(&self) {
         self.0.stop.store(true, Ordering::SeqCst);
+    }
+
+    /// The flag [`stop`](Self::stop) sets, for a signal handler to set instead.
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.0.stop)
     }
 
     /// Ends the run abruptly, as if the process died: connections are cut, nothing is sent,
@@ -238,7 +269,35 @@ impl ServerHandle {
 pub struct TcpServer {
     listener: TcpListener,
     options: ServerOptions,
+    announce: Announce,
     control: Arc<Control>,
+}
+
+/// What the server announces and runs, derived once from its settings.
+#[derive(Clone, Debug)]
+struct Announce {
+    /// The canonical bytes of the settings.
+    bytes: Vec<u8>,
+    /// Their SHA-256.
+    digest: [u8; 32],
+    /// One line describing them.
+    label: String,
+    /// The configuration this server runs.
+    config: ProtocolConfig,
+    /// The model dimension.
+    dim: usize,
+    /// The role of every peer.
+    role: Role,
+}
+
+impl Announce {
+    fn new(settings: &RunSettings) -> Result<Self, String> {
+        let bytes = settings.encode()?;
+        let config = settings.server_config()?;
+        let dim = settings.dim()?;
+        let role = if settings.remote_groups { Role::Group } else { Role::Worker };
+        Ok(Self { digest: super::settings::digest(&bytes), bytes, label: settings.label(), config, dim, role })
+    }
 }
 
 enum Inbound {
@@ -286,13 +345,18 @@ struct Conn {
 
 struct Shared {
     options: ServerOptions,
-    terms: Terms,
+    announce: Announce,
+    unverified: Mutex<Unverified>,
+    /// Nonces of verified hellos (bounded), so a recorded hello cannot be replayed.
+    seen: Mutex<SeenNonces>,
+    evictions: AtomicU64,
+    /// Connection threads alive (bounds the threads and sockets an attack can pin).
+    threads: AtomicUsize,
     server_id: u64,
     version: AtomicU64,
     epochs: Mutex<Vec<u32>>,
     next_conn: AtomicU64,
     connections: AtomicUsize,
-    unauthenticated: AtomicUsize,
     failures: AtomicU64,
     closing: AtomicBool,
     session_max_len: usize,
@@ -305,6 +369,105 @@ impl Drop for Slot<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// One unverified connection.
+#[derive(Debug)]
+struct Pending {
+    id: u64,
+    source: IpAddr,
+    stream: TcpStream,
+}
+
+/// The unverified connections, oldest first.
+#[derive(Debug, Default)]
+struct Unverified {
+    next: u64,
+    entries: VecDeque<Pending>,
+}
+
+impl Unverified {
+    /// Admits a connection from `source`; when `cap` are already waiting, evicts the oldest
+    /// of the source that holds the most (returned, to be cut).
+    fn admit(&mut self, source: IpAddr, stream: TcpStream, cap: usize) -> (u64, Option<Pending>) {
+        let mut evicted = None;
+        if self.entries.len() >= cap.max(1) {
+            let mut counts: Vec<(IpAddr, usize)> = Vec::new();
+            for e in &self.entries {
+                match counts.iter_mut().find(|(ip, _)| *ip == e.source) {
+                    Some((_, c)) => *c += 1,
+                    None => counts.push((e.source, 1)),
+                }
+            }
+            // The largest count; the first such source in age order on a tie.
+            let heaviest = counts.iter().fold(None::<(IpAddr, usize)>, |best, &(ip, c)| match best {
+                Some((_, b)) if b >= c => best,
+                _ => Some((ip, c)),
+            });
+            if let Some((ip, _)) = heaviest {
+                if let Some(i) = self.entries.iter().position(|e| e.source == ip) {
+                    evicted = self.entries.remove(i);
+                }
+            }
+        }
+        let id = self.next;
+        self.next += 1;
+        self.entries.push_back(Pending { id, source, stream });
+        (id, evicted)
+    }
+
+    /// Takes connection `id` out of the table; `false` if it is not there (evicted).
+    fn leave(&mut self, id: u64) -> bool {
+        match self.entries.iter().position(|e| e.id == id) {
+            Some(i) => self.entries.remove(i).is_some(),
+            None => false,
+        }
+    }
+}
+
+/// A bounded set of recently seen hello nonces.
+#[derive(Debug, Default)]
+struct SeenNonces {
+    set: HashSet<[u8; 32]>,
+    order: VecDeque<[u8; 32]>,
+}
+
+impl SeenNonces {
+    const CAP: usize = 1 << 16;
+
+    /// Records `nonce`; `false` if it was seen before.
+    fn fresh(&mut self, nonce: [u8; 32]) -> bool {
+        if !self.set.insert(nonce) {
+            return false;
+        }
+        self.order.push_back(nonce);
+        if self.order.len() > Self::CAP {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+        true
+    }
+}
+
+/// The kernel's queue of connections not yet accepted: deep, so a burst of attacker
+/// connections does not fill it and make the kernel drop a worker's connection attempt
+/// (which the worker's TCP stack would only retry after a second or more).
+const LISTEN_BACKLOG: i32 = 4096;
+
+/// A listener on the first of `addrs` that binds, with a deep backlog.
+fn listen(addrs: &[SocketAddr]) -> std::io::Result<TcpListener> {
+    let mut last = std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, "no address to listen on");
+    for a in addrs {
+        let socket = socket2::Socket::new(socket2::Domain::for_address(*a), socket2::Type::STREAM, None)?;
+        #[cfg(unix)]
+        socket.set_reuse_address(true)?;
+        match socket.bind(&(*a).into()).and_then(|()| socket.listen(LISTEN_BACKLOG)) {
+            Ok(()) => return Ok(socket.into()),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 fn is_loopback(addr: &SocketAddr) -> bool {
@@ -327,12 +490,9 @@ impl TcpServer {
                 super::auth::SECRET_ENV
             )));
         }
-        if options.dim == 0 {
-            return Err(TcpError("the model has no parameters".into()));
-        }
-        let listener =
-            TcpListener::bind(addrs.as_slice()).map_err(|e| TcpError(format!("cannot listen on {addr}: {e}")))?;
-        Ok(Self { listener, options, control: Arc::default() })
+        let announce = Announce::new(&options.settings).map_err(|e| TcpError(format!("invalid run settings: {e}")))?;
+        let listener = listen(&addrs).map_err(|e| TcpError(format!("cannot listen on {addr}: {e}")))?;
+        Ok(Self { listener, options, announce, control: Arc::default() })
     }
 
     /// The address the server listens on (with the real port when bound to port 0).
@@ -343,6 +503,16 @@ impl TcpServer {
     /// The settings the server was bound with.
     pub fn options(&self) -> &ServerOptions {
         &self.options
+    }
+
+    /// The configuration the server runs ([`RunSettings::server_config`]).
+    pub fn config(&self) -> &ProtocolConfig {
+        &self.announce.config
+    }
+
+    /// The model dimension.
+    pub fn dim(&self) -> usize {
+        self.announce.dim
     }
 
     /// A handle to stop the run from another thread.
@@ -359,19 +529,20 @@ impl TcpServer {
         plan: &RunPlan,
         note: &mut dyn FnMut(Note<'_>),
     ) -> Result<ServerReport, TcpError> {
-        let dim = self.options.dim;
+        let dim = self.announce.dim;
         if params.len() != dim {
             return Err(TcpError(format!("the model has {} parameters, the server expects {dim}", params.len())));
         }
-        let scratch = vec![0.0f32; self.options.protocol.server_scratch_len(dim)];
-        let spare = vec![0.0f32; self.options.protocol.spare_accumulator_len(dim)];
-        let server = AnyServer::resume(&self.options.protocol, params, scratch, version)
+        let config = self.announce.config;
+        let scratch = vec![0.0f32; config.server_scratch_len(dim)];
+        let spare = vec![0.0f32; config.spare_accumulator_len(dim)];
+        let server = AnyServer::resume(&config, params, scratch, version)
             .and_then(|s| s.with_spare_accumulator(spare))
             .map_err(|e| TcpError(format!("invalid protocol settings: {e}")))?;
         self.drive(server, None, plan, note)
     }
 
-    /// Serves `server` (built for `options.protocol` on a model of `options.dim`) until the
+    /// Serves `server` (built for [`config`](Self::config) on a model of [`dim`](Self::dim)) until the
     /// plan says stop, exactly as [`run`](Self::run) does, and, with an `uplink`, carries its
     /// [`Driven::poll_upstream`] messages to the upstream server and the replies back to
     /// [`Driven::handle_upstream`]. The run then also ends when the upstream server says stop
@@ -384,8 +555,8 @@ impl TcpServer {
         plan: &RunPlan,
         note: &mut dyn FnMut(Note<'_>),
     ) -> Result<ServerReport, TcpError> {
-        let Self { listener, options, control } = self;
-        let dim = options.dim;
+        let Self { listener, options, announce, control } = self;
+        let dim = announce.dim;
         if server.params().len() != dim {
             return Err(TcpError(format!(
                 "the model has {} parameters, the server expects {dim}",
@@ -394,12 +565,16 @@ impl TcpServer {
         }
         let version = server.version();
         listener.set_nonblocking(true).map_err(|e| TcpError(format!("listener: {e}")))?;
-        let n = options.protocol.workers() as usize;
+        let n = announce.config.workers() as usize;
         let server_id = u64::from_le_bytes(
             super::auth::nonce().map_err(|e| TcpError(e.to_string()))?[..8].try_into().unwrap_or_default(),
         );
         let shared = Arc::new(Shared {
-            terms: Terms::new(&options.protocol, dim),
+            announce,
+            unverified: Mutex::default(),
+            seen: Mutex::default(),
+            evictions: AtomicU64::new(0),
+            threads: AtomicUsize::new(0),
             session_max_len: super::session_max_len(dim),
             options,
             server_id,
@@ -407,7 +582,6 @@ impl TcpServer {
             epochs: Mutex::new(vec![0; n]),
             next_conn: AtomicU64::new(0),
             connections: AtomicUsize::new(0),
-            unauthenticated: AtomicUsize::new(0),
             failures: AtomicU64::new(0),
             closing: AtomicBool::new(false),
         });
@@ -431,12 +605,17 @@ impl TcpServer {
             shared: Arc::clone(&shared),
             conns: (0..n).map(|_| None).collect(),
             epoch: StdInstant::now(),
+            started: None,
+            seen_worker: vec![false; n],
+            dispatched: vec![None; n],
             report: ServerReport {
                 reason: StopReason::Budget,
                 version,
                 params: Vec::new(),
                 stats: ServerStats::default(),
                 wall_s: 0.0,
+                connect_wait_s: None,
+                busy_s: vec![0.0; n],
                 staleness: (0, 0, 0),
                 stalls: 0,
                 last_stall: None,
@@ -445,6 +624,7 @@ impl TcpServer {
                 sessions: 0,
                 lost: 0,
                 handshake_failures: 0,
+                evicted: 0,
                 checkpoints: 0,
             },
             limits: Limits::for_model(dim),
@@ -463,32 +643,63 @@ impl TcpServer {
         core.report.version = core.server.version();
         core.report.params = core.server.params().to_vec();
         core.report.stats = *core.server.stats();
-        core.report.wall_s = core.epoch.elapsed().as_secs_f64();
+        core.report.wall_s = core.started.unwrap_or(core.epoch).elapsed().as_secs_f64();
+        core.report.connect_wait_s = core.started.map(|t| t.duration_since(core.epoch).as_secs_f64());
+        core.report.evicted = shared.evictions.load(Ordering::SeqCst);
         Ok(core.report)
     }
 }
 
+/// How long the accept thread pauses when too many connection threads are alive; the
+/// kernel's backlog holds new connections meanwhile.
+const THREAD_PRESSURE_PAUSE: Duration = Duration::from_millis(2);
+
+/// Stack size of a connection thread: it holds buffers on the heap only.
+const CONNECTION_STACK: usize = 256 * 1024;
+
 fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, in_tx: &Sender<Inbound>) {
+    let opts = &shared.options;
+    // Evicted connections' threads take a moment to notice; beyond this many live threads
+    // the accept thread waits for them rather than pile up more.
+    let max_threads = opts.max_unauthenticated.saturating_mul(2).saturating_add(opts.max_connections);
     while !shared.closing.load(Ordering::SeqCst) {
+        if shared.threads.load(Ordering::SeqCst) >= max_threads {
+            thread::sleep(THREAD_PRESSURE_PAUSE);
+            continue;
+        }
         match listener.accept() {
             Ok((stream, addr)) => {
-                let total = shared.connections.fetch_add(1, Ordering::SeqCst);
-                let unauth = shared.unauthenticated.fetch_add(1, Ordering::SeqCst);
-                let over = total >= shared.options.max_connections || unauth >= shared.options.max_unauthenticated;
+                let Ok(handle) = stream.try_clone() else {
+                    continue;
+                };
+                let (pending, evicted) = shared
+                    .unverified
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .admit(addr.ip(), handle, opts.max_unauthenticated);
+                if let Some(victim) = evicted {
+                    let _ = victim.stream.shutdown(Shutdown::Both);
+                    let k = shared.evictions.fetch_add(1, Ordering::SeqCst);
+                    if k < 5 || k % 1000 == 0 {
+                        let _ = in_tx.send(Inbound::Log(format!(
+                            "unauthenticated connections table full: evicted the oldest from {} ({} evictions so far)",
+                            victim.source,
+                            k + 1
+                        )));
+                    }
+                }
+                shared.threads.fetch_add(1, Ordering::SeqCst);
                 let shared2 = Arc::clone(shared);
                 let tx = in_tx.clone();
-                let spawned = thread::Builder::new().name("syncopate-conn".into()).spawn(move || {
-                    let _total = Slot(&shared2.connections);
-                    let unauth = Slot(&shared2.unauthenticated);
-                    if over {
-                        refuse_busy(stream, &shared2, addr, &tx);
-                        return;
-                    }
-                    connection(stream, addr, &shared2, &tx, unauth);
-                });
+                let spawned = thread::Builder::new().name("syncopate-conn".into()).stack_size(CONNECTION_STACK).spawn(
+                    move || {
+                        let _alive = Slot(&shared2.threads);
+                        connection(stream, addr, pending, &shared2, &tx);
+                    },
+                );
                 if spawned.is_err() {
-                    shared.connections.fetch_sub(1, Ordering::SeqCst);
-                    shared.unauthenticated.fetch_sub(1, Ordering::SeqCst);
+                    shared.threads.fetch_sub(1, Ordering::SeqCst);
+                    shared.unverified.lock().unwrap_or_else(std::sync::PoisonError::into_inner).leave(pending);
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(5)),
@@ -506,17 +717,46 @@ fn log_failure(shared: &Shared, tx: &Sender<Inbound>, line: String) {
     }
 }
 
-fn refuse_busy(stream: TcpStream, shared: &Shared, addr: SocketAddr, tx: &Sender<Inbound>) {
-    let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
-    let mut w = FrameWriter::new(BufWriter::new(&stream), handshake::HANDSHAKE_MAX_LEN);
-    let msg =
-        handshake::Message::Refuse { code: RefuseCode::Busy, message: "server busy: too many connections".into() };
-    let _ = w.write_frame(&msg.encode());
-    let _ = stream.shutdown(Shutdown::Both);
-    log_failure(shared, tx, format!("refused connection from {addr}: too many connections"));
+/// Takes an unverified connection out of the table when its thread ends, whatever the
+/// outcome.
+struct LeaveTable<'a> {
+    shared: &'a Shared,
+    pending: u64,
 }
 
-fn connection(stream: TcpStream, addr: SocketAddr, shared: &Arc<Shared>, tx: &Sender<Inbound>, unauth: Slot<'_>) {
+impl Drop for LeaveTable<'_> {
+    fn drop(&mut self) {
+        self.shared.unverified.lock().unwrap_or_else(std::sync::PoisonError::into_inner).leave(self.pending);
+    }
+}
+
+/// The admission of a connection whose hello checked out: it leaves the unverified table
+/// (unless it was evicted meanwhile), takes a verified slot, its nonce must be new, and it
+/// gets its epoch.
+fn admit(shared: &Shared, pending: u64, hello: &ClientHello) -> Result<u32, (RefuseCode, String)> {
+    if !shared.unverified.lock().unwrap_or_else(std::sync::PoisonError::into_inner).leave(pending) {
+        return Err((RefuseCode::Busy, "server busy: the connection was evicted before its hello was read".into()));
+    }
+    if shared.options.secret.is_some()
+        && !shared.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner).fresh(hello.nonce)
+    {
+        return Err((RefuseCode::AuthFailed, format!("worker {}: replayed hello (nonce seen before)", hello.worker.0)));
+    }
+    let total = shared.connections.fetch_add(1, Ordering::SeqCst);
+    if total >= shared.options.max_connections {
+        shared.connections.fetch_sub(1, Ordering::SeqCst);
+        return Err((RefuseCode::Busy, "server busy: too many connections".into()));
+    }
+    let mut epochs = shared.epochs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    Ok(epochs.get_mut(hello.worker.index()).map_or(0, |e| {
+        let mine = *e;
+        *e = e.saturating_add(1);
+        mine
+    }))
+}
+
+fn connection(stream: TcpStream, addr: SocketAddr, pending: u64, shared: &Arc<Shared>, tx: &Sender<Inbound>) {
+    let table = LeaveTable { shared, pending };
     let opts = &shared.options;
     let _ = stream.set_nodelay(true);
     let _ = stream.set_write_timeout(Some(opts.write_timeout.min(opts.handshake_timeout)));
@@ -525,36 +765,40 @@ fn connection(stream: TcpStream, addr: SocketAddr, shared: &Arc<Shared>, tx: &Se
     };
     let mut reader = FrameReader::new(read_half, handshake::HANDSHAKE_MAX_LEN, opts.frame_timeout);
     let mut writer = FrameWriter::new(BufWriter::with_capacity(1 << 16, write_half), handshake::HANDSHAKE_MAX_LEN);
+    let a = &shared.announce;
     let side = ServerSide {
-        terms: &shared.terms,
-        workers: opts.protocol.workers(),
+        settings: &a.bytes,
+        digest: a.digest,
+        label: &a.label,
+        peers: a.config.workers(),
+        role: a.role,
         secret: opts.secret.as_ref(),
         server_id: shared.server_id,
         version: shared.version.load(Ordering::SeqCst),
     };
-    let deadline = StdInstant::now() + opts.handshake_timeout;
-    let assign = |w: WorkerId| {
-        let mut epochs = shared.epochs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        epochs.get_mut(w.index()).map_or(0, |e| {
-            let mine = *e;
-            *e = e.saturating_add(1);
-            mine
-        })
+    let now = StdInstant::now();
+    let deadlines =
+        Deadlines { hello: now + opts.hello_timeout.min(opts.handshake_timeout), done: now + opts.handshake_timeout };
+    let admitted = core::cell::Cell::new(false);
+    let result = handshake::server_handshake(&mut reader, &mut writer, &side, deadlines, shared.session_max_len, |h| {
+        let epoch = admit(shared, pending, h)?;
+        admitted.set(true);
+        Ok(epoch)
+    });
+    drop(table);
+    let _verified = admitted.get().then(|| Slot(&shared.connections));
+    let session = match result {
+        Ok(s) => s,
+        Err(e) => {
+            let who = match &e {
+                HandshakeError::Refusing { worker: Some(w), .. } => format!(" (worker {})", w.0),
+                _ => String::new(),
+            };
+            log_failure(shared, tx, format!("handshake with {addr}{who} failed: {e}"));
+            let _ = stream.shutdown(Shutdown::Both);
+            return;
+        }
     };
-    let session =
-        match handshake::server_handshake(&mut reader, &mut writer, &side, deadline, shared.session_max_len, assign) {
-            Ok(s) => s,
-            Err(e) => {
-                let who = match &e {
-                    HandshakeError::Refusing { worker: Some(w), .. } => format!(" (worker {})", w.0),
-                    _ => String::new(),
-                };
-                log_failure(shared, tx, format!("handshake with {addr}{who} failed: {e}"));
-                let _ = stream.shutdown(Shutdown::Both);
-                return;
-            }
-        };
-    drop(unauth);
     let _ = stream.set_write_timeout(Some(opts.write_timeout));
     // Only now, for an authenticated session: large socket buffers for large frames.
     if let Err(e) = super::frame::tune_stream(&stream, shared.session_max_len) {
@@ -624,6 +868,12 @@ struct Core<S> {
     shared: Arc<Shared>,
     conns: Vec<Option<Conn>>,
     epoch: StdInstant,
+    /// When every worker had connected at least once: the run's clock starts.
+    started: Option<StdInstant>,
+    /// Which workers have connected at least once.
+    seen_worker: Vec<bool>,
+    /// Per worker: when a model was sent that the worker has not answered with a gradient.
+    dispatched: Vec<Option<StdInstant>>,
     report: ServerReport,
     limits: Limits,
     checkpoint_due: bool,
@@ -732,6 +982,13 @@ impl<S: Driven> Core<S> {
             Inbound::Connected { conn, worker, epoch, addr, tx, stream, done } => {
                 self.report.sessions += 1;
                 Self::log(note, &format!("worker {} connected from {addr} (epoch {epoch})", worker.0));
+                if let Some(seen) = self.seen_worker.get_mut(worker.index()) {
+                    *seen = true;
+                }
+                if self.started.is_none() && self.seen_worker.iter().all(|s| *s) {
+                    self.started = Some(StdInstant::now());
+                    note(Note::Started);
+                }
                 let new = Conn { id: conn, tx, stream, done };
                 let old = self.conns.get_mut(worker.index()).and_then(|slot| slot.replace(new));
                 if let Some(old) = old {
@@ -746,6 +1003,12 @@ impl<S: Driven> Core<S> {
                     let now = since(self.epoch);
                     match wire::decode_to_server::<f32>(bytes, &self.limits) {
                         Ok(msg) => {
+                            if matches!(msg, ToServer::Grad { .. } | ToServer::Delta { .. }) {
+                                let sent = self.dispatched.get_mut(worker.index()).and_then(Option::take);
+                                if let (Some(t), Some(busy)) = (sent, self.report.busy_s.get_mut(worker.index())) {
+                                    *busy += t.elapsed().as_secs_f64();
+                                }
+                            }
                             if self.server.handle(now, worker, msg).is_err() {
                                 self.report.refused += 1;
                             }
@@ -812,6 +1075,9 @@ impl<S: Driven> Core<S> {
 
     fn lose(&mut self, worker: WorkerId, note: &mut dyn FnMut(Note<'_>)) {
         let _ = self.server.handle_worker_lost(since(self.epoch), worker);
+        if let Some(d) = self.dispatched.get_mut(worker.index()) {
+            *d = None;
+        }
         let _ = note;
     }
 
@@ -819,13 +1085,14 @@ impl<S: Driven> Core<S> {
     /// written if due, then messages handed to the writers.
     fn drain(&mut self, note: &mut dyn FnMut(Note<'_>)) {
         loop {
-            let mut outbox: Vec<(Recipient, Arc<Vec<u8>>)> = Vec::new();
+            let mut outbox: Vec<(Recipient, Arc<Vec<u8>>, bool)> = Vec::new();
             while let Some(out) = self.server.poll_output() {
                 match out {
                     ServerOutput::Send { to, msg } => {
                         let len = wire::encoded_len_to_worker(&msg);
+                        let model = matches!(msg, ToWorker::Model { .. });
                         match self.bufs.fill(len, |buf| wire::encode_to_worker(&msg, buf)) {
-                            Ok(bytes) => outbox.push((to, bytes)),
+                            Ok(bytes) => outbox.push((to, bytes, model)),
                             Err(e) => note(Note::Log(&format!("cannot encode a {} message: {e}", msg.kind_name()))),
                         }
                     }
@@ -862,7 +1129,8 @@ impl<S: Driven> Core<S> {
                 }
             }
             let mut dropped = Vec::new();
-            for (to, bytes) in outbox {
+            let now = StdInstant::now();
+            for (to, bytes, model) in outbox {
                 let targets: Vec<WorkerId> = match to {
                     Recipient::Worker(w) => vec![w],
                     Recipient::AllWorkers => {
@@ -874,7 +1142,13 @@ impl<S: Driven> Core<S> {
                         continue;
                     };
                     match conn.tx.try_send(Arc::clone(&bytes)) {
-                        Ok(()) => {}
+                        Ok(()) => {
+                            if model {
+                                if let Some(d) = self.dispatched.get_mut(w.index()) {
+                                    d.get_or_insert(now);
+                                }
+                            }
+                        }
                         Err(TrySendError::Full(_)) => dropped.push((w, "send queue full (the worker does not read)")),
                         Err(TrySendError::Disconnected(_)) => dropped.push((w, "writer gone")),
                     }
@@ -930,7 +1204,7 @@ impl<S: Driven> Core<S> {
 
     fn save_checkpoint(&mut self, note: &mut dyn FnMut(Note<'_>)) {
         if let Some((path, _)) = &self.shared.options.checkpoint {
-            let name = self.shared.options.protocol.name();
+            let name = self.shared.announce.config.name();
             match checkpoint::save(path, name, self.server.version(), self.server.params()) {
                 Ok(()) => self.report.checkpoints += 1,
                 Err(e) => note(Note::Log(&e.to_string())),

@@ -1,13 +1,23 @@
-//! The TCP worker: connect, handshake, drive the protocol's worker state machine with
-//! gradients from the caller, and reconnect with exponential backoff when the connection is
-//! lost. Every session starts a fresh state machine with the epoch the server assigned, so
-//! a reconnecting worker rejoins at the server's current model. A `Stop` from the server
-//! ends the run; a refusal the worker cannot fix by retrying (wrong secret, wrong version,
-//! protocol or model) ends it with an error.
+//! The TCP worker: connect, handshake (learning the run's settings from the server),
+//! drive the protocol's worker state machine with gradients from the caller, and reconnect
+//! with jittered exponential backoff when the connection is lost. Every session starts a
+//! fresh state machine with the epoch the server assigned, so a reconnecting worker rejoins
+//! at the server's current model. A `Stop` from the server ends the run; a refusal the
+//! worker cannot fix by retrying (wrong secret, wrong version, other settings) ends it with
+//! an error.
+//!
+//! **Retrying.** A worker keeps trying for as long as the server answers: a busy server, a
+//! connection cut before the handshake ends (an eviction under attack, a deadline) or a lost
+//! session never make it give up. Only an unreachable server (connection refused, no route,
+//! connect timeout) for [`Backoff::give_up_after`] in a row does. Waits double from
+//! [`Backoff::initial`] to [`Backoff::max`], each drawn uniformly from its upper half
+//! (jitter, so restarted workers do not retry in lockstep), and every retry is logged with
+//! its reason and wait (after ten in a row, every tenth).
 
 use super::auth::WorkerKey;
 use super::frame::{FrameError, FrameReader, FrameTimeout, FrameWriter};
-use super::handshake::{self, HandshakeError, Terms};
+use super::handshake::{self, ClientSide, HandshakeError, Role};
+use super::settings::RunSettings;
 use super::{TcpError, at, core_duration, since};
 use core::net::SocketAddr;
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -18,7 +28,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Instant as StdInstant;
 use syncopate::wire::{self, Limits};
-use syncopate::{AnyWorker, ProtocolConfig, Worker, WorkerEvent, WorkerId, WorkerOutput, WorkerSetup};
+use syncopate::{AnyWorker, ComputeId, Worker, WorkerEvent, WorkerId, WorkerOutput, WorkerSetup};
 
 /// Reconnection timing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,27 +37,36 @@ pub struct Backoff {
     pub initial: Duration,
     /// The longest wait (the wait doubles up to this).
     pub max: Duration,
-    /// Give up after this long without a session.
+    /// Give up after the server has been unreachable this long in a row (a server that
+    /// answers, even with "busy", is retried for as long as it runs).
     pub give_up_after: Duration,
 }
 
 impl Default for Backoff {
     fn default() -> Self {
-        Self { initial: Duration::from_millis(50), max: Duration::from_secs(2), give_up_after: Duration::from_secs(30) }
+        Self { initial: Duration::from_millis(50), max: Duration::from_secs(1), give_up_after: Duration::from_secs(30) }
     }
 }
 
-/// Settings of a TCP worker.
+impl Backoff {
+    /// The wait before retry number `attempt` (0-based): `initial · 2^attempt`, at most
+    /// `max`, drawn uniformly from its upper half with `unit` in `[0, 1)`.
+    pub fn wait(&self, attempt: u32, unit: f64) -> Duration {
+        let full = self.initial.saturating_mul(1u32.checked_shl(attempt.min(20)).unwrap_or(u32::MAX)).min(self.max);
+        full.mul_f64(0.5 + 0.5 * unit.clamp(0.0, 1.0))
+    }
+}
+
+/// Settings of a TCP worker. The run's settings come from the server.
 #[derive(Clone, Debug)]
 pub struct WorkerOptions {
     /// The server's address (`host:port`).
     pub addr: String,
     /// This worker's id.
     pub id: WorkerId,
-    /// The protocol and its knobs (must match the server's).
-    pub protocol: ProtocolConfig,
-    /// The model dimension (must match the server's).
-    pub dim: usize,
+    /// Settings the worker insists on; `None` takes the server's (and then insists on them
+    /// when it reconnects).
+    pub expect: Option<RunSettings>,
     /// This worker's key (from the shared secret), if the server authenticates.
     pub key: Option<WorkerKey>,
     /// The handshake's absolute deadline.
@@ -67,12 +86,11 @@ pub struct WorkerOptions {
 
 impl WorkerOptions {
     /// Defaults: no key, 5 s handshakes, 10 s frames, default backoff, rejoin after 2 s.
-    pub fn new(addr: impl Into<String>, id: WorkerId, protocol: ProtocolConfig, dim: usize) -> Self {
+    pub fn new(addr: impl Into<String>, id: WorkerId) -> Self {
         Self {
             addr: addr.into(),
             id,
-            protocol,
-            dim,
+            expect: None,
             key: None,
             handshake_timeout: Duration::from_secs(5),
             frame_timeout: FrameTimeout::default(),
@@ -84,18 +102,42 @@ impl WorkerOptions {
     }
 }
 
+/// What a worker computes.
+pub trait WorkerJob {
+    /// Called once with the run's settings from the server, before the first gradient; an
+    /// error ends the worker (retrying cannot help). The default accepts any settings.
+    fn prepare(&mut self, settings: &RunSettings) -> Result<(), String> {
+        let _ = settings;
+        Ok(())
+    }
+
+    /// Writes the gradient at `params` into `grad` (both of the model's length) and returns
+    /// how much longer this step should take: an emulated straggler's extra time, during
+    /// which the worker still reads the server (an abort can cancel the step). Usually zero.
+    fn gradient(&mut self, params: &[f32], grad: &mut [f32]) -> Duration;
+}
+
+impl<F: FnMut(&[f32], &mut [f32])> WorkerJob for F {
+    fn gradient(&mut self, params: &[f32], grad: &mut [f32]) -> Duration {
+        self(params, grad);
+        Duration::ZERO
+    }
+}
+
 /// What a worker did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct WorkerReport {
     /// Gradients computed and handed to the protocol.
     pub steps: u64,
+    /// Steps abandoned (aborted by the protocol) before they were handed over.
+    pub abandoned: u64,
     /// Sessions established (more than one after reconnections).
     pub sessions: u32,
     /// The newest model version received.
     pub last_version: Option<u64>,
     /// Whether the server said stop (otherwise the worker was killed).
     pub stopped: bool,
-    /// Seconds spent computing gradients.
+    /// Seconds spent computing gradients (including emulated straggler time).
     pub busy_s: f64,
     /// Seconds the worker ran.
     pub wall_s: f64,
@@ -107,79 +149,87 @@ enum SessionEnd {
     Lost(String),
 }
 
-/// Runs a worker until the server says stop. `compute(params, grad)` writes the gradient at
-/// `params` into `grad` (both of the model's length); `log` sees one line per connection
-/// event.
+/// Runs a worker until the server says stop. `job` computes the gradients; `log` sees one
+/// line per connection event.
 pub fn run_worker(
     options: &WorkerOptions,
-    compute: &mut dyn FnMut(&[f32], &mut [f32]),
+    job: &mut dyn WorkerJob,
     log: &mut dyn FnMut(&str),
 ) -> Result<WorkerReport, TcpError> {
     let started = StdInstant::now();
     let mut report = WorkerReport::default();
-    let terms = Terms::new(&options.protocol, options.dim);
-    let mut wait = options.backoff.initial;
-    let mut last_up = StdInstant::now();
+    let me = options.id.0;
+    let mut pinned = match &options.expect {
+        Some(s) => Some(s.digest().map_err(|e| TcpError(format!("worker {me}: {e}")))?),
+        None => None,
+    };
+    let mut prepared = false;
+    let mut attempt = 0u32;
+    let mut unreachable_since: Option<StdInstant> = None;
+    let mut jitter = syncopate::rng::Rng::derive(u64::from(me), started.elapsed().as_nanos() as u64 ^ jitter_seed());
     loop {
         if killed(options) {
             break;
         }
-        match session(options, &terms, &mut report, compute, log) {
+        let why = match session(options, &mut pinned, &mut prepared, &mut report, job, log) {
             Ok(SessionEnd::Stopped) => {
                 report.stopped = true;
                 break;
             }
             Ok(SessionEnd::Killed) => break,
             Ok(SessionEnd::Lost(why)) => {
-                last_up = StdInstant::now();
-                wait = options.backoff.initial;
-                log(&format!("worker {}: connection lost ({why}); reconnecting", options.id.0));
+                attempt = 0;
+                unreachable_since = None;
+                format!("connection lost ({why})")
             }
-            Err(e) if e.is_transient() => {
-                if last_up.elapsed() >= options.backoff.give_up_after {
+            Err(ConnectError::Unreachable(e)) => {
+                let since = *unreachable_since.get_or_insert_with(StdInstant::now);
+                if since.elapsed() >= options.backoff.give_up_after {
                     return Err(TcpError(format!(
-                        "worker {}: cannot reach the server at {}: {e} (gave up after {:.0} s)",
-                        options.id.0,
+                        "worker {me}: cannot reach the server at {}: {e} (gave up after {:.0} s unreachable)",
                         options.addr,
                         options.backoff.give_up_after.as_secs_f64()
                     )));
                 }
+                format!("server unreachable ({e})")
             }
-            Err(e) => return Err(TcpError(format!("worker {}: {e}", options.id.0))),
+            Err(ConnectError::Handshake(e)) if e.is_transient() => {
+                unreachable_since = None;
+                format!("{e}")
+            }
+            Err(ConnectError::Handshake(e)) => return Err(TcpError(format!("worker {me}: {e}"))),
+            Err(ConnectError::Job(e)) => return Err(TcpError(format!("worker {me}: {e}"))),
+        };
+        let wait = options.backoff.wait(attempt, jitter.next_f64());
+        if attempt < 10 || attempt % 10 == 0 {
+            log(&format!("worker {me}: {why}; retrying in {:.2} s (attempt {})", wait.as_secs_f64(), attempt + 1));
         }
+        attempt = attempt.saturating_add(1);
         thread::sleep(wait);
-        wait = (wait * 2).min(options.backoff.max);
     }
     report.wall_s = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// Bits that differ between processes, so restarted workers do not share a jitter stream.
+fn jitter_seed() -> u64 {
+    super::auth::nonce().map_or(u64::from(std::process::id()), |n| {
+        u64::from_le_bytes(n.get(..8).and_then(|b| b.try_into().ok()).unwrap_or_default())
+    })
 }
 
 fn killed(options: &WorkerOptions) -> bool {
     options.kill.as_ref().is_some_and(|k| k.load(Ordering::SeqCst))
 }
 
-/// Why connecting failed.
+/// Why a session could not start.
 enum ConnectError {
-    Io(String),
+    /// No connection: nobody listens, or the network does not get there.
+    Unreachable(String),
+    /// Connected, but the handshake failed or was refused.
     Handshake(HandshakeError),
-}
-
-impl ConnectError {
-    fn is_transient(&self) -> bool {
-        match self {
-            Self::Io(_) => true,
-            Self::Handshake(e) => e.is_transient(),
-        }
-    }
-}
-
-impl core::fmt::Display for ConnectError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            Self::Io(e) => f.write_str(e),
-            Self::Handshake(e) => write!(f, "{e}"),
-        }
-    }
+    /// The job refused the run's settings.
+    Job(String),
 }
 
 fn connect(addr: &str, timeout: Duration) -> Result<TcpStream, ConnectError> {
@@ -194,7 +244,7 @@ fn connect(addr: &str, timeout: Duration) -> Result<TcpStream, ConnectError> {
             Err(e) => last = format!("connect to {a}: {e}"),
         }
     }
-    Err(ConnectError::Io(last))
+    Err(ConnectError::Unreachable(last))
 }
 
 fn refusal(message: String) -> HandshakeError {
@@ -203,45 +253,46 @@ fn refusal(message: String) -> HandshakeError {
 
 fn session(
     options: &WorkerOptions,
-    terms: &Terms,
+    pinned: &mut Option<[u8; 32]>,
+    prepared: &mut bool,
     report: &mut WorkerReport,
-    compute: &mut dyn FnMut(&[f32], &mut [f32]),
+    job: &mut dyn WorkerJob,
     log: &mut dyn FnMut(&str),
 ) -> Result<SessionEnd, ConnectError> {
     let stream = connect(&options.addr, options.handshake_timeout)?;
-    let io = |e: std::io::Error| ConnectError::Io(e.to_string());
-    let max_len = super::session_max_len(options.dim);
-    // TCP_NODELAY, and socket buffers that hold a whole large frame.
-    super::frame::tune_stream(&stream, max_len).map_err(io)?;
+    // Connected: from here on, failures are the server's answer (the server runs).
+    let io = |e: std::io::Error| ConnectError::Handshake(HandshakeError::Frame(FrameError::Io(e)));
+    stream.set_nodelay(true).map_err(io)?;
     stream.set_write_timeout(Some(options.write_timeout)).map_err(io)?;
     let mut reader = FrameReader::new(stream.try_clone().map_err(io)?, 0, options.frame_timeout);
     let mut writer = FrameWriter::new(BufWriter::with_capacity(1 << 16, stream.try_clone().map_err(io)?), 0);
     let deadline = StdInstant::now() + options.handshake_timeout;
-    let s = handshake::client_handshake(
-        &mut reader,
-        &mut writer,
-        terms,
-        options.id,
-        options.key.as_ref(),
-        deadline,
-        max_len,
-    )
-    .map_err(ConnectError::Handshake)?;
+    let me = ClientSide { worker: options.id, role: Role::Worker, key: options.key.as_ref(), want: *pinned };
+    let (s, settings) =
+        handshake::client_handshake(&mut reader, &mut writer, &me, deadline).map_err(ConnectError::Handshake)?;
+    let refused = |e: String| ConnectError::Job(format!("the server's settings ({}): {e}", settings.label()));
+    let config = settings.worker_config().map_err(refused)?;
+    let dim = settings.dim().map_err(refused)?;
+    if !*prepared {
+        job.prepare(&settings).map_err(ConnectError::Job)?;
+        *prepared = true;
+        *pinned = Some(settings.digest().map_err(refused)?);
+    }
+    // Socket buffers that hold a whole large frame, now that the model's size is known.
+    super::frame::tune_stream(&stream, super::session_max_len(dim)).map_err(io)?;
     report.sessions += 1;
     log(&format!(
-        "worker {}: connected to {} (epoch {}, server at version {})",
-        options.id.0, options.addr, s.epoch, s.version
+        "worker {}: connected to {} (epoch {}, server at version {}; {})",
+        options.id.0,
+        options.addr,
+        s.epoch,
+        s.version,
+        settings.label()
     ));
     let setup = WorkerSetup { id: options.id, epoch: s.epoch, rejoin_after: options.rejoin_after.map(core_duration) };
-    let dim = options.dim;
-    let mut worker = AnyWorker::new(
-        &options.protocol,
-        setup,
-        vec![0.0f32; dim],
-        vec![0.0f32; options.protocol.worker_scratch_len(dim)],
-    )
-    .map_err(|e| ConnectError::Handshake(refusal(format!("invalid protocol settings: {e}"))))?;
-    let end = drive(&mut worker, &mut reader, &mut writer, options, report, compute);
+    let mut worker = AnyWorker::new(&config, setup, vec![0.0f32; dim], vec![0.0f32; config.worker_scratch_len(dim)])
+        .map_err(|e| refused(e.to_string()))?;
+    let end = drive(&mut worker, &mut reader, &mut writer, dim, options, report, job);
     let _ = stream.shutdown(std::net::Shutdown::Both);
     Ok(end)
 }
@@ -254,9 +305,10 @@ fn drive(
     worker: &mut AnyWorker<f32, Vec<f32>>,
     reader: &mut FrameReader,
     writer: &mut FrameWriter<BufWriter<TcpStream>>,
+    dim: usize,
     options: &WorkerOptions,
     report: &mut WorkerReport,
-    compute: &mut dyn FnMut(&[f32], &mut [f32]),
+    job: &mut dyn WorkerJob,
 ) -> SessionEnd {
     // Uploads go through a writer thread, so sending a large gradient or delta overlaps the
     // next computation (the optimized WBSP worker relies on it); encoded buffers come back
@@ -271,7 +323,7 @@ fn drive(
             }
             Ok(())
         });
-        let end = drive_loop(worker, reader, &to_writer, &spare, options, report, compute);
+        let end = drive_loop(worker, reader, &to_writer, &spare, dim, options, report, job);
         drop(to_writer);
         match (writing.join(), end) {
             (Ok(Err(e)), SessionEnd::Lost(_)) => SessionEnd::Lost(e),
@@ -280,24 +332,33 @@ fn drive(
     })
 }
 
+/// A computed gradient waiting for its emulated step time to pass.
+struct Held {
+    id: ComputeId,
+    started: StdInstant,
+    ready: StdInstant,
+}
+
+#[allow(clippy::too_many_arguments)]
 fn drive_loop(
     worker: &mut AnyWorker<f32, Vec<f32>>,
     reader: &mut FrameReader,
     uploads: &crossbeam_channel::Sender<Vec<u8>>,
     spare: &crossbeam_channel::Receiver<Vec<u8>>,
+    dim: usize,
     options: &WorkerOptions,
     report: &mut WorkerReport,
-    compute: &mut dyn FnMut(&[f32], &mut [f32]),
+    job: &mut dyn WorkerJob,
 ) -> SessionEnd {
     let epoch = StdInstant::now();
-    let limits = Limits::for_model(options.dim);
-    let (mut inbuf, mut grad) = (Vec::new(), vec![0.0f32; options.dim]);
+    let limits = Limits::for_model(dim);
+    let (mut inbuf, mut grad) = (Vec::new(), vec![0.0f32; dim]);
     // Set when an upload could not be handed to the writer (the connection broke while
     // sending). The session then ends as lost, but only after reading what the server
     // already sent: a `Stop` that crossed with the upload ends it as stopped instead.
     let mut upload_failed: Option<String> = None;
+    let mut held: Option<Held> = None;
     loop {
-        let mut job = None;
         while let Some(o) = worker.poll_output() {
             match o {
                 WorkerOutput::Send(msg) if upload_failed.is_none() => {
@@ -315,18 +376,27 @@ fn drive_loop(
                 }
                 WorkerOutput::Send(_) => {}
                 WorkerOutput::Compute { id, version, params } => {
-                    let t = StdInstant::now();
-                    compute(params, &mut grad);
-                    report.busy_s += t.elapsed().as_secs_f64();
+                    let now = StdInstant::now();
+                    if let Some(old) = held.take() {
+                        report.busy_s += now.duration_since(old.started).as_secs_f64();
+                        report.abandoned += 1;
+                    }
+                    let extra = job.gradient(params, &mut grad);
                     report.last_version = Some(report.last_version.unwrap_or(0).max(version.0));
-                    job = Some(id);
+                    held = Some(Held { id, started: now, ready: StdInstant::now() + extra });
                 }
-                WorkerOutput::Event(WorkerEvent::Stopped) => {}
+                WorkerOutput::Event(WorkerEvent::Abandoned { id }) => {
+                    if let Some(h) = held.take_if(|h| h.id == id) {
+                        report.busy_s += h.started.elapsed().as_secs_f64();
+                        report.abandoned += 1;
+                    }
+                }
                 WorkerOutput::Event(_) => {}
             }
         }
-        if let Some(id) = job {
-            if worker.handle_gradient(since(epoch), id, &grad).is_ok() {
+        if let Some(h) = held.take_if(|h| StdInstant::now() >= h.ready) {
+            report.busy_s += h.started.elapsed().as_secs_f64();
+            if worker.handle_gradient(since(epoch), h.id, &grad).is_ok() {
                 report.steps += 1;
             }
             continue;
@@ -340,6 +410,9 @@ fn drive_loop(
         let mut wake = StdInstant::now() + Duration::from_millis(100);
         if let Some(t) = worker.poll_timeout() {
             wake = wake.min(at(epoch, t));
+        }
+        if let Some(h) = &held {
+            wake = wake.min(h.ready);
         }
         if upload_failed.is_some() {
             wake = StdInstant::now() + Duration::from_millis(50);
@@ -361,5 +434,20 @@ fn drive_loop(
         if worker.poll_timeout().is_some_and(|t| at(epoch, t) <= StdInstant::now()) {
             worker.handle_timeout(since(epoch));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_its_cap_with_jitter_in_the_upper_half() {
+        let b = Backoff { initial: Duration::from_millis(50), max: Duration::from_secs(1), ..Backoff::default() };
+        assert_eq!(b.wait(0, 0.999_999).as_millis(), 49);
+        assert_eq!(b.wait(0, 0.0), Duration::from_millis(25));
+        assert_eq!(b.wait(3, 0.0), Duration::from_millis(200));
+        assert_eq!(b.wait(10, 0.0), Duration::from_millis(500));
+        assert_eq!(b.wait(u32::MAX, 1.0), Duration::from_secs(1));
     }
 }

@@ -1,5 +1,5 @@
-//! A small seeded PRNG (SplitMix64) and the distributions the simulator and workloads draw
-//! from. Deterministic across platforms and crate versions: the same seed always gives the
+//! A small seeded PRNG (SplitMix64) and the distributions simulators, workloads, tests and
+//! firmware draw from (no_std; the core itself never draws: randomness is an input). Deterministic across platforms and crate versions: the same seed always gives the
 //! same stream, which is what makes a simulation replayable bit for bit.
 
 /// SplitMix64: fast, 64-bit state, good enough statistical quality for sampling.
@@ -54,17 +54,17 @@ impl Rng {
     pub fn normal(&mut self) -> f64 {
         let u1 = self.next_f64_open();
         let u2 = self.next_f64();
-        (-2.0 * u1.ln()).sqrt() * (core::f64::consts::TAU * u2).cos()
+        libm::sqrt(-2.0 * libm::log(u1)) * libm::cos(core::f64::consts::TAU * u2)
     }
 
     /// Exponential with rate `rate` (mean `1/rate`).
     pub fn exponential(&mut self, rate: f64) -> f64 {
-        -self.next_f64_open().ln() / rate
+        -libm::log(self.next_f64_open()) / rate
     }
 
     /// Pareto with scale `x_m` and shape `alpha` (heavy tail; mean `alpha x_m / (alpha-1)`).
     pub fn pareto(&mut self, scale: f64, shape: f64) -> f64 {
-        scale / self.next_f64_open().powf(1.0 / shape)
+        scale / libm::pow(self.next_f64_open(), 1.0 / shape)
     }
 
     /// Shuffles `items` in place (Fisher–Yates).
@@ -91,6 +91,7 @@ mod tests {
 
     #[test]
     fn distributions_have_the_right_means() {
+        use std::vec::Vec;
         let mut r = Rng::new(1);
         let n = 200_000;
         let mean = |f: &mut dyn FnMut() -> f64| (0..n).map(|_| f()).sum::<f64>() / n as f64;

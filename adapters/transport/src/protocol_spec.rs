@@ -95,6 +95,22 @@ pub enum GroupLrScaling {
     Sqrt,
 }
 
+impl GroupLrScaling {
+    /// The name as the CLI and scenario files spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Linear => "linear",
+            Self::None => "none",
+            Self::Sqrt => "sqrt",
+        }
+    }
+
+    /// The scaling named `name` (as [`Self::as_str`] spells it).
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Linear, Self::None, Self::Sqrt].into_iter().find(|s| s.as_str() == name)
+    }
+}
+
 /// One protocol run: its name and every knob (unset knobs take their defaults).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProtocolSpec {

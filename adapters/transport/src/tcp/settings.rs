@@ -1,0 +1,299 @@
+//! The run's settings as the server announces them in its handshake: the protocol and its
+//! knobs, the model's shape and (for the CLI) the workload. A worker needs only where to
+//! connect and its secret; everything else comes from here.
+//!
+//! The settings travel as their canonical [postcard](https://docs.rs/postcard) encoding
+//! ([`RunSettings::encode`]): the same settings always give the same bytes, and a worker
+//! refuses bytes that do not decode to settings which encode back to exactly those bytes.
+//! A worker that already knows which settings it wants (a reconnecting worker, a group
+//! server pinned to a run) sends their SHA-256 ([`RunSettings::digest`]) in its hello, and
+//! the server refuses the worker if its own digest differs.
+//!
+//! The protocol is described as the CLI and scenario files describe it (a
+//! [`ProtocolSpec`] with the number of workers and the learning rate), and both sides build
+//! the core's [`ProtocolConfig`] from it with the same code, so they cannot disagree.
+
+use crate::protocol_spec::{GroupLrScaling, InterruptMode, ProtocolName, ProtocolSpec};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use syncopate::ProtocolConfig;
+
+/// The most bytes of encoded settings a server may announce.
+pub const MAX_SETTINGS_LEN: usize = 1024;
+/// The longest data file path the settings carry.
+pub const MAX_PATH_LEN: usize = 400;
+
+/// The protocol and its knobs, as `--protocol`, `--workers`, `--lr` and the knob flags give
+/// them (unset knobs take their defaults).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProtocolSettings {
+    /// The protocol's name as the CLI spells it (`bsp`, `wbsp-overlap`, …).
+    pub name: String,
+    /// The number of workers.
+    pub workers: u32,
+    /// The learning rate of one synchronous step (normalised per protocol, see
+    /// [`ProtocolSpec::config`]).
+    pub lr: f64,
+    /// SSP's clock bound, BAP's version bound.
+    pub staleness: Option<u64>,
+    /// BAP's iteration time limit in milliseconds.
+    pub iteration_timeout_ms: Option<f64>,
+    /// Static backup workers.
+    pub backup_workers: Option<u32>,
+    /// Backup and DBW: whether stragglers run to completion (otherwise they abort).
+    pub run_to_completion: bool,
+    /// DBW's smallest k.
+    pub k_min: Option<u32>,
+    /// Grouped: the number of groups.
+    pub groups: Option<u32>,
+    /// Grouped: the learning-rate scaling, as the CLI spells it (`linear`, `none`, `sqrt`).
+    pub group_lr_scaling: String,
+    /// WBSP's round deadline in milliseconds.
+    pub round_deadline_ms: Option<f64>,
+    /// Stall reports after this many milliseconds.
+    pub stall_report_ms: Option<f64>,
+}
+
+impl ProtocolSettings {
+    /// The settings of `spec` with `workers` workers and `lr` where the spec sets none.
+    pub fn new(spec: &ProtocolSpec, workers: u32, lr: f64) -> Self {
+        Self {
+            name: spec.name.as_str().to_owned(),
+            workers,
+            lr: spec.lr.unwrap_or(lr),
+            staleness: spec.staleness,
+            iteration_timeout_ms: spec.iteration_timeout_ms,
+            backup_workers: spec.backup_workers,
+            run_to_completion: spec.interrupt == InterruptMode::Complete,
+            k_min: spec.k_min,
+            groups: spec.groups,
+            group_lr_scaling: spec.group_lr_scaling.as_str().to_owned(),
+            round_deadline_ms: spec.round_deadline_ms,
+            stall_report_ms: spec.stall_report_ms,
+        }
+    }
+
+    /// The protocol `name` with every knob at its default.
+    pub fn named(name: ProtocolName, workers: u32, lr: f64) -> Self {
+        Self::new(&ProtocolSpec::new(name), workers, lr)
+    }
+
+    /// The spec these settings describe.
+    pub fn spec(&self) -> Result<ProtocolSpec, String> {
+        let name = ProtocolName::ALL
+            .into_iter()
+            .find(|p| p.as_str() == self.name)
+            .ok_or_else(|| format!("unknown protocol '{}'", self.name))?;
+        Ok(ProtocolSpec {
+            name,
+            lr: Some(self.lr),
+            staleness: self.staleness,
+            iteration_timeout_ms: self.iteration_timeout_ms,
+            backup_workers: self.backup_workers,
+            interrupt: if self.run_to_completion { InterruptMode::Complete } else { InterruptMode::Abort },
+            k_min: self.k_min,
+            groups: self.groups,
+            group_lr_scaling: GroupLrScaling::from_name(&self.group_lr_scaling)
+                .ok_or_else(|| format!("unknown group learning-rate scaling '{}'", self.group_lr_scaling))?,
+            round_deadline_ms: self.round_deadline_ms,
+            stall_report_ms: self.stall_report_ms,
+        })
+    }
+
+    /// The core configuration (the same on every side: built by the same code).
+    pub fn config(&self) -> Result<ProtocolConfig, String> {
+        self.spec()?.config(self.workers, self.lr)
+    }
+}
+
+/// Where the training data comes from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DataSource {
+    /// The built-in digits data set.
+    Digits,
+    /// A file every worker must also have, byte for byte.
+    File {
+        /// The path as the server was given it (a worker reads the same path unless told
+        /// another).
+        path: String,
+        /// `csv` or `libsvm`.
+        format: String,
+        /// SHA-256 of the file's bytes.
+        sha256: [u8; 32],
+    },
+}
+
+/// The model, data and randomness of a run (what `serve`'s workload flags say).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkloadSettings {
+    /// The model kind as `--model` spells it (`softmax`, `mlp:32`).
+    pub model: String,
+    /// The data.
+    pub data: DataSource,
+    /// Minibatch size of one gradient.
+    pub batch_size: u32,
+    /// The run's seed (initial model, data split; each worker's minibatch sampler is seeded
+    /// from it and the worker's id).
+    pub seed: u64,
+}
+
+/// Everything a server tells its workers about the run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunSettings {
+    /// The protocol and its knobs.
+    pub protocol: ProtocolSettings,
+    /// The model's number of `f32` parameters.
+    pub dim: u64,
+    /// The workload, when the workers compute gradients of a built-in model (the CLI);
+    /// `None` when the application supplies its own gradients.
+    pub workload: Option<WorkloadSettings>,
+    /// The grouped protocol with its groups as their own processes (`syncopate group`):
+    /// the server is the central server, and only group servers may connect to it.
+    pub remote_groups: bool,
+}
+
+impl RunSettings {
+    /// Settings for `protocol` on a model of `dim` parameters, without a workload.
+    pub fn new(protocol: ProtocolSettings, dim: usize) -> Self {
+        Self { protocol, dim: dim as u64, workload: None, remote_groups: false }
+    }
+
+    /// The canonical bytes.
+    pub fn encode(&self) -> Result<Vec<u8>, String> {
+        let bytes = postcard::to_allocvec(self).map_err(|e| format!("cannot encode the run's settings: {e}"))?;
+        if bytes.len() > MAX_SETTINGS_LEN {
+            return Err(format!(
+                "the run's settings take {} bytes, at most {MAX_SETTINGS_LEN} fit in the handshake (is the data \
+                 path very long?)",
+                bytes.len()
+            ));
+        }
+        Ok(bytes)
+    }
+
+    /// Settings from their canonical bytes; bytes that are not the canonical encoding of
+    /// what they decode to are refused.
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        let s: Self = postcard::from_bytes(bytes).map_err(|e| format!("the server's settings do not decode: {e}"))?;
+        if s.encode().ok().as_deref() != Some(bytes) {
+            return Err("the server's settings are not canonically encoded".into());
+        }
+        Ok(s)
+    }
+
+    /// SHA-256 of the canonical bytes (what a hello pins).
+    pub fn digest(&self) -> Result<[u8; 32], String> {
+        Ok(digest(&self.encode()?))
+    }
+
+    /// The model dimension as a `usize`.
+    pub fn dim(&self) -> Result<usize, String> {
+        usize::try_from(self.dim)
+            .ok()
+            .filter(|d| *d > 0)
+            .ok_or_else(|| format!("the model dimension {} is not usable here", self.dim))
+    }
+
+    /// The configuration every worker of the run uses.
+    pub fn worker_config(&self) -> Result<ProtocolConfig, String> {
+        self.protocol.config()
+    }
+
+    /// The configuration this server runs: the run's, or for a central server of remote
+    /// groups, ASP over the groups ([`GroupedConfig::central_config`](syncopate::proto::grouped::GroupedConfig::central_config)).
+    pub fn server_config(&self) -> Result<ProtocolConfig, String> {
+        let config = self.protocol.config()?;
+        if !self.remote_groups {
+            return Ok(config);
+        }
+        match config {
+            ProtocolConfig::Grouped(g) => Ok(ProtocolConfig::Asp(g.central_config())),
+            other => Err(format!("remote groups need the grouped protocol, not {}", other.name())),
+        }
+    }
+
+    /// The number of peers that connect to a server of this run: the workers, or the
+    /// groups of a central server of remote groups.
+    pub fn peers(&self) -> Result<u32, String> {
+        Ok(self.server_config()?.workers())
+    }
+
+    /// One line naming the protocol, its knobs and the model, for messages.
+    pub fn label(&self) -> String {
+        let protocol = self.protocol.spec().map_or_else(|_| self.protocol.name.clone(), |s| s.label());
+        let mut label = format!("{protocol} with {} workers, {} params", self.protocol.workers, self.dim);
+        if let Some(w) = &self.workload {
+            label.push_str(&format!(", model {} batch {} seed {}", w.model, w.batch_size, w.seed));
+        }
+        label
+    }
+}
+
+/// SHA-256 of `bytes`.
+pub fn digest(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> RunSettings {
+        let mut s = RunSettings::new(ProtocolSettings::named(ProtocolName::Dbw, 4, 0.5), 650);
+        s.protocol.k_min = Some(3);
+        s.workload = Some(WorkloadSettings {
+            model: "mlp:16".into(),
+            data: DataSource::File { path: "d.csv".into(), format: "csv".into(), sha256: [7; 32] },
+            batch_size: 16,
+            seed: 9,
+        });
+        s
+    }
+
+    #[test]
+    fn settings_round_trip_canonically_and_build_the_same_config() {
+        let s = sample();
+        let bytes = s.encode().unwrap();
+        let back = RunSettings::decode(&bytes).unwrap();
+        assert_eq!(back, s);
+        assert_eq!(back.worker_config().unwrap(), s.worker_config().unwrap());
+        assert_eq!(back.digest().unwrap(), digest(&bytes));
+        let mut other = s.clone();
+        other.protocol.k_min = Some(2);
+        assert_ne!(other.digest().unwrap(), s.digest().unwrap());
+        let mut trailing = bytes.clone();
+        trailing.push(0);
+        assert!(RunSettings::decode(&trailing).is_err());
+        for cut in 0..bytes.len() {
+            assert!(RunSettings::decode(&bytes[..cut]).is_err());
+        }
+    }
+
+    #[test]
+    fn every_protocol_survives_the_trip() {
+        for name in ProtocolName::ALL {
+            let s = RunSettings::new(ProtocolSettings::named(name, 8, 0.5), 100);
+            let back = RunSettings::decode(&s.encode().unwrap()).unwrap();
+            assert_eq!(back.worker_config().unwrap(), ProtocolSpec::new(name).config(8, 0.5).unwrap());
+        }
+    }
+
+    #[test]
+    fn remote_groups_run_asp_over_the_groups_at_the_central_server() {
+        let mut s = RunSettings::new(ProtocolSettings::named(ProtocolName::Grouped, 4, 0.5), 10);
+        s.remote_groups = true;
+        let ProtocolConfig::Grouped(g) = s.worker_config().unwrap() else { panic!() };
+        assert_eq!(s.server_config().unwrap(), ProtocolConfig::Asp(g.central_config()));
+        assert_eq!(s.peers().unwrap(), 2);
+        s.protocol = ProtocolSettings::named(ProtocolName::Bsp, 4, 0.5);
+        assert!(s.server_config().unwrap_err().contains("grouped"));
+    }
+
+    #[test]
+    fn oversized_settings_are_refused() {
+        let mut s = sample();
+        s.workload.as_mut().unwrap().data =
+            DataSource::File { path: "x".repeat(2000), format: "csv".into(), sha256: [0; 32] };
+        assert!(s.encode().unwrap_err().contains("at most 1024"));
+    }
+}
