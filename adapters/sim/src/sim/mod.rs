@@ -52,8 +52,8 @@
 //! ```
 //! use syncopate::ProtocolConfig;
 //! use syncopate::proto::bsp::BspConfig;
-//! use syncopate_adapters::sim::{self, ComputeModel, SimConfig};
-//! use syncopate_adapters::workload::ModelKind;
+//! use syncopate_sim::sim::{self, ComputeModel, SimConfig};
+//! use syncopate_sim::workload::ModelKind;
 //!
 //! let config = SimConfig::new(ProtocolConfig::Bsp(BspConfig::new(4, 0.5)), ModelKind::Softmax)
 //!     .with_compute(ComputeModel::one_straggler(4, 0, 2.0))

@@ -66,7 +66,7 @@
 //! # Example
 //!
 //! ```
-//! use syncopate_adapters::workload::{BatchSampler, ModelKind, Workload};
+//! use syncopate_sim::workload::{BatchSampler, ModelKind, Workload};
 //!
 //! let w = Workload::digits(ModelKind::Softmax, 7);
 //! let mut params = w.model.init_params(7);
