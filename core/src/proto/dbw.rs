@@ -95,6 +95,7 @@ use super::queue::ServerItem;
 use super::{Buffer, GradientPolicy, Server, ServerEvent, ServerOutput, ServerStats};
 use crate::error::{ConfigError, Reject};
 use crate::id::{MAX_WORKERS, Version, WorkerId, WorkerSet};
+use crate::math::dbw_policy::{CurvatureSplit, RTT_TRACKED_WORKERS, WorkerRtts, choose_k_split};
 use crate::math::estimate::{Ema, MAX_RTT_SAMPLES, RttWindow, choose_k, noise_estimate};
 use crate::math::{self, Scalar};
 use crate::msg::{ToServer, Values};
@@ -127,6 +128,17 @@ pub enum LEta {
         /// Upper clip.
         max: f64,
     },
+    /// Separate curvatures for the signal and the noise term, both from the Rayleigh secant
+    /// pair by online least squares ([`crate::math::dbw_policy::CurvatureSplit`]), each
+    /// clipped to `[min, max]`; `initial` until the first estimate.
+    Split {
+        /// Used until the first estimate.
+        initial: f64,
+        /// Lower clip.
+        min: f64,
+        /// Upper clip.
+        max: f64,
+    },
 }
 
 impl LEta {
@@ -134,7 +146,9 @@ impl LEta {
         let ok = |x: f64| x.is_finite() && x > 0.0;
         match self {
             Self::Fixed(x) => ok(x),
-            Self::Secant { initial, min, max } | Self::Rayleigh { initial, min, max } => {
+            Self::Secant { initial, min, max }
+            | Self::Rayleigh { initial, min, max }
+            | Self::Split { initial, min, max } => {
                 ok(initial) && ok(min) && ok(max) && min <= initial && initial <= max
             }
         }
@@ -144,7 +158,9 @@ impl LEta {
     fn estimated(self) -> Option<(f64, f64, f64)> {
         match self {
             Self::Fixed(_) => None,
-            Self::Secant { initial, min, max } | Self::Rayleigh { initial, min, max } => Some((initial, min, max)),
+            Self::Secant { initial, min, max }
+            | Self::Rayleigh { initial, min, max }
+            | Self::Split { initial, min, max } => Some((initial, min, max)),
         }
     }
 }
@@ -166,6 +182,9 @@ pub struct DbwConfig {
     /// Iterations at the start that wait for every live worker (the initial iteration
     /// always does).
     pub warmup_iterations: u32,
+    /// How many gradients the warm-up iterations wait for (capped by the live count);
+    /// `None`: all live workers. Default `⌈n/2⌉` ([`crate::math::dbw_policy`], "Warm-up").
+    pub warmup_k: Option<u32>,
     /// Where `Lη` comes from.
     pub l_eta: LEta,
     /// What stragglers do when their iteration closes.
@@ -197,7 +216,8 @@ impl DbwConfig {
             window: 100,
             ema_beta: 0.9,
             warmup_iterations: 1,
-            l_eta: LEta::Secant { initial: 1.0, min: 0.001, max: 1.9 },
+            warmup_k: Some(workers.div_ceil(2).max(workers.clamp(1, 2))),
+            l_eta: LEta::Split { initial: 1.0, min: 0.001, max: 1.9 },
             interrupt: Interrupt::Abort,
             gradient_policy: GradientPolicy::default(),
             stall_report: None,
@@ -209,7 +229,7 @@ impl DbwConfig {
     pub fn scratch_len(&self, dim: usize) -> usize {
         match self.l_eta {
             LEta::Fixed(_) => dim,
-            LEta::Secant { .. } | LEta::Rayleigh { .. } => dim.saturating_mul(2),
+            LEta::Secant { .. } | LEta::Rayleigh { .. } | LEta::Split { .. } => dim.saturating_mul(2),
         }
     }
 
@@ -237,6 +257,12 @@ pub struct DbwServer<T, S> {
     config: DbwConfig,
     engine: Engine<T, S>,
     window: RttWindow,
+    /// Per-worker round trips (used while `n ≤ RTT_TRACKED_WORKERS`).
+    rtts: WorkerRtts,
+    /// Signal and noise curvature ([`LEta::Split`]).
+    split: CurvatureSplit,
+    /// `Ĝ` of the previous iteration ([`LEta::Split`]).
+    previous_signal: f64,
     g: Ema,
     s: Ema,
     /// Numerator and denominator of the estimated `Lη`, averaged separately (a ratio of
@@ -278,7 +304,7 @@ impl<T: Scalar, S: Buffer<T>> DbwServer<T, S> {
             config.gradient_policy,
             config.interrupt,
             config.stall_report,
-            config.workers as usize,
+            config.warmup_k.map_or(config.workers, |k| k.clamp(config.k_min.max(1), config.workers.max(1))) as usize,
             params,
             scratch,
             version,
@@ -289,6 +315,9 @@ impl<T: Scalar, S: Buffer<T>> DbwServer<T, S> {
             config,
             engine,
             window: RttWindow::new(samples),
+            rtts: WorkerRtts::new(),
+            split: CurvatureSplit::new(config.ema_beta),
+            previous_signal: 0.0,
             g: Ema::new(config.ema_beta),
             s: Ema::new(config.ema_beta),
             l_eta_num: Ema::new(config.ema_beta),
@@ -343,6 +372,7 @@ impl<T: Scalar, S: Buffer<T>> DbwServer<T, S> {
         let admitted = self.engine.admit(now, from, base, seq, values)?;
         if let Some(rtt) = admitted.rtt {
             self.window.push(rtt, false);
+            self.rtts.push(from.index(), rtt, false);
         }
         if admitted.contributed {
             // The squared norm from admission (no second pass), for the variance estimate.
@@ -388,11 +418,12 @@ impl<T: Scalar, S: Buffer<T>> DbwServer<T, S> {
             // Subtract the noise each side contributes in expectation.
             let s = self.s.get().unwrap_or(0.0);
             let prev_noise = s / f64::from(prev_k.max(1));
-            let num = if let LEta::Rayleigh { .. } = self.config.l_eta {
+            let num = if let LEta::Rayleigh { .. } | LEta::Split { .. } = self.config.l_eta {
                 prev_mean_sq - prev_noise - dot
             } else {
                 diff_sq - s / kf - prev_noise
             };
+            self.split.update(self.previous_signal, prev_noise, num);
             if self.l_eta_den.get().is_none() {
                 // The first secant pair is one noisy sample: start both averages from a prior
                 // sample at `initial`, so early choices stay close to the configured guess.
@@ -406,30 +437,49 @@ impl<T: Scalar, S: Buffer<T>> DbwServer<T, S> {
             self.l_eta_den.update(prev_mean_sq);
         }
         self.previous = Some((mean_sq, k));
+        self.previous_signal = self.g.get().unwrap_or(0.0);
         self.sum_sq = 0.0;
 
         let (contributors, elapsed) = self.engine.close(now);
         let closed_version = Version(self.engine.version.0.saturating_sub(1));
-        let window = &mut self.window;
-        self.engine.censor_stragglers(now, closed_version, |rtt| window.push(rtt, true));
+        let (window, rtts) = (&mut self.window, &mut self.rtts);
+        self.engine.censor_stragglers(now, closed_version, |worker, rtt| {
+            window.push(rtt, true);
+            rtts.push(worker.index(), rtt, true);
+        });
         self.closed += 1;
 
         let n = self.engine.roster.n();
         let live = self.engine.roster.live().len().clamp(1, n);
         let k_max = live as u32;
         let k_lo = self.config.k_min.min(k_max).max(1);
-        if self.tau_live != live || self.window.fresh().saturating_mul(TAU_REFRESH) >= self.window.len() {
+        // Per-worker windows (non-identical workers) while they fit, else the pooled one.
+        let roster = self.engine.roster.live();
+        let per_worker = n <= RTT_TRACKED_WORKERS
+            && self.rtts.expected_order_statistics(n, |i| roster.contains(WorkerId(i as u32)), &mut self.tau);
+        if per_worker {
+            self.tau_live = live;
+        } else if self.tau_live != live || self.window.fresh().saturating_mul(TAU_REFRESH) >= self.window.len() {
             let ok = self.window.expected_order_statistics(live, &mut self.tau);
             self.tau_live = if ok { live } else { 0 };
         }
         let have_tau = self.tau_live == live;
         let l_eta = self.l_eta_estimate();
         let (g, s) = (self.g.get(), self.s.get());
+        // No predicted decrease for any k: hold the current k (clamped), never jump to n
+        // (crate::math::dbw_policy, "Never collapse to k = n").
+        let hold = (self.engine.k as u32).clamp(k_lo, k_max);
+        let warmup = self.config.warmup_k.map_or(k_max, |w| w.clamp(k_lo, k_max));
+        let tau = self.tau.get(..live).unwrap_or(&[]);
         let next_k = match (self.closed >= u64::from(self.config.warmup_iterations), have_tau, g, s) {
-            (true, true, Some(g), Some(s)) => {
-                choose_k(g, s, l_eta, self.tau.get(..live).unwrap_or(&[]), k_lo, k_max).map_or(k_max, |c| c.0)
-            }
-            _ => k_max,
+            (true, true, Some(g), Some(s)) => match (self.config.l_eta, self.split.get(0.0, f64::MAX)) {
+                (LEta::Split { min, max, .. }, Some(_)) => {
+                    let (a, b) = self.split.get(min, max).unwrap_or((l_eta, l_eta));
+                    choose_k_split(g, s, a, b, tau, k_lo, k_max).map_or(hold, |c| c.0)
+                }
+                _ => choose_k(g, s, l_eta, tau, k_lo, k_max).map_or(hold, |c| c.0),
+            },
+            _ => warmup,
         };
         self.engine.k = next_k as usize;
         let tau_estimate = if have_tau { self.tau.get(next_k as usize - 1).copied().unwrap_or(0.0) } else { 0.0 };
@@ -574,6 +624,7 @@ mod tests {
         let n = 16;
         let mut config = DbwConfig::new(n, 0.1);
         config.warmup_iterations = 5;
+        config.warmup_k = None;
         config.l_eta = LEta::Fixed(1.0);
         // Identical gradients (S = 0): more gradients add nothing, so the fastest k_min win.
         let mut rng = Rng(7);
@@ -685,7 +736,8 @@ mod tests {
         );
         assert_eq!(s.handle(Instant::ZERO, WorkerId(7), msg(0)), Err(Reject::UnknownWorker(WorkerId(7))));
         assert_eq!(s.stats().rejected, 2);
-        assert_eq!((s.received().len(), s.current_k()), (1, 4));
+        // The first iteration waits for ⌈n/2⌉ by default.
+        assert_eq!((s.received().len(), s.current_k()), (1, 2));
     }
 
     /// K3: after a worker is lost, the next choice is bounded by the live count.
@@ -693,6 +745,7 @@ mod tests {
     fn lost_workers_bound_the_next_k() {
         let mut config = DbwConfig::new(4, 0.5);
         config.warmup_iterations = 100;
+        config.warmup_k = None;
         let mut s = server(config, 1);
         s.handle_worker_lost(Instant::ZERO, WorkerId(3)).unwrap();
         for w in 0..3 {
@@ -728,7 +781,8 @@ mod tests {
         /// sizes, bounds, warm-ups, interrupt options and delivery orders.
         #[test]
         fn k_invariants_hold(
-            n in 1u32..8, k_min in 1u32..8, warmup in 0u32..4, abort in any::<bool>(), mode in 0u8..3,
+            n in 1u32..8, k_min in 1u32..8, warmup in 0u32..4, abort in any::<bool>(), mode in 0u8..4,
+            half in any::<bool>(),
             seed in any::<u64>(), dim in 1usize..4, slow in 0u32..8,
         ) {
             let mut config = DbwConfig::new(n, 0.5);
@@ -739,8 +793,13 @@ mod tests {
             config.l_eta = match mode {
                 0 => LEta::Fixed(1.0),
                 1 => LEta::Secant { initial: 1.0, min: 0.05, max: 1.9 },
-                _ => LEta::Rayleigh { initial: 1.0, min: 0.05, max: 1.9 },
+                2 => LEta::Rayleigh { initial: 1.0, min: 0.05, max: 1.9 },
+                _ => LEta::Split { initial: 1.0, min: 0.05, max: 1.9 },
             };
+            if !half {
+                config.warmup_k = None;
+            }
+            let k0 = config.warmup_k.map_or(n, |k| k.clamp(config.k_min, n));
             let mut s = server(config, dim);
             let trace = run(&mut s, n, dim, 12, seed, &[slow]);
             let ks = chosen(&trace.events);
@@ -749,10 +808,10 @@ mod tests {
                 prop_assert_eq!(*v, i as u64 + 1);
                 prop_assert!(*k >= config.k_min && *k <= n, "K3: k = {} outside [{}, {}]", k, config.k_min, n);
                 if i + 1 < warmup as usize {
-                    prop_assert_eq!(*k, n);
+                    prop_assert_eq!(*k, k0);
                 }
             }
-            let k_of = |v: u64| if v == 0 { n as usize } else { ks[v as usize - 1].1 as usize };
+            let k_of = |v: u64| if v == 0 { k0 as usize } else { ks[v as usize - 1].1 as usize };
             let dropped = check(&trace, dim, 0.5, 1.0, k_of);
             prop_assert_eq!(dropped, s.stats().dropped_total());
         }
