@@ -7,6 +7,7 @@
 mod compare;
 mod group;
 mod protocol;
+mod reproduce;
 mod serve;
 mod straggler;
 mod summary;
@@ -49,6 +50,8 @@ pub enum Command {
     /// Run one group server of the grouped protocol over TCP: its members connect with
     /// `work`, and it connects upstream to a central `serve --protocol asp --workers G`.
     Group(group::GroupArgs),
+    /// Run the four papers' experiments over several seeds and print REPRODUCTION.md's tables.
+    Reproduce(reproduce::ReproduceArgs),
 }
 
 /// The model, the data and the randomness of a run.
@@ -130,6 +133,7 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => serve::run(&args),
         Command::Work(args) => work::run(&args),
         Command::Group(args) => group::run(&args),
+        Command::Reproduce(args) => reproduce::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
