@@ -150,7 +150,6 @@ impl ComputeSampler {
         self.step += 1;
         if s.is_nan() || s < 0.0 { 0.0 } else { s }
     }
-
 }
 
 /// One draw of `model` at step `step` (a nested [`ComputeModel::SlowPhase`] counts as its
@@ -184,7 +183,6 @@ fn sample(model: &ComputeModel, base: f64, rng: &mut Rng, burst_left: &mut u32, 
 }
 
 impl ComputeSampler {
-
     /// The duration of the next step (exact in nanoseconds for the deterministic models
     /// built on the base time).
     pub fn next_step(&mut self) -> Duration {

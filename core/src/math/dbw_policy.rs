@@ -127,7 +127,7 @@ impl CurvatureSplit {
     /// Regularisation towards the pooled ratio, as a fraction of the mean diagonal of the
     /// normal equations: small enough that a few dozen informative samples override
     /// it, large enough to keep the 2×2 system well posed from the first sample.
-    pub const RIDGE: f64 = 0.01;
+    pub const RIDGE: f64 = 0.3;
 
     /// An empty estimate with forgetting factor `beta` (clamped to `[0, 1)`).
     pub fn new(beta: f64) -> Self {
@@ -506,8 +506,8 @@ mod tests {
         let mut c = CurvatureSplit::new(0.95);
         assert_eq!(c.get(0.0, 2.0), None);
         for t in 0..400 {
-            let g = 0.1 + 0.2 * f64::from(t % 11);
-            let noise = 0.2 + 0.1 * f64::from(t % 7);
+            let g = if t % 2 == 0 { 0.02 } else { 2.0 + 0.1 * f64::from(t % 7) };
+            let noise = 0.2 + 0.1 * f64::from(t % 5);
             c.update(g, noise, 0.8 * g + 0.1 * noise);
         }
         let (a, b) = c.get(0.001, 1.9).unwrap();

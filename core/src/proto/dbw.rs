@@ -410,7 +410,9 @@ impl<T: Scalar, S: Buffer<T>> DbwServer<T, S> {
         }
         if let Some(e) = noise_estimate(k, self.sum_sq, mean_sq) {
             self.s.update(e.s);
-            self.g.update(e.g);
+            // Averaged before clipping at zero ([LEta::Split] plans with it): the clipped
+            // per-iteration Ĝ is biased upwards where noise dominates.
+            self.g.update(if let LEta::Split { .. } = self.config.l_eta { mean_sq - e.s / kf } else { e.g });
         } else if let Some(s) = self.s.get() {
             self.g.update((mean_sq - s / kf).max(0.0));
         }
@@ -465,7 +467,7 @@ impl<T: Scalar, S: Buffer<T>> DbwServer<T, S> {
         }
         let have_tau = self.tau_live == live;
         let l_eta = self.l_eta_estimate();
-        let (g, s) = (self.g.get(), self.s.get());
+        let (g, s) = (self.g.get().map(|g| g.max(0.0)), self.s.get());
         // No predicted decrease for any k: hold the current k (clamped), never jump to n
         // (crate::math::dbw_policy, "Never collapse to k = n").
         let hold = (self.engine.k as u32).clamp(k_lo, k_max);
