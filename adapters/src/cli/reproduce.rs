@@ -531,8 +531,8 @@ fn bap(quick: bool, jobs: usize) -> Vec<Table> {
                 ProtocolConfig::Bap(c)
             }));
         }
-        let budget = Duration::from_secs(if quick { 20 } else { 60 });
-        let reports = run_arms(jobs, &arms, &seeds, &mlp_setup(budget, Duration::from_millis(100), top));
+        let budget = Duration::from_secs(if quick { 10 } else { 60 });
+        let reports = run_arms(jobs, &arms, &seeds, &mlp_setup(budget, Duration::from_millis(250), top));
         let bsp_top =
             Stat::of(&reports[0].iter().map(|r| top.and_then(|t| r.time_to(Target::Accuracy(t)))).collect::<Vec<_>>());
         let rows = arms
@@ -563,7 +563,7 @@ fn bap(quick: bool, jobs: usize) -> Vec<Table> {
             command: format!("syncopate reproduce bap{}", if quick { " --quick" } else { "" }),
             settings: format!(
                 "8 workers, 10 ms base step; MLP (784-32-10) on mnist5k, lr {MLP_LR}, batch {MLP_BATCH}, budget {} s, \
-                 evaluation every 0.1 s, stop at {:.2}; iteration limit t_max = 20 ms (2× the base step); seeds 1–{}. \
+                 evaluation every 0.25 s, stop at {:.2}; iteration limit t_max = 20 ms (2× the base step); seeds 1–{}. \
                  Speedup = BSP's mean time to the last rung over the protocol's; compute/wait = compute share / \
                  (1 − compute share), averaged over workers and seeds.",
                 budget.as_secs_f64(),
@@ -582,8 +582,8 @@ fn grouped(quick: bool, jobs: usize) -> Vec<Table> {
     let n = 16;
     let seeds = seeds(quick);
     let ladder = acc_ladder();
-    let gs: &[u32] = if quick { &[1, 2, 4, 16] } else { &[1, 2, 4, 8, 16] };
-    let budget = Duration::from_secs(if quick { 8 } else { 12 });
+    let gs: &[u32] = if quick { &[1, 4, 16] } else { &[1, 2, 4, 8, 16] };
+    let budget = Duration::from_secs(if quick { 5 } else { 12 });
     let mut tables = Vec::new();
     for (name, factor) in [("one worker +300% (4×)", 4.0), ("one worker +900% (10×)", 10.0)] {
         let compute = ComputeModel::one_straggler(n, 0, factor);
@@ -600,7 +600,7 @@ fn grouped(quick: bool, jobs: usize) -> Vec<Table> {
                 }));
             }
         }
-        let reports = run_arms(jobs, &arms, &seeds, &mlp_setup(budget, Duration::from_millis(100), None));
+        let reports = run_arms(jobs, &arms, &seeds, &mlp_setup(budget, Duration::from_millis(250), None));
         let rows = arms
             .iter()
             .zip(&reports)
@@ -618,7 +618,7 @@ fn grouped(quick: bool, jobs: usize) -> Vec<Table> {
             settings: format!(
                 "16 workers (worker 0 slowed), 10 ms base step, contiguous groups; MLP (784-32-10) on mnist5k, \
                  lr {MLP_LR}, batch {MLP_BATCH}; lr scaling None = every group steps with lr, Linear = lr·n_g/n; \
-                 budget {} s, evaluation every 0.1 s; seeds 1–{}.",
+                 budget {} s, evaluation every 0.25 s; seeds 1–{}.",
                 budget.as_secs_f64(),
                 seeds.len()
             ),

@@ -270,6 +270,15 @@ mod tests {
     }
 
     #[test]
+    fn slow_phase_scales_only_its_steps() {
+        let m = ComputeModel::SlowPhase { base: Box::new(ComputeModel::None), factor: 5.0, from_step: 2, until_step: 4 };
+        let mut s = ComputeSampler::new(m.clone(), BASE, 1, 0);
+        let got: Vec<f64> = (0..6).map(|_| s.next_seconds()).collect();
+        assert_eq!(got, [0.01, 0.01, 0.05, 0.05, 0.01, 0.01]);
+        assert_eq!(m.mean_seconds(0.01), Some(0.01));
+    }
+
+    #[test]
     fn trace_seconds_round_trip_to_the_nanosecond() {
         for n in [1u64, 999, 10_000_000, 10_000_001, 1_234_567_891, 40_000_000_017] {
             let d = Duration::from_nanos(n);

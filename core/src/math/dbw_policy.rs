@@ -416,7 +416,7 @@ impl WorkerRtts {
     /// workers' CDFs at the midpoint of `[a, b)`.
     fn add_segment(&mut self, n: usize, live: &impl Fn(usize) -> bool, a: f64, b: f64, out: &mut [f64]) {
         let width = b - a;
-        if !(width > 0.0) {
+        if width.is_nan() || width <= 0.0 {
             return;
         }
         let mid = (a + b) / 2.0;
