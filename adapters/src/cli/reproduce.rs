@@ -163,6 +163,10 @@ fn base(protocol: ProtocolConfig, model: ModelKind, seed: u64, batch: usize, bud
     c
 }
 
+/// Builds one run: the protocol, the seed and the compute models in, the simulator's
+/// config and the workload out.
+type Setup<'a> = &'a dyn Fn(ProtocolConfig, u64, &[ComputeModel]) -> (SimConfig, Workload);
+
 /// A labelled configuration, run over every seed.
 struct Arm {
     label: String,
@@ -171,12 +175,7 @@ struct Arm {
 }
 
 /// Runs the arms over the seeds; returns per arm, per seed, the reports.
-fn run_arms(
-    jobs: usize,
-    arms: &[Arm],
-    seeds: &[u64],
-    setup: &dyn Fn(ProtocolConfig, u64, &[ComputeModel]) -> (SimConfig, Workload),
-) -> Vec<Vec<SimReport>> {
+fn run_arms(jobs: usize, arms: &[Arm], seeds: &[u64], setup: Setup<'_>) -> Vec<Vec<SimReport>> {
     let mut work = Vec::new();
     for arm in arms {
         for &seed in seeds {

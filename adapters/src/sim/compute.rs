@@ -52,7 +52,7 @@ pub enum ComputeModel {
     /// `factor` times as long (a cluster that turns slow for a while, then recovers).
     SlowPhase {
         /// The model outside (and, scaled, inside) the phase.
-        base: Box<ComputeModel>,
+        base: Box<Self>,
         /// The slowdown during the phase.
         factor: f64,
         /// First step of the phase.
@@ -271,7 +271,8 @@ mod tests {
 
     #[test]
     fn slow_phase_scales_only_its_steps() {
-        let m = ComputeModel::SlowPhase { base: Box::new(ComputeModel::None), factor: 5.0, from_step: 2, until_step: 4 };
+        let m =
+            ComputeModel::SlowPhase { base: Box::new(ComputeModel::None), factor: 5.0, from_step: 2, until_step: 4 };
         let mut s = ComputeSampler::new(m.clone(), BASE, 1, 0);
         let got: Vec<f64> = (0..6).map(|_| s.next_seconds()).collect();
         assert_eq!(got, [0.01, 0.01, 0.05, 0.05, 0.01, 0.01]);
