@@ -4,6 +4,7 @@
 //! kernels are plain loops written so that the compiler vectorises them; the benches in
 //! `benches/` measure them against a memory copy of the same bytes.
 
+pub mod dbw_policy;
 pub mod estimate;
 mod scalar;
 mod vector;

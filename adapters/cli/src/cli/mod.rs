@@ -7,6 +7,7 @@
 mod compare;
 mod group;
 mod protocol;
+mod reproduce;
 mod serve;
 
 mod summary;
@@ -50,6 +51,8 @@ pub enum Command {
     /// Run one group server of the grouped protocol over TCP: it connects upstream to a
     /// central `serve --protocol grouped --remote-groups`, and its members connect with `work`.
     Group(group::GroupArgs),
+    /// Run the four papers' experiments over several seeds and print REPRODUCTION.md's tables.
+    Reproduce(reproduce::ReproduceArgs),
 }
 
 /// The model, the data and the randomness of a run.
@@ -131,6 +134,7 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => serve::run(&args),
         Command::Work(args) => work::run(&args),
         Command::Group(args) => group::run(&args),
+        Command::Reproduce(args) => reproduce::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

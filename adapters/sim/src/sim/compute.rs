@@ -48,6 +48,18 @@ pub enum ComputeModel {
     },
     /// Replay of recorded step times in seconds, cycled; an empty trace means the base time.
     Trace(Vec<f64>),
+    /// A regime change: `base`, except that steps `from_step..until_step` of this worker take
+    /// `factor` times as long (a cluster that turns slow for a while, then recovers).
+    SlowPhase {
+        /// The model outside (and, scaled, inside) the phase.
+        base: Box<Self>,
+        /// The slowdown during the phase.
+        factor: f64,
+        /// First step of the phase.
+        from_step: u64,
+        /// First step after the phase.
+        until_step: u64,
+    },
 }
 
 impl ComputeModel {
@@ -88,6 +100,7 @@ impl ComputeModel {
             }
             Self::Trace(t) if t.is_empty() => Some(base),
             Self::Trace(t) => Some(t.iter().sum::<f64>() / t.len() as f64),
+            Self::SlowPhase { base: inner, .. } => inner.mean_seconds(base),
         }
     }
 }
@@ -126,19 +139,35 @@ impl ComputeSampler {
     /// The duration of the next step, in seconds (never negative, never NaN; may be
     /// infinite for a degenerate model, which [`Self::next_step`] saturates).
     pub fn next_seconds(&mut self) -> f64 {
-        let base = self.base;
-        let s = match &self.model {
+        let (scale, model) = match &self.model {
+            ComputeModel::SlowPhase { base, factor, from_step, until_step } => {
+                let inside = (*from_step..*until_step).contains(&self.step);
+                (if inside { *factor } else { 1.0 }, &**base)
+            }
+            other => (1.0, other),
+        };
+        let s = scale * sample(model, self.base, &mut self.rng, &mut self.burst_left, self.step);
+        self.step += 1;
+        if s.is_nan() || s < 0.0 { 0.0 } else { s }
+    }
+}
+
+/// One draw of `model` at step `step` (a nested [`ComputeModel::SlowPhase`] counts as its
+/// base model).
+fn sample(model: &ComputeModel, base: f64, rng: &mut Rng, burst_left: &mut u32, step: u64) -> f64 {
+    {
+        match model {
             ComputeModel::None => base,
             ComputeModel::Slowdown(f) => base * f,
             ComputeModel::ExtraDelay(d) => base + d.as_secs_f64(),
-            ComputeModel::ShiftedExp { shift, rate } => base * (shift + self.rng.exponential(*rate)),
-            ComputeModel::Pareto { scale, shape } => base * self.rng.pareto(*scale, *shape),
+            ComputeModel::ShiftedExp { shift, rate } => base * (shift + rng.exponential(*rate)),
+            ComputeModel::Pareto { scale, shape } => base * rng.pareto(*scale, *shape),
             ComputeModel::Bursts { probability, factor, length } => {
-                if self.burst_left == 0 && self.rng.next_f64() < *probability {
-                    self.burst_left = *length;
+                if *burst_left == 0 && rng.next_f64() < *probability {
+                    *burst_left = *length;
                 }
-                if self.burst_left > 0 {
-                    self.burst_left -= 1;
+                if *burst_left > 0 {
+                    *burst_left -= 1;
                     base * factor
                 } else {
                     base
@@ -146,13 +175,14 @@ impl ComputeSampler {
             }
             ComputeModel::Trace(t) => match t.len() {
                 0 => base,
-                len => t.get((self.step % len as u64) as usize).copied().unwrap_or(base),
+                len => t.get((step % len as u64) as usize).copied().unwrap_or(base),
             },
-        };
-        self.step += 1;
-        if s.is_nan() || s < 0.0 { 0.0 } else { s }
+            ComputeModel::SlowPhase { base: inner, .. } => sample(inner, base, rng, burst_left, step),
+        }
     }
+}
 
+impl ComputeSampler {
     /// The duration of the next step (exact in nanoseconds for the deterministic models
     /// built on the base time).
     pub fn next_step(&mut self) -> Duration {
@@ -237,6 +267,16 @@ mod tests {
             }
         }
         assert!(slow.iter().filter(|&&x| x).count() > 1000);
+    }
+
+    #[test]
+    fn slow_phase_scales_only_its_steps() {
+        let m =
+            ComputeModel::SlowPhase { base: Box::new(ComputeModel::None), factor: 5.0, from_step: 2, until_step: 4 };
+        let mut s = ComputeSampler::new(m.clone(), BASE, 1, 0);
+        let got: Vec<f64> = (0..6).map(|_| s.next_seconds()).collect();
+        assert_eq!(got, [0.01, 0.01, 0.05, 0.05, 0.01, 0.01]);
+        assert_eq!(m.mean_seconds(0.01), Some(0.01));
     }
 
     #[test]

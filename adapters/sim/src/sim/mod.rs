@@ -75,7 +75,8 @@ pub use config::{
 };
 pub use engine::FAULT_STREAM;
 pub use report::{
-    Bucket, CurvePoint, Fault, FaultStats, Node, Observation, SimReport, StalenessStats, TraceStep, WorkerReport,
+    Bucket, CurvePoint, Fault, FaultStats, Node, Observation, SimReport, StalenessStats, Target, TraceStep,
+    WorkerReport,
 };
 
 use crate::workload::Workload;

@@ -390,7 +390,47 @@ pub struct SimReport {
     pub final_params: Vec<f32>,
 }
 
+/// One rung of a ladder of targets: a test loss to get down to or a test accuracy to get
+/// up to. Progress over a long run is reported as the time to each rung
+/// ([`SimReport::time_to`]) rather than to one threshold.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub enum Target {
+    /// Test loss at or below this.
+    Loss(f64),
+    /// Test accuracy at or above this.
+    Accuracy(f64),
+}
+
+impl Target {
+    /// Whether an evaluation reached the target.
+    pub fn reached(&self, point: &CurvePoint) -> bool {
+        match *self {
+            Self::Loss(x) => point.loss <= x,
+            Self::Accuracy(x) => point.accuracy >= x,
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Loss(x) => write!(f, "loss {x}"),
+            Self::Accuracy(x) => write!(f, "acc {x}"),
+        }
+    }
+}
+
 impl SimReport {
+    /// Virtual seconds until the first evaluation that reached `target` (`None`: never).
+    pub fn time_to(&self, target: Target) -> Option<f64> {
+        self.curve.iter().find(|p| target.reached(p)).map(|p| p.time_s)
+    }
+
+    /// [`Self::time_to`] for every rung of a ladder, in order.
+    pub fn ladder(&self, targets: &[Target]) -> Vec<Option<f64>> {
+        targets.iter().map(|t| self.time_to(*t)).collect()
+    }
+
     /// The recorded step times of `worker`, in step order (for replay with
     /// [`super::ComputeModel::Trace`]).
     pub fn worker_trace(&self, worker: u32) -> Vec<f64> {

@@ -11,6 +11,8 @@ use syncopate::rng::Rng;
 /// The digits data set as gzip CSV: 1797 rows of 64 pixel counts (0..=16) and a label (0..=9).
 /// Alpaydin & Kaynak 1998, UCI Machine Learning Repository, CC BY 4.0.
 const DIGITS_CSV_GZ: &[u8] = include_bytes!("../../data/digits.csv.gz");
+/// 5,000 MNIST images (see `adapters/data/README.md` for the source and licence).
+const MNIST5K_CSV_GZ: &[u8] = include_bytes!("../../data/mnist_5k.csv.gz");
 
 /// PRNG sub-stream used by [`Dataset::split`].
 const SPLIT_STREAM: u64 = 0x0053_504c_4954; // "SPLIT"
@@ -60,6 +62,15 @@ impl Dataset {
         GzDecoder::new(DIGITS_CSV_GZ).read_to_end(&mut text).expect("embedded digits data is valid gzip");
         let options = CsvOptions { scaling: Scaling::Divide(16.0), ..CsvOptions::default() };
         Self::from_csv_reader(&text[..], &options).expect("embedded digits data is valid CSV")
+    }
+
+    /// The built-in 5,000-image MNIST subset: 784 grey levels scaled by 1/255, 10 classes,
+    /// 500 rows each (source in the [module docs](super)).
+    pub fn mnist5k() -> Self {
+        let mut text = Vec::new();
+        GzDecoder::new(MNIST5K_CSV_GZ).read_to_end(&mut text).expect("embedded MNIST data is valid gzip");
+        let options = CsvOptions { scaling: Scaling::Divide(255.0), ..CsvOptions::default() };
+        Self::from_csv_reader(&text[..], &options).expect("embedded MNIST data is valid CSV")
     }
 
     /// Number of rows.
@@ -201,6 +212,14 @@ mod tests {
         let labels = vec![0, 1, 2, 0, 1, 0, 1, 2, 0, 1];
         let features = (0..20).map(|v| v as f32).collect();
         Dataset { features, labels, n_features: 2, n_classes: 3 }
+    }
+
+    #[test]
+    fn mnist5k_loads_with_the_documented_shape() {
+        let d = Dataset::mnist5k();
+        assert_eq!((d.len(), d.n_features, d.n_classes), (5000, 784, 10));
+        assert!(d.features.iter().all(|&v| (0.0..=1.0).contains(&v)));
+        assert!(d.class_counts().iter().all(|&c| c == 500), "{:?}", d.class_counts());
     }
 
     #[test]

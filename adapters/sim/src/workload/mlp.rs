@@ -60,7 +60,7 @@ pub(super) fn accumulate(
         let x = data.row(i);
         let n_inputs = forward(n_features, hidden, params, x, scratch);
         total += softmax_cross_entropy(&mut scratch.logits, data.labels[i] as usize);
-        let Scratch { logits: d_logits, hidden: a, d_hidden, nz_inputs } = &mut *scratch;
+        let Scratch { logits: d_logits, hidden: a, d_hidden, nz_inputs, .. } = &mut *scratch;
         // Output layer: dW2[k] = dL/dz[k] a, db2 = dL/dz, dL/da = W2^T dL/dz.
         d_hidden.fill(0.0);
         for ((gw_row, w_row), &d) in gw2.chunks_exact_mut(hidden).zip(w2.chunks_exact(hidden)).zip(d_logits.iter()) {

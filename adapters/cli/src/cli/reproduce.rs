@@ -1,0 +1,700 @@
+//! `syncopate reproduce [dbw|wbsp|bap|grouped|all] [--quick] [--json] [--plot DIR]`: each
+//! paper's experiment in the simulator, over several seeds, as the tables of REPRODUCTION.md
+//! (mean ± standard error, each table naming the command that made it).
+//!
+//! The settings of every experiment are written out in the functions below and in
+//! REPRODUCTION.md; `--quick` shortens the budgets and drops some configurations (for CI);
+//! both use seeds 1–5.
+
+use super::Failure;
+use crate::sim::{self, ComputeModel, SimConfig, SimReport, Target};
+use crate::workload::{ModelKind, Workload};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use syncopate::proto::asp::AspConfig;
+use syncopate::proto::backup::BackupConfig;
+use syncopate::proto::bap::BapConfig;
+use syncopate::proto::bsp::BspConfig;
+use syncopate::proto::dbw::DbwConfig;
+use syncopate::proto::grouped::{GroupedConfig, LrScaling};
+use syncopate::proto::ssp::SspConfig;
+use syncopate::proto::wbsp::WbspConfig;
+use syncopate::{Duration, ProtocolConfig, ServerEvent};
+
+/// Which experiment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Which {
+    /// Dynamic backup workers on the noisy quadratic model.
+    Dbw,
+    /// Worker-busy synchronous parallel, H1/H2/H3.
+    Wbsp,
+    /// Bounded asynchronous parallel, transient and persistent delays.
+    Bap,
+    /// Grouped hybrid, +300% and +900% stragglers.
+    Grouped,
+    /// All four.
+    All,
+}
+
+/// Flags of `syncopate reproduce`.
+#[derive(Clone, Debug, Args)]
+pub struct ReproduceArgs {
+    /// The experiment.
+    #[arg(value_enum, default_value = "all")]
+    pub which: Which,
+    /// Short budgets and fewer configurations (5 seeds), for CI.
+    #[arg(long)]
+    pub quick: bool,
+    /// Print the tables as one JSON object on stdout instead of Markdown.
+    #[arg(long)]
+    pub json: bool,
+    /// Write plots (SVG) and the b_t trajectories (CSV) into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
+    /// Simulations to run at once (default: the machine's cores).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub jobs: Option<u32>,
+}
+
+/// One table of results.
+#[derive(Clone, Debug, Serialize)]
+pub(super) struct Table {
+    /// Title.
+    pub title: String,
+    /// The command that makes it.
+    pub command: String,
+    /// Settings, in words.
+    pub settings: String,
+    /// Column names.
+    pub header: Vec<String>,
+    /// Cells.
+    pub rows: Vec<Vec<String>>,
+    /// Remarks computed from the numbers (e.g. the DBW ratio per rung).
+    pub notes: Vec<String>,
+}
+
+impl Table {
+    fn markdown(&self) -> String {
+        let mut s = format!("### {}\n\n`{}`\n\n{}\n\n", self.title, self.command, self.settings);
+        let _ = writeln!(s, "| {} |", self.header.join(" | "));
+        let _ = writeln!(s, "|{}", "---|".repeat(self.header.len()));
+        for r in &self.rows {
+            let _ = writeln!(s, "| {} |", r.join(" | "));
+        }
+        for n in &self.notes {
+            let _ = writeln!(s, "\n{n}");
+        }
+        s
+    }
+}
+
+/// Mean and standard error of the seeds that reached a target, and how many did.
+#[derive(Clone, Copy, Debug, Serialize)]
+struct Stat {
+    mean: f64,
+    se: f64,
+    reached: usize,
+    seeds: usize,
+}
+
+impl Stat {
+    fn of(xs: &[Option<f64>]) -> Self {
+        let got: Vec<f64> = xs.iter().flatten().copied().collect();
+        let n = got.len();
+        let mean = if n > 0 { got.iter().sum::<f64>() / n as f64 } else { f64::NAN };
+        let se = if n > 1 {
+            (got.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64 / n as f64).sqrt()
+        } else {
+            0.0
+        };
+        Self { mean, se, reached: n, seeds: xs.len() }
+    }
+
+    /// Complete: every seed reached it.
+    fn complete(&self) -> bool {
+        self.reached == self.seeds && self.seeds > 0
+    }
+
+    fn cell(&self) -> String {
+        match (self.reached, self.seeds) {
+            (0, _) => "—".into(),
+            (r, s) if r == s => format!("{:.3} ± {:.3}", self.mean, self.se),
+            (r, s) => format!("{:.3} ± {:.3} ({r}/{s})", self.mean, self.se),
+        }
+    }
+}
+
+/// Seeds 1–5 for both the quick and the full run (the full run differs in budgets and in
+/// the configurations swept; more seeds did not fit the 30-minute budget on 2 cores).
+fn seeds(_quick: bool) -> Vec<u64> {
+    (1..=5).collect()
+}
+
+/// Runs every `(config, workload)` job on `jobs` threads, results in order.
+fn run_all(jobs: usize, work: Vec<(SimConfig, Workload)>) -> Vec<SimReport> {
+    let next = AtomicUsize::new(0);
+    let out: Mutex<Vec<Option<SimReport>>> = Mutex::new(vec![None; work.len()]);
+    std::thread::scope(|s| {
+        for _ in 0..jobs.clamp(1, work.len().max(1)) {
+            let builder = std::thread::Builder::new().name("reproduce".into()).stack_size(64 << 20);
+            let _ = builder.spawn_scoped(s, || {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((config, workload)) = work.get(i) else { break };
+                    let report = sim::run(config, workload);
+                    if let Ok(mut o) = out.lock() {
+                        o[i] = Some(report);
+                    }
+                }
+            });
+        }
+    });
+    out.into_inner().unwrap_or_default().into_iter().flatten().collect()
+}
+
+fn base(protocol: ProtocolConfig, model: ModelKind, seed: u64, batch: usize, budget: Duration) -> SimConfig {
+    let mut c = SimConfig::new(protocol, model).with_seed(seed).with_max_time(budget);
+    c.batch_size = batch;
+    c.record_trace = false;
+    c
+}
+
+/// Builds one run: the protocol, the seed and the compute models in, the simulator's
+/// config and the workload out.
+type Setup<'a> = &'a dyn Fn(ProtocolConfig, u64, &[ComputeModel]) -> (SimConfig, Workload);
+
+/// A labelled configuration, run over every seed.
+struct Arm {
+    label: String,
+    protocol: Box<dyn Fn(u64) -> ProtocolConfig>,
+    compute: Vec<ComputeModel>,
+}
+
+/// Runs the arms over the seeds; returns per arm, per seed, the reports.
+fn run_arms(jobs: usize, arms: &[Arm], seeds: &[u64], setup: Setup<'_>) -> Vec<Vec<SimReport>> {
+    let mut work = Vec::new();
+    for arm in arms {
+        for &seed in seeds {
+            work.push(setup((arm.protocol)(seed), seed, &arm.compute));
+        }
+    }
+    let mut reports = run_all(jobs, work).into_iter();
+    arms.iter().map(|_| seeds.iter().filter_map(|_| reports.next()).collect()).collect()
+}
+
+fn ladder_stats(reports: &[SimReport], ladder: &[Target]) -> Vec<Stat> {
+    ladder.iter().map(|t| Stat::of(&reports.iter().map(|r| r.time_to(*t)).collect::<Vec<_>>())).collect()
+}
+
+fn ladder_header(first: &str, ladder: &[Target], extra: &[&str]) -> Vec<String> {
+    let mut h = vec![first.to_string()];
+    h.extend(ladder.iter().map(|t| format!("time to {t} (s)")));
+    h.extend(extra.iter().map(|s| s.to_string()));
+    h
+}
+
+// ---------------------------------------------------------------------------------------
+// DBW
+// ---------------------------------------------------------------------------------------
+
+const DBW_N: u32 = 16;
+const NQM_DIM: usize = 100;
+const NQM_POOL: usize = 8192;
+const DBW_LR: f64 = 0.5;
+const DBW_BATCH: usize = 2;
+
+fn dbw_ladder() -> Vec<Target> {
+    [1.0, 0.3, 0.1, 0.05, 0.03].into_iter().map(Target::Loss).collect()
+}
+
+/// The three DBW clusters: (name, per-worker compute models, budget).
+fn dbw_scenarios(quick: bool) -> Vec<(&'static str, Vec<ComputeModel>, Duration)> {
+    let shifted = ComputeModel::ShiftedExp { shift: 0.2, rate: 1.0 };
+    let pareto = ComputeModel::Pareto { scale: 0.5, shape: 1.5 };
+    // A third of the workers (5 of 16) 5–20x slower for steps 200..800, then calm again.
+    let regime: Vec<ComputeModel> = (0..DBW_N)
+        .map(|i| {
+            if i < 5 {
+                ComputeModel::SlowPhase {
+                    base: Box::new(shifted.clone()),
+                    factor: 5.0 + 15.0 * f64::from(i) / 4.0,
+                    from_step: 200,
+                    until_step: 800,
+                }
+            } else {
+                shifted.clone()
+            }
+        })
+        .collect();
+    let budget = Duration::from_secs(if quick { 12 } else { 30 });
+    vec![
+        ("shifted-exp 10 ms·(0.2 + Exp(1))", ComputeModel::all(DBW_N, &shifted), budget),
+        ("Pareto 10 ms·Pareto(0.5, 1.5)", ComputeModel::all(DBW_N, &pareto), budget),
+        ("regime change (5 of 16 workers 5–20× slower for steps 200–800)", regime, budget),
+    ]
+}
+
+fn dbw_setup(budget: Duration) -> impl Fn(ProtocolConfig, u64, &[ComputeModel]) -> (SimConfig, Workload) {
+    move |p, seed, compute| {
+        let mut c = base(p, ModelKind::Nqm { dim: NQM_DIM }, seed, DBW_BATCH, budget).with_compute(compute.to_vec());
+        c.eval_interval = Duration::from_millis(10);
+        c.target_accuracy = 2.0;
+        (c, Workload::nqm(NQM_DIM, NQM_POOL, seed))
+    }
+}
+
+/// The best schedule that switches `b` once, from the static runs' mean ladder times: run
+/// `b1` until rung `j`, then `b2` from its own time at rung `j` (assumes `b2`'s progress
+/// from a loss level does not depend on how it got there). Returns, per rung, the time.
+fn switch_once(static_means: &[Vec<f64>], rungs: usize) -> Vec<f64> {
+    (0..rungs)
+        .map(|r| {
+            let mut best = f64::INFINITY;
+            for a in static_means {
+                best = best.min(a[r]);
+                for j in 0..r {
+                    for b in static_means {
+                        let t = a[j] + (b[r] - b[j]);
+                        if t.is_finite() {
+                            best = best.min(t);
+                        }
+                    }
+                }
+            }
+            best
+        })
+        .collect()
+}
+
+fn dbw(quick: bool, jobs: usize, plot: Option<&Path>) -> Result<Vec<Table>, String> {
+    let seeds = seeds(quick);
+    let ladder = dbw_ladder();
+    let bs: Vec<u32> = if quick { vec![0, 2, 4, 6, 8, 10, 12, 14, 15] } else { (0..DBW_N).collect() };
+    let mut tables = Vec::new();
+    for (name, compute, budget) in dbw_scenarios(quick) {
+        let mut arms: Vec<Arm> = bs
+            .iter()
+            .map(|&b| Arm {
+                label: if b == 0 { "b = 0 (BSP)".into() } else { format!("b = {b}") },
+                protocol: Box::new(move |_| ProtocolConfig::Backup(BackupConfig::new(DBW_N, DBW_LR, b))),
+                compute: compute.clone(),
+            })
+            .collect();
+        arms.push(Arm {
+            label: "**DBW**".into(),
+            protocol: Box::new(|_| ProtocolConfig::Dbw(DbwConfig::new(DBW_N, DBW_LR))),
+            compute: compute.clone(),
+        });
+        let reports = run_arms(jobs, &arms, &seeds, &dbw_setup(budget));
+        let stats: Vec<Vec<Stat>> = reports.iter().map(|r| ladder_stats(r, &ladder)).collect();
+        let mut rows: Vec<Vec<String>> = arms
+            .iter()
+            .zip(&stats)
+            .map(|(a, st)| std::iter::once(a.label.clone()).chain(st.iter().map(Stat::cell)).collect())
+            .collect();
+        // Best static per rung (complete arms only), DBW's ratio, and the switch-once bound.
+        let statics = &stats[..bs.len()];
+        let dbw_stats = &stats[bs.len()];
+        let means: Vec<Vec<f64>> = statics
+            .iter()
+            .map(|st| st.iter().map(|s| if s.complete() { s.mean } else { f64::INFINITY }).collect())
+            .collect();
+        let mut best_row = vec!["best static b (in hindsight)".to_string()];
+        let mut ratio_row = vec!["DBW / best static".to_string()];
+        let mut switch_row = vec!["best switch-once schedule".to_string()];
+        let sw = switch_once(&means, ladder.len());
+        for r in 0..ladder.len() {
+            let best = statics
+                .iter()
+                .enumerate()
+                .filter(|(_, st)| st[r].complete())
+                .min_by(|a, b| a.1[r].mean.total_cmp(&b.1[r].mean));
+            match best {
+                Some((i, st)) => {
+                    best_row.push(format!("b = {}: {:.3}", bs[i], st[r].mean));
+                    ratio_row.push(if dbw_stats[r].complete() {
+                        format!("{:.2}×", dbw_stats[r].mean / st[r].mean)
+                    } else {
+                        format!("missed ({}/{})", dbw_stats[r].reached, dbw_stats[r].seeds)
+                    });
+                }
+                None => {
+                    best_row.push("none reached".into());
+                    ratio_row.push("—".into());
+                }
+            }
+            switch_row.push(if sw[r].is_finite() { format!("{:.3}", sw[r]) } else { "—".into() });
+        }
+        rows.push(best_row);
+        rows.push(ratio_row);
+        rows.push(switch_row);
+        // b_t of DBW, seed 1.
+        let trajectory = dbw_trajectory(&compute, budget);
+        let mean_b = trajectory.iter().map(|(_, b)| f64::from(*b)).sum::<f64>() / trajectory.len().max(1) as f64;
+        let mut notes = vec![format!(
+            "DBW's b_t (seed 1): mean {mean_b:.1} over {} iterations; {}",
+            trajectory.len(),
+            summarize_bt(&trajectory)
+        )];
+        if let Some(dir) = plot {
+            let slug: String = name
+                .split_whitespace()
+                .next()
+                .unwrap_or("x")
+                .chars()
+                .filter(|c| c.is_alphanumeric() || *c == '-')
+                .collect();
+            let csv = dir.join(format!("dbw_bt_{slug}.csv"));
+            let mut text = String::from("time_s,b\n");
+            for (t, b) in &trajectory {
+                let _ = writeln!(text, "{t:.4},{b}");
+            }
+            std::fs::write(&csv, text).map_err(|e| format!("{}: cannot write: {e}", csv.display()))?;
+            let svg = dir.join(format!("dbw_bt_{slug}.svg"));
+            let points: Vec<sim::CurvePoint> = trajectory
+                .iter()
+                .map(|(t, b)| sim::CurvePoint {
+                    time_s: *t,
+                    version: 0,
+                    accuracy: f64::from(*b) / f64::from(DBW_N),
+                    loss: 0.0,
+                })
+                .collect();
+            crate::plot::accuracy_svg(
+                &svg,
+                &format!("DBW b_t / n, {name} (seed 1)"),
+                &[("b_t / 16".into(), points)],
+                0.0,
+            )?;
+            notes.push(format!("b_t plotted in `{}`.", svg.display()));
+        }
+        tables.push(Table {
+            title: format!("DBW — {name}"),
+            command: format!("syncopate reproduce dbw{}", if quick { " --quick" } else { "" }),
+            settings: format!(
+                "16 workers, noisy quadratic model (d = {NQM_DIM}, h_i = 1/i, batch {DBW_BATCH}, noise pool {NQM_POOL}), \
+                 constant lr {DBW_LR}, static b via backup workers (option A), DBW defaults, {} s virtual budget, \
+                 evaluation every 10 ms, seeds 1–{}. Times: mean ± s.e. over the seeds that reached the rung \
+                 (r/s when not all did; — none).",
+                budget.as_secs_f64(),
+                seeds.len()
+            ),
+            header: ladder_header("config", &ladder, &[]),
+            rows,
+            notes,
+        });
+    }
+    Ok(tables)
+}
+
+fn dbw_trajectory(compute: &[ComputeModel], budget: Duration) -> Vec<(f64, u32)> {
+    let (config, workload) = dbw_setup(budget)(ProtocolConfig::Dbw(DbwConfig::new(DBW_N, DBW_LR)), 1, compute);
+    let mut out = Vec::new();
+    sim::run_observed(&config, &workload, &mut |o| {
+        if let sim::Observation::Server { at, event: ServerEvent::BackupChosen { k, .. } } = o {
+            out.push((at.as_nanos() as f64 / 1e9, DBW_N - *k));
+        }
+    });
+    out
+}
+
+fn summarize_bt(t: &[(f64, u32)]) -> String {
+    let tenth = (t.len() / 10).max(1);
+    let parts: Vec<String> = t
+        .chunks(tenth)
+        .take(10)
+        .map(|c| {
+            let m = c.iter().map(|(_, b)| f64::from(*b)).sum::<f64>() / c.len() as f64;
+            format!("{m:.1}")
+        })
+        .collect();
+    format!("by tenths of the run: {}", parts.join(", "))
+}
+
+// ---------------------------------------------------------------------------------------
+// WBSP, BAP, grouped: the non-convex model on mnist5k
+// ---------------------------------------------------------------------------------------
+
+const MLP: ModelKind = ModelKind::Mlp { hidden: 32 };
+const MLP_LR: f64 = 0.2;
+const MLP_BATCH: usize = 32;
+
+fn acc_ladder() -> Vec<Target> {
+    [0.80, 0.85, 0.88, 0.90].into_iter().map(Target::Accuracy).collect()
+}
+
+fn mlp_setup(
+    budget: Duration,
+    eval: Duration,
+    stop_at: Option<f64>,
+) -> impl Fn(ProtocolConfig, u64, &[ComputeModel]) -> (SimConfig, Workload) {
+    move |p, seed, compute| {
+        let mut c = base(p, MLP, seed, MLP_BATCH, budget).with_compute(compute.to_vec());
+        c.eval_interval = eval;
+        if let Some(t) = stop_at {
+            c = c.stop_at_target(t);
+        }
+        (c, Workload::mnist5k(MLP, seed))
+    }
+}
+
+fn arm(label: &str, compute: &[ComputeModel], p: impl Fn(u64) -> ProtocolConfig + 'static) -> Arm {
+    Arm { label: label.into(), protocol: Box::new(p), compute: compute.to_vec() }
+}
+
+/// WBSP's H1/H2/H3 as extra delays in multiples of the base step (REPRODUCTION.md has the
+/// derivation: the scripts' sleeps 0.5/1.0/1.5 s over a ≈ 32 ms CIFAR-10 CNN step).
+const WBSP_MULTIPLES: [(&str, u64); 3] = [("H1", 15), ("H2", 30), ("H3", 45)];
+
+fn wbsp(quick: bool, jobs: usize) -> Vec<Table> {
+    let n = 8;
+    let seeds = seeds(quick);
+    let ladder = acc_ladder();
+    let top = ladder.last().and_then(|t| if let Target::Accuracy(a) = t { Some(*a) } else { None });
+    let mut tables = Vec::new();
+    let settings: &[(&str, u64)] = if quick { &WBSP_MULTIPLES[..1] } else { &WBSP_MULTIPLES };
+    for &(h, m) in settings {
+        let compute = ComputeModel::odd_workers_delayed(n, Duration::from_millis(10 * m));
+        let arms = vec![
+            arm("BSP", &compute, move |_| ProtocolConfig::Bsp(BspConfig::new(n, MLP_LR))),
+            arm("ASP", &compute, move |_| ProtocolConfig::Asp(AspConfig::new(n, MLP_LR / f64::from(n)))),
+            arm("SSP s=40", &compute, move |_| ProtocolConfig::Ssp(SspConfig::new(n, MLP_LR, 40))),
+            arm("WBSP", &compute, move |_| ProtocolConfig::Wbsp(WbspConfig::new(n, MLP_LR))),
+            arm("WBSP-overlap", &compute, move |_| {
+                let mut c = WbspConfig::new(n, MLP_LR);
+                c.overlap = true;
+                ProtocolConfig::Wbsp(c)
+            }),
+        ];
+        let budget = Duration::from_secs(if quick { 60 } else { 240 });
+        let reports = run_arms(jobs, &arms, &seeds, &mlp_setup(budget, Duration::from_millis(500), top));
+        let rows = arms
+            .iter()
+            .zip(&reports)
+            .map(|(a, r)| {
+                let mut row = vec![a.label.clone()];
+                row.extend(ladder_stats(r, &ladder).iter().map(Stat::cell));
+                let share = Stat::of(&r.iter().map(|x| Some(x.mean_compute_share * 100.0)).collect::<Vec<_>>());
+                row.push(format!("{:.0} ± {:.0}%", share.mean, share.se));
+                row
+            })
+            .collect();
+        tables.push(Table {
+            title: format!("WBSP — {h}: odd workers +{m}× the base step"),
+            command: format!("syncopate reproduce wbsp{}", if quick { " --quick" } else { "" }),
+            settings: format!(
+                "8 workers, 10 ms base step, odd-index workers sleep {m} × 10 ms extra per local step; MLP (784-32-10) \
+                 on mnist5k (4,000/1,000 split), lr {MLP_LR} (ASP lr/8 per gradient), batch {MLP_BATCH}, budget {} s, \
+                 evaluation every 0.5 s, stop at {:.2}; seeds 1–{}.",
+                budget.as_secs_f64(),
+                top.unwrap_or(0.0),
+                seeds.len()
+            ),
+            header: ladder_header("protocol", &ladder, &["compute share"]),
+            rows,
+            notes: Vec::new(),
+        });
+    }
+    tables
+}
+
+fn bap(quick: bool, jobs: usize) -> Vec<Table> {
+    let n = 8;
+    let seeds = seeds(quick);
+    let ladder = acc_ladder();
+    let top = ladder.last().and_then(|t| if let Target::Accuracy(a) = t { Some(*a) } else { None });
+    let scenarios = [
+        (
+            "transient: every worker, bursts of 5 steps at 4× with probability 0.05 per step",
+            ComputeModel::all(n, &ComputeModel::Bursts { probability: 0.05, factor: 4.0, length: 5 }),
+        ),
+        ("persistent: worker 0 always 4× slower", ComputeModel::one_straggler(n, 0, 4.0)),
+    ];
+    let ss: &[u64] = if quick { &[1, 4] } else { &[1, 2, 4] };
+    let t_max = Duration::from_millis(20);
+    let mut tables = Vec::new();
+    for (name, compute) in scenarios {
+        let mut arms = vec![arm("BSP", &compute, move |_| ProtocolConfig::Bsp(BspConfig::new(n, MLP_LR)))];
+        for &s in ss {
+            arms.push(arm(&format!("SSP s={s}"), &compute, move |_| ProtocolConfig::Ssp(SspConfig::new(n, MLP_LR, s))));
+            arms.push(arm(&format!("BAP s={s}, no limit"), &compute, move |_| {
+                ProtocolConfig::Bap(BapConfig::new(n, MLP_LR, s))
+            }));
+            arms.push(arm(&format!("BAP s={s}, t_max 20 ms"), &compute, move |_| {
+                let mut c = BapConfig::new(n, MLP_LR, s);
+                c.iteration_timeout = Some(t_max);
+                ProtocolConfig::Bap(c)
+            }));
+        }
+        let budget = Duration::from_secs(if quick { 10 } else { 60 });
+        let reports = run_arms(jobs, &arms, &seeds, &mlp_setup(budget, Duration::from_millis(250), top));
+        let bsp_top =
+            Stat::of(&reports[0].iter().map(|r| top.and_then(|t| r.time_to(Target::Accuracy(t)))).collect::<Vec<_>>());
+        let rows = arms
+            .iter()
+            .zip(&reports)
+            .map(|(a, r)| {
+                let mut row = vec![a.label.clone()];
+                let st = ladder_stats(r, &ladder);
+                row.extend(st.iter().map(Stat::cell));
+                let last = st.last().copied();
+                row.push(match last {
+                    Some(l) if l.complete() && bsp_top.complete() => format!("{:.2}×", bsp_top.mean / l.mean),
+                    _ => "—".into(),
+                });
+                let ratio = Stat::of(
+                    &r.iter()
+                        .map(|x| {
+                            (x.mean_compute_share < 1.0).then(|| x.mean_compute_share / (1.0 - x.mean_compute_share))
+                        })
+                        .collect::<Vec<_>>(),
+                );
+                row.push(format!("{:.1}", ratio.mean));
+                row
+            })
+            .collect();
+        tables.push(Table {
+            title: format!("BAP and SSP — {name}"),
+            command: format!("syncopate reproduce bap{}", if quick { " --quick" } else { "" }),
+            settings: format!(
+                "8 workers, 10 ms base step; MLP (784-32-10) on mnist5k, lr {MLP_LR}, batch {MLP_BATCH}, budget {} s, \
+                 evaluation every 0.25 s, stop at {:.2}; iteration limit t_max = 20 ms (2× the base step); seeds 1–{}. \
+                 Speedup = BSP's mean time to the last rung over the protocol's; compute/wait = compute share / \
+                 (1 − compute share), averaged over workers and seeds.",
+                budget.as_secs_f64(),
+                top.unwrap_or(0.0),
+                seeds.len()
+            ),
+            header: ladder_header("protocol", &ladder, &["speedup over BSP", "compute/wait"]),
+            rows,
+            notes: Vec::new(),
+        });
+    }
+    tables
+}
+
+fn grouped(quick: bool, jobs: usize) -> Vec<Table> {
+    let n = 16;
+    let seeds = seeds(quick);
+    let ladder = acc_ladder();
+    let gs: &[u32] = if quick { &[1, 4, 16] } else { &[1, 2, 4, 8, 16] };
+    let budget = Duration::from_secs(if quick { 5 } else { 12 });
+    let mut tables = Vec::new();
+    for (name, factor) in [("one worker +300% (4×)", 4.0), ("one worker +900% (10×)", 10.0)] {
+        let compute = ComputeModel::one_straggler(n, 0, factor);
+        let mut arms = vec![
+            arm("BSP, no delay", &[], move |_| ProtocolConfig::Bsp(BspConfig::new(n, MLP_LR))),
+            arm("BSP", &compute, move |_| ProtocolConfig::Bsp(BspConfig::new(n, MLP_LR))),
+        ];
+        for (scaling, tag) in [(LrScaling::None, "None"), (LrScaling::Linear, "Linear")] {
+            for &g in gs {
+                arms.push(arm(&format!("G = {g}, lr scaling {tag}"), &compute, move |_| {
+                    let mut c = GroupedConfig::new(n, MLP_LR, g);
+                    c.lr_scaling = scaling;
+                    ProtocolConfig::Grouped(c)
+                }));
+            }
+        }
+        let reports = run_arms(jobs, &arms, &seeds, &mlp_setup(budget, Duration::from_millis(250), None));
+        let rows = arms
+            .iter()
+            .zip(&reports)
+            .map(|(a, r)| {
+                let mut row = vec![a.label.clone()];
+                row.extend(ladder_stats(r, &ladder).iter().map(Stat::cell));
+                let acc = Stat::of(&r.iter().map(|x| Some(x.final_accuracy)).collect::<Vec<_>>());
+                row.push(format!("{:.4} ± {:.4}", acc.mean, acc.se));
+                row
+            })
+            .collect();
+        tables.push(Table {
+            title: format!("Grouped — {name}"),
+            command: format!("syncopate reproduce grouped{}", if quick { " --quick" } else { "" }),
+            settings: format!(
+                "16 workers (worker 0 slowed), 10 ms base step, contiguous groups; MLP (784-32-10) on mnist5k, \
+                 lr {MLP_LR}, batch {MLP_BATCH}; lr scaling None = every group steps with lr, Linear = lr·n_g/n; \
+                 budget {} s, evaluation every 0.25 s; seeds 1–{}.",
+                budget.as_secs_f64(),
+                seeds.len()
+            ),
+            header: ladder_header("run", &ladder, &["accuracy at the budget"]),
+            rows,
+            notes: Vec::new(),
+        });
+    }
+    tables
+}
+
+#[derive(Serialize)]
+struct Json<'a> {
+    quick: bool,
+    tables: &'a [Table],
+}
+
+/// Runs `syncopate reproduce`.
+pub(super) fn run(args: &ReproduceArgs) -> Result<(), Failure> {
+    let jobs = args
+        .jobs
+        .map(|j| j as usize)
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    if let Some(dir) = &args.plot {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Failure::Usage(format!("--plot {}: cannot create the directory: {e}", dir.display())))?;
+    }
+    let which = args.which;
+    let all = which == Which::All;
+    let mut tables = Vec::new();
+    if all || which == Which::Dbw {
+        tables.extend(dbw(args.quick, jobs, args.plot.as_deref()).map_err(Failure::Run)?);
+    }
+    if all || which == Which::Wbsp {
+        tables.extend(wbsp(args.quick, jobs));
+    }
+    if all || which == Which::Bap {
+        tables.extend(bap(args.quick, jobs));
+    }
+    if all || which == Which::Grouped {
+        tables.extend(grouped(args.quick, jobs));
+    }
+    if args.json {
+        let text = serde_json::to_string_pretty(&Json { quick: args.quick, tables: &tables })
+            .map_err(|e| Failure::Run(format!("cannot write JSON: {e}")))?;
+        println!("{text}");
+    } else {
+        for t in &tables {
+            println!("{}", t.markdown());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_and_cells() {
+        let s = Stat::of(&[Some(1.0), Some(3.0)]);
+        assert_eq!((s.mean, s.reached, s.seeds), (2.0, 2, 2));
+        assert!((s.se - 1.0).abs() < 1e-12);
+        assert_eq!(s.cell(), "2.000 ± 1.000");
+        assert_eq!(Stat::of(&[Some(1.0), None]).cell(), "1.000 ± 0.000 (1/2)");
+        assert_eq!(Stat::of(&[None]).cell(), "—");
+    }
+
+    #[test]
+    fn switch_once_is_never_worse_than_the_best_static_and_uses_a_switch() {
+        // Arm 0 fast early, slow late; arm 1 the opposite.
+        let a = vec![1.0, 10.0];
+        let b = vec![5.0, 7.0];
+        let sw = switch_once(&[a, b], 2);
+        assert_eq!(sw[0], 1.0);
+        // 1.0 (a to rung 0) + (7 − 5) (b from rung 0 to rung 1) = 3.
+        assert_eq!(sw[1], 3.0);
+        assert_eq!(switch_once(&[vec![f64::INFINITY]], 1)[0], f64::INFINITY);
+    }
+}
