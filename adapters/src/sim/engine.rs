@@ -212,6 +212,7 @@ struct Core<'a, 'o> {
     stalls: u64,
     target_reached: bool,
     eval_scratch: Scratch,
+    crossing: Crossing,
     faults: Faults,
     /// The group of each worker in a two-level grouped run (empty otherwise).
     group_of: Vec<u32>,
@@ -467,12 +468,80 @@ impl Core<'_, '_> {
         self.hash.u64(point.version);
         self.hash.u64(point.accuracy.to_bits());
         self.hash.u64(point.loss.to_bits());
-        if point.accuracy >= self.config.target_accuracy && self.time_to_target.is_none() {
-            self.time_to_target = Some((point.time_s, point.version));
-            self.target_reached = true;
+        if self.time_to_target.is_none() {
+            if point.accuracy >= self.config.target_accuracy {
+                // The crossing happened at the earliest model since the last evaluation that
+                // reaches the target (at the latest, this one).
+                let first = self.crossing.first_reaching(self.workload, self.config.target_accuracy, &mut self.eval_scratch);
+                self.time_to_target = Some(first.unwrap_or((point.time_s, point.version)));
+                self.target_reached = true;
+            }
+            self.crossing.clear();
         }
         self.curve.push(point);
         self.observe(&Observation::Evaluated { point });
+    }
+}
+
+/// The models published since the last check below the target, kept until the target is
+/// reached, so the time to target is the time of the first model that reaches it rather
+/// than of the evaluation that noticed: the same whatever the evaluation interval. A check
+/// is every evaluation, and the newest model once [`Crossing::CAPACITY`] have piled up; when
+/// a check reaches the target the kept models are evaluated in order (a model that reached
+/// the target and fell back below it before the next check is not counted).
+#[derive(Debug, Default)]
+struct Crossing {
+    /// (virtual seconds, version, parameters) of each model since the last evaluation.
+    models: Vec<(f64, u64, Vec<f32>)>,
+    /// Parameter buffers for reuse.
+    spare: Vec<Vec<f32>>,
+    /// The version of the last model kept.
+    version: Option<u64>,
+}
+
+impl Crossing {
+    /// Models kept before they are checked in place.
+    const CAPACITY: usize = 32;
+
+    /// Keeps the server's model if its version is new; checks the kept models once there
+    /// are [`Self::CAPACITY`] of them, returning the first that reaches `target`.
+    fn record(
+        &mut self,
+        version: u64,
+        time_s: f64,
+        params: &[f32],
+        workload: &Workload,
+        target: f64,
+        scratch: &mut Scratch,
+    ) -> Option<(f64, u64)> {
+        if self.version == Some(version) {
+            return None;
+        }
+        self.version = Some(version);
+        let mut buffer = self.spare.pop().unwrap_or_default();
+        buffer.clear();
+        buffer.extend_from_slice(params);
+        self.models.push((time_s, version, buffer));
+        if self.models.len() < Self::CAPACITY {
+            return None;
+        }
+        let newest = workload.model.evaluate_with(params, &workload.test, scratch);
+        let found = if newest.accuracy >= target { self.first_reaching(workload, target, scratch) } else { None };
+        self.clear();
+        found
+    }
+
+    /// The first kept model whose test accuracy reaches `target`, as (seconds, version).
+    fn first_reaching(&self, workload: &Workload, target: f64, scratch: &mut Scratch) -> Option<(f64, u64)> {
+        self.models.iter().find_map(|(t, v, params)| {
+            let e = workload.model.evaluate_with(params, &workload.test, scratch);
+            (e.accuracy >= target).then_some((*t, *v))
+        })
+    }
+
+    /// Forgets the kept models (their buffers are reused).
+    fn clear(&mut self) {
+        self.spare.extend(self.models.drain(..).map(|(_, _, p)| p));
     }
 }
 
@@ -605,6 +674,7 @@ impl<'a, 'o> Engine<'a, 'o> {
             stalls: 0,
             target_reached: false,
             eval_scratch: model.scratch(),
+            crossing: Crossing::default(),
             faults,
             group_of,
             fast_debug: FastDebug::default(),
@@ -677,6 +747,17 @@ impl<'a, 'o> Engine<'a, 'o> {
             }
             self.step(next.event);
             self.core.events += 1;
+            if self.core.time_to_target.is_none() {
+                let (version, now) = (self.server.version().0, self.core.now.as_secs_f64());
+                let target = self.core.config.target_accuracy;
+                let core = &mut self.core;
+                if let Some(found) =
+                    core.crossing.record(version, now, self.server.params(), core.workload, target, &mut core.eval_scratch)
+                {
+                    core.time_to_target = Some(found);
+                    core.target_reached = true;
+                }
+            }
             let at = self.core.now;
             (self.core.observer)(&Observation::Step { at, server: &self.server });
             if stop.stop_at_target && self.core.target_reached {
