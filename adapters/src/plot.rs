@@ -13,8 +13,8 @@ use crate::sim::CurvePoint;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-/// Ten colours that stay distinct side by side (Tableau 10).
-const COLOURS: [RGBColor; 10] = [
+/// Twelve colours that stay distinct side by side (Tableau 10 and two dark ones).
+const COLOURS: [RGBColor; 12] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -25,9 +25,11 @@ const COLOURS: [RGBColor; 10] = [
     RGBColor(127, 127, 127),
     RGBColor(188, 189, 34),
     RGBColor(23, 190, 207),
+    RGBColor(0, 0, 128),
+    RGBColor(0, 100, 0),
 ];
 
-/// How run `i` is drawn: a colour, and solid or dashed from the eleventh run on.
+/// How run `i` is drawn: a colour, and solid or dashed from the thirteenth run on.
 fn style(i: usize) -> (RGBColor, bool) {
     (COLOURS[i % COLOURS.len()], (i / COLOURS.len()) % 2 == 1)
 }
@@ -119,12 +121,17 @@ fn accuracy(area: &DrawingArea<SVGBackend<'_>, Shift>, c: &Comparison, x_end: f6
         }
         let line: Vec<(f64, f64)> = points.iter().map(|p| (p.0, clip(p.1))).collect();
         let stroke = colour.stroke_width(2);
-        let series = if dashed {
-            chart.draw_series(DashedLineSeries::new(line, 8, 5, stroke))?
+        if dashed {
+            chart
+                .draw_series(DashedLineSeries::new(line, 8, 5, stroke))?
+                .label(label.clone())
+                .legend(move |(x, y)| plotters::element::DashedPathElement::new([(x, y), (x + 22, y)], 6, 3, stroke));
         } else {
-            chart.draw_series(LineSeries::new(line, stroke))?
-        };
-        series.label(label.clone()).legend(move |(x, y)| PathElement::new([(x, y), (x + 22, y)], stroke));
+            chart
+                .draw_series(LineSeries::new(line, stroke))?
+                .label(label.clone())
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 22, y)], stroke));
+        }
     }
     let target = BLACK.stroke_width(2);
     chart
@@ -143,7 +150,9 @@ fn accuracy(area: &DrawingArea<SVGBackend<'_>, Shift>, c: &Comparison, x_end: f6
 
 fn bars(area: &DrawingArea<SVGBackend<'_>, Shift>, c: &Comparison) -> DrawResult {
     let n = c.rows.len();
-    let longest = c.times_to_target.iter().flatten().flatten().copied().fold(0.0f64, f64::max).max(1e-3) * 1.15;
+    let slowest = c.times_to_target.iter().flatten().flatten().copied().fold(0.0f64, f64::max).max(1e-3);
+    // Room on the right of the longest whisker for its label.
+    let longest = slowest * 1.9;
     let mut chart = ChartBuilder::on(area)
         .caption("time to target (s): median, whisker over seeds", ("sans-serif", 16))
         .margin(12)
@@ -156,6 +165,7 @@ fn bars(area: &DrawingArea<SVGBackend<'_>, Shift>, c: &Comparison) -> DrawResult
         let y = (n - 1 - i) as f64;
         let reached: Vec<f64> = times.iter().flatten().copied().collect();
         let mut name = row.label.clone();
+        let mut label_at = slowest * 0.02;
         if row.reference {
             name.push_str(" [reference]");
         }
@@ -166,15 +176,20 @@ fn bars(area: &DrawingArea<SVGBackend<'_>, Shift>, c: &Comparison) -> DrawResult
                 let hi = reached.iter().copied().fold(0.0f64, f64::max);
                 if reached.len() > 1 {
                     let whisker = BLACK.stroke_width(1);
-                    chart.draw_series(std::iter::once(PathElement::new([(lo, y + 0.5), (hi, y + 0.5)], whisker)))?;
+                    chart.draw_series([
+                        PathElement::new([(lo, y + 0.5), (hi, y + 0.5)], whisker),
+                        PathElement::new([(lo, y + 0.35), (lo, y + 0.65)], whisker),
+                        PathElement::new([(hi, y + 0.35), (hi, y + 0.65)], whisker),
+                    ])?;
                 }
-                name = format!("{name}  {t:.3}");
+                name = format!("{name}  {t:.3} s");
+                label_at = t.max(hi) + slowest * 0.03;
             }
             None => name = format!("{name}  not reached"),
         }
         chart.draw_series(std::iter::once(Text::new(
             name,
-            (longest * 0.02, y + 0.5),
+            (label_at, y + 0.5),
             ("sans-serif", 12).into_font().color(&BLACK).pos(plotters::style::text_anchor::Pos::new(
                 plotters::style::text_anchor::HPos::Left,
                 plotters::style::text_anchor::VPos::Center,

@@ -160,7 +160,7 @@ pub fn one_line_error(rendered: &str) -> String {
     let mut text = String::new();
     for part in parts {
         if !text.is_empty() {
-            text.push_str(if text.ends_with(':') { " " } else { "; " });
+            text.push_str(if text.ends_with(':') || part.starts_with('[') { " " } else { "; " });
         }
         text.push_str(part);
     }

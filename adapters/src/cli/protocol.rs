@@ -71,6 +71,9 @@ impl ProtocolArgs {
     /// The core configuration these flags describe; the error names the bad flag, its value
     /// and what is allowed.
     pub fn config(&self) -> Result<ProtocolConfig, String> {
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(format!("invalid value '{}' for '--lr': must be a positive number", self.lr));
+        }
         let spec = self.spec();
         if let Some(knob) = spec.knob_that_does_not_apply() {
             return Err(format!(
