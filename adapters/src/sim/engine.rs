@@ -475,20 +475,20 @@ impl Core<'_, '_> {
                 let first = self.crossing.first_reaching(self.workload, self.config.target_accuracy, &mut self.eval_scratch);
                 self.time_to_target = Some(first.unwrap_or((point.time_s, point.version)));
                 self.target_reached = true;
+                self.crossing.clear();
             }
-            self.crossing.clear();
         }
         self.curve.push(point);
         self.observe(&Observation::Evaluated { point });
     }
 }
 
-/// The models published since the last check below the target, kept until the target is
-/// reached, so the time to target is the time of the first model that reaches it rather
-/// than of the evaluation that noticed: the same whatever the evaluation interval. A check
-/// is every evaluation, and the newest model once [`Crossing::CAPACITY`] have piled up; when
-/// a check reaches the target the kept models are evaluated in order (a model that reached
-/// the target and fell back below it before the next check is not counted).
+/// Finds the first published model that reaches the target: every model the server
+/// publishes is kept (a copy of its parameters) until the target is reached, and checked in
+/// publication order, in batches of [`Crossing::CAPACITY`] or at once when an evaluation
+/// reaches the target. The time to target is then the time of the first model at or above
+/// it, the same whatever the evaluation interval; each model is evaluated at most once, and
+/// none after the target is reached.
 #[derive(Debug, Default)]
 struct Crossing {
     /// (virtual seconds, version, parameters) of each model since the last evaluation.
@@ -525,8 +525,7 @@ impl Crossing {
         if self.models.len() < Self::CAPACITY {
             return None;
         }
-        let newest = workload.model.evaluate_with(params, &workload.test, scratch);
-        let found = if newest.accuracy >= target { self.first_reaching(workload, target, scratch) } else { None };
+        let found = self.first_reaching(workload, target, scratch);
         self.clear();
         found
     }
@@ -773,6 +772,11 @@ impl<'a, 'o> Engine<'a, 'o> {
                 break "max_events";
             }
         };
+        if self.core.time_to_target.is_none() {
+            let core = &mut self.core;
+            core.time_to_target = core.crossing.first_reaching(core.workload, core.config.target_accuracy, &mut core.eval_scratch);
+            core.crossing.clear();
+        }
         let last = self.core.curve.last().copied();
         let now_s = self.core.now.as_secs_f64();
         if last.is_none_or(|p| p.time_s != now_s || p.version != self.server.version().0) {
