@@ -73,7 +73,7 @@ pub struct ServerCrash {
     pub down_for: Duration,
 }
 
-/// Injected faults (RELIABILITY.md §3.3). The default injects nothing and draws no random
+/// Injected faults (docs/RELIABILITY.md, "Fault model"). The default injects nothing and draws no random
 /// numbers, so a config without faults runs exactly as before they existed.
 ///
 /// Message faults apply to every message on a worker's links (never to computation, and
