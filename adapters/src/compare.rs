@@ -188,7 +188,10 @@ fn row(label: String, reference: bool, reports: &[SimReport]) -> Row {
         accepted: reports.iter().map(|r| r.accepted).sum(),
         applied: reports.iter().map(|r| r.applied).sum(),
         dropped: reports.iter().map(|r| r.dropped.values().sum::<u64>()).sum(),
-        held_at_stop: reports.iter().map(|r| r.accepted.saturating_sub(r.applied + r.dropped.values().sum::<u64>())).sum(),
+        held_at_stop: reports
+            .iter()
+            .map(|r| r.accepted.saturating_sub(r.applied + r.dropped.values().sum::<u64>()))
+            .sum(),
         hit_event_budget: reports.iter().filter(|r| r.stop_reason == "max_events").count() as u32,
         mean_staleness: mean(&|r| r.staleness.mean),
         compute_share: mean(&|r| r.mean_compute_share),

@@ -57,9 +57,13 @@ fn band(seeds: &[Vec<CurvePoint>]) -> Vec<(f64, f64, f64, f64)> {
 /// The end of the time axis: 1.5 × the latest time any seed of any run reached the target,
 /// within the budget; the whole budget when no run reached it.
 fn time_axis_end(c: &Comparison) -> f64 {
-    let latest = c.times_to_target.iter().flatten().flatten().copied().fold(None, |m: Option<f64>, t| {
-        Some(m.map_or(t, |m| m.max(t)))
-    });
+    let latest = c
+        .times_to_target
+        .iter()
+        .flatten()
+        .flatten()
+        .copied()
+        .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.max(t))));
     let end = latest.map_or(c.max_time_s, |t| (t * 1.5).min(c.max_time_s));
     end.max(1e-3)
 }
@@ -112,11 +116,8 @@ fn accuracy(area: &DrawingArea<SVGBackend<'_>, Shift>, c: &Comparison, x_end: f6
         let (colour, dashed) = style(i);
         let points: Vec<(f64, f64, f64, f64)> = band(seeds).into_iter().filter(|p| p.0 <= x_end).collect();
         if seeds.len() > 1 {
-            let outline: Vec<(f64, f64)> = points
-                .iter()
-                .map(|p| (p.0, clip(p.3)))
-                .chain(points.iter().rev().map(|p| (p.0, clip(p.2))))
-                .collect();
+            let outline: Vec<(f64, f64)> =
+                points.iter().map(|p| (p.0, clip(p.3))).chain(points.iter().rev().map(|p| (p.0, clip(p.2)))).collect();
             chart.draw_series(std::iter::once(Polygon::new(outline, colour.mix(0.12).filled())))?;
         }
         let line: Vec<(f64, f64)> = points.iter().map(|p| (p.0, clip(p.1))).collect();
@@ -159,7 +160,13 @@ fn bars(area: &DrawingArea<SVGBackend<'_>, Shift>, c: &Comparison) -> DrawResult
         .x_label_area_size(40)
         .y_label_area_size(10)
         .build_cartesian_2d(0.0..longest, 0.0..n.max(1) as f64)?;
-    chart.configure_mesh().disable_y_mesh().disable_y_axis().light_line_style(WHITE).x_desc("virtual seconds").draw()?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .disable_y_axis()
+        .light_line_style(WHITE)
+        .x_desc("virtual seconds")
+        .draw()?;
     for (i, (row, times)) in c.rows.iter().zip(&c.times_to_target).enumerate() {
         let (colour, _) = style(i);
         let y = (n - 1 - i) as f64;
@@ -171,7 +178,8 @@ fn bars(area: &DrawingArea<SVGBackend<'_>, Shift>, c: &Comparison) -> DrawResult
         }
         match row.time_to_target_s {
             Some(t) => {
-                chart.draw_series(std::iter::once(Rectangle::new([(0.0, y + 0.15), (t, y + 0.85)], colour.filled())))?;
+                chart
+                    .draw_series(std::iter::once(Rectangle::new([(0.0, y + 0.15), (t, y + 0.85)], colour.filled())))?;
                 let lo = reached.iter().copied().fold(f64::INFINITY, f64::min);
                 let hi = reached.iter().copied().fold(0.0f64, f64::max);
                 if reached.len() > 1 {

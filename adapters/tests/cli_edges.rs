@@ -80,7 +80,10 @@ fn bad_flags_name_the_flag_and_what_is_allowed() {
     refused(&["train", "--target", "1.5"], &["--target", "between 0 and 1"]);
     refused(&["train", "--straggler", "5-2:slow=2"], &["--straggler", "reversed range"]);
     refused(&["train", "--straggler", "9:slow=2"], &["--straggler", "outside 0..8"]);
-    refused(&["train", "--protocol", "bsp", "--staleness", "3"], &["--staleness does not apply to --protocol bsp", "ssp and bap"]);
+    refused(
+        &["train", "--protocol", "bsp", "--staleness", "3"],
+        &["--staleness does not apply to --protocol bsp", "ssp and bap"],
+    );
     refused(&["train", "--protocol", "asp", "--stall-report", "100"], &["--stall-report does not apply"]);
     refused(&["train", "--protocol", "ssp", "--groups", "2"], &["--groups does not apply", "grouped"]);
     refused(&["train", "--protocol", "bsp", "--interrupt", "complete"], &["--interrupt does not apply"]);
@@ -96,11 +99,17 @@ fn outputs_are_checked_before_the_run() {
     let scenario = dir.join("s.toml");
     std::fs::write(&scenario, SMALL_SCENARIO).unwrap();
     let s = scenario.to_str().unwrap();
-    refused(&["compare", s, "--plot", "/nonexistent/dir/p.svg"], &["--plot", "/nonexistent/dir/p.svg", "cannot create"]);
+    refused(
+        &["compare", s, "--plot", "/nonexistent/dir/p.svg"],
+        &["--plot", "/nonexistent/dir/p.svg", "cannot create"],
+    );
     let png = dir.join("p.png");
     refused(&["compare", s, "--plot", png.to_str().unwrap()], &["--plot", "SVG", ".svg"]);
     assert!(!png.exists(), "nothing written under a .png name");
-    refused(&["train", "--sim", "--record-trace", "/nonexistent/dir/t.csv"], &["/nonexistent/dir/t.csv", "cannot create"]);
+    refused(
+        &["train", "--sim", "--record-trace", "/nonexistent/dir/t.csv"],
+        &["/nonexistent/dir/t.csv", "cannot create"],
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -135,9 +144,15 @@ fn bad_traces_are_refused_with_file_line_and_reason() {
 fn bad_scenarios_are_refused_with_line_and_reason() {
     let dir = scratch("scenarios");
     for (text, needles) in [
-        ("workers = 4\n[[protocols]]\nname = \"bsp\"\nstaleness = 3\n", vec![":4: protocols[0].staleness: does not apply to bsp"]),
+        (
+            "workers = 4\n[[protocols]]\nname = \"bsp\"\nstaleness = 3\n",
+            vec![":4: protocols[0].staleness: does not apply to bsp"],
+        ),
         ("workers = 4\nmax_time_s = 1e9\n[[protocols]]\nname = \"bsp\"\n", vec![":2: max_time_s", "outside"]),
-        ("workers = 4\neval_interval_ms = 0.000001\n[[protocols]]\nname = \"bsp\"\n", vec![":2: eval_interval_ms", "at most"]),
+        (
+            "workers = 4\neval_interval_ms = 0.000001\n[[protocols]]\nname = \"bsp\"\n",
+            vec![":2: eval_interval_ms", "at most"],
+        ),
         ("workers = 4\nbatch_size = 100000\n[[protocols]]\nname = \"bsp\"\n", vec![":2: batch_size"]),
         ("workers = 4\nmodel = \"mlp:100000000\"\n[[protocols]]\nname = \"bsp\"\n", vec![":2: model", "at most 4096"]),
         ("workers = 0\n[[protocols]]\nname = \"bsp\"\n", vec![":1: workers"]),
@@ -169,7 +184,8 @@ fn every_summary_accounts_for_each_gradient() {
             let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
             let g = &v["gradients"];
             let n = |k: &str| g[k].as_u64().unwrap_or_else(|| panic!("{args:?}: no {k}"));
-            let by_reason: u64 = g["dropped_by_reason"].as_object().unwrap().values().map(|x| x.as_u64().unwrap()).sum();
+            let by_reason: u64 =
+                g["dropped_by_reason"].as_object().unwrap().values().map(|x| x.as_u64().unwrap()).sum();
             assert_eq!(by_reason, n("dropped"), "{args:?}");
             assert!(n("applied") + n("dropped") <= n("accepted"), "{args:?}: applied + dropped exceed accepted: {g}");
             assert_eq!(n("applied") + n("dropped") + n("held_at_stop"), n("accepted"), "{args:?}: {g}");

@@ -189,11 +189,7 @@ pub(super) fn advise(args: &AdviseArgs) -> Result<(), Failure> {
                     .map(|r| format!("{} ({:.3} s)", r.label, r.time_to_target_s.unwrap_or(0.0)))
                     .collect();
                 if !close.is_empty() {
-                    outln!(
-                        "  within {:.0}% of it, effectively a tie on this trace: {}",
-                        TIE * 100.0,
-                        close.join(", ")
-                    );
+                    outln!("  within {:.0}% of it, effectively a tie on this trace: {}", TIE * 100.0, close.join(", "));
                 }
             }
             None => outln!(

@@ -230,11 +230,7 @@ fn positive(key: &str, v: f64) -> Result<f64, String> {
 }
 
 fn within(key: &str, v: f64, lo: f64, hi: f64) -> Result<f64, String> {
-    if v.is_finite() && (lo..=hi).contains(&v) {
-        Ok(v)
-    } else {
-        Err(format!("{key}: {v} is outside {lo}..={hi}"))
-    }
+    if v.is_finite() && (lo..=hi).contains(&v) { Ok(v) } else { Err(format!("{key}: {v} is outside {lo}..={hi}")) }
 }
 
 /// The most simulator events one run may process: a run that would need more is refused
@@ -306,9 +302,7 @@ fn position(text: &str, span: Option<std::ops::Range<usize>>) -> String {
 /// took its default).
 fn line_of_key(text: &str, key: &str) -> Option<usize> {
     let lines: Vec<&str> = text.lines().map(str::trim).collect();
-    let is_key = |line: &str, k: &str| {
-        line.strip_prefix(k).is_some_and(|rest| rest.trim_start().starts_with('='))
-    };
+    let is_key = |line: &str, k: &str| line.strip_prefix(k).is_some_and(|rest| rest.trim_start().starts_with('='));
     let (head, field) = key.split_once('.').map_or((key, None), |(h, f)| (h, Some(f)));
     let (table, index) = match head.split_once('[') {
         Some((t, i)) => (t, i.trim_end_matches(']').parse::<usize>().ok()),
@@ -332,7 +326,8 @@ fn line_of_key(text: &str, key: &str) -> Option<usize> {
             .map(|n| n + 1);
     };
     let Some(field) = field else { return Some(section_start + 1) };
-    let end = lines.iter().skip(section_start + 1).position(|l| header(l)).map_or(lines.len(), |n| n + section_start + 1);
+    let end =
+        lines.iter().skip(section_start + 1).position(|l| header(l)).map_or(lines.len(), |n| n + section_start + 1);
     let within = lines.get(section_start + 1..end)?;
     Some(within.iter().position(|l| is_key(l, field)).map_or(section_start, |n| n + section_start + 1) + 1)
 }
@@ -444,7 +439,8 @@ impl Scenario {
                         knob.applies_to
                     ));
                 }
-                spec.config(file.workers, learning_rate).map_err(|e| format!("protocols[{i}] ({}): {e}", spec.label()))?;
+                spec.config(file.workers, learning_rate)
+                    .map_err(|e| format!("protocols[{i}] ({}): {e}", spec.label()))?;
             }
         }
         let scenario = Self {
@@ -544,6 +540,19 @@ mod tests {
     }
 
     #[test]
+    fn every_run_is_bounded_in_events() {
+        let s = Scenario::default_scenario();
+        for run in &s.runs {
+            assert_eq!(s.sim_config(run, 0).unwrap().stop.max_events, EVENT_BUDGET);
+        }
+        let mut traced = s.clone();
+        traced.compute = vec![ComputeModel::Trace(vec![2e-6]); s.workers as usize];
+        let e = traced.check_event_budget().unwrap_err();
+        assert!(e.starts_with("max_time_s:") && e.contains("simulator events"), "{e}");
+        assert!(Scenario::default_for_workers(2).unwrap().runs.iter().all(|r| r.spec.config(2, 0.5).is_ok()));
+    }
+
+    #[test]
     fn sweeps_expand() {
         let s = Scenario::parse(
             "workers = 4\n[[protocols]]\nname = \"ssp\"\nstaleness = [0, 3]\n[[protocols]]\nname = \"backup\"\nbackup_workers = \"0..=2\"\n",
@@ -560,14 +569,35 @@ mod tests {
             ("workers = 4\nbogus = 1\n[[protocols]]\nname = \"bsp\"\n", "t.toml:2:1: unknown field `bogus`"),
             ("workers = 4\n[[protocols]]\nname = \"nope\"\n", "unknown variant `nope`"),
             ("workers = 0\n[[protocols]]\nname = \"bsp\"\n", "t.toml:1: workers: 0 is outside"),
-            ("workers = 4\n[[protocols]]\nname = \"bsp\"\n[[protocols]]\nname = \"bsp\"\nstaleness = 3\n", "t.toml:6: protocols[1].staleness: does not apply to bsp"),
-            ("workers = 4\nmax_time_s = 1e9\n[[protocols]]\nname = \"bsp\"\n", "t.toml:2: max_time_s: 1000000000 is outside"),
-            ("workers = 4\nmax_time_s = 3000\nstep_ms = 0.01\n[[protocols]]\nname = \"asp\"\n", "t.toml:2: max_time_s: 3000 s of asp would take about"),
-            ("workers = 4\neval_interval_ms = 0.000001\n[[protocols]]\nname = \"bsp\"\n", "t.toml:2: eval_interval_ms: 0.000001 gives"),
+            (
+                "workers = 4\n[[protocols]]\nname = \"bsp\"\n[[protocols]]\nname = \"bsp\"\nstaleness = 3\n",
+                "t.toml:6: protocols[1].staleness: does not apply to bsp",
+            ),
+            (
+                "workers = 4\nmax_time_s = 1e9\n[[protocols]]\nname = \"bsp\"\n",
+                "t.toml:2: max_time_s: 1000000000 is outside",
+            ),
+            (
+                "workers = 4\nmax_time_s = 3000\nstep_ms = 0.01\n[[protocols]]\nname = \"asp\"\n",
+                "t.toml:2: max_time_s: 3000 s of asp would take about",
+            ),
+            (
+                "workers = 4\neval_interval_ms = 0.000001\n[[protocols]]\nname = \"bsp\"\n",
+                "t.toml:2: eval_interval_ms: 0.000001 gives",
+            ),
             ("workers = 4\nstep_ms = 0\n[[protocols]]\nname = \"bsp\"\n", "t.toml:2: step_ms: 0 is outside"),
-            ("workers = 4\nbatch_size = 100000\n[[protocols]]\nname = \"bsp\"\n", "t.toml:2: batch_size: 100000 is outside"),
-            ("workers = 4\nmodel = \"mlp:100000000\"\n[[protocols]]\nname = \"bsp\"\n", "t.toml:2: model: mlp:100000000 has too many"),
-            ("workers = 4\n[network]\nlatency_ms = -1\n[[protocols]]\nname = \"bsp\"\n", "t.toml:3: network.latency_ms"),
+            (
+                "workers = 4\nbatch_size = 100000\n[[protocols]]\nname = \"bsp\"\n",
+                "t.toml:2: batch_size: 100000 is outside",
+            ),
+            (
+                "workers = 4\nmodel = \"mlp:100000000\"\n[[protocols]]\nname = \"bsp\"\n",
+                "t.toml:2: model: mlp:100000000 has too many",
+            ),
+            (
+                "workers = 4\n[network]\nlatency_ms = -1\n[[protocols]]\nname = \"bsp\"\n",
+                "t.toml:3: network.latency_ms",
+            ),
             ("workers = 4\n", "missing field `protocols`"),
             ("workers = 4\nprotocols = []\n", "at least one"),
             ("workers = 4\nstep_ms = -1\n[[protocols]]\nname = \"bsp\"\n", "t.toml:2: step_ms: -1 is outside"),
@@ -575,7 +605,10 @@ mod tests {
                 "workers = 4\n[[stragglers]]\nworkers = \"9\"\nmodel = \"slow=2\"\n[[protocols]]\nname = \"bsp\"\n",
                 "outside 0..4",
             ),
-            ("workers = 4\n[[protocols]]\nname = \"backup\"\nbackup_workers = 4\n", "t.toml:2: protocols[0] (backup b=4): backup workers 4 must be fewer than the 4 workers"),
+            (
+                "workers = 4\n[[protocols]]\nname = \"backup\"\nbackup_workers = 4\n",
+                "t.toml:2: protocols[0] (backup b=4): backup workers 4 must be fewer than the 4 workers",
+            ),
             ("workers = 4\nmodel = \"cnn\"\n[[protocols]]\nname = \"bsp\"\n", "model:"),
             ("workers = 4\n[[protocols]]\nname = \"bsp\"\nstaleness = \"x\"\n", "t.toml:4:"),
         ] {

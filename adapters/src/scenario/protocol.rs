@@ -216,7 +216,10 @@ impl ProtocolSpec {
             (self.k_min.is_some(), Knob::new("k-min", "dbw", p == Dbw)),
             (self.groups.is_some(), Knob::new("groups", "grouped", p == Grouped)),
             (self.group_lr_scaling.is_some(), Knob::new("group-lr-scaling", "grouped", p == Grouped)),
-            (self.round_deadline_ms.is_some(), Knob::new("round-deadline", "wbsp and wbsp-overlap", matches!(p, Wbsp | WbspOverlap))),
+            (
+                self.round_deadline_ms.is_some(),
+                Knob::new("round-deadline", "wbsp and wbsp-overlap", matches!(p, Wbsp | WbspOverlap)),
+            ),
         ];
         let stall = (
             self.stall_report_ms.is_some(),
@@ -244,7 +247,12 @@ impl ProtocolSpec {
         };
         let stall = ms("stall report", self.stall_report_ms)?.or(Some(Duration::from_secs(2)));
         if let Some(knob) = self.knob_that_does_not_apply() {
-            return Err(format!("{} does not apply to {}: it is a knob of {}", knob.key, self.name.as_str(), knob.applies_to));
+            return Err(format!(
+                "{} does not apply to {}: it is a knob of {}",
+                knob.key,
+                self.name.as_str(),
+                knob.applies_to
+            ));
         }
         let interrupt = match self.interrupt.unwrap_or_default() {
             InterruptMode::Abort => Interrupt::Abort,

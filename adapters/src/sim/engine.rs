@@ -472,7 +472,8 @@ impl Core<'_, '_> {
             if point.accuracy >= self.config.target_accuracy {
                 // The crossing happened at the earliest model since the last evaluation that
                 // reaches the target (at the latest, this one).
-                let first = self.crossing.first_reaching(self.workload, self.config.target_accuracy, &mut self.eval_scratch);
+                let first =
+                    self.crossing.first_reaching(self.workload, self.config.target_accuracy, &mut self.eval_scratch);
                 self.time_to_target = Some(first.unwrap_or((point.time_s, point.version)));
                 self.target_reached = true;
                 self.crossing.clear();
@@ -750,9 +751,14 @@ impl<'a, 'o> Engine<'a, 'o> {
                 let (version, now) = (self.server.version().0, self.core.now.as_secs_f64());
                 let target = self.core.config.target_accuracy;
                 let core = &mut self.core;
-                if let Some(found) =
-                    core.crossing.record(version, now, self.server.params(), core.workload, target, &mut core.eval_scratch)
-                {
+                if let Some(found) = core.crossing.record(
+                    version,
+                    now,
+                    self.server.params(),
+                    core.workload,
+                    target,
+                    &mut core.eval_scratch,
+                ) {
                     core.time_to_target = Some(found);
                     core.target_reached = true;
                 }
@@ -774,7 +780,8 @@ impl<'a, 'o> Engine<'a, 'o> {
         };
         if self.core.time_to_target.is_none() {
             let core = &mut self.core;
-            core.time_to_target = core.crossing.first_reaching(core.workload, core.config.target_accuracy, &mut core.eval_scratch);
+            core.time_to_target =
+                core.crossing.first_reaching(core.workload, core.config.target_accuracy, &mut core.eval_scratch);
             core.crossing.clear();
         }
         let last = self.core.curve.last().copied();
@@ -1321,6 +1328,41 @@ mod tests {
         }
         let order: Vec<(u64, u64)> = core::iter::from_fn(|| q.pop()).map(|s| (s.at.as_nanos(), s.seq)).collect();
         assert_eq!(order, [(0, 4), (3, 1), (3, 3), (5, 0), (5, 2)]);
+    }
+
+    #[test]
+    fn time_to_target_does_not_depend_on_the_evaluation_interval() {
+        use crate::workload::ModelKind;
+        use syncopate::ProtocolConfig;
+        use syncopate::proto::asp::AspConfig;
+        use syncopate::proto::bsp::BspConfig;
+        for protocol in [ProtocolConfig::Bsp(BspConfig::new(4, 0.5)), ProtocolConfig::Asp(AspConfig::new(4, 0.125))] {
+            let mut config = SimConfig::new(protocol, ModelKind::Softmax)
+                .with_compute(super::super::ComputeModel::one_straggler(4, 0, 3.0))
+                .with_max_time(Duration::from_secs(3));
+            let w = config.digits_workload();
+            let mut times = Vec::new();
+            for eval_ms in [1, 10, 50, 400] {
+                config.eval_interval = Duration::from_millis(eval_ms);
+                let report = super::super::run(&config, &w);
+                times.push((report.time_to_target, report.updates_to_target));
+            }
+            assert!(times[0].0.is_some(), "{times:?}");
+            assert!(times.iter().all(|t| *t == times[0]), "{times:?}");
+        }
+    }
+
+    #[test]
+    fn a_run_stops_at_its_event_budget() {
+        use crate::workload::ModelKind;
+        use syncopate::ProtocolConfig;
+        use syncopate::proto::bsp::BspConfig;
+        let mut config = SimConfig::new(ProtocolConfig::Bsp(BspConfig::new(4, 0.5)), ModelKind::Softmax);
+        config.stop.max_events = 500;
+        let report = super::super::run(&config, &config.digits_workload());
+        assert_eq!(report.stop_reason, "max_events");
+        assert_eq!(report.events, 500);
+        assert!(report.virtual_time_s < 60.0);
     }
 
     #[test]
