@@ -117,7 +117,7 @@ fn outputs_are_checked_before_the_run() {
 fn bad_traces_are_refused_with_file_line_and_reason() {
     let dir = scratch("traces");
     let zero8: String =
-        std::iter::once("worker,step,seconds\n".to_string()).chain((0..8).map(|w| format!("{w},0,0\n"))).collect();
+        core::iter::once("worker,step,seconds\n".to_string()).chain((0..8).map(|w| format!("{w},0,0\n"))).collect();
     let mut tiny = String::from("worker,step,seconds\n");
     for w in 0..8 {
         tiny.push_str(&format!("{w},0,0.000001\n"));

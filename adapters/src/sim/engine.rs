@@ -468,16 +468,14 @@ impl Core<'_, '_> {
         self.hash.u64(point.version);
         self.hash.u64(point.accuracy.to_bits());
         self.hash.u64(point.loss.to_bits());
-        if self.time_to_target.is_none() {
-            if point.accuracy >= self.config.target_accuracy {
-                // The crossing happened at the earliest model since the last evaluation that
-                // reaches the target (at the latest, this one).
-                let first =
-                    self.crossing.first_reaching(self.workload, self.config.target_accuracy, &mut self.eval_scratch);
-                self.time_to_target = Some(first.unwrap_or((point.time_s, point.version)));
-                self.target_reached = true;
-                self.crossing.clear();
-            }
+        if self.time_to_target.is_none() && point.accuracy >= self.config.target_accuracy {
+            // The crossing happened at the earliest kept model that reaches the target (at
+            // the latest, this one).
+            let first =
+                self.crossing.first_reaching(self.workload, self.config.target_accuracy, &mut self.eval_scratch);
+            self.time_to_target = Some(first.unwrap_or((point.time_s, point.version)));
+            self.target_reached = true;
+            self.crossing.clear();
         }
         self.curve.push(point);
         self.observe(&Observation::Evaluated { point });
