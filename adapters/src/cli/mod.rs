@@ -167,6 +167,17 @@ pub fn one_line_error(rendered: &str) -> String {
     if text.is_empty() { "error: invalid arguments (see --help)".into() } else { text }
 }
 
+/// clap takes `--seed -1` for two flags; name the flag and the rule instead: `invalid value
+/// '-1' for '--seed': must not be negative`.
+fn negative_value_error(args: &[String]) -> Option<String> {
+    args.windows(2).find_map(|pair| {
+        let [flag, value] = pair else { return None };
+        let is_flag = flag.starts_with("--") && !flag.contains('=');
+        let negative = value.starts_with('-') && value.parse::<f64>().is_ok();
+        (is_flag && negative).then(|| format!("error: invalid value '{value}' for '{flag}': must not be negative"))
+    })
+}
+
 /// Parses the command line and runs it; returns the process exit code.
 pub fn main() -> ExitCode {
     output::quiet_on_closed_stdout();
@@ -183,7 +194,10 @@ pub fn main() -> ExitCode {
                 output::emit(&e.render().to_string());
                 return ExitCode::SUCCESS;
             }
-            eprintln!("{}", one_line_error(&e.render().to_string()));
+            let args: Vec<String> = std::env::args().collect();
+            let negative = (e.kind() == ErrorKind::UnknownArgument).then(|| negative_value_error(&args)).flatten();
+            let line = negative.unwrap_or_else(|| one_line_error(&e.render().to_string()));
+            eprintln!("{line}");
             return ExitCode::from(2);
         }
     };

@@ -290,6 +290,9 @@ impl ProtocolSpec {
             ProtocolName::Dbw => {
                 let mut c = DbwConfig::new(n, lr);
                 if let Some(k) = self.k_min {
+                    if k == 0 || k > n {
+                        return Err(format!("k-min {k} must be between 1 and the {n} workers"));
+                    }
                     c.k_min = k;
                 }
                 c.interrupt = interrupt;

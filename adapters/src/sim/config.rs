@@ -160,7 +160,8 @@ pub struct StopRule {
     /// Stop once the server has accepted this many contributions (gradients, deltas or
     /// clock updates): a compute budget that means the same for every protocol.
     pub max_gradients: Option<u64>,
-    /// Stop at the first evaluation that reaches the target accuracy.
+    /// Stop once the target accuracy is found reached (at an evaluation, or when the kept
+    /// models are checked; see [`super::SimReport::time_to_target`]).
     pub stop_at_target: bool,
     /// Safety net: stop after this many events.
     pub max_events: u64,
