@@ -91,7 +91,10 @@ fn bad_flags_name_the_flag_and_what_is_allowed() {
     refused(&["train", "--sim", "--steps", "100000000", "--workers", "256"], &["--steps", "simulator events"]);
     refused(&["train", "--bogus"], &["unexpected argument '--bogus'"]);
     refused(&["train", "--seed", "-1"], &["invalid value '-1' for '--seed': must not be negative"]);
-    refused(&["train", "--protocol", "dbw", "--workers", "2", "--k-min", "3"], &["k-min 3", "between 1 and the 2 workers"]);
+    refused(
+        &["train", "--protocol", "dbw", "--workers", "2", "--k-min", "3"],
+        &["k-min 3", "between 1 and the 2 workers"],
+    );
     refused(&["compare", "--preset", "nope"], &["--preset", "dbw, wbsp, bap, grouped"]);
 }
 

@@ -483,7 +483,7 @@ impl Core<'_, '_> {
 }
 
 /// Finds the first published model that reaches the target: every model the server
-/// publishes is kept (a copy of its parameters) until the target is reached, and checked in
+/// publishes (the model standing when virtual time moves on) is kept (a copy of its parameters) until the target is reached, and checked in
 /// publication order, in batches of [`Crossing::CAPACITY`] or at once when an evaluation
 /// reaches the target. The time to target is then the time of the first model at or above
 /// it, the same whatever the evaluation interval; each model is evaluated at most once, and
@@ -732,6 +732,11 @@ impl<'a, 'o> Engine<'a, 'o> {
                 break "idle";
             }
             let Some(next) = self.core.queue.pop() else { break "idle" };
+            if next.at > self.core.now {
+                // Time moves on: the model standing now was published (models that only
+                // existed within one instant were never observable).
+                self.keep_model();
+            }
             if let Some(max) = stop.max_time {
                 let end = start + max;
                 if next.at > end {
@@ -745,22 +750,6 @@ impl<'a, 'o> Engine<'a, 'o> {
             }
             self.step(next.event);
             self.core.events += 1;
-            if self.core.time_to_target.is_none() {
-                let (version, now) = (self.server.version().0, self.core.now.as_secs_f64());
-                let target = self.core.config.target_accuracy;
-                let core = &mut self.core;
-                if let Some(found) = core.crossing.record(
-                    version,
-                    now,
-                    self.server.params(),
-                    core.workload,
-                    target,
-                    &mut core.eval_scratch,
-                ) {
-                    core.time_to_target = Some(found);
-                    core.target_reached = true;
-                }
-            }
             let at = self.core.now;
             (self.core.observer)(&Observation::Step { at, server: &self.server });
             if stop.stop_at_target && self.core.target_reached {
@@ -776,6 +765,7 @@ impl<'a, 'o> Engine<'a, 'o> {
                 break "max_events";
             }
         };
+        self.keep_model();
         if self.core.time_to_target.is_none() {
             let core = &mut self.core;
             core.time_to_target =
@@ -788,6 +778,22 @@ impl<'a, 'o> Engine<'a, 'o> {
             self.core.evaluate(&self.server);
         }
         self.report(reason)
+    }
+
+    /// Keeps the server's current model for the time-to-target search (see [`Crossing`]).
+    fn keep_model(&mut self) {
+        if self.core.time_to_target.is_some() {
+            return;
+        }
+        let (version, now) = (self.server.version().0, self.core.now.as_secs_f64());
+        let target = self.core.config.target_accuracy;
+        let core = &mut self.core;
+        if let Some(found) =
+            core.crossing.record(version, now, self.server.params(), core.workload, target, &mut core.eval_scratch)
+        {
+            core.time_to_target = Some(found);
+            core.target_reached = true;
+        }
     }
 
     fn step(&mut self, event: Event) {
