@@ -36,8 +36,11 @@ fn without_stragglers_the_degenerate_protocols_equal_bsp() {
     );
     let bsp = t[0].1;
     assert_eq!(t.len(), 4);
+    // The time to target is exact (the first model reaching it), so it also resolves the
+    // transfer times of the protocols' messages, whose sizes differ (SSP s=0 reached the
+    // target 0.3 µs after BSP here); the models are BSP's.
     for (label, time) in &t[1..] {
-        assert_eq!(*time, bsp, "{label} must reproduce BSP exactly");
+        assert!((*time - bsp).abs() < 1e-5, "{label} must reproduce BSP: {time} against {bsp}");
     }
 }
 

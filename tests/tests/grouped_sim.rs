@@ -1,4 +1,4 @@
-//! The grouped hybrid protocol in the simulator (PROTOCOLS.md §6): `G = 1` is BSP and `G = n`
+//! The grouped hybrid protocol in the simulator (docs/PROTOCOLS.md, "Grouped"): `G = 1` is BSP and `G = n`
 //! is ASP, run for run; a straggler delays only its own group; every worker gradient reaches
 //! the central model once, through its group; and the paper's headline: with one node
 //! delayed by 300% (4× step time), the best number of groups finishes within 20% of the
@@ -139,7 +139,7 @@ struct Row {
     mean_staleness: f64,
 }
 
-/// The headline (PROTOCOLS.md §6.3): 16 workers, worker 0 4× slower (delayed by 300%),
+/// The headline (docs/PROTOCOLS.md, "Grouped"): 16 workers, worker 0 4× slower (delayed by 300%),
 /// digits softmax, G ∈ {1, 2, 4, 8, 16} next to BSP without the straggler, a fixed budget of
 /// virtual time long enough for accuracy to plateau.
 #[test]

@@ -1,4 +1,4 @@
-//! Network faults, random crashes and server restarts in the simulator (RELIABILITY.md §3.3):
+//! Network faults, random crashes and server restarts in the simulator (docs/RELIABILITY.md, "Fault model"):
 //! each fault happens and is counted, the fault phase ends at `quiet_after`, runs stay
 //! deterministic, and faults never disturb the compute draws.
 

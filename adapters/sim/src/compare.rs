@@ -22,6 +22,9 @@ pub struct Row {
     pub time_to_target_s: Option<f64>,
     /// The baseline's time to target divided by this run's.
     pub speedup_vs_bsp: Option<f64>,
+    /// A reference run with its own stragglers (e.g. `bsp (no stragglers)`): shown for
+    /// comparison, never the fastest.
+    pub reference: bool,
     /// Seeds whose run reached the target, of [`Row::seeds`].
     pub reached: u32,
     /// Seeds the run was repeated with; the figures are medians (shares and staleness: means).
@@ -30,10 +33,18 @@ pub struct Row {
     pub final_accuracy: f64,
     /// Model updates.
     pub updates: u64,
-    /// Contributions applied.
+    /// Contributions the servers accepted, summed over the seeds; every one of them is
+    /// applied, dropped or held at stop: `accepted = applied + dropped + held_at_stop`.
+    pub accepted: u64,
+    /// Contributions applied, summed over the seeds.
     pub applied: u64,
-    /// Contributions dropped by the protocol.
+    /// Contributions dropped by the protocol, summed over the seeds.
     pub dropped: u64,
+    /// Contributions still held by the server when the run stopped (a partial iteration),
+    /// summed over the seeds.
+    pub held_at_stop: u64,
+    /// Seeds whose run stopped at the simulator's event budget before its time budget.
+    pub hit_event_budget: u32,
     /// Mean staleness of applied contributions.
     pub mean_staleness: f64,
     /// Mean over workers of computing time / wall time.
@@ -53,31 +64,49 @@ pub struct Comparison {
     pub rows: Vec<Row>,
     /// The full report of every run's first seed, in the same order.
     pub reports: Vec<SimReport>,
+    /// Every run's accuracy curve for each seed, in the same order.
+    pub curves: Vec<Vec<Vec<sim::CurvePoint>>>,
+    /// Every run's time to target for each seed (`None`: not reached).
+    pub times_to_target: Vec<Vec<Option<f64>>>,
+    /// For DBW runs, the backup workers `b_t = n − k_t` of every update of the first seed
+    /// as (virtual seconds, b_t); empty for other protocols.
+    pub backup_workers: Vec<Vec<(f64, u32)>>,
+    /// The seeds the runs were repeated with.
+    pub seeds: std::ops::Range<u64>,
+    /// The virtual time budget of each run, in seconds.
+    pub max_time_s: f64,
     /// The row the speedups are relative to: the first BSP run with the scenario's own
     /// stragglers, else the first run.
     pub baseline: usize,
 }
 
 impl Comparison {
-    /// The run that reached the target first (ties: the earlier row).
+    /// The run that reached the target first (ties: the earlier row); reference rows with
+    /// their own stragglers are not candidates.
     pub fn fastest(&self) -> Option<&Row> {
-        self.rows
-            .iter()
-            .filter(|r| r.time_to_target_s.is_some())
-            .min_by(|a, b| a.time_to_target_s.partial_cmp(&b.time_to_target_s).unwrap_or(std::cmp::Ordering::Equal))
+        self.ranked().into_iter().next()
+    }
+
+    /// The candidate runs that reached the target, fastest first (ties keep table order).
+    pub fn ranked(&self) -> Vec<&Row> {
+        let mut rows: Vec<&Row> = self.rows.iter().filter(|r| !r.reference && r.time_to_target_s.is_some()).collect();
+        rows.sort_by(|a, b| a.time_to_target_s.partial_cmp(&b.time_to_target_s).unwrap_or(std::cmp::Ordering::Equal));
+        rows
     }
 
     /// The table as text.
     pub fn table(&self) -> String {
         let mut out = format!(
-            "{:<36} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8} {:>7} {:>7}\n",
+            "{:<36} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8} {:>5} {:>7} {:>7}\n",
             format!("protocol (target {:.2})", self.target_accuracy),
             "time (s)",
             "speedup",
             "final",
             "updates",
+            "accepted",
             "applied",
             "dropped",
+            "held",
             "stale",
             "busy"
         );
@@ -92,16 +121,28 @@ impl Comparison {
                 r.speedup_vs_bsp.map_or("-".into(), |s| format!("{s:.2}x"))
             };
             out.push_str(&format!(
-                "{:<36} {:>9} {:>8} {:>8.4} {:>8} {:>9} {:>8} {:>7.2} {:>6.0}%\n",
+                "{:<36} {:>9} {:>8} {:>8.4} {:>8} {:>9} {:>9} {:>8} {:>5} {:>7.2} {:>6.0}%\n",
                 r.label,
                 time,
                 speedup,
                 r.final_accuracy,
                 r.updates,
+                r.accepted,
                 r.applied,
                 r.dropped,
+                r.held_at_stop,
                 r.mean_staleness,
                 r.compute_share * 100.0
+            ));
+        }
+        let seeds = self.rows.first().map_or(1, |r| r.seeds);
+        out.push_str(&format!(
+            "time, speedup, final, updates: medians over {seeds} seed(s); stale, busy: means; gradients: totals over the seeds, accepted = applied + dropped + held at stop\n"
+        ));
+        for r in self.rows.iter().filter(|r| r.hit_event_budget > 0) {
+            out.push_str(&format!(
+                "note: {} stopped at the event budget ({} of {} seeds) before its time budget\n",
+                r.label, r.hit_event_budget, r.seeds
             ));
         }
         out
@@ -131,7 +172,7 @@ fn median(mut values: Vec<Option<f64>>) -> Option<f64> {
     }
 }
 
-fn row(label: String, reports: &[SimReport]) -> Row {
+fn row(label: String, reference: bool, reports: &[SimReport]) -> Row {
     let med = |f: &dyn Fn(&SimReport) -> f64| median(reports.iter().map(|r| Some(f(r))).collect()).unwrap_or(0.0);
     let mean = |f: &dyn Fn(&SimReport) -> f64| reports.iter().map(f).sum::<f64>() / reports.len().max(1) as f64;
     Row {
@@ -139,12 +180,19 @@ fn row(label: String, reports: &[SimReport]) -> Row {
         protocol: reports.first().map(|r| r.protocol.clone()).unwrap_or_default(),
         time_to_target_s: median(reports.iter().map(|r| r.time_to_target).collect()),
         speedup_vs_bsp: None,
+        reference,
         reached: reports.iter().filter(|r| r.time_to_target.is_some()).count() as u32,
         seeds: reports.len() as u32,
         final_accuracy: med(&|r| r.final_accuracy),
         updates: med(&|r| r.updates as f64) as u64,
-        applied: med(&|r| r.applied as f64) as u64,
-        dropped: med(&|r| r.dropped.values().sum::<u64>() as f64) as u64,
+        accepted: reports.iter().map(|r| r.accepted).sum(),
+        applied: reports.iter().map(|r| r.applied).sum(),
+        dropped: reports.iter().map(|r| r.dropped.values().sum::<u64>()).sum(),
+        held_at_stop: reports
+            .iter()
+            .map(|r| r.accepted.saturating_sub(r.applied + r.dropped.values().sum::<u64>()))
+            .sum(),
+        hit_event_budget: reports.iter().filter(|r| r.stop_reason == "max_events").count() as u32,
         mean_staleness: mean(&|r| r.staleness.mean),
         compute_share: mean(&|r| r.mean_compute_share),
         virtual_time_s: med(&|r| r.virtual_time_s),
@@ -176,7 +224,7 @@ pub fn run(
         }
     }
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Result<SimReport, String>>>> = Mutex::new(vec![None; configs.len()]);
+    let results: Mutex<Vec<Option<RunResult>>> = Mutex::new(vec![None; configs.len()]);
     std::thread::scope(|s| {
         for _ in 0..jobs.clamp(1, configs.len().max(1)) {
             // Protocol state machines are fixed-size values (the grouped server is ~130 KB) and
@@ -186,7 +234,10 @@ pub fn run(
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(config) = configs.get(i) else { break };
-                    let report = sim::try_run(config, workload).map_err(|e| e.to_string());
+                    let mut backups = BackupWorkers::new(config);
+                    let report = sim::try_run_observed(config, workload, &mut |o| backups.observe(o))
+                        .map_err(|e| e.to_string())
+                        .map(|r| (r, backups.series));
                     if let Ok(mut r) = results.lock() {
                         if let Some(slot) = r.get_mut(i) {
                             *slot = Some(report);
@@ -204,13 +255,22 @@ pub fn run(
     let mut all = results.into_iter();
     let mut rows = Vec::with_capacity(scenario.runs.len());
     let mut reports = Vec::with_capacity(scenario.runs.len());
+    let mut curves = Vec::with_capacity(scenario.runs.len());
+    let mut times_to_target = Vec::with_capacity(scenario.runs.len());
+    let mut backup_workers = Vec::with_capacity(scenario.runs.len());
     for run in &scenario.runs {
         let mut per_seed = Vec::with_capacity(seeds as usize);
+        let mut first_backups = None;
         for _ in 0..seeds {
             let r = all.next().flatten().ok_or_else(|| format!("{}: the run did not finish", run.label()))?;
-            per_seed.push(r.map_err(|e| format!("{}: {e}", run.label()))?);
+            let (report, backups) = r.map_err(|e| format!("{}: {e}", run.label()))?;
+            first_backups.get_or_insert(backups);
+            per_seed.push(report);
         }
-        rows.push(row(run.label(), &per_seed));
+        rows.push(row(run.label(), run.stragglers_note.is_some(), &per_seed));
+        curves.push(per_seed.iter().map(|r| r.curve.clone()).collect());
+        times_to_target.push(per_seed.iter().map(|r| r.time_to_target).collect());
+        backup_workers.push(first_backups.unwrap_or_default());
         reports.extend(per_seed.into_iter().next());
     }
     let baseline =
@@ -227,8 +287,50 @@ pub fn run(
         target_accuracy: scenario.target_accuracy,
         rows,
         reports,
+        curves,
+        times_to_target,
+        backup_workers,
+        seeds: scenario.seed..scenario.seed.wrapping_add(u64::from(seeds)),
+        max_time_s: scenario.max_time.as_secs_f64(),
         baseline,
     })
+}
+
+/// A run's report and its DBW backup-worker series.
+type RunResult = Result<(SimReport, Vec<(f64, u32)>), String>;
+
+/// Watches a DBW run's server: each model version's applied gradients are `k_t`, so
+/// `b_t = n − k_t`.
+struct BackupWorkers {
+    dbw: bool,
+    workers: u32,
+    version: u64,
+    count: u32,
+    at: f64,
+    series: Vec<(f64, u32)>,
+}
+
+impl BackupWorkers {
+    fn new(config: &sim::SimConfig) -> Self {
+        let dbw = matches!(config.protocol, syncopate::ProtocolConfig::Dbw(_));
+        Self { dbw, workers: config.workers(), version: 0, count: 0, at: 0.0, series: Vec::new() }
+    }
+
+    fn observe(&mut self, o: &sim::Observation<'_>) {
+        let sim::Observation::Server { at, event: syncopate::ServerEvent::Applied { version, .. } } = o else {
+            return;
+        };
+        if !self.dbw {
+            return;
+        }
+        if version.0 != self.version && self.count > 0 {
+            self.series.push((self.at, self.workers.saturating_sub(self.count)));
+            self.count = 0;
+        }
+        self.version = version.0;
+        self.at = at.as_secs_f64();
+        self.count += 1;
+    }
 }
 
 #[cfg(test)]

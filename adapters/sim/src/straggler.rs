@@ -89,7 +89,10 @@ fn who(text: &str, n: u32) -> Result<Vec<u32>, String> {
                 Some((a, b)) => (id(a)?, id(b)?),
                 None => (id(text)?, id(text)?),
             };
-            if lo > hi || hi >= n {
+            if lo > hi {
+                return Err(format!("workers '{text}' is a reversed range: write {hi}-{lo}"));
+            }
+            if hi >= n {
                 return Err(format!("workers '{text}' are outside 0..{n}"));
             }
             (lo..=hi).collect()
@@ -133,6 +136,7 @@ mod tests {
     fn errors_name_the_problem() {
         for (spec, needle) in [
             ("9:slow=2", "outside 0..4"),
+            ("3-1:slow=2", "workers '3-1' is a reversed range: write 1-3"),
             ("x:slow=2", "not a worker id"),
             ("0:fast=2", "unknown straggler model 'fast'"),
             ("0:slow=abc", "not a non-negative number"),

@@ -89,7 +89,7 @@ pub enum GroupLrScaling {
     /// consistent with ASP's `η / n`).
     #[default]
     Linear,
-    /// `η` for every central update (PROTOCOLS.md §9.4).
+    /// `η` for every central update (docs/PROTOCOLS.md, "Grouped").
     None,
     /// `η · √(n_g / n)`.
     Sqrt,
@@ -111,6 +111,37 @@ impl GroupLrScaling {
     }
 }
 
+/// A protocol knob: its command-line flag, its scenario-file key and the protocols it
+/// applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Knob {
+    /// The flag without `--`, e.g. `staleness`.
+    pub flag: &'static str,
+    /// The scenario-file key, e.g. `iteration_timeout_ms`.
+    pub key: &'static str,
+    /// The protocols that use it, as a phrase.
+    pub applies_to: &'static str,
+    /// Whether the spec's protocol is one of them.
+    pub applies: bool,
+}
+
+impl Knob {
+    fn new(flag: &'static str, applies_to: &'static str, applies: bool) -> Self {
+        let key = match flag {
+            "staleness" => "staleness",
+            "iteration-timeout" => "iteration_timeout_ms",
+            "backup-workers" => "backup_workers",
+            "interrupt" => "interrupt",
+            "k-min" => "k_min",
+            "groups" => "groups",
+            "group-lr-scaling" => "group_lr_scaling",
+            "round-deadline" => "round_deadline_ms",
+            _ => "stall_report_ms",
+        };
+        Self { flag, key, applies_to, applies }
+    }
+}
+
 /// One protocol run: its name and every knob (unset knobs take their defaults).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProtocolSpec {
@@ -124,14 +155,14 @@ pub struct ProtocolSpec {
     pub iteration_timeout_ms: Option<f64>,
     /// Static backup workers `b` (default 1).
     pub backup_workers: Option<u32>,
-    /// Backup workers and DBW: abort stragglers or let them finish.
-    pub interrupt: InterruptMode,
+    /// Backup workers and DBW: abort stragglers or let them finish (`None`: abort).
+    pub interrupt: Option<InterruptMode>,
     /// DBW: the smallest k it may choose (default 2).
     pub k_min: Option<u32>,
     /// Grouped: the number of groups `G` (default 2).
     pub groups: Option<u32>,
-    /// Grouped: learning-rate scaling with group size.
-    pub group_lr_scaling: GroupLrScaling,
+    /// Grouped: learning-rate scaling with group size (`None`: linear).
+    pub group_lr_scaling: Option<GroupLrScaling>,
     /// WBSP: close a round without a silent worker after this many milliseconds.
     pub round_deadline_ms: Option<f64>,
     /// Report a stall after this many milliseconds without progress (synchronous protocols).
@@ -147,10 +178,10 @@ impl ProtocolSpec {
             staleness: None,
             iteration_timeout_ms: None,
             backup_workers: None,
-            interrupt: InterruptMode::Abort,
+            interrupt: None,
             k_min: None,
             groups: None,
-            group_lr_scaling: GroupLrScaling::Linear,
+            group_lr_scaling: None,
             round_deadline_ms: None,
             stall_report_ms: None,
         }
@@ -174,7 +205,7 @@ impl ProtocolSpec {
         if let Some(b) = self.backup_workers {
             add("b", b.to_string());
         }
-        if self.interrupt == InterruptMode::Complete {
+        if self.interrupt == Some(InterruptMode::Complete) {
             add("interrupt", "complete".into());
         }
         if let Some(k) = self.k_min {
@@ -190,6 +221,30 @@ impl ProtocolSpec {
             add("lr", lr.to_string());
         }
         label
+    }
+
+    /// The first knob set on this spec that its protocol does not use (`lr` applies to all).
+    pub fn knob_that_does_not_apply(&self) -> Option<Knob> {
+        use ProtocolName::*;
+        let p = self.name;
+        let knobs: [(bool, Knob); 8] = [
+            (self.staleness.is_some(), Knob::new("staleness", "ssp and bap", matches!(p, Ssp | Bap))),
+            (self.iteration_timeout_ms.is_some(), Knob::new("iteration-timeout", "bap", p == Bap)),
+            (self.backup_workers.is_some(), Knob::new("backup-workers", "backup", p == Backup)),
+            (self.interrupt.is_some(), Knob::new("interrupt", "backup and dbw", matches!(p, Backup | Dbw))),
+            (self.k_min.is_some(), Knob::new("k-min", "dbw", p == Dbw)),
+            (self.groups.is_some(), Knob::new("groups", "grouped", p == Grouped)),
+            (self.group_lr_scaling.is_some(), Knob::new("group-lr-scaling", "grouped", p == Grouped)),
+            (
+                self.round_deadline_ms.is_some(),
+                Knob::new("round-deadline", "wbsp and wbsp-overlap", matches!(p, Wbsp | WbspOverlap)),
+            ),
+        ];
+        let stall = (
+            self.stall_report_ms.is_some(),
+            Knob::new("stall-report", "bsp, ssp, bap, backup, dbw and grouped", !matches!(p, Asp | Wbsp | WbspOverlap)),
+        );
+        knobs.into_iter().chain([stall]).find(|(set, knob)| *set && !knob.applies).map(|(_, knob)| knob)
     }
 
     /// The core configuration for `workers` workers, with `default_lr` where the spec sets
@@ -210,7 +265,15 @@ impl ProtocolSpec {
             }
         };
         let stall = ms("stall report", self.stall_report_ms)?.or(Some(Duration::from_secs(2)));
-        let interrupt = match self.interrupt {
+        if let Some(knob) = self.knob_that_does_not_apply() {
+            return Err(format!(
+                "{} does not apply to {}: it is a knob of {}",
+                knob.key,
+                self.name.as_str(),
+                knob.applies_to
+            ));
+        }
+        let interrupt = match self.interrupt.unwrap_or_default() {
             InterruptMode::Abort => Interrupt::Abort,
             InterruptMode::Complete => Interrupt::RunToCompletion,
         };
@@ -246,6 +309,9 @@ impl ProtocolSpec {
             ProtocolName::Dbw => {
                 let mut c = DbwConfig::new(n, lr);
                 if let Some(k) = self.k_min {
+                    if k == 0 || k > n {
+                        return Err(format!("k-min {k} must be between 1 and the {n} workers"));
+                    }
                     c.k_min = k;
                 }
                 c.interrupt = interrupt;
@@ -266,7 +332,7 @@ impl ProtocolSpec {
                     return Err(format!("groups {g} must be between 1 and the {n} workers"));
                 }
                 let mut c = GroupedConfig::new(n, lr, g);
-                c.lr_scaling = match self.group_lr_scaling {
+                c.lr_scaling = match self.group_lr_scaling.unwrap_or_default() {
                     GroupLrScaling::Linear => LrScaling::Linear,
                     GroupLrScaling::None => LrScaling::None,
                     GroupLrScaling::Sqrt => LrScaling::Sqrt,

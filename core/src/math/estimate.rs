@@ -21,7 +21,7 @@
 //! Kaplan–Meier median, or the smallest sample when fewer than half were observed),
 //! integrated in closed form (the draws that land in the tail are `Bin(n, mass)` many
 //! i.i.d. exponentials past the last sample). That tail is exact for shifted-exponential
-//! round trips (memorylessness) and an underestimate for heavier tails; this is this project's reconstruction (PROTOCOLS.md
+//! round trips (memorylessness) and an underestimate for heavier tails; this is this project's reconstruction (docs/PROTOCOLS.md
 //! §3.3 leaves the censoring method open).
 
 use crate::id::MAX_WORKERS;
@@ -93,7 +93,7 @@ pub fn noise_estimate(k: u32, sum_sq_norms: f64, mean_sq_norm: f64) -> Option<No
 }
 
 /// The expected loss decrease of one step averaging `k` gradients, divided by the learning
-/// rate `η` (PROTOCOLS.md §3.3, from the descent lemma for an `L`-smooth loss):
+/// rate `η` (docs/PROTOCOLS.md, "DBW", from the descent lemma for an `L`-smooth loss):
 /// `D(k)/η = (1 − Lη/2)·G − Lη·S/(2k)`. It increases with `k` and saturates at
 /// `(1 − Lη/2)·G`. `k = 0` gives `-∞`.
 pub fn expected_decrease(g: f64, s: f64, l_eta: f64, k: u32) -> f64 {

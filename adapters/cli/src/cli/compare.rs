@@ -2,6 +2,7 @@
 //! simulator, a table, a plot, and a recommendation.
 
 use super::Failure;
+use super::output::outln;
 use crate::compare::{self, Comparison};
 use crate::scenario::Scenario;
 use clap::Args;
@@ -24,8 +25,9 @@ pub struct CompareArgs {
     /// Print the table as one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
-    /// Write an SVG plot of test accuracy against virtual time.
-    #[arg(long, value_name = "FILE")]
+    /// Write an SVG plot (FILE.svg): accuracy over virtual time, the median over seeds with
+    /// a band, time to target per run, and DBW's backup workers over time.
+    #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
     /// Simulations to run at once (default: the machine's cores).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
@@ -38,8 +40,8 @@ pub struct AdviseArgs {
     /// The recorded per-worker step times (CSV worker,step,seconds, as `train --record-trace` writes).
     #[arg(long, value_name = "FILE")]
     pub trace: PathBuf,
-    /// The protocols and knobs to try (a scenario file); without one, the built-in default
-    /// scenario's list. Its worker count must match the trace.
+    /// The protocols and knobs to try (a scenario file, its worker count that of the trace);
+    /// without one, the built-in default scenario's protocols for the trace's workers.
     #[arg(value_name = "SCENARIO.toml")]
     pub scenario: Option<PathBuf>,
     /// Print the table and the recommendation as one JSON object on stdout.
@@ -70,19 +72,39 @@ fn scenario(file: Option<&PathBuf>, preset: Option<&str>) -> Result<Scenario, Fa
     }
 }
 
-fn with_trace(mut s: Scenario, trace: &std::path::Path) -> Result<Scenario, Failure> {
-    let steps = crate::trace::read(trace).map_err(Failure::Usage)?;
+fn with_trace(mut s: Scenario, trace: &std::path::Path, steps: &[crate::trace::Step]) -> Result<Scenario, Failure> {
     let models =
-        crate::trace::compute_models(&steps, s.workers, &trace.display().to_string()).map_err(Failure::Usage)?;
-    s.name = format!("{} (replaying {})", s.name, trace.display());
-    s.compute = models.clone();
-    for run in &mut s.runs {
-        if run.compute.is_some() {
-            run.compute = Some(models.clone());
-            run.stragglers_note = None;
-        }
-    }
+        crate::trace::compute_models(steps, s.workers, &trace.display().to_string()).map_err(Failure::Usage)?;
+    let mean_ms = steps.iter().map(|x| x.seconds).sum::<f64>() / steps.len().max(1) as f64 * 1000.0;
+    let slowest_ms = steps.iter().map(|x| x.seconds).fold(0.0f64, f64::max) * 1000.0;
+    s.name = format!(
+        "trace {} ({} workers, {} steps, mean step {mean_ms:.2} ms, slowest {slowest_ms:.2} ms)",
+        trace.display(),
+        s.workers,
+        steps.len()
+    );
+    s.compute = models;
+    // Runs with their own stragglers are references for the scenario's stragglers, not
+    // for a replayed trace.
+    s.runs.retain(|run| run.compute.is_none());
+    s.check_event_budget().map_err(|e| Failure::Usage(format!("{}: {e}", trace.display())))?;
     Ok(s)
+}
+
+fn read_trace(trace: &std::path::Path) -> Result<Vec<crate::trace::Step>, Failure> {
+    crate::trace::read(trace).map_err(Failure::Usage)
+}
+
+/// Checks an output path before the run: `.svg` only, and a file that can be created.
+fn open_plot(path: &std::path::Path) -> Result<std::fs::File, Failure> {
+    if path.extension().and_then(|e| e.to_str()).is_none_or(|e| !e.eq_ignore_ascii_case("svg")) {
+        return Err(Failure::Usage(format!(
+            "invalid value '{}' for '--plot': the plot is SVG; name the file FILE.svg",
+            path.display()
+        )));
+    }
+    std::fs::File::create(path)
+        .map_err(|e| Failure::Usage(format!("invalid value '{}' for '--plot': cannot create it: {e}", path.display())))
 }
 
 fn execute(s: &Scenario, jobs: Option<u32>, json: bool) -> Result<Comparison, Failure> {
@@ -103,12 +125,11 @@ fn print(c: &Comparison, json: bool) {
             fastest: c.fastest().map(|r| r.label.as_str()),
         };
         match serde_json::to_string(&out) {
-            Ok(s) => println!("{s}"),
+            Ok(s) => outln!("{s}"),
             Err(e) => eprintln!("error: cannot encode JSON: {e}"),
         }
     } else {
-        println!("{}", c.scenario);
-        print!("{}", c.table());
+        outln!("{}\n{}", c.scenario, c.table().trim_end());
     }
 }
 
@@ -116,38 +137,62 @@ fn print(c: &Comparison, json: bool) {
 pub(super) fn run(args: &CompareArgs) -> Result<(), Failure> {
     let mut s = scenario(args.scenario.as_ref(), args.preset.as_deref())?;
     if let Some(trace) = &args.trace {
-        s = with_trace(s, trace)?;
+        s = with_trace(s, trace, &read_trace(trace)?)?;
     }
+    let plot = args.plot.as_deref().map(open_plot).transpose()?;
     let c = execute(&s, args.jobs, args.json)?;
+    if let (Some(path), Some(mut file)) = (&args.plot, plot) {
+        use std::io::Write as _;
+        let svg = crate::plot::comparison_svg(&c).map_err(|e| Failure::Run(format!("{}: {e}", path.display())))?;
+        file.write_all(svg.as_bytes())
+            .map_err(|e| Failure::Run(format!("{}: cannot write the plot: {e}", path.display())))?;
+    }
     print(&c, args.json);
     if let Some(path) = &args.plot {
-        let curves: Vec<_> =
-            c.rows.iter().zip(&c.reports).map(|(r, rep)| (r.label.clone(), rep.curve.clone())).collect();
-        crate::plot::accuracy_svg(path, &c.scenario, &curves, c.target_accuracy).map_err(Failure::Run)?;
         if !args.json {
-            println!("plot written to {}", path.display());
+            outln!("plot written to {}", path.display());
         }
     }
     Ok(())
 }
 
+/// Two times to target closer than this (relative) are a tie: `advise` names both.
+const TIE: f64 = 0.05;
+
 /// Runs `syncopate advise`.
 pub(super) fn advise(args: &AdviseArgs) -> Result<(), Failure> {
-    let s = with_trace(scenario(args.scenario.as_ref(), None)?, &args.trace)?;
+    let steps = read_trace(&args.trace)?;
+    let workers = steps.iter().map(|x| x.worker).max().map_or(0, |w| w.saturating_add(1));
+    let base = match &args.scenario {
+        Some(_) => scenario(args.scenario.as_ref(), None)?,
+        None => Scenario::default_for_workers(workers)
+            .map_err(|e| Failure::Usage(format!("{}: {e}", args.trace.display())))?,
+    };
+    let s = with_trace(base, &args.trace, &steps)?;
     let c = execute(&s, args.jobs, args.json)?;
     print(&c, args.json);
     if !args.json {
-        match c.fastest() {
+        let ranked = c.ranked();
+        match ranked.first() {
             Some(best) => {
+                let best_t = best.time_to_target_s.unwrap_or(0.0);
                 let speedup = best.speedup_vs_bsp.map_or(String::new(), |x| format!(", {x:.2}x the speed of BSP"));
-                println!(
-                    "recommendation: {} reaches {:.2} in {:.3} s of replayed time{speedup}",
+                outln!(
+                    "recommendation: {} reaches {:.2} in {best_t:.3} s of replayed time{speedup}",
                     best.label,
-                    c.target_accuracy,
-                    best.time_to_target_s.unwrap_or(0.0)
+                    c.target_accuracy
                 );
+                let close: Vec<String> = ranked
+                    .iter()
+                    .skip(1)
+                    .filter(|r| r.time_to_target_s.is_some_and(|t| t <= best_t * (1.0 + TIE)))
+                    .map(|r| format!("{} ({:.3} s)", r.label, r.time_to_target_s.unwrap_or(0.0)))
+                    .collect();
+                if !close.is_empty() {
+                    outln!("  within {:.0}% of it, effectively a tie on this trace: {}", TIE * 100.0, close.join(", "));
+                }
             }
-            None => println!(
+            None => outln!(
                 "recommendation: none of the runs reached {:.2}; raise max_time_s or lower the target",
                 c.target_accuracy
             ),

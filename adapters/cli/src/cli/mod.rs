@@ -6,6 +6,7 @@
 
 mod compare;
 mod group;
+pub(crate) mod output;
 mod protocol;
 mod reproduce;
 mod serve;
@@ -58,8 +59,8 @@ pub enum Command {
 /// The model, the data and the randomness of a run.
 #[derive(Clone, Debug, Args)]
 pub struct WorkloadArgs {
-    /// Model: softmax, mlp (32 hidden units) or mlp:H.
-    #[arg(long, default_value = "softmax")]
+    /// Model: softmax, mlp (32 hidden units) or mlp:H (H from 1 to 4096).
+    #[arg(long, default_value = "softmax", value_parser = parse_model)]
     pub model: crate::workload::ModelKind,
     /// Train on this file instead of the built-in digits data.
     #[arg(long, value_name = "FILE")]
@@ -67,8 +68,8 @@ pub struct WorkloadArgs {
     /// Format of --data: csv (label in the last column) or libsvm.
     #[arg(long, value_name = "FORMAT", default_value = "csv")]
     pub data_format: DataFormat,
-    /// Minibatch size of one gradient.
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    /// Minibatch size of one gradient (1 to 4096).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_BATCH_SIZE)))]
     pub batch_size: u32,
     /// Seed of everything random (initial model, data split, minibatches, stragglers).
     #[arg(long, default_value_t = 1)]
@@ -96,18 +97,69 @@ impl WorkloadArgs {
             },
         }
         .map_err(|e| e.to_string())?;
+        let file = self.data.as_deref().unwrap_or_else(|| std::path::Path::new("?")).display();
         if data.len() < 2 || data.n_classes < 2 {
+            return Err(format!("{file}: need at least 2 rows and 2 classes"));
+        }
+        check_params(self.model, data.n_features, data.n_classes).map_err(|e| format!("{file}: {e}"))?;
+        let workload = Workload::new(data, self.model, TEST_FRACTION, self.seed);
+        if workload.test.is_empty() || workload.train.is_empty() {
             return Err(format!(
-                "{}: need at least 2 rows and 2 classes",
-                self.data.as_deref().unwrap_or_else(|| std::path::Path::new("?")).display()
+                "{file}: {} rows leave no test rows (a fifth is held out to measure accuracy); need at least 5 rows",
+                workload.test.len() + workload.train.len()
             ));
         }
-        Ok(Workload::new(data, self.model, 0.2, self.seed))
+        Ok(workload)
     }
+}
+
+/// The share of a data file's rows held out as the test set.
+const TEST_FRACTION: f64 = 0.2;
+pub use crate::workload::limits::{MAX_BATCH_SIZE, MAX_HIDDEN, MAX_PARAMS, check_hidden, check_params};
+
+/// Parses `--model`, refusing hidden layers beyond [`MAX_HIDDEN`].
+pub fn parse_model(text: &str) -> Result<crate::workload::ModelKind, String> {
+    let kind: crate::workload::ModelKind = text.parse().map_err(|e| format!("{e}"))?;
+    check_hidden(kind)?;
+    Ok(kind)
+}
+
+/// A command-line error as one line: clap's message with what it lists on the lines below
+/// (the missing flags, the allowed values, a tip) joined on, and the usage block dropped.
+pub fn one_line_error(rendered: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for line in rendered.lines().map(str::trim) {
+        if line.starts_with("Usage:") || line.starts_with("For more information") {
+            break;
+        }
+        if !line.is_empty() {
+            parts.push(line);
+        }
+    }
+    let mut text = String::new();
+    for part in parts {
+        if !text.is_empty() {
+            text.push_str(if text.ends_with(':') || part.starts_with('[') { " " } else { "; " });
+        }
+        text.push_str(part);
+    }
+    if text.is_empty() { "error: invalid arguments (see --help)".into() } else { text }
+}
+
+/// clap takes `--seed -1` for two flags; name the flag and the rule instead: `invalid value
+/// '-1' for '--seed': must not be negative`.
+fn negative_value_error(args: &[String]) -> Option<String> {
+    args.windows(2).find_map(|pair| {
+        let [flag, value] = pair else { return None };
+        let is_flag = flag.starts_with("--") && !flag.contains('=');
+        let negative = value.starts_with('-') && value.parse::<f64>().is_ok();
+        (is_flag && negative).then(|| format!("error: invalid value '{value}' for '{flag}': must not be negative"))
+    })
 }
 
 /// Parses the command line and runs it; returns the process exit code.
 pub fn main() -> ExitCode {
+    output::quiet_on_closed_stdout();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -118,12 +170,13 @@ pub fn main() -> ExitCode {
                     | ErrorKind::DisplayVersion
                     | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
             ) {
-                let _ = e.print();
+                output::emit(&e.render().to_string());
                 return ExitCode::SUCCESS;
             }
-            let text = e.render().to_string();
-            let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
-            eprintln!("{}", first.trim_end());
+            let args: Vec<String> = std::env::args().collect();
+            let negative = (e.kind() == ErrorKind::UnknownArgument).then(|| negative_value_error(&args)).flatten();
+            let line = negative.unwrap_or_else(|| one_line_error(&e.render().to_string()));
+            eprintln!("{line}");
             return ExitCode::from(2);
         }
     };

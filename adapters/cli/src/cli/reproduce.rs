@@ -355,21 +355,8 @@ fn dbw(quick: bool, jobs: usize, plot: Option<&Path>) -> Result<Vec<Table>, Stri
             }
             std::fs::write(&csv, text).map_err(|e| format!("{}: cannot write: {e}", csv.display()))?;
             let svg = dir.join(format!("dbw_bt_{slug}.svg"));
-            let points: Vec<sim::CurvePoint> = trajectory
-                .iter()
-                .map(|(t, b)| sim::CurvePoint {
-                    time_s: *t,
-                    version: 0,
-                    accuracy: f64::from(*b) / f64::from(DBW_N),
-                    loss: 0.0,
-                })
-                .collect();
-            crate::plot::accuracy_svg(
-                &svg,
-                &format!("DBW b_t / n, {name} (seed 1)"),
-                &[("b_t / 16".into(), points)],
-                0.0,
-            )?;
+            let points: Vec<(f64, f64)> = trajectory.iter().map(|(t, b)| (*t, f64::from(*b))).collect();
+            crate::plot::trajectory_svg(&svg, &format!("DBW backup workers b_t, {name} (seed 1)"), "b_t", &points)?;
             notes.push(format!("b_t plotted in `{}`.", svg.display()));
         }
         tables.push(Table {

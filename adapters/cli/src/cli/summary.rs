@@ -16,6 +16,11 @@ pub struct Outcomes {
     pub dropped: u64,
     /// Drops by reason (only reasons that occurred).
     pub dropped_by_reason: std::collections::BTreeMap<String, u64>,
+    /// Accepted contributions the server still held when the run stopped, neither applied
+    /// nor dropped (a partial iteration, a cached gradient): `accepted − applied − dropped`.
+    /// The server's counters give it; every accepted contribution ends in exactly one of
+    /// applied, dropped or held.
+    pub held_at_stop: u64,
     /// Inputs the server refused (malformed, duplicate, unknown sender…).
     pub refused: u64,
 }
@@ -23,17 +28,48 @@ pub struct Outcomes {
 impl Outcomes {
     /// From a server's counters (`refused` counts inputs refused anywhere, e.g. by the codec).
     pub fn new(stats: &ServerStats, refused: u64) -> Self {
+        let by_reason = DropReason::ALL.iter().map(|r| (r.name(), stats.dropped_for(*r)));
+        Self::from_counts(stats.accepted, stats.applied, by_reason, refused)
+    }
+
+    /// From counts: `dropped_by_reason` keeps only reasons that occurred.
+    pub fn from_counts<'a>(
+        accepted: u64,
+        applied: u64,
+        by_reason: impl IntoIterator<Item = (&'a str, u64)>,
+        refused: u64,
+    ) -> Self {
+        let dropped_by_reason: std::collections::BTreeMap<String, u64> =
+            by_reason.into_iter().filter(|(_, n)| *n > 0).map(|(k, n)| (k.to_string(), n)).collect();
+        let dropped = dropped_by_reason.values().sum();
         Self {
-            accepted: stats.accepted,
-            applied: stats.applied,
-            dropped: stats.dropped_total(),
-            dropped_by_reason: DropReason::ALL
-                .iter()
-                .filter(|r| stats.dropped_for(**r) > 0)
-                .map(|r| (r.name().to_string(), stats.dropped_for(*r)))
-                .collect(),
+            accepted,
+            applied,
+            dropped,
+            dropped_by_reason,
+            held_at_stop: accepted.saturating_sub(applied.saturating_add(dropped)),
             refused,
         }
+    }
+
+    /// Whether every accepted contribution is accounted for: applied + dropped + held at
+    /// stop = accepted (false means the server applied or dropped more than it accepted).
+    pub fn add_up(&self) -> bool {
+        self.applied.checked_add(self.dropped).and_then(|x| x.checked_add(self.held_at_stop)) == Some(self.accepted)
+    }
+
+    /// `accepted 800 = applied 531 + dropped 263 (stale 263) + held at stop 6`.
+    pub fn line(&self) -> String {
+        let mut dropped = format!("dropped {}", self.dropped);
+        if !self.dropped_by_reason.is_empty() {
+            let reasons: Vec<String> = self.dropped_by_reason.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            dropped = format!("{dropped} ({})", reasons.join(", "));
+        }
+        let sign = if self.add_up() { "=" } else { "≠ (miscounted)" };
+        format!(
+            "accepted {} {sign} applied {} + {dropped} + held at stop {}; refused {}",
+            self.accepted, self.applied, self.held_at_stop, self.refused
+        )
     }
 }
 
@@ -135,8 +171,6 @@ impl Summary {
 
     /// The summary of a simulated run (times are virtual).
     pub fn from_sim(report: &crate::sim::SimReport, model: &str, params: usize) -> Self {
-        let dropped_by_reason: std::collections::BTreeMap<String, u64> =
-            report.dropped.iter().filter(|(_, v)| **v > 0).map(|(k, v)| ((*k).to_string(), *v)).collect();
         Self {
             mode: "sim".into(),
             protocol: report.protocol.clone(),
@@ -150,13 +184,12 @@ impl Summary {
             target_accuracy: report.target_accuracy,
             time_to_target_s: report.time_to_target,
             updates: report.updates,
-            gradients: Outcomes {
-                accepted: report.accepted,
-                applied: report.applied,
-                dropped: dropped_by_reason.values().sum(),
-                dropped_by_reason,
-                refused: report.rejected,
-            },
+            gradients: Outcomes::from_counts(
+                report.accepted,
+                report.applied,
+                report.dropped.iter().map(|(k, v)| (*k, *v)),
+                report.rejected,
+            ),
             mean_staleness: report.staleness.mean,
             max_staleness: report.staleness.max,
             stalls: report.stalls,
@@ -177,43 +210,47 @@ impl Summary {
     pub fn print(&self, json: bool) {
         if json {
             match serde_json::to_string(self) {
-                Ok(s) => println!("{s}"),
+                Ok(s) => super::output::outln!("{s}"),
                 Err(e) => eprintln!("error: cannot encode the summary as JSON: {e}"),
             }
             return;
         }
+        super::output::emit(&self.text());
+    }
+
+    /// The summary as a short text block.
+    pub fn text(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
         let clock = if self.mode == "sim" { "virtual" } else { "wall" };
-        println!(
+        let _ = writeln!(
+            out,
             "syncopate {}: {}, {} workers, {} ({} params), seed {}",
             self.mode, self.protocol, self.workers, self.model, self.params, self.seed
         );
-        println!("  test accuracy  {:.4}   loss {:.4}", self.final_accuracy, self.final_loss);
+        let _ = writeln!(out, "  test accuracy  {:.4}   loss {:.4}", self.final_accuracy, self.final_loss);
         let target = match self.time_to_target_s {
             Some(t) => format!("{t:.3} s"),
             None => "not reached".into(),
         };
-        println!(
+        let _ = writeln!(
+            out,
             "  {:<14} {:.3} s   time to {:.2}: {target}",
             format!("{clock} time"),
             self.time_s,
             self.target_accuracy
         );
-        let g = &self.gradients;
-        println!(
-            "  updates        {}   gradients: accepted {}, applied {}, dropped {}, refused {}",
-            self.updates, g.accepted, g.applied, g.dropped, g.refused
-        );
-        if !g.dropped_by_reason.is_empty() {
-            let reasons: Vec<String> = g.dropped_by_reason.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            println!("  dropped        {}", reasons.join(", "));
-        }
-        println!(
+        let _ = writeln!(out, "  updates        {}", self.updates);
+        let _ = writeln!(out, "  gradients      {}", self.gradients.line());
+        let _ = writeln!(
+            out,
             "  staleness      mean {:.2}, max {}   stall reports {}",
             self.mean_staleness, self.max_staleness, self.stalls
         );
         let steps: Vec<String> = self.per_worker.iter().map(|w| w.steps.to_string()).collect();
         let share: Vec<String> = self.per_worker.iter().map(|w| format!("{:.0}%", w.compute_share * 100.0)).collect();
-        println!("  steps/worker   {}", steps.join(" "));
-        println!("  compute share  {}", share.join(" "));
+        let _ = writeln!(out, "  steps/worker   {}", steps.join(" "));
+        let _ = writeln!(out, "  compute share  {}", share.join(" "));
+        out
     }
 }

@@ -26,12 +26,12 @@ pub struct TrainArgs {
     /// (see the README for the full syntax).
     #[arg(long, value_name = "SPEC", default_value = "")]
     pub straggler: String,
-    /// Base time of one gradient computation in milliseconds (threads sleep it; the
-    /// simulator advances its virtual clock by it).
-    #[arg(long, value_name = "MS", default_value_t = 2.0)]
+    /// Base time of one gradient computation in milliseconds, 0.01 to 60000 (threads sleep
+    /// it; the simulator advances its virtual clock by it).
+    #[arg(long, value_name = "MS", default_value_t = 2.0, allow_negative_numbers = true)]
     pub step_ms: f64,
-    /// Test accuracy whose first crossing is reported as the time to target.
-    #[arg(long, default_value_t = 0.90)]
+    /// Test accuracy (0 to 1) whose first crossing is reported as the time to target.
+    #[arg(long, default_value_t = 0.90, allow_negative_numbers = true)]
     pub target: f64,
     /// Run in the deterministic simulator (virtual time) instead of real threads.
     #[arg(long)]
@@ -40,7 +40,7 @@ pub struct TrainArgs {
     #[arg(long)]
     pub json: bool,
     /// Stop a threaded run after this many seconds, whatever the progress.
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", allow_negative_numbers = true)]
     pub time_limit: Option<f64>,
     /// Write every worker's step times to FILE (CSV worker,step,seconds) for
     /// `syncopate advise --trace FILE`.
@@ -50,8 +50,9 @@ pub struct TrainArgs {
 
 impl TrainArgs {
     fn check(&self) -> Result<(), String> {
-        if !(self.step_ms.is_finite() && self.step_ms >= 0.0 && self.step_ms <= 3_600_000.0) {
-            return Err(format!("invalid value '{}' for '--step-ms': must be between 0 and 3600000", self.step_ms));
+        let (lo, hi) = crate::scenario::STEP_MS_RANGE;
+        if !(self.step_ms.is_finite() && (lo..=hi).contains(&self.step_ms)) {
+            return Err(format!("invalid value '{}' for '--step-ms': must be between {lo} and {hi}", self.step_ms));
         }
         if !(0.0..=1.0).contains(&self.target) {
             return Err(format!("invalid value '{}' for '--target': must be between 0 and 1", self.target));
@@ -59,6 +60,22 @@ impl TrainArgs {
         if let Some(t) = self.time_limit {
             if !(t.is_finite() && t > 0.0) {
                 return Err(format!("invalid value '{t}' for '--time-limit': must be a positive number of seconds"));
+            }
+            if self.sim {
+                return Err("--time-limit applies to threaded runs; a --sim run stops after --steps".into());
+            }
+        }
+        if self.sim {
+            let gradients = self.steps as f64 * f64::from(self.protocol.workers);
+            let events = gradients * 6.0;
+            if events > crate::scenario::EVENT_BUDGET as f64 {
+                return Err(format!(
+                    "invalid value '{}' for '--steps': {} workers × {} steps would take about {events:.1e} simulator events; at most {:.0e}",
+                    self.steps,
+                    self.protocol.workers,
+                    self.steps,
+                    crate::scenario::EVENT_BUDGET
+                ));
             }
         }
         Ok(())
@@ -76,18 +93,25 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
     let n = protocol.workers();
     let stragglers = super::parse_stragglers(&args.straggler, n).map_err(Failure::Usage)?;
     let workload = args.workload.workload().map_err(Failure::Usage)?;
-    let model_name = format!("{:?}", args.workload.model).to_lowercase();
+    let model_name = args.workload.model.to_string();
     let dim = workload.model.dim();
+    let trace_file = args.record_trace.as_deref().map(trace::create).transpose().map_err(Failure::Usage)?;
     if args.sim {
-        return run_sim(args, protocol, stragglers, &workload, &model_name);
+        return run_sim(args, protocol, stragglers, &workload, &model_name, trace_file);
     }
     let base = args.base_step();
+    let bar = super::progress_bar(args.steps.saturating_mul(u64::from(n)), args.json);
     let delays: Vec<StepDelay> = stragglers
         .into_iter()
         .enumerate()
         .map(|(i, model)| {
             let mut sampler = ComputeSampler::new(model, base, args.workload.seed, i as u32);
-            Box::new(move |_step: u64| StdDuration::from_nanos(sampler.next_step().as_nanos())) as StepDelay
+            let bar = bar.clone();
+            Box::new(move |_step: u64| {
+                // Called once per gradient a worker computes: the bar counts gradients.
+                bar.inc(1);
+                StdDuration::from_nanos(sampler.next_step().as_nanos())
+            }) as StepDelay
         })
         .collect();
     let config = ThreadConfig {
@@ -100,13 +124,12 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
         rejoin_after: Some(StdDuration::from_secs(2)),
         target_accuracy: args.target,
     };
-    let bar = super::progress_bar(config.max_gradients, args.json);
     let report = thread::run(&config, Arc::new(workload), delays, &mut |p| {
         bar.set_message(format!("v{} acc {:.3}", p.version, p.accuracy));
     })
     .map_err(|e| Failure::Run(e.to_string()))?;
     bar.finish_and_clear();
-    if let Some(path) = &args.record_trace {
+    if let (Some(path), Some(file)) = (&args.record_trace, trace_file) {
         let steps: Vec<trace::Step> = report
             .workers
             .iter()
@@ -119,7 +142,7 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
                 })
             })
             .collect();
-        trace::write(path, &steps).map_err(Failure::Run)?;
+        trace::write_to(file, path, &steps).map_err(Failure::Run)?;
     }
     let summary = Summary::from_threads(&report, protocol.name(), n, &model_name, dim, args.workload.seed, args.target);
     summary.print(args.json);
@@ -132,6 +155,7 @@ fn run_sim(
     stragglers: Vec<ComputeModel>,
     workload: &crate::workload::Workload,
     model_name: &str,
+    trace_file: Option<std::fs::File>,
 ) -> Result<(), Failure> {
     let n = u64::from(protocol.workers());
     let mut config = SimConfig::new(protocol, args.workload.model);
@@ -140,17 +164,18 @@ fn run_sim(
     config.base_step = args.base_step();
     config.compute = stragglers;
     config.stop = StopRule { max_time: None, max_gradients: Some(args.steps.saturating_mul(n)), ..StopRule::default() };
+    config.stop.max_events = crate::scenario::EVENT_BUDGET;
     config.eval_interval = Duration::from_secs_f64((args.step_ms / 1000.0).max(1e-6));
     config.target_accuracy = args.target;
     config.record_trace = args.record_trace.is_some();
     let report = sim::try_run(&config, workload).map_err(|e| Failure::Usage(e.to_string()))?;
-    if let Some(path) = &args.record_trace {
+    if let (Some(path), Some(file)) = (&args.record_trace, trace_file) {
         let steps: Vec<trace::Step> = report
             .compute_trace
             .iter()
             .map(|s| trace::Step { worker: s.worker, step: s.step, seconds: s.seconds })
             .collect();
-        trace::write(path, &steps).map_err(Failure::Run)?;
+        trace::write_to(file, path, &steps).map_err(Failure::Run)?;
     }
     Summary::from_sim(&report, model_name, workload.model.dim()).print(args.json);
     Ok(())

@@ -8,10 +8,10 @@
 //! model = "softmax"             # softmax | mlp | mlp:H
 //! batch_size = 32
 //! learning_rate = 0.5           # of one averaged synchronous step (see ProtocolSpec::config)
-//! target_accuracy = 0.90        # "time to target" is the first evaluation at or above it
-//! step_ms = 10.0                # virtual time of one gradient on an unhindered worker
-//! max_time_s = 20.0             # virtual time budget of each run
-//! eval_interval_ms = 50.0       # virtual time between evaluations
+//! target_accuracy = 0.90        # "time to target": when the first model at or above it was published
+//! step_ms = 10.0                # virtual time of one gradient on an unhindered worker (0.01..=60000)
+//! max_time_s = 20.0             # virtual time budget of each run (at most 3600)
+//! eval_interval_ms = 50.0       # virtual time between points of the accuracy curve
 //! stop_at_target = false        # end each run when it reaches the target
 //!
 //! [network]                     # every server-worker link
@@ -38,9 +38,10 @@
 //! Protocol knobs: `lr`, `staleness` (ssp, bap), `iteration_timeout_ms` (bap),
 //! `backup_workers`, `interrupt = "abort" | "complete"` (backup, dbw), `k_min` (dbw),
 //! `groups`, `group_lr_scaling = "linear" | "none" | "sqrt"` (grouped),
-//! `round_deadline_ms` (wbsp), `stall_report_ms`. Every knob but `interrupt` and
-//! `group_lr_scaling` may be a sweep. Unknown keys and bad values are refused with the
-//! file, the position and the reason.
+//! `round_deadline_ms` (wbsp), `stall_report_ms` (every protocol but asp and wbsp). A knob
+//! its protocol does not use is refused. Every knob but `interrupt` and `group_lr_scaling`
+//! may be a sweep. Unknown keys and bad values are refused with the file, the line and the
+//! reason. A run that would need more than [`EVENT_BUDGET`] simulator events is refused.
 
 mod sweep;
 
@@ -56,7 +57,8 @@ use syncopate::Duration;
 /// The built-in scenario `syncopate compare` runs without a file.
 pub const DEFAULT_SCENARIO: &str = include_str!("../../scenarios/default.toml");
 
-/// The presets: the papers' settings scaled to the digits workload (PROTOCOLS.md §8).
+/// The presets: the papers' settings scaled to the digits workload (docs/PROTOCOLS.md,
+/// "Straggler models").
 pub const PRESETS: [(&str, &str); 4] = [
     ("dbw", include_str!("../../scenarios/dbw.toml")),
     ("wbsp", include_str!("../../scenarios/wbsp.toml")),
@@ -95,12 +97,10 @@ struct ProtocolFile {
     staleness: Option<Sweep<u64>>,
     iteration_timeout_ms: Option<Sweep<f64>>,
     backup_workers: Option<Sweep<u32>>,
-    #[serde(default)]
-    interrupt: InterruptMode,
+    interrupt: Option<InterruptMode>,
     k_min: Option<Sweep<u32>>,
     groups: Option<Sweep<u32>>,
-    #[serde(default)]
-    group_lr_scaling: GroupLrScaling,
+    group_lr_scaling: Option<GroupLrScaling>,
     round_deadline_ms: Option<Sweep<f64>>,
     stall_report_ms: Option<f64>,
     /// Replaces the scenario's stragglers for this entry (a `--straggler` spec; "" for none).
@@ -228,6 +228,24 @@ fn positive(key: &str, v: f64) -> Result<f64, String> {
     if v.is_finite() && v > 0.0 { Ok(v) } else { Err(format!("{key}: {v} must be a positive number")) }
 }
 
+fn within(key: &str, v: f64, lo: f64, hi: f64) -> Result<f64, String> {
+    if v.is_finite() && (lo..=hi).contains(&v) { Ok(v) } else { Err(format!("{key}: {v} is outside {lo}..={hi}")) }
+}
+
+/// The most simulator events one run may process: a run that would need more is refused
+/// before it starts, and a run that reaches it anyway stops there (`stop_reason`
+/// `max_events`) instead of running without bound.
+pub const EVENT_BUDGET: u64 = 20_000_000;
+/// Simulator events per gradient, an upper estimate (computation done, gradient delivered,
+/// model or reply delivered, timers) used to check [`EVENT_BUDGET`] before a run.
+const EVENTS_PER_GRADIENT: f64 = 6.0;
+/// The longest virtual time budget of a run (`max_time_s`), one virtual hour.
+pub const MAX_TIME_S: f64 = 3600.0;
+/// The most evaluations of a run (`max_time_s / eval_interval_ms`).
+pub const MAX_EVALUATIONS: f64 = 100_000.0;
+/// The step time range in milliseconds (`step_ms`, `--step-ms`): 10 µs to one minute.
+pub const STEP_MS_RANGE: (f64, f64) = (0.01, 60_000.0);
+
 fn expand<T: Clone>(values: &Option<Sweep<T>>) -> Vec<Option<T>> {
     match values {
         None => vec![None],
@@ -278,12 +296,50 @@ fn position(text: &str, span: Option<std::ops::Range<usize>>) -> String {
     format!("{line}:{column}: ")
 }
 
+/// The line (1-based) where a validation error's key is written: `workers`, `network.latency_ms`,
+/// `stragglers[1]` or `protocols[2].staleness` (`None` when the key is not in the text, i.e.
+/// took its default).
+fn line_of_key(text: &str, key: &str) -> Option<usize> {
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    let is_key = |line: &str, k: &str| line.strip_prefix(k).is_some_and(|rest| rest.trim_start().starts_with('='));
+    let (head, field) = key.split_once('.').map_or((key, None), |(h, f)| (h, Some(f)));
+    let (table, index) = match head.split_once('[') {
+        Some((t, i)) => (t, i.trim_end_matches(']').parse::<usize>().ok()),
+        None => (head, None),
+    };
+    let header = |line: &str| line.starts_with('[');
+    let section_start = if let Some(i) = index {
+        let array = format!("[[{table}]]");
+        lines.iter().enumerate().filter(|(_, l)| **l == array).nth(i).map(|(n, _)| n)?
+    } else if field.is_some() {
+        let plain = format!("[{table}]");
+        lines.iter().position(|l| *l == plain)?
+    } else {
+        // A top-level key (before the first table), or an array of tables by its name.
+        let array = format!("[[{table}]]");
+        return lines
+            .iter()
+            .take_while(|l| !header(l))
+            .position(|l| is_key(l, table))
+            .or_else(|| lines.iter().position(|l| *l == array))
+            .map(|n| n + 1);
+    };
+    let Some(field) = field else { return Some(section_start + 1) };
+    let end =
+        lines.iter().skip(section_start + 1).position(|l| header(l)).map_or(lines.len(), |n| n + section_start + 1);
+    let within = lines.get(section_start + 1..end)?;
+    Some(within.iter().position(|l| is_key(l, field)).map_or(section_start, |n| n + section_start + 1) + 1)
+}
+
 impl Scenario {
     /// Parses and validates scenario text; `source` names it in errors (a file name).
     pub fn parse(text: &str, source: &str) -> Result<Self, String> {
         let file: ScenarioFile = toml::from_str(text)
             .map_err(|e| format!("{source}:{}{}", position(text, e.span()), e.message().replace('\n', " ").trim()))?;
-        Self::validate(file).map_err(|e| format!("{source}: {e}"))
+        Self::validate(file).map_err(|e| match line_of_key(text, e.split(':').next().unwrap_or("")) {
+            Some(line) => format!("{source}:{line}: {e}"),
+            None => format!("{source}: {e}"),
+        })
     }
 
     /// Reads and parses a scenario file.
@@ -311,8 +367,24 @@ impl Scenario {
         if file.seeds == 0 || file.seeds > 100 {
             return Err(format!("seeds: {} is outside 1..=100", file.seeds));
         }
-        if file.batch_size == 0 {
-            return Err("batch_size: must be at least 1".into());
+        crate::workload::limits::check_hidden(model).map_err(|e| format!("model: {e}"))?;
+        if file.batch_size == 0 || file.batch_size > crate::workload::limits::MAX_BATCH_SIZE {
+            return Err(format!(
+                "batch_size: {} is outside 1..={}",
+                file.batch_size,
+                crate::workload::limits::MAX_BATCH_SIZE
+            ));
+        }
+        let (lo, hi) = STEP_MS_RANGE;
+        let step_ms = within("step_ms", file.step_ms, lo, hi)?;
+        let max_time_s = within("max_time_s", file.max_time_s, 1e-3, MAX_TIME_S)?;
+        let eval_ms = positive("eval_interval_ms", file.eval_interval_ms)?;
+        let evaluations = max_time_s * 1000.0 / eval_ms;
+        if evaluations > MAX_EVALUATIONS {
+            return Err(format!(
+                "eval_interval_ms: {eval_ms} gives {evaluations:.0} evaluations in max_time_s = {max_time_s}; at most {MAX_EVALUATIONS} (eval_interval_ms >= {})",
+                max_time_s * 1000.0 / MAX_EVALUATIONS
+            ));
         }
         if !(0.0..=1.0).contains(&file.target_accuracy) {
             return Err(format!("target_accuracy: {} is outside 0..1", file.target_accuracy));
@@ -360,12 +432,21 @@ impl Scenario {
             return Err(format!("protocols: the sweeps expand to {} runs; at most 512", runs.len()));
         }
         let learning_rate = positive("learning_rate", file.learning_rate)?;
-        for (i, r) in runs.iter().enumerate() {
-            r.spec
-                .config(file.workers, learning_rate)
-                .map_err(|e| format!("protocols ({}, run {i}): {e}", r.label()))?;
+        for (i, p) in file.protocols.iter().enumerate() {
+            for spec in p.specs() {
+                if let Some(knob) = spec.knob_that_does_not_apply() {
+                    return Err(format!(
+                        "protocols[{i}].{}: does not apply to {}; it is a knob of {}",
+                        knob.key,
+                        p.name.as_str(),
+                        knob.applies_to
+                    ));
+                }
+                spec.config(file.workers, learning_rate)
+                    .map_err(|e| format!("protocols[{i}] ({}): {e}", spec.label()))?;
+            }
         }
-        Ok(Self {
+        let scenario = Self {
             name: file.name.unwrap_or_else(|| "scenario".into()),
             seed: file.seed,
             seeds: file.seeds,
@@ -374,14 +455,57 @@ impl Scenario {
             batch_size: file.batch_size as usize,
             learning_rate,
             target_accuracy: file.target_accuracy,
-            base_step: Duration::from_secs_f64(positive("step_ms", file.step_ms)? / 1000.0),
-            max_time: Duration::from_secs_f64(positive("max_time_s", file.max_time_s)?),
-            eval_interval: Duration::from_secs_f64(positive("eval_interval_ms", file.eval_interval_ms)? / 1000.0),
+            base_step: Duration::from_secs_f64(step_ms / 1000.0),
+            max_time: Duration::from_secs_f64(max_time_s),
+            eval_interval: Duration::from_secs_f64(eval_ms / 1000.0),
             stop_at_target: file.stop_at_target,
             network,
             compute,
             runs,
-        })
+        };
+        scenario.check_event_budget()?;
+        Ok(scenario)
+    }
+
+    /// Refuses a scenario whose runs would need more than [`EVENT_BUDGET`] events: workers
+    /// at their mean step time for `max_time_s` (call again after replacing the stragglers,
+    /// e.g. with a replayed trace).
+    pub fn check_event_budget(&self) -> Result<(), String> {
+        let base = self.base_step.as_secs_f64();
+        let max_time = self.max_time.as_secs_f64();
+        let evaluations = max_time / self.eval_interval.as_secs_f64().max(1e-9);
+        for run in &self.runs {
+            let compute = run.compute.as_ref().unwrap_or(&self.compute);
+            let mut gradients = 0.0;
+            for w in 0..self.workers as usize {
+                let model = compute.get(w).cloned().unwrap_or(ComputeModel::None);
+                let mean = model.mean_seconds(base).unwrap_or(base).max(crate::trace::MIN_STEP_SECONDS);
+                gradients += max_time / mean;
+            }
+            let events = gradients * EVENTS_PER_GRADIENT + evaluations;
+            if events > EVENT_BUDGET as f64 {
+                return Err(format!(
+                    "max_time_s: {max_time} s of {} would take about {events:.1e} simulator events; at most {EVENT_BUDGET:.0e} per run (lower max_time_s to {:.3} or use slower steps)",
+                    run.label(),
+                    max_time * EVENT_BUDGET as f64 / events
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The built-in default scenario's protocols for `workers` workers with no stragglers
+    /// (for `advise`, which replays a trace's own): runs that need more workers are left out.
+    pub fn default_for_workers(workers: u32) -> Result<Self, String> {
+        let mut s = Self::default_scenario();
+        if workers == 0 || workers as usize > syncopate::MAX_WORKERS {
+            return Err(format!("{workers} workers is outside 1..={}", syncopate::MAX_WORKERS));
+        }
+        s.workers = workers;
+        s.compute = vec![ComputeModel::None; workers as usize];
+        let lr = s.learning_rate;
+        s.runs.retain(|r| r.spec.config(workers, lr).is_ok());
+        Ok(s)
     }
 
     /// The simulator configuration of one run with the `repeat`-th seed (validated in
@@ -398,6 +522,7 @@ impl Scenario {
         c.eval_interval = self.eval_interval;
         c.target_accuracy = self.target_accuracy;
         c.record_trace = false;
+        c.stop.max_events = EVENT_BUDGET;
         Ok(c)
     }
 }
@@ -418,6 +543,19 @@ mod tests {
     }
 
     #[test]
+    fn every_run_is_bounded_in_events() {
+        let s = Scenario::default_scenario();
+        for run in &s.runs {
+            assert_eq!(s.sim_config(run, 0).unwrap().stop.max_events, EVENT_BUDGET);
+        }
+        let mut traced = s.clone();
+        traced.compute = vec![ComputeModel::Trace(vec![2e-6]); s.workers as usize];
+        let e = traced.check_event_budget().unwrap_err();
+        assert!(e.starts_with("max_time_s:") && e.contains("simulator events"), "{e}");
+        assert!(Scenario::default_for_workers(2).unwrap().runs.iter().all(|r| r.spec.config(2, 0.5).is_ok()));
+    }
+
+    #[test]
     fn sweeps_expand() {
         let s = Scenario::parse(
             "workers = 4\n[[protocols]]\nname = \"ssp\"\nstaleness = [0, 3]\n[[protocols]]\nname = \"backup\"\nbackup_workers = \"0..=2\"\n",
@@ -433,15 +571,47 @@ mod tests {
         for (text, needle) in [
             ("workers = 4\nbogus = 1\n[[protocols]]\nname = \"bsp\"\n", "t.toml:2:1: unknown field `bogus`"),
             ("workers = 4\n[[protocols]]\nname = \"nope\"\n", "unknown variant `nope`"),
-            ("workers = 0\n[[protocols]]\nname = \"bsp\"\n", "t.toml: workers: 0 is outside"),
+            ("workers = 0\n[[protocols]]\nname = \"bsp\"\n", "t.toml:1: workers: 0 is outside"),
+            (
+                "workers = 4\n[[protocols]]\nname = \"bsp\"\n[[protocols]]\nname = \"bsp\"\nstaleness = 3\n",
+                "t.toml:6: protocols[1].staleness: does not apply to bsp",
+            ),
+            (
+                "workers = 4\nmax_time_s = 1e9\n[[protocols]]\nname = \"bsp\"\n",
+                "t.toml:2: max_time_s: 1000000000 is outside",
+            ),
+            (
+                "workers = 4\nmax_time_s = 3000\nstep_ms = 0.01\n[[protocols]]\nname = \"asp\"\n",
+                "t.toml:2: max_time_s: 3000 s of asp would take about",
+            ),
+            (
+                "workers = 4\neval_interval_ms = 0.000001\n[[protocols]]\nname = \"bsp\"\n",
+                "t.toml:2: eval_interval_ms: 0.000001 gives",
+            ),
+            ("workers = 4\nstep_ms = 0\n[[protocols]]\nname = \"bsp\"\n", "t.toml:2: step_ms: 0 is outside"),
+            (
+                "workers = 4\nbatch_size = 100000\n[[protocols]]\nname = \"bsp\"\n",
+                "t.toml:2: batch_size: 100000 is outside",
+            ),
+            (
+                "workers = 4\nmodel = \"mlp:100000000\"\n[[protocols]]\nname = \"bsp\"\n",
+                "t.toml:2: model: mlp:100000000 has too many",
+            ),
+            (
+                "workers = 4\n[network]\nlatency_ms = -1\n[[protocols]]\nname = \"bsp\"\n",
+                "t.toml:3: network.latency_ms",
+            ),
             ("workers = 4\n", "missing field `protocols`"),
             ("workers = 4\nprotocols = []\n", "at least one"),
-            ("workers = 4\nstep_ms = -1\n[[protocols]]\nname = \"bsp\"\n", "step_ms: -1 must be a positive number"),
+            ("workers = 4\nstep_ms = -1\n[[protocols]]\nname = \"bsp\"\n", "t.toml:2: step_ms: -1 is outside"),
             (
                 "workers = 4\n[[stragglers]]\nworkers = \"9\"\nmodel = \"slow=2\"\n[[protocols]]\nname = \"bsp\"\n",
                 "outside 0..4",
             ),
-            ("workers = 4\n[[protocols]]\nname = \"backup\"\nbackup_workers = 4\n", "fewer than the 4 workers"),
+            (
+                "workers = 4\n[[protocols]]\nname = \"backup\"\nbackup_workers = 4\n",
+                "t.toml:2: protocols[0] (backup b=4): backup workers 4 must be fewer than the 4 workers",
+            ),
             ("workers = 4\nmodel = \"cnn\"\n[[protocols]]\nname = \"bsp\"\n", "model:"),
             ("workers = 4\n[[protocols]]\nname = \"bsp\"\nstaleness = \"x\"\n", "t.toml:4:"),
         ] {

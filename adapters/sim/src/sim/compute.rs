@@ -2,8 +2,8 @@
 //!
 //! Each worker has a [`ComputeModel`]; the simulator samples it once per step with a
 //! [`ComputeSampler`] seeded from the run seed and the worker's index, so the same seed
-//! always gives the same step times. The models (DESIGN.md "Straggler models", PROTOCOLS.md
-//! §8) are multiples of the configured base step time, except [`ComputeModel::ExtraDelay`]
+//! always gives the same step times. The models (docs/PROTOCOLS.md, "Straggler
+//! models") are multiples of the configured base step time, except [`ComputeModel::ExtraDelay`]
 //! (an absolute extra, the WBSP paper's H1/H2/H3 setting) and [`ComputeModel::Trace`] (a
 //! recorded trace in seconds).
 

@@ -73,7 +73,7 @@ pub struct ServerCrash {
     pub down_for: Duration,
 }
 
-/// Injected faults (RELIABILITY.md §3.3). The default injects nothing and draws no random
+/// Injected faults (docs/RELIABILITY.md, "Fault model"). The default injects nothing and draws no random
 /// numbers, so a config without faults runs exactly as before they existed.
 ///
 /// Message faults apply to every message on a worker's links (never to computation, and
@@ -160,7 +160,8 @@ pub struct StopRule {
     /// Stop once the server has accepted this many contributions (gradients, deltas or
     /// clock updates): a compute budget that means the same for every protocol.
     pub max_gradients: Option<u64>,
-    /// Stop at the first evaluation that reaches the target accuracy.
+    /// Stop once the target accuracy is found reached (at an evaluation, or when the kept
+    /// models are checked; see [`super::SimReport::time_to_target`]).
     pub stop_at_target: bool,
     /// Safety net: stop after this many events.
     pub max_events: u64,

@@ -212,6 +212,7 @@ struct Core<'a, 'o> {
     stalls: u64,
     target_reached: bool,
     eval_scratch: Scratch,
+    crossing: Crossing,
     faults: Faults,
     /// The group of each worker in a two-level grouped run (empty otherwise).
     group_of: Vec<u32>,
@@ -467,12 +468,78 @@ impl Core<'_, '_> {
         self.hash.u64(point.version);
         self.hash.u64(point.accuracy.to_bits());
         self.hash.u64(point.loss.to_bits());
-        if point.accuracy >= self.config.target_accuracy && self.time_to_target.is_none() {
-            self.time_to_target = Some((point.time_s, point.version));
+        if self.time_to_target.is_none() && point.accuracy >= self.config.target_accuracy {
+            // The crossing happened at the earliest kept model that reaches the target (at
+            // the latest, this one).
+            let first =
+                self.crossing.first_reaching(self.workload, self.config.target_accuracy, &mut self.eval_scratch);
+            self.time_to_target = Some(first.unwrap_or((point.time_s, point.version)));
             self.target_reached = true;
+            self.crossing.clear();
         }
         self.curve.push(point);
         self.observe(&Observation::Evaluated { point });
+    }
+}
+
+/// Finds the first published model that reaches the target: every model the server
+/// publishes (the model standing when virtual time moves on) is kept (a copy of its parameters) until the target is reached, and checked in
+/// publication order, in batches of [`Crossing::CAPACITY`] or at once when an evaluation
+/// reaches the target. The time to target is then the time of the first model at or above
+/// it, the same whatever the evaluation interval; each model is evaluated at most once, and
+/// none after the target is reached.
+#[derive(Debug, Default)]
+struct Crossing {
+    /// (virtual seconds, version, parameters) of each model since the last evaluation.
+    models: Vec<(f64, u64, Vec<f32>)>,
+    /// Parameter buffers for reuse.
+    spare: Vec<Vec<f32>>,
+    /// The version of the last model kept.
+    version: Option<u64>,
+}
+
+impl Crossing {
+    /// Models kept before they are checked in place.
+    const CAPACITY: usize = 32;
+
+    /// Keeps the server's model if its version is new; checks the kept models once there
+    /// are [`Self::CAPACITY`] of them, returning the first that reaches `target`.
+    fn record(
+        &mut self,
+        version: u64,
+        time_s: f64,
+        params: &[f32],
+        workload: &Workload,
+        target: f64,
+        scratch: &mut Scratch,
+    ) -> Option<(f64, u64)> {
+        if self.version == Some(version) {
+            return None;
+        }
+        self.version = Some(version);
+        let mut buffer = self.spare.pop().unwrap_or_default();
+        buffer.clear();
+        buffer.extend_from_slice(params);
+        self.models.push((time_s, version, buffer));
+        if self.models.len() < Self::CAPACITY {
+            return None;
+        }
+        let found = self.first_reaching(workload, target, scratch);
+        self.clear();
+        found
+    }
+
+    /// The first kept model whose test accuracy reaches `target`, as (seconds, version).
+    fn first_reaching(&self, workload: &Workload, target: f64, scratch: &mut Scratch) -> Option<(f64, u64)> {
+        self.models.iter().find_map(|(t, v, params)| {
+            let e = workload.model.evaluate_with(params, &workload.test, scratch);
+            (e.accuracy >= target).then_some((*t, *v))
+        })
+    }
+
+    /// Forgets the kept models (their buffers are reused).
+    fn clear(&mut self) {
+        self.spare.extend(self.models.drain(..).map(|(_, _, p)| p));
     }
 }
 
@@ -605,6 +672,7 @@ impl<'a, 'o> Engine<'a, 'o> {
             stalls: 0,
             target_reached: false,
             eval_scratch: model.scratch(),
+            crossing: Crossing::default(),
             faults,
             group_of,
             fast_debug: FastDebug::default(),
@@ -664,6 +732,11 @@ impl<'a, 'o> Engine<'a, 'o> {
                 break "idle";
             }
             let Some(next) = self.core.queue.pop() else { break "idle" };
+            if next.at > self.core.now {
+                // Time moves on: the model standing now was published (models that only
+                // existed within one instant were never observable).
+                self.keep_model();
+            }
             if let Some(max) = stop.max_time {
                 let end = start + max;
                 if next.at > end {
@@ -692,12 +765,35 @@ impl<'a, 'o> Engine<'a, 'o> {
                 break "max_events";
             }
         };
+        self.keep_model();
+        if self.core.time_to_target.is_none() {
+            let core = &mut self.core;
+            core.time_to_target =
+                core.crossing.first_reaching(core.workload, core.config.target_accuracy, &mut core.eval_scratch);
+            core.crossing.clear();
+        }
         let last = self.core.curve.last().copied();
         let now_s = self.core.now.as_secs_f64();
         if last.is_none_or(|p| p.time_s != now_s || p.version != self.server.version().0) {
             self.core.evaluate(&self.server);
         }
         self.report(reason)
+    }
+
+    /// Keeps the server's current model for the time-to-target search (see [`Crossing`]).
+    fn keep_model(&mut self) {
+        if self.core.time_to_target.is_some() {
+            return;
+        }
+        let (version, now) = (self.server.version().0, self.core.now.as_secs_f64());
+        let target = self.core.config.target_accuracy;
+        let core = &mut self.core;
+        if let Some(found) =
+            core.crossing.record(version, now, self.server.params(), core.workload, target, &mut core.eval_scratch)
+        {
+            core.time_to_target = Some(found);
+            core.target_reached = true;
+        }
     }
 
     fn step(&mut self, event: Event) {
@@ -1236,6 +1332,41 @@ mod tests {
         }
         let order: Vec<(u64, u64)> = core::iter::from_fn(|| q.pop()).map(|s| (s.at.as_nanos(), s.seq)).collect();
         assert_eq!(order, [(0, 4), (3, 1), (3, 3), (5, 0), (5, 2)]);
+    }
+
+    #[test]
+    fn time_to_target_does_not_depend_on_the_evaluation_interval() {
+        use crate::workload::ModelKind;
+        use syncopate::ProtocolConfig;
+        use syncopate::proto::asp::AspConfig;
+        use syncopate::proto::bsp::BspConfig;
+        for protocol in [ProtocolConfig::Bsp(BspConfig::new(4, 0.5)), ProtocolConfig::Asp(AspConfig::new(4, 0.125))] {
+            let mut config = SimConfig::new(protocol, ModelKind::Softmax)
+                .with_compute(super::super::ComputeModel::one_straggler(4, 0, 3.0))
+                .with_max_time(Duration::from_secs(3));
+            let w = config.digits_workload();
+            let mut times = Vec::new();
+            for eval_ms in [1, 10, 50, 400] {
+                config.eval_interval = Duration::from_millis(eval_ms);
+                let report = super::super::run(&config, &w);
+                times.push((report.time_to_target, report.updates_to_target));
+            }
+            assert!(times[0].0.is_some(), "{times:?}");
+            assert!(times.iter().all(|t| *t == times[0]), "{times:?}");
+        }
+    }
+
+    #[test]
+    fn a_run_stops_at_its_event_budget() {
+        use crate::workload::ModelKind;
+        use syncopate::ProtocolConfig;
+        use syncopate::proto::bsp::BspConfig;
+        let mut config = SimConfig::new(ProtocolConfig::Bsp(BspConfig::new(4, 0.5)), ModelKind::Softmax);
+        config.stop.max_events = 500;
+        let report = super::super::run(&config, &config.digits_workload());
+        assert_eq!(report.stop_reason, "max_events");
+        assert_eq!(report.events, 500);
+        assert!(report.virtual_time_s < 60.0);
     }
 
     #[test]

@@ -18,7 +18,7 @@
 //!   buffers; a codec error is a bug (counted, and a panic in debug builds).
 //! - **Faults**: [`Crash`]es stop a worker (its job and its messages in flight vanish),
 //!   optionally tell the server (`handle_worker_lost`), and optionally restart it with the
-//!   next epoch. [`FaultConfig`] (RELIABILITY.md §3.3; default: none, and then no random
+//!   next epoch. [`FaultConfig`] (docs/RELIABILITY.md, "Fault model"; default: none, and then no random
 //!   number is drawn) adds message faults on the worker links (loss, duplication as a later
 //!   replay, delay spikes that let later messages overtake, scripted and random one-way
 //!   partitions [`LinkCut`]), random worker crashes with restarts, and [`ServerCrash`]es:

@@ -333,9 +333,10 @@ pub struct SimReport {
     pub curve: Vec<CurvePoint>,
     /// The target accuracy.
     pub target_accuracy: f64,
-    /// Virtual seconds until the first evaluation at or above the target.
+    /// Virtual seconds until the server published the first model whose test accuracy is at
+    /// or above the target (every model is checked, whatever the evaluation interval).
     pub time_to_target: Option<f64>,
-    /// Model version at that evaluation.
+    /// That model's version.
     pub updates_to_target: Option<u64>,
     /// Test accuracy at the end.
     pub final_accuracy: f64,

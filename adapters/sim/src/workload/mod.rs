@@ -94,6 +94,7 @@
 //! ```
 
 mod dataset;
+pub mod limits;
 mod loaders;
 mod mlp;
 mod mlp2;

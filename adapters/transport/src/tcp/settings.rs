@@ -40,14 +40,16 @@ pub struct ProtocolSettings {
     pub iteration_timeout_ms: Option<f64>,
     /// Static backup workers.
     pub backup_workers: Option<u32>,
-    /// Backup and DBW: whether stragglers run to completion (otherwise they abort).
-    pub run_to_completion: bool,
+    /// Backup and DBW: whether stragglers run to completion (`Some(false)`: they abort;
+    /// `None`: the default).
+    pub run_to_completion: Option<bool>,
     /// DBW's smallest k.
     pub k_min: Option<u32>,
     /// Grouped: the number of groups.
     pub groups: Option<u32>,
-    /// Grouped: the learning-rate scaling, as the CLI spells it (`linear`, `none`, `sqrt`).
-    pub group_lr_scaling: String,
+    /// Grouped: the learning-rate scaling, as the CLI spells it (`linear`, `none`, `sqrt`;
+    /// `None`: the default).
+    pub group_lr_scaling: Option<String>,
     /// WBSP's round deadline in milliseconds.
     pub round_deadline_ms: Option<f64>,
     /// Stall reports after this many milliseconds.
@@ -64,10 +66,10 @@ impl ProtocolSettings {
             staleness: spec.staleness,
             iteration_timeout_ms: spec.iteration_timeout_ms,
             backup_workers: spec.backup_workers,
-            run_to_completion: spec.interrupt == InterruptMode::Complete,
+            run_to_completion: spec.interrupt.map(|i| i == InterruptMode::Complete),
             k_min: spec.k_min,
             groups: spec.groups,
-            group_lr_scaling: spec.group_lr_scaling.as_str().to_owned(),
+            group_lr_scaling: spec.group_lr_scaling.map(|g| g.as_str().to_owned()),
             round_deadline_ms: spec.round_deadline_ms,
             stall_report_ms: spec.stall_report_ms,
         }
@@ -90,11 +92,16 @@ impl ProtocolSettings {
             staleness: self.staleness,
             iteration_timeout_ms: self.iteration_timeout_ms,
             backup_workers: self.backup_workers,
-            interrupt: if self.run_to_completion { InterruptMode::Complete } else { InterruptMode::Abort },
+            interrupt: self.run_to_completion.map(|c| if c { InterruptMode::Complete } else { InterruptMode::Abort }),
             k_min: self.k_min,
             groups: self.groups,
-            group_lr_scaling: GroupLrScaling::from_name(&self.group_lr_scaling)
-                .ok_or_else(|| format!("unknown group learning-rate scaling '{}'", self.group_lr_scaling))?,
+            group_lr_scaling: match &self.group_lr_scaling {
+                Some(name) => Some(
+                    GroupLrScaling::from_name(name)
+                        .ok_or_else(|| format!("unknown group learning-rate scaling '{name}'"))?,
+                ),
+                None => None,
+            },
             round_deadline_ms: self.round_deadline_ms,
             stall_report_ms: self.stall_report_ms,
         })

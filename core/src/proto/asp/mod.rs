@@ -1,6 +1,6 @@
 //! ASP, asynchronous parallel: the other baseline, and the limit of the bounded schemes.
 //!
-//! Rules (PROTOCOLS.md §1): on `Grad{base, g}` from worker `i` the server immediately sets
+//! Rules (docs/PROTOCOLS.md, "ASP"): on `Grad{base, g}` from worker `i` the server immediately sets
 //! `w ← w − η g`, `v ← v + 1`, and replies `Model{v, w}` to worker `i` only. Nothing valid
 //! is dropped; staleness `v − 1 − base` is unbounded (it is reported in every `Applied`
 //! event).

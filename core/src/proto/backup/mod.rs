@@ -3,7 +3,7 @@
 //! gradients computed at the current model, and the `b` slowest workers are backups whose
 //! gradients for that iteration are dropped.
 //!
-//! Rules (PROTOCOLS.md §3.2 with a fixed `k`):
+//! Rules (docs/PROTOCOLS.md, "Backup workers" with a fixed `k`):
 //! 1. The server holds `w_v`. A gradient computed at `w_v` from a worker that has not yet
 //!    contributed to `v` is added to the round; when `k` distinct workers have contributed,
 //!    `w_{v+1} = w_v − η · (1/k) Σ g_i` and the version advances.
@@ -20,7 +20,7 @@
 //!      the new model goes only to the `k` contributors; a straggler finishes, its gradient
 //!      is dropped, and the server answers that late gradient with the current model.
 //!
-//! Invariants (tested, RELIABILITY.md K1–K4): each update averages exactly `k` gradients
+//! Invariants (tested, docs/RELIABILITY.md, "Invariants", K1–K4): each update averages exactly `k` gradients
 //! from `k` distinct workers, all computed at the model being updated, the first `k`
 //! accepted for it (K1); a gradient arriving after the `k`-th for its version is dropped
 //! with an event and never counted in a later version (K2); `k` is fixed here (K3 is
@@ -61,7 +61,7 @@ use crate::proto::GradientPolicy;
 use crate::time::Duration;
 
 /// What happens to a straggler's computation when its iteration closes without it
-/// (PROTOCOLS.md §3.2).
+/// (docs/PROTOCOLS.md, "Backup workers").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Interrupt {
     /// Option A: broadcast the new model to every worker; workers abandon stale work and

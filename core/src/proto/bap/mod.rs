@@ -4,7 +4,7 @@
 //!
 //! Paper: "More Effective Synchronization Scheme in ML Using Stale Parameters", IEEE HPCC
 //! 2016, pp. 757–764 (Beihang University). The paper itself was not reachable; the rules
-//! follow the MALib documentation's description and figure of BAP (PROTOCOLS.md §5.2), and
+//! follow the MALib documentation's description and figure of BAP (docs/PROTOCOLS.md, "BAP"), and
 //! everything marked \[RECON\] there is a decision of this project, listed below.
 //!
 //! # Algorithm
@@ -40,14 +40,14 @@
 //! - The version lag at the start of every computation, `(j − 1) − v_c`, is at most `s_bap`.
 //! - With `s_bap = 0` and no time limit the trace equals BSP's: same versions, same bits.
 //!
-//! # Decisions of this project (\[RECON\] in PROTOCOLS.md §5.2 and §9.3)
+//! # Decisions of this project (marked as choices in docs/PROTOCOLS.md, "BAP")
 //!
 //! - **The bound's off-by-one** ([`BapConfig::bound`]): [`BapBound::AtMost`] (default) reads
 //!   the staleness knob `s` as "lag `≤ s`"; [`BapBound::Below`] reads it as MALib's "`< S`"
 //!   (so `S` there is `s_bap + 1`, and `S = 0` is refused).
 //! - **The timeout's reference point** ([`BapConfig::timeout_from`]): the default
 //!   [`TimeoutFrom::LaterOfBoth`] starts the clock of iteration `j` at its first gradient,
-//!   or at the publication of `w_{j−1}` if that is later (PROTOCOLS.md); the other two
+//!   or at the publication of `w_{j−1}` if that is later (docs/PROTOCOLS.md); the other two
 //!   variants use one of the two alone. An iteration with no gradient is closed (by
 //!   timeout, the model unchanged, `ModelUpdated{contributions: 0}`) only when a later open
 //!   iteration has one: its own were lost. Its deadline counts from that later gradient.
@@ -145,7 +145,7 @@ pub const MAX_BAP_STALENESS: u64 = 15;
 
 const MAX_OPEN: usize = MAX_BAP_STALENESS as usize + 1;
 
-/// How [`BapConfig::staleness`] is read (PROTOCOLS.md §9.3).
+/// How [`BapConfig::staleness`] is read (docs/PROTOCOLS.md, "BAP").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BapBound {
     /// The lag may be at most `staleness`: `s_bap = staleness`.
@@ -155,7 +155,7 @@ pub enum BapBound {
     Below,
 }
 
-/// When an iteration's time limit starts counting (PROTOCOLS.md §9.3).
+/// When an iteration's time limit starts counting (docs/PROTOCOLS.md, "BAP").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum TimeoutFrom {
     /// At the iteration's first gradient, or the publication of the previous version if

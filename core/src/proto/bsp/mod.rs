@@ -1,6 +1,6 @@
 //! BSP, bulk synchronous parallel: the baseline every other protocol is measured against.
 //!
-//! Rules (PROTOCOLS.md §2): the server holds model `w_v`; every worker computes one gradient
+//! Rules (docs/PROTOCOLS.md, "BSP"): the server holds model `w_v`; every worker computes one gradient
 //! at `w_v` and sends it; when all `n` gradients of version `v` are in, the server applies
 //! `w_{v+1} = w_v − η · (1/n) Σ g_i`, increments the version and broadcasts the new model.
 //! Workers block between sending a gradient and receiving the next model (they are

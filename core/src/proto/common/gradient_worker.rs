@@ -2,7 +2,7 @@
 //!
 //! It joins, waits for a model, asks its host to compute one gradient at that model, sends
 //! it, and waits for the next model. A model newer than the one it is computing on makes
-//! it abandon the computation and start on the new one (option A of PROTOCOLS.md §3.2;
+//! it abandon the computation and start on the new one (option A of docs/PROTOCOLS.md, "Backup workers";
 //! servers that want option B simply do not send models to busy workers). An
 //! `Abort{iteration}` for the current computation abandons it and waits for a model.
 //!

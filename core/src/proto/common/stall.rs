@@ -1,5 +1,5 @@
 //! The stall watchdog: a server that waits for workers reports whom it waits for, once per
-//! interval, instead of hanging silently (bug class 1 and 3 of RELIABILITY.md).
+//! interval, instead of hanging silently (docs/RELIABILITY.md, "Failure classes").
 
 use crate::time::{Duration, Instant};
 

@@ -11,7 +11,7 @@
 //! # Choosing `k_t` \[RECON\]
 //!
 //! Only the paper's abstract was readable, so the estimator is this project's
-//! reconstruction (PROTOCOLS.md §3.3), implemented in [`crate::math::estimate`]:
+//! reconstruction (docs/PROTOCOLS.md, "DBW"), implemented in [`crate::math::estimate`]:
 //!
 //! `k_t = argmax_{k ∈ [k_min, n_live]} D(k)/τ(k)`, the expected loss decrease per unit of
 //! wall-clock time of the next iteration. The default rules below (issue #15) are in
@@ -52,7 +52,7 @@
 //! the next version, the estimates behind it, and the observed duration of the iteration
 //! that just closed, so `b_t = n − k_t` can be plotted over training.
 //!
-//! Invariants (tested, RELIABILITY.md K1–K4): each update averages exactly `k_v`
+//! Invariants (tested, docs/RELIABILITY.md, "Invariants", K1–K4): each update averages exactly `k_v`
 //! gradients from `k_v` distinct workers, all computed at version `v` (K1); later ones are
 //! dropped with an event and never counted in another version (K2); `k` changes only when
 //! an iteration closes and stays within `[max(1, min(k_min, live)), live]` (K3); the
@@ -77,7 +77,7 @@
 //! the stationary level of the current `k` (climbs to `k = n`: 2–3× off at the middle
 //! rungs); the single-curvature descent lemma with the hold rule (keeps `k ≈ 2–3`, 1.5–3×
 //! off at the deep rungs). `tests/tests/dbw_sweep.rs` keeps the digits comparison.
-//! The online per-arrival rule of PROTOCOLS.md §3.3 is not implemented: for memoryless
+//! The online per-arrival rule of docs/PROTOCOLS.md, "DBW" is not implemented: for memoryless
 //! round trips the rate-optimal stopping rule is a fixed `k`.
 //!
 //! Knobs: `k_min` (2 keeps `Ŝ` defined), `window` (50–200 iterations: longer is smoother,
@@ -206,7 +206,7 @@ impl DbwConfig {
     /// separate signal and noise curvatures ([`LEta::Split`], from 1.0, clipped to
     /// `[0.001, 1.9]`), option A.
     ///
-    /// These differ from PROTOCOLS.md §9 (a fixed `Lη`) because of what the simulator
+    /// These differ from docs/PROTOCOLS.md, "DBW" (a fixed `Lη`) because of what the simulator
     /// measured (`tests/tests/dbw_sweep.rs`, digits, 16 shifted-exponential workers): a fixed
     /// `Lη = 1` keeps `k ≈ 14` and is about twice as slow as the best static `b`. The
     /// secant and Rayleigh estimates bracket the best static `k` (the secant a little

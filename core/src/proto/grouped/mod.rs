@@ -1,7 +1,7 @@
 //! Grouped hybrid sync/async: BSP inside groups, ASP between the groups and a central server.
 //!
 //! Paper: Basu, Saxena, Panja, Verma, "Balancing Stragglers Against Staleness in Distributed
-//! Deep Learning", HiPC 2018 (PROTOCOLS.md §6). The `n` workers are partitioned into `G`
+//! Deep Learning", HiPC 2018 (docs/PROTOCOLS.md, "Grouped"). The `n` workers are partitioned into `G`
 //! groups. Each group has its own parameter server (a *group server*) that runs BSP over its
 //! `n_g` members; each group server is in turn an ASP worker of a *central server*, which
 //! applies every group aggregate on arrival. A straggler therefore delays only its own
@@ -20,7 +20,7 @@
 //! once and replies `Model{v, w}` to that group only; the group re-bases (`w_g ← w`,
 //! `v_g ← v`) and broadcasts the new model to its members.
 //!
-//! # This project's decisions (\[RECON\] in PROTOCOLS.md §6.2)
+//! # This project's decisions (marked as choices in docs/PROTOCOLS.md, "Grouped")
 //!
 //! - **Partition** ([`Partition`]): static, given in the configuration: contiguous blocks
 //!   (the default; worker `i` is in group `⌊i·G/n⌋`, sizes differ by at most one),
@@ -56,7 +56,7 @@
 //! version of the resulting model, `weight = s_g / n_g` (times any clipping factor), and
 //! `staleness` the central staleness of the update that carried it (0 for the `H − 1` local
 //! steps, which apply it to the very model it was computed on). With `H = 1` these are the
-//! central versions. Invariants (RELIABILITY.md H1–H4, tested): inside a group, each step
+//! central versions. Invariants (docs/RELIABILITY.md, "Invariants", H1–H4, tested): inside a group, each step
 //! aggregates exactly one gradient of each member computed at the group's current version
 //! (by distinct worker, never by message count; the sum is in arrival order, exact for
 //! exactly representable data); each group aggregate is applied to the central model exactly
@@ -94,7 +94,7 @@
 //! # Knobs
 //!
 //! `G` trades straggler tolerance (larger `G`: a straggler stalls `n_g = n / G` workers) for
-//! staleness (about `G − 1` per update) and smaller effective batches. PROTOCOLS.md §6.1
+//! staleness (about `G − 1` per update) and smaller effective batches. docs/PROTOCOLS.md, "Grouped"
 //! reports that the smallest `G` whose accuracy stays within the budget is the one to use
 //! ("progressive grouping": raise `G` as straggler delay grows). Put a known straggler's
 //! group in mind when choosing the partition: with contiguous groups worker 0 is in group 0.
@@ -199,7 +199,7 @@ impl Partition {
 /// How the central learning rate scales with the group size `n_g` (out of `n` workers).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LrScaling {
-    /// `η` for every central update (PROTOCOLS.md §9.4 default).
+    /// `η` for every central update (docs/PROTOCOLS.md, "Learning rates" default).
     #[default]
     None,
     /// `η · n_g / n`: each worker gradient carries weight `η / n`, as in BSP over all `n`.

@@ -4,7 +4,7 @@
 //! Paper: Q. Ho, J. Cipar, H. Cui, J. K. Kim, S. Lee, P. B. Gibbons, G. A. Gibson, G. R.
 //! Ganger, E. P. Xing, "More Effective Distributed ML via a Stale Synchronous Parallel
 //! Parameter Server", NIPS 2013. Cache and server mechanics follow Petuum Bösen
-//! (`ssp_consistency_controller.cpp`, `server.cpp`), as summarised in PROTOCOLS.md §5.1.
+//! (`ssp_consistency_controller.cpp`, `server.cpp`), as summarised in docs/PROTOCOLS.md, "SSP".
 //!
 //! # Algorithm
 //!
@@ -45,7 +45,7 @@
 //!   have joined before the first update arrives: a pull (or a join) answered later may
 //!   already contain clock-`c` updates of faster workers, which SSP allows and BSP does not.
 //!
-//! # Decisions of this project (\[RECON\] in PROTOCOLS.md)
+//! # Decisions of this project (marked as choices in docs/PROTOCOLS.md)
 //!
 //! - **Who scales.** The worker sends the update `u = −η_step · g` (the `Clock` payload is
 //!   additive, as in Bösen's `Inc`); the server only adds. The server's norm bound
@@ -55,7 +55,7 @@
 //! - **Learning-rate normalization** ([`SspConfig::step`]): each update is its own step, so a
 //!   full clock applies `n` steps. The default [`SspStep::Averaged`] uses
 //!   `η_step = η / n`, which makes a full clock equal one averaged BSP step with learning
-//!   rate `η` (PROTOCOLS.md §9.5); [`SspStep::PerWorker`] uses `η` for every update, the
+//!   rate `η` (docs/PROTOCOLS.md, "Learning rates"); [`SspStep::PerWorker`] uses `η` for every update, the
 //!   paper's raw additive form (`n` times larger steps: lower `η` accordingly).
 //! - **Server clock over live workers.** A worker declared lost (by the transport, a
 //!   `Leave`) no longer holds the server clock back. If it comes back (a message, a join),

@@ -10,7 +10,7 @@
 //! worker learns that the round closed from the reply to its next upload
 //! (`PushAck{pull_now: true}`) and then pulls the new model.
 //!
-//! Rules as implemented (PROTOCOLS.md §4.2 is the reference code, §4.3 the semantics;
+//! Rules as implemented (docs/PROTOCOLS.md, "WBSP", gives the reference code and the semantics;
 //! choices marked \[RECON\] there are this project's decisions, documented here):
 //!
 //! * **Round r** has the published model `w_r` (server version `r`) and an accumulator `A`.

@@ -1,0 +1,242 @@
+//! The `syncopate` command at its edges, as a new user meets them: a closed stdout ends
+//! quietly, bad flags, values and files are refused in one line naming the flag or the file
+//! and line and what is allowed (exit code 2), outputs are checked before a run, and every
+//! summary accounts for each gradient.
+
+use std::io::Read as _;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+fn syncopate(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_syncopate")).args(args).output().expect("run syncopate")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("syncopate-cli-edges-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// Asserts exit code 2 and one line on stderr containing every needle.
+fn refused(args: &[&str], needles: &[&str]) {
+    let out = syncopate(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: not one line: {err}");
+    for needle in needles {
+        assert!(err.contains(needle), "{args:?}: '{needle}' missing from: {err}");
+    }
+    assert!(out.stdout.is_empty(), "{args:?}: printed to stdout on a refusal");
+}
+
+const SMALL_SCENARIO: &str = "workers = 4\nseeds = 1\nmax_time_s = 0.5\n[[protocols]]\nname = \"bsp\"\n";
+
+#[test]
+fn a_closed_stdout_ends_every_subcommand_quietly() {
+    let dir = scratch("pipe");
+    let scenario = dir.join("s.toml");
+    std::fs::write(&scenario, SMALL_SCENARIO).unwrap();
+    let trace = dir.join("t.csv");
+    std::fs::write(&trace, "worker,step,seconds\n0,0,0.01\n1,0,0.02\n2,0,0.01\n3,0,0.01\n").unwrap();
+    let (s, t) = (scenario.to_str().unwrap(), trace.to_str().unwrap());
+    for args in [
+        vec!["train", "--sim", "--json", "--steps", "20"],
+        vec!["train", "--sim", "--steps", "20"],
+        vec!["train", "--steps", "5", "--workers", "2", "--step-ms", "0.1"],
+        vec!["compare", s],
+        vec!["compare", s, "--json"],
+        vec!["advise", "--trace", t, s],
+        vec!["--help"],
+        vec!["train", "--help"],
+        vec!["--version"],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_syncopate"))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run syncopate");
+        // Close the read end before the program writes: its writes meet a broken pipe.
+        drop(child.stdout.take());
+        let mut err = String::new();
+        child.stderr.take().expect("stderr").read_to_string(&mut err).unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "{args:?}: {err}");
+        assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{args:?}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bad_flags_name_the_flag_and_what_is_allowed() {
+    refused(&["advise"], &["required", "--trace <FILE>"]);
+    refused(&["work", "--id", "0"], &["required", "--connect <ADDR>"]);
+    refused(&["train", "--interrupt", "maybe"], &["'maybe'", "--interrupt", "abort, complete"]);
+    refused(&["train", "--data-format", "xml"], &["'xml'", "--data-format", "csv, libsvm"]);
+    refused(&["train", "--lr", "-1"], &["'-1'", "--lr", "positive"]);
+    refused(&["train", "--model", "mlp:100000000"], &["--model", "at most 4096"]);
+    refused(&["train", "--step-ms", "0"], &["--step-ms", "between 0.01 and 60000"]);
+    refused(&["train", "--batch-size", "100000"], &["--batch-size", "1..=4096"]);
+    refused(&["train", "--target", "1.5"], &["--target", "between 0 and 1"]);
+    refused(&["train", "--straggler", "5-2:slow=2"], &["--straggler", "reversed range"]);
+    refused(&["train", "--straggler", "9:slow=2"], &["--straggler", "outside 0..8"]);
+    refused(
+        &["train", "--protocol", "bsp", "--staleness", "3"],
+        &["--staleness does not apply to --protocol bsp", "ssp and bap"],
+    );
+    refused(&["train", "--protocol", "asp", "--stall-report", "100"], &["--stall-report does not apply"]);
+    refused(&["train", "--protocol", "ssp", "--groups", "2"], &["--groups does not apply", "grouped"]);
+    refused(&["train", "--protocol", "bsp", "--interrupt", "complete"], &["--interrupt does not apply"]);
+    refused(&["train", "--sim", "--time-limit", "3"], &["--time-limit applies to threaded runs"]);
+    refused(&["train", "--sim", "--steps", "100000000", "--workers", "256"], &["--steps", "simulator events"]);
+    refused(&["train", "--bogus"], &["unexpected argument '--bogus'"]);
+    refused(&["train", "--seed", "-1"], &["invalid value '-1' for '--seed': must not be negative"]);
+    refused(
+        &["train", "--protocol", "dbw", "--workers", "2", "--k-min", "3"],
+        &["k-min 3", "between 1 and the 2 workers"],
+    );
+    refused(&["compare", "--preset", "nope"], &["--preset", "dbw, wbsp, bap, grouped"]);
+}
+
+#[test]
+fn outputs_are_checked_before_the_run() {
+    let dir = scratch("outputs");
+    let scenario = dir.join("s.toml");
+    std::fs::write(&scenario, SMALL_SCENARIO).unwrap();
+    let s = scenario.to_str().unwrap();
+    refused(
+        &["compare", s, "--plot", "/nonexistent/dir/p.svg"],
+        &["--plot", "/nonexistent/dir/p.svg", "cannot create"],
+    );
+    let png = dir.join("p.png");
+    refused(&["compare", s, "--plot", png.to_str().unwrap()], &["--plot", "SVG", ".svg"]);
+    assert!(!png.exists(), "nothing written under a .png name");
+    refused(
+        &["train", "--sim", "--record-trace", "/nonexistent/dir/t.csv"],
+        &["/nonexistent/dir/t.csv", "cannot create"],
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bad_traces_are_refused_with_file_line_and_reason() {
+    let dir = scratch("traces");
+    let zero8: String =
+        core::iter::once("worker,step,seconds\n".to_string()).chain((0..8).map(|w| format!("{w},0,0\n"))).collect();
+    let mut tiny = String::from("worker,step,seconds\n");
+    for w in 0..8 {
+        tiny.push_str(&format!("{w},0,0.000001\n"));
+    }
+    for (name, text, needles) in [
+        ("zero8.csv", zero8.as_str(), vec!["zero8.csv line 2", "'0' is not a step time", "at least"]),
+        ("neg.csv", "worker,step,seconds\n0,0,-1\n", vec!["neg.csv line 2", "'-1'"]),
+        ("cut.csv", "worker,step,seconds\n0,0,0.5\n7,301,0.", vec!["cut.csv line 3", "truncated"]),
+        ("cutnum.csv", "worker,step,seconds\n7,301,0.\n", vec!["cutnum.csv line 2", "'0.' is not a complete number"]),
+        ("word.csv", "worker,step,seconds\n0,x,0.5\n", vec!["word.csv line 2", "step 'x'"]),
+        // Valid steps of 1 µs: 8 workers would need ~2e8 events in the default 5 s budget.
+        ("tiny.csv", tiny.as_str(), vec!["tiny.csv", "simulator events", "at most"]),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        let p = path.to_str().unwrap();
+        refused(&["advise", "--trace", p], &needles);
+        refused(&["compare", "--trace", p], &needles);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bad_scenarios_are_refused_with_line_and_reason() {
+    let dir = scratch("scenarios");
+    for (text, needles) in [
+        (
+            "workers = 4\n[[protocols]]\nname = \"bsp\"\nstaleness = 3\n",
+            vec![":4: protocols[0].staleness: does not apply to bsp"],
+        ),
+        ("workers = 4\nmax_time_s = 1e9\n[[protocols]]\nname = \"bsp\"\n", vec![":2: max_time_s", "outside"]),
+        (
+            "workers = 4\neval_interval_ms = 0.000001\n[[protocols]]\nname = \"bsp\"\n",
+            vec![":2: eval_interval_ms", "at most"],
+        ),
+        ("workers = 4\nbatch_size = 100000\n[[protocols]]\nname = \"bsp\"\n", vec![":2: batch_size"]),
+        ("workers = 4\nmodel = \"mlp:100000000\"\n[[protocols]]\nname = \"bsp\"\n", vec![":2: model", "at most 4096"]),
+        ("workers = 0\n[[protocols]]\nname = \"bsp\"\n", vec![":1: workers"]),
+    ] {
+        let path = dir.join("s.toml");
+        std::fs::write(&path, text).unwrap();
+        refused(&["compare", path.to_str().unwrap()], &needles);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_data_file_without_test_rows_is_refused() {
+    let dir = scratch("data");
+    let path = dir.join("two.csv");
+    std::fs::write(&path, "0.1,0.2,0\n0.3,0.4,1\n").unwrap();
+    refused(&["train", "--sim", "--data", path.to_str().unwrap()], &["two.csv", "no test rows"]);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn every_summary_accounts_for_each_gradient() {
+    for protocol in ["bsp", "asp", "ssp", "bap", "backup", "dbw", "wbsp", "wbsp-overlap", "grouped"] {
+        for mode in [&["--sim"][..], &["--step-ms", "0.2"][..]] {
+            let mut args = vec!["train", "--protocol", protocol, "--straggler", "0:slow=4", "--steps", "40", "--json"];
+            args.extend_from_slice(mode);
+            let out = syncopate(&args);
+            assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+            let g = &v["gradients"];
+            let n = |k: &str| g[k].as_u64().unwrap_or_else(|| panic!("{args:?}: no {k}"));
+            let by_reason: u64 =
+                g["dropped_by_reason"].as_object().unwrap().values().map(|x| x.as_u64().unwrap()).sum();
+            assert_eq!(by_reason, n("dropped"), "{args:?}");
+            assert!(n("applied") + n("dropped") <= n("accepted"), "{args:?}: applied + dropped exceed accepted: {g}");
+            assert_eq!(n("applied") + n("dropped") + n("held_at_stop"), n("accepted"), "{args:?}: {g}");
+            // What a server may hold at a stop: a partial iteration, or BAP's cached next one.
+            assert!(n("held_at_stop") <= 2 * 8, "{args:?}: {g}");
+        }
+    }
+    let text = String::from_utf8_lossy(&syncopate(&["train", "--sim", "--protocol", "dbw", "--steps", "40"]).stdout)
+        .into_owned();
+    assert!(text.contains("= applied") && text.contains("+ held at stop"), "{text}");
+}
+
+#[test]
+fn reference_rows_are_never_the_fastest_and_advise_describes_the_trace() {
+    let dir = scratch("fastest");
+    let scenario = dir.join("s.toml");
+    // BSP without the straggler is the fastest row, but it is a reference, not a candidate.
+    std::fs::write(
+        &scenario,
+        "workers = 4\nseeds = 1\nmax_time_s = 2\n[[stragglers]]\nworkers = \"0\"\nmodel = \"slow=8\"\n\
+         [[protocols]]\nname = \"bsp\"\n[[protocols]]\nname = \"bsp\"\nstragglers = \"\"\n[[protocols]]\nname = \"backup\"\n",
+    )
+    .unwrap();
+    let out = syncopate(&["compare", scenario.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    let reference = runs.iter().find(|r| r["reference"] == true).expect("a reference row");
+    let backup = runs.iter().find(|r| r["label"] == "backup").expect("backup row");
+    // The reference is listed first and is at least as fast: the old rule picked it.
+    assert!(reference["time_to_target_s"].as_f64() <= backup["time_to_target_s"].as_f64(), "{v}");
+    assert_eq!(v["fastest"], "backup", "{v}");
+
+    let trace = dir.join("t.csv");
+    let mut text = String::from("worker,step,seconds\n");
+    for w in 0..3 {
+        for s in 0..4 {
+            text.push_str(&format!("{w},{s},{}\n", if w == 0 { 0.04 } else { 0.01 }));
+        }
+    }
+    std::fs::write(&trace, text).unwrap();
+    let out = syncopate(&["advise", "--trace", trace.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let header = stdout.lines().next().unwrap_or("");
+    assert!(header.contains("t.csv") && header.contains("3 workers") && !header.contains("four times"), "{header}");
+    assert!(stdout.contains("recommendation: "), "{stdout}");
+    std::fs::remove_dir_all(&dir).ok();
+}
