@@ -6,6 +6,7 @@
 
 mod compare;
 mod group;
+mod mpi;
 mod protocol;
 mod serve;
 mod straggler;
@@ -49,6 +50,10 @@ pub enum Command {
     /// Run one group server of the grouped protocol over TCP: its members connect with
     /// `work`, and it connects upstream to a central `serve --protocol asp --workers G`.
     Group(group::GroupArgs),
+    /// Train as an MPI job: `mpirun -n N+1 syncopate mpi --workers N ...` (or `srun`); rank 0
+    /// runs the server and prints the summary, the other ranks the workers. Needs a build
+    /// with the `mpi` feature.
+    Mpi(mpi::MpiArgs),
 }
 
 /// The model, the data and the randomness of a run.
@@ -130,6 +135,7 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => serve::run(&args),
         Command::Work(args) => work::run(&args),
         Command::Group(args) => group::run(&args),
+        Command::Mpi(args) => mpi::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

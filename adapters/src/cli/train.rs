@@ -49,7 +49,7 @@ pub struct TrainArgs {
 }
 
 impl TrainArgs {
-    fn check(&self) -> Result<(), String> {
+    pub(super) fn check(&self) -> Result<(), String> {
         if !(self.step_ms.is_finite() && self.step_ms >= 0.0 && self.step_ms <= 3_600_000.0) {
             return Err(format!("invalid value '{}' for '--step-ms': must be between 0 and 3600000", self.step_ms));
         }
@@ -64,7 +64,7 @@ impl TrainArgs {
         Ok(())
     }
 
-    fn base_step(&self) -> Duration {
+    pub(super) fn base_step(&self) -> Duration {
         Duration::from_secs_f64(self.step_ms / 1000.0)
     }
 }
