@@ -24,7 +24,6 @@
 //! Without the `mpi` feature the crate holds only the MPI-free parts, so a machine without
 //! an MPI library still builds the workspace.
 
-#![forbid(unsafe_code)]
 #![allow(clippy::std_instead_of_core, clippy::alloc_instead_of_core)]
 #![deny(missing_docs)]
 
@@ -34,6 +33,8 @@ pub mod settings;
 mod agree;
 #[cfg(feature = "mpi")]
 mod link;
+#[cfg(feature = "mpi")]
+mod outbox;
 #[cfg(feature = "mpi")]
 mod server;
 #[cfg(feature = "mpi")]

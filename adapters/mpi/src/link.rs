@@ -1,11 +1,10 @@
-//! One rank's MPI endpoint: non-blocking sends that keep receiving while in flight, and
-//! non-blocking receives of whole messages into pooled buffers.
+//! One rank's MPI endpoint: non-blocking sends ([`Outbox`]) that never wait for their
+//! recipient, and non-blocking receives of whole messages into pooled buffers.
 
+use crate::outbox::Outbox;
 use mpi::datatype::Equivalence;
-use mpi::point_to_point::{Destination, Source};
-use mpi::request::Request;
+use mpi::point_to_point::Source;
 use mpi::topology::{Communicator, Rank, SimpleCommunicator};
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// Message tags: what a message carries.
@@ -44,7 +43,7 @@ pub(crate) struct Incoming {
 /// One rank's endpoint on `world`.
 pub(crate) struct Link {
     world: SimpleCommunicator,
-    queued: VecDeque<Incoming>,
+    outbox: Outbox,
     pool: Vec<Vec<u8>>,
     /// Messages with an unknown tag (from a foreign program sharing the communicator).
     pub(crate) unknown: u64,
@@ -52,7 +51,7 @@ pub(crate) struct Link {
 
 impl Link {
     pub(crate) fn new(world: SimpleCommunicator) -> Self {
-        Self { world, queued: VecDeque::new(), pool: Vec::new(), unknown: 0 }
+        Self { world, outbox: Outbox::default(), pool: Vec::new(), unknown: 0 }
     }
 
     pub(crate) fn rank(&self) -> Rank {
@@ -63,112 +62,84 @@ impl Link {
         self.world.size()
     }
 
-    fn receiver(&mut self) -> Receiver<'_> {
-        Receiver { world: &self.world, queued: &mut self.queued, pool: &mut self.pool, unknown: &mut self.unknown }
+    /// A buffer to encode the next message into (reused once its sends completed).
+    pub(crate) fn buffer(&mut self) -> Vec<u8> {
+        self.outbox.buffer()
     }
 
-    /// The next message: one queued while a send was in flight, or one just arrived.
-    fn next(&mut self) -> Option<Incoming> {
-        if self.queued.is_empty() {
-            self.receiver().receive_one();
-        }
-        self.queued.pop_front()
+    /// Starts sending `bytes` to every rank of `to` (one `MPI_Isend` each, all from the
+    /// same buffer) and returns at once.
+    pub(crate) fn send(&mut self, to: &[Rank], kind: Kind, bytes: Vec<u8>) {
+        self.outbox.send(&self.world, to, kind.tag(), bytes);
     }
 
-    /// Waits until a message arrives or `deadline` passes. Spins briefly, then yields, then
-    /// naps: an idle rank must not starve computing ranks sharing its cores.
-    pub(crate) fn recv_until(&mut self, deadline: Instant) -> Option<Incoming> {
-        let start = Instant::now();
-        loop {
-            if let Some(m) = self.next() {
-                return Some(m);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return None;
-            }
-            let idle = now.duration_since(start);
-            if idle < Duration::from_micros(50) {
-                std::hint::spin_loop();
-            } else if idle < Duration::from_millis(2) {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(100).min(deadline.saturating_duration_since(now)));
-            }
-        }
+    /// Gives up on the sends still in flight to a lost rank.
+    pub(crate) fn abandon(&mut self, rank: Rank) {
+        self.outbox.abandon(rank);
     }
 
-    /// Returns a message's buffer to the pool.
-    pub(crate) fn recycle(&mut self, m: Incoming) {
-        self.pool.push(m.bytes);
-    }
-
-    /// Sends `bytes` to every rank in `to` with one `MPI_Isend` each from the same buffer,
-    /// and returns once all have completed; meanwhile it keeps receiving (messages are
-    /// queued for [`Link::recv_until`]), so peers that send to this rank at the same time
-    /// never deadlock with it.
-    pub(crate) fn send(&mut self, to: &[Rank], kind: Kind, bytes: &[u8]) {
-        let mut receiver = self.receiver();
-        let world = receiver.world;
-        mpi::request::scope(|scope| {
-            let mut pending: Vec<Request<'_, [u8], _>> = to
-                .iter()
-                .map(|r| world.process_at_rank(*r).immediate_send_with_tag(scope, bytes, kind.tag()))
-                .collect();
-            let mut spins = 0u32;
-            while !pending.is_empty() {
-                pending = pending.into_iter().filter_map(|r| r.test().err()).collect();
-                if pending.is_empty() {
-                    break;
-                }
-                if receiver.receive_one() {
-                    spins = 0;
-                } else {
-                    spins += 1;
-                    backoff(spins);
-                }
-            }
-        });
-    }
-}
-
-/// The receive half of a [`Link`], usable while a send borrows the rest.
-struct Receiver<'a> {
-    world: &'a SimpleCommunicator,
-    queued: &'a mut VecDeque<Incoming>,
-    pool: &'a mut Vec<Vec<u8>>,
-    unknown: &'a mut u64,
-}
-
-impl Receiver<'_> {
-    /// Receives one message if one has arrived (`MPI_Improbe`, then `MPI_Mrecv` of exactly
-    /// its bytes into a pooled buffer) and queues it; false if none had arrived.
-    fn receive_one(&mut self) -> bool {
-        let Some((message, status)) = self.world.any_process().immediate_matched_probe() else {
-            return false;
-        };
+    /// Receives one message if one has arrived: `MPI_Improbe`, then `MPI_Mrecv` of exactly
+    /// its bytes into a pooled buffer.
+    fn try_receive(&mut self) -> Option<Incoming> {
+        let (message, status) = self.world.any_process().immediate_matched_probe()?;
         let len = usize::try_from(status.count(u8::equivalent_datatype())).unwrap_or(0);
         let mut bytes = self.pool.pop().unwrap_or_default();
         // Every byte is overwritten by the receive; resize only fixes the length.
         bytes.resize(len, 0);
         message.matched_receive_into(&mut bytes[..]);
         match Kind::from_tag(status.tag()) {
-            Some(kind) => self.queued.push_back(Incoming { from: status.source_rank(), kind, bytes }),
+            Some(kind) => Some(Incoming { from: status.source_rank(), kind, bytes }),
             None => {
-                *self.unknown += 1;
+                self.unknown += 1;
                 self.pool.push(bytes);
+                None
+            }
+        }
+    }
+
+    /// Waits until a message arrives or `deadline` passes, driving the sends in flight
+    /// meanwhile. Spins briefly, then yields, then naps: an idle rank must not starve
+    /// computing ranks sharing its cores.
+    pub(crate) fn recv_until(&mut self, deadline: Instant) -> Option<Incoming> {
+        let mut idle = 0u32;
+        loop {
+            self.outbox.progress();
+            if let Some(m) = self.try_receive() {
+                return Some(m);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            idle = idle.saturating_add(1);
+            if idle < 64 {
+                std::hint::spin_loop();
+            } else if idle < 2048 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50).min(deadline.saturating_duration_since(now)));
+            }
+        }
+    }
+
+    /// Drives the sends in flight until all completed or `deadline` passed; messages that
+    /// arrive meanwhile are received and dropped (the run is over). True if all completed.
+    pub(crate) fn flush(&mut self, deadline: Instant) -> bool {
+        while self.outbox.progress() > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            if let Some(m) = self.try_receive() {
+                self.recycle(m);
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
             }
         }
         true
     }
-}
 
-fn backoff(spins: u32) {
-    if spins < 64 {
-        std::hint::spin_loop();
-    } else if spins < 4096 {
-        std::thread::yield_now();
-    } else {
-        std::thread::sleep(Duration::from_micros(50));
+    /// Returns a message's buffer to the pool.
+    pub(crate) fn recycle(&mut self, m: Incoming) {
+        self.pool.push(m.bytes);
     }
 }

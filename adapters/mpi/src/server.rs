@@ -90,7 +90,6 @@ impl Ranks {
 
 struct Side<'a> {
     link: Link,
-    out: Vec<u8>,
     ranks: Ranks,
     report: ServerReport,
     log: &'a mut dyn FnMut(&str),
@@ -115,12 +114,16 @@ impl Side<'_> {
 
     /// Encodes `msg` once and sends those bytes to every live recipient.
     fn send(&mut self, to: Recipient, msg: &ToWorker<'_, f32>) {
-        self.out.resize(wire::encoded_len_to_worker(msg), 0);
-        match wire::encode_to_worker(msg, &mut self.out) {
+        let ranks = self.ranks.recipients(to);
+        if ranks.is_empty() {
+            return;
+        }
+        let mut out = self.link.buffer();
+        out.resize(wire::encoded_len_to_worker(msg), 0);
+        match wire::encode_to_worker(msg, &mut out) {
             Ok(len) => {
-                self.out.truncate(len);
-                let ranks = self.ranks.recipients(to);
-                self.link.send(ranks, Kind::Wire, &self.out);
+                out.truncate(len);
+                self.link.send(ranks, Kind::Wire, out);
             }
             Err(e) => (self.log)(&format!("cannot encode a {} message: {e}", msg.kind_name())),
         }
@@ -167,6 +170,7 @@ impl Side<'_> {
                     silent.as_secs_f64()
                 ));
                 self.ranks.mark_lost(w);
+                self.link.abandon(i as Rank + 1);
                 self.report.lost.push(w);
                 let _ = server.handle_worker_lost(since(epoch), w);
             }
@@ -208,7 +212,7 @@ pub fn run_server(
         workers: vec![None; n as usize],
         lost: Vec::new(),
     };
-    let mut side = Side { link, out: Vec::new(), ranks: Ranks::new(n), report, log };
+    let mut side = Side { link, ranks: Ranks::new(n), report, log };
     let epoch = Instant::now();
     let tick = Duration::from_millis(50);
     let mut seen: Option<Version> = None;
@@ -241,15 +245,23 @@ pub fn run_server(
     server.stop();
     side.drain(&mut server);
     let wall_s = epoch.elapsed().as_secs_f64();
-    // A lost rank that comes back must stop too: Stop is a few bytes, sent eagerly.
+    // A lost rank that comes back must stop too.
     let lost: Vec<Rank> = side.report.lost.iter().map(|w| w.index() as Rank + 1).collect();
     if !lost.is_empty() {
-        let mut stop = [0u8; 16];
+        let mut stop = side.link.buffer();
+        stop.resize(wire::encoded_len_to_worker(&ToWorker::<f32>::Stop), 0);
         if let Ok(len) = wire::encode_to_worker(&ToWorker::<f32>::Stop, &mut stop) {
-            side.link.send(&lost, Kind::Wire, stop.get(..len).unwrap_or_default());
+            stop.truncate(len);
+            side.link.send(&lost, Kind::Wire, stop);
         }
     }
-    collect_tallies(&mut side, &mut server, &limits, epoch, plan.lost_after.max(Duration::from_secs(5)));
+    let patience = plan.lost_after.max(Duration::from_secs(5));
+    collect_tallies(&mut side, &mut server, &limits, epoch, patience);
+    // Sends to live ranks complete (they are reading); those to lost ranks may never.
+    for rank in &lost {
+        side.link.abandon(*rank);
+    }
+    side.link.flush(Instant::now() + patience);
     let mut report = side.report;
     report.reason = reason;
     report.wall_s = wall_s;

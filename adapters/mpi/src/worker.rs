@@ -56,18 +56,19 @@ pub fn run_worker(
     let heartbeat = crate::heartbeat_interval(options.lost_after);
     let epoch = Instant::now();
     let mut tally = Tally::default();
-    let (mut grad, mut out) = (vec![0.0f32; dim], Vec::new());
+    let mut grad = vec![0.0f32; dim];
     let mut job: Option<Job> = None;
     let mut next_heartbeat = Instant::now() + heartbeat;
     loop {
         while let Some(output) = worker.poll_output() {
             match output {
                 WorkerOutput::Send(msg) => {
+                    let mut out = link.buffer();
                     out.resize(wire::encoded_len_to_server(&msg), 0);
                     let len = wire::encode_to_server(&msg, &mut out)
                         .map_err(|e| MpiError(format!("worker {}: cannot encode a message: {e}", id.0)))?;
                     out.truncate(len);
-                    link.send(&[0], Kind::Wire, &out);
+                    link.send(&[0], Kind::Wire, out);
                     next_heartbeat = Instant::now() + heartbeat;
                 }
                 WorkerOutput::Compute { id: job_id, params, .. } => {
@@ -99,7 +100,7 @@ pub fn run_worker(
         }
         let now = Instant::now();
         if now >= next_heartbeat {
-            link.send(&[0], Kind::Heartbeat, &[]);
+            link.send(&[0], Kind::Heartbeat, Vec::new());
             next_heartbeat = now + heartbeat;
         }
         let mut deadline = next_heartbeat;
@@ -122,6 +123,9 @@ pub fn run_worker(
         }
     }
     tally.wall_s = epoch.elapsed().as_secs_f64();
-    link.send(&[0], Kind::Tally, &tally.to_bytes());
+    link.send(&[0], Kind::Tally, tally.to_bytes().to_vec());
+    if !link.flush(Instant::now() + options.lost_after.max(Duration::from_secs(5))) {
+        return Err(MpiError(format!("worker {}: rank 0 did not take this rank's last messages", id.0)));
+    }
     Ok(tally)
 }
