@@ -7,13 +7,17 @@
 //! MPI point-to-point calls: non-blocking sends (`MPI_Isend`; a broadcast is one encode and
 //! one `MPI_Isend` per recipient from the same bytes) and non-blocking receives
 //! (`MPI_Improbe`, then `MPI_Mrecv` of exactly that message into a pooled buffer that the
-//! core decodes in place). While a send is in flight a rank keeps receiving, so two ranks
-//! sending large messages to each other never deadlock.
+//! core decodes in place). A send never waits for its recipient: its request is kept with
+//! its buffer and tested on every turn of the loop (`outbox`, the crate's one `unsafe`
+//! module, explains why rsmpi's scoped requests cannot do this), so a busy, hung or stopped
+//! worker rank never stalls the server for the others, and two ranks sending large messages
+//! to each other never deadlock.
 //!
 //! - [`settings`]: the hash every rank takes of its own settings (MPI-free).
-//! - `server` / `worker` (feature `mpi`): the server and worker loops, the same driving
-//!   contract as the threaded adapter.
-//! - `agree` (feature `mpi`): every rank checks its settings hash against rank 0's.
+//! - `run_server` / `run_worker` (feature `mpi`): the server and worker loops, the same
+//!   driving contract as the threaded adapter.
+//! - `agree_on_settings` (feature `mpi`): every rank checks its settings hash against rank
+//!   0's.
 //!
 //! Liveness: MPI has no notion of a lost peer, and OpenMPI ends the whole job when a rank
 //! dies. Workers therefore send a tiny heartbeat; a worker rank silent for longer than

@@ -7,6 +7,9 @@ use mpi::point_to_point::Source;
 use mpi::topology::{Communicator, Rank, SimpleCommunicator};
 use std::time::{Duration, Instant};
 
+/// How long a waiting rank polls (yielding between polls) before it naps between polls.
+const YIELD_FOR: Duration = Duration::from_millis(20);
+
 /// Message tags: what a message carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -98,10 +101,12 @@ impl Link {
     }
 
     /// Waits until a message arrives or `deadline` passes, driving the sends in flight
-    /// meanwhile. Spins briefly, then yields, then naps: an idle rank must not starve
-    /// computing ranks sharing its cores.
+    /// meanwhile. Polls, yielding the core between polls as MPI's own blocking calls do on an
+    /// oversubscribed node; after [`YIELD_FOR`] without a message it naps between polls, so a
+    /// rank that waits long (for a straggler) does not take cores from computing ranks.
     pub(crate) fn recv_until(&mut self, deadline: Instant) -> Option<Incoming> {
-        let mut idle = 0u32;
+        let start = Instant::now();
+        let mut polls = 0u32;
         loop {
             self.outbox.progress();
             if let Some(m) = self.try_receive() {
@@ -111,10 +116,10 @@ impl Link {
             if now >= deadline {
                 return None;
             }
-            idle = idle.saturating_add(1);
-            if idle < 64 {
+            polls = polls.saturating_add(1);
+            if polls < 64 {
                 std::hint::spin_loop();
-            } else if idle < 2048 {
+            } else if now.duration_since(start) < YIELD_FOR {
                 std::thread::yield_now();
             } else {
                 std::thread::sleep(Duration::from_micros(50).min(deadline.saturating_duration_since(now)));
