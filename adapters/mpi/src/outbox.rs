@@ -34,14 +34,16 @@ struct Pending {
 #[derive(Default)]
 pub(crate) struct Outbox {
     pending: Vec<Pending>,
-    /// Buffers no send holds any more, for reuse.
+    /// Buffers of past sends, reused once no pending send holds them.
     free: Vec<Arc<Vec<u8>>>,
 }
 
 impl Outbox {
     /// A buffer to fill before [`Outbox::send`]: a free one (unshared) or a new one.
     pub(crate) fn buffer(&mut self) -> Vec<u8> {
-        self.free.pop().and_then(|b| Arc::try_unwrap(b).ok()).unwrap_or_default()
+        // A buffer no pending send holds any more; the others stay until theirs complete.
+        let unshared = self.free.iter().position(|b| Arc::strong_count(b) == 1);
+        unshared.and_then(|i| Arc::try_unwrap(self.free.swap_remove(i)).ok()).unwrap_or_default()
     }
 
     /// Starts one `MPI_Isend` of `bytes` with `tag` to each rank of `to` (all reading the one
@@ -99,6 +101,8 @@ impl Outbox {
     pub(crate) fn abandon(&mut self, rank: Rank) {
         let (gone, keep): (Vec<Pending>, Vec<Pending>) = self.pending.drain(..).partition(|p| p.to == rank);
         self.pending = keep;
+        // Their buffers are never free again: stop offering them for reuse.
+        self.free.retain(|b| !gone.iter().any(|p| Arc::ptr_eq(b, &p.bytes)));
         for mut p in gone {
             // SAFETY: `p.request` is an active request from MPI_Isend; MPI_Request_free lets
             // MPI complete it on its own. Its buffer must outlive that: it is leaked.
