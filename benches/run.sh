@@ -10,6 +10,8 @@
 #      MPI_Allreduce (the target) and MPI_Reduce + MPI_Bcast (a parameter server's
 #      gather/broadcast pattern); each configuration runs 3 times, ours and MPI's
 #      interleaved, and the table shows medians (the machine is shared and noisy);
+#   3b. BSP rounds over the MPI adapter (benches/src/bin/mpi_rounds.rs, feature `mpi`) for
+#      n = 2, 4, 8 worker ranks and d = 1e5, 1e6, 1e7, next to the same MPI peers;
 #   4. simulator throughput (tests/tests/sim_throughput.rs, release, ignored test).
 # Usage: benches/run.sh [--quick]   (--quick: fewer rounds, for a smoke run)
 set -euo pipefail
@@ -51,6 +53,19 @@ fi
   echo
   cargo run -q -p syncopate-benches --release --bin rounds -- $QUICK "${MPI_ARGS[@]}"
 } >>"$REPORT"
+
+# --- MPI adapter (issue #18): BSP rounds over syncopate-mpi next to the MPI peers ---
+if [[ ${#MPI_ARGS[@]} -gt 0 ]] && cargo build -q --release -p syncopate-benches --features mpi --bin mpi_rounds; then
+  echo "== BSP rounds over the MPI adapter" >&2
+  {
+    echo
+    echo "### BSP rounds over the MPI adapter (n worker ranks + 1 server rank; MPI peers on n ranks)"
+    echo
+    cargo run -q -p syncopate-benches --release --bin rounds -- $QUICK "${MPI_ARGS[@]}" \
+      --mpi-adapter "$PWD/target/release/mpi_rounds" --transport mpi --n 2,4,8 --dim 1e5,1e6,1e7
+  } >>"$REPORT"
+fi
+# --- end MPI adapter ---
 
 echo "== simulator throughput" >&2
 {

@@ -8,6 +8,10 @@
 //! under `mpirun`, with `--mpi BIN`): `MPI_Allreduce` (the target) and `MPI_Reduce` to rank 0
 //! + `MPI_Bcast` (the gather/broadcast pattern of a parameter server).
 //!
+//! With `--mpi-adapter BIN` (the `mpi_rounds` binary, feature `mpi`) it also runs (c) BSP
+//! over the MPI adapter, `mpirun -n N+1` (a server rank and N worker ranks), next to the MPI
+//! peers of the same floats on N ranks, over the same shared-memory transport.
+//!
 //! `cargo run -p syncopate-benches --release --bin rounds -- --help`
 
 use std::sync::{Arc, Mutex};
@@ -224,6 +228,30 @@ fn mpi_peer(bin: &str, btl: &str, n: u32, dim: usize, iters: u64) -> Option<MpiT
     Some(MpiTimes { allreduce, reduce_bcast: median_of("op=reduce_bcast") })
 }
 
+/// One run of BSP over the MPI adapter: `mpirun -n n+1 bin dim rounds` with the byte
+/// transfer layers `btl`; the round times rank 0 printed.
+fn mpi_adapter_bsp(bin: &str, btl: &str, n: u32, dim: usize, rounds: u64) -> Result<Run, String> {
+    let out = std::process::Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "--mca", "btl", btl, "-np", &(n + 1).to_string(), bin])
+        .args([dim.to_string(), rounds.saturating_sub(WARMUP).max(1).to_string()])
+        .output()
+        .map_err(|e| format!("cannot run mpirun: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let times = text
+        .lines()
+        .find(|l| l.starts_with("mpi-adapter "))
+        .and_then(|l| l.split_whitespace().find_map(|f| f.strip_prefix("times_ms=")))
+        .map(|t| t.split(',').filter_map(|x| x.parse::<f64>().ok()).map(|ms| ms / 1e3).collect::<Vec<f64>>())
+        .filter(|t| !t.is_empty());
+    match times {
+        Some(times) => Ok(Run { times, cpu: None }),
+        None => {
+            let err = String::from_utf8_lossy(&out.stderr);
+            Err(format!("no result from {bin}: {}", err.lines().find(|l| !l.trim().is_empty()).unwrap_or("")))
+        }
+    }
+}
+
 /// `a / b` as the table's ratio, or a dash.
 fn ratio(a: Option<f64>, b: f64) -> String {
     a.map_or_else(|| "–".into(), |a| format!("{:.2}x", a / b))
@@ -263,13 +291,15 @@ fn row(transport: &str, n: u32, dim: usize, runs: &[Run], btl: Option<&str>, pee
     );
 }
 
-const USAGE: &str = "usage: rounds [--quick] [--mpi BIN] [--transport channel|tcp] [--n N] [--dim D] \
+const USAGE: &str =
+    "usage: rounds [--quick] [--mpi BIN] [--mpi-adapter BIN] [--transport channel|tcp|mpi] [--n N] [--dim D] \
                      [--rounds R] [--repeat K]
   --quick         6 rounds per run instead of 60 (d = 1e6) / 20 (d = 1e7)
   --mpi BIN       also run the MPI peer program BIN (benches/mpi/allreduce.c) under mpirun
-  --transport T   only this transport (default: both)
-  --n N           only N workers (default: 2 and 4)
-  --dim D         only this model dimension (default: 1e6 and 1e7)
+  --mpi-adapter B also run BSP over the MPI adapter with B (the mpi_rounds binary)
+  --transport T   only this transport: channel, tcp or mpi (default: all available)
+  --n N[,N..]     only these numbers of workers (default: 2 and 4)
+  --dim D[,D..]   only these model dimensions (default: 1e6 and 1e7)
   --rounds R      rounds per run (the first 3 are warm-up and not counted)
   --repeat K      runs per configuration, ours and the peer's interleaved; the table shows the
                   median of the runs' medians and, in parentheses, their range (default 1)";
@@ -287,12 +317,20 @@ fn flag_str(args: &[String], flag: &str) -> Option<String> {
 
 /// The whole number after `flag`, written plainly or as `1e6`.
 fn flag_num(args: &[String], flag: &str) -> Option<u64> {
+    flag_nums(args, flag)?.first().copied()
+}
+
+/// The comma-separated whole numbers after `flag`, each written plainly or as `1e6`.
+fn flag_nums(args: &[String], flag: &str) -> Option<Vec<u64>> {
     let v = flag_str(args, flag)?;
-    let x = v.parse::<u64>().ok().or_else(|| {
-        let f = v.parse::<f64>().ok()?;
-        (f >= 0.0 && f.fract() == 0.0 && f < 1e15).then_some(f as u64)
-    });
-    Some(x.unwrap_or_else(|| usage_exit(&format!("bad value for {flag}: {v}"))))
+    let one = |x: &str| {
+        x.parse::<u64>().ok().or_else(|| {
+            let f = x.parse::<f64>().ok()?;
+            (f >= 0.0 && f.fract() == 0.0 && f < 1e15).then_some(f as u64)
+        })
+    };
+    let xs: Option<Vec<u64>> = v.split(',').map(one).collect();
+    Some(xs.filter(|xs| !xs.is_empty()).unwrap_or_else(|| usage_exit(&format!("bad value for {flag}: {v}"))))
 }
 
 fn main() {
@@ -303,12 +341,18 @@ fn main() {
     }
     let quick = args.iter().any(|a| a == "--quick");
     let mpi = flag_str(&args, "--mpi");
+    let mpi_adapter = flag_str(&args, "--mpi-adapter");
     let transport = flag_str(&args, "--transport");
-    if transport.as_deref().is_some_and(|t| t != "channel" && t != "tcp") {
-        usage_exit("--transport is channel or tcp");
+    if transport.as_deref().is_some_and(|t| !["channel", "tcp", "mpi"].contains(&t)) {
+        usage_exit("--transport is channel, tcp or mpi");
     }
-    let only_n = flag_num(&args, "--n").map(|n| u32::try_from(n).unwrap_or(u32::MAX));
-    let only_dim = flag_num(&args, "--dim").map(|d| usize::try_from(d).unwrap_or(usize::MAX));
+    if transport.as_deref() == Some("mpi") && mpi_adapter.is_none() {
+        usage_exit("--transport mpi needs --mpi-adapter BIN");
+    }
+    let only_n: Option<Vec<u32>> =
+        flag_nums(&args, "--n").map(|ns| ns.into_iter().map(|n| u32::try_from(n).unwrap_or(u32::MAX)).collect());
+    let only_dim: Option<Vec<usize>> =
+        flag_nums(&args, "--dim").map(|ds| ds.into_iter().map(|d| usize::try_from(d).unwrap_or(usize::MAX)).collect());
     let fixed_rounds = flag_num(&args, "--rounds").map(|r| r.max(4));
     let repeat = flag_num(&args, "--repeat").unwrap_or(1).max(1);
     let want = |t: &str| transport.as_deref().is_none_or(|x| x == t);
@@ -321,8 +365,8 @@ fn main() {
          | MPI_Allreduce (ms) | Allreduce / ours | MPI Reduce+Bcast (ms) | Reduce+Bcast / ours |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|");
-    let dims: Vec<usize> = only_dim.map_or_else(|| vec![1_000_000, 10_000_000], |d| vec![d]);
-    let ns: Vec<u32> = only_n.map_or_else(|| vec![2, 4], |n| vec![n]);
+    let dims: Vec<usize> = only_dim.unwrap_or_else(|| vec![1_000_000, 10_000_000]);
+    let ns: Vec<u32> = only_n.unwrap_or_else(|| vec![2, 4]);
     for &dim in &dims {
         let rounds = fixed_rounds.unwrap_or(match (quick, dim >= 10_000_000) {
             (true, _) => 6,
@@ -338,6 +382,23 @@ fn main() {
                     peers.extend(peer(shm_btl));
                 }
                 row("channel", n, dim, &runs, shm_btl, &peers);
+            }
+            if let (true, Some(bin), Some(btl)) = (want("mpi"), mpi_adapter.as_deref(), shm_btl) {
+                let (mut runs, mut peers) = (Vec::new(), Vec::new());
+                let mut failed = None;
+                for _ in 0..repeat {
+                    match mpi_adapter_bsp(bin, btl, n, dim, rounds) {
+                        Ok(t) => runs.push(t),
+                        Err(e) => failed = Some(e),
+                    }
+                    peers.extend(peer(Some(btl)));
+                }
+                match failed {
+                    Some(e) if runs.is_empty() => {
+                        println!("| mpi | {n} | {dim:.0e} | – | failed: {e} | – | – | – | – | – | – | – |");
+                    }
+                    _ => row("mpi", n, dim, &runs, Some(btl), &peers),
+                }
             }
             if want("tcp") {
                 let (mut runs, mut peers) = (Vec::new(), Vec::new());

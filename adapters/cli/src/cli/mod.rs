@@ -6,6 +6,7 @@
 
 mod compare;
 mod group;
+mod mpi;
 pub(crate) mod output;
 mod protocol;
 mod reproduce;
@@ -54,6 +55,10 @@ pub enum Command {
     Group(group::GroupArgs),
     /// Run the four papers' experiments over several seeds and print REPRODUCTION.md's tables.
     Reproduce(reproduce::ReproduceArgs),
+    /// Train as an MPI job: `mpirun -n N+1 syncopate mpi --workers N ...` (or `srun`); rank 0
+    /// runs the server and prints the summary, the other ranks the workers. Needs a build
+    /// with the `mpi` feature.
+    Mpi(mpi::MpiArgs),
 }
 
 /// The model, the data and the randomness of a run.
@@ -188,6 +193,7 @@ pub fn main() -> ExitCode {
         Command::Work(args) => work::run(&args),
         Command::Group(args) => group::run(&args),
         Command::Reproduce(args) => reproduce::run(&args),
+        Command::Mpi(args) => mpi::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -87,7 +87,7 @@ pub struct WorkerSummary {
 /// The end-of-run summary of `train`, `serve` and the simulator.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Summary {
-    /// `threads`, `sim` or `tcp`.
+    /// `threads`, `sim`, `tcp` or `mpi`.
     pub mode: String,
     /// The protocol's name.
     pub protocol: String,

@@ -49,7 +49,7 @@ pub struct TrainArgs {
 }
 
 impl TrainArgs {
-    fn check(&self) -> Result<(), String> {
+    pub(super) fn check(&self) -> Result<(), String> {
         let (lo, hi) = crate::scenario::STEP_MS_RANGE;
         if !(self.step_ms.is_finite() && (lo..=hi).contains(&self.step_ms)) {
             return Err(format!("invalid value '{}' for '--step-ms': must be between {lo} and {hi}", self.step_ms));
@@ -81,7 +81,7 @@ impl TrainArgs {
         Ok(())
     }
 
-    fn base_step(&self) -> Duration {
+    pub(super) fn base_step(&self) -> Duration {
         Duration::from_secs_f64(self.step_ms / 1000.0)
     }
 }

@@ -1,0 +1,221 @@
+//! `syncopate mpi`: one training run as an MPI job, `mpirun -n N+1 syncopate mpi ...` (or
+//! `srun`): rank 0 runs the parameter server and prints the summary, ranks `1..=N` run the
+//! workers. Every rank gets the same command line and derives the run's settings from it;
+//! rank 0 checks that every rank hashed the same settings before anything starts.
+//!
+//! The transport is the `syncopate-mpi` crate, built only with this crate's `mpi` feature;
+//! without it the subcommand says how to enable it and exits with 2.
+
+use super::Failure;
+use super::train::TrainArgs;
+use clap::Args;
+
+/// Flags of `syncopate mpi`: those of `train`, plus the MPI ones.
+#[derive(Clone, Debug, Args)]
+pub struct MpiArgs {
+    /// The protocol, workload and straggler flags of `train` (`--workers N` needs N+1 ranks).
+    #[command(flatten)]
+    pub train: TrainArgs,
+    /// A worker rank silent this many seconds (no message, no heartbeat: hung, stopped or cut
+    /// off) becomes a lost worker and the run goes on without it.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub lost_after: f64,
+}
+
+impl MpiArgs {
+    fn check(&self) -> Result<(), String> {
+        self.train.check()?;
+        if self.train.sim {
+            return Err("--sim runs the simulator in one process: use `syncopate train --sim`".into());
+        }
+        if self.train.record_trace.is_some() {
+            return Err("--record-trace is not supported by `syncopate mpi`: use `syncopate train`".into());
+        }
+        if !(self.lost_after.is_finite() && self.lost_after > 0.0 && self.lost_after <= 86_400.0) {
+            return Err(format!(
+                "invalid value '{}' for '--lost-after': must be a positive number of seconds up to 86400",
+                self.lost_after
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+pub(super) fn run(args: &MpiArgs) -> Result<(), Failure> {
+    args.check().map_err(Failure::Usage)?;
+    Err(Failure::Usage(
+        "this syncopate was built without MPI support: rebuild with `cargo build --release -p syncopate-adapters \
+         --features mpi` (needs an MPI library and libclang, e.g. Debian's libopenmpi-dev openmpi-bin libclang-dev)"
+            .into(),
+    ))
+}
+
+#[cfg(feature = "mpi")]
+pub(super) fn run(args: &MpiArgs) -> Result<(), Failure> {
+    use syncopate_mpi::mpi::topology::Communicator;
+    args.check().map_err(Failure::Usage)?;
+    let train = &args.train;
+    let protocol = train.protocol.config().map_err(Failure::Usage)?;
+    let stragglers = super::parse_stragglers(&train.straggler, protocol.workers()).map_err(Failure::Usage)?;
+    let workload = train.workload.workload().map_err(Failure::Usage)?;
+    let Some(universe) = syncopate_mpi::mpi::initialize() else {
+        return Err(Failure::Run("MPI could not be initialised (or was already)".into()));
+    };
+    let world = universe.world();
+    let hash = syncopate_mpi::settings::settings_hash(std::env::args_os().skip(1).map(|a| a.into_encoded_bytes()));
+    syncopate_mpi::agree_on_settings(&world, hash).map_err(|e| Failure::Usage(e.0))?;
+    let plan = syncopate_mpi::RunPlan {
+        max_gradients: train.steps.saturating_mul(u64::from(protocol.workers())),
+        time_limit: train.time_limit.map(core::time::Duration::from_secs_f64),
+        lost_after: core::time::Duration::from_secs_f64(args.lost_after),
+    };
+    if world.rank() == 0 {
+        server::run(train, protocol, &workload, &plan, world)
+    } else {
+        worker::run(train, protocol, stragglers, &workload, &plan, world)
+    }
+}
+
+#[cfg(feature = "mpi")]
+mod server {
+    use super::super::{Failure, Summary};
+    use super::TrainArgs;
+    use crate::thread::{EvalPoint, ThreadReport, WorkerTally};
+    use crate::workload::Workload;
+    use std::time::{Duration, Instant};
+    use syncopate::{ProtocolConfig, Version};
+    use syncopate_mpi::mpi::topology::SimpleCommunicator;
+    use syncopate_mpi::{RunPlan, StopReason, run_server};
+
+    /// Rank 0: the server, the evaluations and the summary.
+    pub(super) fn run(
+        args: &TrainArgs,
+        protocol: ProtocolConfig,
+        workload: &Workload,
+        plan: &RunPlan,
+        world: SimpleCommunicator,
+    ) -> Result<(), Failure> {
+        let n = protocol.workers();
+        let dim = workload.model.dim();
+        let model_name = format!("{:?}", args.workload.model).to_lowercase();
+        eprintln!("mpi: {} with {n} workers on ranks 1..={n}, {model_name} ({dim} params)", protocol.name());
+        let mut params = vec![0.0f32; dim];
+        workload.model.init(args.workload.seed, &mut params);
+        let start = Instant::now();
+        let mut curve: Vec<EvalPoint> = Vec::new();
+        let mut time_to_target = None;
+        let mut last_eval: Option<Instant> = None;
+        let mut evaluate = |version: Version, params: &[f32], curve: &mut Vec<EvalPoint>| {
+            let e = workload.model.evaluate(params, &workload.test);
+            let point = EvalPoint {
+                time_s: start.elapsed().as_secs_f64(),
+                version: version.0,
+                accuracy: e.accuracy,
+                loss: e.loss,
+            };
+            if time_to_target.is_none() && e.accuracy >= args.target {
+                time_to_target = Some(point.time_s);
+            }
+            curve.push(point);
+        };
+        let eval_interval = Duration::from_millis(20);
+        let report = run_server(
+            world,
+            &protocol,
+            params,
+            plan,
+            &mut |version, params| {
+                if last_eval.is_none_or(|t| t.elapsed() >= eval_interval) {
+                    last_eval = Some(Instant::now());
+                    evaluate(version, params, &mut curve);
+                }
+            },
+            &mut |line| eprintln!("mpi: {line}"),
+        )
+        .map_err(|e| Failure::Run(e.0))?;
+        if curve.last().is_none_or(|p| p.version != report.version.0) {
+            evaluate(report.version, &report.params, &mut curve);
+        }
+        let lost: Vec<String> = report.lost.iter().map(|w| format!("rank {}", w.0 + 1)).collect();
+        eprintln!(
+            "mpi: finished ({:?}) at version {}{}",
+            report.reason,
+            report.version.0,
+            if lost.is_empty() { String::new() } else { format!(", lost {}", lost.join(", ")) }
+        );
+        let threads = ThreadReport {
+            curve,
+            time_to_target_s: time_to_target,
+            wall_s: report.wall_s,
+            stats: report.stats,
+            workers: report
+                .workers
+                .iter()
+                .map(|t| {
+                    t.map_or_else(WorkerTally::default, |t| WorkerTally {
+                        computed: t.computed,
+                        abandoned: t.abandoned,
+                        busy_s: t.busy_s,
+                        wall_s: t.wall_s,
+                        step_times: Vec::new(),
+                    })
+                })
+                .collect(),
+            staleness: report.staleness,
+            stalls: report.stalls,
+            refused: report.refused,
+            params: Vec::new(),
+        };
+        let mut summary =
+            Summary::from_threads(&threads, protocol.name(), n, &model_name, dim, args.workload.seed, args.target);
+        summary.mode = "mpi".into();
+        summary.print(args.json);
+        if report.reason == StopReason::AllWorkersLost {
+            return Err(Failure::Run("every worker rank was lost before the run's budget was spent".into()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(feature = "mpi")]
+mod worker {
+    use super::super::Failure;
+    use super::TrainArgs;
+    use crate::sim::{ComputeModel, ComputeSampler};
+    use crate::workload::{BatchSampler, Workload};
+    use core::time::Duration;
+    use syncopate::ProtocolConfig;
+    use syncopate_mpi::mpi::topology::{Communicator, SimpleCommunicator};
+    use syncopate_mpi::{RunPlan, WorkerOptions, run_worker};
+
+    /// Ranks 1..=n: worker `rank - 1`, with its straggler model.
+    pub(super) fn run(
+        args: &TrainArgs,
+        protocol: ProtocolConfig,
+        stragglers: Vec<ComputeModel>,
+        workload: &Workload,
+        plan: &RunPlan,
+        world: SimpleCommunicator,
+    ) -> Result<(), Failure> {
+        let id = u32::try_from(world.rank() - 1).unwrap_or(u32::MAX);
+        let dim = workload.model.dim();
+        let seed = args.workload.seed ^ (u64::from(id) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let model = stragglers.get(id as usize).cloned().unwrap_or(ComputeModel::None);
+        let mut delays = ComputeSampler::new(model, args.base_step(), args.workload.seed, id);
+        let mut sampler = BatchSampler::new(workload.train.len(), seed);
+        let mut scratch = workload.model.scratch();
+        let mut batch = Vec::new();
+        let batch_size = args.workload.batch_size as usize;
+        let options =
+            WorkerOptions { protocol, dim, lost_after: plan.lost_after, rejoin_after: Some(Duration::from_secs(2)) };
+        eprintln!("mpi: rank {} (worker {id}) pid {}", id + 1, std::process::id());
+        run_worker(world, &options, &mut |params, grad| {
+            sampler.next_batch(batch_size, &mut batch);
+            workload.model.gradient(params, &workload.train, &batch, grad, &mut scratch);
+            Duration::from_nanos(delays.next_step().as_nanos())
+        })
+        .map_err(|e| Failure::Run(e.0))?;
+        Ok(())
+    }
+}

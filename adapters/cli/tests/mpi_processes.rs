@@ -1,0 +1,286 @@
+//! Real MPI jobs of the `syncopate` binary under `mpirun` (built with the `mpi` feature; CI
+//! installs OpenMPI): BSP, backup, DBW and WBSP train digits to 0.90 on 5 ranks; a stopped
+//! worker rank of a backup run becomes a lost worker and the run finishes; a killed worker
+//! rank ends the job with mpirun naming the rank; a rank with other settings and a wrong
+//! number of ranks are refused with one clear line. Every job is bounded by a deadline.
+//! Built without the feature, `syncopate mpi` says how to enable it and exits with 2.
+
+/// Bad flags are refused before MPI starts, with or without the feature.
+#[test]
+fn bad_flags_are_refused_with_one_line() {
+    for (args, needle) in [
+        (&["mpi", "--sim"][..], "use `syncopate train --sim`"),
+        (&["mpi", "--lost-after", "0"][..], "invalid value '0' for '--lost-after'"),
+        (&["mpi", "--record-trace", "t.csv"][..], "--record-trace is not supported"),
+        (&["mpi", "--target", "2"][..], "invalid value '2' for '--target'"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_syncopate")).args(args).output().expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn without_the_feature_mpi_says_how_to_enable_it() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_syncopate"))
+        .args(["mpi", "--workers", "4"])
+        .output()
+        .expect("run syncopate");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("built without MPI support") && err.contains("--features mpi"), "{err}");
+}
+
+#[cfg(feature = "mpi")]
+mod with_mpi {
+    use core::time::Duration;
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::{Child, Command, Stdio};
+    use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+    use std::thread;
+    use std::time::Instant;
+
+    const BIN: &str = env!("CARGO_BIN_EXE_syncopate");
+
+    /// One MPI job at a time: the machine's cores are shared by every rank.
+    static ONE_JOB: Mutex<()> = Mutex::new(());
+
+    fn one_job() -> MutexGuard<'static, ()> {
+        ONE_JOB.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn signal(pid: u32, sig: &str) {
+        let ok = Command::new("kill").args([sig, &pid.to_string()]).status().is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid} failed");
+    }
+
+    /// The `mpirun` options of every job: oversubscribe the cores, allow root (CI runs as root).
+    fn mpirun_base() -> Command {
+        let mut cmd = Command::new("mpirun");
+        cmd.args(["--oversubscribe", "--allow-run-as-root", "--mca", "btl_vader_single_copy_mechanism", "none"]);
+        cmd
+    }
+
+    /// An `mpirun` job whose stderr lines are collected; ended (SIGTERM, then SIGKILL) when dropped.
+    struct Job {
+        child: Child,
+        err: Arc<Mutex<Vec<String>>>,
+        out: Option<thread::JoinHandle<String>>,
+    }
+
+    impl Job {
+        /// `mpirun -n ranks syncopate mpi ARGS`.
+        fn spawn(ranks: u32, args: &[&str]) -> Self {
+            let mut cmd = mpirun_base();
+            cmd.args(["-n", &ranks.to_string(), BIN, "mpi"]).args(args);
+            Self::start(cmd)
+        }
+
+        fn start(mut cmd: Command) -> Self {
+            let mut child =
+                cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn mpirun");
+            let err = Arc::new(Mutex::new(Vec::new()));
+            let lines = Arc::clone(&err);
+            let stderr = child.stderr.take().expect("stderr");
+            thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    lines.lock().unwrap_or_else(PoisonError::into_inner).push(line);
+                }
+            });
+            let mut stdout = child.stdout.take().expect("stdout");
+            let out = thread::spawn(move || {
+                let mut s = String::new();
+                let _ = stdout.read_to_string(&mut s);
+                s
+            });
+            Self { child, err, out: Some(out) }
+        }
+
+        fn stderr(&self) -> Vec<String> {
+            self.err.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        }
+
+        fn wait_err(&self, needle: &str, within: Duration) -> String {
+            let end = Instant::now() + within;
+            while Instant::now() < end {
+                if let Some(l) = self.stderr().into_iter().find(|l| l.contains(needle)) {
+                    return l;
+                }
+                thread::sleep(Duration::from_millis(10));
+            }
+            panic!("no stderr line with {needle:?} within {within:?}: {:#?}", self.stderr());
+        }
+
+        /// The pid of worker rank `rank`, from its start-up line.
+        fn pid_of(&self, rank: u32) -> u32 {
+            let line = self.wait_err(&format!("mpi: rank {rank} (worker {}) pid ", rank - 1), Duration::from_secs(60));
+            line.rsplit(' ').next().and_then(|p| p.parse().ok()).expect("a pid")
+        }
+
+        /// Waits for exit (bounded); returns the exit code and stdout.
+        fn finish(mut self, within: Duration) -> (i32, String) {
+            let end = Instant::now() + within;
+            loop {
+                if let Some(status) = self.child.try_wait().expect("try_wait") {
+                    let out = self.out.take().expect("stdout thread").join().expect("stdout");
+                    return (status.code().unwrap_or(-1), out);
+                }
+                assert!(Instant::now() < end, "mpirun did not exit within {within:?}: {:#?}", self.stderr());
+                thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    impl Drop for Job {
+        fn drop(&mut self) {
+            if matches!(self.child.try_wait(), Ok(None)) {
+                // mpirun ends every rank on SIGTERM; SIGKILL would orphan them.
+                let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+                let end = Instant::now() + Duration::from_secs(10);
+                while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < end {
+                    thread::sleep(Duration::from_millis(50));
+                }
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+            }
+        }
+    }
+
+    fn summary(out: &str) -> serde_json::Value {
+        let line = out.lines().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON summary in {out:?}"));
+        serde_json::from_str(line).expect("summary JSON")
+    }
+
+    /// Trains digits with `protocol` (and `extra` flags) on 4 worker ranks; returns the summary.
+    fn train(protocol: &str, extra: &[&str]) -> serde_json::Value {
+        let _job = one_job();
+        let mut args = vec!["--protocol", protocol, "--workers", "4", "--steps", "300", "--step-ms", "2", "--json"];
+        args.extend_from_slice(extra);
+        let job = Job::spawn(5, &args);
+        let (code, out) = job.finish(Duration::from_secs(240));
+        assert_eq!(code, 0, "{protocol}: {out}");
+        let s = summary(&out);
+        assert_eq!(
+            (s["mode"].as_str(), s["protocol"].as_str(), s["workers"].as_u64()),
+            (Some("mpi"), Some(protocol), Some(4))
+        );
+        s
+    }
+
+    fn assert_trained(s: &serde_json::Value) {
+        let accuracy = s["final_accuracy"].as_f64().expect("accuracy");
+        assert!(accuracy >= 0.90, "final accuracy {accuracy}: {s}");
+        assert!(s["gradients"]["accepted"].as_u64().expect("accepted") >= 4 * 300, "{s}");
+        let steps: Vec<u64> =
+            s["per_worker"].as_array().expect("per_worker").iter().map(|w| w["steps"].as_u64().unwrap_or(0)).collect();
+        assert!(steps.iter().all(|n| *n > 0), "every worker rank reported its steps: {steps:?}");
+    }
+
+    #[test]
+    fn bsp_trains_digits_over_mpi() {
+        let s = train("bsp", &[]);
+        assert_trained(&s);
+        assert_eq!(s["gradients"]["dropped"].as_u64(), Some(0), "BSP drops nothing: {s}");
+    }
+
+    #[test]
+    fn backup_trains_digits_over_mpi() {
+        assert_trained(&train("backup", &["--backup-workers", "1", "--straggler", "3:slow=4"]));
+    }
+
+    #[test]
+    fn dbw_trains_digits_over_mpi() {
+        assert_trained(&train("dbw", &["--straggler", "all:exp=1/1"]));
+    }
+
+    #[test]
+    fn wbsp_trains_digits_over_mpi() {
+        assert_trained(&train("wbsp", &[]));
+    }
+
+    #[test]
+    fn a_stopped_worker_rank_is_lost_and_the_backup_run_finishes() {
+        let _job = one_job();
+        let args =
+            ["--protocol", "backup", "--backup-workers", "1", "--workers", "4", "--steps", "300", "--step-ms", "5"];
+        let job = Job::spawn(5, &[&args[..], &["--lost-after", "1", "--json"]].concat());
+        let pid = job.pid_of(3);
+        thread::sleep(Duration::from_millis(500));
+        // The rank stops participating: alive for MPI (so the job goes on), silent for the server.
+        signal(pid, "-STOP");
+        job.wait_err("rank 3 (worker 2) silent", Duration::from_secs(60));
+        job.wait_err("mpi: finished (Budget)", Duration::from_secs(180));
+        // Let it go: it gets the Stop rank 0 sent it, and the job ends cleanly.
+        signal(pid, "-CONT");
+        let (code, out) = job.finish(Duration::from_secs(60));
+        assert_eq!(code, 0, "{out}");
+        let s = summary(&out);
+        assert!(s["gradients"]["accepted"].as_u64().expect("accepted") >= 4 * 300, "{s}");
+        let steps: Vec<u64> =
+            s["per_worker"].as_array().expect("per_worker").iter().map(|w| w["steps"].as_u64().unwrap_or(0)).collect();
+        assert_eq!(steps[2], 0, "the lost rank's tally is not counted: {steps:?}");
+        assert!(s["final_accuracy"].as_f64().expect("accuracy") >= 0.90, "{s}");
+    }
+
+    #[test]
+    fn a_killed_worker_rank_ends_the_job_naming_the_rank() {
+        let _job = one_job();
+        let job = Job::spawn(5, &["--protocol", "backup", "--workers", "4", "--steps", "100000", "--step-ms", "5"]);
+        let pid = job.pid_of(2);
+        thread::sleep(Duration::from_millis(300));
+        signal(pid, "-KILL");
+        let err = job.err.clone();
+        let (code, _) = job.finish(Duration::from_secs(60));
+        assert_ne!(code, 0);
+        let err = err.lock().unwrap_or_else(PoisonError::into_inner).join("\n");
+        assert!(err.contains("rank 2") && err.contains("signal 9"), "mpirun names the killed rank: {err}");
+    }
+
+    #[test]
+    fn a_rank_with_other_settings_is_refused() {
+        let _job = one_job();
+        // MPMD: rank 0 and rank 1 get different seeds.
+        let mut cmd = mpirun_base();
+        cmd.args([
+            "-n",
+            "1",
+            BIN,
+            "mpi",
+            "--workers",
+            "1",
+            "--seed",
+            "1",
+            ":",
+            "-n",
+            "1",
+            BIN,
+            "mpi",
+            "--workers",
+            "1",
+            "--seed",
+            "2",
+        ]);
+        let job = Job::start(cmd);
+        let err = job.err.clone();
+        let (code, _) = job.finish(Duration::from_secs(60));
+        assert_ne!(code, 0);
+        let err = err.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let line = err.iter().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("{err:#?}"));
+        assert!(line.contains("rank 1 was started with other settings than rank 0"), "{line}");
+    }
+
+    #[test]
+    fn a_wrong_number_of_ranks_is_refused() {
+        let _job = one_job();
+        let job = Job::spawn(3, &["--workers", "4"]);
+        let err = job.err.clone();
+        let (code, _) = job.finish(Duration::from_secs(60));
+        assert_ne!(code, 0);
+        let err = err.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        assert!(err.iter().any(|l| l.contains("3 MPI ranks for --workers 4: launch 5 ranks")), "{err:#?}");
+    }
+}

@@ -1,0 +1,180 @@
+//! # syncopate-mpi
+//!
+//! An MPI transport for syncopate's protocols, for jobs launched by `mpirun` or `srun`:
+//! rank 0 runs the parameter server, ranks `1..=n` run workers `0..n`.
+//!
+//! Every protocol message crosses as the core's wire format ([`syncopate::wire`]), sent with
+//! MPI point-to-point calls: non-blocking sends (`MPI_Isend`; a broadcast is one encode and
+//! one `MPI_Isend` per recipient from the same bytes) and non-blocking receives
+//! (`MPI_Improbe`, then `MPI_Mrecv` of exactly that message into a pooled buffer that the
+//! core decodes in place). A send never waits for its recipient: its request is kept with
+//! its buffer and tested on every turn of the loop (`outbox`, the crate's one `unsafe`
+//! module, explains why rsmpi's scoped requests cannot do this), so a busy, hung or stopped
+//! worker rank never stalls the server for the others, and two ranks sending large messages
+//! to each other never deadlock.
+//!
+//! - [`settings`]: the hash every rank takes of its own settings (MPI-free).
+//! - `run_server` / `run_worker` (feature `mpi`): the server and worker loops, the same
+//!   driving contract as the threaded adapter.
+//! - `agree_on_settings` (feature `mpi`): every rank checks its settings hash against rank
+//!   0's.
+//!
+//! Liveness: MPI has no notion of a lost peer, and OpenMPI ends the whole job when a rank
+//! dies. Workers therefore send a tiny heartbeat; a worker rank silent for longer than
+//! [`RunPlan::lost_after`] (hung, stopped, cut off) becomes a lost worker for the protocol
+//! and the run goes on without it. A rank that *dies* ends the job in OpenMPI: `mpirun`
+//! then exits non-zero with a line naming the rank.
+//!
+//! Without the `mpi` feature the crate holds only the MPI-free parts, so a machine without
+//! an MPI library still builds the workspace.
+
+#![allow(clippy::std_instead_of_core, clippy::alloc_instead_of_core)]
+#![deny(missing_docs)]
+
+pub mod settings;
+
+#[cfg(feature = "mpi")]
+mod agree;
+#[cfg(feature = "mpi")]
+mod link;
+#[cfg(feature = "mpi")]
+mod outbox;
+#[cfg(feature = "mpi")]
+mod server;
+#[cfg(feature = "mpi")]
+mod worker;
+
+#[cfg(feature = "mpi")]
+pub use agree::agree_on_settings;
+#[cfg(feature = "mpi")]
+pub use mpi;
+#[cfg(feature = "mpi")]
+pub use server::{ServerReport, StopReason, run_server};
+#[cfg(feature = "mpi")]
+pub use worker::{WorkerOptions, run_worker};
+
+use core::fmt;
+use core::time::Duration;
+
+/// A failure of the MPI adapter: one line naming what was wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpiError(pub String);
+
+impl fmt::Display for MpiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl core::error::Error for MpiError {}
+
+/// When the server ends a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunPlan {
+    /// Stop once the server has accepted this many gradients.
+    pub max_gradients: u64,
+    /// Stop after this much wall time, whatever the progress.
+    pub time_limit: Option<Duration>,
+    /// A worker rank silent (no message, no heartbeat) for this long is a lost worker.
+    pub lost_after: Duration,
+}
+
+/// The heartbeat interval of workers for a server that declares a rank lost after
+/// `lost_after`: a tenth of it, between 10 ms and 1 s.
+pub fn heartbeat_interval(lost_after: Duration) -> Duration {
+    (lost_after / 10).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
+/// What one worker rank did, sent to rank 0 when it stops.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Tally {
+    /// Gradients computed (including abandoned ones).
+    pub computed: u64,
+    /// Jobs abandoned before completion.
+    pub abandoned: u64,
+    /// Seconds spent computing (real compute plus injected delay).
+    pub busy_s: f64,
+    /// Seconds the worker loop ran.
+    pub wall_s: f64,
+}
+
+impl Tally {
+    /// Encoded length.
+    pub const LEN: usize = 32;
+
+    /// Little-endian encoding.
+    pub fn to_bytes(&self) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        let fields = [
+            self.computed.to_le_bytes(),
+            self.abandoned.to_le_bytes(),
+            self.busy_s.to_le_bytes(),
+            self.wall_s.to_le_bytes(),
+        ];
+        for (chunk, field) in out.chunks_exact_mut(8).zip(fields) {
+            chunk.copy_from_slice(&field);
+        }
+        out
+    }
+
+    /// Decodes [`Tally::to_bytes`]; `None` for any other length.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        let word = |i: usize| -> Option<[u8; 8]> { bytes.get(i * 8..i * 8 + 8)?.try_into().ok() };
+        if bytes.len() != Self::LEN {
+            return None;
+        }
+        Some(Self {
+            computed: u64::from_le_bytes(word(0)?),
+            abandoned: u64::from_le_bytes(word(1)?),
+            busy_s: f64::from_le_bytes(word(2)?),
+            wall_s: f64::from_le_bytes(word(3)?),
+        })
+    }
+}
+
+/// Checks that `link`'s world has a rank for the server and each of `n` workers.
+#[cfg(feature = "mpi")]
+fn check_world(link: &link::Link, n: u32) -> Result<(), MpiError> {
+    let size = u32::try_from(link.size()).unwrap_or(0);
+    if size != n.saturating_add(1) {
+        return Err(MpiError(format!(
+            "{size} MPI ranks for --workers {n}: launch {} ranks (rank 0 the server, ranks 1..={n} the workers), \
+             e.g. mpirun -n {}",
+            n + 1,
+            n + 1
+        )));
+    }
+    Ok(())
+}
+
+/// The core's clock: nanoseconds since `epoch`.
+#[cfg(feature = "mpi")]
+fn since(epoch: std::time::Instant) -> syncopate::Instant {
+    syncopate::Instant::from_nanos(u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// How long until the core instant `at`.
+#[cfg(feature = "mpi")]
+fn until(epoch: std::time::Instant, at: syncopate::Instant) -> Duration {
+    Duration::from_nanos(at.as_nanos().saturating_sub(since(epoch).as_nanos()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tally_round_trips_and_refuses_other_lengths() {
+        let t = Tally { computed: 7, abandoned: 2, busy_s: 1.5, wall_s: 3.25 };
+        assert_eq!(Tally::from_bytes(&t.to_bytes()), Some(t));
+        assert_eq!(Tally::from_bytes(&[0; 31]), None);
+        assert_eq!(Tally::from_bytes(&[0; 33]), None);
+    }
+
+    #[test]
+    fn heartbeat_is_a_tenth_of_the_loss_timeout_within_bounds() {
+        assert_eq!(heartbeat_interval(Duration::from_secs(2)), Duration::from_millis(200));
+        assert_eq!(heartbeat_interval(Duration::from_millis(5)), Duration::from_millis(10));
+        assert_eq!(heartbeat_interval(Duration::from_secs(600)), Duration::from_secs(1));
+    }
+}
