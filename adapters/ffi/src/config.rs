@@ -13,6 +13,10 @@ use syncopate::proto::wbsp::{DeltaScaling, LrSchedule, WbspConfig};
 use syncopate::proto::{GradientPolicy, LargeGradient};
 use syncopate::{Duration, MAX_WORKERS, ProtocolConfig};
 
+/// The most workers a configuration may have (the length of `partition_table`).
+pub const SYNCOPATE_MAX_WORKERS: usize = 256;
+const _: () = assert!(SYNCOPATE_MAX_WORKERS == MAX_WORKERS);
+
 /// Bulk synchronous parallel.
 pub const SYNCOPATE_PROTOCOL_BSP: u32 = 0;
 /// Asynchronous parallel.
@@ -108,7 +112,7 @@ pub struct SyncopateConfig {
     /// GROUPED: one of the `SYNCOPATE_PARTITION_*` values.
     pub partition: u32,
     /// GROUPED with an explicit partition: the group of worker `i` is `partition_table[i]`.
-    pub partition_table: [u8; MAX_WORKERS],
+    pub partition_table: [u8; SYNCOPATE_MAX_WORKERS],
     /// GROUPED: group steps per exchange with the central server.
     pub local_steps: u32,
     /// GROUPED: the central learning rate scaled by 0 nothing, 1 the group count, 2 its root.
@@ -176,7 +180,7 @@ impl SyncopateConfig {
             wbsp_round_deadline_ns: 0,
             groups: 1,
             partition: SYNCOPATE_PARTITION_CONTIGUOUS,
-            partition_table: [0; MAX_WORKERS],
+            partition_table: [0; SYNCOPATE_MAX_WORKERS],
             local_steps: 1,
             lr_scaling: 0,
             staleness: 0,

@@ -11,12 +11,10 @@ use core::ffi::c_void;
 use core::ptr::NonNull;
 use syncopate::ProtocolConfig;
 
-/// A handle type: its liveness tag lives in its first field.
+/// A `repr(C)` handle type whose first field is a `u64` liveness tag.
 pub(crate) trait Tagged {
     /// The tag of a live handle of this type.
     const LIVE: u64;
-    /// The handle's current tag.
-    fn tag(&self) -> u64;
 }
 
 /// The handle behind `ptr`.
@@ -26,13 +24,15 @@ pub(crate) trait Tagged {
 /// finished), not used by another thread during `'a`.
 pub(crate) unsafe fn get<'a, H: Tagged>(ptr: *mut H, what: &'static str) -> Result<&'a mut H, Failure> {
     let p = raw::checked(ptr.cast_const(), what)?;
-    // SAFETY: non-null, aligned; per the contract the block once held (or holds) an `H`, and
-    // `finish` leaves it with a dead tag but every field still initialised.
-    let h = unsafe { &mut *p.as_ptr() };
-    if h.tag() != H::LIVE {
+    // SAFETY: non-null and aligned for `H`, hence for its first field, the `u64` tag; only
+    // the tag is read before it proves the block holds a live `H` (a pointer to anything
+    // else of at least 8 bytes is refused here, short of a forged tag).
+    let tag = unsafe { p.as_ptr().cast::<u64>().read() };
+    if tag != H::LIVE {
         return Err(Failure::new(SYNCOPATE_ERR_BAD_HANDLE, what));
     }
-    Ok(h)
+    // SAFETY: the tag says `_init` wrote a whole `H` here, still live (not finished).
+    Ok(unsafe { &mut *p.as_ptr() })
 }
 
 /// The configuration behind a C pointer.

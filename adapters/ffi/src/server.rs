@@ -11,6 +11,8 @@ use core::ffi::c_void;
 use syncopate::{Instant, Recipient, Server, ServerOutput, Version, WorkerId};
 
 /// An opaque server: lives in memory the caller provides (see [`syncopate_server_size`]).
+// `repr(C)` so the liveness tag is the first field, where `handle::get` reads it first.
+#[repr(C)]
 pub struct SyncopateServer {
     tag: u64,
     dim: usize,
@@ -19,9 +21,6 @@ pub struct SyncopateServer {
 
 impl Tagged for SyncopateServer {
     const LIVE: u64 = 0x5359_4e43_5345_5256; // "SYNCSERV"
-    fn tag(&self) -> u64 {
-        self.tag
-    }
 }
 
 /// No output is pending.

@@ -12,6 +12,8 @@ use core::ffi::c_void;
 use syncopate::{ComputeId, Duration, Instant, Worker, WorkerId, WorkerOutput, WorkerSetup};
 
 /// An opaque worker: lives in memory the caller provides (see [`syncopate_worker_size`]).
+// `repr(C)` so the liveness tag is the first field, where `handle::get` reads it first.
+#[repr(C)]
 pub struct SyncopateWorker {
     tag: u64,
     dim: usize,
@@ -20,9 +22,6 @@ pub struct SyncopateWorker {
 
 impl Tagged for SyncopateWorker {
     const LIVE: u64 = 0x5359_4e43_574f_524b; // "SYNCWORK"
-    fn tag(&self) -> u64 {
-        self.tag
-    }
 }
 
 /// Who a worker is.
