@@ -550,7 +550,7 @@ SyncopateStatus syncopate_server_handle_worker_lost(SyncopateServer *server,
 SyncopateStatus syncopate_server_handle_timeout(SyncopateServer *server, uint64_t now_ns);
 
 // Takes the next output into `*out`. A message is encoded into `buf`, which must hold
-// [`syncopate_max_message_len`] bytes (checked before anything is taken, so a short buffer
+// [`syncopate_max_message_len`](crate::syncopate_max_message_len) bytes (checked before anything is taken, so a short buffer
 // loses nothing). Call until `out->kind` is `SYNCOPATE_OUTPUT_NONE`.
 //
 // # Safety
