@@ -68,14 +68,15 @@ def test_two_python_workers_train_digits_over_tcp(syncopate_bin: pathlib.Path, s
 def test_an_exception_in_the_callback_ends_that_worker_and_the_server_loses_it(
     syncopate_bin: pathlib.Path, secret: pathlib.Path
 ) -> None:
-    # ASP keeps training with the surviving worker; the failing one must be counted as lost.
-    server, addr = start_server(syncopate_bin, secret, "--workers", "2", "--steps", "200", "--protocol", "asp")
+    # ASP: the failing worker trains alone until its callback raises; then a healthy worker
+    # finishes the run, and the server must have counted worker 0 as lost.
+    server, addr = start_server(syncopate_bin, secret, "--workers", "2", "--steps", "100", "--protocol", "asp")
     failing = worker(addr, 0, secret, "--fail-after", "5", "--protocol", "asp")
-    healthy = worker(addr, 1, secret, "--protocol", "asp")
     out, err = failing.communicate(timeout=120)
     assert failing.returncode == 1
     assert "worker 0: the gradient callback raised RuntimeError" in err
     assert "planted failure after 5 gradients" in err
+    healthy = worker(addr, 1, secret, "--protocol", "asp")
     healthy.communicate(timeout=300)
     out, err = server.communicate(timeout=60)
     assert server.returncode == 0, err
