@@ -19,9 +19,8 @@ impl ArrayBuffer {
     /// Borrows `array`'s memory; refuses anything but a writable, C-contiguous float32 buffer
     /// of `expected` elements (when given).
     pub(crate) fn new(array: &Bound<'_, PyAny>, what: &str, expected: Option<usize>) -> PyResult<Self> {
-        let export = PyBuffer::<f32>::get(array).map_err(|e| {
-            PyValueError::new_err(format!("{what} must be a float32 NumPy array (numpy.float32): {e}"))
-        })?;
+        let export = PyBuffer::<f32>::get(array)
+            .map_err(|e| PyValueError::new_err(format!("{what} must be a float32 NumPy array (numpy.float32): {e}")))?;
         if export.readonly() {
             return Err(PyValueError::new_err(format!("{what} must be writable")));
         }

@@ -17,7 +17,11 @@ fn rejected(e: Reject) -> PyErr {
     RejectedError::new_err(e.to_string())
 }
 
-fn encoded(py: Python<'_>, len: usize, encode: impl FnOnce(&mut [u8]) -> Result<usize, wire::EncodeError>) -> PyResult<PyObject> {
+fn encoded(
+    py: Python<'_>,
+    len: usize,
+    encode: impl FnOnce(&mut [u8]) -> Result<usize, wire::EncodeError>,
+) -> PyResult<PyObject> {
     let mut buf = vec![0u8; len];
     let n = encode(&mut buf).map_err(|e| PyValueError::new_err(format!("cannot encode: {e}")))?;
     Ok(PyBytes::new(py, buf.get(..n).unwrap_or_default()).into_any().unbind())
@@ -106,7 +110,8 @@ impl Server {
         let buf = ArrayBuffer::new(params, "params", None)?;
         let dim = buf.as_ref().len();
         let np = py.import("numpy")?;
-        let scratch_array = np.call_method1("zeros", (protocol.config.server_scratch_len(dim), np.getattr("float32")?))?;
+        let scratch_array =
+            np.call_method1("zeros", (protocol.config.server_scratch_len(dim), np.getattr("float32")?))?;
         let scratch = ArrayBuffer::new(&scratch_array, "scratch", None)?;
         let machine = AnyServer::resume(&protocol.config, buf, scratch, syncopate::Version(version))
             .map_err(|e| PyValueError::new_err(format!("invalid server settings: {e}")))?;
@@ -142,7 +147,11 @@ impl Server {
                     Recipient::AllWorkers => None,
                 };
                 let bytes = encoded(py, max, |b| wire::encode_to_worker(&msg, b))?;
-                PyTuple::new(py, ["send".into_pyobject(py)?.into_any(), to.into_pyobject(py)?.into_any(), bytes.into_bound(py)])?.into_any()
+                PyTuple::new(
+                    py,
+                    ["send".into_pyobject(py)?.into_any(), to.into_pyobject(py)?.into_any(), bytes.into_bound(py)],
+                )?
+                .into_any()
             }
         };
         Ok(Some(out.unbind()))
@@ -215,7 +224,8 @@ impl Worker {
         let dim = buf.as_ref().len();
         let params_addr = buf.addr();
         let np = py.import("numpy")?;
-        let scratch_array = np.call_method1("zeros", (protocol.config.worker_scratch_len(dim), np.getattr("float32")?))?;
+        let scratch_array =
+            np.call_method1("zeros", (protocol.config.worker_scratch_len(dim), np.getattr("float32")?))?;
         let scratch = ArrayBuffer::new(&scratch_array, "scratch", None)?;
         let scratch_addr = scratch.addr();
         let setup = WorkerSetup { id: WorkerId(id), epoch, rejoin_after: rejoin_after_ns.map(Duration::from_nanos) };
@@ -274,7 +284,9 @@ impl Worker {
         let out = match self.machine.poll_output() {
             None => return Ok(None),
             Some(WorkerOutput::Event(e)) => ("event", worker_event(py, &e)?).into_pyobject(py)?.into_any(),
-            Some(WorkerOutput::Send(msg)) => ("send", encoded(py, max, |b| wire::encode_to_server(&msg, b))?).into_pyobject(py)?.into_any(),
+            Some(WorkerOutput::Send(msg)) => {
+                ("send", encoded(py, max, |b| wire::encode_to_server(&msg, b))?).into_pyobject(py)?.into_any()
+            }
             Some(WorkerOutput::Compute { id, version, params }) => {
                 let array = if params.as_ptr() == self.params_addr && params.len() == self.dim {
                     self.params.clone_ref(py)
