@@ -1,0 +1,28 @@
+//! The native module of the `syncopate` Python package (see `python/syncopate/__init__.py`
+//! for the Python-facing documentation and `_native.pyi` for the types).
+
+mod buffer;
+mod machines;
+mod protocol;
+mod sim;
+mod tcp;
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+create_exception!(_native, RejectedError, PyValueError, "A state machine refused an input; nothing changed.");
+create_exception!(_native, WorkerError, PyRuntimeError, "A TCP worker ended with an error.");
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<protocol::Protocol>()?;
+    m.add_class::<machines::Server>()?;
+    m.add_class::<machines::Worker>()?;
+    m.add_function(wrap_pyfunction!(tcp::run_worker, m)?)?;
+    m.add_function(wrap_pyfunction!(sim::compare, m)?)?;
+    m.add_function(wrap_pyfunction!(sim::digits_split, m)?)?;
+    m.add("RejectedError", m.py().get_type::<RejectedError>())?;
+    m.add("WorkerError", m.py().get_type::<WorkerError>())?;
+    Ok(())
+}

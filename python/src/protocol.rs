@@ -1,0 +1,102 @@
+//! [`Protocol`]: a protocol and its knobs, spelled as `syncopate serve` / `work` spell them
+//! (the adapters' [`ProtocolSpec`]), so a Python worker and a CLI server agree exactly.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use syncopate::ProtocolConfig;
+use syncopate_adapters::scenario::{GroupLrScaling, InterruptMode, ProtocolName, ProtocolSpec};
+
+/// A synchronization protocol and its settings (the `--protocol` flags of the CLI).
+#[pyclass(module = "syncopate._native", frozen)]
+#[derive(Clone)]
+pub(crate) struct Protocol {
+    pub(crate) config: ProtocolConfig,
+    name: String,
+}
+
+fn parse_name(name: &str) -> PyResult<ProtocolName> {
+    ProtocolName::ALL.into_iter().find(|p| p.as_str() == name).ok_or_else(|| {
+        let all: Vec<&str> = ProtocolName::ALL.iter().map(|p| p.as_str()).collect();
+        PyValueError::new_err(format!("unknown protocol '{name}': expected one of {}", all.join(", ")))
+    })
+}
+
+#[pymethods]
+impl Protocol {
+    #[new]
+    #[pyo3(signature = (name = "bsp", workers = 8, lr = 0.5, *, staleness = None, iteration_timeout_ms = None,
+        backup_workers = None, interrupt = None, k_min = None, groups = None, group_lr_scaling = None,
+        round_deadline_ms = None, stall_report_ms = 2000.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        name: &str,
+        workers: u32,
+        lr: f64,
+        staleness: Option<u64>,
+        iteration_timeout_ms: Option<f64>,
+        backup_workers: Option<u32>,
+        interrupt: Option<&str>,
+        k_min: Option<u32>,
+        groups: Option<u32>,
+        group_lr_scaling: Option<&str>,
+        round_deadline_ms: Option<f64>,
+        stall_report_ms: Option<f64>,
+    ) -> PyResult<Self> {
+        // Unset knobs take the protocol's defaults (`abort`, `linear`), as on the command line.
+        let interrupt = match interrupt {
+            None => None,
+            Some("abort") => Some(InterruptMode::Abort),
+            Some("complete") => Some(InterruptMode::Complete),
+            Some(other) => {
+                return Err(PyValueError::new_err(format!("interrupt '{other}': expected 'abort' or 'complete'")));
+            }
+        };
+        let group_lr_scaling = match group_lr_scaling {
+            None => None,
+            Some(name) => Some(GroupLrScaling::from_name(name).ok_or_else(|| {
+                PyValueError::new_err(format!("group_lr_scaling '{name}': expected 'linear', 'none' or 'sqrt'"))
+            })?),
+        };
+        let spec = ProtocolSpec {
+            lr: Some(lr),
+            staleness,
+            iteration_timeout_ms,
+            backup_workers,
+            interrupt,
+            k_min,
+            groups,
+            group_lr_scaling,
+            round_deadline_ms,
+            stall_report_ms,
+            ..ProtocolSpec::new(parse_name(name)?)
+        };
+        let config = spec.config(workers, lr).map_err(|e| PyValueError::new_err(format!("protocol {name}: {e}")))?;
+        Ok(Self { config, name: name.to_owned() })
+    }
+
+    /// The protocol's name, as the CLI spells it.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The number of workers.
+    #[getter]
+    fn workers(&self) -> u32 {
+        self.config.workers()
+    }
+
+    /// Elements of server scratch storage for a model of `dim` parameters.
+    fn server_scratch_len(&self, dim: usize) -> usize {
+        self.config.server_scratch_len(dim)
+    }
+
+    /// Elements of worker scratch storage for a model of `dim` parameters.
+    fn worker_scratch_len(&self, dim: usize) -> usize {
+        self.config.worker_scratch_len(dim)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Protocol({:?})", self.config)
+    }
+}

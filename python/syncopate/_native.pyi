@@ -1,0 +1,127 @@
+"""Type stubs of the native module (see ``syncopate/__init__.py``)."""
+
+from typing import Any, Callable, Literal, Optional, Union
+
+import numpy as np
+import numpy.typing as npt
+
+Float32Array = npt.NDArray[np.float32]
+Event = dict[str, Any]
+
+class RejectedError(ValueError):
+    """A state machine refused an input; nothing changed."""
+
+class WorkerError(RuntimeError):
+    """A TCP worker ended with an error (its cause, e.g. the callback's exception, is chained)."""
+
+class Protocol:
+    """A synchronization protocol and its knobs, as the ``syncopate`` CLI's ``--protocol``
+    flags spell them (the same defaults, so a Python worker matches ``syncopate serve``)."""
+
+    def __init__(
+        self,
+        name: Literal["bsp", "asp", "ssp", "bap", "backup", "dbw", "wbsp", "wbsp-overlap", "grouped"] = "bsp",
+        workers: int = 8,
+        lr: float = 0.5,
+        *,
+        staleness: Optional[int] = None,
+        iteration_timeout_ms: Optional[float] = None,
+        backup_workers: Optional[int] = None,
+        interrupt: Literal["abort", "complete"] | None = None,
+        k_min: Optional[int] = None,
+        groups: Optional[int] = None,
+        group_lr_scaling: Literal["linear", "none", "sqrt"] | None = None,
+        round_deadline_ms: Optional[float] = None,
+        stall_report_ms: Optional[float] = 2000.0,
+    ) -> None: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def workers(self) -> int: ...
+    def server_scratch_len(self, dim: int) -> int: ...
+    def worker_scratch_len(self, dim: int) -> int: ...
+
+class Server:
+    """A parameter server updating ``params`` (float32, C-contiguous, writable) in place."""
+
+    def __init__(self, protocol: Protocol, params: Float32Array, version: int = 0) -> None: ...
+    def handle(self, now_ns: int, worker: int, message: bytes) -> None:
+        """Feeds a wire message from ``worker``; raises RejectedError (nothing changed) or
+        ValueError (malformed bytes)."""
+    def handle_worker_lost(self, now_ns: int, worker: int) -> None: ...
+    def handle_timeout(self, now_ns: int) -> None: ...
+    def poll_output(
+        self,
+    ) -> Union[None, tuple[Literal["send"], Optional[int], bytes], tuple[Literal["event"], Event]]:
+        """The next output: ``("send", worker or None for all, bytes)``, ``("event", dict)``
+        or ``None`` when drained."""
+    def poll_timeout(self) -> Optional[int]: ...
+    def stop(self) -> None: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def params(self) -> Float32Array:
+        """The array passed in (the live model)."""
+    def stats(self) -> dict[str, Any]: ...
+
+class Worker:
+    """A worker holding its copy of the model in ``params`` (float32, C-contiguous, writable)."""
+
+    def __init__(
+        self,
+        protocol: Protocol,
+        id: int,
+        params: Float32Array,
+        epoch: int = 0,
+        rejoin_after_ns: Optional[int] = None,
+    ) -> None: ...
+    def handle(self, now_ns: int, message: bytes) -> None: ...
+    def handle_gradient(self, now_ns: int, compute_id: int, grad: Float32Array) -> None:
+        """Hands in the gradient of job ``compute_id`` (read in place, no copy)."""
+    def handle_timeout(self, now_ns: int) -> None: ...
+    def poll_output(
+        self,
+    ) -> Union[
+        None,
+        tuple[Literal["send"], bytes],
+        tuple[Literal["compute"], int, int, Float32Array],
+        tuple[Literal["event"], Event],
+    ]:
+        """The next output; a ``("compute", compute_id, version, params)`` hands out the
+        worker's own array (no copy): compute the gradient before the next call."""
+    def poll_timeout(self) -> Optional[int]: ...
+    @property
+    def is_stopped(self) -> bool: ...
+    @property
+    def id(self) -> int: ...
+
+def run_worker(
+    connect: str,
+    id: int,
+    protocol: Protocol,
+    dim: int,
+    compute: Callable[[Float32Array, Float32Array], object],
+    *,
+    secret_file: Optional[str] = None,
+    give_up_after_s: float = 30.0,
+    log: Optional[Callable[[str], object]] = None,
+) -> dict[str, Any]:
+    """Runs one worker of ``syncopate serve`` at ``connect`` until the server says stop.
+    ``compute(params, grad)`` writes the gradient at ``params`` into ``grad`` (both float32
+    arrays of ``dim``). Returns the worker's report (steps, sessions, last_version, stopped,
+    busy_s, wall_s). An exception in ``compute`` ends the worker (the server sees it lost)
+    and is raised as WorkerError with the exception as its cause."""
+
+def compare(
+    path: Optional[str] = None,
+    *,
+    text: Optional[str] = None,
+    preset: Optional[str] = None,
+    jobs: int = 2,
+) -> dict[str, Any]:
+    """The simulator's protocol comparison (``syncopate compare``) of a scenario file, TOML
+    text, preset or the default: ``{"scenario", "target_accuracy", "fastest", "rows"}``."""
+
+def digits_split(
+    seed: int = 1,
+) -> tuple[bytes, list[int], bytes, list[int], int, int]: ...
