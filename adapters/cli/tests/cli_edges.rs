@@ -240,3 +240,37 @@ fn reference_rows_are_never_the_fastest_and_advise_describes_the_trace() {
     assert!(stdout.contains("recommendation: "), "{stdout}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// On a terminal, `train`'s progress bar counts gradients as the workers compute them: run
+/// under `script` (a pseudo-terminal), the bar shows counts between 0 and the total. Without
+/// `script` (util-linux) on the machine the test says so and checks nothing else.
+#[test]
+fn the_progress_bar_moves_on_a_terminal() {
+    let bin = env!("CARGO_BIN_EXE_syncopate");
+    let log = scratch("progress").join("tty.txt");
+    let command = format!("{bin} train --workers 4 --steps 200 --step-ms 5");
+    let Ok(out) = Command::new("script").args(["-qec", &command]).arg(&log).stdin(Stdio::null()).output() else {
+        eprintln!("`script` is not installed: the progress bar was not checked");
+        return;
+    };
+    assert!(out.status.success(), "train under script failed: {}", String::from_utf8_lossy(&out.stderr));
+    let screen = std::fs::read(&log).expect("script's log");
+    let screen = String::from_utf8_lossy(&screen);
+    // Every redraw shows `done/total`; collect the `done` values of the bar's redraws.
+    let counts: Vec<u64> = screen
+        .split(['\r', '\n'])
+        .filter_map(|frame| {
+            let at = frame.find("/800")?;
+            let digits: String = frame[..at]
+                .chars()
+                .rev()
+                .take_while(char::is_ascii_digit)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            digits.parse().ok()
+        })
+        .collect();
+    assert!(counts.iter().any(|&c| c > 0 && c < 800), "the bar never showed progress between 0 and 800: {counts:?}");
+}
