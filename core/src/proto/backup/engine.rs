@@ -255,3 +255,47 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
         }
     }
 }
+
+/// The [`Rules`](crate::proto::Rules) of a backup-family protocol, written once for static `b`
+/// and DBW: `$rules` has an `engine: Engine<T, S>` field and an
+/// `on_grad(core, now, from, base, seq, &values)` method; one input may queue `$extra` outputs
+/// beyond a close.
+macro_rules! backup_family_rules {
+    ($rules:ident, $extra:expr) => {
+        impl<T: $crate::math::Scalar, S: $crate::proto::Buffer<T>> $crate::proto::Rules<T, S> for $rules<T, S> {
+            fn burst(&self, core: &$crate::proto::ServerCore<T, S>) -> usize {
+                $crate::proto::backup::Engine::<T, S>::burst(core) + $extra
+            }
+
+            fn on_message(
+                &mut self,
+                core: &mut $crate::proto::ServerCore<T, S>,
+                now: $crate::time::Instant,
+                from: $crate::id::WorkerId,
+                msg: $crate::msg::ToServer<'_, T>,
+            ) -> Result<(), $crate::error::Reject> {
+                use $crate::msg::ToServer;
+                match msg {
+                    ToServer::Join { epoch } => self.engine.on_join(core, now, from, epoch),
+                    ToServer::Grad { base, seq, values, .. } => self.on_grad(core, now, from, base, seq, &values),
+                    other => Err($crate::error::Reject::Unexpected { kind: other.kind_name() }),
+                }
+            }
+
+            fn on_lost(
+                &mut self,
+                _core: &mut $crate::proto::ServerCore<T, S>,
+                _now: $crate::time::Instant,
+                worker: $crate::id::WorkerId,
+                _was_live: bool,
+            ) {
+                self.engine.forget(worker);
+            }
+
+            fn on_timeout(&mut self, core: &mut $crate::proto::ServerCore<T, S>, now: $crate::time::Instant) {
+                self.engine.timeout(core, now);
+            }
+        }
+    };
+}
+pub(crate) use backup_family_rules;

@@ -53,7 +53,7 @@ mod engine;
 mod server;
 mod worker;
 
-pub(crate) use engine::Engine;
+pub(crate) use engine::{Engine, backup_family_rules};
 pub use server::{BackupRules, BackupServer};
 pub use worker::BackupWorker;
 

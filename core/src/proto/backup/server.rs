@@ -5,8 +5,8 @@ use super::{BackupConfig, Engine};
 use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId, WorkerSet};
 use crate::math::Scalar;
-use crate::msg::{ToServer, Values};
-use crate::proto::{Buffer, ProtocolServer, Rules, ServerCore};
+use crate::msg::Values;
+use crate::proto::{Buffer, ProtocolServer, ServerCore};
 use crate::time::Instant;
 
 /// The static backup-worker server. `S` is the caller's storage for the model and the
@@ -69,30 +69,4 @@ impl<T: Scalar, S: Buffer<T>> BackupRules<T, S> {
     }
 }
 
-impl<T: Scalar, S: Buffer<T>> Rules<T, S> for BackupRules<T, S> {
-    fn burst(&self, core: &ServerCore<T, S>) -> usize {
-        Engine::<T, S>::burst(core)
-    }
-
-    fn on_message(
-        &mut self,
-        core: &mut ServerCore<T, S>,
-        now: Instant,
-        from: WorkerId,
-        msg: ToServer<'_, T>,
-    ) -> Result<(), Reject> {
-        match msg {
-            ToServer::Join { epoch } => self.engine.on_join(core, now, from, epoch),
-            ToServer::Grad { base, seq, values, .. } => self.on_grad(core, now, from, base, seq, &values),
-            other => Err(Reject::Unexpected { kind: other.kind_name() }),
-        }
-    }
-
-    fn on_lost(&mut self, _core: &mut ServerCore<T, S>, _now: Instant, worker: WorkerId, _was_live: bool) {
-        self.engine.forget(worker);
-    }
-
-    fn on_timeout(&mut self, core: &mut ServerCore<T, S>, now: Instant) {
-        self.engine.timeout(core, now);
-    }
-}
+crate::proto::backup::backup_family_rules!(BackupRules, 0);

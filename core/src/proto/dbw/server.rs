@@ -7,9 +7,9 @@ use crate::id::{MAX_WORKERS, Version, WorkerId, WorkerSet};
 use crate::math::dbw_policy::{CurvatureSplit, RTT_TRACKED_WORKERS, WorkerRtts, choose_k_split};
 use crate::math::estimate::{Ema, MAX_RTT_SAMPLES, RttWindow, choose_k, noise_estimate};
 use crate::math::{self, Scalar};
-use crate::msg::{ToServer, Values};
+use crate::msg::Values;
 use crate::proto::backup::Engine;
-use crate::proto::{Buffer, ProtocolServer, Rules, ServerCore, ServerEvent};
+use crate::proto::{Buffer, ProtocolServer, ServerCore, ServerEvent};
 use crate::time::Instant;
 
 /// The DBW server. `S` is the caller's storage for the model and the scratch buffer
@@ -271,31 +271,5 @@ impl<T: Scalar, S: Buffer<T>> DbwRules<T, S> {
     }
 }
 
-impl<T: Scalar, S: Buffer<T>> Rules<T, S> for DbwRules<T, S> {
-    fn burst(&self, core: &ServerCore<T, S>) -> usize {
-        // A close, plus the `BackupChosen` report.
-        Engine::<T, S>::burst(core) + 1
-    }
-
-    fn on_message(
-        &mut self,
-        core: &mut ServerCore<T, S>,
-        now: Instant,
-        from: WorkerId,
-        msg: ToServer<'_, T>,
-    ) -> Result<(), Reject> {
-        match msg {
-            ToServer::Join { epoch } => self.engine.on_join(core, now, from, epoch),
-            ToServer::Grad { base, seq, values, .. } => self.on_grad(core, now, from, base, seq, &values),
-            other => Err(Reject::Unexpected { kind: other.kind_name() }),
-        }
-    }
-
-    fn on_lost(&mut self, _core: &mut ServerCore<T, S>, _now: Instant, worker: WorkerId, _was_live: bool) {
-        self.engine.forget(worker);
-    }
-
-    fn on_timeout(&mut self, core: &mut ServerCore<T, S>, now: Instant) {
-        self.engine.timeout(core, now);
-    }
-}
+// A close, plus the `BackupChosen` report.
+crate::proto::backup::backup_family_rules!(DbwRules, 1);
