@@ -26,7 +26,7 @@ impl Protocol {
     #[new]
     #[pyo3(signature = (name = "bsp", workers = 8, lr = 0.5, *, staleness = None, iteration_timeout_ms = None,
         backup_workers = None, interrupt = None, k_min = None, groups = None, group_lr_scaling = None,
-        round_deadline_ms = None, stall_report_ms = 2000.0))]
+        round_deadline_ms = None, stall_report_ms = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         name: &str,

@@ -32,7 +32,7 @@ class Protocol:
         groups: Optional[int] = None,
         group_lr_scaling: Literal["linear", "none", "sqrt"] | None = None,
         round_deadline_ms: Optional[float] = None,
-        stall_report_ms: Optional[float] = 2000.0,
+        stall_report_ms: Optional[float] = None,
     ) -> None: ...
     @property
     def name(self) -> str: ...
