@@ -1356,6 +1356,31 @@ mod tests {
         }
     }
 
+    /// A run stopped at its target may end before any evaluation shows the target (the
+    /// crossing is found when the kept models are checked): the target's rung of a ladder is
+    /// still reached, at the exact crossing, and lower rungs no later.
+    #[test]
+    fn a_ladder_sees_the_target_a_stopped_run_reached_between_evaluations() {
+        use super::super::Target;
+        use crate::workload::ModelKind;
+        use syncopate::ProtocolConfig;
+        use syncopate::proto::bsp::BspConfig;
+        let mut config = SimConfig::new(ProtocolConfig::Bsp(BspConfig::new(4, 0.5)), ModelKind::Softmax)
+            .with_max_time(Duration::from_secs(3));
+        config.stop.stop_at_target = true;
+        config.eval_interval = Duration::from_millis(400);
+        let w = config.digits_workload();
+        let report = super::super::run(&config, &w);
+        let exact = report.time_to_target.expect("the target is reached");
+        let target = Target::Accuracy(report.target_accuracy);
+        // The case this test is about: the evaluations alone miss the crossing.
+        let evaluated = report.curve.iter().find(|p| target.reached(p)).map(|p| p.time_s);
+        assert_ne!(evaluated, Some(exact), "the evaluations saw the crossing: the case is not exercised");
+        assert_eq!(report.time_to(target), Some(exact));
+        let lower = report.time_to(Target::Accuracy(report.target_accuracy - 0.05)).expect("a lower rung");
+        assert!(lower <= exact, "{lower} > {exact}");
+    }
+
     #[test]
     fn a_run_stops_at_its_event_budget() {
         use crate::workload::ModelKind;

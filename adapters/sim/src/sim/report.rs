@@ -423,8 +423,19 @@ impl fmt::Display for Target {
 
 impl SimReport {
     /// Virtual seconds until the first evaluation that reached `target` (`None`: never).
+    /// An accuracy rung at or below the run's own target is also known reached at
+    /// [`Self::time_to_target`] (the exact crossing of the target, which a run stopped there
+    /// may not have evaluated on the curve); the earlier of the two counts.
     pub fn time_to(&self, target: Target) -> Option<f64> {
-        self.curve.iter().find(|p| target.reached(p)).map(|p| p.time_s)
+        let on_curve = self.curve.iter().find(|p| target.reached(p)).map(|p| p.time_s);
+        let at_target = match target {
+            Target::Accuracy(x) if x <= self.target_accuracy => self.time_to_target,
+            _ => None,
+        };
+        match (on_curve, at_target) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// [`Self::time_to`] for every rung of a ladder, in order.
