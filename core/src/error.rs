@@ -79,6 +79,15 @@ pub enum ConfigError {
     },
     /// A protocol knob is out of range; the name says which.
     Knob(&'static str),
+    /// The per-worker table the caller's [`Storage`](crate::proto::common::table::Storage)
+    /// can hold is smaller than `n` (an `Inline<N>` with `N < n`, or a failed allocation,
+    /// reported with capacity 0).
+    TableTooSmall {
+        /// Records needed (`n`).
+        needed: usize,
+        /// Records the storage holds.
+        capacity: usize,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -91,6 +100,12 @@ impl fmt::Display for ConfigError {
                 write!(f, "scratch buffer has {given} elements, the protocol needs {needed}")
             }
             Self::Knob(name) => write!(f, "protocol setting `{name}` is out of range"),
+            Self::TableTooSmall { needed, capacity: 0 } => {
+                write!(f, "could not allocate the per-worker table for {needed} workers")
+            }
+            Self::TableTooSmall { needed, capacity } => {
+                write!(f, "the per-worker table holds {capacity} workers, the run has {needed}")
+            }
         }
     }
 }

@@ -23,7 +23,7 @@
 //! ## Architecture
 //!
 //! - [`time`]: [`Instant`] and [`Duration`], inputs only; the core never reads a clock.
-//! - [`id`]: [`WorkerId`], [`Version`], [`ComputeId`] and the fixed-size [`WorkerSet`].
+//! - [`id`]: [`WorkerId`], [`Version`], [`ComputeId`].
 //! - [`msg`]: the message vocabulary of every protocol, with borrowed tensor payloads.
 //! - [`wire`]: the byte codec of those messages (header, postcard control fields,
 //!   little-endian tensor), specified in `core/WIRE.md`.
@@ -103,6 +103,9 @@
 #[cfg(any(feature = "std", test))]
 extern crate std;
 
+#[cfg(any(feature = "alloc", test))]
+extern crate alloc;
+
 #[cfg(feature = "_canary")]
 pub mod canary;
 pub mod error;
@@ -115,7 +118,7 @@ pub mod time;
 pub mod wire;
 
 pub use error::{ConfigError, Reject};
-pub use id::{ComputeId, MAX_WORKERS, Version, WorkerId, WorkerSet};
+pub use id::{ComputeId, MAX_WORKERS, Version, WorkerId};
 pub use math::Scalar;
 pub use msg::{ToServer, ToWorker, Values};
 pub use proto::{

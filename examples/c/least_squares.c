@@ -62,6 +62,22 @@ static void *block(size_t size, size_t align) {
     return p;
 }
 
+/* Delivers every pending server output to its workers. */
+static void drain_server(SyncopateServer *server, SyncopateWorker *const *workers, uint64_t now, uint8_t *buf,
+                         size_t max_len) {
+    SyncopateServerOutput out;
+    for (;;) {
+        check(syncopate_server_poll_output(server, &out, buf, max_len), "syncopate_server_poll_output");
+        if (out.kind == SYNCOPATE_OUTPUT_NONE) break;
+        if (out.kind != SYNCOPATE_OUTPUT_SEND) continue;
+        for (uint32_t i = 0; i < WORKERS; i++) {
+            if (!out.to_all && out.to_worker != i) continue;
+            SyncopateStatus s = syncopate_worker_handle(workers[i], now, buf, out.message_len);
+            if (s != SYNCOPATE_OK && s != SYNCOPATE_ERR_REJECTED) check(s, "syncopate_worker_handle");
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     uint32_t protocol = argc > 1 ? (uint32_t)atoi(argv[1]) : SYNCOPATE_PROTOCOL_BSP;
     for (int j = 0; j < DIM; j++) w_star[j] = uniform();
@@ -100,6 +116,7 @@ int main(int argc, char **argv) {
     }
 
     uint8_t *buf = malloc(max_len);
+    uint8_t *server_buf = malloc(max_len);
     float grad[DIM];
     uint64_t now = 0;
     int stopped = 0;
@@ -111,30 +128,25 @@ int main(int argc, char **argv) {
                 check(syncopate_worker_poll_output(workers[i], &out, buf, max_len), "syncopate_worker_poll_output");
                 if (out.kind == SYNCOPATE_OUTPUT_NONE) break;
                 if (out.kind == SYNCOPATE_OUTPUT_SEND) {
+                    /* The driving contract: drain the server after every input. */
                     SyncopateStatus s = syncopate_server_handle(server, now, i, buf, out.message_len);
                     if (s != SYNCOPATE_OK && s != SYNCOPATE_ERR_REJECTED) check(s, "syncopate_server_handle");
+                    drain_server(server, workers, now, server_buf, max_len);
+                    break; /* one message per worker and tick: the answer may start its next job */
                 } else if (out.kind == SYNCOPATE_OUTPUT_COMPUTE) {
                     gradient((int)i, out.params, grad);
-                    check(syncopate_worker_handle_gradient(workers[i], now, out.compute_id, grad, DIM),
-                          "syncopate_worker_handle_gradient");
+                    /* Refused only when a newer model arrived meanwhile (the job was abandoned). */
+                    SyncopateStatus s = syncopate_worker_handle_gradient(workers[i], now, out.compute_id, grad, DIM);
+                    if (s != SYNCOPATE_OK && s != SYNCOPATE_ERR_REJECTED) check(s, "syncopate_worker_handle_gradient");
                 }
-            }
-        }
-        /* Server: deliver its messages. */
-        SyncopateServerOutput out;
-        for (;;) {
-            check(syncopate_server_poll_output(server, &out, buf, max_len), "syncopate_server_poll_output");
-            if (out.kind == SYNCOPATE_OUTPUT_NONE) break;
-            if (out.kind != SYNCOPATE_OUTPUT_SEND) continue;
-            for (uint32_t i = 0; i < WORKERS; i++) {
-                if (!out.to_all && out.to_worker != i) continue;
-                SyncopateStatus s = syncopate_worker_handle(workers[i], now, buf, out.message_len);
-                if (s != SYNCOPATE_OK && s != SYNCOPATE_ERR_REJECTED) check(s, "syncopate_worker_handle");
             }
         }
         SyncopateServerStats stats;
         check(syncopate_server_stats(server, &stats), "syncopate_server_stats");
-        if (stats.version >= 400 && tick > 0) check(syncopate_server_stop(server), "syncopate_server_stop");
+        if (stats.version >= 400 && tick > 0) {
+            check(syncopate_server_stop(server), "syncopate_server_stop");
+            drain_server(server, workers, now, server_buf, max_len);
+        }
         stopped = 0;
         for (uint32_t i = 0; i < WORKERS; i++) {
             uint32_t done;
@@ -158,6 +170,7 @@ int main(int argc, char **argv) {
     check(syncopate_server_fini(server), "syncopate_server_fini");
     free(server_mem);
     free(buf);
+    free(server_buf);
     if (!(err < 1e-3) || stopped != WORKERS) {
         fprintf(stderr, "least_squares: FAILED (expected |w - w*| < 1e-3 and every worker stopped)\n");
         return 1;

@@ -7,6 +7,7 @@ use crate::protocol::Protocol;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
+use syncopate::proto::Heap;
 use syncopate::wire::{self, Limits};
 use syncopate::{
     AnyServer, AnyWorker, ComputeId, Duration, Instant, Recipient, Reject, Server as _, ServerEvent, ServerOutput,
@@ -96,7 +97,7 @@ fn worker_event<'py>(py: Python<'py>, e: &WorkerEvent) -> PyResult<Bound<'py, Py
 /// A parameter server for one protocol, updating `params` (a float32 NumPy array) in place.
 #[pyclass(module = "syncopate._native", unsendable)]
 pub(crate) struct Server {
-    machine: AnyServer<f32, ArrayBuffer>,
+    machine: AnyServer<f32, ArrayBuffer, Heap>,
     params: PyObject,
     dim: usize,
     limits: Limits,

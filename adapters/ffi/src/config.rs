@@ -2,20 +2,23 @@
 //! conversion to and from the core's [`ProtocolConfig`].
 
 use crate::error::{Detail, Failure, SYNCOPATE_ERR_CONFIG};
+use syncopate::proto::DEFAULT_INLINE_WORKERS;
 use syncopate::proto::asp::AspConfig;
 use syncopate::proto::backup::{BackupConfig, Interrupt};
 use syncopate::proto::bap::{BapBound, BapConfig, TimeoutFrom};
 use syncopate::proto::bsp::BspConfig;
 use syncopate::proto::dbw::{DbwConfig, LEta};
+use syncopate::proto::grouped::MAX_EXPLICIT_WORKERS;
 use syncopate::proto::grouped::{GroupedConfig, LrScaling, Partition};
 use syncopate::proto::ssp::{SspConfig, SspStep};
 use syncopate::proto::wbsp::{DeltaScaling, LrSchedule, WbspConfig};
 use syncopate::proto::{GradientPolicy, LargeGradient};
-use syncopate::{Duration, MAX_WORKERS, ProtocolConfig};
+use syncopate::{Duration, ProtocolConfig};
 
-/// The most workers a configuration may have (the length of `partition_table`).
+/// The most workers a configuration may have through the C ABI (the capacity of a handle's
+/// inline per-worker table, and the length of `partition_table`).
 pub const SYNCOPATE_MAX_WORKERS: usize = 256;
-const _: () = assert!(SYNCOPATE_MAX_WORKERS == MAX_WORKERS);
+const _: () = assert!(SYNCOPATE_MAX_WORKERS == DEFAULT_INLINE_WORKERS && SYNCOPATE_MAX_WORKERS == MAX_EXPLICIT_WORKERS);
 
 /// Bulk synchronous parallel.
 pub const SYNCOPATE_PROTOCOL_BSP: u32 = 0;

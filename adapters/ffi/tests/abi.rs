@@ -81,9 +81,37 @@ fn gradient(i: usize, w: &[f32], g: &mut [f32]) {
     }
 }
 
+/// Drains the server's outputs (the driving contract: after every input), delivering each
+/// message to its workers.
+///
+/// # Safety
+/// Live handles; `buf` of the cluster's `max_len`.
+unsafe fn drain_server(k: &Cluster, now: u64, buf: &mut [u8]) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        loop {
+            let mut out = SyncopateServerOutput::default();
+            assert_eq!(syncopate_server_poll_output(k.server, &mut out, buf.as_mut_ptr(), buf.len()), SYNCOPATE_OK);
+            match out.kind {
+                SYNCOPATE_OUTPUT_NONE => break,
+                SYNCOPATE_OUTPUT_SEND => {
+                    for (i, &w) in k.workers.iter().enumerate() {
+                        if out.to_all == 1 || out.to_worker as usize == i {
+                            let st = syncopate_worker_handle(w, now, buf.as_ptr(), out.message_len);
+                            assert!(st == SYNCOPATE_OK || st == SYNCOPATE_ERR_REJECTED, "{}", last_error());
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
 /// Runs the cluster until every worker stopped (the server stops at version 200).
 fn train(k: &mut Cluster) -> u64 {
     let mut buf = vec![0u8; k.max_len];
+    let mut server_buf = vec![0u8; k.max_len];
     let mut grad = [0.0f32; DIM];
     let n = k.workers.len();
     let mut stats = SyncopateServerStats::default();
@@ -100,7 +128,8 @@ fn train(k: &mut Cluster) -> u64 {
                         SYNCOPATE_OUTPUT_NONE => break,
                         SYNCOPATE_OUTPUT_SEND => {
                             let st = syncopate_server_handle(k.server, now, i as u32, buf.as_ptr(), out.message_len);
-                            assert!(st == SYNCOPATE_OK || st == SYNCOPATE_ERR_REJECTED, "{}", last_error());
+                            assert_eq!(st, SYNCOPATE_OK, "{}", last_error());
+                            drain_server(k, now, &mut server_buf);
                         }
                         SYNCOPATE_OUTPUT_COMPUTE => {
                             let params = core::slice::from_raw_parts(out.params, out.params_len);
@@ -112,25 +141,11 @@ fn train(k: &mut Cluster) -> u64 {
                     }
                 }
             }
-            loop {
-                let mut out = SyncopateServerOutput::default();
-                assert_eq!(syncopate_server_poll_output(k.server, &mut out, buf.as_mut_ptr(), buf.len()), SYNCOPATE_OK);
-                match out.kind {
-                    SYNCOPATE_OUTPUT_NONE => break,
-                    SYNCOPATE_OUTPUT_SEND => {
-                        for (i, &w) in k.workers.iter().enumerate() {
-                            if out.to_all == 1 || out.to_worker as usize == i {
-                                let st = syncopate_worker_handle(w, now, buf.as_ptr(), out.message_len);
-                                assert!(st == SYNCOPATE_OK || st == SYNCOPATE_ERR_REJECTED, "{}", last_error());
-                            }
-                        }
-                    }
-                    _ => {}
-                }
-            }
+            drain_server(k, now, &mut server_buf);
             assert_eq!(syncopate_server_stats(k.server, &mut stats), SYNCOPATE_OK);
             if stats.version >= 200 {
                 assert_eq!(syncopate_server_stop(k.server), SYNCOPATE_OK);
+                drain_server(k, now, &mut server_buf);
             }
             let mut stopped = 0;
             for &w in &k.workers {

@@ -5,6 +5,7 @@ use crate::link::{Incoming, Kind, Link};
 use crate::{MpiError, RunPlan, Tally, since};
 use mpi::topology::{Rank, SimpleCommunicator};
 use std::time::{Duration, Instant};
+use syncopate::proto::Heap;
 use syncopate::wire::{self, Limits};
 use syncopate::{
     AnyServer, ProtocolConfig, Recipient, Server, ServerEvent, ServerOutput, ServerStats, ToWorker, Version, WorkerId,
@@ -96,7 +97,7 @@ struct Side<'a> {
 }
 
 impl Side<'_> {
-    fn drain(&mut self, server: &mut AnyServer<f32, Vec<f32>>) {
+    fn drain(&mut self, server: &mut AnyServer<f32, Vec<f32>, Heap>) {
         while let Some(output) = server.poll_output() {
             match output {
                 ServerOutput::Send { to, msg } => self.send(to, &msg),
@@ -129,7 +130,7 @@ impl Side<'_> {
         }
     }
 
-    fn feed(&mut self, server: &mut AnyServer<f32, Vec<f32>>, m: &Incoming, limits: &Limits, epoch: Instant) {
+    fn feed(&mut self, server: &mut AnyServer<f32, Vec<f32>, Heap>, m: &Incoming, limits: &Limits, epoch: Instant) {
         let Some(w) = self.ranks.worker(m.from) else {
             self.report.refused += 1;
             return;
@@ -158,7 +159,7 @@ impl Side<'_> {
     }
 
     /// Declares every worker rank silent for longer than `lost_after` lost.
-    fn check_silence(&mut self, server: &mut AnyServer<f32, Vec<f32>>, lost_after: Duration, epoch: Instant) {
+    fn check_silence(&mut self, server: &mut AnyServer<f32, Vec<f32>, Heap>, lost_after: Duration, epoch: Instant) {
         let now = Instant::now();
         for i in 0..self.ranks.lost.len() {
             let w = WorkerId(i as u32);
@@ -274,7 +275,7 @@ pub fn run_server(
 /// Waits up to `patience` for the tally of every live worker.
 fn collect_tallies(
     side: &mut Side<'_>,
-    server: &mut AnyServer<f32, Vec<f32>>,
+    server: &mut AnyServer<f32, Vec<f32>, Heap>,
     limits: &Limits,
     epoch: Instant,
     patience: Duration,

@@ -14,6 +14,7 @@ use crate::workload::{BatchSampler, Workload};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration as StdDuration, Instant as StdInstant};
+use syncopate::proto::Heap;
 use syncopate::wire::{self, Limits};
 use syncopate::{
     AnyServer, AnyWorker, Instant, ProtocolConfig, Server, ServerEvent, ServerOutput, ServerStats, Worker, WorkerEvent,
@@ -169,7 +170,7 @@ struct ServerSide<'a> {
 }
 
 impl ServerSide<'_> {
-    fn drain(&mut self, server: &mut AnyServer<f32, Vec<f32>>, epoch: StdInstant) {
+    fn drain(&mut self, server: &mut AnyServer<f32, Vec<f32>, Heap>, epoch: StdInstant) {
         let mut lost = Vec::new();
         while let Some(out) = server.poll_output() {
             match out {
@@ -194,7 +195,7 @@ impl ServerSide<'_> {
         }
     }
 
-    fn feed(&mut self, server: &mut AnyServer<f32, Vec<f32>>, packet: &Packet, limits: &Limits, now: Instant) {
+    fn feed(&mut self, server: &mut AnyServer<f32, Vec<f32>, Heap>, packet: &Packet, limits: &Limits, now: Instant) {
         let result = match (packet.from, wire::decode_to_server::<f32>(&packet.bytes, limits)) {
             (Some(from), Ok(msg)) => server.handle(now, from, msg).is_ok(),
             _ => false,
@@ -206,7 +207,7 @@ impl ServerSide<'_> {
 }
 
 fn server_loop(
-    mut server: AnyServer<f32, Vec<f32>>,
+    mut server: AnyServer<f32, Vec<f32>, Heap>,
     port: &ServerPort,
     workload: &Workload,
     config: &ThreadConfig,

@@ -133,7 +133,7 @@ fn channel_bsp(n: u32, dim: usize, rounds: u64) -> Run {
             })
         })
         .collect();
-    let mut server = AnyServer::new(&config, vec![0.5f32; dim], vec![0.0; dim])
+    let mut server = AnyServer::<f32, Vec<f32>>::new(&config, vec![0.5f32; dim], vec![0.0; dim])
         .and_then(|s| s.with_spare_accumulator(vec![0.0; config.spare_accumulator_len(dim)]))
         .expect("server");
     let mut stamps = Stamps::new(rounds);

@@ -24,8 +24,12 @@
 //! round trips (memorylessness) and an underestimate for heavier tails; this is this project's reconstruction (docs/PROTOCOLS.md
 //! §3.3 leaves the censoring method open).
 
-use crate::id::MAX_WORKERS;
 use crate::time::Duration;
+
+/// The largest `n` for which [`RttWindow::expected_order_statistics`] integrates the exact
+/// order statistics (its binomial tables are this long); above it
+/// [`RttWindow::quantile_order_statistics`] approximates them by quantiles.
+pub const MAX_EXACT_ORDER: usize = 256;
 
 /// Capacity of an [`RttWindow`] in samples (pooled over workers). With `n` workers a window
 /// of `W` iterations holds `min(W·n, MAX_RTT_SAMPLES)` samples: 128 iterations of 16
@@ -135,9 +139,9 @@ pub fn shifted_exp_order_statistic(n: u32, k: u32, shift: f64, rate: f64) -> f64
 /// Writes the probabilities of `Bin(n, p)` into `out[0..=n]` (the rest untouched). Computed
 /// from the mode outwards, so no term underflows before the negligible ones. Returns
 /// `false` (and writes nothing) if `out` is shorter than `n + 1` or `n` exceeds
-/// [`MAX_WORKERS`].
+/// [`MAX_EXACT_ORDER`].
 pub fn binomial_pmf(n: usize, p: f64, out: &mut [f64]) -> bool {
-    let mut table = [0.0; MAX_WORKERS + 1];
+    let mut table = [0.0; MAX_EXACT_ORDER + 1];
     log_binomials(n, &mut table) && pmf_with(n, p, &table, out)
 }
 
@@ -194,7 +198,7 @@ fn pmf_with(n: usize, p: f64, log_binom: &[f64], out: &mut [f64]) -> bool {
 
 /// Adds `width · P(Bin(n, cdf) < k)` to `out[k-1]` for every `k` in `1..=n`: one step of
 /// `E[T_(k:n)] = ∫ P(Bin(n, F(x)) < k) dx`.
-fn add_step(n: usize, width: f64, cdf: f64, log_binom: &[f64], pmf: &mut [f64; MAX_WORKERS + 1], out: &mut [f64]) {
+fn add_step(n: usize, width: f64, cdf: f64, log_binom: &[f64], pmf: &mut [f64; MAX_EXACT_ORDER + 1], out: &mut [f64]) {
     if width.is_nan() || width <= 0.0 || !pmf_with(n, cdf, log_binom, pmf) {
         return;
     }
@@ -221,10 +225,10 @@ pub struct RttWindow {
     /// Samples pushed since the last successful [`RttWindow::expected_order_statistics`].
     fresh: usize,
     /// `ln C(n, m)` for `m` in `0..=log_binom_n` (`log_binom_n == 0`: not computed yet).
-    log_binom: [f64; MAX_WORKERS + 1],
+    log_binom: [f64; MAX_EXACT_ORDER + 1],
     log_binom_n: usize,
     /// Work space for the binomial probabilities.
-    pmf: [f64; MAX_WORKERS + 1],
+    pmf: [f64; MAX_EXACT_ORDER + 1],
 }
 
 impl RttWindow {
@@ -238,9 +242,9 @@ impl RttWindow {
             head: 0,
             len: 0,
             fresh: 0,
-            log_binom: [0.0; MAX_WORKERS + 1],
+            log_binom: [0.0; MAX_EXACT_ORDER + 1],
             log_binom_n: 0,
-            pmf: [0.0; MAX_WORKERS + 1],
+            pmf: [0.0; MAX_EXACT_ORDER + 1],
         }
     }
 
@@ -290,13 +294,38 @@ impl RttWindow {
         self.fresh = 0;
     }
 
+    /// Writes an approximation of `E[T_(k:n)]` in seconds into `out[k-1]` for `k` in
+    /// `1..=n`, for large `n`: the window's `k/(n+1)` quantile (the order statistics of `n`
+    /// i.i.d. draws concentrate at the quantiles as `n` grows; censored samples count at
+    /// their censoring time, which biases the slowest quantiles low). Returns `false`,
+    /// writing nothing, if the window is empty or `out` is shorter than `n`. Cost: a sort of
+    /// the window plus `O(n)`.
+    pub fn quantile_order_statistics(&mut self, n: usize, out: &mut [f64]) -> bool {
+        let (Some(ring), Some(sorted)) = (self.ring.get(..self.len), self.sorted.get_mut(..self.len)) else {
+            return false;
+        };
+        let Some(out) = out.get_mut(..n) else { return false };
+        if n == 0 || ring.is_empty() {
+            return false;
+        }
+        sorted.copy_from_slice(ring);
+        sorted.sort_unstable();
+        let last = sorted.len() - 1;
+        for (k, o) in out.iter_mut().enumerate() {
+            let at = ((k + 1) as f64 / (n + 1) as f64 * sorted.len() as f64) as usize;
+            *o = sorted.get(at.min(last)).map_or(0.0, |key| f64::from(key >> 1) / 1e6);
+        }
+        self.fresh = 0;
+        true
+    }
+
     /// Writes `E[T_(k:n)]` in seconds into `out[k-1]` for `k` in `1..=n`, for `n` i.i.d.
     /// draws from the window's (Kaplan–Meier) distribution. Returns `false`, writing
-    /// nothing, if there is no observed sample, `n` is 0 or above [`MAX_WORKERS`], or
+    /// nothing, if there is no observed sample, `n` is 0 or above [`MAX_EXACT_ORDER`], or
     /// `out` is shorter than `n`. Cost: a sort of the window plus `O(n)` per distinct
     /// observed time.
     pub fn expected_order_statistics(&mut self, n: usize, out: &mut [f64]) -> bool {
-        if n == 0 || n > MAX_WORKERS || out.len() < n || self.len == 0 {
+        if n == 0 || n > MAX_EXACT_ORDER || out.len() < n || self.len == 0 {
             return false;
         }
         // The samples held are `ring[..len]` as a set (the head moves only once the ring is
@@ -464,7 +493,7 @@ mod tests {
 
     #[test]
     fn binomial_pmf_sums_to_one_and_matches_small_cases() {
-        let mut pmf = [0.0; MAX_WORKERS + 1];
+        let mut pmf = [0.0; MAX_EXACT_ORDER + 1];
         assert!(binomial_pmf(2, 0.5, &mut pmf));
         assert_eq!(&pmf[..3], &[0.25, 0.5, 0.25]);
         for &(n, p) in &[(16usize, 0.3), (256, 0.999), (256, 1e-6), (1, 0.7), (0, 0.5)] {
@@ -474,7 +503,7 @@ mod tests {
         }
         assert!(binomial_pmf(3, 1.0, &mut pmf));
         assert_eq!(&pmf[..4], &[0.0, 0.0, 0.0, 1.0]);
-        assert!(!binomial_pmf(MAX_WORKERS + 1, 0.5, &mut pmf));
+        assert!(!binomial_pmf(MAX_EXACT_ORDER + 1, 0.5, &mut pmf));
     }
 
     #[test]

@@ -9,7 +9,10 @@ use super::dbw::{DbwConfig, DbwServer};
 use super::grouped::{GroupedConfig, GroupedServer};
 use super::ssp::{SspConfig, SspServer, SspWorker};
 use super::wbsp::{WbspConfig, WbspServer, WbspWorker};
-use super::{Buffer, GradientWorker, GradientWorkerConfig, Server, ServerOutput, ServerStats, Worker, WorkerOutput};
+use super::{
+    Buffer, DEFAULT_INLINE_WORKERS, GradientWorker, GradientWorkerConfig, Inline, Server, ServerOutput, ServerStats,
+    Storage, Worker, WorkerOutput,
+};
 use crate::error::{ConfigError, Reject};
 use crate::id::{ComputeId, Version, WorkerId};
 use crate::math::Scalar;
@@ -91,6 +94,29 @@ impl ProtocolConfig {
         if let Self::Bsp(_) = self { dim } else { 0 }
     }
 
+    /// Bytes of per-worker state the server keeps beside the model buffers: its
+    /// [`WorkerRecord`](super::WorkerRecord) and any other per-worker cells (BAP's
+    /// contribution cells, one per open iteration; DBW's `τ̂(k)` table, one entry per
+    /// worker). A server's memory is `n` times this plus a constant (the output queue's
+    /// depth does not depend on `n`).
+    pub fn per_worker_bytes(&self) -> usize {
+        use super::WorkerRecord;
+        use core::mem::size_of;
+        match self {
+            Self::Bsp(_) => size_of::<WorkerRecord<super::common::table::RoundSlot>>(),
+            Self::Asp(_) => size_of::<WorkerRecord<()>>(),
+            Self::Backup(_) => size_of::<WorkerRecord<super::backup::BackupSlot>>(),
+            Self::Dbw(_) => size_of::<WorkerRecord<super::backup::BackupSlot>>() + size_of::<f64>(),
+            Self::Wbsp(_) => size_of::<WorkerRecord<()>>(),
+            Self::Grouped(_) => size_of::<WorkerRecord<super::grouped::GroupedSlot>>(),
+            Self::Ssp(_) => size_of::<WorkerRecord<super::ssp::SspSlot>>(),
+            Self::Bap(c) => {
+                size_of::<WorkerRecord<super::bap::BapSlot>>()
+                    + c.open_iterations() * size_of::<super::bap::Contribution>()
+            }
+        }
+    }
+
     /// Elements of scratch storage each worker needs for a model of `dim` elements.
     pub fn worker_scratch_len(&self, dim: usize) -> usize {
         let _ = dim;
@@ -101,29 +127,30 @@ impl ProtocolConfig {
     }
 }
 
-/// Any protocol's server.
+/// Any protocol's server. `M` is where the per-worker table lives ([`Inline<256>`] unless
+/// the caller names another [`Storage`], e.g. [`Heap`](super::Heap) for large `n`).
 #[derive(Debug)]
 #[non_exhaustive]
-// Servers hold fixed-size tables (no allocation), so variants differ in size by design;
-// box the `AnyServer` itself if it must be moved around cheaply.
+// Variants differ in size by design (DBW's estimators, the grouped server's groups); box the
+// `AnyServer` itself if it must be moved around cheaply.
 #[allow(clippy::large_enum_variant)]
-pub enum AnyServer<T, S> {
+pub enum AnyServer<T, S, M: Storage = Inline<DEFAULT_INLINE_WORKERS>> {
     /// A BSP server.
-    Bsp(BspServer<T, S>),
+    Bsp(BspServer<T, S, M>),
     /// An ASP server.
-    Asp(AspServer<T, S>),
+    Asp(AspServer<T, S, M>),
     /// A static backup-worker server.
-    Backup(BackupServer<T, S>),
+    Backup(BackupServer<T, S, M>),
     /// A DBW server.
-    Dbw(DbwServer<T, S>),
+    Dbw(DbwServer<T, S, M>),
     /// A WBSP server.
-    Wbsp(WbspServer<T, S>),
+    Wbsp(WbspServer<T, S, M>),
     /// The grouped hybrid server (central and group servers in one state machine).
-    Grouped(GroupedServer<T, S>),
+    Grouped(GroupedServer<T, S, M>),
     /// An SSP server.
-    Ssp(SspServer<T, S>),
+    Ssp(SspServer<T, S, M>),
     /// A BAP server.
-    Bap(BapServer<T, S>),
+    Bap(BapServer<T, S, M>),
 }
 
 /// Any protocol's worker.
@@ -151,7 +178,7 @@ pub struct WorkerSetup {
     pub rejoin_after: Option<Duration>,
 }
 
-impl<T: Scalar, S: Buffer<T>> AnyServer<T, S> {
+impl<T: Scalar, S: Buffer<T>, M: Storage> AnyServer<T, S, M> {
     /// A server for `config` starting from the model in `params` at version 0. `scratch`
     /// must hold at least [`ProtocolConfig::server_scratch_len`] elements.
     pub fn new(config: &ProtocolConfig, params: S, scratch: S) -> Result<Self, ConfigError> {
@@ -209,7 +236,7 @@ macro_rules! dispatch {
     };
 }
 
-impl<T: Scalar, S: Buffer<T>> Server<T> for AnyServer<T, S> {
+impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for AnyServer<T, S, M> {
     fn handle(&mut self, now: Instant, from: WorkerId, msg: ToServer<'_, T>) -> Result<(), Reject> {
         dispatch!(self, s => s.handle(now, from, msg), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Ssp, Bap)
     }
@@ -280,14 +307,14 @@ mod tests {
         let asp = ProtocolConfig::Asp(AspConfig::new(2, 0.5));
         assert_eq!(bsp.spare_accumulator_len(3), 3);
         assert_eq!(asp.spare_accumulator_len(3), 0);
-        let server =
-            AnyServer::new(&bsp, vec![0.0f32; 3], vec![0.0; 3]).and_then(|s| s.with_spare_accumulator(vec![0.0; 3]));
+        let server = AnyServer::<f32, Vec<f32>>::new(&bsp, vec![0.0f32; 3], vec![0.0; 3])
+            .and_then(|s| s.with_spare_accumulator(vec![0.0; 3]));
         assert!(server.is_ok());
-        let short =
-            AnyServer::new(&bsp, vec![0.0f32; 3], vec![0.0; 3]).and_then(|s| s.with_spare_accumulator(vec![0.0; 2]));
+        let short = AnyServer::<f32, Vec<f32>>::new(&bsp, vec![0.0f32; 3], vec![0.0; 3])
+            .and_then(|s| s.with_spare_accumulator(vec![0.0; 2]));
         assert!(matches!(short, Err(ConfigError::ScratchTooSmall { needed: 3, given: 2 })));
-        let ignored =
-            AnyServer::new(&asp, vec![0.0f32; 3], vec![0.0; 3]).and_then(|s| s.with_spare_accumulator(Vec::new()));
+        let ignored = AnyServer::<f32, Vec<f32>>::new(&asp, vec![0.0f32; 3], vec![0.0; 3])
+            .and_then(|s| s.with_spare_accumulator(Vec::new()));
         assert!(ignored.is_ok());
     }
 }

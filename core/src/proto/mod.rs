@@ -37,8 +37,11 @@ pub mod ssp;
 pub mod wbsp;
 
 pub use any::{AnyServer, AnyWorker, ProtocolConfig, WorkerSetup};
-pub use common::engine::{ProtocolServer, Rules, ServerCore};
+pub use common::engine::{CoreOf, HasSlot, ProtocolServer, Rules, ServerCore};
 pub use common::gradient_worker::{GradientWorker, GradientWorkerConfig};
+#[cfg(any(feature = "alloc", test))]
+pub use common::table::Heap;
+pub use common::table::{DEFAULT_INLINE_WORKERS, Inline, Slot, Storage, WorkerRecord};
 #[cfg(test)]
 #[allow(unused_imports)]
 pub(crate) use common::testkit::{ToServerOwned, ToWorkerOwned};

@@ -25,6 +25,7 @@ use problem::Problem;
 use report::{Millis, Ratio, Sci};
 use syncopate::proto::bsp::{BspConfig, BspServer};
 use syncopate::proto::dbw::{DbwConfig, DbwServer};
+use syncopate::proto::Inline;
 use syncopate::{ConfigError, Server};
 
 /// Workers `n`.
@@ -62,13 +63,13 @@ pub struct ServerMemory {
 }
 
 /// The BSP server the firmware runs: the one place that builds it.
-pub fn bsp_server(memory: &mut ServerMemory) -> Result<BspServer<f32, &mut [f32]>, ConfigError> {
+pub fn bsp_server(memory: &mut ServerMemory) -> Result<BspServer<f32, &mut [f32], Inline<WORKERS>>, ConfigError> {
     BspServer::new(BspConfig::new(WORKERS as u32, LEARNING_RATE), &mut memory.params, &mut memory.scratch)
 }
 
 /// The DBW server the firmware runs (the core's defaults: `k_min = 2`, secant `Lη`,
 /// stragglers abort): the one place that builds it.
-pub fn dbw_server(memory: &mut ServerMemory) -> Result<DbwServer<f32, &mut [f32]>, ConfigError> {
+pub fn dbw_server(memory: &mut ServerMemory) -> Result<DbwServer<f32, &mut [f32], Inline<WORKERS>>, ConfigError> {
     DbwServer::new(DbwConfig::new(WORKERS as u32, LEARNING_RATE), &mut memory.params, &mut memory.scratch)
 }
 

@@ -12,7 +12,7 @@ pub struct ProtocolArgs {
     #[arg(long, value_enum, default_value = "bsp")]
     pub protocol: ProtocolName,
     /// Number of workers.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=syncopate::MAX_WORKERS as i64))]
     pub workers: u32,
     /// Learning rate of one synchronous (averaged) step. Protocols that apply each gradient
     /// on its own use lr / workers (asp), or average per clock (ssp), so that every protocol

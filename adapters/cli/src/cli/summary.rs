@@ -123,6 +123,21 @@ pub struct Summary {
     pub per_worker: Vec<WorkerSummary>,
     /// Test accuracy over time.
     pub curve: Vec<EvalPoint>,
+    /// The simulator's cost (simulated runs only): events processed, and per second of
+    /// wall-clock time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub simulator: Option<SimulatorCost>,
+}
+
+/// What a simulated run cost to compute.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct SimulatorCost {
+    /// Events the simulator processed.
+    pub events: u64,
+    /// Wall-clock seconds the simulation took.
+    pub wall_s: f64,
+    /// `events / wall_s`.
+    pub events_per_s: f64,
 }
 
 impl Summary {
@@ -140,6 +155,7 @@ impl Summary {
             report.curve.last().copied().unwrap_or(EvalPoint { time_s: 0.0, version: 0, accuracy: 0.0, loss: 0.0 });
         let (sum, count, max) = report.staleness;
         Self {
+            simulator: None,
             mode: "threads".into(),
             protocol: protocol.into(),
             workers,
@@ -172,6 +188,7 @@ impl Summary {
     /// The summary of a simulated run (times are virtual).
     pub fn from_sim(report: &crate::sim::SimReport, model: &str, params: usize) -> Self {
         Self {
+            simulator: None,
             mode: "sim".into(),
             protocol: report.protocol.clone(),
             workers: report.workers,
@@ -229,6 +246,15 @@ impl Summary {
             self.mode, self.protocol, self.workers, self.model, self.params, self.seed
         );
         let _ = writeln!(out, "  test accuracy  {:.4}   loss {:.4}", self.final_accuracy, self.final_loss);
+        if let Some(c) = self.simulator {
+            let _ = writeln!(
+                out,
+                "  simulator      {} events in {:.2} s wall ({:.2} M events/s)",
+                c.events,
+                c.wall_s,
+                c.events_per_s / 1e6
+            );
+        }
         let target = match self.time_to_target_s {
             Some(t) => format!("{t:.3} s"),
             None => "not reached".into(),

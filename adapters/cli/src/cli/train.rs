@@ -168,7 +168,9 @@ fn run_sim(
     config.eval_interval = Duration::from_secs_f64((args.step_ms / 1000.0).max(1e-6));
     config.target_accuracy = args.target;
     config.record_trace = args.record_trace.is_some();
+    let started = std::time::Instant::now();
     let report = sim::try_run(&config, workload).map_err(|e| Failure::Usage(e.to_string()))?;
+    let wall_s = started.elapsed().as_secs_f64();
     if let (Some(path), Some(file)) = (&args.record_trace, trace_file) {
         let steps: Vec<trace::Step> = report
             .compute_trace
@@ -177,6 +179,9 @@ fn run_sim(
             .collect();
         trace::write_to(file, path, &steps).map_err(Failure::Run)?;
     }
-    Summary::from_sim(&report, model_name, workload.model.dim()).print(args.json);
+    let mut summary = Summary::from_sim(&report, model_name, workload.model.dim());
+    let events_per_s = if wall_s > 0.0 { report.events as f64 / wall_s } else { 0.0 };
+    summary.simulator = Some(super::summary::SimulatorCost { events: report.events, wall_s, events_per_s });
+    summary.print(args.json);
     Ok(())
 }

@@ -165,7 +165,7 @@ pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
         )));
     }
     // Checked for syntax now; worker ids in it are checked against the server's count.
-    super::parse_stragglers(&args.straggler, 256).map_err(Failure::Usage)?;
+    super::parse_stragglers(&args.straggler, syncopate::MAX_WORKERS as u32).map_err(Failure::Usage)?;
     let id = worker_id(args.id, |v| std::env::var(v).ok()).map_err(Failure::Usage)?;
     let secret = super::serve::load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
     let id = WorkerId(id);

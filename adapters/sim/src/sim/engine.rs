@@ -22,6 +22,7 @@ use crate::workload::{BatchSampler, Scratch, Workload};
 use core::cmp::Ordering;
 use core::fmt::Write as _;
 use std::collections::{BTreeMap, BinaryHeap};
+use syncopate::proto::Heap;
 use syncopate::proto::grouped::GroupServer;
 use syncopate::rng::Rng;
 use syncopate::wire::{self, Limits};
@@ -456,7 +457,7 @@ impl Core<'_, '_> {
         }
     }
 
-    fn evaluate(&mut self, server: &AnyServer<f32, Vec<f32>>) {
+    fn evaluate(&mut self, server: &AnyServer<f32, Vec<f32>, Heap>) {
         let e = self.workload.model.evaluate_with(server.params(), &self.workload.test, &mut self.eval_scratch);
         let point = CurvePoint {
             time_s: self.now.as_secs_f64(),
@@ -548,7 +549,7 @@ pub(crate) struct Engine<'a, 'o> {
     core: Core<'a, 'o>,
     /// The server (the central node of a two-level grouped run), boxed: an `AnyServer` is
     /// ~140 KB (fixed `MAX_WORKERS` tables), too much to move around a test thread's stack.
-    server: Box<AnyServer<f32, Vec<f32>>>,
+    server: Box<AnyServer<f32, Vec<f32>, Heap>>,
     hosts: Vec<Host>,
     /// The group nodes of a two-level grouped run (empty otherwise).
     groups: Vec<GroupNode>,

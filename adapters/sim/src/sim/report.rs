@@ -4,6 +4,7 @@
 use core::fmt::{self, Write as _};
 use serde::Serialize;
 use std::collections::BTreeMap;
+use syncopate::proto::Heap;
 use syncopate::{AnyServer, Instant, Reject, ServerEvent, WorkerEvent, WorkerId};
 
 /// A node of the simulated cluster.
@@ -146,7 +147,7 @@ pub enum Observation<'a> {
         /// Virtual time.
         at: Instant,
         /// The server, read-only.
-        server: &'a AnyServer<f32, Vec<f32>>,
+        server: &'a AnyServer<f32, Vec<f32>, Heap>,
     },
 }
 

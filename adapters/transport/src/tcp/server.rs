@@ -47,6 +47,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Instant as StdInstant;
+use syncopate::proto::Heap;
 use syncopate::proto::grouped::GroupServer;
 use syncopate::wire::{self, Limits};
 use syncopate::{
@@ -71,7 +72,7 @@ pub trait Driven: Server<f32> {
     }
 }
 
-impl Driven for AnyServer<f32, Vec<f32>> {}
+impl Driven for AnyServer<f32, Vec<f32>, Heap> {}
 
 impl Driven for GroupServer<f32, Vec<f32>> {
     fn poll_upstream(&mut self) -> Option<ToServer<'_, f32>> {

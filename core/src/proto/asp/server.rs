@@ -6,12 +6,15 @@ use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
 use crate::math::Scalar;
 use crate::msg::{ToServer, Values};
-use crate::proto::{Buffer, ProtocolServer, Recipient, Rules, ServerCore, ServerEvent};
+use crate::proto::{
+    Buffer, CoreOf, DEFAULT_INLINE_WORKERS, HasSlot, Inline, ProtocolServer, Recipient, Rules, ServerCore, ServerEvent,
+    Storage,
+};
 use crate::time::Instant;
 use core::marker::PhantomData;
 
-/// The ASP server. `S` is the caller's storage for the model.
-pub type AspServer<T, S> = ProtocolServer<T, S, AspRules<T>>;
+/// The ASP server. `S` is the caller's storage for the model, `M` for the per-worker table.
+pub type AspServer<T, S, M = Inline<DEFAULT_INLINE_WORKERS>> = ProtocolServer<T, S, AspRules<T>, M>;
 
 /// ASP's own state over the shared server core: only its settings.
 #[derive(Debug)]
@@ -20,7 +23,11 @@ pub struct AspRules<T> {
     _t: PhantomData<T>,
 }
 
-impl<T: Scalar, S: Buffer<T>> AspServer<T, S> {
+impl<T> HasSlot for AspRules<T> {
+    type Slot = ();
+}
+
+impl<T: Scalar, S: Buffer<T>, M: Storage> AspServer<T, S, M> {
     /// A server starting from the model in `params` at version 0.
     pub fn new(config: AspConfig, params: S) -> Result<Self, ConfigError> {
         Self::resume(config, params, Version::ZERO)
@@ -39,9 +46,9 @@ impl<T: Scalar, S: Buffer<T>> AspServer<T, S> {
 }
 
 impl<T: Scalar> AspRules<T> {
-    fn on_grad<S: Buffer<T>>(
+    fn on_grad<S: Buffer<T>, M: Storage>(
         &mut self,
-        core: &mut ServerCore<T, S>,
+        core: &mut CoreOf<T, S, M, Self>,
         from: WorkerId,
         base: Version,
         seq: u64,
@@ -68,14 +75,14 @@ impl<T: Scalar> AspRules<T> {
     }
 }
 
-impl<T: Scalar, S: Buffer<T>> Rules<T, S> for AspRules<T> {
-    fn burst(&self, _core: &ServerCore<T, S>) -> usize {
+impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for AspRules<T> {
+    fn burst(&self) -> usize {
         4
     }
 
     fn on_message(
         &mut self,
-        core: &mut ServerCore<T, S>,
+        core: &mut CoreOf<T, S, M, Self>,
         _now: Instant,
         from: WorkerId,
         msg: ToServer<'_, T>,

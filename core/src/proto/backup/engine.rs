@@ -4,13 +4,44 @@
 
 use super::Interrupt;
 use crate::error::{ConfigError, Reject};
-use crate::id::{MAX_WORKERS, Version, WorkerId, WorkerSet};
+use crate::id::{Version, WorkerId};
 use crate::math::{self, Scalar};
 use crate::msg::Values;
-use crate::proto::common::round::Round;
-use crate::proto::{Buffer, DropReason, GradientPolicy, Recipient, ServerCore, ServerEvent};
+use crate::proto::common::queue::BatchKind;
+use crate::proto::common::round::{Round, mark_of};
+use crate::proto::common::table::{Slot, flag};
+use crate::proto::{Buffer, DropReason, GradientPolicy, Recipient, ServerCore, ServerEvent, Storage};
 use crate::time::{Duration, Instant};
 use core::marker::PhantomData;
+
+/// A backup-family worker's part of its record: the clipping factor of its gradient in the
+/// open round, and when the server last sent it a model and which version (while no
+/// round-trip sample was taken for it).
+#[derive(Clone, Copy, Debug)]
+pub struct BackupSlot {
+    factor: f32,
+    /// The version last sent + 1, or 0 when no sample is pending.
+    pending: u64,
+    sent_at: Instant,
+}
+
+impl Slot for BackupSlot {
+    const INIT: Self = Self { factor: 1.0, pending: 0, sent_at: Instant::ZERO };
+
+    fn factor(&self) -> f32 {
+        self.factor
+    }
+
+    fn set_factor(&mut self, factor: f32) {
+        self.factor = factor;
+    }
+}
+
+/// The record flag of a worker that joined and was not lost since.
+const KNOWN: u8 = flag::PROTOCOL;
+
+/// The core of a backup-family server.
+pub(crate) type BackupCore<T, S, M> = ServerCore<T, S, M, BackupSlot>;
 
 /// What [`Engine::admit`] did with an accepted gradient.
 #[derive(Clone, Copy, Debug)]
@@ -43,12 +74,6 @@ pub(crate) struct Engine<T, S> {
     pub(crate) round: Round,
     /// When the current version was produced (or the first join, for the initial one).
     pub(crate) iteration_start: Option<Instant>,
-    /// Workers that joined and were not lost since.
-    known: WorkerSet,
-    /// When the server last sent each worker a model, and which version, while no round-trip
-    /// sample has been taken for it.
-    sent_at: [Instant; MAX_WORKERS],
-    pending: [Option<Version>; MAX_WORKERS],
     _t: PhantomData<T>,
 }
 
@@ -56,8 +81,8 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
     /// The backup-family state for a server whose core is `core`: `scratch` must hold
     /// `scratch_len(dim)` elements (at least the model's length: the first `dim` are the
     /// accumulator); the first iteration waits for `k` gradients.
-    pub(crate) fn new(
-        core: &ServerCore<T, S>,
+    pub(crate) fn new<M: Storage>(
+        core: &BackupCore<T, S, M>,
         learning_rate: f64,
         policy: GradientPolicy,
         interrupt: Interrupt,
@@ -80,56 +105,59 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
             k,
             round: Round::new(),
             iteration_start: None,
-            known: WorkerSet::EMPTY,
-            sent_at: [Instant::ZERO; MAX_WORKERS],
-            pending: [None; MAX_WORKERS],
             _t: PhantomData,
         })
     }
 
-    /// The most outputs one input can queue: a close (an event per contributor, the update,
-    /// a model per contributor under option B) and a join's answer.
-    pub(crate) fn burst(core: &ServerCore<T, S>) -> usize {
-        2 * core.n() + 8
-    }
+    /// The most queue items one input can add: a close (the contributors' events as one
+    /// batch, the update, the broadcast or under option B the contributors' models as one
+    /// batch), a stale gradient's drop and reply, and a join's answer.
+    pub(crate) const BURST: usize = 8;
 
     /// The accumulator and the rest of the scratch buffer.
-    pub(crate) fn scratch_mut(&mut self, core: &ServerCore<T, S>) -> (&mut [T], &mut [T]) {
+    pub(crate) fn scratch_mut<M: Storage>(&mut self, core: &BackupCore<T, S, M>) -> (&mut [T], &mut [T]) {
         let dim = core.dim();
         let s = self.scratch.as_mut();
         if s.len() >= dim { s.split_at_mut(dim) } else { (&mut [], &mut []) }
     }
 
-    fn mark_sent(&mut self, core: &mut ServerCore<T, S>, now: Instant, to: WorkerId) {
-        if let (Some(at), Some(p)) = (self.sent_at.get_mut(to.index()), self.pending.get_mut(to.index())) {
-            *at = now;
-            *p = Some(core.version);
+    fn mark_sent<M: Storage>(core: &mut BackupCore<T, S, M>, now: Instant, to: WorkerId) {
+        let version = core.version;
+        if let Some(x) = core.roster.ext_mut(to) {
+            x.sent_at = now;
+            x.pending = mark_of(version);
         }
     }
 
-    pub(crate) fn on_join(
+    pub(crate) fn on_join<M: Storage>(
         &mut self,
-        core: &mut ServerCore<T, S>,
+        core: &mut BackupCore<T, S, M>,
         now: Instant,
         from: WorkerId,
         epoch: u32,
     ) -> Result<(), Reject> {
         core.join(from, epoch)?;
-        self.known.insert(from);
+        Self::set_known(core, from, true);
         if self.iteration_start.is_none() {
             self.iteration_start = Some(now);
             core.stall.progress(now);
         }
         core.send_model(Recipient::Worker(from));
-        self.mark_sent(core, now, from);
+        Self::mark_sent(core, now, from);
         Ok(())
+    }
+
+    fn set_known<M: Storage>(core: &mut BackupCore<T, S, M>, worker: WorkerId, on: bool) {
+        if let Some(r) = core.roster.record_mut(worker) {
+            r.set(KNOWN, on);
+        }
     }
 
     /// Screens and takes a gradient: adds it to the round or drops it as stale (with an
     /// event, and under option B a reply with the current model). An `Err` changes nothing.
-    pub(crate) fn admit(
+    pub(crate) fn admit<M: Storage>(
         &mut self,
-        core: &mut ServerCore<T, S>,
+        core: &mut BackupCore<T, S, M>,
         now: Instant,
         from: WorkerId,
         base: Version,
@@ -141,7 +169,7 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
         if base > core.version {
             return Err(Reject::FutureVersion { claimed: base, current: core.version });
         }
-        if base == core.version && self.round.got.contains(from) {
+        if base == core.version && Round::contains(&core.roster, from, base) {
             return Err(Reject::Duplicate { worker: from, seq });
         }
         let dim = core.dim();
@@ -150,13 +178,12 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
         }
         // Accepted from here on.
         core.roster.commit_seq(from, seq);
-        self.known.insert(from);
+        Self::set_known(core, from, true);
         core.stats.accepted += 1;
-        let i = from.index();
-        let rtt = match (self.pending.get_mut(i), self.sent_at.get(i)) {
-            (Some(p), Some(at)) if *p == Some(base) => {
-                *p = None;
-                Some(now - *at)
+        let rtt = match core.roster.ext_mut(from) {
+            Some(x) if x.pending == mark_of(base) => {
+                x.pending = 0;
+                Some(now - x.sent_at)
             }
             _ => None,
         };
@@ -168,22 +195,22 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
             core.event(ServerEvent::Dropped { worker: from, base, reason: DropReason::Stale });
             if self.interrupt == Interrupt::RunToCompletion {
                 core.send_model(Recipient::Worker(from));
-                self.mark_sent(core, now, from);
+                Self::mark_sent(core, now, from);
             }
             return Ok(Admitted { contributed: false, rtt, factor: factor.to_f64(), sq_norm, full: false });
         }
         let acc = self.scratch.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
-        self.round.add(from, values, factor, acc)?;
+        self.round.add(&mut core.roster, base, from, values, factor, acc)?;
         core.stall.progress(now);
-        let full = self.round.got.len() >= self.k;
+        let full = self.round.len() >= self.k;
         Ok(Admitted { contributed: true, rtt, factor: factor.to_f64(), sq_norm, full })
     }
 
-    /// Applies the update from the full round. Returns the contributors and the time the
-    /// iteration took (from its start to `now`). Does not send the new model: see
-    /// [`Self::publish`].
-    pub(crate) fn close(&mut self, core: &mut ServerCore<T, S>, now: Instant) -> (WorkerSet, Duration) {
-        let contributors = self.round.got;
+    /// Applies the update from the full round. Returns the contributors' mark (their
+    /// records keep it until they contribute again) and the time the iteration took (from
+    /// its start to `now`). Does not send the new model: see [`Self::publish`].
+    pub(crate) fn close<M: Storage>(&mut self, core: &mut BackupCore<T, S, M>, now: Instant) -> (u64, Duration) {
+        let contributors = mark_of(core.version);
         let dim = core.dim();
         let (params, scratch) = (core.params.as_mut(), self.scratch.as_mut());
         let acc = scratch.get_mut(..dim).unwrap_or(&mut []);
@@ -196,60 +223,60 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
     /// Under option A, calls `f(worker, elapsed)` for every live worker still computing on the
     /// version that just closed (its round trip is right-censored at `elapsed`) and forgets
     /// it. Under option B those workers will still deliver, so nothing is censored.
-    pub(crate) fn censor_stragglers(&mut self, now: Instant, closed: Version, mut f: impl FnMut(WorkerId, Duration)) {
+    pub(crate) fn censor_stragglers<M: Storage>(
+        &mut self,
+        core: &mut BackupCore<T, S, M>,
+        now: Instant,
+        closed: Version,
+        mut f: impl FnMut(WorkerId, Duration),
+    ) {
         if self.interrupt != Interrupt::Abort {
             return;
         }
-        for w in self.known.iter() {
-            let i = w.index();
-            if let (Some(p), Some(at)) = (self.pending.get_mut(i), self.sent_at.get(i)) {
-                if *p == Some(closed) {
-                    *p = None;
-                    f(w, now - *at);
-                }
+        for (i, r) in core.roster.records_mut().iter_mut().enumerate() {
+            if r.has(KNOWN) && r.ext.pending == mark_of(closed) {
+                r.ext.pending = 0;
+                f(WorkerId(i as u32), now - r.ext.sent_at);
             }
         }
     }
 
-    /// Sends the new model: to every worker (option A) or to the contributors (option B).
-    pub(crate) fn publish(&mut self, core: &mut ServerCore<T, S>, now: Instant, contributors: &WorkerSet) {
+    /// Sends the new model: to every worker (option A) or to the contributors, whose mark
+    /// is `contributors` (option B, one batch).
+    pub(crate) fn publish<M: Storage>(&mut self, core: &mut BackupCore<T, S, M>, now: Instant, contributors: u64) {
         self.iteration_start = Some(now);
         core.stall.progress(now);
+        let pending = mark_of(core.version);
+        let sent = |r: &crate::proto::WorkerRecord<BackupSlot>| match self.interrupt {
+            Interrupt::Abort => r.has(KNOWN),
+            Interrupt::RunToCompletion => r.mark == contributors,
+        };
+        for r in core.roster.records_mut().iter_mut().filter(|r| sent(r)) {
+            r.ext.sent_at = now;
+            r.ext.pending = pending;
+        }
         match self.interrupt {
-            Interrupt::Abort => {
-                core.send_model(Recipient::AllWorkers);
-                let known = self.known;
-                for w in known.iter() {
-                    self.mark_sent(core, now, w);
-                }
-            }
-            Interrupt::RunToCompletion => {
-                for w in contributors.iter() {
-                    core.send_model(Recipient::Worker(w));
-                    self.mark_sent(core, now, w);
-                }
-            }
+            Interrupt::Abort => core.send_model(Recipient::AllWorkers),
+            Interrupt::RunToCompletion => core.queue.push_batch(BatchKind::Models { mark: contributors }),
         }
     }
 
     /// Forgets a lost worker: it is no longer expected to deliver a round trip.
-    pub(crate) fn forget(&mut self, worker: WorkerId) {
-        self.known.remove(worker);
-        if let Some(p) = self.pending.get_mut(worker.index()) {
-            *p = None;
+    pub(crate) fn forget<M: Storage>(core: &mut BackupCore<T, S, M>, worker: WorkerId) {
+        if let Some(r) = core.roster.record_mut(worker) {
+            r.set(KNOWN, false);
+            r.ext.pending = 0;
         }
     }
 
-    pub(crate) fn timeout(&mut self, core: &mut ServerCore<T, S>, now: Instant) {
+    pub(crate) fn timeout<M: Storage>(&mut self, core: &mut BackupCore<T, S, M>, now: Instant) {
         if !core.stall.due(now) {
             return;
         }
-        let got = &self.round.got;
-        let n = core.roster.n();
-        let live = core.roster.live();
-        let waiting = (0..n as u32).map(WorkerId).find(|w| !got.contains(*w) && live.contains(*w));
-        if let Some(waiting_for) = waiting.or_else(|| got.first_missing(n)) {
-            let missing = self.k.saturating_sub(got.len()) as u32;
+        let version = core.version;
+        let waiting = Round::first_missing(&core.roster, version);
+        if let Some(waiting_for) = waiting.or_else(|| Round::first_missing_any(&core.roster, version)) {
+            let missing = self.k.saturating_sub(self.round.len()) as u32;
             let since = core.stall.since();
             core.event(ServerEvent::Stalled { waiting_for, missing, since });
         }
@@ -257,19 +284,22 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
 }
 
 /// The [`Rules`](crate::proto::Rules) of a backup-family protocol, written once for static `b`
-/// and DBW: `$rules` has an `engine: Engine<T, S>` field and an
+/// and DBW: `$rules` (a type over `T`, `S` and possibly `M`, with `Slot = BackupSlot`) has an
+/// `engine: Engine<T, S>` field and an
 /// `on_grad(core, now, from, base, seq, &values)` method; one input may queue `$extra` outputs
 /// beyond a close.
 macro_rules! backup_family_rules {
-    ($rules:ident, $extra:expr) => {
-        impl<T: $crate::math::Scalar, S: $crate::proto::Buffer<T>> $crate::proto::Rules<T, S> for $rules<T, S> {
-            fn burst(&self, core: &$crate::proto::ServerCore<T, S>) -> usize {
-                $crate::proto::backup::Engine::<T, S>::burst(core) + $extra
+    ($rules:ty, $extra:expr) => {
+        impl<T: $crate::math::Scalar, S: $crate::proto::Buffer<T>, M: $crate::proto::Storage>
+            $crate::proto::Rules<T, S, M> for $rules
+        {
+            fn burst(&self) -> usize {
+                $crate::proto::backup::Engine::<T, S>::BURST + $extra
             }
 
             fn on_message(
                 &mut self,
-                core: &mut $crate::proto::ServerCore<T, S>,
+                core: &mut $crate::proto::backup::BackupCore<T, S, M>,
                 now: $crate::time::Instant,
                 from: $crate::id::WorkerId,
                 msg: $crate::msg::ToServer<'_, T>,
@@ -284,15 +314,19 @@ macro_rules! backup_family_rules {
 
             fn on_lost(
                 &mut self,
-                _core: &mut $crate::proto::ServerCore<T, S>,
+                core: &mut $crate::proto::backup::BackupCore<T, S, M>,
                 _now: $crate::time::Instant,
                 worker: $crate::id::WorkerId,
                 _was_live: bool,
             ) {
-                self.engine.forget(worker);
+                $crate::proto::backup::Engine::<T, S>::forget(core, worker);
             }
 
-            fn on_timeout(&mut self, core: &mut $crate::proto::ServerCore<T, S>, now: $crate::time::Instant) {
+            fn on_timeout(
+                &mut self,
+                core: &mut $crate::proto::backup::BackupCore<T, S, M>,
+                now: $crate::time::Instant,
+            ) {
                 self.engine.timeout(core, now);
             }
         }

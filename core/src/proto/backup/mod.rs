@@ -53,7 +53,8 @@ mod engine;
 mod server;
 mod worker;
 
-pub(crate) use engine::{Engine, backup_family_rules};
+pub use engine::BackupSlot;
+pub(crate) use engine::{BackupCore, Engine, backup_family_rules};
 pub use server::{BackupRules, BackupServer};
 pub use worker::BackupWorker;
 

@@ -1,17 +1,18 @@
 //! The static backup-worker server: the backup-family [`Engine`] with a fixed `k = n − b`,
 //! over the shared [`ServerCore`].
 
-use super::{BackupConfig, Engine};
+use super::{BackupConfig, BackupCore, Engine};
 use crate::error::{ConfigError, Reject};
-use crate::id::{Version, WorkerId, WorkerSet};
+use crate::id::{Version, WorkerId};
 use crate::math::Scalar;
 use crate::msg::Values;
-use crate::proto::{Buffer, ProtocolServer, ServerCore};
+use crate::proto::common::round::Round;
+use crate::proto::{Buffer, DEFAULT_INLINE_WORKERS, Inline, ProtocolServer, ServerCore, Storage};
 use crate::time::Instant;
 
 /// The static backup-worker server. `S` is the caller's storage for the model and the
-/// accumulator (scratch of the model's length).
-pub type BackupServer<T, S> = ProtocolServer<T, S, BackupRules<T, S>>;
+/// accumulator (scratch of the model's length), `M` for the per-worker table.
+pub type BackupServer<T, S, M = Inline<DEFAULT_INLINE_WORKERS>> = ProtocolServer<T, S, BackupRules<T, S>, M>;
 
 /// The static backup-worker protocol's own state over the shared server core.
 #[derive(Debug)]
@@ -20,7 +21,7 @@ pub struct BackupRules<T, S> {
     engine: Engine<T, S>,
 }
 
-impl<T: Scalar, S: Buffer<T>> BackupServer<T, S> {
+impl<T: Scalar, S: Buffer<T>, M: Storage> BackupServer<T, S, M> {
     /// A server starting from the model in `params` at version 0. `scratch` holds at least
     /// the model's length (its contents are overwritten).
     pub fn new(config: BackupConfig, params: S, scratch: S) -> Result<Self, ConfigError> {
@@ -44,16 +45,27 @@ impl<T: Scalar, S: Buffer<T>> BackupServer<T, S> {
         &self.rules().config
     }
 
-    /// Workers whose gradient for the current version is in.
-    pub fn received(&self) -> &WorkerSet {
-        &self.rules().engine.round.got
+    /// How many workers' gradients for the current version are in.
+    pub fn received(&self) -> usize {
+        self.rules().engine.round.len()
+    }
+
+    /// Whether `worker`'s gradient for the current version is in.
+    pub fn has_received(&self, worker: WorkerId) -> bool {
+        Round::contains(&self.core.roster, worker, self.core.version)
+    }
+
+    /// The workers whose gradient for the current version is in, in id order (a pass over
+    /// the table).
+    pub fn contributors(&self) -> impl Iterator<Item = WorkerId> + '_ {
+        Round::members(&self.core.roster, self.core.version)
     }
 }
 
 impl<T: Scalar, S: Buffer<T>> BackupRules<T, S> {
-    fn on_grad(
+    fn on_grad<M: Storage>(
         &mut self,
-        core: &mut ServerCore<T, S>,
+        core: &mut BackupCore<T, S, M>,
         now: Instant,
         from: WorkerId,
         base: Version,
@@ -63,10 +75,14 @@ impl<T: Scalar, S: Buffer<T>> BackupRules<T, S> {
         let admitted = self.engine.admit(core, now, from, base, seq, values)?;
         if admitted.full {
             let (contributors, _) = self.engine.close(core, now);
-            self.engine.publish(core, now, &contributors);
+            self.engine.publish(core, now, contributors);
         }
         Ok(())
     }
 }
 
-crate::proto::backup::backup_family_rules!(BackupRules, 0);
+impl<T, S> crate::proto::HasSlot for BackupRules<T, S> {
+    type Slot = super::BackupSlot;
+}
+
+crate::proto::backup::backup_family_rules!(BackupRules<T, S>, 0);

@@ -128,7 +128,7 @@ use crate::proto::ServerEvent;
 mod server;
 mod worker;
 
-pub use server::{BapRules, BapServer};
+pub use server::{BapRules, BapServer, BapSlot, Contribution};
 pub use worker::BapWorker;
 
 use crate::error::ConfigError;
@@ -142,8 +142,6 @@ mod tests;
 /// The largest effective staleness bound `s_bap` (the server keeps `s_bap + 1`
 /// accumulators of the model's size).
 pub const MAX_BAP_STALENESS: u64 = 15;
-
-const MAX_OPEN: usize = MAX_BAP_STALENESS as usize + 1;
 
 /// How [`BapConfig::staleness`] is read (docs/PROTOCOLS.md, "BAP").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -1,55 +1,110 @@
 //! BAP's server: per-iteration aggregation slots for the `s_bap + 1` open iterations,
-//! closed in order when complete or timed out, over the shared [`ServerCore`].
+//! closed in order when complete or timed out, over the shared [`ServerCore`]. Who
+//! contributed to which open iteration, with which lag and clipping factor, is in the
+//! caller-sized tables (a bit per open iteration in each worker's record, and `s_bap + 1`
+//! contribution cells per worker).
 
-use super::{BapConfig, MAX_OPEN, TimeoutFrom};
+use super::{BapConfig, TimeoutFrom};
 use crate::error::{ConfigError, Reject};
-use crate::id::{MAX_WORKERS, Version, WorkerId, WorkerSet};
+use crate::id::{Version, WorkerId};
 use crate::math::{self, Scalar};
 use crate::msg::{ToServer, Values};
-use crate::proto::common::queue::ServerItem;
-use crate::proto::{Buffer, DropReason, ProtocolServer, Recipient, Rules, ServerCore, ServerEvent};
+use crate::proto::common::queue::{BatchKind, ServerItem};
+use crate::proto::common::table::Slot;
+use crate::proto::{
+    Buffer, CoreOf, DEFAULT_INLINE_WORKERS, DropReason, HasSlot, Inline, ProtocolServer, Recipient, Rules, ServerCore,
+    ServerEvent, Storage, WorkerRecord,
+};
 use crate::time::Instant;
 use core::marker::PhantomData;
 
-/// The aggregation state of one open iteration.
+/// The aggregation state of one open iteration (its contributors are the workers whose
+/// record has the iteration's bit).
 #[derive(Clone, Copy, Debug)]
-struct Slot {
-    got: WorkerSet,
-    /// Per contributor: `(j − 1) − base`.
-    lag: [u8; MAX_WORKERS],
-    /// Per contributor: the clipping factor.
-    factor: [f32; MAX_WORKERS],
+struct Iteration {
+    /// Contributions so far.
+    count: u32,
     /// Arrival of the first gradient.
     first: Option<Instant>,
 }
 
-impl Slot {
-    const EMPTY: Self = Self { got: WorkerSet::EMPTY, lag: [0; MAX_WORKERS], factor: [1.0; MAX_WORKERS], first: None };
+impl Iteration {
+    const EMPTY: Self = Self { count: 0, first: None };
 }
 
-/// The BAP server. `S` is the caller's storage for the model and the accumulators.
-pub type BapServer<T, S> = ProtocolServer<T, S, BapRules<T, S>>;
+/// A BAP worker's part of its record.
+#[derive(Clone, Copy, Debug)]
+pub struct BapSlot {
+    /// The min version of its parked pull + 1, or 0 when none is parked.
+    pending: u64,
+    /// The last iteration closed without it.
+    missed: u64,
+    /// Bit `k`: its gradient is in the open iteration of slot `k`.
+    got: u16,
+    /// Bit `k`: the iteration of slot `k` closed by timeout without it; its abort is still
+    /// to be polled.
+    aborted: u16,
+    /// Why it missed `missed` (an index into [`DropReason::ALL`]).
+    missed_reason: u8,
+}
 
-/// BAP's own state over the shared server core: the open iterations and the parked pulls.
+impl Slot for BapSlot {
+    const INIT: Self = Self { pending: 0, missed: 0, got: 0, aborted: 0, missed_reason: 0 };
+}
+
+/// One contribution's lag `(j − 1) − base` and clipping factor, packed (5 bytes).
+#[derive(Clone, Copy, Debug)]
+pub struct Contribution([u8; 5]);
+
+impl Contribution {
+    const NONE: Self = Self([0, 0, 0, 0x80, 0x3f]);
+
+    fn new(lag: u8, factor: f32) -> Self {
+        let f = factor.to_le_bytes();
+        Self([lag, f[0], f[1], f[2], f[3]])
+    }
+
+    fn lag(self) -> u64 {
+        u64::from(self.0[0])
+    }
+
+    fn factor(self) -> f64 {
+        let [_, a, b, c, d] = self.0;
+        f64::from(f32::from_le_bytes([a, b, c, d]))
+    }
+}
+
+/// The batch of a close's `Applied` events (`a` = the iteration, `b` = its contributions).
+const APPLIED: u8 = 1;
+/// The batch of a timed-out close's aborts (`a` = the iteration).
+const ABORTS: u8 = 2;
+
+/// The BAP server. `S` is the caller's storage for the model and the accumulators, `M` for
+/// the per-worker tables.
+pub type BapServer<T, S, M = Inline<DEFAULT_INLINE_WORKERS>> = ProtocolServer<T, S, BapRules<T, S, M>, M>;
+
+type Core<T, S, M> = CoreOf<T, S, M, BapRules<T, S, M>>;
+
+/// BAP's own state over the shared server core: the open iterations and their
+/// contributions (the parked pulls are in the records).
 #[derive(Debug)]
-pub struct BapRules<T, S> {
+pub struct BapRules<T, S, M: Storage> {
     config: BapConfig,
     s: u64,
     accs: S,
     /// When `version` was published.
     published: Instant,
-    slots: [Slot; MAX_OPEN],
-    /// Per worker: the min version of its parked pull.
-    pending: [Option<u64>; MAX_WORKERS],
-    /// Per worker: the last iteration closed without it, and why.
-    missed: [(u64, DropReason); MAX_WORKERS],
-    /// A complete iteration waits for queue room (closed at the next `handle_timeout`).
-    backlog: bool,
-    last_now: Instant,
+    iterations: [Iteration; super::MAX_BAP_STALENESS as usize + 1],
+    /// `s_bap + 1` cells per worker: worker `i`'s contribution to slot `k` at `i·(s+1) + k`.
+    contributions: M::Table<Contribution>,
     _t: PhantomData<T>,
 }
 
-impl<T: Scalar, S: Buffer<T>> BapServer<T, S> {
+impl<T, S, M: Storage> HasSlot for BapRules<T, S, M> {
+    type Slot = BapSlot;
+}
+
+impl<T: Scalar, S: Buffer<T>, M: Storage> BapServer<T, S, M> {
     /// A server starting from the model in `params` at version 0. `accs` is scratch space
     /// of at least `(s_bap + 1) · dim` elements ([`BapConfig::open_iterations`]).
     pub fn new(config: BapConfig, params: S, accs: S) -> Result<Self, ConfigError> {
@@ -59,7 +114,8 @@ impl<T: Scalar, S: Buffer<T>> BapServer<T, S> {
     /// A server resuming from a checkpoint: `params` is the model at `version`.
     pub fn resume(config: BapConfig, params: S, mut accs: S, version: Version) -> Result<Self, ConfigError> {
         let s = config.check()?;
-        let core = ServerCore::new(config.workers, config.learning_rate, config.stall_report, params, version)?;
+        let core: Core<T, S, M> =
+            ServerCore::new(config.workers, config.learning_rate, config.stall_report, params, version)?;
         let dim = core.dim();
         let needed = dim.saturating_mul(s as usize + 1);
         let given = accs.as_ref().len();
@@ -72,11 +128,8 @@ impl<T: Scalar, S: Buffer<T>> BapServer<T, S> {
             s,
             accs,
             published: Instant::ZERO,
-            slots: [Slot::EMPTY; MAX_OPEN],
-            pending: [None; MAX_WORKERS],
-            missed: [(0, DropReason::Stale); MAX_WORKERS],
-            backlog: false,
-            last_now: Instant::ZERO,
+            iterations: [Iteration::EMPTY; super::MAX_BAP_STALENESS as usize + 1],
+            contributions: M::table(core.n().saturating_mul(s as usize + 1), Contribution::NONE)?,
             _t: PhantomData,
         };
         Ok(Self::from_parts(core, rules))
@@ -92,10 +145,16 @@ impl<T: Scalar, S: Buffer<T>> BapServer<T, S> {
         self.rules().s
     }
 
-    /// Workers whose gradient for iteration `j` is in, if `j` is open.
-    pub fn received(&self, j: u64) -> Option<&WorkerSet> {
+    /// How many workers' gradients for iteration `j` are in, if `j` is open.
+    pub fn received(&self, j: u64) -> Option<usize> {
         let rules = self.rules();
-        rules.slot_index(&self.core, j).and_then(|k| rules.slots.get(k)).map(|s| &s.got)
+        rules.slot_index(&self.core, j).and_then(|k| rules.iterations.get(k)).map(|it| it.count as usize)
+    }
+
+    /// Whether `worker`'s gradient for iteration `j` is in (`false` if `j` is not open).
+    pub fn has_received(&self, worker: WorkerId, j: u64) -> bool {
+        let rules = self.rules();
+        rules.slot_index(&self.core, j).is_some_and(|k| rules.contributed(&self.core, worker, k))
     }
 
     /// Admitted gradients waiting in open iterations (not yet applied or dropped): together
@@ -103,16 +162,12 @@ impl<T: Scalar, S: Buffer<T>> BapServer<T, S> {
     /// account for every admitted gradient.
     pub fn open_gradients(&self) -> u64 {
         let rules = self.rules();
-        rules.slots.iter().take(rules.open() as usize).map(|s| s.got.len() as u64).sum()
+        rules.iterations.iter().take(rules.open() as usize).map(|it| u64::from(it.count)).sum()
     }
 }
 
-impl<T: Scalar, S: Buffer<T>> BapRules<T, S> {
-    fn n(&self, core: &ServerCore<T, S>) -> usize {
-        core.roster.n()
-    }
-
-    fn dim(&self, core: &ServerCore<T, S>) -> usize {
+impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
+    fn dim(&self, core: &Core<T, S, M>) -> usize {
         core.params.as_ref().len()
     }
 
@@ -121,12 +176,22 @@ impl<T: Scalar, S: Buffer<T>> BapRules<T, S> {
     }
 
     /// The slot of open iteration `j` (`v + 1 ..= v + 1 + s_bap`).
-    fn slot_index(&self, core: &ServerCore<T, S>, j: u64) -> Option<usize> {
+    fn slot_index(&self, core: &Core<T, S, M>, j: u64) -> Option<usize> {
         let head = core.version.0.saturating_add(1);
         (j >= head && j - head < self.open()).then(|| (j % self.open()) as usize)
     }
 
-    fn acc(&mut self, core: &mut ServerCore<T, S>, k: usize) -> Option<&mut [T]> {
+    /// Whether `worker`'s gradient is in the open iteration of slot `k`.
+    fn contributed(&self, core: &Core<T, S, M>, worker: WorkerId, k: usize) -> bool {
+        core.roster.ext(worker).is_some_and(|x| x.got & (1 << k) != 0)
+    }
+
+    /// Worker `i`'s contribution cell for slot `k`.
+    fn cell(&self, i: usize, k: usize) -> usize {
+        i.saturating_mul(self.open() as usize).saturating_add(k)
+    }
+
+    fn acc(&mut self, core: &mut Core<T, S, M>, k: usize) -> Option<&mut [T]> {
         let dim = self.dim(core);
         let start = k.checked_mul(dim)?;
         self.accs.as_mut().get_mut(start..start.checked_add(dim)?)
@@ -135,12 +200,12 @@ impl<T: Scalar, S: Buffer<T>> BapRules<T, S> {
     /// When the head iteration times out, if a limit is set and it has a gradient. An empty
     /// head behind a later open iteration that has one (the head's gradients were lost)
     /// counts from that later iteration's first gradient.
-    fn head_deadline(&self, core: &ServerCore<T, S>) -> Option<Instant> {
+    fn head_deadline(&self, core: &Core<T, S, M>) -> Option<Instant> {
         let t_max = self.config.iteration_timeout?;
-        let head = self.slots.get(self.slot_index(core, core.version.0.saturating_add(1))?)?;
+        let head = self.iterations.get(self.slot_index(core, core.version.0.saturating_add(1))?)?;
         let first = match head.first {
             Some(first) => first,
-            None => self.slots.iter().take(self.open() as usize).filter_map(|s| s.first).min()?,
+            None => self.iterations.iter().take(self.open() as usize).filter_map(|s| s.first).min()?,
         };
         let from = match self.config.timeout_from {
             TimeoutFrom::LaterOfBoth => first.max(self.published),
@@ -150,42 +215,34 @@ impl<T: Scalar, S: Buffer<T>> BapRules<T, S> {
         Some(from + t_max)
     }
 
-    /// The outputs of one close: an event per worker, an abort per worker, a model per
-    /// parked pull, one `ModelUpdated`.
-    fn close_burst(&self, core: &ServerCore<T, S>) -> usize {
-        3 * self.n(core) + 1
+    /// Whether every live worker's gradient is in the open iteration of slot `k` (a pass
+    /// over the table only when it has at least as many gradients as there are live workers).
+    fn complete(&self, core: &Core<T, S, M>, k: usize) -> bool {
+        let count = self.iterations.get(k).map_or(0, |it| it.count as usize);
+        count > 0 && count >= core.roster.live_count() && core.roster.live().all(|(_, r)| r.ext.got & (1 << k) != 0)
     }
 
-    /// Closes head iterations while they are complete or timed out.
-    fn try_close(&mut self, core: &mut ServerCore<T, S>, now: Instant) {
-        self.backlog = false;
-        loop {
+    /// Closes head iterations while they are complete or timed out (at most `s_bap + 1`:
+    /// each close queues its per-worker outputs as batches keyed by its own slot, which no
+    /// later close of the same input touches).
+    fn try_close(&mut self, core: &mut Core<T, S, M>, now: Instant) {
+        for _ in 0..self.open() {
             let head = core.version.0.saturating_add(1);
             let Some(k) = self.slot_index(core, head) else { return };
-            let Some(slot) = self.slots.get(k) else { return };
-            let live = core.roster.live();
             // An empty head is never complete; it closes only by timeout, when a later
             // iteration has a gradient (its own were lost).
-            let complete = !slot.got.is_empty()
-                && (0..self.n(core)).map(|i| WorkerId(i as u32)).all(|w| !live.contains(w) || slot.got.contains(w));
+            let complete = self.complete(core, k);
             let timed_out = self.head_deadline(core).is_some_and(|d| now >= d);
             if !complete && !timed_out {
-                return;
-            }
-            if core.queue.ensure_room(self.close_burst(core)).is_err() {
-                self.backlog = true;
                 return;
             }
             self.close(core, now, head, k, !complete);
         }
     }
 
-    fn close(&mut self, core: &mut ServerCore<T, S>, now: Instant, j: u64, k: usize, by_timeout: bool) {
-        // Borrowed, not copied: a slot is ~1.3 KB and this runs once per iteration.
-        static EMPTY: Slot = Slot::EMPTY;
-        let slot = self.slots.get(k).unwrap_or(&EMPTY);
-        let count = slot.got.len().max(1);
-        let a = T::from_f64(-self.config.learning_rate / count as f64);
+    fn close(&mut self, core: &mut Core<T, S, M>, now: Instant, j: u64, k: usize, by_timeout: bool) {
+        let count = self.iterations.get(k).map_or(0, |it| it.count);
+        let a = T::from_f64(-self.config.learning_rate / f64::from(count.max(1)));
         let dim = self.dim(core);
         let start = k.saturating_mul(dim);
         if let Some(acc) = self.accs.as_mut().get_mut(start..start.saturating_add(dim)) {
@@ -193,53 +250,44 @@ impl<T: Scalar, S: Buffer<T>> BapRules<T, S> {
             let _ = math::apply_and_clear(core.params.as_mut(), a, acc);
         }
         let version = Version(j);
-        for worker in slot.got.iter() {
-            let i = worker.index();
-            let lag = u64::from(slot.lag.get(i).copied().unwrap_or(0));
-            let factor = f64::from(slot.factor.get(i).copied().unwrap_or(1.0));
-            core.queue.push(ServerItem::Event(ServerEvent::Applied {
-                worker,
-                base: Version(j.saturating_sub(1).saturating_sub(lag)),
-                version,
-                staleness: lag,
-                weight: factor / count as f64,
-            }));
-        }
-        core.stats.applied += slot.got.len() as u64;
+        // The contributors' events: one batch, which clears their bit for slot `k`.
+        core.queue.push_batch(BatchKind::Protocol { tag: APPLIED, a: j, b: u64::from(count) });
+        core.stats.applied += u64::from(count);
         core.stats.updates += 1;
-        core.queue.push(ServerItem::Event(ServerEvent::ModelUpdated { version, contributions: slot.got.len() as u32 }));
+        core.queue.push(ServerItem::Event(ServerEvent::ModelUpdated { version, contributions: count }));
         let reason = if by_timeout { DropReason::Aborted } else { DropReason::WorkerLost };
-        for i in 0..self.n(core) {
-            let worker = WorkerId(i as u32);
-            if slot.got.contains(worker) {
-                continue;
+        let reason_index = DropReason::ALL.iter().position(|r| *r == reason).unwrap_or(0) as u8;
+        let mut answered = false;
+        for r in core.roster.records_mut() {
+            if r.ext.got & (1 << k) == 0 {
+                r.ext.missed = j;
+                r.ext.missed_reason = reason_index;
+                if by_timeout {
+                    r.ext.aborted |= 1 << k;
+                }
             }
-            if let Some(m) = self.missed.get_mut(i) {
-                *m = (j, reason);
-            }
-            if by_timeout {
-                core.queue.push(ServerItem::Abort { to: worker, iteration: j });
+            // Parked pulls the new version satisfies are answered (one batch: mark `j`).
+            if r.ext.pending.checked_sub(1).is_some_and(|min| j >= min) {
+                r.ext.pending = 0;
+                r.mark = j;
+                answered = true;
             }
         }
-        // `lag` and `factor` are written for every worker `got` gains and read only for
-        // those, so emptying `got` (and `first`) empties the slot.
-        if let Some(s) = self.slots.get_mut(k) {
-            s.got.clear();
-            s.first = None;
+        if by_timeout {
+            core.queue.push_batch(BatchKind::Protocol { tag: ABORTS, a: j, b: 0 });
+        }
+        if let Some(it) = self.iterations.get_mut(k) {
+            *it = Iteration::EMPTY;
         }
         core.version = version;
         self.published = now;
         core.stall.progress(now);
-        for i in 0..self.n(core) {
-            let Some(slot) = self.pending.get_mut(i) else { continue };
-            if slot.is_some_and(|min| j >= min) {
-                *slot = None;
-                core.queue.push(ServerItem::Model { to: Recipient::Worker(WorkerId(i as u32)) });
-            }
+        if answered {
+            core.queue.push_batch(BatchKind::Models { mark: j });
         }
     }
 
-    fn drop_gradient(&mut self, core: &mut ServerCore<T, S>, worker: WorkerId, base: Version, reason: DropReason) {
+    fn drop_gradient(&mut self, core: &mut Core<T, S, M>, worker: WorkerId, base: Version, reason: DropReason) {
         core.stats.count_drop(reason);
         core.queue.push(ServerItem::Event(ServerEvent::Dropped { worker, base, reason }));
     }
@@ -247,7 +295,7 @@ impl<T: Scalar, S: Buffer<T>> BapRules<T, S> {
     #[allow(clippy::too_many_arguments)]
     fn on_grad(
         &mut self,
-        core: &mut ServerCore<T, S>,
+        core: &mut Core<T, S, M>,
         now: Instant,
         from: WorkerId,
         base: Version,
@@ -266,10 +314,8 @@ impl<T: Scalar, S: Buffer<T>> BapRules<T, S> {
         }
         let i = from.index();
         let slot_k = self.slot_index(core, j);
-        if let Some(slot) = slot_k.and_then(|k| self.slots.get(k)) {
-            if slot.got.contains(from) {
-                return Err(Reject::Duplicate { worker: from, seq });
-            }
+        if slot_k.is_some_and(|k| self.contributed(core, from, k)) {
+            return Err(Reject::Duplicate { worker: from, seq });
         }
         let lag = j - 1 - base.0;
         #[allow(unused_mut)]
@@ -280,8 +326,10 @@ impl<T: Scalar, S: Buffer<T>> BapRules<T, S> {
             bound = bound.saturating_add(1);
         }
         let outcome = if j <= core.version.0 {
-            Err(match self.missed.get(i) {
-                Some(&(it, reason)) if it >= j => reason,
+            Err(match core.roster.ext(from) {
+                Some(x) if x.missed >= j => {
+                    DropReason::ALL.get(usize::from(x.missed_reason)).copied().unwrap_or(DropReason::Stale)
+                }
                 _ => DropReason::Stale,
             })
         } else {
@@ -303,13 +351,16 @@ impl<T: Scalar, S: Buffer<T>> BapRules<T, S> {
         match outcome {
             Err(reason) => self.drop_gradient(core, from, base, reason),
             Ok(k) => {
-                if let Some(slot) = self.slots.get_mut(k) {
-                    slot.got.insert(from);
-                    if let (Some(l), Some(f)) = (slot.lag.get_mut(i), slot.factor.get_mut(i)) {
-                        *l = lag as u8;
-                        *f = factor.to_f64() as f32;
-                    }
-                    slot.first.get_or_insert(now);
+                if let Some(x) = core.roster.ext_mut(from) {
+                    x.got |= 1 << k;
+                }
+                let cell = self.cell(i, k);
+                if let Some(c) = self.contributions.as_mut().get_mut(cell) {
+                    *c = Contribution::new(lag as u8, factor.to_f64() as f32);
+                }
+                if let Some(it) = self.iterations.get_mut(k) {
+                    it.count += 1;
+                    it.first.get_or_insert(now);
                 }
                 self.try_close(core, now);
             }
@@ -319,7 +370,7 @@ impl<T: Scalar, S: Buffer<T>> BapRules<T, S> {
 
     fn on_pull(
         &mut self,
-        core: &mut ServerCore<T, S>,
+        core: &mut Core<T, S, M>,
         from: WorkerId,
         have: Version,
         min_clock: u64,
@@ -331,25 +382,26 @@ impl<T: Scalar, S: Buffer<T>> BapRules<T, S> {
         if min_clock > reachable {
             return Err(Reject::FutureVersion { claimed: Version(min_clock), current: core.version });
         }
-        let slot = self.pending.get_mut(from.index()).ok_or(Reject::UnknownWorker(from))?;
-        if core.version.0 >= min_clock {
-            *slot = None;
+        let head = core.version.0.saturating_add(1);
+        let missing = self.slot_index(core, head).is_some_and(|k| !self.contributed(core, from, k));
+        let version = core.version;
+        let x = core.roster.ext_mut(from).ok_or(Reject::UnknownWorker(from))?;
+        if version.0 >= min_clock {
+            x.pending = 0;
             if core.version > have {
                 core.queue.push(ServerItem::Model { to: Recipient::Worker(from) });
             } else {
                 core.queue.push(ServerItem::NotNewer { to: from, version: core.version });
             }
         } else {
-            let again = slot.replace(min_clock).is_some();
+            let again = x.pending != 0;
+            x.pending = min_clock.saturating_add(1);
             // A parked puller is past the head iteration (its next iteration is above
             // `min_clock > v`). If it pulls again (its retry after `rejoin_after`, which
             // re-sends its last gradient first) and its gradient of the head is still
             // missing, that gradient was lost: re-send the model the worker has, which tells
             // it to compute the head again (a late original or a second copy is then refused
             // as a duplicate, or dropped once the iteration closed).
-            let head = core.version.0.saturating_add(1);
-            let missing =
-                self.slot_index(core, head).and_then(|k| self.slots.get(k)).is_some_and(|s| !s.got.contains(from));
             if again && missing {
                 core.queue.push(ServerItem::Model { to: Recipient::Worker(from) });
             }
@@ -357,33 +409,34 @@ impl<T: Scalar, S: Buffer<T>> BapRules<T, S> {
         Ok(())
     }
 
-    fn on_join(&mut self, core: &mut ServerCore<T, S>, from: WorkerId, epoch: u32) -> Result<(), Reject> {
+    fn on_join(&mut self, core: &mut Core<T, S, M>, from: WorkerId, epoch: u32) -> Result<(), Reject> {
         let fresh = core.roster.check_join(from, epoch)?;
         core.roster.commit_join(from, epoch);
         if fresh {
             core.queue.push(ServerItem::Event(ServerEvent::WorkerJoined { worker: from, epoch }));
         }
-        if let Some(p) = self.pending.get_mut(from.index()) {
-            *p = None;
+        if let Some(x) = core.roster.ext_mut(from) {
+            x.pending = 0;
         }
         core.queue.push(ServerItem::Model { to: Recipient::Worker(from) });
         Ok(())
     }
 }
 
-impl<T: Scalar, S: Buffer<T>> Rules<T, S> for BapRules<T, S> {
-    fn burst(&self, core: &ServerCore<T, S>) -> usize {
-        self.close_burst(core) + 4
+impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BapRules<T, S, M> {
+    fn burst(&self) -> usize {
+        // Up to `s_bap + 1` closes (three batches and the update event each), a drop, a
+        // join's or pull's answer.
+        4 * self.open() as usize + 4
     }
 
     fn on_message(
         &mut self,
-        core: &mut ServerCore<T, S>,
+        core: &mut Core<T, S, M>,
         now: Instant,
         from: WorkerId,
         msg: ToServer<'_, T>,
     ) -> Result<(), Reject> {
-        self.last_now = self.last_now.max(now);
         match msg {
             ToServer::Join { epoch } => self.on_join(core, from, epoch),
             ToServer::Grad { base, iteration, seq, values } => {
@@ -394,34 +447,58 @@ impl<T: Scalar, S: Buffer<T>> Rules<T, S> for BapRules<T, S> {
         }
     }
 
-    fn on_lost(&mut self, core: &mut ServerCore<T, S>, now: Instant, worker: WorkerId, _was_live: bool) {
-        self.last_now = self.last_now.max(now);
-        if let Some(p) = self.pending.get_mut(worker.index()) {
-            *p = None;
+    fn on_lost(&mut self, core: &mut Core<T, S, M>, now: Instant, worker: WorkerId, _was_live: bool) {
+        if let Some(x) = core.roster.ext_mut(worker) {
+            x.pending = 0;
         }
         self.try_close(core, now);
     }
 
-    fn on_timeout(&mut self, core: &mut ServerCore<T, S>, now: Instant) {
-        self.last_now = self.last_now.max(now);
+    fn on_timeout(&mut self, core: &mut Core<T, S, M>, now: Instant) {
         self.try_close(core, now);
         if core.stall.due(now) {
             let head = core.version.0.saturating_add(1);
-            let got = self.slot_index(core, head).and_then(|k| self.slots.get(k)).map_or(WorkerSet::EMPTY, |s| s.got);
-            let live = core.roster.live();
-            let missing = (0..core.n()).map(|i| WorkerId(i as u32)).filter(|w| live.contains(*w) && !got.contains(*w));
-            let count = missing.clone().count() as u32;
-            if let Some(waiting_for) = missing.min() {
-                if core.queue.ensure_room(1).is_ok() {
-                    let since = core.stall.since();
-                    core.event(ServerEvent::Stalled { waiting_for, missing: count, since });
-                }
+            let bit = self.slot_index(core, head).map_or(0, |k| 1u16 << k);
+            let missing = || core.roster.live().filter(|(_, r)| r.ext.got & bit == 0).map(|(w, _)| w);
+            let (count, first) = (missing().count() as u32, missing().next());
+            if let Some(waiting_for) = first {
+                let since = core.stall.since();
+                core.event(ServerEvent::Stalled { waiting_for, missing: count, since });
             }
         }
     }
 
-    fn poll_timeout(&self, core: &ServerCore<T, S>) -> Option<Instant> {
-        let backlog = self.backlog.then_some(self.last_now);
-        [core.stall.deadline(), self.head_deadline(core), backlog].into_iter().flatten().min()
+    fn expand(&self, kind: BatchKind, worker: WorkerId, record: &mut WorkerRecord<BapSlot>) -> Option<ServerItem> {
+        match kind {
+            BatchKind::Protocol { tag: APPLIED, a: j, b: count } => {
+                let k = (j % self.open()) as usize;
+                if record.ext.got & (1 << k) == 0 {
+                    return None;
+                }
+                record.ext.got &= !(1 << k);
+                let c = self.contributions.as_ref().get(self.cell(worker.index(), k)).copied();
+                let c = c.unwrap_or(Contribution::NONE);
+                Some(ServerItem::Event(ServerEvent::Applied {
+                    worker,
+                    base: Version(j.saturating_sub(1).saturating_sub(c.lag())),
+                    version: Version(j),
+                    staleness: c.lag(),
+                    weight: c.factor() / count.max(1) as f64,
+                }))
+            }
+            BatchKind::Protocol { tag: ABORTS, a: j, .. } => {
+                let bit = 1 << (j % self.open());
+                if record.ext.aborted & bit == 0 {
+                    return None;
+                }
+                record.ext.aborted &= !bit;
+                Some(ServerItem::Abort { to: worker, iteration: j })
+            }
+            kind => crate::proto::common::engine::expand_common(kind, worker, record),
+        }
+    }
+
+    fn poll_timeout(&self, core: &Core<T, S, M>) -> Option<Instant> {
+        [core.stall.deadline(), self.head_deadline(core)].into_iter().flatten().min()
     }
 }

@@ -3,16 +3,21 @@
 
 use super::BspConfig;
 use crate::error::{ConfigError, Reject};
-use crate::id::{Version, WorkerId, WorkerSet};
+use crate::id::{Version, WorkerId};
 use crate::math::{self, Scalar};
 use crate::msg::{ToServer, Values};
 use crate::proto::common::round::Round;
-use crate::proto::{Buffer, DropReason, ProtocolServer, Recipient, Rules, ServerCore, ServerEvent};
+use crate::proto::common::table::RoundSlot;
+use crate::proto::{
+    Buffer, CoreOf, DEFAULT_INLINE_WORKERS, DropReason, HasSlot, Inline, ProtocolServer, Recipient, Rules, ServerCore,
+    ServerEvent, Storage,
+};
 use crate::time::Instant;
 use core::marker::PhantomData;
 
-/// The BSP server. `S` is the caller's storage for the model and the accumulator.
-pub type BspServer<T, S> = ProtocolServer<T, S, BspRules<T, S>>;
+/// The BSP server. `S` is the caller's storage for the model and the accumulator, `M` for
+/// the per-worker table.
+pub type BspServer<T, S, M = Inline<DEFAULT_INLINE_WORKERS>> = ProtocolServer<T, S, BspRules<T, S>, M>;
 
 /// BSP's own state over the shared server core: the accumulator and the open round.
 #[derive(Debug)]
@@ -26,7 +31,11 @@ pub struct BspRules<T, S> {
     _t: PhantomData<T>,
 }
 
-impl<T: Scalar, S: Buffer<T>> BspServer<T, S> {
+impl<T, S> HasSlot for BspRules<T, S> {
+    type Slot = RoundSlot;
+}
+
+impl<T: Scalar, S: Buffer<T>, M: Storage> BspServer<T, S, M> {
     /// A server starting from the model in `params` at version 0. `acc` is scratch space of
     /// the same length (its contents are overwritten).
     pub fn new(config: BspConfig, params: S, acc: S) -> Result<Self, ConfigError> {
@@ -65,15 +74,26 @@ impl<T: Scalar, S: Buffer<T>> BspServer<T, S> {
         &self.rules().config
     }
 
-    /// Workers whose gradient for the current version is in.
-    pub fn received(&self) -> &WorkerSet {
-        &self.rules().round.got
+    /// How many workers' gradients for the current version are in.
+    pub fn received(&self) -> usize {
+        self.rules().round.len()
+    }
+
+    /// Whether `worker`'s gradient for the current version is in.
+    pub fn has_received(&self, worker: WorkerId) -> bool {
+        Round::contains(&self.core.roster, worker, self.core.version)
+    }
+
+    /// The workers whose gradient for the current version is in, in id order (a pass over
+    /// the table).
+    pub fn contributors(&self) -> impl Iterator<Item = WorkerId> + '_ {
+        Round::members(&self.core.roster, self.core.version)
     }
 }
 
 impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
     /// Gradients that complete a round.
-    fn needed(core: &ServerCore<T, S>) -> usize {
+    fn needed<M: Storage>(core: &CoreOf<T, S, M, Self>) -> usize {
         #[allow(unused_mut)]
         let mut needed = core.n();
         // CANARY (planted bug, test builds only): the round closes one gradient short.
@@ -84,9 +104,9 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
         needed
     }
 
-    fn on_grad(
+    fn on_grad<M: Storage>(
         &mut self,
-        core: &mut ServerCore<T, S>,
+        core: &mut CoreOf<T, S, M, Self>,
         now: Instant,
         from: WorkerId,
         base: Version,
@@ -95,13 +115,14 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
     ) -> Result<(), Reject> {
         core.roster.check_seq(from, seq)?;
         let dim = core.dim();
-        let current = base == core.version && !self.round.got.contains(from);
-        if current && self.round.got.len() + 1 == Self::needed(core) {
+        let current = base == core.version && !Round::contains(&core.roster, from, base);
+        if current && self.round.len() + 1 == Self::needed(core) {
             // The round's last gradient: admission (the verdict of either path below), then
             // the accumulation folded into the update, one pass over the accumulator fewer.
             let factor = self.config.gradient_policy.admit(&values, dim)?;
             let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
             core.version = self.round.add_and_close(
+                &mut core.roster,
                 from,
                 &values,
                 factor,
@@ -127,14 +148,14 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
             core::mem::swap(&mut self.acc, spare);
             core.roster.commit_seq(from, seq);
             core.stats.accepted += 1;
-            self.round.record(from, factor);
+            self.round.record(&mut core.roster, base, from, factor);
             return self.after_add(core, now, dim);
         }
         let factor = self.config.gradient_policy.admit(&values, dim)?;
         if base > core.version {
             return Err(Reject::FutureVersion { claimed: base, current: core.version });
         }
-        if base == core.version && self.round.got.contains(from) {
+        if base == core.version && Round::contains(&core.roster, from, base) {
             return Err(Reject::Duplicate { worker: from, seq });
         }
         core.roster.commit_seq(from, seq);
@@ -145,13 +166,18 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
             return Ok(());
         }
         let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
-        self.round.add(from, &values, factor, acc)?;
+        self.round.add(&mut core.roster, base, from, &values, factor, acc)?;
         self.after_add(core, now, dim)
     }
 
     /// After a gradient went into the round: closes it when complete.
-    fn after_add(&mut self, core: &mut ServerCore<T, S>, now: Instant, dim: usize) -> Result<(), Reject> {
-        if self.round.got.len() == Self::needed(core) {
+    fn after_add<M: Storage>(
+        &mut self,
+        core: &mut CoreOf<T, S, M, Self>,
+        now: Instant,
+        dim: usize,
+    ) -> Result<(), Reject> {
+        if self.round.len() == Self::needed(core) {
             let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
             core.version = self.round.close(
                 core.params.as_mut(),
@@ -168,15 +194,15 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
     }
 }
 
-impl<T: Scalar, S: Buffer<T>> Rules<T, S> for BspRules<T, S> {
-    fn burst(&self, core: &ServerCore<T, S>) -> usize {
-        // A close: one event per contributor, the update event and the broadcast.
-        2 * core.n() + 4
+impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BspRules<T, S> {
+    fn burst(&self) -> usize {
+        // A close: the contributors' events (one batch), the update event and the broadcast.
+        4
     }
 
     fn on_message(
         &mut self,
-        core: &mut ServerCore<T, S>,
+        core: &mut CoreOf<T, S, M, Self>,
         now: Instant,
         from: WorkerId,
         msg: ToServer<'_, T>,
@@ -188,10 +214,10 @@ impl<T: Scalar, S: Buffer<T>> Rules<T, S> for BspRules<T, S> {
         }
     }
 
-    fn on_timeout(&mut self, core: &mut ServerCore<T, S>, now: Instant) {
+    fn on_timeout(&mut self, core: &mut CoreOf<T, S, M, Self>, now: Instant) {
         if core.stall.due(now) {
-            if let Some(waiting_for) = self.round.got.first_missing(core.n()) {
-                let missing = (core.n() - self.round.got.len()) as u32;
+            if let Some(waiting_for) = Round::first_missing_any(&core.roster, core.version) {
+                let missing = (core.n() - self.round.len()) as u32;
                 let since = core.stall.since();
                 core.event(ServerEvent::Stalled { waiting_for, missing, since });
             }

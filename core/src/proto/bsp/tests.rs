@@ -49,7 +49,7 @@ fn refusals_change_nothing() {
     let mut s = server(2, 2);
     s.handle(Instant::ZERO, WorkerId(0), grad(0, 3, &[1.0, 1.0])).unwrap();
     let _ = drain(&mut s);
-    let before = (s.params().to_vec(), s.version(), *s.received());
+    let before = (s.params().to_vec(), s.version(), s.contributors().collect::<Vec<_>>());
     let now = Instant::ZERO;
     assert_eq!(
         s.handle(now, WorkerId(0), grad(0, 3, &[1.0, 1.0])),
@@ -88,7 +88,7 @@ fn refusals_change_nothing() {
         ),
         Err(Reject::WrongLength(_))
     ));
-    assert_eq!((s.params().to_vec(), s.version(), *s.received()), before);
+    assert_eq!((s.params().to_vec(), s.version(), s.contributors().collect::<Vec<_>>()), before);
     assert!(s.poll_output().is_none());
     assert_eq!(s.stats().rejected, 11);
     assert_eq!(s.stats().accepted, 1);
@@ -213,7 +213,7 @@ proptest! {
             }
             let bits = |s: &BspServer<f32, Vec<f32>>| s.params().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
             prop_assert_eq!(bits(&plain), bits(&fused));
-            prop_assert_eq!(plain.received(), fused.received());
+            prop_assert_eq!(plain.contributors().collect::<Vec<_>>(), fused.contributors().collect::<Vec<_>>());
             prop_assert_eq!(plain.stats(), fused.stats());
         }
     }
@@ -253,12 +253,12 @@ proptest! {
                         2 => bad.push(1.0),
                         _ => bad[0] = f32::MAX,
                     }
-                    let before = (s.params().to_vec(), s.version(), *s.received(), *s.stats());
+                    let before = (s.params().to_vec(), s.version(), s.contributors().collect::<Vec<_>>(), *s.stats());
                     let msg = ToServer::Grad { base: Version(r as u64), iteration: 0, seq: 2 * r as u64, values: Values::Slice(&bad[..]) };
                     prop_assert!(s.handle(Instant::ZERO, WorkerId(w as u32), msg).is_err());
                     prop_assert!(s.poll_output().is_none());
                     prop_assert_eq!(before.0, s.params().to_vec());
-                    prop_assert_eq!((before.1, before.2), (s.version(), *s.received()));
+                    prop_assert_eq!((before.1, before.2), (s.version(), s.contributors().collect::<Vec<_>>()));
                     prop_assert_eq!(before.3.accepted, s.stats().accepted);
                 }
                 let bytes: Vec<u8> = g.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -336,7 +336,7 @@ proptest! {
         for (w, base, seq, len, x, kind) in ops {
             let values = match kind { 0 => vec![f64::NAN; len], 1 => vec![f64::INFINITY; len], _ => vec![x; len] };
             let before = s.version();
-            let distinct_before = s.received().len();
+            let distinct_before = s.received();
             let msg = match kind {
                 6 => ToServer::Join { epoch: seq as u32 },
                 7 => ToServer::Leave,

@@ -1,6 +1,7 @@
 //! The output queues' capacity, proven at the largest worker count: every protocol runs
-//! with `n = MAX_WORKERS` workers through joins, full rounds, stragglers, parked pulls and
-//! lost workers, and no output ever finds its queue full; a caller that does not drain is
+//! through joins, full rounds, stragglers, parked pulls and lost workers with more workers
+//! than the old fixed tables held, and the synchronous ones with `n = MAX_WORKERS`, and no
+//! output ever finds its queue (of a constant depth) full; a caller that does not drain is
 //! refused with `Capacity` before anything changes, and still nothing is lost.
 
 use super::testkit::prelude::*;
@@ -14,32 +15,36 @@ use crate::proto::dbw::DbwConfig;
 use crate::proto::grouped::GroupedConfig;
 use crate::proto::ssp::SspConfig;
 use crate::proto::wbsp::WbspConfig;
-use crate::proto::{AnyServer, AnyWorker, ProtocolConfig};
+use crate::proto::{AnyServer, AnyWorker, Heap, ProtocolConfig};
 use std::collections::VecDeque;
 use std::vec;
 use std::vec::Vec;
 
-const N: u32 = MAX_WORKERS as u32;
 const DIM: usize = 4;
 
-fn configs() -> Vec<ProtocolConfig> {
-    let mut backup_b = BackupConfig::new(N, 0.1, 8);
+/// More workers than the tables of the fixed-size design (256) held.
+const SOME: u32 = 300;
+
+type Srv = AnyServer<f64, Vec<f64>, Heap>;
+
+fn configs(n: u32) -> Vec<ProtocolConfig> {
+    let mut backup_b = BackupConfig::new(n, 0.1, 8);
     backup_b.interrupt = Interrupt::RunToCompletion;
-    let mut bap = BapConfig::new(N, 0.1, 2);
+    let mut bap = BapConfig::new(n, 0.1, 2);
     bap.iteration_timeout = Some(Duration::from_millis(5));
-    let mut wbsp = WbspConfig::new(N, 0.1);
+    let mut wbsp = WbspConfig::new(n, 0.1);
     wbsp.round_deadline = Some(Duration::from_millis(5));
     vec![
-        ProtocolConfig::Bsp(BspConfig::new(N, 0.1)),
-        ProtocolConfig::Asp(AspConfig::new(N, 0.1)),
-        ProtocolConfig::Backup(BackupConfig::new(N, 0.1, 8)),
+        ProtocolConfig::Bsp(BspConfig::new(n, 0.1)),
+        ProtocolConfig::Asp(AspConfig::new(n, 0.1)),
+        ProtocolConfig::Backup(BackupConfig::new(n, 0.1, 8)),
         ProtocolConfig::Backup(backup_b),
-        ProtocolConfig::Dbw(DbwConfig::new(N, 0.1)),
-        ProtocolConfig::Ssp(SspConfig::new(N, 0.1, 2)),
+        ProtocolConfig::Dbw(DbwConfig::new(n, 0.1)),
+        ProtocolConfig::Ssp(SspConfig::new(n, 0.1, 2)),
         ProtocolConfig::Bap(bap),
         ProtocolConfig::Wbsp(wbsp),
-        ProtocolConfig::Grouped(GroupedConfig::new(N, 0.1, 1)),
-        ProtocolConfig::Grouped(GroupedConfig::new(N, 0.1, 16)),
+        ProtocolConfig::Grouped(GroupedConfig::new(n, 0.1, 1)),
+        ProtocolConfig::Grouped(GroupedConfig::new(n, 0.1, 16)),
     ]
 }
 
@@ -49,9 +54,9 @@ fn configs() -> Vec<ProtocolConfig> {
 /// and the version reached.
 fn run(config: &ProtocolConfig, inputs: usize) -> (usize, u64) {
     let dim = DIM;
-    let mut server: AnyServer<f64, Vec<f64>> =
-        AnyServer::new(config, vec![0.0; dim], vec![0.0; config.server_scratch_len(dim)]).unwrap();
-    let mut workers: Vec<AnyWorker<f64, Vec<f64>>> = (0..N)
+    let n = config.workers();
+    let mut server: Srv = AnyServer::new(config, vec![0.0; dim], vec![0.0; config.server_scratch_len(dim)]).unwrap();
+    let mut workers: Vec<AnyWorker<f64, Vec<f64>>> = (0..n)
         .map(|i| {
             let setup = WorkerSetup { id: WorkerId(i), epoch: 1, rejoin_after: None };
             AnyWorker::new(config, setup, vec![0.0; dim], vec![0.0; config.worker_scratch_len(dim)]).unwrap()
@@ -71,7 +76,7 @@ fn run(config: &ProtocolConfig, inputs: usize) -> (usize, u64) {
             match out {
                 WorkerOutput::Send(msg) => ts.push_back((i, ToServerOwned::from(&msg))),
                 WorkerOutput::Compute { id, .. } => {
-                    if i == N - 1 {
+                    if i == n - 1 {
                         last_worker_computed += 1;
                         if last_worker_computed > 3 {
                             continue;
@@ -110,7 +115,7 @@ fn run(config: &ProtocolConfig, inputs: usize) -> (usize, u64) {
             // Nothing in flight, the dead worker holds everyone up: the transport declares it
             // lost (parked pulls are answered, rounds close without it, all at once).
             declared_lost = true;
-            let _ = server.handle_worker_lost(now, WorkerId(N - 1));
+            let _ = server.handle_worker_lost(now, WorkerId(n - 1));
             handled += 1;
         } else {
             // Nothing in flight: let the deadlines fire.
@@ -129,7 +134,7 @@ fn run(config: &ProtocolConfig, inputs: usize) -> (usize, u64) {
                 let owned = ToWorkerOwned::from(&msg);
                 match to {
                     Recipient::Worker(w) => to_workers.push_back((w.0, owned)),
-                    Recipient::AllWorkers => to_workers.extend((0..N).map(|w| (w, owned.clone()))),
+                    Recipient::AllWorkers => to_workers.extend((0..n).map(|w| (w, owned.clone()))),
                 }
             }
         }
@@ -139,10 +144,30 @@ fn run(config: &ProtocolConfig, inputs: usize) -> (usize, u64) {
     (widest, server.version().0)
 }
 
+/// Every protocol, with more workers than the old fixed tables held.
+#[test]
+fn no_output_is_lost_with_hundreds_of_workers() {
+    check_no_output_is_lost(configs(SOME), 12 * SOME as usize);
+}
+
+/// The synchronous protocols and ASP at the largest `n` (the others' per-input costs make
+/// a run of this length too slow for a unit test; their queue depth does not depend on `n`).
 #[test]
 fn no_output_is_lost_at_the_largest_worker_count() {
-    for config in configs() {
-        let (widest, version) = run(&config, 12 * MAX_WORKERS);
+    let n = MAX_WORKERS as u32;
+    let configs = configs(n).into_iter().filter(|c| {
+        matches!(
+            c,
+            ProtocolConfig::Bsp(_) | ProtocolConfig::Asp(_) | ProtocolConfig::Backup(_) | ProtocolConfig::Dbw(_)
+        )
+    });
+    check_no_output_is_lost(configs.collect(), 3 * MAX_WORKERS);
+}
+
+fn check_no_output_is_lost(configs: Vec<ProtocolConfig>, inputs: usize) {
+    for config in configs {
+        let n = config.workers();
+        let (widest, version) = run(&config, inputs);
         std::println!("{}: widest {widest}, version {version}", config.name());
         assert!(version >= 2, "{}: reached only version {version}", config.name());
         // Rounds of (nearly) all `n` workers closed: the per-contributor outputs of one
@@ -151,8 +176,8 @@ fn no_output_is_lost_at_the_largest_worker_count() {
         let round_size = match config {
             ProtocolConfig::Asp(_) | ProtocolConfig::Wbsp(_) | ProtocolConfig::Dbw(_) => 1,
             ProtocolConfig::Backup(c) => c.aggregate(),
-            ProtocolConfig::Grouped(c) => N / c.groups,
-            _ => N - 1,
+            ProtocolConfig::Grouped(c) => n / c.groups,
+            _ => n - 1,
         };
         assert!(widest >= round_size as usize, "{}: widest drain {widest} < {round_size}", config.name());
     }
@@ -160,14 +185,15 @@ fn no_output_is_lost_at_the_largest_worker_count() {
 
 #[test]
 fn a_caller_that_does_not_drain_is_refused_before_anything_is_lost() {
-    for config in configs() {
+    for config in configs(SOME) {
+        let n = config.workers();
         let dim = DIM;
-        let mut server: AnyServer<f64, Vec<f64>> =
+        let mut server: Srv =
             AnyServer::new(&config, vec![0.0; dim], vec![0.0; config.server_scratch_len(dim)]).unwrap();
         let mut refused = false;
         // Joins answer with a model each; never drained, the queue fills.
         for round in 0..8u32 {
-            for i in 0..N {
+            for i in 0..n {
                 let before = server.stats().rejected;
                 match server.handle(Instant::ZERO, WorkerId(i), ToServer::Join { epoch: round + 1 }) {
                     Err(Reject::Capacity) => {

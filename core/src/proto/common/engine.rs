@@ -3,12 +3,19 @@
 //! implementation of the [`Server`] verbs ([`ProtocolServer`]) that screens every input
 //! (output room, membership), handles `Leave` and lost workers, counts refusals and drains
 //! outputs. A protocol is a [`Rules`] value: the state only it keeps and what it does with a
-//! message, a lost worker and a deadline.
+//! message, a lost worker and a deadline, and which per-worker outputs a queued batch
+//! expands to.
+//!
+//! Per-worker state lives in one [`WorkerRecord`] per worker (the roster's part and the
+//! protocol's [`Slot`]), in a table whose kind the caller picks with the server's last type
+//! parameter `M` ([`Storage`]: [`Inline<N>`](super::table::Inline) by default, `Heap` with
+//! the `alloc` feature); the output queue's depth is a constant.
 
-use super::queue::{ServerItem, ServerQueue};
+use super::queue::{BatchKind, ServerItem, ServerQueue};
 use super::roster::Roster;
 use super::round::check_learning_rate;
 use super::stall::StallWatch;
+use super::table::{DEFAULT_INLINE_WORKERS, Inline, Slot, Storage, WorkerRecord};
 use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
 use crate::math::Scalar;
@@ -17,15 +24,16 @@ use crate::proto::{Buffer, Recipient, Server, ServerEvent, ServerOutput, ServerS
 use crate::time::{Duration, Instant};
 use core::marker::PhantomData;
 
-/// The state every server keeps, whatever its protocol.
+/// The state every server keeps, whatever its protocol. `X` is the protocol's per-worker
+/// [`Slot`].
 #[derive(Debug)]
-pub struct ServerCore<T, S> {
+pub struct ServerCore<T, S, M: Storage, X: Slot> {
     /// The model (caller's storage).
     pub(crate) params: S,
     /// Updates applied so far.
     pub(crate) version: Version,
-    /// Membership, sessions, deduplication.
-    pub(crate) roster: Roster,
+    /// Membership, sessions, deduplication, and every worker's record.
+    pub(crate) roster: Roster<M, X>,
     /// What the server received and what became of it.
     pub(crate) stats: ServerStats,
     /// Pending outputs.
@@ -35,7 +43,7 @@ pub struct ServerCore<T, S> {
     _t: PhantomData<T>,
 }
 
-impl<T: Scalar, S: Buffer<T>> ServerCore<T, S> {
+impl<T: Scalar, S: Buffer<T>, M: Storage, X: Slot> ServerCore<T, S, M, X> {
     /// Checks the settings every protocol has and sets up a server whose model `params` is at
     /// `version`. The stall watch starts at time zero.
     pub(crate) fn new(
@@ -46,7 +54,7 @@ impl<T: Scalar, S: Buffer<T>> ServerCore<T, S> {
         version: Version,
     ) -> Result<Self, ConfigError> {
         check_learning_rate(learning_rate)?;
-        let roster = Roster::new(workers)?;
+        let roster = Roster::new(workers, X::INIT)?;
         if params.as_ref().is_empty() {
             return Err(ConfigError::EmptyModel);
         }
@@ -103,20 +111,30 @@ impl<T: Scalar, S: Buffer<T>> ServerCore<T, S> {
     }
 }
 
+/// A protocol's per-worker part: the [`Slot`] type every one of its worker records holds.
+pub trait HasSlot {
+    /// The protocol's part of a worker's record.
+    type Slot: Slot;
+}
+
+/// The core of the server of rules `R` over storage `M`.
+pub type CoreOf<T, S, M, R> = ServerCore<T, S, M, <R as HasSlot>::Slot>;
+
 /// What makes a protocol: the state only it keeps and its reactions, over a [`ServerCore`].
 ///
 /// [`ProtocolServer`] calls these only after the input passed the common screening (room for
-/// [`Self::burst`] outputs, the sender is a member); an `Err` must leave both the rules and
-/// the core unchanged.
-pub trait Rules<T: Scalar, S: Buffer<T>> {
-    /// The most outputs one input can queue (checked before every input, so no push can
-    /// find the queue full).
-    fn burst(&self, core: &ServerCore<T, S>) -> usize;
+/// [`Self::burst`] outputs, no batch being expanded, the sender is a member); an `Err` must
+/// leave both the rules and the core unchanged.
+pub trait Rules<T: Scalar, S: Buffer<T>, M: Storage>: HasSlot {
+    /// The most queue items one input can add (a batch counts as one; checked before every
+    /// input, so no push can find the queue full). A constant: nothing may queue per-worker
+    /// items but through a batch.
+    fn burst(&self) -> usize;
 
     /// A message other than `Leave` from the member `from`.
     fn on_message(
         &mut self,
-        core: &mut ServerCore<T, S>,
+        core: &mut CoreOf<T, S, M, Self>,
         now: Instant,
         from: WorkerId,
         msg: ToServer<'_, T>,
@@ -124,41 +142,66 @@ pub trait Rules<T: Scalar, S: Buffer<T>> {
 
     /// `worker` was declared lost (the roster already marked it and, if it was live, the
     /// [`ServerEvent::WorkerLost`] event is queued).
-    fn on_lost(&mut self, core: &mut ServerCore<T, S>, now: Instant, worker: WorkerId, was_live: bool) {
+    fn on_lost(&mut self, core: &mut CoreOf<T, S, M, Self>, now: Instant, worker: WorkerId, was_live: bool) {
         let _ = (core, now, worker, was_live);
     }
 
     /// A deadline passed.
-    fn on_timeout(&mut self, core: &mut ServerCore<T, S>, now: Instant) {
+    fn on_timeout(&mut self, core: &mut CoreOf<T, S, M, Self>, now: Instant) {
         let _ = (core, now);
     }
 
     /// The next deadline.
-    fn poll_timeout(&self, core: &ServerCore<T, S>) -> Option<Instant> {
+    fn poll_timeout(&self, core: &CoreOf<T, S, M, Self>) -> Option<Instant> {
         core.stall.deadline()
     }
 
     /// The clock a `Model` message carries (the version, except for SSP).
-    fn model_clock(&self, core: &ServerCore<T, S>) -> u64 {
+    fn model_clock(&self, core: &CoreOf<T, S, M, Self>) -> u64 {
         core.version.0
     }
 
     /// Training ends: the protocol stops its timers.
-    fn on_stop(&mut self, core: &mut ServerCore<T, S>) {
+    fn on_stop(&mut self, core: &mut CoreOf<T, S, M, Self>) {
         core.stall.idle();
+    }
+
+    /// What a queued batch of `kind` emits for `worker`, whose record is `record`, if
+    /// anything. The default expands the common kinds ([`expand_common`]); protocols with
+    /// batches of their own ([`BatchKind::Protocol`]) expand those and defer the rest.
+    fn expand(&self, kind: BatchKind, worker: WorkerId, record: &mut WorkerRecord<Self::Slot>) -> Option<ServerItem> {
+        expand_common(kind, worker, record)
+    }
+}
+
+/// The common batches: `Applied` for a round's contributors, the model for marked workers.
+pub fn expand_common<X: Slot>(kind: BatchKind, worker: WorkerId, record: &WorkerRecord<X>) -> Option<ServerItem> {
+    match kind {
+        BatchKind::Applied { base, version, k } if record.mark == version.0 => {
+            Some(ServerItem::Event(ServerEvent::Applied {
+                worker,
+                base,
+                version,
+                staleness: 0,
+                weight: f64::from(record.ext.factor()) / f64::from(k.max(1)),
+            }))
+        }
+        BatchKind::Models { mark } if record.mark == mark => Some(ServerItem::Model { to: Recipient::Worker(worker) }),
+        _ => None,
     }
 }
 
 /// A server: the shared [`ServerCore`] driven by a protocol's [`Rules`]. Every protocol's
-/// server type (`BspServer`, `AspServer`, …) is one of these.
+/// server type (`BspServer`, `AspServer`, …) is one of these; `M` says where its per-worker
+/// table lives ([`Inline<256>`](super::table::Inline) unless the caller names another).
 #[derive(Debug)]
-pub struct ProtocolServer<T, S, R> {
-    pub(crate) core: ServerCore<T, S>,
+pub struct ProtocolServer<T, S, R: HasSlot, M: Storage = Inline<DEFAULT_INLINE_WORKERS>> {
+    pub(crate) core: ServerCore<T, S, M, R::Slot>,
     pub(crate) rules: R,
 }
 
-impl<T: Scalar, S: Buffer<T>, R: Rules<T, S>> ProtocolServer<T, S, R> {
-    pub(crate) fn from_parts(core: ServerCore<T, S>, rules: R) -> Self {
+impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S, R, M> {
+    pub(crate) fn from_parts(core: ServerCore<T, S, M, R::Slot>, rules: R) -> Self {
         Self { core, rules }
     }
 
@@ -177,9 +220,9 @@ impl<T: Scalar, S: Buffer<T>, R: Rules<T, S>> ProtocolServer<T, S, R> {
     }
 }
 
-impl<T: Scalar, S: Buffer<T>, R: Rules<T, S>> Server<T> for ProtocolServer<T, S, R> {
+impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> Server<T> for ProtocolServer<T, S, R, M> {
     fn handle(&mut self, now: Instant, from: WorkerId, msg: ToServer<'_, T>) -> Result<(), Reject> {
-        let result = self.core.queue.ensure_room(self.rules.burst(&self.core)).and_then(|()| {
+        let result = self.core.queue.ensure_room(self.rules.burst()).and_then(|()| {
             self.core.roster.check_member(from)?;
             match msg {
                 ToServer::Leave => self.lose(now, from),
@@ -195,21 +238,51 @@ impl<T: Scalar, S: Buffer<T>, R: Rules<T, S>> Server<T> for ProtocolServer<T, S,
 
     fn handle_worker_lost(&mut self, now: Instant, worker: WorkerId) -> Result<(), Reject> {
         self.core.roster.check_member(worker)?;
-        self.core.queue.ensure_room(self.rules.burst(&self.core))?;
+        self.core.queue.ensure_room(self.rules.burst())?;
         let result = self.lose(now, worker);
         self.core.stats.outputs_lost = self.core.queue.lost();
         result
     }
 
     fn handle_timeout(&mut self, now: Instant) {
-        self.rules.on_timeout(&mut self.core, now);
+        // A deadline met while a batch is still being expanded waits for the drain: the
+        // deadline stays due, so the next `handle_timeout` after it acts on it.
+        if self.core.queue.ensure_room(self.rules.burst()).is_ok() {
+            self.rules.on_timeout(&mut self.core, now);
+        }
         self.core.stats.outputs_lost = self.core.queue.lost();
     }
 
     fn poll_output(&mut self) -> Option<ServerOutput<'_, T>> {
         let clock = self.rules.model_clock(&self.core);
-        let core = &mut self.core;
-        core.queue.poll(core.version, clock, core.params.as_ref())
+        loop {
+            if let Some(batch) = self.core.queue.front_batch() {
+                let (kind, mut i) = (batch.kind, batch.next as usize);
+                let mut found = None;
+                let records = self.core.roster.records_mut();
+                while let Some(record) = records.get_mut(i) {
+                    i += 1;
+                    found = self.rules.expand(kind, WorkerId(i as u32 - 1), record);
+                    if found.is_some() {
+                        break;
+                    }
+                }
+                if let Some(batch) = self.core.queue.front_batch() {
+                    batch.next = i as u32;
+                }
+                match found {
+                    Some(item) => {
+                        return ServerQueue::render(item, self.core.version, clock, self.core.params.as_ref());
+                    }
+                    None => {
+                        self.core.queue.pop();
+                        continue;
+                    }
+                }
+            }
+            let item = self.core.queue.pop()?;
+            return ServerQueue::render(item, self.core.version, clock, self.core.params.as_ref());
+        }
     }
 
     fn poll_timeout(&self) -> Option<Instant> {

@@ -1,16 +1,18 @@
 //! Mechanisms every protocol shares, written once: the server engine ([`engine`]: model,
 //! version, roster, counters, output queue, stall watch and the one implementation of the
-//! server verbs), membership and deduplication (`roster`), the output queues (`queue`),
+//! server verbs), caller-sized per-worker storage ([`table`]), membership and
+//! deduplication (`roster`), the output queues (`queue`),
 //! the aggregation round of the synchronous protocols (`round`), gradient admission
 //! (`validate`), the stall watchdog (`stall`) and the gradient worker
 //! (`gradient_worker`) that BSP, ASP, backup workers, DBW and grouped members run.
 
 pub mod engine;
 pub(crate) mod gradient_worker;
-pub(crate) mod queue;
+pub mod queue;
 pub(crate) mod roster;
 pub(crate) mod round;
 pub(crate) mod stall;
+pub mod table;
 #[cfg(test)]
 pub(crate) mod testkit;
 pub(crate) mod validate;

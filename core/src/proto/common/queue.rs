@@ -1,66 +1,145 @@
 //! Fixed-capacity output queues. Items are small descriptors; payloads are borrowed from the
 //! state machine's buffers only when an item is polled, so queuing a model broadcast costs
-//! no copy.
+//! no copy. A server's per-worker outputs of one step (a round's `Applied` events, a model
+//! to each contributor, an abort to each straggler) are one [`Batch`] item, expanded one
+//! output at a time when polled, so the queue's depth does not depend on `n`.
 
 use crate::error::Reject;
-use crate::id::{ComputeId, MAX_WORKERS, Version, WorkerId};
+use crate::id::{ComputeId, Version, WorkerId};
 use crate::msg::{ToServer, ToWorker, Values};
 use crate::proto::{Recipient, ServerEvent, ServerOutput, WorkerEvent, WorkerOutput};
 use heapless::Deque;
 
-/// Capacity of a server's output queue: one event and one message per worker, plus slack.
-pub(crate) const SERVER_QUEUE: usize = 4 * MAX_WORKERS + 16;
+/// Capacity of a server's output queue, whatever `n`: every protocol's burst is a constant
+/// (per-worker outputs are batched), proven by the capacity tests.
+pub(crate) const SERVER_QUEUE: usize = 80;
 /// Capacity of a worker's output queue.
 pub(crate) const WORKER_QUEUE: usize = 16;
 
-/// A server output before its payload is attached.
+/// A server output before its payload is attached (what a protocol's
+/// [`Rules::expand`](crate::proto::Rules::expand) returns for one worker of a batch).
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum ServerItem {
+pub enum ServerItem {
     /// The current model (version, clock and params read at poll time).
     Model {
+        /// The recipient.
         to: Recipient,
     },
+    /// [`ToWorker::NotNewer`].
     NotNewer {
+        /// The recipient.
         to: WorkerId,
+        /// The version it has, still current.
         version: Version,
     },
+    /// [`ToWorker::PushAck`].
     PushAck {
+        /// The recipient.
         to: WorkerId,
+        /// The round the server is in.
         round: Version,
+        /// Whether the worker should pull the model now.
         pull_now: bool,
     },
+    /// [`ToWorker::Abort`].
     Abort {
+        /// The recipient.
         to: WorkerId,
+        /// The iteration to abandon.
         iteration: u64,
     },
+    /// [`ToWorker::Stop`] to every worker.
     Stop,
+    /// An event.
     Event(ServerEvent),
+    /// One output per matching worker, expanded at poll time.
+    Batch(Batch),
+}
+
+/// Per-worker outputs queued as one item: when polled, the server walks its worker records
+/// from `next` and emits one output for each record the kind selects (the protocol's
+/// [`Rules::expand`](crate::proto::Rules::expand)), in id order. While a batch is queued the
+/// server takes no input (it is refused with [`Reject::Capacity`], which a caller that
+/// drains after every input never sees), so the records it reads cannot change under it.
+#[derive(Clone, Copy, Debug)]
+pub struct Batch {
+    /// What to emit, and for whom.
+    pub(crate) kind: BatchKind,
+    /// The next worker index to look at.
+    pub(crate) next: u32,
+}
+
+/// What a [`Batch`] emits.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum BatchKind {
+    /// [`ServerEvent::Applied`] for every worker whose record's mark is `version` (its
+    /// gradient went into the round that made `version`), with weight `factor / k`.
+    Applied {
+        /// The version the round's gradients were computed on.
+        base: Version,
+        /// The version the round made.
+        version: Version,
+        /// The round's contributions.
+        k: u32,
+    },
+    /// The current model to every worker whose record's mark is `mark`.
+    Models {
+        /// The mark.
+        mark: u64,
+    },
+    /// Protocol-defined: expanded by the protocol alone, with `tag`, `a` and `b` its own.
+    Protocol {
+        /// Which of the protocol's batches.
+        tag: u8,
+        /// Its first argument.
+        a: u64,
+        /// Its second argument.
+        b: u64,
+    },
+}
+
+impl Batch {
+    /// A batch of `kind` starting at worker 0.
+    pub(crate) const fn new(kind: BatchKind) -> Self {
+        Self { kind, next: 0 }
+    }
 }
 
 /// A server's pending outputs.
 #[derive(Debug)]
 pub(crate) struct ServerQueue {
     items: Deque<ServerItem, SERVER_QUEUE>,
+    /// Batches among `items`.
+    batches: u32,
     /// Pushes that found the queue full (never expected: see [`Self::push`]).
     lost: u64,
 }
 
 impl ServerQueue {
     pub(crate) const fn new() -> Self {
-        Self { items: Deque::new(), lost: 0 }
+        Self { items: Deque::new(), batches: 0, lost: 0 }
     }
 
     /// Queues `item`. Every input is screened first with [`Self::ensure_room`] for the most
-    /// outputs it can produce (each protocol's `burst`, proven by the capacity tests at
-    /// `n = MAX_WORKERS`), and refused with [`Reject::Capacity`] before any state changes
-    /// when there is not room; so a push cannot find the queue full. Should it ever, the
-    /// output is counted in [`ServerStats::outputs_lost`](crate::proto::ServerStats) rather
-    /// than dropped silently, and the tests fail on any count but zero.
+    /// outputs it can produce (each protocol's `burst`, a constant proven by the capacity
+    /// tests at the largest `n`), and refused with [`Reject::Capacity`] before any state
+    /// changes when there is not room; so a push cannot find the queue full. Should it
+    /// ever, the output is counted in
+    /// [`ServerStats::outputs_lost`](crate::proto::ServerStats) rather than dropped
+    /// silently, and the tests fail on any count but zero.
     #[inline]
     pub(crate) fn push(&mut self, item: ServerItem) {
+        let batch = matches!(item, ServerItem::Batch(_));
         if self.items.push_back(item).is_err() {
             self.lost += 1;
+        } else if batch {
+            self.batches += 1;
         }
+    }
+
+    /// Queues a batch of `kind`.
+    pub(crate) fn push_batch(&mut self, kind: BatchKind) {
+        self.push(ServerItem::Batch(Batch::new(kind)));
     }
 
     /// Outputs that found the queue full.
@@ -68,17 +147,40 @@ impl ServerQueue {
         self.lost
     }
 
-    /// Refuses new input while there is not room for a full burst (n events + n messages).
+    /// Refuses new input while there is not room for a full burst, or a batch is still
+    /// being expanded (its records must not change before it is drained).
     #[inline]
     pub(crate) fn ensure_room(&self, burst: usize) -> Result<(), Reject> {
-        if SERVER_QUEUE - self.items.len() >= burst { Ok(()) } else { Err(Reject::Capacity) }
+        if self.batches == 0 && SERVER_QUEUE - self.items.len() >= burst { Ok(()) } else { Err(Reject::Capacity) }
     }
 
-    #[inline]
-    pub(crate) fn poll<'a, T>(&mut self, version: Version, clock: u64, params: &'a [T]) -> Option<ServerOutput<'a, T>> {
+    /// The front item, if it is a batch (to expand in place).
+    pub(crate) fn front_batch(&mut self) -> Option<&mut Batch> {
+        match self.items.front_mut() {
+            Some(ServerItem::Batch(b)) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// Removes the front item.
+    pub(crate) fn pop(&mut self) -> Option<ServerItem> {
         let item = self.items.pop_front()?;
+        if matches!(item, ServerItem::Batch(_)) {
+            self.batches = self.batches.saturating_sub(1);
+        }
+        Some(item)
+    }
+
+    /// Attaches the payload of an item that is not a batch (`None` for a batch).
+    #[inline]
+    pub(crate) fn render<'a, T>(
+        item: ServerItem,
+        version: Version,
+        clock: u64,
+        params: &'a [T],
+    ) -> Option<ServerOutput<'a, T>> {
         // Events first: most outputs are events, and a two-way branch predicts better than
-        // the jump table a six-way match compiles to.
+        // the jump table a seven-way match compiles to.
         if let ServerItem::Event(e) = item {
             return Some(ServerOutput::Event(e));
         }
@@ -97,6 +199,7 @@ impl ServerQueue {
             }
             ServerItem::Stop => ServerOutput::Send { to: Recipient::AllWorkers, msg: ToWorker::Stop },
             ServerItem::Event(e) => ServerOutput::Event(e),
+            ServerItem::Batch(_) => return None,
         })
     }
 }

@@ -1,57 +1,84 @@
-//! Per-worker bookkeeping shared by servers: membership, session epochs, deduplication.
+//! Per-worker bookkeeping shared by servers: membership, session epochs, deduplication and
+//! liveness, kept in the caller-sized table of [`WorkerRecord`]s that also holds each
+//! protocol's own per-worker state.
 
+use super::table::{Storage, WorkerRecord, flag};
 use crate::error::{ConfigError, Reject};
-use crate::id::{MAX_WORKERS, WorkerId, WorkerSet, first_seq};
+use crate::id::{MAX_WORKERS, WorkerId, first_seq};
+use core::fmt::Debug;
 
 /// Who the workers are, which session each is in, and the lowest sequence number each may
 /// still send. Deduplication is a per-worker high-water mark: a sequence number at or
 /// below the last accepted one is a duplicate or a replay (workers number their messages
 /// with strictly increasing `seq` within an epoch; gaps from lost messages are fine).
-#[derive(Clone, Debug)]
-pub(crate) struct Roster {
-    n: usize,
-    epoch: [u32; MAX_WORKERS],
-    next_seq: [u64; MAX_WORKERS],
-    joined: WorkerSet,
-    live: WorkerSet,
+#[derive(Debug)]
+pub(crate) struct Roster<M: Storage, X: Copy + Debug> {
+    records: M::Table<WorkerRecord<X>>,
+    /// Workers whose [`flag::LIVE`] bit is set.
+    live: usize,
 }
 
-impl Roster {
-    pub(crate) fn new(workers: u32) -> Result<Self, ConfigError> {
+impl<M: Storage, X: Copy + Debug> Roster<M, X> {
+    /// `workers` records, each with the protocol part `ext`.
+    pub(crate) fn new(workers: u32, ext: X) -> Result<Self, ConfigError> {
         let n = workers as usize;
         if n == 0 || n > MAX_WORKERS {
             return Err(ConfigError::WorkerCount(workers));
         }
-        Ok(Self {
-            n,
-            epoch: [0; MAX_WORKERS],
-            next_seq: [0; MAX_WORKERS],
-            joined: WorkerSet::EMPTY,
-            live: WorkerSet::first(n),
-        })
+        Ok(Self { records: M::table(n, WorkerRecord::new(ext))?, live: n })
     }
 
     /// The number of workers, `n`.
     pub(crate) fn n(&self) -> usize {
-        self.n
+        self.records.as_ref().len()
+    }
+
+    /// Every worker's record, in id order.
+    pub(crate) fn records(&self) -> &[WorkerRecord<X>] {
+        self.records.as_ref()
+    }
+
+    /// Every worker's record, in id order, for changes that keep the live count (the
+    /// [`flag::LIVE`] bit is the roster's: see [`Self::lose`], [`Self::commit_join`]).
+    pub(crate) fn records_mut(&mut self) -> &mut [WorkerRecord<X>] {
+        self.records.as_mut()
+    }
+
+    /// `id`'s record.
+    pub(crate) fn record(&self, id: WorkerId) -> Option<&WorkerRecord<X>> {
+        self.records.as_ref().get(id.index())
+    }
+
+    /// `id`'s record, mutable.
+    pub(crate) fn record_mut(&mut self, id: WorkerId) -> Option<&mut WorkerRecord<X>> {
+        self.records.as_mut().get_mut(id.index())
+    }
+
+    /// `id`'s protocol part.
+    pub(crate) fn ext(&self, id: WorkerId) -> Option<&X> {
+        self.record(id).map(|r| &r.ext)
+    }
+
+    /// `id`'s protocol part, mutable.
+    pub(crate) fn ext_mut(&mut self, id: WorkerId) -> Option<&mut X> {
+        self.record_mut(id).map(|r| &mut r.ext)
     }
 
     /// Refuses ids outside `0..n`.
     pub(crate) fn check_member(&self, id: WorkerId) -> Result<usize, Reject> {
         let i = id.index();
-        if i < self.n { Ok(i) } else { Err(Reject::UnknownWorker(id)) }
+        if i < self.n() { Ok(i) } else { Err(Reject::UnknownWorker(id)) }
     }
 
     /// Checks a `Join`. `Ok(true)` for a first join or a new epoch (the caller then calls
     /// [`Self::commit_join`]), `Ok(false)` for a repeated join of the current session.
     pub(crate) fn check_join(&self, id: WorkerId, epoch: u32) -> Result<bool, Reject> {
-        let i = self.check_member(id)?;
-        let current = self.epoch.get(i).copied().unwrap_or(0);
-        if self.joined.contains(id) {
-            if epoch < current {
+        let r = self.record(id).ok_or(Reject::UnknownWorker(id))?;
+        if r.has(flag::JOINED) {
+            if epoch < r.epoch {
                 Err(Reject::StaleEpoch { worker: id, epoch })
             } else {
-                Ok(epoch > current || !self.live.contains(id))
+                Ok(epoch > r.epoch || !r.has(flag::LIVE))
             }
         } else {
             Ok(true)
@@ -62,67 +89,88 @@ impl Roster {
     /// the epoch's first number ([`first_seq`]), never lowering it, so messages of earlier
     /// sessions stay refused.
     pub(crate) fn commit_join(&mut self, id: WorkerId, epoch: u32) {
-        let i = id.index();
-        if let (Some(e), Some(s)) = (self.epoch.get_mut(i), self.next_seq.get_mut(i)) {
-            *s = (*s).max(first_seq(epoch));
-            *e = epoch;
+        if let Some(r) = self.records.as_mut().get_mut(id.index()) {
+            r.next_seq = r.next_seq.max(first_seq(epoch));
+            r.epoch = epoch;
+            r.set(flag::JOINED, true);
+            if !r.has(flag::LIVE) {
+                r.set(flag::LIVE, true);
+                self.live += 1;
+            }
         }
-        self.joined.insert(id);
-        self.live.insert(id);
     }
 
     /// Refuses a sequence number already used (duplicate or replay).
     pub(crate) fn check_seq(&self, id: WorkerId, seq: u64) -> Result<(), Reject> {
-        let i = self.check_member(id)?;
+        let r = self.record(id).ok_or(Reject::UnknownWorker(id))?;
         // CANARY (planted bug, test builds only): deduplication off, a replay is accepted.
         #[cfg(feature = "_canary")]
         if crate::canary::is_on(crate::canary::Canary::DedupOff) {
             return Ok(());
         }
-        match self.next_seq.get(i) {
-            // `u64::MAX` is never accepted: the high-water mark saturates there, so once used
-            // it could not refuse its own replay.
-            Some(next) if seq >= *next && seq != u64::MAX => Ok(()),
-            _ => Err(Reject::Duplicate { worker: id, seq }),
-        }
+        // `u64::MAX` is never accepted: the high-water mark saturates there, so once used
+        // it could not refuse its own replay.
+        if seq >= r.next_seq && seq != u64::MAX { Ok(()) } else { Err(Reject::Duplicate { worker: id, seq }) }
     }
 
-    /// Marks `seq` used.
+    /// Marks `seq` used. A message from a worker proves it is there: it is live again.
     pub(crate) fn commit_seq(&mut self, id: WorkerId, seq: u64) {
-        if let Some(next) = self.next_seq.get_mut(id.index()) {
-            *next = seq.saturating_add(1);
-        }
-        // A message from a worker proves it is there.
-        if id.index() < self.n {
-            self.live.insert(id);
+        if let Some(r) = self.records.as_mut().get_mut(id.index()) {
+            r.next_seq = seq.saturating_add(1);
+            if !r.has(flag::LIVE) {
+                r.set(flag::LIVE, true);
+                self.live += 1;
+            }
         }
     }
 
     /// Marks a worker lost; returns whether it was live.
     pub(crate) fn lose(&mut self, id: WorkerId) -> bool {
-        self.live.remove(id)
-    }
-
-    /// Workers not declared lost.
-    pub(crate) fn live(&self) -> &WorkerSet {
-        &self.live
+        match self.records.as_mut().get_mut(id.index()) {
+            Some(r) if r.has(flag::LIVE) => {
+                r.set(flag::LIVE, false);
+                self.live -= 1;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Whether `id` is live.
     pub(crate) fn is_live(&self, id: WorkerId) -> bool {
-        self.live.contains(id)
+        self.record(id).is_some_and(|r| r.has(flag::LIVE))
+    }
+
+    /// How many workers are live.
+    pub(crate) fn live_count(&self) -> usize {
+        self.live
+    }
+
+    /// The live workers, in id order.
+    pub(crate) fn live(&self) -> impl Iterator<Item = (WorkerId, &WorkerRecord<X>)> + '_ {
+        self.records
+            .as_ref()
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.has(flag::LIVE))
+            .map(|(i, r)| (WorkerId(i as u32), r))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::common::table::Inline;
 
     #[test]
     fn dedup_and_epochs() {
-        let mut r = Roster::new(2).unwrap();
-        assert!(Roster::new(0).is_err());
-        assert!(Roster::new(MAX_WORKERS as u32 + 1).is_err());
+        let mut r = Roster::<Inline<4>, ()>::new(2, ()).unwrap();
+        assert!(Roster::<Inline<4>, ()>::new(0, ()).is_err());
+        assert_eq!(
+            Roster::<Inline<4>, ()>::new(5, ()).err(),
+            Some(ConfigError::TableTooSmall { needed: 5, capacity: 4 })
+        );
+        assert!(Roster::<Inline<4>, ()>::new(MAX_WORKERS as u32 + 1, ()).is_err());
         assert_eq!(r.check_member(WorkerId(2)), Err(Reject::UnknownWorker(WorkerId(2))));
         assert_eq!(r.check_join(WorkerId(0), 1), Ok(true));
         r.commit_join(WorkerId(0), 1);
@@ -143,5 +191,21 @@ mod tests {
         r.check_seq(WorkerId(0), first_seq(2)).unwrap();
         // The last number is reserved: accepting it would make its replay indistinguishable.
         assert!(r.check_seq(WorkerId(0), u64::MAX).is_err());
+    }
+
+    #[test]
+    fn the_live_count_follows_losses_and_returns() {
+        let mut r = Roster::<Inline<4>, ()>::new(3, ()).unwrap();
+        assert_eq!(r.live_count(), 3);
+        assert!(r.lose(WorkerId(1)));
+        assert!(!r.lose(WorkerId(1)));
+        assert!(!r.lose(WorkerId(9)));
+        assert_eq!(r.live_count(), 2);
+        assert_eq!(r.live().map(|(w, _)| w.0).collect::<std::vec::Vec<_>>(), [0, 2]);
+        r.commit_seq(WorkerId(1), first_seq(1));
+        assert_eq!(r.live_count(), 3);
+        assert!(r.lose(WorkerId(2)));
+        r.commit_join(WorkerId(2), 1);
+        assert_eq!(r.live_count(), 3);
     }
 }

@@ -1,11 +1,14 @@
 //! The aggregation state of one synchronous iteration, shared by every protocol that averages
-//! a round of gradients (BSP, backup workers, DBW, group servers): which workers contributed,
-//! with which weight, into a caller-owned accumulator; and the close that applies the mean
-//! and reports one outcome per contribution.
+//! a round of gradients (BSP, backup workers, DBW, WBSP, group servers): which workers
+//! contributed (each worker record's mark), with which weight (its slot's factor), into a
+//! caller-owned accumulator; and the close that applies the mean and reports one outcome per
+//! contribution as one batched item.
 
-use super::queue::{ServerItem, ServerQueue};
+use super::queue::{BatchKind, ServerItem, ServerQueue};
+use super::roster::Roster;
+use super::table::{Slot, Storage};
 use crate::error::{ConfigError, Reject};
-use crate::id::{MAX_WORKERS, Version, WorkerId, WorkerSet};
+use crate::id::{Version, WorkerId};
 use crate::math::{self, Scalar};
 use crate::msg::Values;
 use crate::proto::{ServerEvent, ServerStats};
@@ -15,22 +18,63 @@ pub(crate) fn check_learning_rate(lr: f64) -> Result<(), ConfigError> {
     if lr.is_finite() && lr > 0.0 { Ok(()) } else { Err(ConfigError::LearningRate) }
 }
 
-/// The aggregation state of one synchronous iteration: which workers contributed, with
-/// which weight, into an accumulator. Shared by BSP, backup workers and group servers.
-#[derive(Clone, Debug)]
+/// The mark of the round open while the model is at `version`: a worker is in it when its
+/// record's mark equals this. Moving to the next version empties the round without touching
+/// the records.
+pub(crate) const fn mark_of(version: Version) -> u64 {
+    version.0.saturating_add(1)
+}
+
+/// The aggregation state of one synchronous iteration: how many workers contributed (who
+/// they are is in their records' marks) into an accumulator.
+#[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Round {
-    pub(crate) got: WorkerSet,
-    factors: [f64; MAX_WORKERS],
+    count: usize,
 }
 
 impl Round {
-    pub(crate) fn new() -> Self {
-        Self { got: WorkerSet::EMPTY, factors: [1.0; MAX_WORKERS] }
+    pub(crate) const fn new() -> Self {
+        Self { count: 0 }
     }
 
-    /// Adds `factor * values` into `acc` for `worker` (already checked not to be in `got`).
-    pub(crate) fn add<T: Scalar>(
+    /// Contributions so far.
+    pub(crate) fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Whether `worker` contributed to the round open at `version`.
+    pub(crate) fn contains<M: Storage, X: Slot>(roster: &Roster<M, X>, worker: WorkerId, version: Version) -> bool {
+        roster.record(worker).is_some_and(|r| r.mark == mark_of(version))
+    }
+
+    /// The workers of `roster` in the round open at `version`, in id order.
+    pub(crate) fn members<M: Storage, X: Slot>(
+        roster: &Roster<M, X>,
+        version: Version,
+    ) -> impl Iterator<Item = WorkerId> + '_ {
+        let mark = mark_of(version);
+        roster.records().iter().enumerate().filter(move |(_, r)| r.mark == mark).map(|(i, _)| WorkerId(i as u32))
+    }
+
+    /// The lowest live worker of `roster` that has not contributed to the round open at
+    /// `version`, if any (for stall reports).
+    pub(crate) fn first_missing<M: Storage, X: Slot>(roster: &Roster<M, X>, version: Version) -> Option<WorkerId> {
+        roster.live().find(|(_, r)| r.mark != mark_of(version)).map(|(w, _)| w)
+    }
+
+    /// The lowest worker of `roster`, live or not, that has not contributed to the round
+    /// open at `version`, if any.
+    pub(crate) fn first_missing_any<M: Storage, X: Slot>(roster: &Roster<M, X>, version: Version) -> Option<WorkerId> {
+        roster.records().iter().position(|r| r.mark != mark_of(version)).map(|i| WorkerId(i as u32))
+    }
+
+    /// Adds `factor * values` into `acc` for `worker` (already checked not to be in the
+    /// round open at `version`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn add<T: Scalar, M: Storage, X: Slot>(
         &mut self,
+        roster: &mut Roster<M, X>,
+        version: Version,
         worker: WorkerId,
         values: &Values<'_, T>,
         factor: T,
@@ -41,21 +85,31 @@ impl Round {
         } else {
             values.scaled_add_into(acc, factor)?;
         }
-        self.record(worker, factor);
+        self.record(roster, version, worker, factor);
         Ok(())
     }
 
     /// Records `worker`'s contribution with `factor` whose values the caller already added
     /// (the fused path: [`GradientPolicy::admit_add_to`] into a spare accumulator).
-    pub(crate) fn record<T: Scalar>(&mut self, worker: WorkerId, factor: T) {
-        self.got.insert(worker);
-        if let Some(f) = self.factors.get_mut(worker.index()) {
-            *f = factor.to_f64();
+    pub(crate) fn record<T: Scalar, M: Storage, X: Slot>(
+        &mut self,
+        roster: &mut Roster<M, X>,
+        version: Version,
+        worker: WorkerId,
+        factor: T,
+    ) {
+        if let Some(r) = roster.record_mut(worker) {
+            if r.mark != mark_of(version) {
+                self.count += 1;
+            }
+            r.mark = mark_of(version);
+            r.ext.set_factor(factor.to_f64() as f32);
         }
     }
 
-    /// Closes the round: `params -= lr/k * acc`, `acc = 0`, queues an `Applied` event per
-    /// contributor (in id order) and a `ModelUpdated`. Returns the new version.
+    /// Closes the round: `params -= lr/k * acc`, `acc = 0`, queues the contributors'
+    /// `Applied` events (one batch, expanded in id order) and a `ModelUpdated`. Returns the
+    /// new version.
     pub(crate) fn close<T: Scalar>(
         &mut self,
         params: &mut [T],
@@ -66,7 +120,7 @@ impl Round {
         stats: &mut ServerStats,
     ) -> Version {
         // Lengths were fixed at construction; a mismatch is impossible here.
-        let _ = math::apply_and_clear(params, Self::rate(learning_rate, self.got.len()), acc);
+        let _ = math::apply_and_clear(params, Self::rate(learning_rate, self.count), acc);
         self.finish(base, queue, stats)
     }
 
@@ -77,11 +131,12 @@ impl Round {
 
     /// [`Self::add`] of the round's last gradient fused with [`Self::close`]: one pass does
     /// `params += a · (acc + factor · values); acc = 0` (the bits of the two calls, one pass
-    /// over the accumulator fewer). `worker` is not in `got`. On `Err` (a length mismatch)
-    /// nothing changed.
+    /// over the accumulator fewer). `worker` is not in the round. On `Err` (a length
+    /// mismatch) nothing changed.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn add_and_close<T: Scalar>(
+    pub(crate) fn add_and_close<T: Scalar, M: Storage, X: Slot>(
         &mut self,
+        roster: &mut Roster<M, X>,
         worker: WorkerId,
         values: &Values<'_, T>,
         factor: T,
@@ -92,30 +147,21 @@ impl Round {
         queue: &mut ServerQueue,
         stats: &mut ServerStats,
     ) -> Result<Version, Reject> {
-        let k = self.got.len() + usize::from(!self.got.contains(worker));
+        let k = self.count + usize::from(!Self::contains(roster, worker, base));
         values.add_apply_and_clear(factor, params, Self::rate(learning_rate, k), acc)?;
-        self.record(worker, factor);
+        self.record(roster, base, worker, factor);
         Ok(self.finish(base, queue, stats))
     }
 
     /// The bookkeeping of a close once the update is applied: events, stats, next version.
     fn finish(&mut self, base: Version, queue: &mut ServerQueue, stats: &mut ServerStats) -> Version {
-        let k = self.got.len().max(1);
+        let k = self.count.max(1);
         let version = base.next();
-        for worker in self.got.iter() {
-            let factor = self.factors.get(worker.index()).copied().unwrap_or(1.0);
-            queue.push(ServerItem::Event(ServerEvent::Applied {
-                worker,
-                base,
-                version,
-                staleness: 0,
-                weight: factor / k as f64,
-            }));
-        }
+        queue.push_batch(BatchKind::Applied { base, version, k: k as u32 });
         stats.applied += k as u64;
         stats.updates += 1;
         queue.push(ServerItem::Event(ServerEvent::ModelUpdated { version, contributions: k as u32 }));
-        self.got.clear();
+        self.count = 0;
         version
     }
 }

@@ -115,7 +115,7 @@ impl ToServerOwned {
 pub(crate) mod prelude {
     pub(crate) use super::{ToServerOwned, ToWorkerOwned};
     pub(crate) use crate::error::{ConfigError, Reject};
-    pub(crate) use crate::id::{ComputeId, Version, WorkerId, WorkerSet};
+    pub(crate) use crate::id::{ComputeId, Version, WorkerId};
     pub(crate) use crate::math::{self, Scalar};
     pub(crate) use crate::msg::{ToServer, ToWorker, Values};
     pub(crate) use crate::proto::{

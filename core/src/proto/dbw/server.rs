@@ -3,23 +3,25 @@
 
 use super::{DbwConfig, LEta};
 use crate::error::{ConfigError, Reject};
-use crate::id::{MAX_WORKERS, Version, WorkerId, WorkerSet};
+use crate::id::{Version, WorkerId};
 use crate::math::dbw_policy::{CurvatureSplit, RTT_TRACKED_WORKERS, WorkerRtts, choose_k_split};
-use crate::math::estimate::{Ema, MAX_RTT_SAMPLES, RttWindow, choose_k, noise_estimate};
+use crate::math::estimate::{Ema, MAX_EXACT_ORDER, MAX_RTT_SAMPLES, RttWindow, choose_k, noise_estimate};
 use crate::math::{self, Scalar};
 use crate::msg::Values;
-use crate::proto::backup::Engine;
-use crate::proto::{Buffer, ProtocolServer, ServerCore, ServerEvent};
+use crate::proto::backup::{BackupCore, Engine};
+use crate::proto::common::round::Round;
+use crate::proto::common::table::flag;
+use crate::proto::{Buffer, DEFAULT_INLINE_WORKERS, Inline, ProtocolServer, ServerCore, ServerEvent, Storage};
 use crate::time::Instant;
 
 /// The DBW server. `S` is the caller's storage for the model and the scratch buffer
-/// ([`DbwConfig::scratch_len`] elements).
-pub type DbwServer<T, S> = ProtocolServer<T, S, DbwRules<T, S>>;
+/// ([`DbwConfig::scratch_len`] elements), `M` for the per-worker table.
+pub type DbwServer<T, S, M = Inline<DEFAULT_INLINE_WORKERS>> = ProtocolServer<T, S, DbwRules<T, S, M>, M>;
 
 /// DBW's own state over the shared server core: the backup-family engine and the online
 /// estimators that choose `k` before every broadcast.
 #[derive(Debug)]
-pub struct DbwRules<T, S> {
+pub struct DbwRules<T, S, M: Storage> {
     config: DbwConfig,
     engine: Engine<T, S>,
     window: RttWindow,
@@ -40,8 +42,9 @@ pub struct DbwRules<T, S> {
     /// `‖ḡ‖²` and `k` of the previous iteration (secant mode).
     previous: Option<(f64, u32)>,
     closed: u64,
-    /// `τ̂(k)` for `k = 1..=tau_live`, from the window as it was at the last refresh.
-    tau: [f64; MAX_WORKERS],
+    /// `τ̂(k)` for `k = 1..=tau_live`, from the window as it was at the last refresh (`n`
+    /// entries, in the caller's storage).
+    tau: M::Table<f64>,
     /// The live count `tau` was computed for; 0 when there is no estimate.
     tau_live: usize,
 }
@@ -53,7 +56,11 @@ pub struct DbwRules<T, S> {
 /// a sixteenth of its length.
 const TAU_REFRESH: usize = 16;
 
-impl<T: Scalar, S: Buffer<T>> DbwServer<T, S> {
+impl<T, S, M: Storage> crate::proto::HasSlot for DbwRules<T, S, M> {
+    type Slot = crate::proto::backup::BackupSlot;
+}
+
+impl<T: Scalar, S: Buffer<T>, M: Storage> DbwServer<T, S, M> {
     /// A server starting from the model in `params` at version 0; `scratch` holds at least
     /// [`DbwConfig::scratch_len`] elements.
     pub fn new(config: DbwConfig, params: S, scratch: S) -> Result<Self, ConfigError> {
@@ -89,7 +96,7 @@ impl<T: Scalar, S: Buffer<T>> DbwServer<T, S> {
             sum_sq: 0.0,
             previous: None,
             closed: 0,
-            tau: [0.0; MAX_WORKERS],
+            tau: M::table(config.workers as usize, 0.0)?,
             tau_live: 0,
         };
         Ok(Self::from_parts(core, rules))
@@ -100,9 +107,20 @@ impl<T: Scalar, S: Buffer<T>> DbwServer<T, S> {
         &self.rules().config
     }
 
-    /// Workers whose gradient for the current version is in.
-    pub fn received(&self) -> &WorkerSet {
-        &self.rules().engine.round.got
+    /// How many workers' gradients for the current version are in.
+    pub fn received(&self) -> usize {
+        self.rules().engine.round.len()
+    }
+
+    /// Whether `worker`'s gradient for the current version is in.
+    pub fn has_received(&self, worker: WorkerId) -> bool {
+        Round::contains(&self.core.roster, worker, self.core.version)
+    }
+
+    /// The workers whose gradient for the current version is in, in id order (a pass over
+    /// the table).
+    pub fn contributors(&self) -> impl Iterator<Item = WorkerId> + '_ {
+        Round::members(&self.core.roster, self.core.version)
     }
 
     /// How many gradients the current iteration waits for.
@@ -116,7 +134,7 @@ impl<T: Scalar, S: Buffer<T>> DbwServer<T, S> {
     }
 }
 
-impl<T: Scalar, S: Buffer<T>> DbwRules<T, S> {
+impl<T: Scalar, S: Buffer<T>, M: Storage> DbwRules<T, S, M> {
     /// The `Lη` the next choice will use.
     fn l_eta_estimate(&self) -> f64 {
         match (self.config.l_eta, self.config.l_eta.estimated()) {
@@ -135,7 +153,7 @@ impl<T: Scalar, S: Buffer<T>> DbwRules<T, S> {
 
     fn on_grad(
         &mut self,
-        core: &mut ServerCore<T, S>,
+        core: &mut BackupCore<T, S, M>,
         now: Instant,
         from: WorkerId,
         base: Version,
@@ -159,8 +177,8 @@ impl<T: Scalar, S: Buffer<T>> DbwRules<T, S> {
 
     /// Updates the estimators from the full round, applies the update, chooses the next
     /// `k`, reports it and publishes the model.
-    fn close(&mut self, core: &mut ServerCore<T, S>, now: Instant) {
-        let k = self.engine.round.got.len().max(1) as u32;
+    fn close(&mut self, core: &mut BackupCore<T, S, M>, now: Instant) {
+        let k = self.engine.round.len().max(1) as u32;
         let kf = f64::from(k);
         let estimated = self.config.l_eta.estimated();
         let has_previous = self.previous.is_some();
@@ -218,24 +236,30 @@ impl<T: Scalar, S: Buffer<T>> DbwRules<T, S> {
         let (contributors, elapsed) = self.engine.close(core, now);
         let closed_version = Version(core.version.0.saturating_sub(1));
         let (window, rtts) = (&mut self.window, &mut self.rtts);
-        self.engine.censor_stragglers(now, closed_version, |worker, rtt| {
+        self.engine.censor_stragglers(core, now, closed_version, |worker, rtt| {
             window.push(rtt, true);
             rtts.push(worker.index(), rtt, true);
         });
         self.closed += 1;
 
         let n = core.roster.n();
-        let live = core.roster.live().len().clamp(1, n);
+        let live = core.roster.live_count().clamp(1, n);
         let k_max = live as u32;
         let k_lo = self.config.k_min.min(k_max).max(1);
-        // Per-worker windows (non-identical workers) while they fit, else the pooled one.
-        let roster = core.roster.live();
-        let per_worker = n <= RTT_TRACKED_WORKERS
-            && self.rtts.expected_order_statistics(n, |i| roster.contains(WorkerId(i as u32)), &mut self.tau);
+        // Per-worker windows (non-identical workers) while they fit, else the pooled one
+        // (exact order statistics up to MAX_EXACT_ORDER live workers, quantiles above).
+        let records = core.roster.records();
+        let is_live = |i: usize| records.get(i).is_some_and(|r| r.has(flag::LIVE));
+        let tau = self.tau.as_mut();
+        let per_worker = n <= RTT_TRACKED_WORKERS && self.rtts.expected_order_statistics(n, is_live, tau);
         if per_worker {
             self.tau_live = live;
         } else if self.tau_live != live || self.window.fresh().saturating_mul(TAU_REFRESH) >= self.window.len() {
-            let ok = self.window.expected_order_statistics(live, &mut self.tau);
+            let ok = if live <= MAX_EXACT_ORDER {
+                self.window.expected_order_statistics(live, tau)
+            } else {
+                self.window.quantile_order_statistics(live, tau)
+            };
             self.tau_live = if ok { live } else { 0 };
         }
         let have_tau = self.tau_live == live;
@@ -245,7 +269,7 @@ impl<T: Scalar, S: Buffer<T>> DbwRules<T, S> {
         // (crate::math::dbw_policy, "Never collapse to k = n").
         let hold = (self.engine.k as u32).clamp(k_lo, k_max);
         let warmup = self.config.warmup_k.map_or(k_max, |w| w.clamp(k_lo, k_max));
-        let tau = self.tau.get(..live).unwrap_or(&[]);
+        let tau = self.tau.as_ref().get(..live).unwrap_or(&[]);
         let next_k = match (self.closed >= u64::from(self.config.warmup_iterations), have_tau, g, s) {
             (true, true, Some(g), Some(s)) => match (self.config.l_eta, self.split.get(0.0, f64::MAX)) {
                 (LEta::Split { min, max, .. }, Some(_)) => {
@@ -257,7 +281,8 @@ impl<T: Scalar, S: Buffer<T>> DbwRules<T, S> {
             _ => warmup,
         };
         self.engine.k = next_k as usize;
-        let tau_estimate = if have_tau { self.tau.get(next_k as usize - 1).copied().unwrap_or(0.0) } else { 0.0 };
+        let tau_estimate =
+            if have_tau { self.tau.as_ref().get(next_k as usize - 1).copied().unwrap_or(0.0) } else { 0.0 };
         core.event(ServerEvent::BackupChosen {
             version: core.version,
             k: next_k,
@@ -267,9 +292,9 @@ impl<T: Scalar, S: Buffer<T>> DbwRules<T, S> {
             tau_estimate: tau_estimate as f32,
             observed_iteration_time: elapsed.as_secs_f64() as f32,
         });
-        self.engine.publish(core, now, &contributors);
+        self.engine.publish(core, now, contributors);
     }
 }
 
 // A close, plus the `BackupChosen` report.
-crate::proto::backup::backup_family_rules!(DbwRules, 1);
+crate::proto::backup::backup_family_rules!(DbwRules<T, S, M>, 1);

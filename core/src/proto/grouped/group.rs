@@ -2,35 +2,57 @@
 //! share (roster, counters, outputs), used by both [`GroupedServer`] and [`GroupServer`].
 
 use crate::error::{ConfigError, Reject};
-use crate::id::{MAX_WORKERS, Version, WorkerId, WorkerSet};
+use crate::id::{Version, WorkerId};
 use crate::math::{self, Scalar};
 use crate::msg::{ToWorker, Values};
 use crate::proto::common::roster::Roster;
 use crate::proto::common::stall::StallWatch;
+use crate::proto::common::table::{Slot, Storage, WorkerRecord, flag};
 use crate::proto::{DropReason, GradientPolicy, Recipient, ServerEvent, ServerOutput, ServerStats};
 use crate::time::Instant;
 use heapless::Deque;
 
 use super::*;
 
-/// The validated partition: the group of each worker and the size of each group.
+/// The validated partition: the number of groups and the size of each (each worker's group
+/// is in its record).
 #[derive(Clone, Debug)]
 pub(super) struct Layout {
-    pub(super) n: u32,
     pub(super) groups: u32,
-    pub(super) group_of: [u8; MAX_WORKERS],
-    pub(super) size: [u16; MAX_GROUPS],
+    pub(super) size: [u32; MAX_GROUPS],
 }
 
-impl Layout {
-    pub(super) fn group_of(&self, worker: WorkerId) -> Option<usize> {
-        (worker.0 < self.n).then(|| self.group_of.get(worker.index()).map(|g| usize::from(*g))).flatten()
+/// A grouped server worker's part of its record.
+#[derive(Clone, Copy, Debug)]
+pub struct GroupedSlot {
+    /// The admission factor (1, or a clipping factor) of its gradient in its group's open
+    /// step.
+    factor: f32,
+    /// Its group.
+    group: u8,
+}
+
+impl Slot for GroupedSlot {
+    const INIT: Self = Self { factor: 1.0, group: 0 };
+
+    fn factor(&self) -> f32 {
+        self.factor
     }
 
-    pub(super) fn members(&self, group: u32) -> impl Iterator<Item = WorkerId> + '_ {
-        (0..self.n).map(WorkerId).filter(move |w| self.group_of(*w) == Some(group as usize))
+    fn set_factor(&mut self, factor: f32) {
+        self.factor = factor;
     }
 }
+
+/// The record flag of a member that joined while its group had no model to give it.
+const WAITING: u8 = flag::PROTOCOL;
+
+/// Capacity of a grouped server's output queue: a constant burst (per-member outputs are
+/// batched) plus a stall report per group.
+const OUT_QUEUE: usize = 16 + MAX_GROUPS;
+
+/// The most items one input can queue (a batch counts as one).
+const BURST: usize = 12;
 
 /// A grouped server's output before its payload is attached.
 #[derive(Clone, Copy, Debug)]
@@ -42,49 +64,83 @@ pub(super) enum Item {
     },
     Stop,
     Event(ServerEvent),
+    /// Expanded at poll time, one output per selected member, from worker `next` on.
+    Batch {
+        batch: Batch,
+        next: u32,
+    },
+}
+
+/// Per-member outputs queued as one item (see [`Item::Batch`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Batch {
+    /// `Applied` for every worker whose mark is `mark` (the members of a closed step).
+    Applied { mark: u64, base: Version, version: Version, staleness: u64, weight: f64 },
+    /// `Dropped(Aborted)` for every worker whose mark is `mark` (a dropped step).
+    Aborted { mark: u64, base: Version },
+    /// Group `group`'s model to its members (only those waiting for one if `waiting`);
+    /// clears their waiting flag.
+    Models { group: u32, waiting: bool },
 }
 
 /// State shared by the groups of one server, indexed by (global) worker id.
 #[derive(Debug)]
-pub(super) struct Shared {
+pub(super) struct Shared<M: Storage> {
     pub(super) config: GroupedConfig,
     pub(super) layout: Layout,
-    pub(super) roster: Roster,
-    /// The admission factor (1, or a clipping factor) of each worker's gradient in its
-    /// group's open step.
-    pub(super) factors: [f64; MAX_WORKERS],
+    pub(super) roster: Roster<M, GroupedSlot>,
+    /// The last step mark handed out (each open group step gets a new one).
+    marks: u64,
     pub(super) stats: ServerStats,
     pub(super) queue: Deque<Item, OUT_QUEUE>,
+    /// Batches in `queue`.
+    batches: u32,
 }
 
-impl Shared {
+impl<M: Storage> Shared<M> {
     pub(super) fn new(config: GroupedConfig) -> Result<Self, ConfigError> {
         let layout = config.layout()?;
-        Ok(Self {
-            roster: Roster::new(config.workers)?,
-            config,
-            layout,
-            factors: [1.0; MAX_WORKERS],
-            stats: ServerStats::default(),
-            queue: Deque::new(),
-        })
+        let mut roster = Roster::new(config.workers, GroupedSlot::INIT)?;
+        for (i, r) in roster.records_mut().iter_mut().enumerate() {
+            r.ext.group = config.partition.group_of(i as u32, config.workers, config.groups) as u8;
+        }
+        Ok(Self { roster, config, layout, marks: 0, stats: ServerStats::default(), queue: Deque::new(), batches: 0 })
+    }
+
+    /// The group of `worker`, if it exists.
+    pub(super) fn group_of(&self, worker: WorkerId) -> Option<usize> {
+        self.roster.record(worker).map(|r| usize::from(r.ext.group))
+    }
+
+    /// A new step mark.
+    pub(super) fn new_mark(&mut self) -> u64 {
+        self.marks += 1;
+        self.marks
     }
 
     pub(super) fn push(&mut self, item: Item) {
         // Room for the largest burst is checked before every input (`ensure_room`), so this
         // cannot fail; should it ever, the output is counted, never dropped silently.
+        let batch = matches!(item, Item::Batch { .. });
         if self.queue.push_back(item).is_err() {
             self.stats.outputs_lost += 1;
+        } else if batch {
+            self.batches += 1;
         }
+    }
+
+    pub(super) fn push_batch(&mut self, batch: Batch) {
+        self.push(Item::Batch { batch, next: 0 });
     }
 
     pub(super) fn event(&mut self, event: ServerEvent) {
         self.push(Item::Event(event));
     }
 
+    /// Refuses input while a batch is being expanded (the records it reads must not change)
+    /// or the queue lacks room for the largest burst.
     pub(super) fn ensure_room(&self) -> Result<(), Reject> {
-        let burst = 2 * self.layout.n as usize + 8;
-        if OUT_QUEUE - self.queue.len() >= burst { Ok(()) } else { Err(Reject::Capacity) }
+        if self.batches == 0 && OUT_QUEUE - self.queue.len() >= BURST { Ok(()) } else { Err(Reject::Capacity) }
     }
 
     pub(super) fn on_join(&mut self, group: &mut Group, from: WorkerId, epoch: u32) -> Result<(), Reject> {
@@ -95,8 +151,9 @@ impl Shared {
         }
         if group.phase == Phase::Collecting {
             self.push(Item::Model { group: group.id, to: Recipient::Worker(from) });
-        } else {
-            group.waiting.insert(from);
+        } else if let Some(r) = self.roster.record_mut(from).filter(|r| !r.has(WAITING)) {
+            r.set(WAITING, true);
+            group.waiting += 1;
         }
         Ok(())
     }
@@ -112,12 +169,63 @@ impl Shared {
     /// Sends group `group`'s model to all its members.
     pub(super) fn broadcast(&mut self, group: u32) {
         if self.layout.groups == 1 {
+            for r in self.roster.records_mut() {
+                r.set(WAITING, false);
+            }
             self.push(Item::Model { group, to: Recipient::AllWorkers });
         } else {
-            for i in 0..self.layout.n {
-                if self.layout.group_of(WorkerId(i)) == Some(group as usize) {
-                    self.push(Item::Model { group, to: Recipient::Worker(WorkerId(i)) });
+            self.push_batch(Batch::Models { group, waiting: false });
+        }
+    }
+
+    /// What `batch` emits for `worker`.
+    fn expand(batch: Batch, worker: WorkerId, r: &mut WorkerRecord<GroupedSlot>) -> Option<Item> {
+        match batch {
+            Batch::Applied { mark, base, version, staleness, weight } if r.mark == mark => {
+                Some(Item::Event(ServerEvent::Applied {
+                    worker,
+                    base,
+                    version,
+                    staleness,
+                    weight: f64::from(r.ext.factor) * weight,
+                }))
+            }
+            Batch::Aborted { mark, base } if r.mark == mark => {
+                Some(Item::Event(ServerEvent::Dropped { worker, base, reason: DropReason::Aborted }))
+            }
+            Batch::Models { group, waiting } if u32::from(r.ext.group) == group && (!waiting || r.has(WAITING)) => {
+                r.set(WAITING, false);
+                Some(Item::Model { group, to: Recipient::Worker(worker) })
+            }
+            _ => None,
+        }
+    }
+
+    /// The next item, batches expanded.
+    fn next_item(&mut self) -> Option<Item> {
+        loop {
+            match self.queue.front_mut()? {
+                Item::Batch { batch, next } => {
+                    let (batch, mut i) = (*batch, *next as usize);
+                    let mut found = None;
+                    let records = self.roster.records_mut();
+                    while let Some(r) = records.get_mut(i) {
+                        i += 1;
+                        found = Self::expand(batch, WorkerId(i as u32 - 1), r);
+                        if found.is_some() {
+                            break;
+                        }
+                    }
+                    if let Some(Item::Batch { next, .. }) = self.queue.front_mut() {
+                        *next = i as u32;
+                    }
+                    if found.is_some() {
+                        return found;
+                    }
+                    self.queue.pop_front();
+                    self.batches = self.batches.saturating_sub(1);
                 }
+                _ => return self.queue.pop_front(),
             }
         }
     }
@@ -127,7 +235,7 @@ impl Shared {
         version: impl Fn(u32) -> Version,
         model: impl Fn(u32) -> &'a [T],
     ) -> Option<ServerOutput<'a, T>> {
-        let item = self.queue.pop_front()?;
+        let item = self.next_item()?;
         Some(match item {
             Item::Model { group, to } => {
                 let version = version(group);
@@ -138,6 +246,8 @@ impl Shared {
             }
             Item::Stop => ServerOutput::Send { to: Recipient::AllWorkers, msg: ToWorker::Stop },
             Item::Event(e) => ServerOutput::Event(e),
+            // Expanded by `next_item`.
+            Item::Batch { .. } => return None,
         })
     }
 }
@@ -180,10 +290,12 @@ pub(super) struct Group {
     pub(super) phase: Phase,
     /// Group steps closed since the last exchange.
     pub(super) step: u32,
+    /// The mark of the open (or exchanging) step: members whose record has it contributed.
+    pub(super) mark: u64,
     /// Members whose gradient for the open (or exchanging) step is in.
-    pub(super) got: WorkerSet,
+    pub(super) count: u32,
     /// Members that joined while the group had no model to give them.
-    pub(super) waiting: WorkerSet,
+    pub(super) waiting: u32,
     /// Exchanges sent (the upstream `Grad`'s `iteration`).
     pub(super) exchanges: u64,
     /// The next upstream sequence number.
@@ -192,8 +304,8 @@ pub(super) struct Group {
 }
 
 impl Group {
-    pub(super) fn new(id: u32, shared: &Shared) -> Self {
-        let size = shared.layout.size.get(id as usize).copied().map_or(1, u32::from);
+    pub(super) fn new<M: Storage>(id: u32, shared: &mut Shared<M>) -> Self {
+        let size = shared.layout.size.get(id as usize).copied().unwrap_or(1);
         let config = &shared.config;
         let mut stall = StallWatch::new(config.stall_report);
         stall.progress(Instant::ZERO);
@@ -207,8 +319,9 @@ impl Group {
             aborted: false,
             phase: Phase::Joining,
             step: 0,
-            got: WorkerSet::EMPTY,
-            waiting: WorkerSet::EMPTY,
+            mark: shared.new_mark(),
+            count: 0,
+            waiting: 0,
             exchanges: 0,
             seq: 0,
             stall,
@@ -218,9 +331,9 @@ impl Group {
     /// A member's gradient. `Ok(true)` when it completed the group step (the owner then
     /// calls [`Self::close`]).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn on_grad<T: Scalar>(
+    pub(super) fn on_grad<T: Scalar, M: Storage>(
         &mut self,
-        sh: &mut Shared,
+        sh: &mut Shared<M>,
         now: Instant,
         from: WorkerId,
         base: Version,
@@ -238,7 +351,7 @@ impl Group {
         }
         let open = self.phase == Phase::Collecting && base == self.version;
         if open {
-            if self.got.contains(from) {
+            if sh.roster.record(from).is_some_and(|r| r.mark == self.mark) {
                 return Err(Reject::Duplicate { worker: from, seq });
             }
             if factor == T::one() {
@@ -254,19 +367,20 @@ impl Group {
             sh.event(ServerEvent::Dropped { worker: from, base, reason: DropReason::Stale });
             return Ok(false);
         }
-        self.got.insert(from);
-        if let Some(f) = sh.factors.get_mut(from.index()) {
-            *f = factor.to_f64();
+        if let Some(r) = sh.roster.record_mut(from) {
+            r.mark = self.mark;
+            r.ext.factor = factor.to_f64() as f32;
         }
+        self.count += 1;
         self.stall.progress(now);
-        Ok(self.got.len() == self.size as usize)
+        Ok(self.count == self.size)
     }
 
     /// Closes the group step. For a local step, updates `model` and queues the events and
     /// the broadcast; for an exchange, leaves the aggregate in `acc` (`H = 1`) or `total`.
-    pub(super) fn close<T: Scalar>(
+    pub(super) fn close<T: Scalar, M: Storage>(
         &mut self,
-        sh: &mut Shared,
+        sh: &mut Shared<M>,
         now: Instant,
         model: &mut [T],
         acc: &mut [T],
@@ -285,7 +399,7 @@ impl Group {
             let version = self.version.next();
             self.report_applied(sh, version, 0);
             self.version = version;
-            self.got.clear();
+            self.open_step(sh);
             sh.broadcast(self.id);
             self.stall.progress(now);
             return Closed::Local;
@@ -305,11 +419,11 @@ impl Group {
         if GradientPolicy::default().admit(&Values::Slice(aggregate), model.len()).is_err() {
             math::fill_zero(acc);
             math::fill_zero(total);
-            for worker in self.got.iter() {
+            for _ in 0..self.count {
                 sh.stats.count_drop(DropReason::Aborted);
-                sh.event(ServerEvent::Dropped { worker, base: self.version, reason: DropReason::Aborted });
             }
-            self.got.clear();
+            sh.push_batch(Batch::Aborted { mark: self.mark, base: self.version });
+            self.open_step(sh);
             self.step = 0;
             self.phase = Phase::Joining;
             self.aborted = true;
@@ -319,19 +433,19 @@ impl Group {
         Closed::Exchange
     }
 
-    /// Queues an `Applied` event for each member of the closed step.
-    pub(super) fn report_applied(&self, sh: &mut Shared, version: Version, staleness: u64) {
-        for worker in self.got.iter() {
-            let factor = sh.factors.get(worker.index()).copied().unwrap_or(1.0);
-            sh.event(ServerEvent::Applied {
-                worker,
-                base: self.version,
-                version,
-                staleness,
-                weight: factor * self.weight,
-            });
-            sh.stats.applied += 1;
+    /// Queues an `Applied` event for each member of the closed step (one batch).
+    pub(super) fn report_applied<M: Storage>(&self, sh: &mut Shared<M>, version: Version, staleness: u64) {
+        if self.count > 0 {
+            let (mark, base, weight) = (self.mark, self.version, self.weight);
+            sh.push_batch(Batch::Applied { mark, base, version, staleness, weight });
+            sh.stats.applied += u64::from(self.count);
         }
+    }
+
+    /// Opens a new step: no member has contributed to it.
+    fn open_step<M: Storage>(&mut self, sh: &mut Shared<M>) {
+        self.mark = sh.new_mark();
+        self.count = 0;
     }
 
     /// The upstream `Grad` for the pending exchange (payload: the aggregate) and advances the
@@ -345,9 +459,9 @@ impl Group {
 
     /// The central server's `Model{central, values}`: the reply to an exchange or a join.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn rebase<T: Scalar>(
+    pub(super) fn rebase<T: Scalar, M: Storage>(
         &mut self,
-        sh: &mut Shared,
+        sh: &mut Shared<M>,
         now: Instant,
         central: Version,
         values: &Values<'_, T>,
@@ -395,24 +509,30 @@ impl Group {
         self.has_model = true;
         self.phase = Phase::Collecting;
         self.step = 0;
-        self.got.clear();
+        self.open_step(sh);
         if quiet {
             // Nobody has this group's model yet, or it did not change: answer those who asked.
-            for worker in self.waiting.iter() {
-                sh.push(Item::Model { group: self.id, to: Recipient::Worker(worker) });
+            if self.waiting > 0 {
+                sh.push_batch(Batch::Models { group: self.id, waiting: true });
             }
         } else {
             sh.broadcast(self.id);
         }
-        self.waiting.clear();
+        self.waiting = 0;
         self.stall.progress(now);
         Ok(())
     }
 
-    pub(super) fn check_stall(&mut self, sh: &mut Shared, now: Instant) {
+    pub(super) fn check_stall<M: Storage>(&mut self, sh: &mut Shared<M>, now: Instant) {
         if self.stall.due(now) && self.phase == Phase::Collecting {
-            let missing = self.size.saturating_sub(self.got.len() as u32);
-            let waiting_for = sh.layout.members(self.id).find(|w| !self.got.contains(*w));
+            let missing = self.size.saturating_sub(self.count);
+            let (id, mark) = (self.id, self.mark);
+            let waiting_for = sh
+                .roster
+                .records()
+                .iter()
+                .enumerate()
+                .find_map(|(i, r)| (u32::from(r.ext.group) == id && r.mark != mark).then_some(WorkerId(i as u32)));
             if let Some(waiting_for) = waiting_for {
                 sh.event(ServerEvent::Stalled { waiting_for, missing, since: self.stall.since() });
             }

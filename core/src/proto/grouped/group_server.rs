@@ -4,7 +4,7 @@ use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
 use crate::math::{self, Scalar};
 use crate::msg::{ToServer, ToWorker, Values};
-use crate::proto::{Buffer, Server, ServerOutput, ServerStats};
+use crate::proto::{Buffer, DEFAULT_INLINE_WORKERS, Inline, Server, ServerOutput, ServerStats, Storage};
 use crate::time::Instant;
 use core::marker::PhantomData;
 use heapless::Deque;
@@ -23,14 +23,14 @@ pub(super) enum Up {
 /// members, an ASP worker of the central server upstream. See the [module docs](super) for
 /// the driving contract. `S` is the caller's storage: `model` (the model's length; its
 /// contents are replaced by the central server's first `Model`) and `scratch` of at least
-/// [`GroupedConfig::group_scratch_len`] elements.
+/// [`GroupedConfig::group_scratch_len`] elements; `M` for the per-worker table.
 ///
 /// Members keep their global worker ids; ids outside the group are refused as unknown.
 /// [`Server::version`] and [`Server::params`] are the group model's.
 #[derive(Debug)]
-pub struct GroupServer<T, S> {
+pub struct GroupServer<T, S, M: Storage = Inline<DEFAULT_INLINE_WORKERS>> {
     pub(super) group: Group,
-    pub(super) shared: Shared,
+    pub(super) shared: Shared<M>,
     pub(super) epoch: u32,
     pub(super) model: S,
     pub(super) scratch: S,
@@ -38,7 +38,7 @@ pub struct GroupServer<T, S> {
     pub(super) _t: PhantomData<T>,
 }
 
-impl<T: Scalar, S: Buffer<T>> GroupServer<T, S> {
+impl<T: Scalar, S: Buffer<T>, M: Storage> GroupServer<T, S, M> {
     /// Group `group` of `config`, joining the central server with session `epoch` (increase
     /// it on every restart). Its first upstream output is `Join`.
     pub fn new(config: GroupedConfig, group: u32, epoch: u32, model: S, mut scratch: S) -> Result<Self, ConfigError> {
@@ -61,7 +61,7 @@ impl<T: Scalar, S: Buffer<T>> GroupServer<T, S> {
         if up.push_back(Up::Join).is_err() {
             shared.stats.outputs_lost += 1;
         }
-        let mut group = Group::new(group, &shared);
+        let mut group = Group::new(group, &mut shared);
         group.seq = crate::id::first_seq(epoch);
         Ok(Self { group, shared, epoch, model, scratch, up, _t: PhantomData })
     }
@@ -125,17 +125,17 @@ impl<T: Scalar, S: Buffer<T>> GroupServer<T, S> {
     }
 }
 
-impl<T: Scalar, S: Buffer<T>> Server<T> for GroupServer<T, S> {
+impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupServer<T, S, M> {
     fn handle(&mut self, now: Instant, from: WorkerId, msg: ToServer<'_, T>) -> Result<(), Reject> {
         let result = self.shared.ensure_room().and_then(|()| {
-            if self.shared.layout.group_of(from) != Some(self.group.id as usize) {
+            if self.shared.group_of(from) != Some(self.group.id as usize) {
                 return Err(Reject::UnknownWorker(from));
             }
             match msg {
                 ToServer::Join { epoch } => {
                     self.shared.roster.check_join(from, epoch)?;
                     let g = &mut self.group;
-                    if g.size == 1 && g.step == 0 && g.got.is_empty() && g.phase == Phase::Collecting {
+                    if g.size == 1 && g.step == 0 && g.count == 0 && g.phase == Phase::Collecting {
                         // A group of one with no step in progress refreshes from the central
                         // server first (as an ASP server answers a join); see `GroupedServer`.
                         if self.up.is_full() {
@@ -185,14 +185,17 @@ impl<T: Scalar, S: Buffer<T>> Server<T> for GroupServer<T, S> {
     }
 
     fn handle_worker_lost(&mut self, _now: Instant, worker: WorkerId) -> Result<(), Reject> {
-        if self.shared.layout.group_of(worker) != Some(self.group.id as usize) {
+        if self.shared.group_of(worker) != Some(self.group.id as usize) {
             return Err(Reject::UnknownWorker(worker));
         }
+        self.shared.ensure_room()?;
         self.shared.on_lost(worker)
     }
 
     fn handle_timeout(&mut self, now: Instant) {
-        self.group.check_stall(&mut self.shared, now);
+        if self.shared.ensure_room().is_ok() {
+            self.group.check_stall(&mut self.shared, now);
+        }
     }
 
     fn poll_output(&mut self) -> Option<ServerOutput<'_, T>> {

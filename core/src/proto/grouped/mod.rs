@@ -138,21 +138,21 @@ use crate::proto::GradientPolicy;
 use crate::proto::asp::AspConfig;
 use crate::proto::common::round::check_learning_rate;
 use crate::time::Duration;
+pub use group::GroupedSlot;
 use group::Layout;
 use num_traits::Float;
 
-/// The most groups one configuration may have (`G = n` needs one per worker).
-pub const MAX_GROUPS: usize = MAX_WORKERS;
+/// The most groups one configuration may have.
+pub const MAX_GROUPS: usize = 256;
 
-// Explicit partitions store group indices as `u8`.
+/// The most workers an [`Partition::Explicit`] table lists.
+pub const MAX_EXPLICIT_WORKERS: usize = 256;
+
+// Group indices are stored as `u8`.
 const _: () = assert!(MAX_GROUPS <= 256);
 
-/// Capacity of a grouped server's output queue: one event and one message per worker for
-/// the largest burst (a group step closing), plus slack.
-const OUT_QUEUE: usize = 4 * MAX_WORKERS + 16;
-
 /// How the `n` workers are split into `G` groups.
-// The explicit table is 256 bytes of plain configuration data, kept inline so that a
+// The explicit table (for at most MAX_EXPLICIT_WORKERS workers) is 256 bytes of plain configuration data, kept inline so that a
 // configuration stays `Copy` and allocation-free.
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -163,15 +163,16 @@ pub enum Partition {
     Contiguous,
     /// Worker `i` is in group `i mod G`.
     RoundRobin,
-    /// Worker `i` is in group `table[i]`; every group `0..G` must have at least one member.
-    Explicit([u8; MAX_WORKERS]),
+    /// Worker `i` is in group `table[i]`; every group `0..G` must have at least one member
+    /// (for at most [`MAX_EXPLICIT_WORKERS`] workers).
+    Explicit([u8; MAX_EXPLICIT_WORKERS]),
 }
 
 impl Partition {
     /// An explicit partition from the group of each worker (`groups_of[i]` is worker `i`'s
-    /// group). `None` if there are more than [`MAX_WORKERS`] entries.
+    /// group). `None` if there are more than [`MAX_EXPLICIT_WORKERS`] entries.
     pub fn explicit(groups_of: &[u8]) -> Option<Self> {
-        let mut table = [0u8; MAX_WORKERS];
+        let mut table = [0u8; MAX_EXPLICIT_WORKERS];
         table.get_mut(..groups_of.len())?.copy_from_slice(groups_of);
         Some(Self::Explicit(table))
     }
@@ -300,14 +301,16 @@ impl GroupedConfig {
         if self.local_steps == 0 {
             return Err(ConfigError::Knob("local_steps"));
         }
-        let mut layout = Layout { n, groups: self.groups, group_of: [0; MAX_WORKERS], size: [0; MAX_GROUPS] };
+        if matches!(self.partition, Partition::Explicit(_)) && n as usize > MAX_EXPLICIT_WORKERS {
+            return Err(ConfigError::Knob("partition"));
+        }
+        let mut layout = Layout { groups: self.groups, size: [0; MAX_GROUPS] };
         for i in 0..n {
             let g = self.partition.group_of(i, n, self.groups);
             if g >= self.groups {
                 return Err(ConfigError::Knob("partition"));
             }
-            if let (Some(slot), Some(size)) = (layout.group_of.get_mut(i as usize), layout.size.get_mut(g as usize)) {
-                *slot = g as u8;
+            if let Some(size) = layout.size.get_mut(g as usize) {
                 *size += 1;
             }
         }

@@ -5,7 +5,9 @@ use crate::id::{Version, WorkerId};
 use crate::math::{self, Scalar};
 use crate::msg::{ToServer, ToWorker, Values};
 use crate::proto::asp::AspServer;
-use crate::proto::{Buffer, Recipient, Server, ServerEvent, ServerOutput, ServerStats};
+use crate::proto::{
+    Buffer, DEFAULT_INLINE_WORKERS, Inline, Recipient, Server, ServerEvent, ServerOutput, ServerStats, Storage,
+};
 use crate::time::Instant;
 use core::marker::PhantomData;
 
@@ -15,22 +17,23 @@ use super::*;
 /// The grouped protocol in one state machine: the central [`AspServer`] and the `G` group
 /// servers, exchanging instantly and internally, with the [`Server`] verbs toward the `n`
 /// workers. `S` is the caller's storage: `params` holds the central model; `scratch` at
-/// least [`GroupedConfig::scratch_len`] elements (each group's model and accumulators).
+/// least [`GroupedConfig::scratch_len`] elements (each group's model and accumulators); `M`
+/// for the per-worker table.
 ///
 /// [`Server::version`] and [`Server::params`] are the central model's; [`Server::stats`]
 /// counts worker gradients (`updates` counts central updates).
 #[derive(Debug)]
-pub struct GroupedServer<T, S> {
-    pub(super) central: AspServer<T, S>,
+pub struct GroupedServer<T, S, M: Storage = Inline<DEFAULT_INLINE_WORKERS>> {
+    pub(super) central: AspServer<T, S, Inline<MAX_GROUPS>>,
     pub(super) scratch: S,
     pub(super) groups: [Group; MAX_GROUPS],
-    pub(super) shared: Shared,
+    pub(super) shared: Shared<M>,
     pub(super) dim: usize,
     pub(super) per: usize,
     pub(super) _t: PhantomData<T>,
 }
 
-impl<T: Scalar, S: Buffer<T>> GroupedServer<T, S> {
+impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
     /// A server starting from the model in `params` at version 0.
     pub fn new(config: GroupedConfig, params: S, scratch: S) -> Result<Self, ConfigError> {
         Self::resume(config, params, scratch, Version::ZERO)
@@ -38,7 +41,7 @@ impl<T: Scalar, S: Buffer<T>> GroupedServer<T, S> {
 
     /// A server resuming from a checkpoint: `params` is the central model at `version`.
     pub fn resume(config: GroupedConfig, params: S, mut scratch: S, version: Version) -> Result<Self, ConfigError> {
-        let shared = Shared::new(config)?;
+        let mut shared = Shared::new(config)?;
         let dim = params.as_ref().len();
         let central = AspServer::resume(config.central_config(), params, version)?;
         let needed = config.scratch_len(dim);
@@ -47,9 +50,9 @@ impl<T: Scalar, S: Buffer<T>> GroupedServer<T, S> {
             return Err(ConfigError::ScratchTooSmall { needed, given });
         };
         math::fill_zero(area);
-        let mut groups = [Group::new(0, &shared); MAX_GROUPS];
+        let mut groups = [Group::new(0, &mut shared); MAX_GROUPS];
         for (g, group) in groups.iter_mut().enumerate().take(config.groups as usize) {
-            *group = Group::new(g as u32, &shared);
+            *group = Group::new(g as u32, &mut shared);
         }
         let mut server =
             Self { central, scratch, groups, shared, dim, per: config.group_buffers() + 1, _t: PhantomData };
@@ -65,7 +68,7 @@ impl<T: Scalar, S: Buffer<T>> GroupedServer<T, S> {
     }
 
     /// The central server.
-    pub fn central(&self) -> &AspServer<T, S> {
+    pub fn central(&self) -> &AspServer<T, S, Inline<MAX_GROUPS>> {
         &self.central
     }
 
@@ -128,7 +131,7 @@ impl<T: Scalar, S: Buffer<T>> GroupedServer<T, S> {
         let current = central.version();
         if group.size != 1
             || group.step != 0
-            || !group.got.is_empty()
+            || group.count != 0
             || group.phase != Phase::Collecting
             || current <= group.base
         {
@@ -162,11 +165,11 @@ impl<T: Scalar, S: Buffer<T>> GroupedServer<T, S> {
     }
 }
 
-impl<T: Scalar, S: Buffer<T>> Server<T> for GroupedServer<T, S> {
+impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupedServer<T, S, M> {
     fn handle(&mut self, now: Instant, from: WorkerId, msg: ToServer<'_, T>) -> Result<(), Reject> {
         let result = self.shared.ensure_room().and_then(|()| {
             self.shared.roster.check_member(from)?;
-            let g = self.shared.layout.group_of(from).ok_or(Reject::UnknownWorker(from))?;
+            let g = self.shared.group_of(from).ok_or(Reject::UnknownWorker(from))?;
             match msg {
                 ToServer::Join { epoch } => {
                     self.shared.roster.check_join(from, epoch)?;
@@ -186,10 +189,14 @@ impl<T: Scalar, S: Buffer<T>> Server<T> for GroupedServer<T, S> {
     }
 
     fn handle_worker_lost(&mut self, _now: Instant, worker: WorkerId) -> Result<(), Reject> {
+        self.shared.ensure_room()?;
         self.shared.on_lost(worker)
     }
 
     fn handle_timeout(&mut self, now: Instant) {
+        if self.shared.ensure_room().is_err() {
+            return;
+        }
         let g = self.shared.layout.groups as usize;
         for group in self.groups.iter_mut().take(g) {
             group.check_stall(&mut self.shared, now);

@@ -402,7 +402,13 @@ fn refusals_change_nothing() {
     s.handle(now, WorkerId(0), grad(0, 3, &[1.0, 1.0])).unwrap();
     let _ = drain_server(&mut s);
     let snapshot = |s: &Grouped| {
-        (s.params().to_vec(), s.version(), s.group_version(0), s.groups[0].got, s.group_model(0).unwrap().to_vec())
+        (
+            s.params().to_vec(),
+            s.version(),
+            s.group_version(0),
+            (s.groups[0].count, s.groups[0].mark),
+            s.group_model(0).unwrap().to_vec(),
+        )
     };
     let before = snapshot(&s);
     let acc_before = parts(s.scratch.as_mut(), 0, 2, 2).unwrap().1.to_vec();
@@ -474,9 +480,10 @@ fn joins_losses_and_stall_reports_are_per_group() {
     );
     s.handle(Instant::ZERO, WorkerId(2), grad(0, 0, &[1.0])).unwrap();
     s.handle(Instant::ZERO, WorkerId(3), grad(0, 0, &[1.0])).unwrap();
+    let mut outs = drain_server(&mut s);
     s.handle(Instant::ZERO, WorkerId(1), grad(0, 0, &[1.0])).unwrap();
     s.handle(Instant::ZERO, WorkerId(0), ToServer::Leave).unwrap();
-    let outs = drain_server(&mut s);
+    outs.extend(drain_server(&mut s));
     assert!(outs.contains(&Out::Event(ServerEvent::WorkerLost { worker: WorkerId(0) })));
     let at = s.poll_timeout().unwrap();
     assert_eq!(at, Instant::ZERO + Duration::from_secs(1));
@@ -727,7 +734,7 @@ proptest! {
         let n = 1u32 << log_n;
         let mut c = GroupedConfig::new(n, 0.5, 1);
         c.lr_scaling = [LrScaling::None, LrScaling::Linear, LrScaling::Sqrt][scaling as usize];
-        let mut bsp = Plain(BspServer::new(BspConfig::new(n, 0.5), vec![1.0; dim], vec![0.0; dim]).unwrap());
+        let mut bsp = Plain(BspServer::<f64, Vec<f64>>::new(BspConfig::new(n, 0.5), vec![1.0; dim], vec![0.0; dim]).unwrap());
         let mut g = Plain(grouped(c, dim));
         let a = run(&mut bsp, n, seed, 12, dup, true);
         let b = run(&mut g, n, seed, 12, dup, true);
@@ -747,7 +754,7 @@ proptest! {
     /// because its step on that version has closed.)
     #[test]
     fn n_groups_of_one_are_asp(n in 2u32..9, dim in 1usize..4, seed in any::<u64>(), dup in 0u64..30) {
-        let mut asp = Plain(AspServer::new(AspConfig::new(n, 0.5), vec![1.0; dim]).unwrap());
+        let mut asp = Plain(AspServer::<f64, Vec<f64>>::new(AspConfig::new(n, 0.5), vec![1.0; dim]).unwrap());
         let mut g = Plain(grouped(GroupedConfig::new(n, 0.5, n), dim));
         let a = run(&mut asp, n, seed, 40, dup, false);
         let b = run(&mut g, n, seed, 40, dup, false);
@@ -798,7 +805,7 @@ proptest! {
             _ => None,
         }).collect();
         // Gradients in steps still open at the end have no outcome yet.
-        let open: u64 = s.0.groups.iter().map(|g| g.got.len() as u64).sum();
+        let open: u64 = s.0.groups.iter().map(|g| u64::from(g.count)).sum();
         prop_assert_eq!(outcomes.len() as u64 + open, r.admitted);
         let stats = s.stats();
         prop_assert_eq!(stats.accepted, r.admitted);

@@ -116,11 +116,10 @@
 //!
 //! # Memory
 //!
-//! Server: the model only (no scratch); per-worker tables are fixed arrays of
-//! [`MAX_WORKERS`]. Worker: the cached model plus one scratch buffer of the model's length
-//! holding the outgoing update.
+//! Server: the model only (no scratch) and one record per worker in the caller's table
+//! (its clock, parked pull, last model sent and session). Worker: the cached model plus one
+//! scratch buffer of the model's length holding the outgoing update.
 //!
-//! [`MAX_WORKERS`]: crate::id::MAX_WORKERS
 //! [`Server::handle_worker_lost`]: crate::proto::Server::handle_worker_lost
 //! [`ServerEvent::Applied`]: crate::proto::ServerEvent::Applied
 //! [`ServerEvent::Stalled`]: crate::proto::ServerEvent::Stalled
@@ -131,7 +130,7 @@ use crate::proto::ServerEvent;
 mod server;
 mod worker;
 
-pub use server::{SspRules, SspServer};
+pub use server::{SspRules, SspServer, SspSlot};
 pub use worker::SspWorker;
 
 use crate::error::ConfigError;

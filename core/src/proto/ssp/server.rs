@@ -3,38 +3,71 @@
 
 use super::SspConfig;
 use crate::error::{ConfigError, Reject};
-use crate::id::{MAX_WORKERS, Version, WorkerId};
+use crate::id::{Version, WorkerId};
 use crate::math::Scalar;
 use crate::msg::{ToServer, Values};
-use crate::proto::common::queue::ServerItem;
-use crate::proto::{Buffer, GradientPolicy, ProtocolServer, Recipient, Rules, ServerCore, ServerEvent};
+use crate::proto::common::queue::{BatchKind, ServerItem};
+use crate::proto::common::table::{Slot, flag};
+use crate::proto::{
+    Buffer, CoreOf, DEFAULT_INLINE_WORKERS, GradientPolicy, HasSlot, Inline, ProtocolServer, Recipient, Rules,
+    ServerCore, ServerEvent, Storage, WorkerRecord,
+};
 use crate::time::Instant;
 use core::marker::PhantomData;
 
-/// The SSP server. `S` is the caller's storage for the model.
-pub type SspServer<T, S> = ProtocolServer<T, S, SspRules<T, S>>;
+/// The SSP server. `S` is the caller's storage for the model, `M` for the per-worker table.
+pub type SspServer<T, S, M = Inline<DEFAULT_INLINE_WORKERS>> = ProtocolServer<T, S, SspRules<T, S>, M>;
 
-/// SSP's own state over the shared server core: the clocks and the parked pulls.
+/// An SSP worker's part of its record.
+#[derive(Clone, Copy, Debug)]
+pub struct SspSlot {
+    /// Clocks completed (the next clock it will send).
+    clock: u64,
+    /// The `min_clock` of its parked pull + 1, or 0 when none is parked.
+    pending: u64,
+    /// The version of the last model sent to it.
+    last_sent: u64,
+    /// Its own updates applied since that model.
+    own_since: u32,
+    /// The epoch of its last session (valid with the [`SESSION`] flag).
+    session: u32,
+}
+
+impl Slot for SspSlot {
+    const INIT: Self = Self { clock: 0, pending: 0, last_sent: 0, own_since: 0, session: 0 };
+}
+
+/// The record flag of a worker whose `session` is known.
+const SESSION: u8 = flag::PROTOCOL;
+
+/// SSP's own state over the shared server core: the server clock and the parked pulls
+/// (the per-worker clocks are in the records).
 #[derive(Debug)]
 pub struct SspRules<T, S> {
     config: SspConfig,
     policy: GradientPolicy,
-    /// The server clock: min over live workers of `clocks`, never decreasing.
+    /// The server clock: min over live workers' clocks, never decreasing.
     clock: u64,
-    /// Per worker: clocks completed (the next clock it will send).
-    clocks: [u64; MAX_WORKERS],
-    /// Per worker: the `min_clock` of its parked pull.
-    pending: [Option<u64>; MAX_WORKERS],
-    /// Per worker: the version of the last model sent to it.
-    last_sent: [u64; MAX_WORKERS],
-    /// Per worker: its own updates applied since that model.
-    own_since: [u64; MAX_WORKERS],
-    /// Per worker: the epoch of its last `Join`.
-    epochs: [Option<u32>; MAX_WORKERS],
+    /// Pulls parked.
+    parked: usize,
+    /// Live workers whose clock is the server clock, when `counted` (kept as clocks move
+    /// so that the server clock is recomputed, a pass over the table, only when it can
+    /// advance).
+    slowest: usize,
+    /// Whether `slowest` is current (a join, a loss or a new session clears it).
+    counted: bool,
+    /// The mark of the last batch of answered pulls.
+    answered: u64,
     _t: PhantomData<(T, S)>,
 }
 
-impl<T: Scalar, S: Buffer<T>> SspServer<T, S> {
+impl<T, S> HasSlot for SspRules<T, S> {
+    type Slot = SspSlot;
+}
+
+type Core<T, S, M> = CoreOf<T, S, M, SspRules<T, S>>;
+
+impl<T: Scalar, S: Buffer<T>, M: Storage> SspServer<T, S, M> {
     /// A server starting from the model in `params` at version 0, clock 0.
     pub fn new(config: SspConfig, params: S) -> Result<Self, ConfigError> {
         Self::resume(config, params, Version::ZERO)
@@ -44,17 +77,20 @@ impl<T: Scalar, S: Buffer<T>> SspServer<T, S> {
     /// clocks restart at 0 and catch up with the workers' next `Clock` messages.
     pub fn resume(config: SspConfig, params: S, version: Version) -> Result<Self, ConfigError> {
         config.check()?;
-        let mut core = ServerCore::new(config.workers, config.learning_rate, config.stall_report, params, version)?;
+        let mut core: Core<T, S, M> =
+            ServerCore::new(config.workers, config.learning_rate, config.stall_report, params, version)?;
         core.stall.idle();
+        for r in core.roster.records_mut() {
+            r.ext.last_sent = version.0;
+        }
         let rules = SspRules {
             config,
             policy: config.update_policy(),
             clock: 0,
-            clocks: [0; MAX_WORKERS],
-            pending: [None; MAX_WORKERS],
-            last_sent: [version.0; MAX_WORKERS],
-            own_since: [0; MAX_WORKERS],
-            epochs: [None; MAX_WORKERS],
+            parked: 0,
+            slowest: 0,
+            counted: false,
+            answered: 0,
             _t: PhantomData,
         };
         Ok(Self::from_parts(core, rules))
@@ -73,102 +109,138 @@ impl<T: Scalar, S: Buffer<T>> SspServer<T, S> {
 
     /// Clocks completed by `worker`, as far as the server knows.
     pub fn worker_clock(&self, worker: WorkerId) -> Option<u64> {
-        self.core.roster.check_member(worker).ok().and_then(|i| self.rules().clocks.get(i).copied())
+        self.core.roster.ext(worker).map(|x| x.clock)
     }
 
     /// Whether `worker` has a pull parked (it is blocked on the staleness bound).
     pub fn is_waiting(&self, worker: WorkerId) -> bool {
-        self.rules().pending.get(worker.index()).is_some_and(Option::is_some)
+        self.core.roster.ext(worker).is_some_and(|x| x.pending != 0)
     }
 }
 
 impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
-    fn n(&self, core: &ServerCore<T, S>) -> usize {
-        core.roster.n()
-    }
-
     /// Min over live workers' clocks (the current clock if nobody is live).
-    fn live_min(&self, core: &ServerCore<T, S>) -> u64 {
-        let live = core.roster.live();
-        (0..self.n(core))
-            .filter(|&i| live.contains(WorkerId(i as u32)))
-            .filter_map(|i| self.clocks.get(i).copied())
-            .min()
-            .unwrap_or(self.clock)
+    fn live_min<M: Storage>(&self, core: &Core<T, S, M>) -> u64 {
+        core.roster.live().map(|(_, r)| r.ext.clock).min().unwrap_or(self.clock)
     }
 
-    /// Recomputes the server clock; on progress restarts the stall watch and answers
-    /// parked pulls.
-    fn advance(&mut self, core: &mut ServerCore<T, S>, now: Instant) {
-        let min = self.live_min(core);
-        if min > self.clock {
-            self.clock = min;
-            core.stall.progress(now);
+    /// Recomputes the server clock when it may have moved (the count of the slowest live
+    /// workers reached zero, or membership changed); on progress restarts the stall watch and
+    /// answers parked pulls: all of them if the clock moved, else only `who`'s.
+    fn advance<M: Storage>(&mut self, core: &mut Core<T, S, M>, now: Instant, who: Option<WorkerId>) {
+        let mut moved = false;
+        if !self.counted || self.slowest == 0 {
+            let min = self.live_min(core);
+            if min > self.clock {
+                self.clock = min;
+                core.stall.progress(now);
+                moved = true;
+            }
+            let clock = self.clock;
+            self.slowest = core.roster.live().filter(|(_, r)| r.ext.clock == clock).count();
+            self.counted = true;
         }
-        self.answer_pulls(core);
-        if !self.pending.iter().take(self.n(core)).any(Option::is_some) {
+        self.answer_pulls(core, if moved { None } else { who });
+        if self.parked == 0 {
             core.stall.idle();
         }
     }
 
-    fn answer_pulls(&mut self, core: &mut ServerCore<T, S>) {
-        let s = self.config.staleness;
-        for i in 0..self.n(core) {
-            let (Some(slot), Some(&own)) = (self.pending.get_mut(i), self.clocks.get(i)) else { continue };
-            let Some(min_clock) = *slot else { continue };
-            // The puller is at clock `min_clock + s`; its updates up to then must be in.
-            if self.clock >= min_clock && own >= min_clock.saturating_add(s) {
-                *slot = None;
-                self.send_model(core, WorkerId(i as u32));
-            }
+    /// `who`'s clock moves from `from` to `to` (it is live and stays so).
+    fn clock_moved(&mut self, from: u64, to: u64) {
+        if self.counted && from == self.clock && to > from {
+            self.slowest = self.slowest.saturating_sub(1);
         }
     }
 
-    fn send_model(&mut self, core: &mut ServerCore<T, S>, to: WorkerId) {
-        if let (Some(sent), Some(own)) = (self.last_sent.get_mut(to.index()), self.own_since.get_mut(to.index())) {
-            *sent = core.version.0;
-            *own = 0;
+    /// Answers every parked pull the clock allows (`only`: just that worker's): the answered
+    /// workers' records get a new mark, and one batch sends each of them the model.
+    fn answer_pulls<M: Storage>(&mut self, core: &mut Core<T, S, M>, only: Option<WorkerId>) {
+        if self.parked == 0 {
+            return;
+        }
+        let (s, clock, version, mark) = (self.config.staleness, self.clock, core.version.0, self.answered + 1);
+        let mut answered = 0;
+        let records = core.roster.records_mut();
+        let records = match only {
+            Some(w) => records.get_mut(w.index()..w.index().saturating_add(1)).unwrap_or(&mut []),
+            None => records,
+        };
+        for r in records {
+            let Some(min_clock) = r.ext.pending.checked_sub(1) else { continue };
+            // The puller is at clock `min_clock + s`; its updates up to then must be in.
+            if clock >= min_clock && r.ext.clock >= min_clock.saturating_add(s) {
+                r.ext.pending = 0;
+                Self::mark_sent(r, version);
+                r.mark = mark;
+                answered += 1;
+            }
+        }
+        if answered > 0 {
+            self.parked -= answered;
+            self.answered = mark;
+            core.queue.push_batch(BatchKind::Models { mark });
+        }
+    }
+
+    fn mark_sent(r: &mut WorkerRecord<SspSlot>, version: u64) {
+        r.ext.last_sent = version;
+        r.ext.own_since = 0;
+    }
+
+    fn send_model<M: Storage>(&mut self, core: &mut Core<T, S, M>, to: WorkerId) {
+        let version = core.version.0;
+        if let Some(r) = core.roster.record_mut(to) {
+            Self::mark_sent(r, version);
         }
         core.queue.push(ServerItem::Model { to: Recipient::Worker(to) });
     }
 
-    /// A worker that was not live is live again: raise its clock to the server clock.
-    fn readmit(&mut self, i: usize) {
-        if let Some(c) = self.clocks.get_mut(i) {
-            *c = (*c).max(self.clock);
+    /// Forgets `r`'s parked pull, if any.
+    fn unpark(&mut self, r: &mut WorkerRecord<SspSlot>) {
+        if r.ext.pending != 0 {
+            r.ext.pending = 0;
+            self.parked -= 1;
         }
     }
 
-    fn on_join(&mut self, core: &mut ServerCore<T, S>, now: Instant, from: WorkerId, epoch: u32) -> Result<(), Reject> {
+    fn on_join<M: Storage>(
+        &mut self,
+        core: &mut Core<T, S, M>,
+        now: Instant,
+        from: WorkerId,
+        epoch: u32,
+    ) -> Result<(), Reject> {
         let fresh = core.roster.check_join(from, epoch)?;
         core.roster.commit_join(from, epoch);
-        let i = from.index();
         if fresh {
             core.queue.push(ServerItem::Event(ServerEvent::WorkerJoined { worker: from, epoch }));
         }
         let server_clock = self.clock;
-        if let (Some(c), Some(e), Some(p)) = (self.clocks.get_mut(i), self.epochs.get_mut(i), self.pending.get_mut(i)) {
-            if *e == Some(epoch) {
+        if let Some(r) = core.roster.record_mut(from) {
+            if r.has(SESSION) && r.ext.session == epoch {
                 // The same session again (a retransmitted or delayed `Join`): the worker may
                 // be past the server clock already, and its updates are in (a repeat of its
                 // last `Clock` would be refused as a duplicate), so its clock never goes down.
-                *c = (*c).max(server_clock);
+                r.ext.clock = r.ext.clock.max(server_clock);
             } else {
                 // A new session starts from nothing: at the server clock (the clock of the
                 // model it receives), with no pull of the old session parked.
-                *c = server_clock;
-                *p = None;
-                *e = Some(epoch);
+                r.ext.clock = server_clock;
+                self.unpark(r);
+                r.ext.session = epoch;
+                r.set(SESSION, true);
             }
         }
+        self.counted = false;
         self.send_model(core, from);
-        self.advance(core, now);
+        self.advance(core, now, Some(from));
         Ok(())
     }
 
-    fn on_clock(
+    fn on_clock<M: Storage>(
         &mut self,
-        core: &mut ServerCore<T, S>,
+        core: &mut Core<T, S, M>,
         now: Instant,
         from: WorkerId,
         clock: u64,
@@ -183,37 +255,42 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
         } else {
             values.scaled_add_into(core.params.as_mut(), factor)?;
         }
-        let i = from.index();
-        if !core.roster.is_live(from) {
-            self.readmit(i);
-        }
+        let was_live = core.roster.is_live(from);
         // Sequence numbers are namespaced by epoch (`first_seq(epoch) = epoch << 32`): an
         // update of a session the server has not seen join yet (its `Join` is late; the
         // worker started on another model sent to it) starts that session here, so the late
         // `Join` counts as a repeat and does not pull the clock back.
         let session = u32::try_from(seq >> 32).unwrap_or(u32::MAX);
         let server_clock = self.clock;
-        if let (Some(e), Some(c)) = (self.epochs.get_mut(i), self.clocks.get_mut(i)) {
-            if *e != Some(session) {
-                *e = Some(session);
-                *c = server_clock;
-            }
-        }
         core.roster.commit_seq(from, seq);
         core.stats.accepted += 1;
-        let base = self.last_sent.get(i).copied().unwrap_or(0);
-        let own = self.own_since.get(i).copied().unwrap_or(0);
-        let staleness = core.version.0.saturating_sub(base).saturating_sub(own);
-        core.version = core.version.next();
-        if let Some(o) = self.own_since.get_mut(i) {
-            *o = o.saturating_add(1);
+        let (current, version) = (core.version.0, core.version.next());
+        let Some(r) = core.roster.record_mut(from) else { return Err(Reject::UnknownWorker(from)) };
+        let mut recount = !was_live;
+        if !was_live {
+            // A worker that was not live is live again: its clock rises to the server clock.
+            r.ext.clock = r.ext.clock.max(server_clock);
         }
-        if let Some(c) = self.clocks.get_mut(i) {
-            *c = (*c).max(clock.saturating_add(1));
+        if !(r.has(SESSION) && r.ext.session == session) {
+            r.ext.session = session;
+            r.set(SESSION, true);
+            r.ext.clock = server_clock;
+            recount = true;
         }
+        let base = r.ext.last_sent;
+        let staleness = current.saturating_sub(base).saturating_sub(u64::from(r.ext.own_since));
+        r.ext.own_since = r.ext.own_since.saturating_add(1);
+        let before = r.ext.clock;
+        r.ext.clock = r.ext.clock.max(clock.saturating_add(1));
+        let after = r.ext.clock;
+        if recount {
+            self.counted = false;
+        } else {
+            self.clock_moved(before, after);
+        }
+        core.version = version;
         core.stats.applied += 1;
         core.stats.updates += 1;
-        let version = core.version;
         core.queue.push(ServerItem::Event(ServerEvent::Applied {
             worker: from,
             base: Version(base),
@@ -222,13 +299,13 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
             weight: factor.to_f64(),
         }));
         core.queue.push(ServerItem::Event(ServerEvent::ModelUpdated { version, contributions: 1 }));
-        self.advance(core, now);
+        self.advance(core, now, Some(from));
         Ok(())
     }
 
-    fn on_pull(
+    fn on_pull<M: Storage>(
         &mut self,
-        core: &mut ServerCore<T, S>,
+        core: &mut Core<T, S, M>,
         now: Instant,
         from: WorkerId,
         have: Version,
@@ -237,27 +314,31 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
         if have > core.version {
             return Err(Reject::FutureVersion { claimed: have, current: core.version });
         }
-        let waiting = self.pending.iter().take(self.n(core)).any(Option::is_some);
-        let slot = self.pending.get_mut(from.index()).ok_or(Reject::UnknownWorker(from))?;
-        *slot = Some(min_clock);
+        let waiting = self.parked > 0;
+        let r = core.roster.record_mut(from).ok_or(Reject::UnknownWorker(from))?;
+        if r.ext.pending == 0 {
+            self.parked += 1;
+        }
+        r.ext.pending = min_clock.saturating_add(1);
         if !waiting {
             // A wait starts now.
             core.stall.progress(now);
         }
-        self.advance(core, now);
+        self.advance(core, now, Some(from));
         Ok(())
     }
 }
 
-impl<T: Scalar, S: Buffer<T>> Rules<T, S> for SspRules<T, S> {
-    fn burst(&self, core: &ServerCore<T, S>) -> usize {
-        // Every parked pull may be answered by one input.
-        core.n() + 4
+impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for SspRules<T, S> {
+    fn burst(&self) -> usize {
+        // Every parked pull may be answered by one input (one batch), beside a join's event
+        // and model, or an update's two events.
+        4
     }
 
     fn on_message(
         &mut self,
-        core: &mut ServerCore<T, S>,
+        core: &mut Core<T, S, M>,
         now: Instant,
         from: WorkerId,
         msg: ToServer<'_, T>,
@@ -270,29 +351,27 @@ impl<T: Scalar, S: Buffer<T>> Rules<T, S> for SspRules<T, S> {
         }
     }
 
-    fn on_lost(&mut self, core: &mut ServerCore<T, S>, now: Instant, worker: WorkerId, _was_live: bool) {
-        if let Some(p) = self.pending.get_mut(worker.index()) {
-            *p = None;
+    fn on_lost(&mut self, core: &mut Core<T, S, M>, now: Instant, worker: WorkerId, _was_live: bool) {
+        if let Some(r) = core.roster.record_mut(worker) {
+            self.unpark(r);
         }
-        self.advance(core, now);
+        self.counted = false;
+        self.advance(core, now, None);
     }
 
-    fn on_timeout(&mut self, core: &mut ServerCore<T, S>, now: Instant) {
+    fn on_timeout(&mut self, core: &mut Core<T, S, M>, now: Instant) {
         if !core.stall.due(now) {
             return;
         }
-        let live = *core.roster.live();
-        let slowest = (0..core.n())
-            .filter(|&i| live.contains(WorkerId(i as u32)) && self.clocks.get(i) == Some(&self.clock))
-            .map(|i| WorkerId(i as u32));
-        let missing = slowest.clone().count() as u32;
-        if let Some(waiting_for) = slowest.min() {
+        let slowest = || core.roster.live().filter(|(_, r)| r.ext.clock == self.clock).map(|(w, _)| w);
+        let (missing, first) = (slowest().count() as u32, slowest().next());
+        if let Some(waiting_for) = first {
             let since = core.stall.since();
             core.event(ServerEvent::Stalled { waiting_for, missing, since });
         }
     }
 
-    fn model_clock(&self, _core: &ServerCore<T, S>) -> u64 {
+    fn model_clock(&self, _core: &Core<T, S, M>) -> u64 {
         self.clock
     }
 }

@@ -3,25 +3,40 @@
 
 use super::WbspConfig;
 use crate::error::{ConfigError, Reject};
-use crate::id::{Version, WorkerId, WorkerSet};
+use crate::id::{Version, WorkerId};
 use crate::math::{self, Scalar};
 use crate::msg::{ToServer, Values};
-use crate::proto::common::queue::ServerItem;
-use crate::proto::{Buffer, ProtocolServer, Recipient, Rules, ServerCore, ServerEvent};
+use crate::proto::common::queue::{BatchKind, ServerItem};
+use crate::proto::common::round::mark_of;
+use crate::proto::common::table::flag;
+use crate::proto::{
+    Buffer, CoreOf, DEFAULT_INLINE_WORKERS, HasSlot, Inline, ProtocolServer, Recipient, Rules, ServerCore, ServerEvent,
+    Storage, WorkerRecord,
+};
 use crate::time::Instant;
 use core::marker::PhantomData;
 
 /// The WBSP server (see the [module docs](super) for the rules). `S` is the caller's
-/// storage for the model and the round's accumulator.
-pub type WbspServer<T, S> = ProtocolServer<T, S, WbspRules<T, S>>;
+/// storage for the model and the round's accumulator, `M` for the per-worker table.
+pub type WbspServer<T, S, M = Inline<DEFAULT_INLINE_WORKERS>> = ProtocolServer<T, S, WbspRules<T, S>, M>;
 
-/// WBSP's own state over the shared server core: the open round.
+/// The record flag of a worker declared lost by a round deadline whose `WorkerLost` event is
+/// still to be polled.
+const LOST_AT_DEADLINE: u8 = flag::PROTOCOL;
+
+/// The batch of `WorkerLost` events a round deadline queues.
+const LOST_BATCH: u8 = 1;
+
+type Core<T, S, M> = CoreOf<T, S, M, WbspRules<T, S>>;
+
+/// WBSP's own state over the shared server core: the open round (who uploaded in it is
+/// in the workers' records: their mark is the round's).
 #[derive(Debug)]
 pub struct WbspRules<T, S> {
     config: WbspConfig,
     acc: S,
     /// Workers that uploaded during the open round.
-    got: WorkerSet,
+    uploaders: usize,
     /// Deltas in the open round.
     deltas: u32,
     /// When the open round started (`None` until the first message arrives).
@@ -29,7 +44,11 @@ pub struct WbspRules<T, S> {
     _t: PhantomData<T>,
 }
 
-impl<T: Scalar, S: Buffer<T>> WbspServer<T, S> {
+impl<T, S> HasSlot for WbspRules<T, S> {
+    type Slot = ();
+}
+
+impl<T: Scalar, S: Buffer<T>, M: Storage> WbspServer<T, S, M> {
     /// A server starting from the model in `params` at version 0. `acc` is scratch space of
     /// at least the model's length (its contents are overwritten).
     pub fn new(config: WbspConfig, params: S, acc: S) -> Result<Self, ConfigError> {
@@ -39,14 +58,14 @@ impl<T: Scalar, S: Buffer<T>> WbspServer<T, S> {
     /// A server resuming from a checkpoint: `params` is the model at `version`.
     pub fn resume(config: WbspConfig, params: S, mut acc: S, version: Version) -> Result<Self, ConfigError> {
         config.check()?;
-        let core = ServerCore::new(config.workers, config.learning_rate, None, params, version)?;
+        let core: Core<T, S, M> = ServerCore::new(config.workers, config.learning_rate, None, params, version)?;
         let dim = core.dim();
         let given = acc.as_ref().len();
         let Some(acc_slice) = acc.as_mut().get_mut(..dim) else {
             return Err(ConfigError::ScratchTooSmall { needed: dim, given });
         };
         math::fill_zero(acc_slice);
-        let rules = WbspRules { config, acc, got: WorkerSet::EMPTY, deltas: 0, round_started: None, _t: PhantomData };
+        let rules = WbspRules { config, acc, uploaders: 0, deltas: 0, round_started: None, _t: PhantomData };
         Ok(Self::from_parts(core, rules))
     }
 
@@ -55,9 +74,14 @@ impl<T: Scalar, S: Buffer<T>> WbspServer<T, S> {
         &self.rules().config
     }
 
-    /// Workers that uploaded during the open round.
-    pub fn uploaded(&self) -> &WorkerSet {
-        &self.rules().got
+    /// How many workers uploaded during the open round.
+    pub fn uploaded(&self) -> usize {
+        self.rules().uploaders
+    }
+
+    /// Whether `worker` uploaded during the open round.
+    pub fn has_uploaded(&self, worker: WorkerId) -> bool {
+        self.core.roster.record(worker).is_some_and(|r| r.mark == mark_of(self.core.version))
     }
 
     /// Deltas accumulated in the open round.
@@ -65,9 +89,9 @@ impl<T: Scalar, S: Buffer<T>> WbspServer<T, S> {
         self.rules().deltas
     }
 
-    /// Workers currently counted as live (a round waits for each of them).
-    pub fn live(&self) -> &WorkerSet {
-        self.core.roster.live()
+    /// Whether `worker` is counted as live (a round waits for each live worker).
+    pub fn is_live(&self, worker: WorkerId) -> bool {
+        self.core.roster.is_live(worker)
     }
 
     /// The open round's accumulator (the scaled deltas not yet published).
@@ -84,24 +108,29 @@ impl<T: Scalar, S: Buffer<T>> WbspRules<T, S> {
         }
     }
 
-    /// Whether every live worker uploaded in the open round.
-    fn complete(&self, core: &ServerCore<T, S>) -> bool {
-        let n = core.n();
+    /// Whether every live worker uploaded in the open round (a pass over the table only when
+    /// the uploaders are at least as many as the live workers).
+    fn complete<M: Storage>(&self, core: &Core<T, S, M>) -> bool {
+        let open = mark_of(core.version);
         // CANARY (planted bug, test builds only): a lost worker is still waited for.
         #[cfg(feature = "_canary")]
         if crate::canary::is_on(crate::canary::Canary::LostWorkerAwaited) {
-            return (0..n as u32).map(WorkerId).all(|w| self.got.contains(w));
+            return self.uploaders >= core.n();
         }
-        (0..n as u32).map(WorkerId).all(|w| self.got.contains(w) || !core.roster.is_live(w))
+        self.uploaders >= core.roster.live_count() && core.roster.live().all(|(_, r)| r.mark == open)
     }
 
     /// The lowest-numbered live worker that has not uploaded in the open round.
-    fn first_missing_live(&self, core: &ServerCore<T, S>) -> Option<WorkerId> {
-        (0..core.n() as u32).map(WorkerId).find(|w| !self.got.contains(*w) && core.roster.is_live(*w))
+    fn first_missing_live<M: Storage>(&self, core: &Core<T, S, M>) -> Option<WorkerId> {
+        let open = mark_of(core.version);
+        if self.uploaders >= core.n() {
+            return None;
+        }
+        core.roster.live().find(|(_, r)| r.mark != open).map(|(w, _)| w)
     }
 
     /// Publishes the open round: `w += A`, `A = 0`, version + 1.
-    fn close(&mut self, core: &mut ServerCore<T, S>, now: Instant) {
+    fn close<M: Storage>(&mut self, core: &mut Core<T, S, M>, now: Instant) {
         let dim = core.dim();
         if let Some(acc) = self.acc.as_mut().get_mut(..dim) {
             // Lengths were fixed at construction; a mismatch is impossible here.
@@ -110,21 +139,21 @@ impl<T: Scalar, S: Buffer<T>> WbspRules<T, S> {
         core.version = core.version.next();
         core.stats.updates += 1;
         core.event(ServerEvent::ModelUpdated { version: core.version, contributions: self.deltas });
-        self.got.clear();
+        self.uploaders = 0;
         self.deltas = 0;
         self.round_started = Some(now);
     }
 
-    fn close_if_complete(&mut self, core: &mut ServerCore<T, S>, now: Instant) {
+    fn close_if_complete<M: Storage>(&mut self, core: &mut Core<T, S, M>, now: Instant) {
         if self.deltas > 0 && self.complete(core) {
             self.close(core, now);
         }
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn on_delta(
+    fn on_delta<M: Storage>(
         &mut self,
-        core: &mut ServerCore<T, S>,
+        core: &mut Core<T, S, M>,
         now: Instant,
         from: WorkerId,
         round: Version,
@@ -149,7 +178,11 @@ impl<T: Scalar, S: Buffer<T>> WbspRules<T, S> {
         self.start_clock(now);
         core.stats.accepted += 1;
         core.stats.applied += 1;
-        self.got.insert(from);
+        let open = mark_of(core.version);
+        if let Some(r) = core.roster.record_mut(from).filter(|r| r.mark != open) {
+            r.mark = open;
+            self.uploaders += 1;
+        }
         self.deltas = self.deltas.saturating_add(1);
         core.event(ServerEvent::Applied {
             worker: from,
@@ -163,7 +196,7 @@ impl<T: Scalar, S: Buffer<T>> WbspRules<T, S> {
         Ok(())
     }
 
-    fn on_pull(&mut self, core: &mut ServerCore<T, S>, from: WorkerId, have: Version) -> Result<(), Reject> {
+    fn on_pull<M: Storage>(&mut self, core: &mut Core<T, S, M>, from: WorkerId, have: Version) -> Result<(), Reject> {
         if have > core.version {
             return Err(Reject::FutureVersion { claimed: have, current: core.version });
         }
@@ -176,14 +209,14 @@ impl<T: Scalar, S: Buffer<T>> WbspRules<T, S> {
     }
 }
 
-impl<T: Scalar, S: Buffer<T>> Rules<T, S> for WbspRules<T, S> {
-    fn burst(&self, _core: &ServerCore<T, S>) -> usize {
+impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for WbspRules<T, S> {
+    fn burst(&self) -> usize {
         4
     }
 
     fn on_message(
         &mut self,
-        core: &mut ServerCore<T, S>,
+        core: &mut Core<T, S, M>,
         now: Instant,
         from: WorkerId,
         msg: ToServer<'_, T>,
@@ -203,37 +236,59 @@ impl<T: Scalar, S: Buffer<T>> Rules<T, S> for WbspRules<T, S> {
         }
     }
 
-    fn on_lost(&mut self, core: &mut ServerCore<T, S>, now: Instant, _worker: WorkerId, was_live: bool) {
+    fn on_lost(&mut self, core: &mut Core<T, S, M>, now: Instant, _worker: WorkerId, was_live: bool) {
         if was_live {
             self.close_if_complete(core, now);
         }
     }
 
-    fn on_timeout(&mut self, core: &mut ServerCore<T, S>, now: Instant) {
+    fn on_timeout(&mut self, core: &mut Core<T, S, M>, now: Instant) {
         let Some(deadline) = self.poll_timeout(core) else {
             return;
         };
-        // Room for one event per worker and the update; a caller that did not drain gets the
-        // deadline again on its next call.
-        if now < deadline || core.queue.ensure_room(core.n() + 1).is_err() {
+        if now < deadline {
             return;
         }
-        while let Some(worker) = self.first_missing_live(core) {
-            core.roster.lose(worker);
-            core.event(ServerEvent::WorkerLost { worker });
+        // Every live worker missing from the round is lost: one batch of `WorkerLost` events.
+        let open = mark_of(core.version);
+        let mut lost = 0usize;
+        for r in core.roster.records_mut() {
+            if r.has(flag::LIVE) && r.mark != open {
+                r.set(LOST_AT_DEADLINE, true);
+                lost += 1;
+            }
+        }
+        for i in 0..core.n() {
+            let w = WorkerId(i as u32);
+            if core.roster.record(w).is_some_and(|r| r.has(LOST_AT_DEADLINE)) {
+                core.roster.lose(w);
+            }
+        }
+        if lost > 0 {
+            core.queue.push_batch(BatchKind::Protocol { tag: LOST_BATCH, a: 0, b: 0 });
         }
         self.close_if_complete(core, now);
     }
 
+    fn expand(&self, kind: BatchKind, worker: WorkerId, record: &mut WorkerRecord<()>) -> Option<ServerItem> {
+        match kind {
+            BatchKind::Protocol { tag: LOST_BATCH, .. } if record.has(LOST_AT_DEADLINE) => {
+                record.set(LOST_AT_DEADLINE, false);
+                Some(ServerItem::Event(ServerEvent::WorkerLost { worker }))
+            }
+            kind => crate::proto::common::engine::expand_common(kind, worker, record),
+        }
+    }
+
     /// The round deadline, while a round is open with a live worker missing.
-    fn poll_timeout(&self, core: &ServerCore<T, S>) -> Option<Instant> {
+    fn poll_timeout(&self, core: &Core<T, S, M>) -> Option<Instant> {
         let (Some(deadline), Some(started)) = (self.config.round_deadline, self.round_started) else {
             return None;
         };
         self.first_missing_live(core).map(|_| started + deadline)
     }
 
-    fn on_stop(&mut self, _core: &mut ServerCore<T, S>) {
+    fn on_stop(&mut self, _core: &mut Core<T, S, M>) {
         self.round_started = None;
     }
 }
