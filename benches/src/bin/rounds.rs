@@ -214,20 +214,26 @@ struct MpiTimes {
     reduce_bcast: Option<f64>,
 }
 
-/// Runs the peer program under `mpirun` with the byte transfer layers `btl` on `dim` floats
-/// over `n` ranks; `None` if it did not run.
-fn mpi_peer(bin: &str, btl: &str, n: u32, dim: usize, iters: u64) -> Option<MpiTimes> {
+/// Runs the peer program `bin` under `mpirun` on `ranks` ranks with the byte transfer layers
+/// `btl` and the arguments `args`; the median (s) of each operation it printed, by name.
+fn run_peer(bin: &str, btl: &str, ranks: u32, args: &[String]) -> Option<impl Fn(&str) -> Option<f64> + use<>> {
     let out = std::process::Command::new("mpirun")
-        .args(["--allow-run-as-root", "--oversubscribe", "--mca", "btl", btl, "-np", &n.to_string(), bin])
-        .args([dim.to_string(), iters.to_string()])
+        .args(["--allow-run-as-root", "--oversubscribe", "--mca", "btl", btl, "-np", &ranks.to_string(), bin])
+        .args(args)
         .output()
         .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let median_of = |op: &str| {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    Some(move |op: &str| {
         let line = text.lines().find(|l| l.starts_with("mpi ") && l.split_whitespace().any(|f| f == op))?;
         let ms = line.split_whitespace().find_map(|f| f.strip_prefix("median_ms="))?;
         ms.parse::<f64>().ok().map(|ms| ms / 1e3)
-    };
+    })
+}
+
+/// Runs the peer program under `mpirun` with the byte transfer layers `btl` on `dim` floats
+/// over `n` ranks; `None` if it did not run.
+fn mpi_peer(bin: &str, btl: &str, n: u32, dim: usize, iters: u64) -> Option<MpiTimes> {
+    let median_of = run_peer(bin, btl, n, &[dim.to_string(), iters.to_string()])?;
     // An older peer program prints one line without `op=`: its median is the allreduce.
     let allreduce = median_of("op=allreduce").or_else(|| median_of("mpi"))?;
     Some(MpiTimes { allreduce, reduce_bcast: median_of("op=reduce_bcast") })
@@ -237,17 +243,7 @@ fn mpi_peer(bin: &str, btl: &str, n: u32, dim: usize, iters: u64) -> Option<MpiT
 /// medians (s) of whole gradients and of segments summed as they land; `None` if it did not
 /// run.
 fn mpi_star(bin: &str, btl: &str, n: u32, dim: usize, iters: u64) -> Option<(f64, f64)> {
-    let out = std::process::Command::new("mpirun")
-        .args(["--allow-run-as-root", "--oversubscribe", "--mca", "btl", btl, "-np", &(n + 1).to_string(), bin])
-        .args([dim.to_string(), iters.to_string(), "star".into()])
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let median_of = |op: &str| {
-        let line = text.lines().find(|l| l.starts_with("mpi ") && l.split_whitespace().any(|f| f == op))?;
-        let ms = line.split_whitespace().find_map(|f| f.strip_prefix("median_ms="))?;
-        ms.parse::<f64>().ok().map(|ms| ms / 1e3)
-    };
+    let median_of = run_peer(bin, btl, n + 1, &[dim.to_string(), iters.to_string(), "star".into()])?;
     Some((median_of("op=star")?, median_of("op=star_seg")?))
 }
 
