@@ -11,7 +11,10 @@
 #      gather/broadcast pattern); each configuration runs 3 times, ours and MPI's
 #      interleaved, and the table shows medians (the machine is shared and noisy);
 #   3b. BSP rounds over the MPI adapter (benches/src/bin/mpi_rounds.rs, feature `mpi`) for
-#      n = 2, 4, 8 worker ranks and d = 1e5, 1e6, 1e7, next to the same MPI peers;
+#      n = 2, 4, 8 worker ranks and d = 1e5, 1e6, 1e7, next to the same MPI peers and the bare
+#      point-to-point star of the same bytes on n+1 ranks (allreduce.c's `star`, a lower bound
+#      for any star-shaped parameter server); MPI runs with its defaults (mpirun turns
+#      yield-when-idle on where it oversubscribes);
 #   4. simulator throughput (tests/tests/sim_throughput.rs, release, ignored test).
 # Usage: benches/run.sh [--quick]   (--quick: fewer rounds, for a smoke run)
 set -euo pipefail

@@ -7,8 +7,17 @@ use mpi::point_to_point::Source;
 use mpi::topology::{Communicator, Rank, SimpleCommunicator};
 use std::time::{Duration, Instant};
 
-/// How long a waiting rank polls (yielding between polls) before it naps between polls.
-const YIELD_FOR: Duration = Duration::from_millis(20);
+/// How long a waiting rank on an oversubscribed node polls without pause before it naps
+/// between polls.
+const POLL_FOR: Duration = Duration::from_micros(30);
+
+/// How long a waiting rank that has a core of its own polls before it naps between polls
+/// (so that a rank waiting long, for a straggler, leaves the core to others).
+const POLL_FOR_ALONE: Duration = Duration::from_millis(20);
+
+/// The nap between polls of a waiting rank (the kernel's timer slack, 50 µs by default,
+/// comes on top).
+const NAP: Duration = Duration::from_micros(20);
 
 /// Message tags: what a message carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +44,19 @@ impl Kind {
     }
 }
 
+/// Whether this node runs more ranks than it has cores: OpenMPI's own verdict when mpirun
+/// gives one (`OMPI_MCA_mpi_oversubscribe`, the criterion of its `mpi_yield_when_idle`),
+/// else the ranks on this node (`MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`, collective)
+/// against the cores this rank may use.
+fn oversubscribed(world: &SimpleCommunicator) -> bool {
+    let on_node = usize::try_from(world.split_shared(world.rank()).size()).unwrap_or(usize::MAX);
+    match std::env::var("OMPI_MCA_mpi_oversubscribe").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => on_node > std::thread::available_parallelism().map_or(1, core::num::NonZero::get),
+    }
+}
+
 /// A received message; give its buffer back with [`Link::recycle`].
 #[derive(Debug)]
 pub(crate) struct Incoming {
@@ -48,13 +70,19 @@ pub(crate) struct Link {
     world: SimpleCommunicator,
     outbox: Outbox,
     pool: Vec<Vec<u8>>,
+    /// How long a wait polls before it naps between polls: [`POLL_FOR`] when this node runs
+    /// more ranks than it has cores, else [`POLL_FOR_ALONE`].
+    poll_for: Duration,
     /// Messages with an unknown tag (from a foreign program sharing the communicator).
     pub(crate) unknown: u64,
 }
 
 impl Link {
+    /// The endpoint of this rank. Collective: every rank of `world` calls it once, at the
+    /// start (see [`oversubscribed`]).
     pub(crate) fn new(world: SimpleCommunicator) -> Self {
-        Self { world, outbox: Outbox::default(), pool: Vec::new(), unknown: 0 }
+        let poll_for = if oversubscribed(&world) { POLL_FOR } else { POLL_FOR_ALONE };
+        Self { world, outbox: Outbox::default(), pool: Vec::new(), poll_for, unknown: 0 }
     }
 
     pub(crate) fn rank(&self) -> Rank {
@@ -101,12 +129,15 @@ impl Link {
     }
 
     /// Waits until a message arrives or `deadline` passes, driving the sends in flight
-    /// meanwhile. Polls, yielding the core between polls as MPI's own blocking calls do on an
-    /// oversubscribed node; after [`YIELD_FOR`] without a message it naps between polls, so a
-    /// rank that waits long (for a straggler) does not take cores from computing ranks.
+    /// meanwhile. Polls, then naps [`NAP`] between polls. On a node with more ranks than
+    /// cores it polls only [`POLL_FOR`], so a waiting rank leaves the cores to the ranks
+    /// with work: a parameter server runs n + 1 ranks, and a round alternates between the
+    /// workers' work and the server's; a rank that polls on (even yielding, as MPI's own
+    /// blocking calls do when oversubscribed) takes up to half a core from the one the round
+    /// waits for, while a nap costs at most ~70 µs of latency per message (nap plus timer
+    /// slack). A rank with a core of its own polls for [`POLL_FOR_ALONE`] first.
     pub(crate) fn recv_until(&mut self, deadline: Instant) -> Option<Incoming> {
         let start = Instant::now();
-        let mut polls = 0u32;
         loop {
             self.outbox.progress();
             if let Some(m) = self.try_receive() {
@@ -116,13 +147,10 @@ impl Link {
             if now >= deadline {
                 return None;
             }
-            polls = polls.saturating_add(1);
-            if polls < 64 {
+            if now.duration_since(start) < self.poll_for {
                 std::hint::spin_loop();
-            } else if now.duration_since(start) < YIELD_FOR {
-                std::thread::yield_now();
             } else {
-                std::thread::sleep(Duration::from_micros(50).min(deadline.saturating_duration_since(now)));
+                std::thread::sleep(NAP.min(deadline.saturating_duration_since(now)));
             }
         }
     }

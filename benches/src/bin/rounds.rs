@@ -10,7 +10,12 @@
 //!
 //! With `--mpi-adapter BIN` (the `mpi_rounds` binary, feature `mpi`) it also runs (c) BSP
 //! over the MPI adapter, `mpirun -n N+1` (a server rank and N worker ranks), next to the MPI
-//! peers of the same floats on N ranks, over the same shared-memory transport.
+//! peers of the same floats on N ranks, over the same shared-memory transport. With
+//! `--mpi-baseline BIN` (another build of `mpi_rounds`, e.g. before a change) it runs that one
+//! too, interleaved, as the row "mpi (baseline)". With `--mpi` as well it runs the bare
+//! point-to-point star of the peer program on N+1 ranks (`allreduce D ITERS star`: gradients
+//! in to rank 0, summed as they land, the sum back out; no protocol, no codec), whole and in
+//! segments: the rows "p2p star" and "p2p star, segments", the lower bound of any star.
 //!
 //! `cargo run -p syncopate-benches --release --bin rounds -- --help`
 
@@ -209,23 +214,37 @@ struct MpiTimes {
     reduce_bcast: Option<f64>,
 }
 
-/// Runs the peer program under `mpirun` with the byte transfer layers `btl` on `dim` floats
-/// over `n` ranks; `None` if it did not run.
-fn mpi_peer(bin: &str, btl: &str, n: u32, dim: usize, iters: u64) -> Option<MpiTimes> {
+/// Runs the peer program `bin` under `mpirun` on `ranks` ranks with the byte transfer layers
+/// `btl` and the arguments `args`; the median (s) of each operation it printed, by name.
+fn run_peer(bin: &str, btl: &str, ranks: u32, args: &[String]) -> Option<impl Fn(&str) -> Option<f64> + use<>> {
     let out = std::process::Command::new("mpirun")
-        .args(["--allow-run-as-root", "--oversubscribe", "--mca", "btl", btl, "-np", &n.to_string(), bin])
-        .args([dim.to_string(), iters.to_string()])
+        .args(["--allow-run-as-root", "--oversubscribe", "--mca", "btl", btl, "-np", &ranks.to_string(), bin])
+        .args(args)
         .output()
         .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let median_of = |op: &str| {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    Some(move |op: &str| {
         let line = text.lines().find(|l| l.starts_with("mpi ") && l.split_whitespace().any(|f| f == op))?;
         let ms = line.split_whitespace().find_map(|f| f.strip_prefix("median_ms="))?;
         ms.parse::<f64>().ok().map(|ms| ms / 1e3)
-    };
+    })
+}
+
+/// Runs the peer program under `mpirun` with the byte transfer layers `btl` on `dim` floats
+/// over `n` ranks; `None` if it did not run.
+fn mpi_peer(bin: &str, btl: &str, n: u32, dim: usize, iters: u64) -> Option<MpiTimes> {
+    let median_of = run_peer(bin, btl, n, &[dim.to_string(), iters.to_string()])?;
     // An older peer program prints one line without `op=`: its median is the allreduce.
     let allreduce = median_of("op=allreduce").or_else(|| median_of("mpi"))?;
     Some(MpiTimes { allreduce, reduce_bcast: median_of("op=reduce_bcast") })
+}
+
+/// The bare point-to-point star of the peer program on `n + 1` ranks (`bin dim iters star`):
+/// medians (s) of whole gradients and of segments summed as they land; `None` if it did not
+/// run.
+fn mpi_star(bin: &str, btl: &str, n: u32, dim: usize, iters: u64) -> Option<(f64, f64)> {
+    let median_of = run_peer(bin, btl, n + 1, &[dim.to_string(), iters.to_string(), "star".into()])?;
+    Some((median_of("op=star")?, median_of("op=star_seg")?))
 }
 
 /// One run of BSP over the MPI adapter: `mpirun -n n+1 bin dim rounds` with the byte
@@ -265,6 +284,12 @@ fn ms(t: Option<f64>) -> String {
 /// median CPU time per round, next to the median of the MPI runs (each run of the peer
 /// reports its own median).
 fn row(transport: &str, n: u32, dim: usize, runs: &[Run], btl: Option<&str>, peers: &[MpiTimes]) {
+    let rounds = runs.first().map_or(0, |r| r.times.len());
+    row_of(transport, n, dim, runs, rounds, btl, peers);
+}
+
+/// [`row`] with the rounds per run given (runs that carry one median each, the star's).
+fn row_of(transport: &str, n: u32, dim: usize, runs: &[Run], rounds: usize, btl: Option<&str>, peers: &[MpiTimes]) {
     let medians: Vec<f64> = runs.iter().filter(|r| !r.times.is_empty()).map(|r| median(r.times.clone())).collect();
     let m = median(medians.clone());
     let spread = match (medians.iter().copied().reduce(f64::min), medians.iter().copied().reduce(f64::max)) {
@@ -277,7 +302,6 @@ fn row(transport: &str, n: u32, dim: usize, runs: &[Run], btl: Option<&str>, pee
     let all = (!peers.is_empty()).then(|| median(peers.iter().map(|p| p.allreduce).collect()));
     let rb: Vec<f64> = peers.iter().filter_map(|p| p.reduce_bcast).collect();
     let rb = (!rb.is_empty()).then(|| median(rb));
-    let rounds = runs.first().map_or(0, |r| r.times.len());
     println!(
         "| {transport} | {n} | {dim:.0e} | {rounds}×{} | {:.3}{spread} | {} | {gbs:.2} | {} | {} | {} | {} | {} |",
         runs.len(),
@@ -292,11 +316,13 @@ fn row(transport: &str, n: u32, dim: usize, runs: &[Run], btl: Option<&str>, pee
 }
 
 const USAGE: &str =
-    "usage: rounds [--quick] [--mpi BIN] [--mpi-adapter BIN] [--transport channel|tcp|mpi] [--n N] [--dim D] \
-                     [--rounds R] [--repeat K]
+    "usage: rounds [--quick] [--mpi BIN] [--mpi-adapter BIN] [--mpi-baseline BIN] [--transport channel|tcp|mpi] \
+                     [--n N] [--dim D] [--rounds R] [--repeat K]
   --quick         6 rounds per run instead of 60 (d = 1e6) / 20 (d = 1e7)
   --mpi BIN       also run the MPI peer program BIN (benches/mpi/allreduce.c) under mpirun
-  --mpi-adapter B also run BSP over the MPI adapter with B (the mpi_rounds binary)
+  --mpi-adapter B also run BSP over the MPI adapter with B (the mpi_rounds binary); with --mpi,
+                  also the bare point-to-point star on N+1 ranks (allreduce D ITERS star)
+  --mpi-baseline B also run B, another build of mpi_rounds, interleaved: the row \"mpi (baseline)\"
   --transport T   only this transport: channel, tcp or mpi (default: all available)
   --n N[,N..]     only these numbers of workers (default: 2 and 4)
   --dim D[,D..]   only these model dimensions (default: 1e6 and 1e7)
@@ -342,6 +368,10 @@ fn main() {
     let quick = args.iter().any(|a| a == "--quick");
     let mpi = flag_str(&args, "--mpi");
     let mpi_adapter = flag_str(&args, "--mpi-adapter");
+    let mpi_baseline = flag_str(&args, "--mpi-baseline");
+    if mpi_baseline.is_some() && mpi_adapter.is_none() {
+        usage_exit("--mpi-baseline needs --mpi-adapter BIN");
+    }
     let transport = flag_str(&args, "--transport");
     if transport.as_deref().is_some_and(|t| !["channel", "tcp", "mpi"].contains(&t)) {
         usage_exit("--transport is channel, tcp or mpi");
@@ -384,20 +414,43 @@ fn main() {
                 row("channel", n, dim, &runs, shm_btl, &peers);
             }
             if let (true, Some(bin), Some(btl)) = (want("mpi"), mpi_adapter.as_deref(), shm_btl) {
-                let (mut runs, mut peers) = (Vec::new(), Vec::new());
-                let mut failed = None;
+                let (mut runs, mut base_runs, mut stars, mut segs, mut peers) =
+                    (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                let (mut failed, mut base_failed) = (None, None);
+                let per_run = rounds.saturating_sub(WARMUP).max(1);
                 for _ in 0..repeat {
                     match mpi_adapter_bsp(bin, btl, n, dim, rounds) {
                         Ok(t) => runs.push(t),
                         Err(e) => failed = Some(e),
                     }
+                    if let Some(base) = mpi_baseline.as_deref() {
+                        match mpi_adapter_bsp(base, btl, n, dim, rounds) {
+                            Ok(t) => base_runs.push(t),
+                            Err(e) => base_failed = Some(e),
+                        }
+                    }
+                    if let Some((whole, seg)) = mpi.as_deref().and_then(|peer| mpi_star(peer, btl, n, dim, per_run)) {
+                        stars.push(Run { times: vec![whole], cpu: None });
+                        segs.push(Run { times: vec![seg], cpu: None });
+                    }
                     peers.extend(peer(Some(btl)));
                 }
+                let failed_row = |name: &str, e: &str| {
+                    println!("| {name} | {n} | {dim:.0e} | – | failed: {e} | – | – | – | – | – | – | – |");
+                };
                 match failed {
-                    Some(e) if runs.is_empty() => {
-                        println!("| mpi | {n} | {dim:.0e} | – | failed: {e} | – | – | – | – | – | – | – |");
-                    }
+                    Some(e) if runs.is_empty() => failed_row("mpi", &e),
                     _ => row("mpi", n, dim, &runs, Some(btl), &peers),
+                }
+                match base_failed {
+                    Some(e) if base_runs.is_empty() => failed_row("mpi (baseline)", &e),
+                    _ if base_runs.is_empty() => {}
+                    _ => row("mpi (baseline)", n, dim, &base_runs, Some(btl), &peers),
+                }
+                if !stars.is_empty() {
+                    let per_run = usize::try_from(per_run).unwrap_or(0);
+                    row_of("p2p star", n, dim, &stars, per_run, Some(btl), &peers);
+                    row_of("p2p star, segments", n, dim, &segs, per_run, Some(btl), &peers);
                 }
             }
             if want("tcp") {
