@@ -278,6 +278,18 @@ impl Setting {
                 (model, batch, lr, Target::Accuracy(acc), format!("accuracy {acc}"), ladder, eval)
             }
         };
+        // Every worker at its mean step for the whole budget, ~6 events per gradient.
+        let gradients: f64 = trace
+            .times
+            .iter()
+            .map(|v| budget / (v.iter().sum::<f64>() / v.len().max(1) as f64).max(crate::trace::MIN_STEP_SECONDS))
+            .sum();
+        let events = gradients * 6.0 + budget / eval;
+        if events > EVENT_BUDGET as f64 {
+            return Err(format!(
+                "a budget of {budget} s would take about {events:.1e} simulator events per run; at most {EVENT_BUDGET:.0e} (lower --budget)"
+            ));
+        }
         Ok(Self {
             workload: options.workload,
             model,
@@ -800,11 +812,11 @@ impl SweepResult {
 impl Advice {
     /// The report for people: the trace, how the runs were set up, the table, the pick with
     /// its ties, and the phases.
-    pub fn report(&self) -> String {
+    pub fn report(&self, name: &str) -> String {
         let t = &self.trace;
         let s = &self.whole.setting;
         let mut out = format!(
-            "trace: {} workers x {} steps, median step {} s, p90 {} s, slowest step {} s, slowest worker {:.2}x the median worker; BSP replays it in {} s\n",
+            "trace {name}: {} workers x {} steps, median step {} s, p90 {} s, slowest step {} s, slowest worker {:.2}x the median worker; BSP replays it in {} s\n",
             t.workers,
             t.steps,
             secs(t.median_step_s),
