@@ -252,7 +252,7 @@ impl Setting {
                     None => (
                         at(TARGET_SHARE),
                         format!(
-                            "loss {:.4}: an ideal BSP run reaches it after {:.0}% of the trace's {steps} steps",
+                            "loss {:.4}: the expected loss of an ideal BSP run (closed form) after {:.0}% of the trace's {steps} steps",
                             at(TARGET_SHARE),
                             TARGET_SHARE * 100.0
                         ),
