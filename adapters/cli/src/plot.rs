@@ -313,20 +313,12 @@ fn intervals(
         )
         .margin(10)
         .x_label_area_size(35)
-        .y_label_area_size(230)
-        .build_cartesian_2d(0.0..hi * 1.05, 0.0..n as f64)?;
-    let labels: Vec<String> = order.iter().map(|&i| s.rows[i].label.clone()).collect();
+        .y_label_area_size(10)
+        .build_cartesian_2d(0.0..hi * 1.7, 0.0..n as f64)?;
     chart
         .configure_mesh()
         .disable_y_mesh()
-        .y_labels(n)
-        .y_label_formatter(&|y| {
-            let k = (*y - 0.5).round();
-            if (*y - 0.5 - k).abs() > 1e-6 || k < 0.0 {
-                return String::new();
-            }
-            labels.get(n - 1 - k as usize).cloned().unwrap_or_default()
-        })
+        .disable_y_axis()
         .x_desc("virtual seconds to target")
         .light_line_style(WHITE)
         .draw()?;
@@ -340,7 +332,7 @@ fn intervals(
         } else {
             COLOURS[7]
         };
-        let (lo, up) = (finite(r.time.low).max(0.0), finite(r.time.high).min(hi * 1.05));
+        let (lo, up) = (finite(r.time.low).max(0.0), finite(r.time.high).min(hi * 1.05).max(r.time.mean));
         let stroke = colour.stroke_width(if Some(i) == s.pick { 3 } else { 2 });
         chart.draw_series([
             PathElement::new([(lo, y), (up, y)], stroke),
@@ -352,6 +344,23 @@ fn intervals(
         if r.reached < r.repeats {
             chart.draw_series(std::iter::once(Circle::new((r.time.mean, y), 4, colour.stroke_width(1))))?;
         }
+        let mut text = format!("{}  {:.4} ± {:.4} s", r.label, r.time.mean, r.time.half_width());
+        if r.reached < r.repeats {
+            text.push_str(&format!(" (reached {}/{})", r.reached, r.repeats));
+        }
+        if Some(i) == s.pick {
+            text.push_str("  PICK");
+        } else if r.tied {
+            text.push_str("  tied");
+        }
+        chart.draw_series(std::iter::once(Text::new(
+            text,
+            (up + hi * 0.02, y),
+            ("sans-serif", 12).into_font().color(&BLACK).pos(plotters::style::text_anchor::Pos::new(
+                plotters::style::text_anchor::HPos::Left,
+                plotters::style::text_anchor::VPos::Center,
+            )),
+        )))?;
     }
     Ok(())
 }

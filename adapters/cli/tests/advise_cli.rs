@@ -60,7 +60,11 @@ fn traces_that_are_not_a_full_table_are_refused_with_file_line_and_reason() {
     let dir = scratch("invalid");
     let h = "worker,step,seconds\n";
     for (name, body, needles) in [
-        ("dup.csv", "0,0,0.01\n1,0,0.01\n0,0,0.02\n", vec!["dup.csv line 4", "worker 0 step 0 is a duplicate of line 2"]),
+        (
+            "dup.csv",
+            "0,0,0.01\n1,0,0.01\n0,0,0.02\n",
+            vec!["dup.csv line 4", "worker 0 step 0 is a duplicate of line 2"],
+        ),
         ("gap.csv", "0,0,0.01\n0,2,0.01\n1,0,0.01\n1,1,0.01\n", vec!["gap.csv line 3", "steps 1..2 are missing"]),
         ("uneq.csv", "0,0,0.01\n0,1,0.01\n1,0,0.01\n", vec!["uneq.csv line 3", "unequal step counts", "--truncate"]),
         ("nan.csv", "0,0,fast\n", vec!["nan.csv line 2", "'fast' is not a complete number"]),
@@ -77,7 +81,8 @@ fn traces_that_are_not_a_full_table_are_refused_with_file_line_and_reason() {
     }
     // The documented policy for unequal counts: --truncate keeps every worker's first S.
     let uneq = dir.join("uneq.csv");
-    let out = stdout(&syncopate(&["advise", "--trace", uneq.to_str().unwrap(), "--truncate", "--seeds", "2", "--json"]));
+    let out =
+        stdout(&syncopate(&["advise", "--trace", uneq.to_str().unwrap(), "--truncate", "--seeds", "2", "--json"]));
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!((v["trace"]["workers"].as_u64(), v["trace"]["steps"].as_u64()), (Some(2), Some(1)));
     std::fs::remove_dir_all(&dir).ok();
@@ -88,10 +93,22 @@ fn a_generated_trace_gives_a_table_json_and_an_svg_with_intervals() {
     let dir = scratch("outputs");
     let trace = dir.join("rc.csv");
     let t = trace.to_str().unwrap();
-    let said = stdout(&syncopate(&["trace-gen", "regime-change", "--workers", "6", "--steps", "160", "--seed", "3", "-o", t]));
+    let said =
+        stdout(&syncopate(&["trace-gen", "regime-change", "--workers", "6", "--steps", "160", "--seed", "3", "-o", t]));
     assert!(said.contains("regime-change trace, 6 workers x 160 steps"), "{said}");
     let again = dir.join("rc2.csv");
-    stdout(&syncopate(&["trace-gen", "regime-change", "--workers", "6", "--steps", "160", "--seed", "3", "-o", again.to_str().unwrap()]));
+    stdout(&syncopate(&[
+        "trace-gen",
+        "regime-change",
+        "--workers",
+        "6",
+        "--steps",
+        "160",
+        "--seed",
+        "3",
+        "-o",
+        again.to_str().unwrap(),
+    ]));
     assert_eq!(std::fs::read(&trace).unwrap(), std::fs::read(&again).unwrap(), "trace-gen is seeded");
     let svg = dir.join("a.svg");
     let text = stdout(&syncopate(&["advise", "--trace", t, "--seeds", "3", "--plot", svg.to_str().unwrap()]));
@@ -105,7 +122,11 @@ fn a_generated_trace_gives_a_table_json_and_an_svg_with_intervals() {
     let b = stdout(&syncopate(&["advise", "--trace", t, "--seeds", "2", "--json", "--no-phases", "--jobs", "1"]));
     assert_eq!(a, b);
     let scenario = dir.join("s.toml");
-    std::fs::write(&scenario, "workers = 6\n[[protocols]]\nname = \"bsp\"\n[[protocols]]\nname = \"backup\"\nbackup_workers = [1, 2]\n").unwrap();
+    std::fs::write(
+        &scenario,
+        "workers = 6\n[[protocols]]\nname = \"bsp\"\n[[protocols]]\nname = \"backup\"\nbackup_workers = [1, 2]\n",
+    )
+    .unwrap();
     let out = stdout(&syncopate(&["advise", "--trace", t, scenario.to_str().unwrap(), "--seeds", "2", "--json"]));
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     let labels: Vec<&str> = v["whole"]["rows"].as_array().unwrap().iter().filter_map(|r| r["label"].as_str()).collect();

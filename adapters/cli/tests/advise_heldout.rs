@@ -8,7 +8,7 @@
 //! is ignored by default; it prints the evaluation table:
 //!
 //! ```text
-//! cargo test -p syncopate-adapters --release --test advise_heldout -- --ignored --nocapture
+//! cargo test -p syncopate-adapters --test advise_heldout -- --ignored --nocapture
 //! ```
 
 use syncopate_adapters::advise::{self, Options, TraceTable, tracegen};
@@ -92,7 +92,7 @@ fn the_pick_is_within_10_percent_of_the_fastest_on_held_out_seeds_quick() {
 }
 
 #[test]
-#[ignore = "full evaluation, about 10 minutes of CPU in release: see the module docs"]
+#[ignore = "full evaluation, minutes of CPU: see the module docs"]
 fn the_pick_is_within_10_percent_of_the_fastest_on_held_out_seeds_full() {
     check(&evaluate(16, 2000, 5, 11));
 }

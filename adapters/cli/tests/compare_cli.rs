@@ -90,7 +90,8 @@ fn advise_sweeps_a_scenario_files_protocols_on_a_recorded_trace() {
     let compared: serde_json::Value =
         serde_json::from_str(stdout(&syncopate(&["compare", f, "--trace", t, "--json"])).trim()).unwrap();
     let advised: serde_json::Value =
-        serde_json::from_str(stdout(&syncopate(&["advise", "--trace", t, f, "--json", "--seeds", "2"])).trim()).unwrap();
+        serde_json::from_str(stdout(&syncopate(&["advise", "--trace", t, f, "--json", "--seeds", "2"])).trim())
+            .unwrap();
     let labels = |rows: &serde_json::Value| -> Vec<String> {
         rows.as_array().unwrap().iter().filter_map(|r| r["label"].as_str().map(String::from)).collect()
     };

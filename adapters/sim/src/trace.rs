@@ -127,7 +127,11 @@ pub fn check_table(lines: &[(usize, Step)], source: &str, truncate: bool) -> Res
     }
     let workers = lines.iter().map(|(_, s)| s.worker).max().map_or(0, |w| w.saturating_add(1));
     if workers as usize > syncopate::MAX_WORKERS {
-        return Err(format!("{source}: worker {} is beyond the {} workers a run may have", workers - 1, syncopate::MAX_WORKERS));
+        return Err(format!(
+            "{source}: worker {} is beyond the {} workers a run may have",
+            workers - 1,
+            syncopate::MAX_WORKERS
+        ));
     }
     let mut counts = Vec::with_capacity(workers as usize);
     for w in 0..workers {
@@ -241,7 +245,10 @@ mod tests {
         let h = "worker,step,seconds\n";
         for (body, needle) in [
             ("0,0,0.1\n0,1,0.1\n1,0,0.1\n0,1,0.2\n1,1,0.1\n", "line 5: worker 0 step 1 is a duplicate of line 3"),
-            ("0,0,0.1\n0,1,0.1\n0,3,0.1\n1,0,0.1\n1,1,0.1\n1,2,0.1\n", "line 4: worker 0 step 3 follows a gap: steps 2..3"),
+            (
+                "0,0,0.1\n0,1,0.1\n0,3,0.1\n1,0,0.1\n1,1,0.1\n1,2,0.1\n",
+                "line 4: worker 0 step 3 follows a gap: steps 2..3",
+            ),
             ("0,1,0.1\n1,0,0.1\n", "line 2: worker 0 step 1 follows a gap: steps 0..1"),
             ("0,0,0.1\n2,0,0.1\n", "no steps for worker 1"),
             ("0,0,0.1\n0,1,0.1\n1,0,0.1\n", "line 3: worker 0 has 2 steps but worker 1 only 1: unequal step counts"),

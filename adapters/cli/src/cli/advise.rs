@@ -121,7 +121,12 @@ pub(super) fn advise(args: &AdviseArgs) -> Result<(), Failure> {
             let mut c = Vec::new();
             for run in s.runs.iter().filter(|r| r.compute.is_none()) {
                 run.spec.config(table.workers, 0.5).map_err(|e| {
-                    Failure::Usage(format!("{}: {}: {e} (the trace has {} workers)", path.display(), run.label(), table.workers))
+                    Failure::Usage(format!(
+                        "{}: {}: {e} (the trace has {} workers)",
+                        path.display(),
+                        run.label(),
+                        table.workers
+                    ))
                 })?;
                 c.push(Candidate { spec: run.spec.clone(), median_multiple: None });
             }

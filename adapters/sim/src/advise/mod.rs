@@ -23,9 +23,9 @@
 //!   mean, or, among the candidates statistically tied with it (paired interval of the
 //!   difference includes zero, or means within 1%) and within 5% of it, the simplest.
 
-pub mod tracegen;
 pub mod phases;
 pub mod stats;
+pub mod tracegen;
 
 use crate::scenario::{EVENT_BUDGET, ProtocolName, ProtocolSpec};
 use crate::sim::{self, ComputeModel, NetworkConfig, SimConfig, SimReport, Target};
@@ -325,10 +325,8 @@ impl Setting {
         c.batch_size = self.batch_size;
         c.base_step = syncopate::Duration::from_secs_f64(self.median_step_s);
         c.compute = trace.compute();
-        c.network = NetworkConfig {
-            latency: syncopate::Duration::from_secs_f64(self.latency_s),
-            bandwidth: self.bandwidth,
-        };
+        c.network =
+            NetworkConfig { latency: syncopate::Duration::from_secs_f64(self.latency_s), bandwidth: self.bandwidth };
         c.eval_interval = syncopate::Duration::from_secs_f64(self.eval_interval_s);
         c.stop.max_time = Some(syncopate::Duration::from_secs_f64(self.budget_s));
         c.stop.max_events = EVENT_BUDGET;
@@ -625,9 +623,7 @@ pub fn pick(rows: &[Measured], ranks: &[u32]) -> (Option<usize>, Option<usize>, 
         .iter()
         .copied()
         .filter(|&i| rows[i].time.mean <= best_mean * (1.0 + TIE_WITHIN))
-        .min_by(|&a, &b| {
-            ranks.get(a).cmp(&ranks.get(b)).then(rows[a].time.mean.total_cmp(&rows[b].time.mean))
-        });
+        .min_by(|&a, &b| ranks.get(a).cmp(&ranks.get(b)).then(rows[a].time.mean.total_cmp(&rows[b].time.mean)));
     (Some(best), pick, tied)
 }
 
@@ -701,7 +697,10 @@ pub struct Advice {
 /// The run and data seeds of `options`.
 pub fn seeds(options: &Options) -> (Vec<u64>, Vec<u64>) {
     let r = u64::from(options.repeats.max(1));
-    ((0..r).map(|i| options.seed.wrapping_add(i)).collect(), (0..r).map(|i| options.split_seed.wrapping_add(i)).collect())
+    (
+        (0..r).map(|i| options.seed.wrapping_add(i)).collect(),
+        (0..r).map(|i| options.split_seed.wrapping_add(i)).collect(),
+    )
 }
 
 /// Sweeps `candidates` over the whole `trace` and, when it changes regime, over each phase.
@@ -722,15 +721,24 @@ pub fn advise(
         let part = trace.slice(from, until);
         let sweep = if ranges.len() > 1 {
             let phase_options = Options { target: None, budget_s: None, ..options.clone() };
-            let phase_options =
-                if options.workload == WorkloadKind::Nqm { phase_options } else { Options { target: options.target, ..phase_options } };
+            let phase_options = if options.workload == WorkloadKind::Nqm {
+                phase_options
+            } else {
+                Options { target: options.target, ..phase_options }
+            };
             let s = Setting::for_trace(&part, &phase_options)?;
             Some(sweep(&part, candidates, &s, &run_seeds, &split_seeds, jobs, done)?)
         } else {
             None
         };
         let spread_mean = spread[from..until].iter().map(|x| x.exp()).sum::<f64>() / (until - from).max(1) as f64;
-        phases.push(PhaseAdvice { from_step: from, until_step: until, median_step_s: part.median_step(), spread: spread_mean, sweep });
+        phases.push(PhaseAdvice {
+            from_step: from,
+            until_step: until,
+            median_step_s: part.median_step(),
+            spread: spread_mean,
+            sweep,
+        });
     }
     let picks: Vec<&str> = phases.iter().filter_map(|p| p.sweep.as_ref()).map(|s| s.label(s.pick)).collect();
     let switch = (picks.len() > 1 && picks.windows(2).any(|w| w[0] != w[1])).then(|| {
@@ -761,7 +769,15 @@ fn secs(x: f64) -> String {
     if !x.is_finite() {
         return "-".into();
     }
-    let decimals = if x >= 100.0 { 1 } else if x >= 1.0 { 3 } else if x >= 0.01 { 4 } else { 6 };
+    let decimals = if x >= 100.0 {
+        1
+    } else if x >= 1.0 {
+        3
+    } else if x >= 0.01 {
+        4
+    } else {
+        6
+    };
     format!("{x:.decimals$}")
 }
 
@@ -877,7 +893,12 @@ impl Advice {
             for p in &self.phases {
                 let pick = p.sweep.as_ref().map_or("-".to_string(), |s| {
                     s.pick.and_then(|i| s.rows.get(i)).map_or("none".into(), |r| {
-                        format!("{} ({} ± {} s on the phase alone)", r.label, secs(r.time.mean), secs(r.time.half_width()))
+                        format!(
+                            "{} ({} ± {} s on the phase alone)",
+                            r.label,
+                            secs(r.time.mean),
+                            secs(r.time.half_width())
+                        )
                     })
                 });
                 out.push_str(&format!(
