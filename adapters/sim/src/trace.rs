@@ -158,7 +158,7 @@ pub fn check_table(lines: &[(usize, Step)], source: &str, truncate: bool) -> Res
         let long = counts.iter().position(|&c| c == longest).unwrap_or(0) as u32;
         let line = seen.get(&(long, shortest)).copied().unwrap_or(0);
         return Err(format!(
-            "{source} line {line}: worker {long} has {longest} steps but worker {short} only {shortest}: unequal step counts (pass --truncate to keep every worker's first {shortest})"
+            "{source} line {line}: worker {long} has {longest} steps but worker {short} only {shortest}: unequal step counts (advise --truncate keeps every worker's first {shortest})"
         ));
     }
     Ok((workers, shortest))
