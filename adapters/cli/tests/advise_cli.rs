@@ -2,22 +2,12 @@
 //! record-then-advise recipe for any worker count, traces that are not a full table refused
 //! with the file, the line and the reason, the table, the JSON and the SVG.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn syncopate(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_syncopate")).args(args).output().expect("run syncopate")
-}
+use common::{stdout, syncopate};
 
-fn stdout(out: &Output) -> String {
-    assert!(out.status.success(), "exit {:?}: {}", out.status, String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("syncopate-advise-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
+fn scratch(name: &str) -> std::path::PathBuf {
+    common::scratch("advise", name)
 }
 
 /// `train --workers N --sim --record-trace t.csv && advise --trace t.csv` for 16 and 5

@@ -2,22 +2,12 @@
 //! same table twice, `advise` sweeps a scenario file's protocols on a recorded trace,
 //! the plot is an SVG, and a bad scenario file is refused in one line with exit code 2.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn syncopate(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_syncopate")).args(args).output().expect("run syncopate")
-}
+use common::{stdout, syncopate};
 
-fn stdout(out: &Output) -> String {
-    assert!(out.status.success(), "exit {:?}: {}", out.status, String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("syncopate-compare-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
+fn scratch(name: &str) -> std::path::PathBuf {
+    common::scratch("compare", name)
 }
 
 const SCENARIO: &str = r#"
