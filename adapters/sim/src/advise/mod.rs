@@ -440,6 +440,9 @@ pub struct Measured {
     pub protocol: String,
     /// A time knob as a multiple of the median step.
     pub median_multiple: Option<f64>,
+    /// The one count knob of backup (`b`), SSP (`s`) or grouped (`G`), to tell when the pick
+    /// sits at the edge of its sweep.
+    pub count_knob: Option<u64>,
     /// Time to target per (run seed, data seed) pair (`None`: not within the budget).
     pub times_s: Vec<Option<f64>>,
     /// Pairs that reached the target.
@@ -559,6 +562,12 @@ pub fn sweep(
             label: c.spec.label(),
             protocol: c.spec.name.as_str().to_string(),
             median_multiple: c.median_multiple,
+            count_knob: match c.spec.name {
+                ProtocolName::Backup => c.spec.backup_workers.map(u64::from),
+                ProtocolName::Ssp => c.spec.staleness,
+                ProtocolName::Grouped => c.spec.groups.map(u64::from),
+                _ => None,
+            },
             reached: times.iter().filter(|t| t.is_some()).count() as u32,
             repeats: times.len() as u32,
             time: stats::interval(&censored),
@@ -876,6 +885,15 @@ impl Advice {
                     .filter(|(i, r)| r.tied && Some(*i) != self.whole.pick)
                     .map(|(_, r)| r.label.as_str())
                     .collect();
+                let largest = self.whole.rows.iter().filter(|r| r.protocol == p.protocol).filter_map(|r| r.count_knob).max();
+                if let (Some(k), Some(largest)) = (p.count_knob, largest) {
+                    if k == largest && self.whole.rows.iter().filter(|r| r.protocol == p.protocol).count() > 1 {
+                        out.push_str(&format!(
+                            "  note: its knob is the largest of its sweep ({}); a scenario file with larger values may find a faster setting\n",
+                            p.label
+                        ));
+                    }
+                }
                 if tied.is_empty() {
                     out.push_str("  the next candidates are measurably slower (paired 95% intervals exclude a tie)\n");
                 } else {
@@ -957,6 +975,7 @@ mod tests {
             label: String::new(),
             protocol: String::new(),
             median_multiple: None,
+            count_knob: None,
             times_s: times.iter().map(|&t| Some(t)).collect(),
             reached: times.len() as u32,
             repeats: times.len() as u32,
