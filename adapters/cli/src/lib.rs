@@ -5,7 +5,7 @@
 //!
 //! - `syncopate-transport`: [`channel`] (in-process) and [`tcp`] (separate processes):
 //!   no command-line, plotting or simulation dependencies.
-//! - `syncopate-sim`: [`sim`] (the deterministic simulator), [`workload`], [`thread`],
+//! - `syncopate-sim`: [`sim`] (the deterministic simulator), [`workload`], [`thread`], [`advise`],
 //!   [`scenario`], [`compare`], [`trace`], [`rng`].
 //! - this crate: [`cli`] (the `syncopate` binary's subcommands) and [`plot`] (SVG plots).
 
@@ -18,5 +18,5 @@
 pub mod cli;
 pub mod plot;
 
-pub use syncopate_sim::{compare, rng, scenario, sim, straggler, thread, trace, workload};
+pub use syncopate_sim::{advise, compare, rng, scenario, sim, straggler, thread, trace, workload};
 pub use syncopate_transport::{channel, tcp};

@@ -261,6 +261,110 @@ pub fn trajectory_svg(path: &std::path::Path, title: &str, y_desc: &str, points:
     root.present().map_err(|e| fail(&e))
 }
 
+/// The plot of `syncopate advise --plot FILE.svg`: one panel per sweep (the whole trace,
+/// then each phase), time to target per candidate as the mean with its 95% interval,
+/// fastest first; the pick in bold, tied candidates in orange, the rest grey.
+pub fn advice_svg(a: &syncopate_sim::advise::Advice) -> Result<String, String> {
+    let mut sweeps = vec![("whole trace".to_string(), &a.whole)];
+    for p in &a.phases {
+        if let Some(s) = &p.sweep {
+            sweeps.push((format!("steps {}..{} alone", p.from_step, p.until_step), s));
+        }
+    }
+    let rows = a.whole.rows.len().max(1) as u32;
+    let panel = 90 + 22 * rows;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (1100, panel * sweeps.len() as u32 + 40)).into_drawing_area();
+        let draw = || -> DrawResult {
+            root.fill(&WHITE)?;
+            let t = &a.trace;
+            let title = format!(
+                "advise: {} workers x {} steps, median step {:.4} s — time to target, mean and 95% interval",
+                t.workers, t.steps, t.median_step_s
+            );
+            let root = root.titled(&title, ("sans-serif", 20))?;
+            let areas = root.split_evenly((sweeps.len(), 1));
+            for ((name, sweep), area) in sweeps.iter().zip(&areas) {
+                intervals(area, name, sweep)?;
+            }
+            Ok(())
+        };
+        draw().map_err(|e| format!("cannot draw the plot: {e}"))?;
+        root.present().map_err(|e| format!("cannot draw the plot: {e}"))?;
+    }
+    Ok(svg)
+}
+
+fn intervals(
+    area: &DrawingArea<SVGBackend<'_>, Shift>,
+    name: &str,
+    s: &syncopate_sim::advise::SweepResult,
+) -> DrawResult {
+    let mut order: Vec<usize> = (0..s.rows.len()).collect();
+    order.sort_by(|&a, &b| s.rows[a].time.mean.total_cmp(&s.rows[b].time.mean));
+    let finite = |x: f64| if x.is_finite() { x } else { 0.0 };
+    let hi = s.rows.iter().map(|r| finite(r.time.high).max(r.time.mean)).fold(0.0f64, f64::max).max(1e-6);
+    let n = order.len().max(1);
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            format!("{name}: {} — seeds {:?}, data seeds {:?}", s.setting.target_note, s.run_seeds, s.split_seeds),
+            ("sans-serif", 14),
+        )
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(10)
+        .build_cartesian_2d(0.0..hi * 1.7, 0.0..n as f64)?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .disable_y_axis()
+        .x_desc("virtual seconds to target")
+        .light_line_style(WHITE)
+        .draw()?;
+    for (rank, &i) in order.iter().enumerate() {
+        let r = &s.rows[i];
+        let y = (n - 1 - rank) as f64 + 0.5;
+        let colour = if Some(i) == s.pick {
+            COLOURS[0]
+        } else if r.tied {
+            COLOURS[1]
+        } else {
+            COLOURS[7]
+        };
+        let (lo, up) = (finite(r.time.low).max(0.0), finite(r.time.high).min(hi * 1.05).max(r.time.mean));
+        let stroke = colour.stroke_width(if Some(i) == s.pick { 3 } else { 2 });
+        chart.draw_series([
+            PathElement::new([(lo, y), (up, y)], stroke),
+            PathElement::new([(lo, y - 0.25), (lo, y + 0.25)], stroke),
+            PathElement::new([(up, y - 0.25), (up, y + 0.25)], stroke),
+        ])?;
+        let marker = if r.reached == r.repeats { colour.filled() } else { WHITE.filled() };
+        chart.draw_series(std::iter::once(Circle::new((r.time.mean, y), 4, marker)))?;
+        if r.reached < r.repeats {
+            chart.draw_series(std::iter::once(Circle::new((r.time.mean, y), 4, colour.stroke_width(1))))?;
+        }
+        let mut text = format!("{}  {:.4} ± {:.4} s", r.label, r.time.mean, r.time.half_width());
+        if r.reached < r.repeats {
+            text.push_str(&format!(" (reached {}/{})", r.reached, r.repeats));
+        }
+        if Some(i) == s.pick {
+            text.push_str("  PICK");
+        } else if r.tied {
+            text.push_str("  tied");
+        }
+        chart.draw_series(std::iter::once(Text::new(
+            text,
+            (up + hi * 0.02, y),
+            ("sans-serif", 12).into_font().color(&BLACK).pos(plotters::style::text_anchor::Pos::new(
+                plotters::style::text_anchor::HPos::Left,
+                plotters::style::text_anchor::VPos::Center,
+            )),
+        )))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

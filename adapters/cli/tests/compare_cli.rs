@@ -1,23 +1,13 @@
 //! `syncopate compare` and `syncopate advise` as a user runs them: the same scenario gives the
-//! same table twice, `advise` recommends what `compare` measures fastest on a recorded trace,
+//! same table twice, `advise` sweeps a scenario file's protocols on a recorded trace,
 //! the plot is an SVG, and a bad scenario file is refused in one line with exit code 2.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn syncopate(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_syncopate")).args(args).output().expect("run syncopate")
-}
+use common::{stdout, syncopate};
 
-fn stdout(out: &Output) -> String {
-    assert!(out.status.success(), "exit {:?}: {}", out.status, String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("syncopate-compare-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
+fn scratch(name: &str) -> std::path::PathBuf {
+    common::scratch("compare", name)
 }
 
 const SCENARIO: &str = r#"
@@ -45,11 +35,6 @@ name = "grouped"
 groups = 2
 "#;
 
-fn fastest(json: &str) -> String {
-    let v: serde_json::Value = serde_json::from_str(json.trim()).expect("compare --json prints one JSON object");
-    v["fastest"].as_str().expect("a fastest run").to_string()
-}
-
 #[test]
 fn same_scenario_same_table_and_a_plot() {
     let dir = scratch("det");
@@ -70,7 +55,7 @@ fn same_scenario_same_table_and_a_plot() {
 }
 
 #[test]
-fn advise_recommends_what_compare_measures_fastest_on_a_recorded_trace() {
+fn advise_sweeps_a_scenario_files_protocols_on_a_recorded_trace() {
     let dir = scratch("advise");
     let file = dir.join("s.toml");
     std::fs::write(&file, SCENARIO).unwrap();
@@ -92,11 +77,18 @@ fn advise_recommends_what_compare_measures_fastest_on_a_recorded_trace() {
         "--json",
     ]));
     let f = file.to_str().unwrap();
-    let compared = fastest(&stdout(&syncopate(&["compare", f, "--trace", t, "--json"])));
-    let advised = stdout(&syncopate(&["advise", "--trace", t, f, "--json"]));
-    assert_eq!(fastest(&advised), compared);
-    let text = stdout(&syncopate(&["advise", "--trace", t, f]));
-    assert!(text.contains(&format!("recommendation: {compared}")), "{text}");
+    let compared: serde_json::Value =
+        serde_json::from_str(stdout(&syncopate(&["compare", f, "--trace", t, "--json"])).trim()).unwrap();
+    let advised: serde_json::Value =
+        serde_json::from_str(stdout(&syncopate(&["advise", "--trace", t, f, "--json", "--seeds", "2"])).trim())
+            .unwrap();
+    let labels = |rows: &serde_json::Value| -> Vec<String> {
+        rows.as_array().unwrap().iter().filter_map(|r| r["label"].as_str().map(String::from)).collect()
+    };
+    assert_eq!(labels(&advised["whole"]["rows"]), labels(&compared["runs"]));
+    let pick = advised["recommendation"].as_str().expect("a pick").to_string();
+    let text = stdout(&syncopate(&["advise", "--trace", t, f, "--seeds", "2"]));
+    assert!(text.contains(&format!("recommendation: {pick}")), "{text}");
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -10,6 +10,7 @@
 //! - [`straggler`]: the straggler specs (`WHO:MODEL`) shared by the command line and scenarios.
 //! - [`thread`]: the server and `n` workers as threads in one process, with injected
 //!   straggler delays (over the transport crate's channels).
+//! - [`advise`]: which protocol and knobs to run on a recorded step-time trace.
 //! - [`scenario`], [`compare`], [`trace`]: scenario files, comparisons of protocols on one
 //!   scenario, and recorded step-time traces.
 
@@ -19,6 +20,7 @@
 #![allow(clippy::std_instead_of_core, clippy::alloc_instead_of_core)]
 #![deny(missing_docs)]
 
+pub mod advise;
 pub mod compare;
 pub mod scenario;
 pub mod sim;

@@ -58,8 +58,18 @@ fn is_complete_number(text: &str) -> bool {
 }
 
 /// Reads a trace file. Every line must be complete (a file cut mid-line is refused), and
-/// every step time a positive number of seconds of at least [`MIN_STEP_SECONDS`].
+/// every step time a positive number of seconds of at least [`MIN_STEP_SECONDS`]. The
+/// steps must form a full table (see [`check_table`]): refused otherwise, with the file, the
+/// line and the reason.
 pub fn read(path: &Path) -> Result<Vec<Step>, String> {
+    let lines = read_lines(path)?;
+    check_table(&lines, &path.display().to_string(), false)?;
+    Ok(lines.into_iter().map(|(_, s)| s).collect())
+}
+
+/// Reads a trace file line by line: every step with its line number (1-based), checking
+/// each line on its own (fields, numbers, step times) but not the table they form.
+pub fn read_lines(path: &Path) -> Result<Vec<(usize, Step)>, String> {
     let text = std::fs::read(path).map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
     let mut steps = Vec::new();
     let line_count = text.split(|b| *b == b'\n').count();
@@ -89,12 +99,74 @@ pub fn read(path: &Path) -> Result<Vec<Step>, String> {
                 "seconds '{t}' is not a step time: each step must take at least {MIN_STEP_SECONDS} s (1 µs)"
             )));
         }
-        steps.push(Step { worker, step, seconds });
+        steps.push((i + 1, Step { worker, step, seconds }));
     }
     if steps.is_empty() {
         return Err(format!("{}: the trace has no steps", path.display()));
     }
     Ok(steps)
+}
+
+/// Checks that `lines` (steps with their line numbers, from [`read_lines`]) form a full
+/// table: workers `0..n` each with steps `0..S`, every (worker, step) once. Refused, naming
+/// `source`, the line and the reason: a duplicate (worker, step), a gap in a worker's steps,
+/// a missing worker, and (unless `truncate`) workers with unequal step counts. With
+/// `truncate`, the policy for unequal counts is to keep every worker's first `S` steps, `S`
+/// the shortest worker's count (as `advise --truncate` documents); the steps beyond are
+/// dropped by [`truncate_to_shortest`]. Returns `(n, S)`.
+pub fn check_table(lines: &[(usize, Step)], source: &str, truncate: bool) -> Result<(u32, u64), String> {
+    use std::collections::BTreeMap;
+    let mut seen: BTreeMap<(u32, u64), usize> = BTreeMap::new();
+    for &(line, s) in lines {
+        if let Some(first) = seen.insert((s.worker, s.step), line) {
+            return Err(format!(
+                "{source} line {line}: worker {} step {} is a duplicate of line {first}",
+                s.worker, s.step
+            ));
+        }
+    }
+    let workers = lines.iter().map(|(_, s)| s.worker).max().map_or(0, |w| w.saturating_add(1));
+    if workers as usize > syncopate::MAX_WORKERS {
+        return Err(format!(
+            "{source}: worker {} is beyond the {} workers a run may have",
+            workers - 1,
+            syncopate::MAX_WORKERS
+        ));
+    }
+    let mut counts = Vec::with_capacity(workers as usize);
+    for w in 0..workers {
+        let mut expected = 0u64;
+        for (&(_, step), &line) in seen.range((w, 0)..=(w, u64::MAX)) {
+            if step != expected {
+                return Err(format!(
+                    "{source} line {line}: worker {w} step {step} follows a gap: steps {expected}..{step} are missing"
+                ));
+            }
+            expected += 1;
+        }
+        if expected == 0 {
+            return Err(format!(
+                "{source}: no steps for worker {w} (workers 0..{workers} appear; each needs its own steps)"
+            ));
+        }
+        counts.push(expected);
+    }
+    let shortest = counts.iter().copied().min().unwrap_or(0);
+    let longest = counts.iter().copied().max().unwrap_or(0);
+    if shortest != longest && !truncate {
+        let short = counts.iter().position(|&c| c == shortest).unwrap_or(0) as u32;
+        let long = counts.iter().position(|&c| c == longest).unwrap_or(0) as u32;
+        let line = seen.get(&(long, shortest)).copied().unwrap_or(0);
+        return Err(format!(
+            "{source} line {line}: worker {long} has {longest} steps but worker {short} only {shortest}: unequal step counts (advise --truncate keeps every worker's first {shortest})"
+        ));
+    }
+    Ok((workers, shortest))
+}
+
+/// Keeps every worker's steps below `steps` (the policy of [`check_table`] with `truncate`).
+pub fn truncate_to_shortest(lines: Vec<(usize, Step)>, steps: u64) -> Vec<Step> {
+    lines.into_iter().map(|(_, s)| s).filter(|s| s.step < steps).collect()
 }
 
 /// One replay model per worker (`Trace` of its step times in step order).
@@ -131,6 +203,7 @@ mod tests {
             Step { worker: 1, step: 1, seconds: 0.5 },
             Step { worker: 0, step: 0, seconds: 0.25 },
             Step { worker: 1, step: 0, seconds: 0.125 },
+            Step { worker: 0, step: 1, seconds: 0.75 },
         ];
         write(&path, &steps).unwrap();
         let back = read(&path).unwrap();
@@ -159,6 +232,40 @@ mod tests {
         }
         std::fs::write(&path, "worker,step,seconds\n0,0,2.5e-3\n0,1,3\n").unwrap();
         assert_eq!(read(&path).unwrap().len(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Each way a trace fails to be a full table is refused with the file, the line and the
+    /// reason; `truncate` is the documented policy for unequal counts.
+    #[test]
+    fn tables_with_duplicates_gaps_missing_workers_or_unequal_counts_are_refused() {
+        let dir = std::env::temp_dir().join(format!("syncopate-table-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.csv");
+        let h = "worker,step,seconds\n";
+        for (body, needle) in [
+            ("0,0,0.1\n0,1,0.1\n1,0,0.1\n0,1,0.2\n1,1,0.1\n", "line 5: worker 0 step 1 is a duplicate of line 3"),
+            (
+                "0,0,0.1\n0,1,0.1\n0,3,0.1\n1,0,0.1\n1,1,0.1\n1,2,0.1\n",
+                "line 4: worker 0 step 3 follows a gap: steps 2..3",
+            ),
+            ("0,1,0.1\n1,0,0.1\n", "line 2: worker 0 step 1 follows a gap: steps 0..1"),
+            ("0,0,0.1\n2,0,0.1\n", "no steps for worker 1"),
+            ("0,0,0.1\n0,1,0.1\n1,0,0.1\n", "line 3: worker 0 has 2 steps but worker 1 only 1: unequal step counts"),
+            ("0,0,abc\n", "line 2: seconds 'abc' is not a complete number"),
+            ("0,0,-1\n", "line 2: seconds '-1' is not a complete number"),
+            ("0,0,0\n", "line 2: seconds '0' is not a step time"),
+        ] {
+            std::fs::write(&path, format!("{h}{body}")).unwrap();
+            let e = read(&path).unwrap_err();
+            assert!(e.contains(needle) && e.starts_with(&path.display().to_string()), "{body:?}: {e}");
+        }
+        std::fs::write(&path, format!("{h}0,0,0.1\n0,1,0.2\n1,0,0.3\n")).unwrap();
+        let lines = read_lines(&path).unwrap();
+        assert_eq!(check_table(&lines, "t", true).unwrap(), (2, 1));
+        let kept = truncate_to_shortest(lines, 1);
+        assert_eq!(kept.len(), 2);
+        assert!(kept.iter().all(|s| s.step == 0));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

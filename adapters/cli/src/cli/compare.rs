@@ -1,5 +1,5 @@
-//! `syncopate compare` and `syncopate advise`: every protocol of a scenario in the
-//! simulator, a table, a plot, and a recommendation.
+//! `syncopate compare`: every protocol of a scenario in the simulator, a table and a plot
+//! (`syncopate advise` is in [`super::advise`]).
 
 use super::Failure;
 use super::output::outln;
@@ -29,24 +29,6 @@ pub struct CompareArgs {
     /// a band, time to target per run, and DBW's backup workers over time.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
-    /// Simulations to run at once (default: the machine's cores).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub jobs: Option<u32>,
-}
-
-/// Flags of `syncopate advise`.
-#[derive(Clone, Debug, Args)]
-pub struct AdviseArgs {
-    /// The recorded per-worker step times (CSV worker,step,seconds, as `train --record-trace` writes).
-    #[arg(long, value_name = "FILE")]
-    pub trace: PathBuf,
-    /// The protocols and knobs to try (a scenario file, its worker count that of the trace);
-    /// without one, the built-in default scenario's protocols for the trace's workers.
-    #[arg(value_name = "SCENARIO.toml")]
-    pub scenario: Option<PathBuf>,
-    /// Print the table and the recommendation as one JSON object on stdout.
-    #[arg(long)]
-    pub json: bool,
     /// Simulations to run at once (default: the machine's cores).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub jobs: Option<u32>,
@@ -96,7 +78,7 @@ fn read_trace(trace: &std::path::Path) -> Result<Vec<crate::trace::Step>, Failur
 }
 
 /// Checks an output path before the run: `.svg` only, and a file that can be created.
-fn open_plot(path: &std::path::Path) -> Result<std::fs::File, Failure> {
+pub(super) fn open_plot(path: &std::path::Path) -> Result<std::fs::File, Failure> {
     if path.extension().and_then(|e| e.to_str()).is_none_or(|e| !e.eq_ignore_ascii_case("svg")) {
         return Err(Failure::Usage(format!(
             "invalid value '{}' for '--plot': the plot is SVG; name the file FILE.svg",
@@ -151,51 +133,6 @@ pub(super) fn run(args: &CompareArgs) -> Result<(), Failure> {
     if let Some(path) = &args.plot {
         if !args.json {
             outln!("plot written to {}", path.display());
-        }
-    }
-    Ok(())
-}
-
-/// Two times to target closer than this (relative) are a tie: `advise` names both.
-const TIE: f64 = 0.05;
-
-/// Runs `syncopate advise`.
-pub(super) fn advise(args: &AdviseArgs) -> Result<(), Failure> {
-    let steps = read_trace(&args.trace)?;
-    let workers = steps.iter().map(|x| x.worker).max().map_or(0, |w| w.saturating_add(1));
-    let base = match &args.scenario {
-        Some(_) => scenario(args.scenario.as_ref(), None)?,
-        None => Scenario::default_for_workers(workers)
-            .map_err(|e| Failure::Usage(format!("{}: {e}", args.trace.display())))?,
-    };
-    let s = with_trace(base, &args.trace, &steps)?;
-    let c = execute(&s, args.jobs, args.json)?;
-    print(&c, args.json);
-    if !args.json {
-        let ranked = c.ranked();
-        match ranked.first() {
-            Some(best) => {
-                let best_t = best.time_to_target_s.unwrap_or(0.0);
-                let speedup = best.speedup_vs_bsp.map_or(String::new(), |x| format!(", {x:.2}x the speed of BSP"));
-                outln!(
-                    "recommendation: {} reaches {:.2} in {best_t:.3} s of replayed time{speedup}",
-                    best.label,
-                    c.target_accuracy
-                );
-                let close: Vec<String> = ranked
-                    .iter()
-                    .skip(1)
-                    .filter(|r| r.time_to_target_s.is_some_and(|t| t <= best_t * (1.0 + TIE)))
-                    .map(|r| format!("{} ({:.3} s)", r.label, r.time_to_target_s.unwrap_or(0.0)))
-                    .collect();
-                if !close.is_empty() {
-                    outln!("  within {:.0}% of it, effectively a tie on this trace: {}", TIE * 100.0, close.join(", "));
-                }
-            }
-            None => outln!(
-                "recommendation: none of the runs reached {:.2}; raise max_time_s or lower the target",
-                c.target_accuracy
-            ),
         }
     }
     Ok(())

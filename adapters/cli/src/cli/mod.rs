@@ -4,6 +4,7 @@
 //! Bad flags, values or files end the program with one line on stderr naming the problem
 //! and exit code 2; a failure while running exits with 1.
 
+mod advise;
 mod compare;
 mod group;
 mod mpi;
@@ -43,8 +44,12 @@ pub enum Command {
     /// Run every protocol of a straggler scenario in the simulator and print a table (the
     /// built-in default scenario without a file).
     Compare(compare::CompareArgs),
-    /// Replay a recorded step-time trace under every protocol and recommend the fastest.
-    Advise(compare::AdviseArgs),
+    /// Replay a recorded step-time trace under every protocol and knob setting (scaled to
+    /// the trace), over several seeds and data splits, and recommend one with its interval.
+    Advise(advise::AdviseArgs),
+    /// Write a seeded synthetic step-time trace of one of seven kinds (steady, markov,
+    /// pareto, dead-node, uniform, two-types, regime-change).
+    TraceGen(advise::TraceGenArgs),
     /// Run the parameter server of a multi-process run over TCP (workers join with `work`).
     Serve(serve::ServeArgs),
     /// Run one worker of a multi-process run over TCP, connecting to `serve` (the run's
@@ -188,7 +193,8 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Train(args) => train::run(&args),
         Command::Compare(args) => compare::run(&args),
-        Command::Advise(args) => compare::advise(&args),
+        Command::Advise(args) => advise::advise(&args),
+        Command::TraceGen(args) => advise::trace_gen(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Work(args) => work::run(&args),
         Command::Group(args) => group::run(&args),

@@ -163,6 +163,9 @@ pub struct StopRule {
     /// Stop once the target accuracy is found reached (at an evaluation, or when the kept
     /// models are checked; see [`super::SimReport::time_to_target`]).
     pub stop_at_target: bool,
+    /// Stop at the first evaluation whose test loss is at or below this (a loss target, for
+    /// workloads without an accuracy such as the noisy quadratic model; `None`: never).
+    pub stop_at_loss: Option<f64>,
     /// Safety net: stop after this many events.
     pub max_events: u64,
 }
@@ -175,6 +178,7 @@ impl Default for StopRule {
             max_updates: None,
             max_gradients: None,
             stop_at_target: false,
+            stop_at_loss: None,
             max_events: 100_000_000,
         }
     }

@@ -212,6 +212,8 @@ struct Core<'a, 'o> {
     worker_rejects: u64,
     stalls: u64,
     target_reached: bool,
+    /// An evaluation reached [`super::StopRule::stop_at_loss`].
+    loss_reached: bool,
     eval_scratch: Scratch,
     crossing: Crossing,
     faults: Faults,
@@ -478,6 +480,9 @@ impl Core<'_, '_> {
             self.target_reached = true;
             self.crossing.clear();
         }
+        if self.config.stop.stop_at_loss.is_some_and(|x| point.loss <= x) {
+            self.loss_reached = true;
+        }
         self.curve.push(point);
         self.observe(&Observation::Evaluated { point });
     }
@@ -672,6 +677,7 @@ impl<'a, 'o> Engine<'a, 'o> {
             worker_rejects: 0,
             stalls: 0,
             target_reached: false,
+            loss_reached: false,
             eval_scratch: model.scratch(),
             crossing: Crossing::default(),
             faults,
@@ -755,6 +761,9 @@ impl<'a, 'o> Engine<'a, 'o> {
             (self.core.observer)(&Observation::Step { at, server: &self.server });
             if stop.stop_at_target && self.core.target_reached {
                 break "target";
+            }
+            if self.core.loss_reached {
+                break "target_loss";
             }
             if stop.max_updates.is_some_and(|m| self.server.version().0 >= m) {
                 break "max_updates";

@@ -1,0 +1,202 @@
+//! `syncopate advise` (which protocol and knobs for a recorded trace) and `syncopate
+//! trace-gen` (seeded synthetic traces of seven kinds).
+
+use super::Failure;
+use super::output::outln;
+use crate::scenario::Scenario;
+use crate::trace;
+use clap::Args;
+use serde::Serialize;
+use std::path::PathBuf;
+use syncopate_sim::advise::{self, Advice, Candidate, Options, TraceTable, WorkloadKind, tracegen};
+
+/// Flags of `syncopate advise`.
+#[derive(Clone, Debug, Args)]
+pub struct AdviseArgs {
+    /// The recorded per-worker step times (CSV worker,step,seconds, as `train --record-trace`
+    /// writes): a full table, workers 0..n each with steps 0..S, every pair once.
+    #[arg(long, value_name = "FILE")]
+    pub trace: PathBuf,
+    /// The protocols and knobs to try, as written in a scenario file (its stragglers and
+    /// budget are not used); without one, the built-in sweep scaled to the trace.
+    #[arg(value_name = "SCENARIO.toml")]
+    pub scenario: Option<PathBuf>,
+    /// What the candidates train: nqm (the noisy quadratic model, target calibrated so the
+    /// runs work through 90% of the trace), digits or mnist5k (an accuracy target).
+    #[arg(long, default_value = "nqm", value_parser = parse_workload)]
+    pub workload: WorkloadKind,
+    /// The target: a test loss for nqm (default: calibrated to the trace), a test accuracy
+    /// for digits and mnist5k (default 0.90).
+    #[arg(long)]
+    pub target: Option<f64>,
+    /// Virtual seconds per run at most (default: 3x the time BSP needs to replay the trace).
+    #[arg(long, value_name = "SECONDS")]
+    pub budget: Option<f64>,
+    /// Seed pairs per candidate: run seeds SEED.. and data seeds SPLIT_SEED.. (2 to 30).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(2..=30))]
+    pub seeds: u32,
+    /// The first run seed (minibatches).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// The first data seed (the NQM noise pool, or the train/test split), separate from the
+    /// run seed.
+    #[arg(long, default_value_t = 1001)]
+    pub split_seed: u64,
+    /// One-way latency of every server-worker link, in milliseconds.
+    #[arg(long, default_value_t = 0.5)]
+    pub latency_ms: f64,
+    /// Do not sweep the trace's phases on their own.
+    #[arg(long)]
+    pub no_phases: bool,
+    /// Accept workers with unequal step counts by keeping every worker's first S steps, S the
+    /// shortest worker's count (without it such a trace is refused).
+    #[arg(long)]
+    pub truncate: bool,
+    /// Print everything as one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Write an SVG plot (FILE.svg): time to target per candidate with its 95% interval.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Simulations to run at once (default: the machine's cores).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub jobs: Option<u32>,
+}
+
+/// Flags of `syncopate trace-gen`.
+#[derive(Clone, Debug, Args)]
+pub struct TraceGenArgs {
+    /// steady, markov, pareto, dead-node, uniform, two-types or regime-change.
+    #[arg(value_name = "KIND", value_parser = parse_kind)]
+    pub kind: tracegen::Kind,
+    /// Workers.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=syncopate::MAX_WORKERS as i64))]
+    pub workers: u32,
+    /// Steps per worker.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub steps: u64,
+    /// The median step in milliseconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub step_ms: f64,
+    /// The generator's seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Where to write the trace (CSV worker,step,seconds).
+    #[arg(long, short, value_name = "FILE")]
+    pub out: PathBuf,
+}
+
+fn parse_workload(s: &str) -> Result<WorkloadKind, String> {
+    s.parse()
+}
+
+fn parse_kind(s: &str) -> Result<tracegen::Kind, String> {
+    tracegen::Kind::from_name(s)
+}
+
+/// Reads `path` as a full table (or, with `truncate`, cut to the shortest worker).
+pub(super) fn read_table(path: &std::path::Path, truncate: bool) -> Result<TraceTable, Failure> {
+    let lines = trace::read_lines(path).map_err(Failure::Usage)?;
+    let (_, steps) = trace::check_table(&lines, &path.display().to_string(), truncate).map_err(Failure::Usage)?;
+    let steps = trace::truncate_to_shortest(lines, steps);
+    TraceTable::from_steps(&steps).map_err(|e| Failure::Usage(format!("{}: {e}", path.display())))
+}
+
+#[derive(Serialize)]
+struct Json<'a> {
+    recommendation: Option<&'a str>,
+    #[serde(flatten)]
+    advice: &'a Advice,
+}
+
+/// Runs `syncopate advise`.
+pub(super) fn advise(args: &AdviseArgs) -> Result<(), Failure> {
+    if !(args.latency_ms.is_finite() && args.latency_ms >= 0.0) {
+        return Err(Failure::Usage(format!("invalid value '{}' for '--latency-ms': not a latency", args.latency_ms)));
+    }
+    let table = read_table(&args.trace, args.truncate)?;
+    let candidates: Vec<Candidate> = match &args.scenario {
+        Some(path) => {
+            let s = Scenario::load(path).map_err(Failure::Usage)?;
+            let mut c = Vec::new();
+            for run in s.runs.iter().filter(|r| r.compute.is_none()) {
+                run.spec.config(table.workers, 0.5).map_err(|e| {
+                    Failure::Usage(format!(
+                        "{}: {}: {e} (the trace has {} workers)",
+                        path.display(),
+                        run.label(),
+                        table.workers
+                    ))
+                })?;
+                c.push(Candidate { spec: run.spec.clone(), median_multiple: None });
+            }
+            c
+        }
+        None => advise::candidates(table.workers, table.median_step()),
+    };
+    let plot = args.plot.as_deref().map(super::compare::open_plot).transpose()?;
+    let options = Options {
+        workload: args.workload,
+        target: args.target,
+        budget_s: args.budget,
+        seed: args.seed,
+        split_seed: args.split_seed,
+        repeats: args.seeds,
+        phases: !args.no_phases,
+        network: syncopate_sim::sim::NetworkConfig {
+            latency: syncopate::Duration::from_secs_f64(args.latency_ms / 1000.0),
+            ..Default::default()
+        },
+    };
+    let jobs = args.jobs.map_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()), |j| j as usize);
+    let bar = super::progress_bar(candidates.len() as u64 * u64::from(args.seeds), args.json);
+    bar.set_message(args.trace.display().to_string());
+    let advice = advise::advise(&table, &candidates, &options, jobs, &|| {
+        if bar.position() + 1 >= bar.length().unwrap_or(0) {
+            bar.set_length(bar.length().unwrap_or(0) + candidates.len() as u64 * u64::from(args.seeds));
+        }
+        bar.inc(1);
+    });
+    bar.finish_and_clear();
+    let advice = advice.map_err(|e| Failure::Usage(format!("{}: {e}", args.trace.display())))?;
+    if let (Some(path), Some(mut file)) = (&args.plot, plot) {
+        use std::io::Write as _;
+        let svg = crate::plot::advice_svg(&advice).map_err(|e| Failure::Run(format!("{}: {e}", path.display())))?;
+        file.write_all(svg.as_bytes())
+            .map_err(|e| Failure::Run(format!("{}: cannot write the plot: {e}", path.display())))?;
+    }
+    if args.json {
+        let pick = advice.whole.pick.and_then(|i| advice.whole.rows.get(i)).map(|r| r.label.as_str());
+        let out = Json { recommendation: pick, advice: &advice };
+        match serde_json::to_string(&out) {
+            Ok(s) => outln!("{s}"),
+            Err(e) => return Err(Failure::Run(format!("cannot encode JSON: {e}"))),
+        }
+    } else {
+        outln!("{}", advice.report(&args.trace.display().to_string()).trim_end());
+        if let Some(path) = &args.plot {
+            outln!("plot written to {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// Runs `syncopate trace-gen`.
+pub(super) fn trace_gen(args: &TraceGenArgs) -> Result<(), Failure> {
+    let (lo, hi) = crate::scenario::STEP_MS_RANGE;
+    if !(args.step_ms.is_finite() && (lo..=hi).contains(&args.step_ms)) {
+        return Err(Failure::Usage(format!("invalid value '{}' for '--step-ms': outside {lo}..={hi}", args.step_ms)));
+    }
+    let steps = tracegen::generate(args.kind, args.workers, args.steps, args.step_ms / 1000.0, args.seed);
+    trace::write(&args.out, &steps).map_err(Failure::Usage)?;
+    outln!(
+        "{}: {} trace, {} workers x {} steps, median step {} ms, seed {}",
+        args.out.display(),
+        args.kind.name(),
+        args.workers,
+        args.steps,
+        args.step_ms,
+        args.seed
+    );
+    Ok(())
+}

@@ -1,0 +1,128 @@
+//! `syncopate advise` and `syncopate trace-gen` as an operator runs them: the README's
+//! record-then-advise recipe for any worker count, traces that are not a full table refused
+//! with the file, the line and the reason, the table, the JSON and the SVG.
+
+mod common;
+
+use common::{stdout, syncopate};
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    common::scratch("advise", name)
+}
+
+/// `train --workers N --sim --record-trace t.csv && advise --trace t.csv` for 16 and 5
+/// workers: the trace's worker count is the runs' worker count.
+#[test]
+fn record_then_advise_works_for_any_worker_count() {
+    let dir = scratch("recipe");
+    for n in ["16", "5"] {
+        let trace = dir.join(format!("t{n}.csv"));
+        let t = trace.to_str().unwrap();
+        stdout(&syncopate(&[
+            "train",
+            "--workers",
+            n,
+            "--sim",
+            "--steps",
+            "80",
+            "--straggler",
+            "1:slow=3",
+            "--record-trace",
+            t,
+        ]));
+        let out = stdout(&syncopate(&["advise", "--trace", t, "--seeds", "2", "--json"]));
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(v["trace"]["workers"].as_u64(), n.parse().ok(), "{v}");
+        assert_eq!(v["trace"]["steps"], 80);
+        let pick = v["recommendation"].as_str().expect("a recommendation");
+        let rows = v["whole"]["rows"].as_array().unwrap();
+        assert!(rows.iter().any(|r| r["label"] == pick));
+        assert!(rows.iter().all(|r| r["times_s"].as_array().map(Vec::len) == Some(2)));
+        let text = stdout(&syncopate(&["advise", "--trace", t, "--seeds", "2"]));
+        assert!(text.contains(&format!("recommendation: {pick} (")), "{text}");
+        assert!(text.contains(&format!("{n} workers x 80 steps")), "{text}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn traces_that_are_not_a_full_table_are_refused_with_file_line_and_reason() {
+    let dir = scratch("invalid");
+    let h = "worker,step,seconds\n";
+    for (name, body, needles) in [
+        (
+            "dup.csv",
+            "0,0,0.01\n1,0,0.01\n0,0,0.02\n",
+            vec!["dup.csv line 4", "worker 0 step 0 is a duplicate of line 2"],
+        ),
+        ("gap.csv", "0,0,0.01\n0,2,0.01\n1,0,0.01\n1,1,0.01\n", vec!["gap.csv line 3", "steps 1..2 are missing"]),
+        ("uneq.csv", "0,0,0.01\n0,1,0.01\n1,0,0.01\n", vec!["uneq.csv line 3", "unequal step counts", "--truncate"]),
+        ("nan.csv", "0,0,fast\n", vec!["nan.csv line 2", "'fast' is not a complete number"]),
+        ("neg.csv", "0,0,-0.01\n", vec!["neg.csv line 2", "'-0.01'"]),
+        ("hole.csv", "0,0,0.01\n2,0,0.01\n", vec!["hole.csv", "no steps for worker 1"]),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("{h}{body}")).unwrap();
+        let out = syncopate(&["advise", "--trace", path.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{name}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{name}: {err}");
+        assert!(needles.iter().all(|n| err.contains(n)), "{name}: {err}");
+    }
+    // The documented policy for unequal counts: --truncate keeps every worker's first S.
+    let uneq = dir.join("uneq.csv");
+    let out =
+        stdout(&syncopate(&["advise", "--trace", uneq.to_str().unwrap(), "--truncate", "--seeds", "2", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!((v["trace"]["workers"].as_u64(), v["trace"]["steps"].as_u64()), (Some(2), Some(1)));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_generated_trace_gives_a_table_json_and_an_svg_with_intervals() {
+    let dir = scratch("outputs");
+    let trace = dir.join("rc.csv");
+    let t = trace.to_str().unwrap();
+    let said =
+        stdout(&syncopate(&["trace-gen", "regime-change", "--workers", "6", "--steps", "160", "--seed", "3", "-o", t]));
+    assert!(said.contains("regime-change trace, 6 workers x 160 steps"), "{said}");
+    let again = dir.join("rc2.csv");
+    stdout(&syncopate(&[
+        "trace-gen",
+        "regime-change",
+        "--workers",
+        "6",
+        "--steps",
+        "160",
+        "--seed",
+        "3",
+        "-o",
+        again.to_str().unwrap(),
+    ]));
+    assert_eq!(std::fs::read(&trace).unwrap(), std::fs::read(&again).unwrap(), "trace-gen is seeded");
+    let svg = dir.join("a.svg");
+    let text = stdout(&syncopate(&["advise", "--trace", t, "--seeds", "3", "--plot", svg.to_str().unwrap()]));
+    for needle in ["± 95%", "recommendation: ", "phases: the step times change regime", "steps 0..", "plot written"] {
+        assert!(text.contains(needle), "{needle}: {text}");
+    }
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("virtual seconds to target") && svg.contains("alone"), "svg");
+    // The same seeds give the same advice; a scenario file limits the candidates to its own.
+    let a = stdout(&syncopate(&["advise", "--trace", t, "--seeds", "2", "--json", "--no-phases"]));
+    let b = stdout(&syncopate(&["advise", "--trace", t, "--seeds", "2", "--json", "--no-phases", "--jobs", "1"]));
+    assert_eq!(a, b);
+    let scenario = dir.join("s.toml");
+    std::fs::write(
+        &scenario,
+        "workers = 6\n[[protocols]]\nname = \"bsp\"\n[[protocols]]\nname = \"backup\"\nbackup_workers = [1, 2]\n",
+    )
+    .unwrap();
+    let out = stdout(&syncopate(&["advise", "--trace", t, scenario.to_str().unwrap(), "--seeds", "2", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let labels: Vec<&str> = v["whole"]["rows"].as_array().unwrap().iter().filter_map(|r| r["label"].as_str()).collect();
+    assert_eq!(labels, ["bsp", "backup b=1", "backup b=2"]);
+    let bad = syncopate(&["trace-gen", "nope", "-o", t]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("dead-node"));
+    std::fs::remove_dir_all(&dir).ok();
+}
