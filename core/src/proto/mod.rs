@@ -38,11 +38,12 @@ pub mod wbsp;
 
 pub use any::{AnyServer, AnyWorker, ProtocolConfig, WorkerSetup};
 pub use common::engine::{ProtocolServer, Rules, ServerCore};
-pub use common::gradient_worker::{GradientWorker, GradientWorkerConfig};
+pub use common::gradient_worker::{GradientRules, GradientWorker, GradientWorkerConfig};
 #[cfg(test)]
 #[allow(unused_imports)]
 pub(crate) use common::testkit::{ToServerOwned, ToWorkerOwned};
 pub use common::validate::{GradientPolicy, LargeGradient};
+pub use common::worker::{ProtocolWorker, WorkerCore, WorkerRules};
 
 use crate::error::Reject;
 use crate::id::{ComputeId, Version, WorkerId};
