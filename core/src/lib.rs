@@ -118,6 +118,9 @@ pub use error::{ConfigError, Reject};
 pub use id::{ComputeId, MAX_WORKERS, Version, WorkerId, WorkerSet};
 pub use math::Scalar;
 pub use msg::{ToServer, ToWorker, Values};
+/// The test kit: owned messages and the one sans-IO test network (feature `testkit`).
+#[cfg(any(test, feature = "testkit"))]
+pub use proto::common::testkit;
 pub use proto::{
     AnyServer, AnyWorker, DropReason, GradientWorker, GradientWorkerConfig, ProtocolConfig, Recipient, Server,
     ServerEvent, ServerOutput, ServerStats, Worker, WorkerEvent, WorkerOutput, WorkerSetup,

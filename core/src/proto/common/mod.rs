@@ -14,8 +14,8 @@ pub(crate) mod queue;
 pub(crate) mod roster;
 pub(crate) mod round;
 pub(crate) mod stall;
-#[cfg(test)]
-pub(crate) mod testkit;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
 pub(crate) mod validate;
 pub mod worker;
 
