@@ -62,6 +62,28 @@ pub struct Faults {
     pub server_restart: f64,
 }
 
+impl Faults {
+    /// Swarm testing: each fault kind is on or off per seed (drawn from `rng`), then its
+    /// rate is drawn: loss ≤ 0.3, duplication ≤ 0.5, spikes ≤ 0.3, partitions ≤ 0.01,
+    /// crashes ≤ 0.01 and server restarts ≤ 0.002 per event.
+    pub fn swarm(rng: &mut Rng) -> Self {
+        let mut f = Self::default();
+        let mut draw = |p: f64, max: f64| if rng.next_f64() < p { rng.next_f64() * max } else { 0.0 };
+        f.loss = draw(0.6, 0.3);
+        f.duplicate = draw(0.6, 0.5);
+        f.spike = draw(0.6, 0.3);
+        f.partition = draw(0.4, 0.01);
+        f.crash = draw(0.5, 0.01);
+        f.server_restart = draw(0.3, 0.002);
+        f
+    }
+
+    /// Every fault kind off.
+    pub fn none() -> Self {
+        Self::default()
+    }
+}
+
 /// How long messages and computations take.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct NetConfig {
@@ -283,8 +305,21 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
     /// `seed`, computing gradients with `gradient`. The workers' first outputs (their `Join`s)
     /// are on the network.
     pub fn new(server: S, workers: Vec<W>, seed: u64, config: NetConfig, gradient: GradientFn) -> Self {
+        let mut cluster = Self::new_quiet(server, workers, seed, config, gradient);
+        cluster.start();
+        cluster
+    }
+
+    fn start(&mut self) {
+        for w in 0..self.nodes.len() {
+            self.drain_worker(w);
+        }
+        self.drain_server();
+    }
+
+    fn new_quiet(server: S, workers: Vec<W>, seed: u64, config: NetConfig, gradient: GradientFn) -> Self {
         let n = workers.len();
-        let mut cluster = Self {
+        Self {
             nodes: workers
                 .into_iter()
                 .map(|w| Node {
@@ -322,11 +357,26 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
             probe: |s| s.version().0,
             iteration: |_| 0,
             restart_requested: false,
-        };
-        for w in 0..n {
-            cluster.drain_worker(w);
         }
-        cluster.drain_server();
+    }
+
+    /// A cluster of `server` and `n` workers built by `factory(id, epoch)` (each starts in
+    /// epoch 1; a restart takes the next epoch), otherwise as [`Self::new`].
+    pub fn from_factory(
+        server: S,
+        n: usize,
+        mut factory: WorkerFactory<W>,
+        seed: u64,
+        config: NetConfig,
+        gradient: GradientFn,
+    ) -> Self {
+        let workers = (0..n as u32).map(|id| factory(id, 1)).collect();
+        let mut cluster = Self::new_quiet(server, workers, seed, config, gradient);
+        cluster.factory = Some(factory);
+        for node in &mut cluster.nodes {
+            node.epoch = 1;
+        }
+        cluster.start();
         cluster
     }
 
