@@ -2,6 +2,7 @@ use super::*;
 use crate::proto::bsp::{BspConfig, BspServer};
 use crate::proto::common::testkit::prelude::*;
 use crate::proto::common::testkit::{Cluster, Entry};
+use crate::proto::common::testkit::{WorkerOut as Out, drain_server, drain_worker};
 use crate::proto::ssp::harness::net;
 use crate::proto::{DropReason, GradientWorker, GradientWorkerConfig, ToServerOwned, ToWorkerOwned};
 use proptest::prelude::*;
@@ -27,36 +28,6 @@ fn worker(n: u32, s: u64, i: u32, dim: usize) -> Wrk {
 
 fn clock(c: u64, seq: u64, values: &[f64]) -> ToServer<'_, f64> {
     ToServer::Clock { clock: c, seq, values: Values::Slice(values) }
-}
-
-fn drain_server(s: &mut Srv) -> (Vec<ServerEvent>, Vec<(Recipient, ToWorkerOwned)>) {
-    let (mut events, mut sends) = (Vec::new(), Vec::new());
-    while let Some(out) = s.poll_output() {
-        match out {
-            ServerOutput::Event(e) => events.push(e),
-            ServerOutput::Send { to, msg } => sends.push((to, ToWorkerOwned::from(&msg))),
-        }
-    }
-    (events, sends)
-}
-
-#[derive(Debug, PartialEq)]
-enum Out {
-    Send(ToServerOwned),
-    Compute(ComputeId, Version, Vec<f64>),
-    Event(WorkerEvent),
-}
-
-fn drain_worker(w: &mut Wrk) -> Vec<Out> {
-    let mut v = Vec::new();
-    while let Some(out) = w.poll_output() {
-        v.push(match out {
-            WorkerOutput::Send(m) => Out::Send(ToServerOwned::from(&m)),
-            WorkerOutput::Compute { id, version, params } => Out::Compute(id, version, params.to_vec()),
-            WorkerOutput::Event(e) => Out::Event(e),
-        });
-    }
-    v
 }
 
 fn model(version: u64, clock: u64, values: &[f64]) -> ToWorker<'_, f64> {

@@ -118,6 +118,46 @@ impl ToServerOwned {
     }
 }
 
+/// Drains a server: its events, and its messages as owned values with their recipients.
+pub fn drain_server<T: Scalar, S: crate::proto::Server<T> + ?Sized>(
+    s: &mut S,
+) -> (Vec<crate::proto::ServerEvent>, Vec<(crate::proto::Recipient, ToWorkerOwned)>) {
+    let (mut events, mut sends) = (Vec::new(), Vec::new());
+    while let Some(out) = s.poll_output() {
+        match out {
+            crate::proto::ServerOutput::Event(e) => events.push(e),
+            crate::proto::ServerOutput::Send { to, msg } => sends.push((to, ToWorkerOwned::from(&msg))),
+        }
+    }
+    (events, sends)
+}
+
+/// An owned [`WorkerOutput`](crate::proto::WorkerOutput), elements widened to `f64`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WorkerOut {
+    /// A message to the server.
+    Send(ToServerOwned),
+    /// A computation: its token, the version and the parameters.
+    Compute(crate::id::ComputeId, Version, Vec<f64>),
+    /// An event.
+    Event(crate::proto::WorkerEvent),
+}
+
+/// Drains a worker's outputs as owned values.
+pub fn drain_worker<T: Scalar, W: crate::proto::Worker<T> + ?Sized>(w: &mut W) -> Vec<WorkerOut> {
+    let mut v = Vec::new();
+    while let Some(out) = w.poll_output() {
+        v.push(match out {
+            crate::proto::WorkerOutput::Send(m) => WorkerOut::Send(ToServerOwned::from(&m)),
+            crate::proto::WorkerOutput::Compute { id, version, params } => {
+                WorkerOut::Compute(id, version, params.iter().map(|p| Scalar::to_f64(*p)).collect())
+            }
+            crate::proto::WorkerOutput::Event(e) => WorkerOut::Event(e),
+        });
+    }
+    v
+}
+
 /// What every protocol's test module uses, in one import.
 #[cfg(test)]
 #[allow(unused_imports)]
