@@ -158,22 +158,6 @@ pub fn drain_worker<T: Scalar, W: crate::proto::Worker<T> + ?Sized>(w: &mut W) -
     v
 }
 
-/// What every protocol's test module uses, in one import.
-#[cfg(test)]
-#[allow(unused_imports)]
-pub(crate) mod prelude {
-    pub(crate) use super::{ToServerOwned, ToWorkerOwned};
-    pub(crate) use crate::error::{ConfigError, Reject};
-    pub(crate) use crate::id::{ComputeId, Version, WorkerId, WorkerSet};
-    pub(crate) use crate::math::{self, Scalar};
-    pub(crate) use crate::msg::{ToServer, ToWorker, Values};
-    pub(crate) use crate::proto::{
-        Buffer, DropReason, GradientPolicy, GradientWorker, GradientWorkerConfig, Recipient, Server, ServerEvent,
-        ServerOutput, ServerStats, Worker, WorkerEvent, WorkerOutput, WorkerSetup,
-    };
-    pub(crate) use crate::time::{Duration, Instant};
-}
-
 /// A borrowed server is a server (so a [`Cluster`] can drive a server the caller keeps).
 impl<T: Scalar, S: crate::proto::Server<T> + ?Sized> crate::proto::Server<T> for &mut S {
     fn handle(
@@ -212,4 +196,20 @@ impl<T: Scalar, S: crate::proto::Server<T> + ?Sized> crate::proto::Server<T> for
     fn stats(&self) -> &crate::proto::ServerStats {
         (**self).stats()
     }
+}
+
+/// What every protocol's test module uses, in one import.
+#[cfg(test)]
+#[allow(unused_imports)]
+pub(crate) mod prelude {
+    pub(crate) use super::{ToServerOwned, ToWorkerOwned};
+    pub(crate) use crate::error::{ConfigError, Reject};
+    pub(crate) use crate::id::{ComputeId, Version, WorkerId, WorkerSet};
+    pub(crate) use crate::math::{self, Scalar};
+    pub(crate) use crate::msg::{ToServer, ToWorker, Values};
+    pub(crate) use crate::proto::{
+        Buffer, DropReason, GradientPolicy, GradientWorker, GradientWorkerConfig, Recipient, Server, ServerEvent,
+        ServerOutput, ServerStats, Worker, WorkerEvent, WorkerOutput, WorkerSetup,
+    };
+    pub(crate) use crate::time::{Duration, Instant};
 }
