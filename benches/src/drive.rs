@@ -1,12 +1,18 @@
-//! An in-process cluster for measuring the state machines alone: one [`AnyServer`] and `n`
-//! [`AnyWorker`]s exchanging wire-encoded messages through preallocated buffers, with a
-//! constant gradient computed instantly and virtual time.
+//! The benches' lock-step cluster: one [`AnyServer`] and `n` [`AnyWorker`]s with a constant
+//! gradient computed instantly and virtual time, the messages waiting between phases in
+//! preallocated mailboxes ([`UpLink`], [`DownLink`]): wire-encoded ([`Cluster`], this
+//! module) or copied in memory ([`MemCluster`](crate::inmem::MemCluster)).
 //!
-//! The worker side ([`Cluster::worker_phase`]) and the server side ([`Cluster::server_phase`])
-//! are separate calls so a bench can time the server alone: decoding each inbound message,
-//! `handle`, draining `poll_output`, and encoding every reply into the recipient's buffer.
-//! No buffer grows after construction.
+//! The worker side ([`LockStep::worker_phase`]) and the server side
+//! ([`LockStep::server_phase`]) are separate calls so a bench can time the server alone:
+//! taking each inbound message from its mailbox, `handle`, draining `poll_output`, and
+//! storing every reply for its recipients. No buffer grows after construction and nothing
+//! is drawn at random: a timed phase must not allocate (`tests/tests/alloc_steady.rs`
+//! checks it), which is why the benches do not run on the test kit's event-driven network
+//! (`syncopate::testkit::Cluster`, owned messages), the one the unit tests and the fault
+//! swarm share.
 
+use std::hint::black_box;
 use syncopate::proto::asp::AspConfig;
 use syncopate::proto::backup::BackupConfig;
 use syncopate::proto::bap::BapConfig;
@@ -17,8 +23,8 @@ use syncopate::proto::ssp::SspConfig;
 use syncopate::proto::wbsp::WbspConfig;
 use syncopate::wire::{self, Limits};
 use syncopate::{
-    AnyServer, AnyWorker, Duration, Instant, ProtocolConfig, Recipient, Server, ServerOutput, Worker, WorkerId,
-    WorkerOutput, WorkerSetup,
+    AnyServer, AnyWorker, Duration, Instant, ProtocolConfig, Recipient, Server, ServerOutput, ToServer, ToWorker,
+    Worker, WorkerId, WorkerOutput, WorkerSetup,
 };
 
 /// Every protocol with `n` workers and a small learning rate, as benches sweep them.
@@ -35,6 +41,36 @@ pub fn all_protocols(n: u32) -> Vec<ProtocolConfig> {
         ProtocolConfig::Ssp(SspConfig::new(n, lr, 2)),
         ProtocolConfig::Bap(BapConfig::new(n, lr, 2)),
     ]
+}
+
+/// Where the workers' messages wait for the server phase.
+pub trait UpLink {
+    /// Room for `MAILBOX` messages per worker of a model of `dim` parameters.
+    fn new(n: usize, dim: usize) -> Self;
+    /// Stores `msg` from `from`; `false` when full.
+    fn push(&mut self, from: WorkerId, msg: &ToServer<'_, f32>) -> bool;
+    /// Messages stored.
+    fn len(&self) -> usize;
+    /// Whether none is stored.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Message `i`'s sender and the message (`None` if it does not decode).
+    fn get(&self, i: usize) -> (WorkerId, Option<ToServer<'_, f32>>);
+    /// Forgets every message.
+    fn clear(&mut self);
+}
+
+/// Where the server's messages wait for the worker phase.
+pub trait DownLink {
+    /// Room for `MAILBOX` messages per worker of a model of `dim` parameters.
+    fn new(n: usize, dim: usize) -> Self;
+    /// Stores `msg` for `to`; returns the copies that did not fit.
+    fn push(&mut self, to: Recipient, msg: &ToWorker<'_, f32>) -> u64;
+    /// Hands worker `w` each of its messages.
+    fn deliver(&self, w: usize, f: impl FnMut(ToWorker<'_, f32>));
+    /// Forgets every message.
+    fn clear(&mut self);
 }
 
 /// Fixed-capacity queue of encoded messages (buffers allocated once, reused).
@@ -58,15 +94,93 @@ impl Mailbox {
     }
 }
 
+/// Wire-encoded messages to the server.
+#[derive(Debug)]
+pub struct WireUp {
+    mailbox: Mailbox,
+    limits: Limits,
+}
+
+impl UpLink for WireUp {
+    fn new(n: usize, dim: usize) -> Self {
+        let limits = Limits::for_model(dim);
+        Self { mailbox: Mailbox::new(MAILBOX * n, limits.max_message_len::<f32>()), limits }
+    }
+    fn push(&mut self, from: WorkerId, msg: &ToServer<'_, f32>) -> bool {
+        match self.mailbox.next(from) {
+            Some(slot) => {
+                slot.2 = wire::encode_to_server(msg, &mut slot.1).expect("encode");
+                true
+            }
+            None => false,
+        }
+    }
+    fn len(&self) -> usize {
+        self.mailbox.len
+    }
+    fn get(&self, i: usize) -> (WorkerId, Option<ToServer<'_, f32>>) {
+        match self.mailbox.slots.get(i) {
+            Some((from, buf, len)) => {
+                (*from, buf.get(..*len).and_then(|b| wire::decode_to_server::<f32>(b, &self.limits).ok()))
+            }
+            None => (WorkerId(0), None),
+        }
+    }
+    fn clear(&mut self) {
+        self.mailbox.len = 0;
+    }
+}
+
+/// Wire-encoded messages to the workers: one inbox per worker, a broadcast encoded for each.
+#[derive(Debug)]
+pub struct WireDown {
+    inboxes: Vec<Mailbox>,
+    limits: Limits,
+}
+
+impl DownLink for WireDown {
+    fn new(n: usize, dim: usize) -> Self {
+        let limits = Limits::for_model(dim);
+        let msg_len = limits.max_message_len::<f32>();
+        Self { inboxes: (0..n).map(|_| Mailbox::new(MAILBOX, msg_len)).collect(), limits }
+    }
+    fn push(&mut self, to: Recipient, msg: &ToWorker<'_, f32>) -> u64 {
+        let range = match to {
+            Recipient::Worker(w) => w.index()..w.index() + 1,
+            Recipient::AllWorkers => 0..self.inboxes.len(),
+        };
+        let mut overflow = 0;
+        for inbox in self.inboxes.get_mut(range).into_iter().flatten() {
+            match inbox.next(WorkerId(0)) {
+                Some(slot) => slot.2 = wire::encode_to_worker(msg, &mut slot.1).expect("encode"),
+                None => overflow += 1,
+            }
+        }
+        overflow
+    }
+    fn deliver(&self, w: usize, mut f: impl FnMut(ToWorker<'_, f32>)) {
+        let Some(inbox) = self.inboxes.get(w) else { return };
+        for (_, buf, len) in inbox.slots.iter().take(inbox.len) {
+            if let Ok(msg) = wire::decode_to_worker::<f32>(&buf[..*len], &self.limits) {
+                f(msg);
+            }
+        }
+    }
+    fn clear(&mut self) {
+        for inbox in &mut self.inboxes {
+            inbox.len = 0;
+        }
+    }
+}
+
 /// A server and `n` workers driven in lock step (see the module docs).
 #[derive(Debug)]
-pub struct Cluster {
+pub struct LockStep<U, D> {
     server: AnyServer<f32, Vec<f32>>,
     workers: Vec<AnyWorker<f32, Vec<f32>>>,
     grad: Vec<f32>,
-    to_server: Mailbox,
-    to_workers: Vec<Mailbox>,
-    limits: Limits,
+    up: U,
+    down: D,
     now: Instant,
     /// Messages that overflowed a mailbox (should stay 0; a bench asserts it).
     pub overflow: u64,
@@ -74,44 +188,32 @@ pub struct Cluster {
     pub rejected: u64,
 }
 
-/// A bench cluster's server.
-pub(crate) type BenchServer = AnyServer<f32, Vec<f32>>;
-/// A bench cluster's worker.
-pub(crate) type BenchWorker = AnyWorker<f32, Vec<f32>>;
+/// The lock-step cluster with every message wire-encoded and decoded.
+pub type Cluster = LockStep<WireUp, WireDown>;
 
-/// The server (model 0.5 everywhere) and the `n` workers (epoch 1) of a bench cluster
-/// running `config` on a model of `dim` parameters; shared by [`Cluster`] and
-/// [`MemCluster`](crate::inmem::MemCluster).
-pub(crate) fn nodes(config: &ProtocolConfig, dim: usize) -> (BenchServer, Vec<BenchWorker>) {
-    let server =
-        AnyServer::new(config, vec![0.5f32; dim], vec![0.0; config.server_scratch_len(dim).max(1)]).expect("server");
-    let workers = (0..config.workers())
-        .map(|i| {
-            let setup = WorkerSetup { id: WorkerId(i), epoch: 1, rejoin_after: None };
-            AnyWorker::new(config, setup, vec![0.0f32; dim], vec![0.0; config.worker_scratch_len(dim).max(1)])
-                .expect("worker")
-        })
-        .collect();
-    (server, workers)
-}
+/// Messages each mailbox holds per worker: far more than any protocol queues per step.
+pub(crate) const MAILBOX: usize = 64;
 
-/// Messages each mailbox holds: far more than any protocol queues per step.
-const MAILBOX: usize = 64;
-
-impl Cluster {
-    /// A cluster running `config` on a model of `dim` parameters.
+impl<U: UpLink, D: DownLink> LockStep<U, D> {
+    /// A cluster running `config` on a model of `dim` parameters: the server's model is 0.5
+    /// everywhere, the workers are in epoch 1 and never rejoin.
     pub fn new(config: &ProtocolConfig, dim: usize) -> Self {
         let n = config.workers() as usize;
-        let (server, workers) = nodes(config, dim);
-        let limits = Limits::for_model(dim);
-        let msg_len = limits.max_message_len::<f32>();
+        let server = AnyServer::new(config, vec![0.5f32; dim], vec![0.0; config.server_scratch_len(dim).max(1)])
+            .expect("server");
+        let workers = (0..config.workers())
+            .map(|i| {
+                let setup = WorkerSetup { id: WorkerId(i), epoch: 1, rejoin_after: None };
+                AnyWorker::new(config, setup, vec![0.0f32; dim], vec![0.0; config.worker_scratch_len(dim).max(1)])
+                    .expect("worker")
+            })
+            .collect();
         Self {
             server,
             workers,
             grad: vec![1e-3; dim],
-            to_server: Mailbox::new(MAILBOX * n, msg_len),
-            to_workers: (0..n).map(|_| Mailbox::new(MAILBOX, msg_len)).collect(),
-            limits,
+            up: U::new(n, dim),
+            down: D::new(n, dim),
             now: Instant::ZERO,
             overflow: 0,
             rejected: 0,
@@ -123,22 +225,20 @@ impl Cluster {
         &self.server
     }
 
-    /// Advances virtual time by 1 µs, delivers every worker's inbox, lets each worker
+    /// Advances virtual time by 1 µs, delivers every worker's messages, lets each worker
     /// compute its gradient at once, and queues what the workers send. Returns the number
     /// of messages queued for the server.
     pub fn worker_phase(&mut self) -> usize {
         self.now = self.now + Duration::from_micros(1);
         let now = self.now;
-        for (w, inbox) in self.workers.iter_mut().zip(self.to_workers.iter_mut()) {
+        let (up, down) = (&mut self.up, &self.down);
+        for (i, w) in self.workers.iter_mut().enumerate() {
             if w.poll_timeout().is_some_and(|t| t <= now) {
                 w.handle_timeout(now);
             }
-            for (_, buf, len) in inbox.slots.iter().take(inbox.len) {
-                if let Ok(msg) = wire::decode_to_worker::<f32>(&buf[..*len], &self.limits) {
-                    let _ = w.handle(now, msg);
-                }
-            }
-            inbox.len = 0;
+            down.deliver(i, |msg| {
+                let _ = w.handle(now, msg);
+            });
             // At most a few computations per step: a worker that keeps computing while it
             // waits (WBSP with overlap, BAP running ahead) would otherwise never yield.
             for _ in 0..4 {
@@ -146,10 +246,11 @@ impl Cluster {
                 let id = w.id();
                 while let Some(out) = w.poll_output() {
                     match out {
-                        WorkerOutput::Send(msg) => match self.to_server.next(id) {
-                            Some(slot) => slot.2 = wire::encode_to_server(&msg, &mut slot.1).expect("encode"),
-                            None => self.overflow += 1,
-                        },
+                        WorkerOutput::Send(msg) => {
+                            if !up.push(id, &msg) {
+                                self.overflow += 1;
+                            }
+                        }
                         WorkerOutput::Compute { id, .. } => job = Some(id),
                         WorkerOutput::Event(_) => {}
                     }
@@ -162,41 +263,36 @@ impl Cluster {
                 }
             }
         }
-        self.to_server.len
+        self.down.clear();
+        self.up.len()
     }
 
-    /// The server's side: decodes and handles every queued message, drains the outputs and
-    /// encodes each reply into its recipient's mailbox. Returns the messages handled.
+    /// The server's side: takes and handles every queued message, drains the outputs after
+    /// each and stores every reply for its recipients. Returns the messages handled.
     pub fn server_phase(&mut self) -> usize {
         let now = self.now;
         if self.server.poll_timeout().is_some_and(|t| t <= now) {
             self.server.handle_timeout(now);
         }
-        let handled = self.to_server.len;
-        for (from, buf, len) in self.to_server.slots.iter().take(handled) {
-            let ok = match wire::decode_to_server::<f32>(&buf[..*len], &self.limits) {
-                Ok(msg) => self.server.handle(now, *from, msg).is_ok(),
-                Err(_) => false,
+        let handled = self.up.len();
+        for i in 0..handled {
+            let ok = match self.up.get(i) {
+                (from, Some(msg)) => self.server.handle(now, from, msg).is_ok(),
+                (_, None) => false,
             };
             if !ok {
                 self.rejected += 1;
             }
             while let Some(out) = self.server.poll_output() {
-                if let ServerOutput::Send { to, msg } = out {
-                    let range = match to {
-                        Recipient::Worker(w) => w.index()..w.index() + 1,
-                        Recipient::AllWorkers => 0..self.to_workers.len(),
-                    };
-                    for inbox in self.to_workers.get_mut(range).into_iter().flatten() {
-                        match inbox.next(WorkerId(0)) {
-                            Some(slot) => slot.2 = wire::encode_to_worker(&msg, &mut slot.1).expect("encode"),
-                            None => self.overflow += 1,
-                        }
+                match out {
+                    ServerOutput::Send { to, msg } => self.overflow += self.down.push(to, &msg),
+                    ServerOutput::Event(e) => {
+                        black_box(e);
                     }
                 }
             }
         }
-        self.to_server.len = 0;
+        self.up.clear();
         handled
     }
 

@@ -51,7 +51,7 @@
 //!                 ServerOutput, ToServer, ToWorker, Values, Worker, WorkerId, WorkerOutput};
 //!
 //! let now = Instant::ZERO;
-//! let mut server = BspServer::new(BspConfig::new(2, 0.5), [1.0f32; 3], [0.0f32; 3]).unwrap();
+//! let mut server: BspServer<f32, [f32; 3]> = BspServer::new(BspConfig::new(2, 0.5), [1.0f32; 3], [0.0f32; 3]).unwrap();
 //! let mut workers = [0, 1].map(|i| GradientWorker::new(GradientWorkerConfig::new(WorkerId(i)), [0.0f32; 3]).unwrap());
 //!
 //! for _ in 0..2 {
@@ -121,6 +121,9 @@ pub use error::{ConfigError, Reject};
 pub use id::{ComputeId, MAX_WORKERS, Version, WorkerId};
 pub use math::Scalar;
 pub use msg::{ToServer, ToWorker, Values};
+/// The test kit: owned messages and the one sans-IO test network (feature `testkit`).
+#[cfg(any(test, feature = "testkit"))]
+pub use proto::common::testkit;
 pub use proto::{
     AnyServer, AnyWorker, DropReason, GradientWorker, GradientWorkerConfig, ProtocolConfig, Recipient, Server,
     ServerEvent, ServerOutput, ServerStats, Worker, WorkerEvent, WorkerOutput, WorkerSetup,

@@ -1,6 +1,7 @@
-//! Swarm fault simulation over the pure core: one [`AnyServer`] and `n` [`AnyWorker`]s joined
-//! by a seeded, lossy, duplicating, reordering network, with worker crashes and restarts,
-//! one-way partitions and server restarts from a checkpoint. A [`Checker`] verifies the
+//! Swarm fault simulation over the pure core: one [`AnyServer`] and `n` [`AnyWorker`]s on the
+//! core's one test network (`syncopate::testkit::Cluster`): seeded, lossy, duplicating,
+//! reordering, with worker crashes and restarts, one-way partitions and server restarts
+//! from a checkpoint. A [`Checker`] verifies the
 //! invariants after every event; then a quiet phase switches the faults off and requires
 //! progress within a virtual-time budget.
 //!
@@ -10,7 +11,7 @@
 
 use crate::rng::Rng;
 use core::fmt::Write as _;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::string::String;
 use std::vec::Vec;
 use syncopate::proto::asp::AspConfig;
@@ -21,10 +22,15 @@ use syncopate::proto::dbw::DbwConfig;
 use syncopate::proto::grouped::GroupedConfig;
 use syncopate::proto::ssp::SspConfig;
 use syncopate::proto::wbsp::WbspConfig;
+use syncopate::testkit::{Cluster, Entry, Job, NetConfig, ToServerOwned};
 use syncopate::{
-    AnyServer, AnyWorker, ComputeId, DropReason, Duration, Instant, ProtocolConfig, Recipient, Reject, Server,
-    ServerEvent, ServerOutput, ToServer, ToWorker, Values, Version, Worker, WorkerId, WorkerOutput, WorkerSetup,
+    AnyServer, AnyWorker, DropReason, Duration, Instant, ProtocolConfig, Recipient, Reject, Server, ServerEvent,
+    Version, WorkerId, WorkerSetup,
 };
+
+/// Which faults a seed enables and how strongly (swarm testing: [`Faults::swarm`] turns each
+/// kind on or off per seed, then draws its rate): the test kit's fault model.
+pub use syncopate::testkit::Faults;
 
 /// Model dimension used by the fault suite.
 pub const DIM: usize = 4;
@@ -61,10 +67,6 @@ pub fn ticks(n: u64) -> Duration {
     Duration::from_nanos(n * TICK_NANOS)
 }
 
-fn instant(t: u64) -> Instant {
-    Instant::ZERO.checked_add(ticks(t)).unwrap_or(Instant::ZERO)
-}
-
 /// The integer test gradient of `worker` at `version`: values in `-4..=4`.
 pub fn test_gradient(worker: u32, version: u64) -> [f64; DIM] {
     let mut g = [0.0; DIM];
@@ -76,55 +78,6 @@ pub fn test_gradient(worker: u32, version: u64) -> [f64; DIM] {
         *v = (h >> 60) as f64 % 9.0 - 4.0;
     }
     g
-}
-
-/// Which faults a seed enables and how strongly (swarm testing: each kind is on or off per
-/// seed, then its rate is drawn).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Faults {
-    /// Probability a message is lost (0–0.3).
-    pub loss: f64,
-    /// Probability a message is delivered twice (0–0.5).
-    pub duplicate: f64,
-    /// Probability a message takes a delay spike of 20–300 ticks (reordering).
-    pub spike: f64,
-    /// Per-event probability of starting a one-way partition of one worker.
-    pub partition: f64,
-    /// Per-event probability of crashing a worker (restarts after 10–300 ticks).
-    pub crash: f64,
-    /// Per-event probability of restarting the server from its last checkpoint.
-    pub server_restart: f64,
-}
-
-impl Faults {
-    /// Draws a random subset of fault kinds and their rates.
-    pub fn swarm(rng: &mut Rng) -> Self {
-        let mut f = Self::default();
-        if rng.chance(0.6) {
-            f.loss = rng.unit() * 0.3;
-        }
-        if rng.chance(0.6) {
-            f.duplicate = rng.unit() * 0.5;
-        }
-        if rng.chance(0.6) {
-            f.spike = rng.unit() * 0.3;
-        }
-        if rng.chance(0.4) {
-            f.partition = rng.unit() * 0.01;
-        }
-        if rng.chance(0.5) {
-            f.crash = rng.unit() * 0.01;
-        }
-        if rng.chance(0.3) {
-            f.server_restart = rng.unit() * 0.002;
-        }
-        f
-    }
-
-    /// Every fault kind off.
-    pub fn none() -> Self {
-        Self::default()
-    }
 }
 
 /// One simulation's settings.
@@ -227,126 +180,6 @@ macro_rules! check {
     }};
 }
 
-#[derive(Clone, Debug)]
-enum UpMsg {
-    Join { epoch: u32 },
-    Grad { base: u64, iteration: u64, seq: u64, values: Vec<f64> },
-    Delta { round: u64, local_steps: u32, seq: u64, values: Vec<f64> },
-    Pull { have: u64, min_clock: u64 },
-    Clock { clock: u64, seq: u64, values: Vec<f64> },
-    Leave,
-}
-
-impl UpMsg {
-    fn own(m: &ToServer<'_, f64>) -> Self {
-        fn v(values: &Values<'_, f64>) -> Vec<f64> {
-            let mut out = vec![0.0; values.len()];
-            let _ = values.copy_into(&mut out);
-            out
-        }
-        match m {
-            ToServer::Join { epoch } => Self::Join { epoch: *epoch },
-            ToServer::Grad { base, iteration, seq, values } => {
-                Self::Grad { base: base.0, iteration: *iteration, seq: *seq, values: v(values) }
-            }
-            ToServer::Delta { round, local_steps, seq, values } => {
-                Self::Delta { round: round.0, local_steps: *local_steps, seq: *seq, values: v(values) }
-            }
-            ToServer::Pull { have, min_clock } => Self::Pull { have: have.0, min_clock: *min_clock },
-            ToServer::Clock { clock, seq, values } => Self::Clock { clock: *clock, seq: *seq, values: v(values) },
-            ToServer::Leave => Self::Leave,
-        }
-    }
-
-    fn msg(&self) -> ToServer<'_, f64> {
-        match self {
-            Self::Join { epoch } => ToServer::Join { epoch: *epoch },
-            Self::Grad { base, iteration, seq, values } => {
-                ToServer::Grad { base: Version(*base), iteration: *iteration, seq: *seq, values: Values::Slice(values) }
-            }
-            Self::Delta { round, local_steps, seq, values } => ToServer::Delta {
-                round: Version(*round),
-                local_steps: *local_steps,
-                seq: *seq,
-                values: Values::Slice(values),
-            },
-            Self::Pull { have, min_clock } => ToServer::Pull { have: Version(*have), min_clock: *min_clock },
-            Self::Clock { clock, seq, values } => {
-                ToServer::Clock { clock: *clock, seq: *seq, values: Values::Slice(values) }
-            }
-            Self::Leave => ToServer::Leave,
-        }
-    }
-
-    fn is_contribution(&self) -> bool {
-        matches!(self, Self::Grad { .. } | Self::Delta { .. } | Self::Clock { .. })
-    }
-}
-
-#[derive(Clone, Debug)]
-enum DownMsg {
-    Model { version: u64, clock: u64, values: Vec<f64> },
-    NotNewer { version: u64 },
-    PushAck { round: u64, pull_now: bool },
-    Abort { iteration: u64 },
-    Stop,
-}
-
-impl DownMsg {
-    fn own(m: &ToWorker<'_, f64>) -> Self {
-        match m {
-            ToWorker::Model { version, clock, values } => {
-                let mut out = vec![0.0; values.len()];
-                let _ = values.copy_into(&mut out);
-                Self::Model { version: version.0, clock: *clock, values: out }
-            }
-            ToWorker::NotNewer { version } => Self::NotNewer { version: version.0 },
-            ToWorker::PushAck { round, pull_now } => Self::PushAck { round: round.0, pull_now: *pull_now },
-            ToWorker::Abort { iteration } => Self::Abort { iteration: *iteration },
-            ToWorker::Stop => Self::Stop,
-        }
-    }
-
-    fn msg(&self) -> ToWorker<'_, f64> {
-        match self {
-            Self::Model { version, clock, values } => {
-                ToWorker::Model { version: Version(*version), clock: *clock, values: Values::Slice(values) }
-            }
-            Self::NotNewer { version } => ToWorker::NotNewer { version: Version(*version) },
-            Self::PushAck { round, pull_now } => ToWorker::PushAck { round: Version(*round), pull_now: *pull_now },
-            Self::Abort { iteration } => ToWorker::Abort { iteration: *iteration },
-            Self::Stop => ToWorker::Stop,
-        }
-    }
-}
-
-#[derive(Clone, Debug)]
-enum Ev {
-    /// A message from worker `from` (incarnation `inc`) reaches the server incarnation `server_inc`.
-    Up { from: u32, epoch: u32, server_inc: u32, msg: UpMsg },
-    /// A message reaches worker `to` if it is still incarnation `inc`.
-    Down { to: u32, inc: u32, msg: DownMsg },
-    /// Worker `w` (incarnation `inc`) finished computation `id`.
-    Computed { w: u32, inc: u32, id: u64, version: u64 },
-    /// A worker deadline.
-    WorkerTimer { w: u32, inc: u32 },
-    /// A server deadline.
-    ServerTimer { server_inc: u32 },
-    /// Restart a crashed worker.
-    Restart { w: u32 },
-}
-
-struct Slot {
-    worker: Option<AnyWorker<f64, Vec<f64>>>,
-    inc: u32,
-    epoch: u32,
-    timer: Option<u64>,
-    /// One-way partitions: messages up (to the server) or down are lost until the tick.
-    cut_up_until: u64,
-    cut_down_until: u64,
-}
-
-/// Distinct `(epoch, seq)` sent for one `(worker, base)`, and the values.
 type LedgerEntry = (Vec<(u32, u64)>, Vec<f64>);
 
 /// Reference model, version and applied counts saved with a server checkpoint.
@@ -418,11 +251,11 @@ impl Checker {
         self.trace = (self.trace ^ x).wrapping_mul(0x100_0000_01b3);
     }
 
-    fn sent(&mut self, w: u32, epoch: u32, msg: &UpMsg) {
+    fn sent(&mut self, w: u32, epoch: u32, msg: &ToServerOwned) {
         let (base, seq, values) = match msg {
-            UpMsg::Grad { base, seq, values, .. } => (*base, *seq, values),
-            UpMsg::Delta { round, seq, values, .. } => (*round, *seq, values),
-            UpMsg::Clock { clock, seq, values } => (*clock, *seq, values),
+            ToServerOwned::Grad { base, seq, values, .. } => (*base, *seq, values),
+            ToServerOwned::Delta { round, seq, values, .. } => (*round, *seq, values),
+            ToServerOwned::Clock { clock, seq, values } => (*clock, *seq, values),
             _ => return,
         };
         let e = self.ledger.entry((w, base)).or_insert_with(|| (Vec::new(), values.clone()));
@@ -436,10 +269,12 @@ impl Checker {
         }
     }
 
-    fn handled(&mut self, from: u32, epoch: u32, msg: &UpMsg, result: Result<(), Reject>) {
+    fn handled(&mut self, from: u32, epoch: u32, msg: &ToServerOwned, result: Result<(), Reject>) {
         self.mix(u64::from(result.is_ok()));
         let seq = match msg {
-            UpMsg::Grad { seq, .. } | UpMsg::Delta { seq, .. } | UpMsg::Clock { seq, .. } => Some(*seq),
+            ToServerOwned::Grad { seq, .. } | ToServerOwned::Delta { seq, .. } | ToServerOwned::Clock { seq, .. } => {
+                Some(*seq)
+            }
             _ => None,
         };
         if let (Some(seq), Ok(())) = (seq, result) {
@@ -447,11 +282,11 @@ impl Checker {
             check!(self, fresh, format!("C1 worker {from} epoch {epoch} seq {seq} accepted twice (duplicate counted)"));
         }
         self.last_ok = match (msg, result) {
-            (UpMsg::Clock { clock, .. }, Ok(())) => Some((from, *clock)),
+            (ToServerOwned::Clock { clock, .. }, Ok(())) => Some((from, *clock)),
             _ => None,
         };
         match result {
-            Ok(()) if msg.is_contribution() => self.ok_contributions += 1,
+            Ok(()) if is_contribution(msg) => self.ok_contributions += 1,
             Ok(()) => {}
             Err(_) => self.rejected += 1,
         }
@@ -638,29 +473,29 @@ impl Ctx {
     }
 }
 
-#[derive(PartialEq, Eq, PartialOrd, Ord)]
-struct Key(core::cmp::Reverse<(u64, u64)>);
+fn is_contribution(msg: &ToServerOwned) -> bool {
+    matches!(msg, ToServerOwned::Grad { .. } | ToServerOwned::Delta { .. } | ToServerOwned::Clock { .. })
+}
 
-/// The simulation.
+type Net = Cluster<AnyServer<f64, Vec<f64>>, AnyWorker<f64, Vec<f64>>>;
+
+/// The simulation: the test network plus the [`Checker`] reading its log after every event.
 pub struct Sim {
     spec: SimSpec,
-    rng: Rng,
-    now: u64,
-    seq: u64,
-    queue: BinaryHeap<(Key, u64)>,
-    events: HashMap<u64, Ev>,
-    server: AnyServer<f64, Vec<f64>>,
-    server_inc: u32,
-    server_timer: Option<u64>,
-    slots: Vec<Slot>,
+    net: Net,
     checker: Checker,
     ctx: Ctx,
     counts: Counts,
-    faults_on: bool,
+    /// Log entries already checked.
+    cursor: usize,
     last_progress: u64,
-    initial: Vec<f64>,
-    /// Print every event (set by `SYNCOPATE_DEBUG` in the quiet phase).
+    /// Print every log entry (set by `SYNCOPATE_DEBUG` in the quiet phase).
     debug: bool,
+}
+
+/// The tick an instant falls in.
+fn tick_of(t: Instant) -> u64 {
+    t.saturating_duration_since(Instant::ZERO).as_nanos() / TICK_NANOS
 }
 
 impl Sim {
@@ -670,190 +505,89 @@ impl Sim {
         let scratch = vec![0.0; spec.protocol.server_scratch_len(DIM).max(1)];
         let server = AnyServer::new(&spec.protocol, initial.clone(), scratch).expect("valid test configuration");
         let n = spec.protocol.workers();
+        let protocol = spec.protocol;
+        let factory = Box::new(move |id: u32, epoch: u32| {
+            let setup = WorkerSetup { id: WorkerId(id), epoch, rejoin_after: Some(ticks(150)) };
+            let scratch = vec![0.0; protocol.worker_scratch_len(DIM).max(DIM)];
+            AnyWorker::new(&protocol, setup, vec![0.0; DIM], scratch).expect("valid worker")
+        });
+        let config = NetConfig {
+            latency: (ticks(1), ticks(5)),
+            compute: (ticks(2), ticks(11)),
+            straggle: (0.1, ticks(30), ticks(129)),
+            spike: (ticks(20), ticks(299)),
+            restart_after: (ticks(10), ticks(299)),
+            partition_for: (ticks(20), ticks(419)),
+            horizon: Instant::MAX,
+            ..NetConfig::default()
+        };
+        let gradient = |job: &Job<'_>| test_gradient(job.worker as u32, job.version).to_vec();
+        let mut net = Net::from_factory(server, n as usize, factory, spec.seed, config, gradient);
+        net.faults = spec.faults;
         let mut sim = Self {
-            rng: Rng::new(spec.seed),
-            now: 0,
-            seq: 0,
-            queue: BinaryHeap::new(),
-            events: HashMap::new(),
-            server,
-            server_inc: 0,
-            server_timer: None,
-            slots: Vec::new(),
+            net,
             checker: Checker::new(spec.protocol.name(), n, &initial),
             ctx: Ctx::of(&spec.protocol),
             counts: Counts::default(),
-            faults_on: true,
+            cursor: 0,
             last_progress: 0,
-            initial,
             debug: false,
             spec,
         };
-        for w in 0..n {
-            sim.slots.push(Slot { worker: None, inc: 0, epoch: 0, timer: None, cut_up_until: 0, cut_down_until: 0 });
-            sim.start_worker(w);
-        }
-        sim.drain_server();
+        sim.check_log();
         sim
     }
 
-    fn schedule(&mut self, at: u64, ev: Ev) {
-        self.seq += 1;
-        self.events.insert(self.seq, ev);
-        self.queue.push((Key(core::cmp::Reverse((at, self.seq))), self.seq));
-    }
-
-    fn start_worker(&mut self, w: u32) {
-        let slot = &mut self.slots[w as usize];
-        slot.inc += 1;
-        slot.epoch += 1;
-        let setup = WorkerSetup { id: WorkerId(w), epoch: slot.epoch, rejoin_after: Some(ticks(150)) };
-        let scratch = vec![0.0; self.spec.protocol.worker_scratch_len(DIM).max(DIM)];
-        let worker = AnyWorker::new(&self.spec.protocol, setup, vec![0.0; DIM], scratch).expect("valid worker");
-        slot.worker = Some(worker);
-        slot.timer = None;
-        self.drain_worker(w);
-    }
-
-    fn latency(&mut self) -> u64 {
-        let mut d = 1 + self.rng.below(5);
-        if self.faults_on && self.rng.chance(self.spec.faults.spike) {
-            d += 20 + self.rng.below(280);
-            self.counts.delayed += 1;
-        }
-        d
-    }
-
-    /// Sends a message through the faulty network.
-    fn send_up(&mut self, from: u32, msg: UpMsg) {
-        self.counts.sent += 1;
-        let epoch = self.slots[from as usize].epoch;
-        self.checker.sent(from, epoch, &msg);
-        let f = self.spec.faults;
-        if self.faults_on && (self.rng.chance(f.loss) || self.slots[from as usize].cut_up_until > self.now) {
-            self.counts.lost += 1;
-            return;
-        }
-        let copies = if self.faults_on && self.rng.chance(f.duplicate) { 2 } else { 1 };
-        self.counts.duplicated += copies - 1;
-        for _ in 0..copies {
-            let at = self.now + self.latency();
-            self.schedule(at, Ev::Up { from, epoch, server_inc: self.server_inc, msg: msg.clone() });
-        }
-    }
-
-    fn send_down(&mut self, to: u32, msg: DownMsg) {
-        self.counts.sent += 1;
-        let f = self.spec.faults;
-        if self.faults_on && (self.rng.chance(f.loss) || self.slots[to as usize].cut_down_until > self.now) {
-            self.counts.lost += 1;
-            return;
-        }
-        let copies = if self.faults_on && self.rng.chance(f.duplicate) { 2 } else { 1 };
-        self.counts.duplicated += copies - 1;
-        let inc = self.slots[to as usize].inc;
-        for _ in 0..copies {
-            let at = self.now + self.latency();
-            self.schedule(at, Ev::Down { to, inc, msg: msg.clone() });
-        }
-    }
-
-    fn drain_worker(&mut self, w: u32) {
-        let mut sends = Vec::new();
-        let mut computes = Vec::new();
-        let inc = self.slots[w as usize].inc;
-        let Some(worker) = self.slots[w as usize].worker.as_mut() else { return };
-        while let Some(out) = worker.poll_output() {
-            match out {
-                WorkerOutput::Send(m) => sends.push(UpMsg::own(&m)),
-                WorkerOutput::Compute { id, version, params } => {
-                    let finite = params.iter().all(|p| p.is_finite());
-                    computes.push((id.0, version.0, finite));
-                }
-                WorkerOutput::Event(_) => {}
-            }
-        }
-        let timeout = worker.poll_timeout();
-        for m in sends {
-            self.send_up(w, m);
-        }
-        for (id, version, finite) in computes {
-            check!(self.checker, finite, format!("C7 worker {w} asked to compute on a non-finite model"));
-            let straggle = if self.rng.chance(0.1) { 30 + self.rng.below(100) } else { 0 };
-            let at = self.now + 2 + self.rng.below(10) + straggle;
-            self.schedule(at, Ev::Computed { w, inc, id, version });
-        }
-        self.arm_worker_timer(w, timeout);
-    }
-
-    fn arm_worker_timer(&mut self, w: u32, timeout: Option<Instant>) {
-        let at = timeout.map(|t| t.saturating_duration_since(Instant::ZERO).as_nanos().div_ceil(TICK_NANOS));
-        let now = self.now;
-        let slot = &mut self.slots[w as usize];
-        if let Some(at) = at.map(|a| a.max(now)) {
-            if slot.timer != Some(at) {
-                slot.timer = Some(at);
-                let inc = slot.inc;
-                self.schedule(at, Ev::WorkerTimer { w, inc });
-            }
-        } else {
-            slot.timer = None;
-        }
-    }
-
-    fn drain_server(&mut self) {
-        let mut sends = Vec::new();
-        let mut events = Vec::new();
-        while let Some(out) = self.server.poll_output() {
-            match out {
-                ServerOutput::Send { to, msg } => sends.push((to, DownMsg::own(&msg))),
-                ServerOutput::Event(e) => events.push(e),
-            }
-        }
-        for e in &events {
-            if matches!(e, ServerEvent::ModelUpdated { .. }) {
-                self.last_progress = self.now;
-                self.counts.updates += 1;
+    /// Feeds the checker what happened since the last call, then checks the server.
+    fn check_log(&mut self) {
+        let n = self.net.nodes.len();
+        let now = tick_of(self.net.now);
+        for e in self.net.log.get(self.cursor..).unwrap_or_default() {
+            if self.debug {
+                eprintln!("t={now} v={} {e:?}", self.net.server.version().0);
             }
             match e {
-                ServerEvent::Applied { .. } => self.counts.applied += 1,
-                ServerEvent::Dropped { .. } => self.counts.dropped += 1,
-                _ => {}
-            }
-            self.checker.event(e, &self.ctx);
-        }
-        for (to, m) in sends {
-            match to {
-                Recipient::Worker(w) if (w.0 as usize) < self.slots.len() => self.send_down(w.0, m),
-                Recipient::Worker(w) => self.checker.fail(format!("server sent to unknown {w}")),
-                Recipient::AllWorkers => {
-                    for w in 0..self.slots.len() as u32 {
-                        self.send_down(w, m.clone());
+                Entry::Up { worker, epoch, msg } => self.checker.sent(*worker as u32, *epoch, msg),
+                Entry::ServerIn { worker, epoch, msg, result, .. } => {
+                    self.checker.handled(*worker as u32, *epoch, msg, *result);
+                    if result.is_err() {
+                        self.counts.rejected += 1;
                     }
                 }
+                Entry::Event(ev) => {
+                    match ev {
+                        ServerEvent::ModelUpdated { .. } => {
+                            self.last_progress = now;
+                            self.counts.updates += 1;
+                        }
+                        ServerEvent::Applied { .. } => self.counts.applied += 1,
+                        ServerEvent::Dropped { .. } => self.counts.dropped += 1,
+                        _ => {}
+                    }
+                    self.checker.event(ev, &self.ctx);
+                }
+                Entry::Sent { to: Recipient::Worker(w), .. } if w.index() >= n => {
+                    self.checker.fail(format!("server sent to unknown {w}"));
+                }
+                Entry::Compute { worker, params, .. } => {
+                    let finite = params.iter().all(|p| p.is_finite());
+                    check!(self.checker, finite, format!("C7 worker {worker} asked to compute on a non-finite model"));
+                }
+                Entry::ServerRestarted => self.checker.restore(),
+                _ => {}
             }
         }
-        let at = self
-            .server
-            .poll_timeout()
-            .map(|t| t.saturating_duration_since(Instant::ZERO).as_nanos().div_ceil(TICK_NANOS));
-        let at = at.map(|a| a.max(self.now));
-        if at != self.server_timer {
-            self.server_timer = at;
-            if let Some(at) = at {
-                let server_inc = self.server_inc;
-                self.schedule(at, Ev::ServerTimer { server_inc });
-            }
-        }
+        self.cursor = self.net.log.len();
         self.check_server();
     }
 
     /// Invariants checked after every event.
     fn check_server(&mut self) {
         let c = &mut self.checker;
-        let version = self.server.version().0;
-        let st = *self.server.stats();
-        let finite = self.server.params().iter().all(|p| p.is_finite());
+        let server = &self.net.server;
+        let version = server.version().0;
+        let st = *server.stats();
+        let finite = server.params().iter().all(|p| p.is_finite());
         check!(c, finite, "C7 server model is not finite".into());
         check!(c, version == c.version, format!("C3 server at version {version}, events say {}", c.version));
         check!(c, st.applied == c.applied_events, {
@@ -881,41 +615,18 @@ impl Sim {
             c.fail(format!("C4 Applied events for {n} future versions"));
         }
         if self.ctx.exact && c.pending.is_empty() {
-            let same = self.server.params().iter().zip(&c.reference).all(|(a, b)| a.to_bits() == b.to_bits());
+            let same = server.params().iter().zip(&c.reference).all(|(a, b)| a.to_bits() == b.to_bits());
             check!(c, same, {
-                format!(
-                    "C2 model {:?} differs from reference {:?} at version {version}",
-                    self.server.params(),
-                    c.reference
-                )
+                format!("C2 model {:?} differs from reference {:?} at version {version}", server.params(), c.reference)
             });
         }
-        if let AnyServer::Ssp(s) = &self.server {
-            let cfg = match self.spec.protocol {
-                ProtocolConfig::Ssp(c) => c.staleness,
-                _ => 0,
-            };
+        if let AnyServer::Ssp(s) = server {
             let clocks: Vec<u64> =
                 (0..self.spec.protocol.workers()).filter_map(|w| s.worker_clock(WorkerId(w))).collect();
             if let (Some(lo), Some(hi)) = (clocks.iter().min(), clocks.iter().max()) {
-                let _ = cfg;
                 check!(c, lo <= hi, "clock order".into());
             }
         }
-    }
-
-    fn crash(&mut self, w: u32) {
-        let slot = &mut self.slots[w as usize];
-        if slot.worker.is_none() {
-            return;
-        }
-        slot.worker = None;
-        slot.inc += 1;
-        self.counts.crashes += 1;
-        let _ = self.server.handle_worker_lost(instant(self.now), WorkerId(w));
-        self.drain_server();
-        let at = self.now + 10 + self.rng.below(290);
-        self.schedule(at, Ev::Restart { w });
     }
 
     fn restart_server(&mut self) {
@@ -925,110 +636,27 @@ impl Sim {
             self.checker.fail("resume from checkpoint failed".into());
             return;
         };
-        self.counts.server_restarts += 1;
-        self.server = server;
-        self.server_inc += 1;
-        self.server_timer = None;
-        self.checker.restore();
         // The cluster restarts with the server: workers rejoin with new epochs.
-        for w in 0..self.slots.len() as u32 {
-            self.start_worker(w);
-        }
-        self.drain_server();
-    }
-
-    fn inject(&mut self) {
-        let f = self.spec.faults;
-        let n = self.slots.len() as u32;
-        if self.rng.chance(f.crash) {
-            let w = self.rng.below(u64::from(n)) as u32;
-            self.crash(w);
-        }
-        if self.rng.chance(f.partition) {
-            let w = self.rng.below(u64::from(n)) as usize;
-            let until = self.now + 20 + self.rng.below(400);
-            if self.rng.chance(0.5) {
-                self.slots[w].cut_up_until = until;
-            } else {
-                self.slots[w].cut_down_until = until;
-            }
-            self.counts.partitions += 1;
-        }
-        if self.rng.chance(0.01) {
-            // Take a checkpoint at a quiet moment (no half-built version).
-            if self.checker.pending.is_empty() && self.server.params() == self.checker.reference.as_slice() {
-                self.checker.checkpoint();
-            }
-        }
-        if self.rng.chance(f.server_restart) {
-            self.restart_server();
-        }
+        self.net.restart_server(server);
     }
 
     fn step(&mut self) -> bool {
-        let Some((Key(core::cmp::Reverse((at, _))), id)) = self.queue.pop() else { return false };
-        let Some(ev) = self.events.remove(&id) else { return true };
-        self.now = self.now.max(at);
-        self.counts.steps += 1;
-        if self.debug {
-            eprintln!("t={} v={} {:?}", self.now, self.server.version().0, ev);
+        let faults_on = self.net.faults != Faults::none();
+        if !self.net.step() {
+            return false;
         }
-        let now = instant(self.now);
-        match ev {
-            Ev::Up { from, epoch, server_inc, msg } => {
-                if server_inc == self.server_inc {
-                    let r = self.server.handle(now, WorkerId(from), msg.msg());
-                    self.checker.handled(from, epoch, &msg, r);
-                    if r.is_err() {
-                        self.counts.rejected += 1;
-                    }
-                    self.drain_server();
+        self.check_log();
+        if faults_on {
+            if self.net.rng().next_f64() < 0.01 {
+                // Take a checkpoint at a quiet moment (no half-built version).
+                if self.checker.pending.is_empty() && self.net.server.params() == self.checker.reference.as_slice() {
+                    self.checker.checkpoint();
                 }
             }
-            Ev::Down { to, inc, msg } => {
-                let slot = &mut self.slots[to as usize];
-                if slot.inc == inc {
-                    if let Some(w) = slot.worker.as_mut() {
-                        let _ = w.handle(now, msg.msg());
-                        self.drain_worker(to);
-                    }
-                }
+            if self.net.take_restart_request() {
+                self.restart_server();
+                self.check_log();
             }
-            Ev::Computed { w, inc, id, version } => {
-                let slot = &mut self.slots[w as usize];
-                if slot.inc == inc {
-                    if let Some(worker) = slot.worker.as_mut() {
-                        let g = test_gradient(w, version);
-                        let _ = worker.handle_gradient(now, ComputeId(id), &g);
-                        self.drain_worker(w);
-                    }
-                }
-            }
-            Ev::WorkerTimer { w, inc } => {
-                let slot = &mut self.slots[w as usize];
-                if slot.inc == inc && slot.timer == Some(at) {
-                    slot.timer = None;
-                    if let Some(worker) = slot.worker.as_mut() {
-                        worker.handle_timeout(now);
-                        self.drain_worker(w);
-                    }
-                }
-            }
-            Ev::ServerTimer { server_inc } => {
-                if server_inc == self.server_inc && self.server_timer == Some(at) {
-                    self.server_timer = None;
-                    self.server.handle_timeout(now);
-                    self.drain_server();
-                }
-            }
-            Ev::Restart { w } => {
-                if self.slots[w as usize].worker.is_none() {
-                    self.start_worker(w);
-                }
-            }
-        }
-        if self.faults_on {
-            self.inject();
         }
         true
     }
@@ -1047,27 +675,16 @@ impl Sim {
         }
         if self.checker.violation.is_none() && hang.is_none() {
             // Quiet phase: faults stop; crashed workers come back; partitions heal.
-            self.faults_on = false;
-            for s in &mut self.slots {
-                s.cut_up_until = 0;
-                s.cut_down_until = 0;
-            }
-            for w in 0..self.slots.len() as u32 {
-                if self.slots[w as usize].worker.is_none() {
-                    self.start_worker(w);
-                }
-            }
-            let start = self.now;
+            self.net.calm();
+            self.check_log();
+            let start = tick_of(self.net.now);
             self.debug = std::env::var_os("SYNCOPATE_DEBUG").is_some();
-            let target = self.server.version().0 + self.spec.quiet_versions;
-            while self.server.version().0 < target {
-                if self.now > start + self.spec.quiet_budget {
-                    let v = self.server.version().0;
+            let target = self.net.version().0 + self.spec.quiet_versions;
+            while self.net.version().0 < target {
+                if tick_of(self.net.now) > start + self.spec.quiet_budget {
+                    let v = self.net.version().0;
                     if self.debug {
-                        for s in &self.slots {
-                            eprintln!("slot inc={} epoch={} timer={:?} worker={:?}", s.inc, s.epoch, s.timer, s.worker);
-                        }
-                        eprintln!("server {:?}", self.server);
+                        eprintln!("server {:?}", self.net.server);
                     }
                     hang = Some(format!(
                         "L1 no progress: version {v} < {target} after {} quiet ticks (last progress at {})",
@@ -1076,21 +693,30 @@ impl Sim {
                     break;
                 }
                 if !self.step() {
-                    hang = Some(format!("L1 deadlock: nothing in flight at version {}", self.server.version().0));
+                    hang = Some(format!("L1 deadlock: nothing in flight at version {}", self.net.version().0));
                     break;
                 }
                 if self.checker.violation.is_some() {
                     break;
                 }
             }
-            self.counts.quiet_ticks = self.now - start;
+            self.counts.quiet_ticks = tick_of(self.net.now) - start;
         }
-        let _ = &self.initial;
+        let net = self.net.counts;
+        self.counts.steps = net.steps;
+        self.counts.sent = net.sent;
+        self.counts.lost = net.lost;
+        self.counts.duplicated = net.duplicated;
+        self.counts.delayed = net.delayed;
+        self.counts.partitions = net.partitions;
+        self.counts.crashes = net.crashes;
+        self.counts.server_restarts = net.server_restarts;
         self.counts.checks = self.checker.checks;
         self.counts.rejected = self.checker.rejected.max(self.counts.rejected);
         let mut violation = self.checker.violation.take().or(hang);
         if let Some(v) = violation.as_mut() {
-            let _ = write!(v, " (seed {}, faults {:?}, tick {})", self.spec.seed, self.spec.faults, self.now);
+            let _ =
+                write!(v, " (seed {}, faults {:?}, tick {})", self.spec.seed, self.spec.faults, tick_of(self.net.now));
         }
         RunResult { counts: self.counts, violation, trace_hash: self.checker.trace }
     }

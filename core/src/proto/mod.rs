@@ -38,7 +38,7 @@ pub mod wbsp;
 
 pub use any::{AnyServer, AnyWorker, ProtocolConfig, WorkerSetup};
 pub use common::engine::{CoreOf, HasSlot, ProtocolServer, Rules, ServerCore};
-pub use common::gradient_worker::{GradientWorker, GradientWorkerConfig};
+pub use common::gradient_worker::{GradientRules, GradientWorker, GradientWorkerConfig};
 #[cfg(any(feature = "alloc", test))]
 pub use common::table::Heap;
 pub use common::table::{DEFAULT_INLINE_WORKERS, Inline, Slot, Storage, WorkerRecord};
@@ -46,6 +46,7 @@ pub use common::table::{DEFAULT_INLINE_WORKERS, Inline, Slot, Storage, WorkerRec
 #[allow(unused_imports)]
 pub(crate) use common::testkit::{ToServerOwned, ToWorkerOwned};
 pub use common::validate::{GradientPolicy, LargeGradient};
+pub use common::worker::{ProtocolWorker, WorkerCore, WorkerRules};
 
 use crate::error::Reject;
 use crate::id::{ComputeId, Version, WorkerId};

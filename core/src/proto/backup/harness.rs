@@ -1,47 +1,27 @@
-//! A deterministic discrete-event harness for the backup-worker tests (shared with DBW's):
-//! `n` [`GradientWorker`](super::GradientWorker)s, seeded message latencies and
-//! shifted-exponential compute times, integer-valued gradients (so every sum is exact),
-//! cancellation of abandoned computations, and a record of everything the server did.
+//! The backup-worker tests' runs (shared with DBW's) on the test kit's [`Cluster`]: `n`
+//! [`GradientWorker`](super::GradientWorker)s, seeded message latencies (0–200 µs) and
+//! shifted-exponential compute times (1 ms + Exp(mean 1 ms), 5× for slow workers),
+//! integer-valued gradients (so every sum is exact), and the checks K1, K2, one outcome per
+//! gradient and conservation against a reference replay.
 
-use crate::id::{ComputeId, Version, WorkerId};
+use crate::id::{Version, WorkerId};
+use crate::proto::common::testkit::{Cluster, Entry, Job, NetConfig};
 use crate::proto::{
-    GradientWorker, GradientWorkerConfig, Recipient, Server, ServerEvent, ServerOutput, ToServerOwned, ToWorkerOwned,
-    Worker, WorkerEvent, WorkerOutput,
+    GradientWorker, GradientWorkerConfig, Recipient, Server, ServerEvent, ToServerOwned, ToWorkerOwned,
 };
+use crate::rng::Rng;
 use crate::time::{Duration, Instant};
 use std::vec;
 use std::vec::Vec;
-
-/// SplitMix64.
-pub(crate) struct Rng(pub(crate) u64);
-
-impl Rng {
-    pub(crate) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    pub(crate) fn uniform(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
 
 /// The gradient worker `w` computes at version `v`: small integers, a pure function.
 pub(crate) fn grad_of(w: u32, v: u64, dim: usize) -> Vec<f64> {
     (0..dim)
         .map(|j| {
-            let mut r = Rng(u64::from(w) << 40 ^ v << 8 ^ j as u64);
-            (r.next() % 17) as f64 - 8.0
+            let mut r = Rng::new(u64::from(w) << 40 ^ v << 8 ^ j as u64);
+            (r.next_u64() % 17) as f64 - 8.0
         })
         .collect()
-}
-
-enum Action {
-    ToServer(u32, ToServerOwned),
-    ToWorker(u32, ToWorkerOwned),
-    Done(u32, ComputeId, u64),
 }
 
 /// What a run produced.
@@ -57,89 +37,31 @@ pub(crate) struct Trace {
 
 /// Runs until the server reaches `rounds` updates. `slow` workers compute 5× slower.
 pub(crate) fn run<S: Server<f64>>(server: &mut S, n: u32, dim: usize, rounds: u64, seed: u64, slow: &[u32]) -> Trace {
-    let mut rng = Rng(seed);
-    let mut workers: Vec<GradientWorker<f64, Vec<f64>>> =
+    let workers: Vec<GradientWorker<f64, Vec<f64>>> =
         (0..n).map(|i| GradientWorker::new(GradientWorkerConfig::new(WorkerId(i)), vec![0.0; dim]).unwrap()).collect();
-    let mut queue: Vec<(Instant, u64, Action)> = Vec::new();
-    let mut order = 0u64;
+    let config = NetConfig {
+        latency: (Duration::ZERO, Duration::from_micros(199)),
+        compute: (Duration::from_millis(1), Duration::from_millis(1)),
+        exponential: true,
+        horizon: Instant::MAX,
+        ..NetConfig::default()
+    };
+    let gradient = |job: &Job<'_>| grad_of(job.worker as u32, job.version, job.params.len());
+    let mut net = Cluster::new(server, workers, seed, config, gradient);
+    for &w in slow {
+        if let Some(s) = net.speed.get_mut(w as usize) {
+            *s = 0.2;
+        }
+    }
+    assert!(net.run_until(1_000_000, |c| c.version().0 >= rounds), "no progress");
     let mut trace = Trace::default();
-    let mut now = Instant::ZERO;
-    let latency = |rng: &mut Rng| Duration::from_micros(rng.next() % 200);
-    macro_rules! drain_worker {
-        ($i:expr) => {{
-            let i: u32 = $i;
-            let w = &mut workers[i as usize];
-            while let Some(out) = w.poll_output() {
-                match out {
-                    WorkerOutput::Send(msg) => {
-                        order += 1;
-                        queue.push((now + latency(&mut rng), order, Action::ToServer(i, ToServerOwned::from(&msg))));
-                    }
-                    WorkerOutput::Compute { id, version, .. } => {
-                        let factor = if slow.contains(&i) { 5.0 } else { 1.0 };
-                        let t = factor * (1.0 - libm::log(1.0 - rng.uniform()));
-                        order += 1;
-                        queue.push((now + Duration::from_secs_f64(t * 1e-3), order, Action::Done(i, id, version.0)));
-                    }
-                    WorkerOutput::Event(WorkerEvent::Abandoned { id }) => {
-                        queue.retain(|(_, _, a)| !matches!(a, Action::Done(j, c, _) if *j == i && *c == id));
-                    }
-                    WorkerOutput::Event(_) => {}
-                }
-            }
-        }};
-    }
-    for i in 0..n {
-        drain_worker!(i);
-    }
-    let mut steps = 0;
-    while server.version().0 < rounds {
-        steps += 1;
-        assert!(steps < 1_000_000, "no progress");
-        let Some(pos) = (0..queue.len()).min_by_key(|&p| (queue[p].0, queue[p].1)) else {
-            panic!("deadlock at {:?}", server.version());
-        };
-        let (at, _, action) = queue.swap_remove(pos);
-        now = now.max(at);
-        match action {
-            Action::ToServer(i, msg) => {
-                let mut buf = Vec::new();
-                let before = server.version();
-                let is_grad = matches!(msg, ToServerOwned::Grad { .. });
-                if server.handle(now, WorkerId(i), msg.as_msg(&mut buf)).is_ok() && is_grad {
-                    trace.accepted += 1;
-                }
-                if server.version() != before {
-                    trace.updates.push((server.version().0, server.params().iter().map(|p| p.to_bits()).collect()));
-                }
-                while let Some(out) = server.poll_output() {
-                    match out {
-                        ServerOutput::Event(e) => trace.events.push(e),
-                        ServerOutput::Send { to, msg } => {
-                            let owned = ToWorkerOwned::from(&msg);
-                            let targets: Vec<u32> = match to {
-                                Recipient::AllWorkers => (0..n).collect(),
-                                Recipient::Worker(w) => vec![w.0],
-                            };
-                            for t in targets {
-                                order += 1;
-                                queue.push((now + latency(&mut rng), order, Action::ToWorker(t, owned.clone())));
-                            }
-                            trace.sends.push((to, owned));
-                        }
-                    }
-                }
-            }
-            Action::ToWorker(i, msg) => {
-                let mut buf = Vec::new();
-                let _ = workers[i as usize].handle(now, msg.as_msg(&mut buf));
-                drain_worker!(i);
-            }
-            Action::Done(i, id, version) => {
-                let g = grad_of(i, version, dim);
-                let _ = workers[i as usize].handle_gradient(now, id, &g);
-                drain_worker!(i);
-            }
+    for e in net.log {
+        match e {
+            Entry::Event(e) => trace.events.push(e),
+            Entry::Sent { to, msg } => trace.sends.push((to, msg)),
+            Entry::Tick { tick, params } => trace.updates.push((tick, params.iter().map(|p| p.to_bits()).collect())),
+            Entry::ServerIn { msg: ToServerOwned::Grad { .. }, result: Ok(()), .. } => trace.accepted += 1,
+            _ => {}
         }
     }
     trace

@@ -4,6 +4,7 @@ use super::harness::{check, grad_of, run};
 use super::*;
 use crate::msg::ToWorker;
 use crate::proto::bsp::{BspConfig, BspServer};
+use crate::proto::common::testkit::drain_server as drain;
 use crate::proto::common::testkit::prelude::*;
 use crate::proto::{ToWorkerOwned, WorkerEvent};
 use proptest::prelude::*;
@@ -18,17 +19,6 @@ fn server(n: u32, b: u32, interrupt: Interrupt, dim: usize) -> BackupServer<f64,
 
 fn grad(base: u64, seq: u64, values: &[f64]) -> ToServer<'_, f64> {
     ToServer::Grad { base: Version(base), iteration: 0, seq, values: Values::Slice(values) }
-}
-
-fn drain<S: Server<f64>>(s: &mut S) -> (Vec<ServerEvent>, Vec<(Recipient, ToWorkerOwned)>) {
-    let (mut events, mut sends) = (Vec::new(), Vec::new());
-    while let Some(out) = s.poll_output() {
-        match out {
-            ServerOutput::Event(e) => events.push(e),
-            ServerOutput::Send { to, msg } => sends.push((to, ToWorkerOwned::from(&msg))),
-        }
-    }
-    (events, sends)
 }
 
 #[test]

@@ -129,7 +129,7 @@ mod server;
 mod worker;
 
 pub use server::{BapRules, BapServer, BapSlot, Contribution};
-pub use worker::BapWorker;
+pub use worker::{BapWorker, BapWorkerRules};
 
 use crate::error::ConfigError;
 use crate::proto::GradientPolicy;

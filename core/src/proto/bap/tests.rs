@@ -1,7 +1,9 @@
 use super::*;
 use crate::proto::bsp::{BspConfig, BspServer};
 use crate::proto::common::testkit::prelude::*;
-use crate::proto::ssp::harness::{Entry, Net};
+use crate::proto::common::testkit::{Cluster, Entry};
+use crate::proto::common::testkit::{WorkerOut as Out, drain_server as drain, drain_worker};
+use crate::proto::ssp::harness::net;
 use crate::proto::{GradientWorker, GradientWorkerConfig, ToServerOwned, ToWorkerOwned};
 use proptest::prelude::*;
 use std::collections::BTreeSet;
@@ -36,36 +38,6 @@ fn grad(base: u64, iteration: u64, seq: u64, values: &[f64]) -> ToServer<'_, f64
 
 fn pull(have: u64, min_clock: u64) -> ToServer<'static, f64> {
     ToServer::Pull { have: Version(have), min_clock }
-}
-
-fn drain(s: &mut Srv) -> (Vec<ServerEvent>, Vec<(Recipient, ToWorkerOwned)>) {
-    let (mut events, mut sends) = (Vec::new(), Vec::new());
-    while let Some(out) = s.poll_output() {
-        match out {
-            ServerOutput::Event(e) => events.push(e),
-            ServerOutput::Send { to, msg } => sends.push((to, ToWorkerOwned::from(&msg))),
-        }
-    }
-    (events, sends)
-}
-
-#[derive(Debug, PartialEq)]
-enum Out {
-    Send(ToServerOwned),
-    Compute(ComputeId, Version, Vec<f64>),
-    Event(WorkerEvent),
-}
-
-fn drain_worker(w: &mut Wrk) -> Vec<Out> {
-    let mut v = Vec::new();
-    while let Some(out) = w.poll_output() {
-        v.push(match out {
-            WorkerOutput::Send(m) => Out::Send(ToServerOwned::from(&m)),
-            WorkerOutput::Compute { id, version, params } => Out::Compute(id, version, params.to_vec()),
-            WorkerOutput::Event(e) => Out::Event(e),
-        });
-    }
-    v
 }
 
 fn model(version: u64, values: &[f64]) -> ToWorker<'_, f64> {
@@ -369,10 +341,10 @@ fn worker_refusals_change_nothing() {
     assert_eq!(w.handle(T0, model(5, &[1.0, 1.0])), Err(Reject::Stopped));
 }
 
-fn bap_net(n: u32, config: BapConfig, seed: u64) -> Net<Srv, Wrk> {
+fn bap_net(n: u32, config: BapConfig, seed: u64) -> Cluster<Srv, Wrk> {
     let server = BapServer::new(config, vec![1.0, -0.5, 0.25], vec![0.0; config.open_iterations() * 3]).unwrap();
     let workers = (0..n).map(|i| BapWorker::new(config, setup(i), vec![0.0; 3], vec![0.0; 3]).unwrap()).collect();
-    Net::new(server, workers, seed, |s| s.version().0, |w| w.iteration())
+    net(server, workers, seed, |s| s.version().0, |w| w.iteration())
 }
 
 #[test]
@@ -398,7 +370,7 @@ fn a_silent_worker_is_left_behind_with_a_time_limit() {
 }
 
 /// Checks the BAP invariants on a finished run.
-fn check_bap_invariants(net: &Net<Srv, Wrk>, s: u64) -> Result<(), TestCaseError> {
+fn check_bap_invariants(net: &Cluster<Srv, Wrk>, s: u64) -> Result<(), TestCaseError> {
     // Iterations close in order, each once.
     let versions: Vec<u64> = net
         .events()
@@ -411,7 +383,7 @@ fn check_bap_invariants(net: &Net<Srv, Wrk>, s: u64) -> Result<(), TestCaseError
     // Gradients received while their iteration was open, by (worker, iteration).
     let mut open_grads = BTreeSet::new();
     for e in &net.log {
-        if let Entry::ServerIn { worker, msg: ToServerOwned::Grad { iteration, .. }, before, ok: true } = e {
+        if let Entry::ServerIn { worker, msg: ToServerOwned::Grad { iteration, .. }, before, result: Ok(()), .. } = e {
             if *iteration > *before {
                 open_grads.insert((*worker, *iteration));
             }
@@ -455,7 +427,7 @@ proptest! {
         let mut c = BapConfig::new(n, 0.5, s);
         c.iteration_timeout = timeout.map(Duration::from_millis);
         let mut net = bap_net(n, c, seed);
-        net.speed = speeds[..n as usize].to_vec();
+        net.speed = speeds[..n as usize].iter().map(|&s| f64::from(s)).collect();
         net.max_steps = steps;
         net.run(200_000);
         check_bap_invariants(&net, s)?;
@@ -477,7 +449,7 @@ proptest! {
     ) {
         let n = 1u32 << n_log;
         let mut bap = bap_net(n, BapConfig::new(n, 0.5, 0), seed_a);
-        bap.speed = speeds[..n as usize].to_vec();
+        bap.speed = speeds[..n as usize].iter().map(|&s| f64::from(s)).collect();
         bap.max_steps = steps;
         bap.deliver_joins();
         bap.run(100_000);
@@ -485,7 +457,7 @@ proptest! {
             BspServer::new(BspConfig::new(n, 0.5), vec![1.0, -0.5, 0.25], vec![0.0; 3]).unwrap();
         let bsp_workers: Vec<GradientWorker<f64, Vec<f64>>> =
             (0..n).map(|i| GradientWorker::new(GradientWorkerConfig::new(WorkerId(i)), vec![0.0; 3]).unwrap()).collect();
-        let mut bsp = Net::new(bsp_server, bsp_workers, seed_b, |s| s.version().0, |w| w.steps());
+        let mut bsp = net(bsp_server, bsp_workers, seed_b, |s| s.version().0, |w| w.steps());
         bsp.max_steps = steps;
         bsp.deliver_joins();
         bsp.run(100_000);

@@ -1,6 +1,7 @@
 //! BSP's unit and property tests.
 
 use super::*;
+use crate::proto::common::testkit::drain_server as drain;
 use crate::proto::common::testkit::prelude::*;
 use crate::proto::{LargeGradient, ServerOutput, ToWorkerOwned};
 use proptest::prelude::*;
@@ -13,17 +14,6 @@ fn server(n: u32, dim: usize) -> BspServer<f64, Vec<f64>> {
 
 fn grad(base: u64, seq: u64, values: &[f64]) -> ToServer<'_, f64> {
     ToServer::Grad { base: Version(base), iteration: 0, seq, values: Values::Slice(values) }
-}
-
-fn drain(s: &mut BspServer<f64, Vec<f64>>) -> (Vec<ServerEvent>, Vec<(Recipient, ToWorkerOwned)>) {
-    let (mut events, mut sends) = (Vec::new(), Vec::new());
-    while let Some(out) = s.poll_output() {
-        match out {
-            ServerOutput::Event(e) => events.push(e),
-            ServerOutput::Send { to, msg } => sends.push((to, ToWorkerOwned::from(&msg))),
-        }
-    }
-    (events, sends)
 }
 
 #[test]

@@ -19,14 +19,17 @@
 //! the model in it was already handed out and every later output that shows the buffer
 //! comes after it has been written whole again (the next accepted gradient or model).
 
-use super::queue::{WORKER_QUEUE, WorkerItem, WorkerQueue};
+use super::queue::{WORKER_QUEUE, WorkerItem};
+use super::worker::{ProtocolWorker, WorkerCore, WorkerRules};
 use crate::error::{ConfigError, Reject};
 use crate::id::{ComputeId, Version, WorkerId};
 use crate::math::{self, Scalar};
 use crate::msg::ToWorker;
-use crate::proto::{Buffer, Worker, WorkerEvent, WorkerOutput};
+use crate::proto::{Buffer, WorkerEvent, WorkerSetup};
 use crate::time::{Duration, Instant};
-use core::marker::PhantomData;
+
+#[cfg(test)]
+use crate::proto::{Worker, WorkerOutput};
 
 /// Settings of a [`GradientWorker`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,114 +52,88 @@ impl GradientWorkerConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     /// Waiting for a model; `sent` is the version of the last gradient sent, if any.
-    Waiting {
-        since: Instant,
-        sent: Option<Version>,
-    },
+    Waiting { since: Instant, sent: Option<Version> },
     /// The host is computing job `id` on `version`.
-    Computing {
-        id: ComputeId,
-        version: Version,
-    },
-    Stopped,
+    Computing { id: ComputeId, version: Version },
+}
+
+/// The gradient worker's own state (see the [module docs](self)): its phase, the newest
+/// model version received and the gradients sent.
+#[derive(Debug)]
+pub struct GradientRules {
+    phase: Phase,
+    have: Option<Version>,
+    steps: u64,
 }
 
 /// The gradient worker state machine. `S` is the caller's buffer of the model's length.
-#[derive(Debug)]
-pub struct GradientWorker<T, S> {
-    config: GradientWorkerConfig,
-    buf: S,
-    phase: Phase,
-    have: Option<Version>,
-    next_job: u64,
-    seq: u64,
-    steps: u64,
-    queue: WorkerQueue,
-    _t: PhantomData<T>,
-}
+pub type GradientWorker<T, S> = ProtocolWorker<T, S, GradientRules>;
 
-impl<T: Scalar, S: Buffer<T>> GradientWorker<T, S> {
+impl<T: Scalar, S: Buffer<T>> ProtocolWorker<T, S, GradientRules> {
     /// A worker whose model and gradient live in `buf` (its length is the model's).
     /// Its first output is `Join`.
     pub fn new(config: GradientWorkerConfig, buf: S) -> Result<Self, ConfigError> {
-        if buf.as_ref().is_empty() {
-            return Err(ConfigError::EmptyModel);
-        }
-        let mut queue = WorkerQueue::new();
-        queue.push(WorkerItem::Join { epoch: config.epoch });
-        Ok(Self {
-            config,
-            buf,
-            phase: Phase::Waiting { since: Instant::ZERO, sent: None },
-            have: None,
-            next_job: 0,
-            seq: crate::id::first_seq(config.epoch),
-            steps: 0,
-            queue,
-            _t: PhantomData,
-        })
+        let setup = WorkerSetup { id: config.id, epoch: config.epoch, rejoin_after: config.rejoin_after };
+        let core = WorkerCore::new(setup, buf, None)?;
+        let rules = GradientRules { phase: Phase::Waiting { since: Instant::ZERO, sent: None }, have: None, steps: 0 };
+        Ok(Self::from_parts(core, rules))
     }
 
     /// Gradients sent so far.
     pub fn steps(&self) -> u64 {
-        self.steps
+        self.rules.steps
     }
 
     /// The newest model version received.
     pub fn model_version(&self) -> Option<Version> {
-        self.have
+        self.rules.have
     }
+}
 
-    fn start(&mut self, version: Version) {
-        let id = ComputeId(self.next_job);
-        self.next_job += 1;
+impl GradientRules {
+    fn start<T: Scalar, S: Buffer<T>>(&mut self, core: &mut WorkerCore<T, S>, version: Version) {
+        let id = core.compute(version);
         self.phase = Phase::Computing { id, version };
-        self.queue.push(WorkerItem::Compute { id, version });
     }
 
-    fn on_model(&mut self, now: Instant, version: Version, values: crate::msg::Values<'_, T>) -> Result<(), Reject> {
-        let _ = now;
-        values.check_len(self.buf.as_ref().len())?;
+    fn on_model<T: Scalar, S: Buffer<T>>(
+        &mut self,
+        core: &mut WorkerCore<T, S>,
+        version: Version,
+        values: crate::msg::Values<'_, T>,
+    ) -> Result<(), Reject> {
+        values.check_len(core.dim())?;
         if let Some(have) = self.have {
             if version < have {
                 return Err(Reject::OutdatedModel { received: version, have });
             }
         }
-        match self.phase {
-            Phase::Stopped => return Err(Reject::Stopped),
-            Phase::Computing { id, version: current } => {
-                if version <= current {
-                    return Err(Reject::Duplicate { worker: self.config.id, seq: version.0 });
-                }
-                self.queue.push(WorkerItem::Event(WorkerEvent::Abandoned { id }));
-            }
-            Phase::Waiting { .. } => {}
+        if core.stopped {
+            return Err(Reject::Stopped);
         }
-        values.copy_into(self.buf.as_mut())?;
+        if let Phase::Computing { id, version: current } = self.phase {
+            if version <= current {
+                return Err(Reject::Duplicate { worker: core.id(), seq: version.0 });
+            }
+            core.event(WorkerEvent::Abandoned { id });
+        }
+        values.copy_into(core.params.as_mut())?;
         self.have = Some(version);
-        self.start(version);
+        self.start(core, version);
         Ok(())
     }
 }
 
-impl<T: Scalar, S: Buffer<T>> Worker<T> for GradientWorker<T, S> {
-    fn handle(&mut self, now: Instant, msg: ToWorker<'_, T>) -> Result<(), Reject> {
-        self.queue.ensure_room(3)?;
+impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for GradientRules {
+    fn on_message(&mut self, core: &mut WorkerCore<T, S>, now: Instant, msg: ToWorker<'_, T>) -> Result<(), Reject> {
         match msg {
-            ToWorker::Model { version, values, .. } => self.on_model(now, version, values),
+            ToWorker::Model { version, values, .. } => self.on_model(core, version, values),
             ToWorker::Abort { iteration } => {
-                if let Phase::Computing { id, version } = self.phase {
+                if let (false, Phase::Computing { id, version }) = (core.stopped, self.phase) {
                     if version.0 == iteration {
                         self.phase = Phase::Waiting { since: now, sent: None };
-                        self.queue.push(WorkerItem::Event(WorkerEvent::Abandoned { id }));
+                        core.event(WorkerEvent::Abandoned { id });
                     }
-                }
-                Ok(())
-            }
-            ToWorker::Stop => {
-                if self.phase != Phase::Stopped {
-                    self.phase = Phase::Stopped;
-                    self.queue.push(WorkerItem::Event(WorkerEvent::Stopped));
                 }
                 Ok(())
             }
@@ -164,72 +141,56 @@ impl<T: Scalar, S: Buffer<T>> Worker<T> for GradientWorker<T, S> {
         }
     }
 
-    fn handle_gradient(&mut self, now: Instant, id: ComputeId, grad: &[T]) -> Result<(), Reject> {
-        let Phase::Computing { id: current, version } = self.phase else {
+    fn computing(&self) -> Option<ComputeId> {
+        match self.phase {
+            Phase::Computing { id, .. } => Some(id),
+            Phase::Waiting { .. } => None,
+        }
+    }
+
+    fn on_gradient(&mut self, core: &mut WorkerCore<T, S>, now: Instant, grad: &[T]) -> Result<(), Reject> {
+        let Phase::Computing { version, .. } = self.phase else {
             return Err(Reject::NoSuchComputation);
         };
-        if id != current {
-            return Err(Reject::NoSuchComputation);
+        core.queue.ensure_room(1)?;
+        let dim = core.dim();
+        if grad.len() != dim {
+            return Err(Reject::WrongLength(math::LengthMismatch { expected: dim, actual: grad.len() }));
         }
-        self.queue.ensure_room(1)?;
-        if grad.len() != self.buf.as_ref().len() {
-            return Err(Reject::WrongLength(math::LengthMismatch {
-                expected: self.buf.as_ref().len(),
-                actual: grad.len(),
-            }));
-        }
-        if self.queue.ensure_room(WORKER_QUEUE).is_ok() {
+        if core.queue.ensure_room(WORKER_QUEUE).is_ok() {
             // No pending output reads the buffer (the host already has its `Compute`), and
             // every later output that does is preceded by a write of the whole buffer (this
             // gradient accepted, or the next model): the model in it is dead, so copy and
             // check in one pass. A refused gradient leaves bytes nothing reads.
-            if !math::copy_finite(self.buf.as_mut(), grad)? {
+            if !math::copy_finite(core.params.as_mut(), grad)? {
                 return Err(Reject::NotFinite);
             }
         } else {
             if !math::all_finite(grad) {
                 return Err(Reject::NotFinite);
             }
-            self.buf.as_mut().copy_from_slice(grad);
+            core.params.as_mut().copy_from_slice(grad);
         }
-        self.queue.push(WorkerItem::Grad { base: version, iteration: self.steps, seq: self.seq });
-        self.seq += 1;
+        let seq = core.take_seq();
+        core.queue.push(WorkerItem::Grad { base: version, iteration: self.steps, seq });
         self.steps += 1;
         self.phase = Phase::Waiting { since: now, sent: Some(version) };
         Ok(())
     }
 
-    fn handle_timeout(&mut self, now: Instant) {
-        if let (Phase::Waiting { since, sent }, Some(after)) = (self.phase, self.config.rejoin_after) {
-            if now >= since + after {
-                self.phase = Phase::Waiting { since: now, sent };
-                self.queue.push(WorkerItem::Join { epoch: self.config.epoch });
-            }
+    fn waiting_since(&self, core: &WorkerCore<T, S>) -> Option<Instant> {
+        let _ = core;
+        match self.phase {
+            Phase::Waiting { since, .. } => Some(since),
+            Phase::Computing { .. } => None,
         }
     }
 
-    fn poll_output(&mut self) -> Option<WorkerOutput<'_, T>> {
-        let buf = self.buf.as_ref();
-        self.queue.poll(buf, buf)
-    }
-
-    fn poll_timeout(&self) -> Option<Instant> {
-        match (self.phase, self.config.rejoin_after) {
-            (Phase::Waiting { since, .. }, Some(after)) => Some(since + after),
-            _ => None,
+    fn on_rejoin(&mut self, core: &mut WorkerCore<T, S>, now: Instant) {
+        if let Phase::Waiting { sent, .. } = self.phase {
+            self.phase = Phase::Waiting { since: now, sent };
+            core.rejoin();
         }
-    }
-
-    fn id(&self) -> WorkerId {
-        self.config.id
-    }
-
-    fn is_stopped(&self) -> bool {
-        self.phase == Phase::Stopped
-    }
-
-    fn outputs_lost(&self) -> u64 {
-        self.queue.lost()
     }
 }
 

@@ -3,19 +3,23 @@
 //! server verbs), caller-sized per-worker storage ([`table`]), membership and
 //! deduplication (`roster`), the output queues (`queue`),
 //! the aggregation round of the synchronous protocols (`round`), gradient admission
-//! (`validate`), the stall watchdog (`stall`) and the gradient worker
-//! (`gradient_worker`) that BSP, ASP, backup workers, DBW and grouped members run.
+//! (`validate`), the stall watchdog (`stall`), the worker engine ([`worker`]: id, epoch,
+//! sequence and job numbering, buffers, output queue, stop flag and the one implementation
+//! of the worker verbs, over which every protocol's worker is a small policy) and the
+//! gradient worker ([`gradient_worker`]) that BSP, ASP, backup workers, DBW and grouped
+//! members run.
 
 pub mod engine;
-pub(crate) mod gradient_worker;
+pub mod gradient_worker;
 pub mod queue;
 pub(crate) mod roster;
 pub(crate) mod round;
 pub(crate) mod stall;
 pub mod table;
-#[cfg(test)]
-pub(crate) mod testkit;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
 pub(crate) mod validate;
+pub mod worker;
 
 #[cfg(test)]
 mod capacity_tests;

@@ -1,9 +1,10 @@
 //! Unit and property tests of the `dbw` protocol.
 
 use super::*;
-use crate::proto::backup::harness::{Rng, check, run};
+use crate::proto::backup::harness::{check, run};
 use crate::proto::bsp::{BspConfig, BspServer};
 use crate::proto::common::testkit::prelude::*;
+use crate::rng::Rng;
 use proptest::prelude::*;
 use std::vec;
 use std::vec::Vec;
@@ -72,7 +73,7 @@ fn drive(
 }
 
 fn shifted_exp(rng: &mut Rng) -> f64 {
-    1.0 - libm::log(1.0 - rng.uniform())
+    1.0 - libm::log(1.0 - rng.next_f64())
 }
 
 #[test]
@@ -83,7 +84,7 @@ fn clean_gradients_pick_k_min_noisy_ones_wait_for_more() {
     config.warmup_k = None;
     config.l_eta = LEta::Fixed(1.0);
     // Identical gradients (S = 0): more gradients add nothing, so the fastest k_min win.
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     let mut s = server(config, 4);
     let clean = drive(&mut s, n, 60, |_| shifted_exp(&mut rng), |_, p| p.to_vec());
     let ks: Vec<u32> = clean.iter().map(|e| if let ServerEvent::BackupChosen { k, .. } = e { *k } else { 0 }).collect();
@@ -104,15 +105,15 @@ fn clean_gradients_pick_k_min_noisy_ones_wait_for_more() {
     assert!((observed_sum / m - exact).abs() / exact < 0.2, "observed {} vs {exact}", observed_sum / m);
 
     // Gradients dominated by noise (S ≫ G): wait for (nearly) everyone.
-    let mut rng = Rng(8);
-    let mut noise = Rng(9);
+    let mut rng = Rng::new(8);
+    let mut noise = Rng::new(9);
     let mut s = server(config, 4);
     let noisy = drive(
         &mut s,
         n,
         60,
         |_| shifted_exp(&mut rng),
-        |_, p| p.iter().map(|x| x + 50.0 * (noise.uniform() - 0.5)).collect(),
+        |_, p| p.iter().map(|x| x + 50.0 * (noise.next_f64() - 0.5)).collect(),
     );
     let ks: Vec<u32> = noisy.iter().map(|e| if let ServerEvent::BackupChosen { k, .. } = e { *k } else { 0 }).collect();
     let mean = ks[10..].iter().map(|k| f64::from(*k)).sum::<f64>() / (ks.len() - 10) as f64;

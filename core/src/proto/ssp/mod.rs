@@ -131,7 +131,7 @@ mod server;
 mod worker;
 
 pub use server::{SspRules, SspServer, SspSlot};
-pub use worker::SspWorker;
+pub use worker::{SspWorker, SspWorkerRules};
 
 use crate::error::ConfigError;
 use crate::proto::GradientPolicy;

@@ -1,7 +1,9 @@
-use super::harness::{Entry, Net};
 use super::*;
 use crate::proto::bsp::{BspConfig, BspServer};
 use crate::proto::common::testkit::prelude::*;
+use crate::proto::common::testkit::{Cluster, Entry};
+use crate::proto::common::testkit::{WorkerOut as Out, drain_server, drain_worker};
+use crate::proto::ssp::harness::net;
 use crate::proto::{DropReason, GradientWorker, GradientWorkerConfig, ToServerOwned, ToWorkerOwned};
 use proptest::prelude::*;
 use std::vec;
@@ -26,36 +28,6 @@ fn worker(n: u32, s: u64, i: u32, dim: usize) -> Wrk {
 
 fn clock(c: u64, seq: u64, values: &[f64]) -> ToServer<'_, f64> {
     ToServer::Clock { clock: c, seq, values: Values::Slice(values) }
-}
-
-fn drain_server(s: &mut Srv) -> (Vec<ServerEvent>, Vec<(Recipient, ToWorkerOwned)>) {
-    let (mut events, mut sends) = (Vec::new(), Vec::new());
-    while let Some(out) = s.poll_output() {
-        match out {
-            ServerOutput::Event(e) => events.push(e),
-            ServerOutput::Send { to, msg } => sends.push((to, ToWorkerOwned::from(&msg))),
-        }
-    }
-    (events, sends)
-}
-
-#[derive(Debug, PartialEq)]
-enum Out {
-    Send(ToServerOwned),
-    Compute(ComputeId, Version, Vec<f64>),
-    Event(WorkerEvent),
-}
-
-fn drain_worker(w: &mut Wrk) -> Vec<Out> {
-    let mut v = Vec::new();
-    while let Some(out) = w.poll_output() {
-        v.push(match out {
-            WorkerOutput::Send(m) => Out::Send(ToServerOwned::from(&m)),
-            WorkerOutput::Compute { id, version, params } => Out::Compute(id, version, params.to_vec()),
-            WorkerOutput::Event(e) => Out::Event(e),
-        });
-    }
-    v
 }
 
 fn model(version: u64, clock: u64, values: &[f64]) -> ToWorker<'_, f64> {
@@ -274,11 +246,11 @@ fn blocked_worker_retries_its_update_and_pull() {
     assert_eq!(s.stats().applied, 1);
 }
 
-fn ssp_net(n: u32, s: u64, seed: u64) -> Net<Srv, Wrk> {
+fn ssp_net(n: u32, s: u64, seed: u64) -> Cluster<Srv, Wrk> {
     let dim = 3;
     let server: Srv = SspServer::new(SspConfig::new(n, 0.5, s), vec![1.0, -0.5, 0.25]).unwrap();
     let workers = (0..n).map(|i| worker(n, s, i, dim)).collect();
-    Net::new(server, workers, seed, |s| s.clock(), |w| w.clock())
+    net(server, workers, seed, |s| s.clock(), |w| w.clock())
 }
 
 #[test]
@@ -287,15 +259,15 @@ fn a_silent_worker_stalls_the_others_at_the_bound_until_declared_lost() {
     cfg.stall_report = Some(Duration::from_secs(1));
     let server: Srv = SspServer::new(cfg, vec![1.0, -0.5, 0.25]).unwrap();
     let workers = (0..3).map(|i| worker(3, 2, i, 3)).collect();
-    let mut net = Net::new(server, workers, 7, |s| s.clock(), |w| w.clock());
+    let mut net = net(server, workers, 7, |s| s.clock(), |w| w.clock());
     net.max_steps = 20;
     net.dead[2] = true;
     net.run(100_000);
     // Workers 0 and 1 computed clocks 0..=2 (s = 2 ahead of the silent worker's clock 0),
     // then blocked on clock 3.
     assert_eq!(&net.done[..2], &[3, 3]);
-    assert!(net.workers.iter().take(2).all(|w| w.clock() == 3));
-    assert!(net.workers[0].is_blocked() && net.workers[1].is_blocked());
+    assert!((0..2).all(|i| net.worker(i).is_some_and(|w| w.clock() == 3)));
+    assert!(net.worker(0).is_some_and(|w| w.is_blocked()) && net.worker(1).is_some_and(|w| w.is_blocked()));
     assert!(net.events().any(|e| matches!(e, ServerEvent::Stalled { waiting_for: WorkerId(2), missing: 1, .. })));
     // Declared lost: the others go on to the end.
     net.lose(2);
@@ -304,12 +276,12 @@ fn a_silent_worker_stalls_the_others_at_the_bound_until_declared_lost() {
 }
 
 /// Checks S1–S4 on a finished run.
-fn check_ssp_invariants(net: &Net<Srv, Wrk>, s: u64, theta0: &[f64]) -> Result<(), TestCaseError> {
-    let n = net.workers.len();
+fn check_ssp_invariants(net: &Cluster<Srv, Wrk>, s: u64, theta0: &[f64]) -> Result<(), TestCaseError> {
+    let n = net.nodes.len();
     // The updates each worker sent, by clock.
     let mut updates: Vec<Vec<Vec<f64>>> = vec![Vec::new(); n];
     for e in &net.log {
-        if let Entry::Up { worker, msg: ToServerOwned::Clock { clock, values, .. } } = e {
+        if let Entry::Up { worker, msg: ToServerOwned::Clock { clock, values, .. }, .. } = e {
             prop_assert_eq!(*clock as usize, updates[*worker].len());
             updates[*worker].push(values.clone());
         }
@@ -373,7 +345,7 @@ proptest! {
     ) {
         let n = 1 << n_log;
         let mut net = ssp_net(n, s, seed);
-        net.speed = speeds[..n as usize].to_vec();
+        net.speed = speeds[..n as usize].iter().map(|&s| f64::from(s)).collect();
         net.max_steps = steps;
         net.run(100_000);
         prop_assert!(net.done.iter().all(|&d| d == steps), "all workers finish: {:?}", net.done);
@@ -392,7 +364,7 @@ proptest! {
     ) {
         let n = 1u32 << n_log;
         let mut ssp = ssp_net(n, 0, seed_a);
-        ssp.speed = speeds[..n as usize].to_vec();
+        ssp.speed = speeds[..n as usize].iter().map(|&s| f64::from(s)).collect();
         ssp.max_steps = steps;
         // Everybody joins before the first update arrives (see the module docs).
         ssp.deliver_joins();
@@ -401,7 +373,7 @@ proptest! {
             BspServer::new(BspConfig::new(n, 0.5), vec![1.0, -0.5, 0.25], vec![0.0; 3]).unwrap();
         let bsp_workers: Vec<GradientWorker<f64, Vec<f64>>> =
             (0..n).map(|i| GradientWorker::new(GradientWorkerConfig::new(WorkerId(i)), vec![0.0; 3]).unwrap()).collect();
-        let mut bsp = Net::new(bsp_server, bsp_workers, seed_b, |s| s.version().0, |w| w.steps());
+        let mut bsp = net(bsp_server, bsp_workers, seed_b, |s| s.version().0, |w| w.steps());
         bsp.max_steps = steps;
         bsp.run(100_000);
         prop_assert_eq!(bsp.version(), Version(steps));

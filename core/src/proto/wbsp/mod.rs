@@ -127,7 +127,7 @@ mod tests;
 mod worker;
 
 pub use server::{WbspRules, WbspServer};
-pub use worker::WbspWorker;
+pub use worker::{WbspWorker, WbspWorkerRules};
 
 use super::GradientPolicy;
 use crate::error::ConfigError;

@@ -1,5 +1,11 @@
-//! Test-only helpers: owned copies of messages, so tests can collect outputs and deliver
-//! them later in any order.
+//! The test kit (feature `testkit`, and the core's own unit tests): owned copies of
+//! messages, so tests can collect outputs and deliver them later in any order, and the one
+//! sans-IO test network ([`Cluster`]) with its fault model, used by the core's unit tests,
+//! the fault swarm (`tests/src/fault.rs`) and the benches.
+
+mod cluster;
+
+pub use cluster::{Cluster, Entry, Faults, GradientFn, Job, NetConfig, NetCounts, Node, WorkerFactory};
 
 use crate::id::Version;
 use crate::math::Scalar;
@@ -14,8 +20,9 @@ fn owned<T: Scalar>(values: &Values<'_, T>) -> Vec<f64> {
 }
 
 /// An owned [`ToWorker`], elements widened to `f64`.
+#[allow(missing_docs)] // variants and fields mirror `ToWorker`'s one for one (documented there)
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) enum ToWorkerOwned {
+pub enum ToWorkerOwned {
     Model { version: u64, clock: u64, values: Vec<f64> },
     NotNewer { version: u64 },
     PushAck { round: u64, pull_now: bool },
@@ -39,7 +46,7 @@ impl<T: Scalar> From<&ToWorker<'_, T>> for ToWorkerOwned {
 
 impl ToWorkerOwned {
     /// Borrows back as a message (elements narrowed to `T`; `buf` holds them).
-    pub(crate) fn as_msg<'a, T: Scalar>(&self, buf: &'a mut Vec<T>) -> ToWorker<'a, T> {
+    pub fn as_msg<'a, T: Scalar>(&self, buf: &'a mut Vec<T>) -> ToWorker<'a, T> {
         match self {
             Self::Model { version, clock, values } => {
                 *buf = values.iter().map(|v| T::from_f64(*v)).collect();
@@ -54,8 +61,9 @@ impl ToWorkerOwned {
 }
 
 /// An owned [`ToServer`], elements widened to `f64`.
+#[allow(missing_docs)] // variants and fields mirror `ToServer`'s one for one (documented there)
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) enum ToServerOwned {
+pub enum ToServerOwned {
     Join { epoch: u32 },
     Grad { base: u64, iteration: u64, seq: u64, values: Vec<f64> },
     Delta { round: u64, local_steps: u32, seq: u64, values: Vec<f64> },
@@ -83,7 +91,7 @@ impl<T: Scalar> From<&ToServer<'_, T>> for ToServerOwned {
 
 impl ToServerOwned {
     /// Borrows back as a message (elements narrowed to `T`; `buf` holds them).
-    pub(crate) fn as_msg<'a, T: Scalar>(&self, buf: &'a mut Vec<T>) -> ToServer<'a, T> {
+    pub fn as_msg<'a, T: Scalar>(&self, buf: &'a mut Vec<T>) -> ToServer<'a, T> {
         let mut fill = |values: &[f64]| *buf = values.iter().map(|v| T::from_f64(*v)).collect();
         match self {
             Self::Join { epoch } => ToServer::Join { epoch: *epoch },
@@ -110,7 +118,88 @@ impl ToServerOwned {
     }
 }
 
+/// Drains a server: its events, and its messages as owned values with their recipients.
+pub fn drain_server<T: Scalar, S: crate::proto::Server<T> + ?Sized>(
+    s: &mut S,
+) -> (Vec<crate::proto::ServerEvent>, Vec<(crate::proto::Recipient, ToWorkerOwned)>) {
+    let (mut events, mut sends) = (Vec::new(), Vec::new());
+    while let Some(out) = s.poll_output() {
+        match out {
+            crate::proto::ServerOutput::Event(e) => events.push(e),
+            crate::proto::ServerOutput::Send { to, msg } => sends.push((to, ToWorkerOwned::from(&msg))),
+        }
+    }
+    (events, sends)
+}
+
+/// An owned [`WorkerOutput`](crate::proto::WorkerOutput), elements widened to `f64`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WorkerOut {
+    /// A message to the server.
+    Send(ToServerOwned),
+    /// A computation: its token, the version and the parameters.
+    Compute(crate::id::ComputeId, Version, Vec<f64>),
+    /// An event.
+    Event(crate::proto::WorkerEvent),
+}
+
+/// Drains a worker's outputs as owned values.
+pub fn drain_worker<T: Scalar, W: crate::proto::Worker<T> + ?Sized>(w: &mut W) -> Vec<WorkerOut> {
+    let mut v = Vec::new();
+    while let Some(out) = w.poll_output() {
+        v.push(match out {
+            crate::proto::WorkerOutput::Send(m) => WorkerOut::Send(ToServerOwned::from(&m)),
+            crate::proto::WorkerOutput::Compute { id, version, params } => {
+                WorkerOut::Compute(id, version, params.iter().map(|p| Scalar::to_f64(*p)).collect())
+            }
+            crate::proto::WorkerOutput::Event(e) => WorkerOut::Event(e),
+        });
+    }
+    v
+}
+
+/// A borrowed server is a server (so a [`Cluster`] can drive a server the caller keeps).
+impl<T: Scalar, S: crate::proto::Server<T> + ?Sized> crate::proto::Server<T> for &mut S {
+    fn handle(
+        &mut self,
+        now: crate::time::Instant,
+        from: crate::id::WorkerId,
+        msg: ToServer<'_, T>,
+    ) -> Result<(), crate::error::Reject> {
+        (**self).handle(now, from, msg)
+    }
+    fn handle_worker_lost(
+        &mut self,
+        now: crate::time::Instant,
+        worker: crate::id::WorkerId,
+    ) -> Result<(), crate::error::Reject> {
+        (**self).handle_worker_lost(now, worker)
+    }
+    fn handle_timeout(&mut self, now: crate::time::Instant) {
+        (**self).handle_timeout(now);
+    }
+    fn poll_output(&mut self) -> Option<crate::proto::ServerOutput<'_, T>> {
+        (**self).poll_output()
+    }
+    fn poll_timeout(&self) -> Option<crate::time::Instant> {
+        (**self).poll_timeout()
+    }
+    fn stop(&mut self) {
+        (**self).stop();
+    }
+    fn version(&self) -> Version {
+        (**self).version()
+    }
+    fn params(&self) -> &[T] {
+        (**self).params()
+    }
+    fn stats(&self) -> &crate::proto::ServerStats {
+        (**self).stats()
+    }
+}
+
 /// What every protocol's test module uses, in one import.
+#[cfg(test)]
 #[allow(unused_imports)]
 pub(crate) mod prelude {
     pub(crate) use super::{ToServerOwned, ToWorkerOwned};

@@ -1,0 +1,877 @@
+//! The one sans-IO test network: a [`Cluster`] of one server and `n` workers joined by a
+//! seeded network in virtual time (str0m's netem, raft-rs's `Network`, quinn's `Pair`).
+//!
+//! Every message is copied into an owned value ([`ToServerOwned`], [`ToWorkerOwned`]) when
+//! it is polled and scheduled for delivery after a drawn latency; computations finish after
+//! a drawn compute time with a gradient chosen by a pure function of the job
+//! ([`GradientFn`]); timers are events at the instant `poll_timeout` names. Faults
+//! ([`Faults`]): loss, duplication, delay spikes (reordering), one-way partitions, worker
+//! crashes and restarts, server restarts (the caller supplies the new server). Links can be
+//! FIFO (what one drain of a node sends travels as one batch) for protocols that assume an
+//! ordered transport.
+//!
+//! Everything that happens is appended to [`Cluster::log`] ([`Entry`]), which the checks
+//! read: the reference model and the invariants of [`super::check`], or a test's own.
+//! [`Cluster::step`] handles one event, [`Cluster::run`] steps until the network is quiet.
+
+use super::{ToServerOwned, ToWorkerOwned};
+use crate::error::Reject;
+use crate::id::{ComputeId, Version, WorkerId};
+use crate::proto::{Recipient, Server, ServerEvent, ServerOutput, Worker, WorkerEvent, WorkerOutput};
+use crate::rng::Rng;
+use crate::time::{Duration, Instant};
+use std::boxed::Box;
+use std::collections::BTreeMap;
+use std::vec;
+use std::vec::Vec;
+
+/// A computation the host runs: what a [`GradientFn`] sees.
+#[derive(Clone, Debug)]
+pub struct Job<'a> {
+    /// The worker.
+    pub worker: usize,
+    /// Computations this worker finished before (its `k`-th job).
+    pub k: u64,
+    /// The model version the worker named.
+    pub version: u64,
+    /// The parameters it computes at.
+    pub params: &'a [f64],
+}
+
+/// The gradient of a job: a pure function, so a run replays and a reference can recompute it.
+pub type GradientFn = fn(&Job<'_>) -> Vec<f64>;
+
+/// Builds worker `id`'s state machine for session `epoch` (a restart after a crash).
+pub type WorkerFactory<W> = Box<dyn FnMut(u32, u32) -> W>;
+
+/// Which faults the network injects and how often. All zero: a reliable network.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Faults {
+    /// Probability a message is lost.
+    pub loss: f64,
+    /// Probability a message is delivered twice.
+    pub duplicate: f64,
+    /// Probability a message takes a delay spike of [`NetConfig::spike`] (reordering).
+    pub spike: f64,
+    /// Per-event probability of starting a one-way partition of one worker.
+    pub partition: f64,
+    /// Per-event probability of crashing a worker (it restarts after
+    /// [`NetConfig::restart_after`], through the worker factory).
+    pub crash: f64,
+    /// Per-event probability of asking for a server restart ([`Cluster::take_restart_request`]).
+    pub server_restart: f64,
+}
+
+impl Faults {
+    /// Swarm testing: each fault kind is on or off per seed (drawn from `rng`), then its
+    /// rate is drawn: loss ≤ 0.3, duplication ≤ 0.5, spikes ≤ 0.3, partitions ≤ 0.01,
+    /// crashes ≤ 0.01 and server restarts ≤ 0.002 per event.
+    pub fn swarm(rng: &mut Rng) -> Self {
+        let mut f = Self::default();
+        let mut draw = |p: f64, max: f64| if rng.next_f64() < p { rng.next_f64() * max } else { 0.0 };
+        f.loss = draw(0.6, 0.3);
+        f.duplicate = draw(0.6, 0.5);
+        f.spike = draw(0.6, 0.3);
+        f.partition = draw(0.4, 0.01);
+        f.crash = draw(0.5, 0.01);
+        f.server_restart = draw(0.3, 0.002);
+        f
+    }
+
+    /// Every fault kind off.
+    pub fn none() -> Self {
+        Self::default()
+    }
+}
+
+/// How long messages and computations take.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NetConfig {
+    /// Latency of a message, uniform in `[min, max]`.
+    pub latency: (Duration, Duration),
+    /// Links deliver in order: what one drain of a node sends to one peer travels as one
+    /// batch, after everything sent on that link before.
+    pub fifo: bool,
+    /// A computation's time: uniform in `[min, max]`, or shifted-exponential (`min` plus an
+    /// exponential of mean `max`) when [`Self::exponential`] is set; divided by the worker's
+    /// speed.
+    pub compute: (Duration, Duration),
+    /// Draw compute times as `min + Exp(mean = max)`.
+    pub exponential: bool,
+    /// Probability a computation straggles, and the extra time then (uniform in the range).
+    pub straggle: (f64, Duration, Duration),
+    /// The extra delay of a spiked message, uniform in the range.
+    pub spike: (Duration, Duration),
+    /// A crashed worker restarts after a time uniform in the range.
+    pub restart_after: (Duration, Duration),
+    /// A partition lasts a time uniform in the range.
+    pub partition_for: (Duration, Duration),
+    /// Timers at or beyond this instant do not fire once nothing else is in flight.
+    pub horizon: Instant,
+}
+
+impl Default for NetConfig {
+    /// 1–4 ms latency, 1–8 ms computations, no stragglers, FIFO off, horizon one hour.
+    fn default() -> Self {
+        let ms = Duration::from_millis;
+        Self {
+            latency: (ms(1), ms(4)),
+            fifo: false,
+            compute: (ms(1), ms(8)),
+            exponential: false,
+            straggle: (0.0, Duration::ZERO, Duration::ZERO),
+            spike: (ms(20), ms(300)),
+            restart_after: (ms(10), ms(300)),
+            partition_for: (ms(20), ms(420)),
+            horizon: Instant::ZERO + Duration::from_secs(3600),
+        }
+    }
+}
+
+/// One thing that happened, in order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Entry {
+    /// Worker `worker` was asked for its `k`-th gradient at `params` (model `version`).
+    Compute {
+        /// The worker.
+        worker: usize,
+        /// Computations it finished before.
+        k: u64,
+        /// The version it named.
+        version: u64,
+        /// The worker's iteration probe at that moment (see [`Cluster::with_probes`]).
+        iteration: u64,
+        /// The parameters.
+        params: Vec<f64>,
+        /// Per worker, the contributions applied in the last model this worker took.
+        snap: Option<Vec<u64>>,
+        /// Per worker, computations finished so far.
+        done: Vec<u64>,
+    },
+    /// Worker `worker` (session `epoch`) sent `msg` (before the network's faults).
+    Up {
+        /// The worker.
+        worker: usize,
+        /// Its session epoch.
+        epoch: u32,
+        /// The message.
+        msg: ToServerOwned,
+    },
+    /// The server handled `msg` from `worker` at version `before`.
+    ServerIn {
+        /// The sender.
+        worker: usize,
+        /// The sender's session epoch when it sent it.
+        epoch: u32,
+        /// The message.
+        msg: ToServerOwned,
+        /// The server's version before.
+        before: u64,
+        /// What `handle` answered.
+        result: Result<(), Reject>,
+    },
+    /// The server sent `msg` to `to`.
+    Sent {
+        /// The recipient.
+        to: Recipient,
+        /// The message.
+        msg: ToWorkerOwned,
+    },
+    /// The server reported an event.
+    Event(ServerEvent),
+    /// The server's probe (its version unless [`Cluster::with_probes`]) moved to `tick`;
+    /// the model at that moment.
+    Tick {
+        /// The new probe value.
+        tick: u64,
+        /// The model.
+        params: Vec<f64>,
+    },
+    /// A worker refused a message.
+    WorkerRefused {
+        /// The worker.
+        worker: usize,
+        /// The message.
+        msg: ToWorkerOwned,
+        /// Why.
+        reason: Reject,
+    },
+    /// The server was told `worker` is lost (a crash, or [`Cluster::lose`]).
+    Lost {
+        /// The worker.
+        worker: usize,
+    },
+    /// A new server replaced the old one ([`Cluster::restart_server`]).
+    ServerRestarted,
+}
+
+/// What the network injected.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetCounts {
+    /// Events handled.
+    pub steps: u64,
+    /// Messages sent.
+    pub sent: u64,
+    /// Messages lost (faults and partitions).
+    pub lost: u64,
+    /// Extra copies delivered.
+    pub duplicated: u64,
+    /// Messages given a delay spike.
+    pub delayed: u64,
+    /// One-way partitions started.
+    pub partitions: u64,
+    /// Worker crashes.
+    pub crashes: u64,
+    /// Server restarts.
+    pub server_restarts: u64,
+}
+
+#[derive(Clone, Debug)]
+enum Ev {
+    Up { from: usize, epoch: u32, server_inc: u32, msg: ToServerOwned },
+    Down { to: usize, inc: u32, msg: ToWorkerOwned, applied: Vec<u64> },
+    Computed { w: usize, inc: u32, id: ComputeId, version: u64, params: Vec<f64> },
+    WorkerTimer { w: usize, inc: u32, at: Instant },
+    ServerTimer { server_inc: u32, at: Instant },
+    Restart { w: usize },
+}
+
+impl Ev {
+    fn is_timer(&self) -> bool {
+        matches!(self, Self::WorkerTimer { .. } | Self::ServerTimer { .. })
+    }
+}
+
+/// One worker's place in the cluster.
+pub struct Node<W> {
+    /// The state machine; `None` while crashed.
+    pub worker: Option<W>,
+    /// Incarnation: messages and jobs of an older one are discarded.
+    inc: u32,
+    /// Session epoch of the running worker.
+    pub epoch: u32,
+    timer: Option<Instant>,
+    /// Messages up (to the server) are lost until this instant.
+    pub cut_up_until: Instant,
+    /// Messages down are lost until this instant.
+    pub cut_down_until: Instant,
+    /// Last delivery instant on the links up and down (FIFO).
+    last_up: Instant,
+    last_down: Instant,
+}
+
+/// One server and `n` workers on a seeded network in virtual time (see the module docs).
+pub struct Cluster<S, W> {
+    /// The server.
+    pub server: S,
+    /// The workers.
+    pub nodes: Vec<Node<W>>,
+    /// Timing.
+    pub config: NetConfig,
+    /// Faults; switch off by setting [`Faults::default`].
+    pub faults: Faults,
+    /// Relative speed of each worker (compute times are divided by it).
+    pub speed: Vec<f64>,
+    /// A worker finishes at most this many computations (then its jobs never end).
+    pub max_steps: u64,
+    /// A dead worker never finishes a computation and messages to it are lost.
+    pub dead: Vec<bool>,
+    /// Per worker, computations finished (gradients the worker accepted).
+    pub done: Vec<u64>,
+    /// Everything that happened.
+    pub log: Vec<Entry>,
+    /// What the network injected.
+    pub counts: NetCounts,
+    /// The virtual time.
+    pub now: Instant,
+    rng: Rng,
+    order: u64,
+    events: BTreeMap<(Instant, u64), Ev>,
+    in_flight: usize,
+    server_inc: u32,
+    server_timer: Option<Instant>,
+    gradient: GradientFn,
+    factory: Option<WorkerFactory<W>>,
+    applied: Vec<u64>,
+    snap: Vec<Option<Vec<u64>>>,
+    probe: fn(&S) -> u64,
+    iteration: fn(&W) -> u64,
+    last_tick: u64,
+    restart_requested: bool,
+}
+
+impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
+    /// A cluster of `server` and `workers` (worker `i` has id `i`), the network seeded with
+    /// `seed`, computing gradients with `gradient`. The workers' first outputs (their `Join`s)
+    /// are on the network.
+    pub fn new(server: S, workers: Vec<W>, seed: u64, config: NetConfig, gradient: GradientFn) -> Self {
+        let mut cluster = Self::new_quiet(server, workers, seed, config, gradient);
+        cluster.start();
+        cluster
+    }
+
+    fn start(&mut self) {
+        for w in 0..self.nodes.len() {
+            self.drain_worker(w);
+        }
+        self.drain_server();
+    }
+
+    fn new_quiet(server: S, workers: Vec<W>, seed: u64, config: NetConfig, gradient: GradientFn) -> Self {
+        let n = workers.len();
+        Self {
+            nodes: workers
+                .into_iter()
+                .map(|w| Node {
+                    worker: Some(w),
+                    inc: 0,
+                    epoch: 0,
+                    timer: None,
+                    cut_up_until: Instant::ZERO,
+                    cut_down_until: Instant::ZERO,
+                    last_up: Instant::ZERO,
+                    last_down: Instant::ZERO,
+                })
+                .collect(),
+            last_tick: server.version().0,
+            server,
+            config,
+            faults: Faults::default(),
+            speed: vec![1.0; n],
+            max_steps: u64::MAX,
+            dead: vec![false; n],
+            done: vec![0; n],
+            log: Vec::new(),
+            counts: NetCounts::default(),
+            now: Instant::ZERO,
+            rng: Rng::new(seed),
+            order: 0,
+            events: BTreeMap::new(),
+            in_flight: 0,
+            server_inc: 0,
+            server_timer: None,
+            gradient,
+            factory: None,
+            applied: vec![0; n],
+            snap: vec![None; n],
+            probe: |s| s.version().0,
+            iteration: |_| 0,
+            restart_requested: false,
+        }
+    }
+
+    /// A cluster of `server` and `n` workers built by `factory(id, epoch)` (each starts in
+    /// epoch 1; a restart takes the next epoch), otherwise as [`Self::new`].
+    pub fn from_factory(
+        server: S,
+        n: usize,
+        mut factory: WorkerFactory<W>,
+        seed: u64,
+        config: NetConfig,
+        gradient: GradientFn,
+    ) -> Self {
+        let workers = (0..n as u32).map(|id| factory(id, 1)).collect();
+        let mut cluster = Self::new_quiet(server, workers, seed, config, gradient);
+        cluster.factory = Some(factory);
+        for node in &mut cluster.nodes {
+            node.epoch = 1;
+        }
+        cluster.start();
+        cluster
+    }
+
+    /// Records `probe(server)` as the server's tick (default: its version) and
+    /// `iteration(worker)` with every computation.
+    pub fn with_probes(mut self, probe: fn(&S) -> u64, iteration: fn(&W) -> u64) -> Self {
+        self.probe = probe;
+        self.iteration = iteration;
+        self.last_tick = probe(&self.server);
+        self
+    }
+
+    /// Builds restarted workers (after a crash fault or [`Self::restart_worker`]).
+    pub fn with_factory(mut self, factory: WorkerFactory<W>) -> Self {
+        self.factory = Some(factory);
+        self
+    }
+
+    /// The random stream the network draws from (for a caller's own fault choices).
+    pub fn rng(&mut self) -> &mut Rng {
+        &mut self.rng
+    }
+
+    /// The server's version.
+    pub fn version(&self) -> Version {
+        self.server.version()
+    }
+
+    /// Worker `w`'s state machine (`None` while crashed).
+    pub fn worker(&self, w: usize) -> Option<&W> {
+        self.nodes.get(w).and_then(|n| n.worker.as_ref())
+    }
+
+    /// Whether any event is pending.
+    pub fn is_idle(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    fn draw(&mut self, range: (Duration, Duration)) -> Duration {
+        let (lo, hi) = range;
+        let span = hi.as_nanos().saturating_sub(lo.as_nanos());
+        lo + Duration::from_nanos(self.rng.below(span.saturating_add(1)))
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && self.rng.next_f64() < p
+    }
+
+    fn schedule(&mut self, at: Instant, ev: Ev) {
+        self.order += 1;
+        if !ev.is_timer() {
+            self.in_flight += 1;
+        }
+        self.events.insert((at, self.order), ev);
+    }
+
+    fn latency(&mut self) -> Duration {
+        let mut d = self.draw(self.config.latency);
+        if self.chance(self.faults.spike) {
+            d = d + self.draw(self.config.spike);
+            self.counts.delayed += 1;
+        }
+        d
+    }
+
+    /// Copies (0, 1 or 2) of a message after the faults; `cut` is a partition's end.
+    fn copies(&mut self, cut: Instant) -> u32 {
+        self.counts.sent += 1;
+        if self.chance(self.faults.loss) || cut > self.now {
+            self.counts.lost += 1;
+            return 0;
+        }
+        if self.chance(self.faults.duplicate) {
+            self.counts.duplicated += 1;
+            return 2;
+        }
+        1
+    }
+
+    fn send_up(&mut self, from: usize, batch: Vec<ToServerOwned>) {
+        let Some(node) = self.nodes.get(from) else { return };
+        let epoch = node.epoch;
+        let batch_latency = self.draw(self.config.latency);
+        for msg in batch {
+            self.log.push(Entry::Up { worker: from, epoch, msg: msg.clone() });
+            let cut = self.nodes[from].cut_up_until;
+            for _ in 0..self.copies(cut) {
+                let at = if self.config.fifo {
+                    let at = (self.now + batch_latency).max(self.nodes[from].last_up);
+                    self.nodes[from].last_up = at;
+                    at
+                } else {
+                    self.now + self.latency()
+                };
+                self.schedule(at, Ev::Up { from, epoch, server_inc: self.server_inc, msg: msg.clone() });
+            }
+        }
+    }
+
+    fn send_down(&mut self, to: usize, msg: &ToWorkerOwned, batch_latency: Duration) {
+        let Some(node) = self.nodes.get(to) else { return };
+        let (cut, inc) = (node.cut_down_until, node.inc);
+        for _ in 0..self.copies(cut) {
+            let at = if self.config.fifo {
+                let at = (self.now + batch_latency).max(self.nodes[to].last_down);
+                self.nodes[to].last_down = at;
+                at
+            } else {
+                self.now + self.latency()
+            };
+            self.schedule(at, Ev::Down { to, inc, msg: msg.clone(), applied: self.applied.clone() });
+        }
+    }
+
+    /// Drains worker `w`: its messages go on the network, its computations are scheduled,
+    /// abandoned ones cancelled, its timer armed.
+    pub fn drain_worker(&mut self, w: usize) {
+        let Some(node) = self.nodes.get_mut(w) else { return };
+        let inc = node.inc;
+        let Some(worker) = node.worker.as_mut() else { return };
+        let iteration = (self.iteration)(worker);
+        let (mut batch, mut computes, mut abandoned) = (Vec::new(), Vec::new(), Vec::new());
+        while let Some(out) = worker.poll_output() {
+            match out {
+                WorkerOutput::Send(msg) => batch.push(ToServerOwned::from(&msg)),
+                WorkerOutput::Compute { id, version, params } => computes.push((id, version.0, params.to_vec())),
+                WorkerOutput::Event(WorkerEvent::Abandoned { id }) => abandoned.push(id),
+                WorkerOutput::Event(_) => {}
+            }
+        }
+        let timeout = worker.poll_timeout();
+        for id in abandoned {
+            let before = self.events.len();
+            self.events.retain(
+                |_, e| !matches!(e, Ev::Computed { w: j, inc: i, id: c, .. } if *j == w && *i == inc && *c == id),
+            );
+            self.in_flight -= before - self.events.len();
+        }
+        for (id, version, params) in computes {
+            self.log.push(Entry::Compute {
+                worker: w,
+                k: self.done[w],
+                version,
+                iteration,
+                params: params.clone(),
+                snap: self.snap[w].clone(),
+                done: self.done.clone(),
+            });
+            let mut t = if self.config.exponential {
+                let mean = self.config.compute.1.as_secs_f64();
+                self.config.compute.0 + Duration::from_secs_f64(mean * -libm::log(self.rng.next_f64_open()))
+            } else {
+                self.draw(self.config.compute)
+            };
+            let (p, lo, hi) = self.config.straggle;
+            if self.chance(p) {
+                t = t + self.draw((lo, hi));
+            }
+            let speed = self.speed.get(w).copied().unwrap_or(1.0);
+            let t = Duration::from_secs_f64(t.as_secs_f64() / speed);
+            self.schedule(self.now + t, Ev::Computed { w, inc, id, version, params });
+        }
+        if !batch.is_empty() {
+            self.send_up(w, batch);
+        }
+        self.arm_worker_timer(w, timeout);
+    }
+
+    fn arm_worker_timer(&mut self, w: usize, timeout: Option<Instant>) {
+        let now = self.now;
+        let Some(node) = self.nodes.get_mut(w) else { return };
+        match timeout.map(|t| t.max(now)) {
+            Some(at) if node.timer != Some(at) => {
+                node.timer = Some(at);
+                let inc = node.inc;
+                self.schedule(at, Ev::WorkerTimer { w, inc, at });
+            }
+            Some(_) => {}
+            None => node.timer = None,
+        }
+    }
+
+    /// Drains the server: events logged, messages on the network, its timer armed.
+    pub fn drain_server(&mut self) {
+        let n = self.nodes.len();
+        let mut sends = Vec::new();
+        while let Some(out) = self.server.poll_output() {
+            match out {
+                ServerOutput::Event(e) => {
+                    if let ServerEvent::Applied { worker, .. } = e {
+                        if let Some(c) = self.applied.get_mut(worker.index()) {
+                            *c += 1;
+                        }
+                    }
+                    self.log.push(Entry::Event(e));
+                }
+                ServerOutput::Send { to, msg } => sends.push((to, ToWorkerOwned::from(&msg))),
+            }
+        }
+        let batch_latency = self.draw(self.config.latency);
+        for (to, msg) in sends {
+            match to {
+                Recipient::Worker(w) => self.send_down(w.index(), &msg, batch_latency),
+                Recipient::AllWorkers => {
+                    for w in 0..n {
+                        self.send_down(w, &msg, batch_latency);
+                    }
+                }
+            }
+            self.log.push(Entry::Sent { to, msg });
+        }
+        let tick = (self.probe)(&self.server);
+        if tick != self.last_tick {
+            self.last_tick = tick;
+            self.log.push(Entry::Tick { tick, params: self.server.params().to_vec() });
+        }
+        let at = self.server.poll_timeout().map(|t| t.max(self.now));
+        if at != self.server_timer {
+            self.server_timer = at;
+            if let Some(at) = at {
+                self.schedule(at, Ev::ServerTimer { server_inc: self.server_inc, at });
+            }
+        }
+    }
+
+    fn deliver_up(&mut self, from: usize, epoch: u32, msg: ToServerOwned) {
+        let before = self.server.version().0;
+        let mut buf = Vec::new();
+        let result = self.server.handle(self.now, WorkerId(from as u32), msg.as_msg(&mut buf));
+        self.log.push(Entry::ServerIn { worker: from, epoch, msg, before, result });
+        self.drain_server();
+    }
+
+    fn deliver_down(&mut self, to: usize, msg: ToWorkerOwned, applied: Vec<u64>) {
+        if self.dead.get(to).copied().unwrap_or(true) {
+            return;
+        }
+        let Some(worker) = self.nodes.get_mut(to).and_then(|n| n.worker.as_mut()) else { return };
+        let mut buf = Vec::new();
+        match worker.handle(self.now, msg.as_msg(&mut buf)) {
+            Ok(()) => {
+                if matches!(msg, ToWorkerOwned::Model { .. }) {
+                    self.snap[to] = Some(applied);
+                }
+            }
+            Err(reason) => self.log.push(Entry::WorkerRefused { worker: to, msg, reason }),
+        }
+        self.drain_worker(to);
+    }
+
+    fn finish_job(&mut self, w: usize, id: ComputeId, version: u64, params: &[f64]) {
+        let job = Job { worker: w, k: self.done[w], version, params };
+        let g = (self.gradient)(&job);
+        let Some(worker) = self.nodes.get_mut(w).and_then(|n| n.worker.as_mut()) else { return };
+        if worker.handle_gradient(self.now, id, &g).is_ok() {
+            self.done[w] += 1;
+        }
+        self.drain_worker(w);
+    }
+
+    /// Handles the next event; `false` when nothing is left to do (no event, or only timers
+    /// at or beyond the horizon).
+    pub fn step(&mut self) -> bool {
+        let Some((&(at, order), ev)) = self.events.iter().next() else { return false };
+        if ev.is_timer() && self.in_flight == 0 && at >= self.config.horizon {
+            return false;
+        }
+        let Some(ev) = self.events.remove(&(at, order)) else { return false };
+        if !ev.is_timer() {
+            self.in_flight -= 1;
+        }
+        self.now = self.now.max(at);
+        self.counts.steps += 1;
+        match ev {
+            Ev::Up { from, epoch, server_inc, msg } => {
+                if server_inc == self.server_inc {
+                    self.deliver_up(from, epoch, msg);
+                }
+            }
+            Ev::Down { to, inc, msg, applied } => {
+                if self.nodes.get(to).is_some_and(|n| n.inc == inc) {
+                    self.deliver_down(to, msg, applied);
+                }
+            }
+            Ev::Computed { w, inc, id, version, params } => {
+                let live = self.nodes.get(w).is_some_and(|n| n.inc == inc) && !self.dead[w];
+                if live && self.done[w] < self.max_steps {
+                    self.finish_job(w, id, version, &params);
+                }
+            }
+            Ev::WorkerTimer { w, inc, at } => {
+                let Some(node) = self.nodes.get_mut(w) else { return true };
+                if node.inc == inc && node.timer == Some(at) && !self.dead[w] {
+                    node.timer = None;
+                    if let Some(worker) = node.worker.as_mut() {
+                        worker.handle_timeout(self.now);
+                        self.drain_worker(w);
+                    }
+                }
+            }
+            Ev::ServerTimer { server_inc, at } => {
+                if server_inc == self.server_inc && self.server_timer == Some(at) {
+                    self.server_timer = None;
+                    self.server.handle_timeout(self.now);
+                    self.drain_server();
+                }
+            }
+            Ev::Restart { w } => {
+                if self.nodes.get(w).is_some_and(|n| n.worker.is_none()) {
+                    self.restart_worker(w);
+                }
+            }
+        }
+        self.inject();
+        true
+    }
+
+    /// Steps until nothing is left to do, or `limit` events.
+    pub fn run(&mut self, limit: usize) {
+        for _ in 0..limit {
+            if !self.step() {
+                return;
+            }
+        }
+    }
+
+    /// Steps until `done(self)` holds; `false` if the network went quiet or `limit` events
+    /// passed first.
+    pub fn run_until(&mut self, limit: usize, done: impl Fn(&Self) -> bool) -> bool {
+        for _ in 0..limit {
+            if done(self) {
+                return true;
+            }
+            if !self.step() {
+                return done(self);
+            }
+        }
+        done(self)
+    }
+
+    /// Delivers every worker's first pending message (its `Join`) now, in id order.
+    pub fn deliver_joins(&mut self) {
+        for w in 0..self.nodes.len() {
+            let key =
+                self.events.iter().find_map(|(k, e)| matches!(e, Ev::Up { from, .. } if *from == w).then_some(*k));
+            if let Some(Ev::Up { from, epoch, server_inc, msg }) = key.and_then(|k| self.events.remove(&k)) {
+                self.in_flight -= 1;
+                if server_inc == self.server_inc {
+                    self.deliver_up(from, epoch, msg);
+                }
+            }
+        }
+    }
+
+    /// The transport declares worker `w` lost: it is dead from now on.
+    pub fn lose(&mut self, w: usize) {
+        if let Some(d) = self.dead.get_mut(w) {
+            *d = true;
+        }
+        let _ = self.server.handle_worker_lost(self.now, WorkerId(w as u32));
+        self.log.push(Entry::Lost { worker: w });
+        self.drain_server();
+    }
+
+    /// Crashes worker `w` (its state, messages to it and its jobs are gone; the server is
+    /// told), restarting it after `restart_after` when given.
+    pub fn crash(&mut self, w: usize, restart_after: Option<Duration>) {
+        let Some(node) = self.nodes.get_mut(w) else { return };
+        if node.worker.is_none() {
+            return;
+        }
+        node.worker = None;
+        node.inc += 1;
+        self.counts.crashes += 1;
+        let _ = self.server.handle_worker_lost(self.now, WorkerId(w as u32));
+        self.log.push(Entry::Lost { worker: w });
+        self.drain_server();
+        if let Some(after) = restart_after {
+            self.schedule(self.now + after, Ev::Restart { w });
+        }
+    }
+
+    /// Starts worker `w` afresh with the next epoch, built by the factory (nothing happens
+    /// without one).
+    pub fn restart_worker(&mut self, w: usize) {
+        let Some(factory) = self.factory.as_mut() else { return };
+        let Some(node) = self.nodes.get_mut(w) else { return };
+        node.inc += 1;
+        node.epoch += 1;
+        node.timer = None;
+        node.worker = Some(factory(w as u32, node.epoch));
+        self.drain_worker(w);
+    }
+
+    /// Replaces the server (a restart from a checkpoint): messages on their way to the old
+    /// one are lost, and every worker restarts with a new epoch (through the factory).
+    pub fn restart_server(&mut self, server: S) {
+        self.server = server;
+        self.server_inc += 1;
+        self.server_timer = None;
+        self.counts.server_restarts += 1;
+        self.log.push(Entry::ServerRestarted);
+        self.last_tick = (self.probe)(&self.server);
+        for w in 0..self.nodes.len() {
+            self.restart_worker(w);
+        }
+        self.drain_server();
+    }
+
+    /// Whether the server-restart fault fired since the last call (the caller builds the new
+    /// server and calls [`Self::restart_server`]).
+    pub fn take_restart_request(&mut self) -> bool {
+        core::mem::take(&mut self.restart_requested)
+    }
+
+    /// Switches the faults off, heals partitions and restarts crashed workers.
+    pub fn calm(&mut self) {
+        self.faults = Faults::default();
+        for node in &mut self.nodes {
+            node.cut_up_until = Instant::ZERO;
+            node.cut_down_until = Instant::ZERO;
+        }
+        for w in 0..self.nodes.len() {
+            if self.nodes[w].worker.is_none() {
+                self.restart_worker(w);
+            }
+        }
+    }
+
+    fn inject(&mut self) {
+        let f = self.faults;
+        let n = self.nodes.len() as u64;
+        if self.chance(f.crash) {
+            let w = self.rng.below(n) as usize;
+            let after = self.draw(self.config.restart_after);
+            self.crash(w, Some(after));
+        }
+        if self.chance(f.partition) {
+            let w = self.rng.below(n) as usize;
+            let until = self.now + self.draw(self.config.partition_for);
+            let up = self.chance(0.5);
+            if let Some(node) = self.nodes.get_mut(w) {
+                if up {
+                    node.cut_up_until = until;
+                } else {
+                    node.cut_down_until = until;
+                }
+            }
+            self.counts.partitions += 1;
+        }
+        if self.chance(f.server_restart) {
+            self.restart_requested = true;
+        }
+    }
+
+    /// The `(tick, params as bits)` sequence.
+    pub fn ticks(&self) -> Vec<(u64, Vec<u64>)> {
+        self.log
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Tick { tick, params } => Some((*tick, params.iter().map(|p| p.to_bits()).collect())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Per worker, the parameters of every computation, in order, as bits.
+    pub fn computes(&self) -> Vec<Vec<Vec<u64>>> {
+        let mut out = vec![Vec::new(); self.nodes.len()];
+        for e in &self.log {
+            if let Entry::Compute { worker, params, .. } = e {
+                if let Some(o) = out.get_mut(*worker) {
+                    o.push(params.iter().map(|p| p.to_bits()).collect());
+                }
+            }
+        }
+        out
+    }
+
+    /// The server's events, in order.
+    pub fn events(&self) -> impl Iterator<Item = &ServerEvent> {
+        self.log.iter().filter_map(|e| match e {
+            Entry::Event(ev) => Some(ev),
+            _ => None,
+        })
+    }
+
+    /// Messages the workers refused, with the worker.
+    pub fn refused(&self) -> Vec<(usize, ToWorkerOwned)> {
+        self.log
+            .iter()
+            .filter_map(|e| match e {
+                Entry::WorkerRefused { worker, msg, .. } => Some((*worker, msg.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+}
