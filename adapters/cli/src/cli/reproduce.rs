@@ -55,6 +55,10 @@ pub struct ReproduceArgs {
     /// Write plots (SVG) and the b_t trajectories (CSV) into this directory.
     #[arg(long, value_name = "DIR")]
     pub plot: Option<PathBuf>,
+    /// Seeds to run, `FIRST-LAST` (default 1-5, the seeds of REPRODUCTION.md); other ranges
+    /// check that a result does not depend on the seeds it was tuned on.
+    #[arg(long, value_name = "FIRST-LAST", value_parser = parse_seeds, default_value = "1-5")]
+    pub seeds: SeedRange,
     /// Simulations to run at once (default: the machine's cores).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub jobs: Option<u32>,
@@ -128,10 +132,34 @@ impl Stat {
     }
 }
 
-/// Seeds 1–5 for both the quick and the full run (the full run differs in budgets and in
-/// the configurations swept; more seeds did not fit the 30-minute budget on 2 cores).
-fn seeds(_quick: bool) -> Vec<u64> {
-    (1..=5).collect()
+/// A range of seeds, `first..=last` (`--seeds`). Seeds 1–5 for both the quick and the full
+/// run by default (the full run differs in budgets and in the configurations swept).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeedRange {
+    first: u64,
+    last: u64,
+}
+
+impl SeedRange {
+    fn list(self) -> Vec<u64> {
+        (self.first..=self.last).collect()
+    }
+
+    /// `1–5` as the tables write it.
+    fn label(self) -> String {
+        format!("{}–{}", self.first, self.last)
+    }
+}
+
+/// Parses `FIRST-LAST` (1 ≤ FIRST ≤ LAST, at most 100 seeds).
+fn parse_seeds(text: &str) -> Result<SeedRange, String> {
+    let bad = || format!("`{text}`: expected FIRST-LAST, e.g. 6-10 (at most 100 seeds)");
+    let (a, b) = text.split_once('-').ok_or_else(bad)?;
+    let (first, last): (u64, u64) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
+    if first == 0 || first > last || last - first >= 100 {
+        return Err(bad());
+    }
+    Ok(SeedRange { first, last })
 }
 
 /// Runs every `(config, workload)` job on `jobs` threads, results in order.
@@ -270,8 +298,8 @@ fn switch_once(static_means: &[Vec<f64>], rungs: usize) -> Vec<f64> {
         .collect()
 }
 
-fn dbw(quick: bool, jobs: usize, plot: Option<&Path>) -> Result<Vec<Table>, String> {
-    let seeds = seeds(quick);
+fn dbw(quick: bool, jobs: usize, seed_range: SeedRange, plot: Option<&Path>) -> Result<Vec<Table>, String> {
+    let seeds = seed_range.list();
     let ladder = dbw_ladder();
     let bs: Vec<u32> = if quick { vec![0, 2, 4, 6, 8, 10, 12, 14, 15] } else { (0..DBW_N).collect() };
     let mut tables = Vec::new();
@@ -333,10 +361,11 @@ fn dbw(quick: bool, jobs: usize, plot: Option<&Path>) -> Result<Vec<Table>, Stri
         rows.push(ratio_row);
         rows.push(switch_row);
         // b_t of DBW, seed 1.
-        let trajectory = dbw_trajectory(&compute, budget);
+        let trajectory = dbw_trajectory(&compute, budget, seed_range.first);
         let mean_b = trajectory.iter().map(|(_, b)| f64::from(*b)).sum::<f64>() / trajectory.len().max(1) as f64;
         let mut notes = vec![format!(
-            "DBW's b_t (seed 1): mean {mean_b:.1} over {} iterations; {}",
+            "DBW's b_t (seed {}): mean {mean_b:.1} over {} iterations; {}",
+            seed_range.first,
             trajectory.len(),
             summarize_bt(&trajectory)
         )];
@@ -356,7 +385,7 @@ fn dbw(quick: bool, jobs: usize, plot: Option<&Path>) -> Result<Vec<Table>, Stri
             std::fs::write(&csv, text).map_err(|e| format!("{}: cannot write: {e}", csv.display()))?;
             let svg = dir.join(format!("dbw_bt_{slug}.svg"));
             let points: Vec<(f64, f64)> = trajectory.iter().map(|(t, b)| (*t, f64::from(*b))).collect();
-            crate::plot::trajectory_svg(&svg, &format!("DBW backup workers b_t, {name} (seed 1)"), "b_t", &points)?;
+            crate::plot::trajectory_svg(&svg, &format!("DBW backup workers b_t, {name} (seed {})", seed_range.first), "b_t", &points)?;
             notes.push(format!("b_t plotted in `{}`.", svg.display()));
         }
         tables.push(Table {
@@ -365,10 +394,10 @@ fn dbw(quick: bool, jobs: usize, plot: Option<&Path>) -> Result<Vec<Table>, Stri
             settings: format!(
                 "16 workers, noisy quadratic model (d = {NQM_DIM}, h_i = 1/i, batch {DBW_BATCH}, noise pool {NQM_POOL}), \
                  constant lr {DBW_LR}, static b via backup workers (option A), DBW defaults, {} s virtual budget, \
-                 evaluation every 10 ms, seeds 1–{}. Times: mean ± s.e. over the seeds that reached the rung \
+                 evaluation every 10 ms, seeds {}. Times: mean ± s.e. over the seeds that reached the rung \
                  (r/s when not all did; — none).",
                 budget.as_secs_f64(),
-                seeds.len()
+                seed_range.label()
             ),
             header: ladder_header("config", &ladder, &[]),
             rows,
@@ -378,8 +407,8 @@ fn dbw(quick: bool, jobs: usize, plot: Option<&Path>) -> Result<Vec<Table>, Stri
     Ok(tables)
 }
 
-fn dbw_trajectory(compute: &[ComputeModel], budget: Duration) -> Vec<(f64, u32)> {
-    let (config, workload) = dbw_setup(budget)(ProtocolConfig::Dbw(DbwConfig::new(DBW_N, DBW_LR)), 1, compute);
+fn dbw_trajectory(compute: &[ComputeModel], budget: Duration, seed: u64) -> Vec<(f64, u32)> {
+    let (config, workload) = dbw_setup(budget)(ProtocolConfig::Dbw(DbwConfig::new(DBW_N, DBW_LR)), seed, compute);
     let mut out = Vec::new();
     sim::run_observed(&config, &workload, &mut |o| {
         if let sim::Observation::Server { at, event: ServerEvent::BackupChosen { k, .. } } = o {
@@ -437,9 +466,9 @@ fn arm(label: &str, compute: &[ComputeModel], p: impl Fn(u64) -> ProtocolConfig 
 /// derivation: the scripts' sleeps 0.5/1.0/1.5 s over a ≈ 32 ms CIFAR-10 CNN step).
 const WBSP_MULTIPLES: [(&str, u64); 3] = [("H1", 15), ("H2", 30), ("H3", 45)];
 
-fn wbsp(quick: bool, jobs: usize) -> Vec<Table> {
+fn wbsp(quick: bool, jobs: usize, seed_range: SeedRange) -> Vec<Table> {
     let n = 8;
-    let seeds = seeds(quick);
+    let seeds = seed_range.list();
     let ladder = acc_ladder();
     let top = ladder.last().and_then(|t| if let Target::Accuracy(a) = t { Some(*a) } else { None });
     let mut tables = Vec::new();
@@ -476,10 +505,10 @@ fn wbsp(quick: bool, jobs: usize) -> Vec<Table> {
             settings: format!(
                 "8 workers, 10 ms base step, odd-index workers sleep {m} × 10 ms extra per local step; MLP (784-32-10) \
                  on mnist5k (4,000/1,000 split), lr {MLP_LR} (ASP lr/8 per gradient), batch {MLP_BATCH}, budget {} s, \
-                 evaluation every 0.5 s, stop at {:.2}; seeds 1–{}.",
+                 evaluation every 0.5 s, stop at {:.2}; seeds {}.",
                 budget.as_secs_f64(),
                 top.unwrap_or(0.0),
-                seeds.len()
+                seed_range.label()
             ),
             header: ladder_header("protocol", &ladder, &["compute share"]),
             rows,
@@ -489,9 +518,9 @@ fn wbsp(quick: bool, jobs: usize) -> Vec<Table> {
     tables
 }
 
-fn bap(quick: bool, jobs: usize) -> Vec<Table> {
+fn bap(quick: bool, jobs: usize, seed_range: SeedRange) -> Vec<Table> {
     let n = 8;
-    let seeds = seeds(quick);
+    let seeds = seed_range.list();
     let ladder = acc_ladder();
     let top = ladder.last().and_then(|t| if let Target::Accuracy(a) = t { Some(*a) } else { None });
     let scenarios = [
@@ -549,12 +578,12 @@ fn bap(quick: bool, jobs: usize) -> Vec<Table> {
             command: format!("syncopate reproduce bap{}", if quick { " --quick" } else { "" }),
             settings: format!(
                 "8 workers, 10 ms base step; MLP (784-32-10) on mnist5k, lr {MLP_LR}, batch {MLP_BATCH}, budget {} s, \
-                 evaluation every 0.25 s, stop at {:.2}; iteration limit t_max = 20 ms (2× the base step); seeds 1–{}. \
+                 evaluation every 0.25 s, stop at {:.2}; iteration limit t_max = 20 ms (2× the base step); seeds {}. \
                  Speedup = BSP's mean time to the last rung over the protocol's; compute/wait = compute share / \
                  (1 − compute share), averaged over workers and seeds.",
                 budget.as_secs_f64(),
                 top.unwrap_or(0.0),
-                seeds.len()
+                seed_range.label()
             ),
             header: ladder_header("protocol", &ladder, &["speedup over BSP", "compute/wait"]),
             rows,
@@ -564,9 +593,9 @@ fn bap(quick: bool, jobs: usize) -> Vec<Table> {
     tables
 }
 
-fn grouped(quick: bool, jobs: usize) -> Vec<Table> {
+fn grouped(quick: bool, jobs: usize, seed_range: SeedRange) -> Vec<Table> {
     let n = 16;
-    let seeds = seeds(quick);
+    let seeds = seed_range.list();
     let ladder = acc_ladder();
     let gs: &[u32] = if quick { &[1, 4, 16] } else { &[1, 2, 4, 8, 16] };
     let budget = Duration::from_secs(if quick { 5 } else { 12 });
@@ -604,9 +633,9 @@ fn grouped(quick: bool, jobs: usize) -> Vec<Table> {
             settings: format!(
                 "16 workers (worker 0 slowed), 10 ms base step, contiguous groups; MLP (784-32-10) on mnist5k, \
                  lr {MLP_LR}, batch {MLP_BATCH}; lr scaling None = every group steps with lr, Linear = lr·n_g/n; \
-                 budget {} s, evaluation every 0.25 s; seeds 1–{}.",
+                 budget {} s, evaluation every 0.25 s; seeds {}.",
                 budget.as_secs_f64(),
-                seeds.len()
+                seed_range.label()
             ),
             header: ladder_header("run", &ladder, &["accuracy at the budget"]),
             rows,
@@ -636,16 +665,16 @@ pub(super) fn run(args: &ReproduceArgs) -> Result<(), Failure> {
     let all = which == Which::All;
     let mut tables = Vec::new();
     if all || which == Which::Dbw {
-        tables.extend(dbw(args.quick, jobs, args.plot.as_deref()).map_err(Failure::Run)?);
+        tables.extend(dbw(args.quick, jobs, args.seeds, args.plot.as_deref()).map_err(Failure::Run)?);
     }
     if all || which == Which::Wbsp {
-        tables.extend(wbsp(args.quick, jobs));
+        tables.extend(wbsp(args.quick, jobs, args.seeds));
     }
     if all || which == Which::Bap {
-        tables.extend(bap(args.quick, jobs));
+        tables.extend(bap(args.quick, jobs, args.seeds));
     }
     if all || which == Which::Grouped {
-        tables.extend(grouped(args.quick, jobs));
+        tables.extend(grouped(args.quick, jobs, args.seeds));
     }
     if args.json {
         let text = serde_json::to_string_pretty(&Json { quick: args.quick, tables: &tables })

@@ -4,7 +4,7 @@
 use super::{DbwConfig, LEta};
 use crate::error::{ConfigError, Reject};
 use crate::id::{MAX_WORKERS, Version, WorkerId, WorkerSet};
-use crate::math::dbw_policy::{CurvatureSplit, RTT_TRACKED_WORKERS, WorkerRtts, choose_k_split};
+use crate::math::dbw_policy::{CurvatureSplit, RTT_TRACKED_WORKERS, WorkerRtts, choose_k_bounded};
 use crate::math::estimate::{Ema, MAX_RTT_SAMPLES, RttWindow, choose_k, noise_estimate};
 use crate::math::{self, Scalar};
 use crate::msg::Values;
@@ -241,7 +241,8 @@ impl<T: Scalar, S: Buffer<T>> DbwRules<T, S> {
         let have_tau = self.tau_live == live;
         let l_eta = self.l_eta_estimate();
         let (g, s) = (self.g.get().map(|g| g.max(0.0)), self.s.get());
-        // No predicted decrease for any k: hold the current k (clamped), never jump to n
+        // Nothing to choose from (a single-curvature mode with no k predicting a decrease, or
+        // no finite τ): hold the current k (clamped), never jump to n
         // (crate::math::dbw_policy, "Never collapse to k = n").
         let hold = (self.engine.k as u32).clamp(k_lo, k_max);
         let warmup = self.config.warmup_k.map_or(k_max, |w| w.clamp(k_lo, k_max));
@@ -250,7 +251,7 @@ impl<T: Scalar, S: Buffer<T>> DbwRules<T, S> {
             (true, true, Some(g), Some(s)) => match (self.config.l_eta, self.split.get(0.0, f64::MAX)) {
                 (LEta::Split { min, max, .. }, Some(_)) => {
                     let (a, b) = self.split.get(min, max).unwrap_or((l_eta, l_eta));
-                    choose_k_split(g, s, a, b, tau, k_lo, k_max).map_or(hold, |c| c.0)
+                    choose_k_bounded(g, s, a, b, tau, k_lo, k_max).unwrap_or(hold)
                 }
                 _ => choose_k(g, s, l_eta, tau, k_lo, k_max).map_or(hold, |c| c.0),
             },
