@@ -72,6 +72,15 @@
 //! cluster, where only 11 fast workers remain, the throughput optimum (`k ≈ 5–6`) is too
 //! small for the deepest rung.
 //!
+//! # Growth
+//!
+//! `k` at most doubles from one iteration to the next. `τ(k)` above the current `k` rests
+//! on censored round trips (the workers cut at the close), so right after the warm-up it is
+//! an extrapolation; with no measured signal yet (`Ĝ ≤ 0`) the noise-scale rule then chose
+//! `k = n` for one iteration on some seeds of `tests/tests/dbw_sweep.rs`. Doubling reaches
+//! any `k` within `log₂ n` iterations, and every step up adds observed round trips where
+//! the estimate was extrapolated. Ours \[RECON\].
+//!
 //! # Never collapse to `k = n`
 //!
 //! Under the single-curvature modes ([`super::estimate::choose_k`]) and in
@@ -182,12 +191,20 @@ pub fn choose_k_noise_scale(g: f64, s: f64, tau: &[f64], k_min: u32, k_max: u32)
 
 /// The default choice (module docs, "Two bounds on `k`"): the smaller of the greedy
 /// decrease-rate choice [`choose_k_split`] and the noise-scale choice
-/// [`choose_k_noise_scale`]; the noise-scale one alone when no `k` predicts a decrease.
-/// `None` only when no `k` has a usable `τ(k)` (or `S` is not finite): the caller holds its
-/// `k`.
-pub fn choose_k_bounded(g: f64, s: f64, a: f64, b: f64, tau: &[f64], k_min: u32, k_max: u32) -> Option<u32> {
+/// [`choose_k_noise_scale`] (the noise-scale one alone when no `k` predicts a decrease), at
+/// most twice `current` (module docs, "Growth"). `None` only when no `k` has a usable
+/// `τ(k)` (or `S` is not finite): the caller holds its `k`.
+pub fn choose_k_bounded(
+    g: f64,
+    s: f64,
+    (a, b): (f64, f64),
+    tau: &[f64],
+    (k_min, k_max): (u32, u32),
+    current: u32,
+) -> Option<u32> {
     let (scale, _) = choose_k_noise_scale(g, s, tau, k_min, k_max)?;
-    Some(choose_k_split(g, s, a, b, tau, k_min, k_max).map_or(scale, |(greedy, _)| greedy.min(scale)))
+    let k = choose_k_split(g, s, a, b, tau, k_min, k_max).map_or(scale, |(greedy, _)| greedy.min(scale));
+    Some(k.min(current.saturating_mul(2).max(k_min)))
 }
 
 /// Online estimate of the signal and noise curvatures `(a, b)` (times `η`) by exponentially
@@ -622,21 +639,26 @@ mod tests {
         // G = 1, S = 100, a = 1, b = 0.05: the greedy rule picks 15 (see
         // low_noise_curvature_keeps_a_positive_choice_where_the_bound_gives_none); the
         // noise-scale k* = 4·sqrt(100) = 40 is cut at 16. The smaller: 15.
-        assert_eq!(choose_k_bounded(1.0, 100.0, 1.0, 0.05, &tau, 1, 16), Some(15));
+        assert_eq!(choose_k_bounded(1.0, 100.0, (1.0, 0.05), &tau, (1, 16), 16), Some(15));
         // S/G = 4: noise scale 8; greedy with b = 1: D/η = 0.5 − 2/k > 0 from k = 5, rate
         // (0.5 − 2/k)/(1 + k/16) peaks at k = 10 (0.3/1.625 = 0.1846; k = 9: 0.2778/1.5625 =
         // 0.1778; k = 11: 0.3182/1.6875 = 0.1886; k = 12: 0.3333/1.75 = 0.1905; k = 13:
         // 0.3462/1.8125 = 0.1910; k = 14: 0.3571/1.875 = 0.1905): 13. The smaller: 8.
         assert_eq!(choose_k_split(1.0, 4.0, 1.0, 1.0, &tau, 1, 16).map(|c| c.0), Some(13));
-        assert_eq!(choose_k_bounded(1.0, 4.0, 1.0, 1.0, &tau, 1, 16), Some(8));
+        assert_eq!(choose_k_bounded(1.0, 4.0, (1.0, 1.0), &tau, (1, 16), 16), Some(8));
         // Signal dominant (S/G = 0.01, small noise curvature): greedy k = 1 (D barely
         // depends on k, τ does), noise scale k* = 0.4 → 1.
-        assert_eq!(choose_k_bounded(1.0, 0.01, 0.5, 0.1, &tau, 1, 16), Some(1));
+        assert_eq!(choose_k_bounded(1.0, 0.01, (0.5, 0.1), &tau, (1, 16), 16), Some(1));
         // No k predicts a decrease (a = 2.5): the noise-scale k, not n.
         assert_eq!(choose_k_split(1.0, 4.0, 2.5, 1.0, &tau, 1, 16), None);
-        assert_eq!(choose_k_bounded(1.0, 4.0, 2.5, 1.0, &tau, 1, 16), Some(8));
+        assert_eq!(choose_k_bounded(1.0, 4.0, (2.5, 1.0), &tau, (1, 16), 16), Some(8));
         // Nothing usable: None (the caller holds its k).
-        assert_eq!(choose_k_bounded(1.0, 4.0, 1.0, 1.0, &[f64::NAN; 16], 1, 16), None);
+        assert_eq!(choose_k_bounded(1.0, 4.0, (1.0, 1.0), &[f64::NAN; 16], (1, 16), 16), None);
+        // Growth: at most twice the current k (8 from 4, 2 = k_min from 0); down is free.
+        assert_eq!(choose_k_bounded(1.0, 100.0, (1.0, 0.05), &tau, (1, 16), 4), Some(8));
+        assert_eq!(choose_k_bounded(1.0, 100.0, (1.0, 0.05), &tau, (2, 16), 0), Some(2));
+        assert_eq!(choose_k_bounded(1.0, 4.0, (1.0, 1.0), &tau, (1, 16), 5), Some(8));
+        assert_eq!(choose_k_bounded(1.0, 0.01, (0.5, 0.1), &tau, (1, 16), 16), Some(1));
     }
 
     #[test]

@@ -248,10 +248,11 @@ impl<T: Scalar, S: Buffer<T>> DbwRules<T, S> {
         let warmup = self.config.warmup_k.map_or(k_max, |w| w.clamp(k_lo, k_max));
         let tau = self.tau.get(..live).unwrap_or(&[]);
         let next_k = match (self.closed >= u64::from(self.config.warmup_iterations), have_tau, g, s) {
-            (true, true, Some(g), Some(s)) => match (self.config.l_eta, self.split.get(0.0, f64::MAX)) {
-                (LEta::Split { min, max, .. }, Some(_)) => {
+            (true, true, Some(g), Some(s)) => match self.config.l_eta {
+                // Before the first secant pair both curvatures are the configured initial Lη.
+                LEta::Split { min, max, .. } => {
                     let (a, b) = self.split.get(min, max).unwrap_or((l_eta, l_eta));
-                    choose_k_bounded(g, s, a, b, tau, k_lo, k_max).unwrap_or(hold)
+                    choose_k_bounded(g, s, (a, b), tau, (k_lo, k_max), hold).unwrap_or(hold)
                 }
                 _ => choose_k(g, s, l_eta, tau, k_lo, k_max).map_or(hold, |c| c.0),
             },
