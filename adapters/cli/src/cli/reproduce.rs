@@ -599,6 +599,16 @@ mod tests {
     }
 
     #[test]
+    fn seed_ranges_parse_and_bad_ones_are_refused() {
+        let r = parse_seeds("6-10").unwrap();
+        assert_eq!((r.list(), r.label()), (vec![6, 7, 8, 9, 10], "6–10".to_string()));
+        assert_eq!(parse_seeds("3-3").unwrap().list(), vec![3]);
+        for bad in ["", "5", "0-4", "5-4", "1-101", "a-b", "1-2-3"] {
+            assert!(parse_seeds(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn switch_once_is_never_worse_than_the_best_static_and_uses_a_switch() {
         // Arm 0 fast early, slow late; arm 1 the opposite.
         let a = vec![1.0, 10.0];
