@@ -1,9 +1,12 @@
-//! SSP and BAP in the simulator (8 workers, digits softmax, one worker 4x slower): both
-//! reach 0.90 test accuracy in less virtual time than BSP; SSP keeps its invariants in a
-//! real run (nothing dropped, staleness bounded); BAP with a time limit leaves a silent
+//! SSP and BAP in the simulator. The headline with the reproduction's settings
+//! (`reproduction_bap_with_its_limit_beats_bsp_on_bursts_and_on_a_persistent_straggler`:
+//! `mlp:32` on mnist5k, transient bursts and a persistent 4× straggler, BAP s = 1 with
+//! t_max = 20 ms, SSP s = 4, from `syncopate_adapters::scenario::reproduction`, as
+//! `syncopate reproduce bap` uses); and invariants on digits softmax with one worker 4×
+//! slower: SSP drops nothing and bounds staleness, BAP with a time limit leaves a silent
 //! worker behind and reports every gradient it drops.
 //!
-//! Figures: `cargo test -p syncopate-tests --test ssp_bap_sim -- --nocapture figures`.
+//! Figures: `cargo test --release -p syncopate-tests --test ssp_bap_sim -- --nocapture reproduction`.
 
 use syncopate::proto::bap::BapConfig;
 use syncopate::proto::bsp::BspConfig;
@@ -47,16 +50,14 @@ fn to_target(protocol: ProtocolConfig, w: &Workload) -> SimReport {
     r
 }
 
+/// Invariants in real runs to 0.90 (the speed comparison is
+/// `reproduction_bap_with_its_limit_beats_bsp_on_bursts_and_on_a_persistent_straggler`).
 #[test]
-fn figures_ssp_and_bap_beat_bsp_with_a_4x_straggler() {
+fn ssp_and_bap_keep_their_invariants_with_a_4x_straggler() {
     let w = Workload::digits(ModelKind::Softmax, 1);
-    let b = to_target(bsp(), &w);
     let s = to_target(ssp(3), &w);
     let a = to_target(bap(), &w);
-    let (tb, ts, ta) = (b.time_to_target.unwrap(), s.time_to_target.unwrap(), a.time_to_target.unwrap());
-    eprintln!("time to 0.90 (virtual s): bsp {tb:.3}  ssp(s=3) {ts:.3}  bap(s=1, t_max=15ms) {ta:.3}");
-    assert!(ts < tb, "ssp {ts} vs bsp {tb}");
-    assert!(ta < tb, "bap {ta} vs bsp {tb}");
+    assert!(s.time_to_target.is_some() && a.time_to_target.is_some());
     // SSP never drops; its staleness (other workers' updates missed) stays bounded.
     assert_eq!(s.dropped.values().sum::<u64>(), 0);
     assert_eq!(s.applied, s.updates);
@@ -105,4 +106,34 @@ fn a_dead_worker_stalls_ssp_at_the_bound_but_not_bap_with_a_time_limit() {
     assert!(s.updates <= u64::from(N) * 14, "{}", s.updates);
     // BAP keeps closing iterations every ~t_max without the dead worker.
     assert!(a.updates > 100, "{}", a.updates);
+}
+
+/// The reproduction's headline (REPRODUCTION.md, "BAP"; settings from
+/// `syncopate_adapters::scenario::reproduction`, the ones `syncopate reproduce bap` uses):
+/// 8 workers, `mlp:32` on mnist5k, transient bursts and a persistent 4× straggler. BAP with
+/// s = 1 and the iteration limit t_max = 20 ms reaches 0.90 before BSP in both cases, and
+/// SSP with s = 4 before BSP on the bursts (where bounded staleness absorbs transient
+/// delays). BSP is run only up to the faster protocol's time. Seed 1; the five-seed table
+/// is `syncopate reproduce bap`.
+#[test]
+fn reproduction_bap_with_its_limit_beats_bsp_on_bursts_and_on_a_persistent_straggler() {
+    use syncopate_adapters::scenario::reproduction::{TOP_ACCURACY, bap_bsp, bap_protocols, bap_scenarios, mlp_run};
+    let (seed, eval) = (1, Duration::from_millis(250));
+    let limited = bap_protocols(1).into_iter().find(|(n, _)| n == "BAP s=1, t_max 20 ms").unwrap().1;
+    let ssp4 = bap_protocols(4).into_iter().find(|(n, _)| n == "SSP s=4").unwrap().1;
+    for (i, (scenario, compute)) in bap_scenarios().into_iter().enumerate() {
+        let mut contenders = vec![("BAP s=1, t_max 20 ms", limited)];
+        if i == 0 {
+            contenders.push(("SSP s=4", ssp4));
+        }
+        for (name, p) in contenders {
+            let (c, w) = mlp_run(p, seed, &compute, Duration::from_secs(60), eval, Some(TOP_ACCURACY));
+            let t = sim::run(&c, &w).time_to_target;
+            let t = t.unwrap_or_else(|| panic!("{scenario}: {name} did not reach {TOP_ACCURACY}"));
+            let (c, w) = mlp_run(bap_bsp(), seed, &compute, Duration::from_secs_f64(t), eval, Some(TOP_ACCURACY));
+            let bsp = sim::run(&c, &w);
+            println!("{scenario}: {name} at {t:.2} s; BSP then at accuracy {:.4}", bsp.final_accuracy);
+            assert_eq!(bsp.time_to_target, None, "{scenario}: BSP reached {TOP_ACCURACY} before {name}");
+        }
+    }
 }

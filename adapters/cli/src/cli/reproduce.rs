@@ -7,22 +7,20 @@
 //! both use seeds 1–5.
 
 use super::Failure;
+use crate::scenario::reproduction::{
+    DBW_BATCH, DBW_LR, DBW_N, GROUPED_STRAGGLERS, MLP_BATCH, MLP_LR, NQM_DIM, NQM_POOL, WBSP_MULTIPLES, acc_ladder,
+    bap_bsp, bap_protocols, bap_scenarios, dbw_adaptive, dbw_ladder, dbw_run, dbw_scenarios, dbw_static, grouped_bsp,
+    grouped_compute, grouped_protocol, mlp_run, wbsp_compute, wbsp_protocols,
+};
 use crate::sim::{self, ComputeModel, SimConfig, SimReport, Target};
-use crate::workload::{ModelKind, Workload};
+use crate::workload::Workload;
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use syncopate::proto::asp::AspConfig;
-use syncopate::proto::backup::BackupConfig;
-use syncopate::proto::bap::BapConfig;
-use syncopate::proto::bsp::BspConfig;
-use syncopate::proto::dbw::DbwConfig;
-use syncopate::proto::grouped::{GroupedConfig, LrScaling};
-use syncopate::proto::ssp::SspConfig;
-use syncopate::proto::wbsp::WbspConfig;
+use syncopate::proto::grouped::LrScaling;
 use syncopate::{Duration, ProtocolConfig, ServerEvent};
 
 /// Which experiment.
@@ -55,6 +53,10 @@ pub struct ReproduceArgs {
     /// Write plots (SVG) and the b_t trajectories (CSV) into this directory.
     #[arg(long, value_name = "DIR")]
     pub plot: Option<PathBuf>,
+    /// Seeds to run, `FIRST-LAST` (default 1-5, the seeds of REPRODUCTION.md); other ranges
+    /// check that a result does not depend on the seeds it was tuned on.
+    #[arg(long, value_name = "FIRST-LAST", value_parser = parse_seeds, default_value = "1-5")]
+    pub seeds: SeedRange,
     /// Simulations to run at once (default: the machine's cores).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub jobs: Option<u32>,
@@ -128,10 +130,34 @@ impl Stat {
     }
 }
 
-/// Seeds 1–5 for both the quick and the full run (the full run differs in budgets and in
-/// the configurations swept; more seeds did not fit the 30-minute budget on 2 cores).
-fn seeds(_quick: bool) -> Vec<u64> {
-    (1..=5).collect()
+/// A range of seeds, `first..=last` (`--seeds`). Seeds 1–5 for both the quick and the full
+/// run by default (the full run differs in budgets and in the configurations swept).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeedRange {
+    first: u64,
+    last: u64,
+}
+
+impl SeedRange {
+    fn list(self) -> Vec<u64> {
+        (self.first..=self.last).collect()
+    }
+
+    /// `1–5` as the tables write it.
+    fn label(self) -> String {
+        format!("{}–{}", self.first, self.last)
+    }
+}
+
+/// Parses `FIRST-LAST` (1 ≤ FIRST ≤ LAST, at most 100 seeds).
+fn parse_seeds(text: &str) -> Result<SeedRange, String> {
+    let bad = || format!("`{text}`: expected FIRST-LAST, e.g. 6-10 (at most 100 seeds)");
+    let (a, b) = text.split_once('-').ok_or_else(bad)?;
+    let (first, last): (u64, u64) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
+    if first == 0 || first > last || last - first >= 100 {
+        return Err(bad());
+    }
+    Ok(SeedRange { first, last })
 }
 
 /// Runs every `(config, workload)` job on `jobs` threads, results in order.
@@ -154,13 +180,6 @@ fn run_all(jobs: usize, work: Vec<(SimConfig, Workload)>) -> Vec<SimReport> {
         }
     });
     out.into_inner().unwrap_or_default().into_iter().flatten().collect()
-}
-
-fn base(protocol: ProtocolConfig, model: ModelKind, seed: u64, batch: usize, budget: Duration) -> SimConfig {
-    let mut c = SimConfig::new(protocol, model).with_seed(seed).with_max_time(budget);
-    c.batch_size = batch;
-    c.record_trace = false;
-    c
 }
 
 /// Builds one run: the protocol, the seed and the compute models in, the simulator's
@@ -201,50 +220,8 @@ fn ladder_header(first: &str, ladder: &[Target], extra: &[&str]) -> Vec<String> 
 // DBW
 // ---------------------------------------------------------------------------------------
 
-const DBW_N: u32 = 16;
-const NQM_DIM: usize = 100;
-const NQM_POOL: usize = 8192;
-const DBW_LR: f64 = 0.5;
-const DBW_BATCH: usize = 2;
-
-fn dbw_ladder() -> Vec<Target> {
-    [1.0, 0.3, 0.1, 0.05, 0.03].into_iter().map(Target::Loss).collect()
-}
-
-/// The three DBW clusters: (name, per-worker compute models, budget).
-fn dbw_scenarios(quick: bool) -> Vec<(&'static str, Vec<ComputeModel>, Duration)> {
-    let shifted = ComputeModel::ShiftedExp { shift: 0.2, rate: 1.0 };
-    let pareto = ComputeModel::Pareto { scale: 0.5, shape: 1.5 };
-    // A third of the workers (5 of 16) 5–20x slower for steps 200..800, then calm again.
-    let regime: Vec<ComputeModel> = (0..DBW_N)
-        .map(|i| {
-            if i < 5 {
-                ComputeModel::SlowPhase {
-                    base: Box::new(shifted.clone()),
-                    factor: 5.0 + 15.0 * f64::from(i) / 4.0,
-                    from_step: 200,
-                    until_step: 800,
-                }
-            } else {
-                shifted.clone()
-            }
-        })
-        .collect();
-    let budget = Duration::from_secs(if quick { 12 } else { 30 });
-    vec![
-        ("shifted-exp 10 ms·(0.2 + Exp(1))", ComputeModel::all(DBW_N, &shifted), budget),
-        ("Pareto 10 ms·Pareto(0.5, 1.5)", ComputeModel::all(DBW_N, &pareto), budget),
-        ("regime change (5 of 16 workers 5–20× slower for steps 200–800)", regime, budget),
-    ]
-}
-
 fn dbw_setup(budget: Duration) -> impl Fn(ProtocolConfig, u64, &[ComputeModel]) -> (SimConfig, Workload) {
-    move |p, seed, compute| {
-        let mut c = base(p, ModelKind::Nqm { dim: NQM_DIM }, seed, DBW_BATCH, budget).with_compute(compute.to_vec());
-        c.eval_interval = Duration::from_millis(10);
-        c.target_accuracy = 2.0;
-        (c, Workload::nqm(NQM_DIM, NQM_POOL, seed))
-    }
+    move |p, seed, compute| dbw_run(p, seed, compute, budget)
 }
 
 /// The best schedule that switches `b` once, from the static runs' mean ladder times: run
@@ -270,8 +247,8 @@ fn switch_once(static_means: &[Vec<f64>], rungs: usize) -> Vec<f64> {
         .collect()
 }
 
-fn dbw(quick: bool, jobs: usize, plot: Option<&Path>) -> Result<Vec<Table>, String> {
-    let seeds = seeds(quick);
+fn dbw(quick: bool, jobs: usize, seed_range: SeedRange, plot: Option<&Path>) -> Result<Vec<Table>, String> {
+    let seeds = seed_range.list();
     let ladder = dbw_ladder();
     let bs: Vec<u32> = if quick { vec![0, 2, 4, 6, 8, 10, 12, 14, 15] } else { (0..DBW_N).collect() };
     let mut tables = Vec::new();
@@ -280,15 +257,11 @@ fn dbw(quick: bool, jobs: usize, plot: Option<&Path>) -> Result<Vec<Table>, Stri
             .iter()
             .map(|&b| Arm {
                 label: if b == 0 { "b = 0 (BSP)".into() } else { format!("b = {b}") },
-                protocol: Box::new(move |_| ProtocolConfig::Backup(BackupConfig::new(DBW_N, DBW_LR, b))),
+                protocol: Box::new(move |_| dbw_static(b)),
                 compute: compute.clone(),
             })
             .collect();
-        arms.push(Arm {
-            label: "**DBW**".into(),
-            protocol: Box::new(|_| ProtocolConfig::Dbw(DbwConfig::new(DBW_N, DBW_LR))),
-            compute: compute.clone(),
-        });
+        arms.push(Arm { label: "**DBW**".into(), protocol: Box::new(|_| dbw_adaptive()), compute: compute.clone() });
         let reports = run_arms(jobs, &arms, &seeds, &dbw_setup(budget));
         let stats: Vec<Vec<Stat>> = reports.iter().map(|r| ladder_stats(r, &ladder)).collect();
         let mut rows: Vec<Vec<String>> = arms
@@ -333,10 +306,11 @@ fn dbw(quick: bool, jobs: usize, plot: Option<&Path>) -> Result<Vec<Table>, Stri
         rows.push(ratio_row);
         rows.push(switch_row);
         // b_t of DBW, seed 1.
-        let trajectory = dbw_trajectory(&compute, budget);
+        let trajectory = dbw_trajectory(&compute, budget, seed_range.first);
         let mean_b = trajectory.iter().map(|(_, b)| f64::from(*b)).sum::<f64>() / trajectory.len().max(1) as f64;
         let mut notes = vec![format!(
-            "DBW's b_t (seed 1): mean {mean_b:.1} over {} iterations; {}",
+            "DBW's b_t (seed {}): mean {mean_b:.1} over {} iterations; {}",
+            seed_range.first,
             trajectory.len(),
             summarize_bt(&trajectory)
         )];
@@ -356,7 +330,12 @@ fn dbw(quick: bool, jobs: usize, plot: Option<&Path>) -> Result<Vec<Table>, Stri
             std::fs::write(&csv, text).map_err(|e| format!("{}: cannot write: {e}", csv.display()))?;
             let svg = dir.join(format!("dbw_bt_{slug}.svg"));
             let points: Vec<(f64, f64)> = trajectory.iter().map(|(t, b)| (*t, f64::from(*b))).collect();
-            crate::plot::trajectory_svg(&svg, &format!("DBW backup workers b_t, {name} (seed 1)"), "b_t", &points)?;
+            crate::plot::trajectory_svg(
+                &svg,
+                &format!("DBW backup workers b_t, {name} (seed {})", seed_range.first),
+                "b_t",
+                &points,
+            )?;
             notes.push(format!("b_t plotted in `{}`.", svg.display()));
         }
         tables.push(Table {
@@ -365,10 +344,10 @@ fn dbw(quick: bool, jobs: usize, plot: Option<&Path>) -> Result<Vec<Table>, Stri
             settings: format!(
                 "16 workers, noisy quadratic model (d = {NQM_DIM}, h_i = 1/i, batch {DBW_BATCH}, noise pool {NQM_POOL}), \
                  constant lr {DBW_LR}, static b via backup workers (option A), DBW defaults, {} s virtual budget, \
-                 evaluation every 10 ms, seeds 1–{}. Times: mean ± s.e. over the seeds that reached the rung \
+                 evaluation every 10 ms, seeds {}. Times: mean ± s.e. over the seeds that reached the rung \
                  (r/s when not all did; — none).",
                 budget.as_secs_f64(),
-                seeds.len()
+                seed_range.label()
             ),
             header: ladder_header("config", &ladder, &[]),
             rows,
@@ -378,8 +357,8 @@ fn dbw(quick: bool, jobs: usize, plot: Option<&Path>) -> Result<Vec<Table>, Stri
     Ok(tables)
 }
 
-fn dbw_trajectory(compute: &[ComputeModel], budget: Duration) -> Vec<(f64, u32)> {
-    let (config, workload) = dbw_setup(budget)(ProtocolConfig::Dbw(DbwConfig::new(DBW_N, DBW_LR)), 1, compute);
+fn dbw_trajectory(compute: &[ComputeModel], budget: Duration, seed: u64) -> Vec<(f64, u32)> {
+    let (config, workload) = dbw_run(dbw_adaptive(), seed, compute, budget);
     let mut out = Vec::new();
     sim::run_observed(&config, &workload, &mut |o| {
         if let sim::Observation::Server { at, event: ServerEvent::BackupChosen { k, .. } } = o {
@@ -406,57 +385,27 @@ fn summarize_bt(t: &[(f64, u32)]) -> String {
 // WBSP, BAP, grouped: the non-convex model on mnist5k
 // ---------------------------------------------------------------------------------------
 
-const MLP: ModelKind = ModelKind::Mlp { hidden: 32 };
-const MLP_LR: f64 = 0.2;
-const MLP_BATCH: usize = 32;
-
-fn acc_ladder() -> Vec<Target> {
-    [0.80, 0.85, 0.88, 0.90].into_iter().map(Target::Accuracy).collect()
-}
-
 fn mlp_setup(
     budget: Duration,
     eval: Duration,
     stop_at: Option<f64>,
 ) -> impl Fn(ProtocolConfig, u64, &[ComputeModel]) -> (SimConfig, Workload) {
-    move |p, seed, compute| {
-        let mut c = base(p, MLP, seed, MLP_BATCH, budget).with_compute(compute.to_vec());
-        c.eval_interval = eval;
-        if let Some(t) = stop_at {
-            c = c.stop_at_target(t);
-        }
-        (c, Workload::mnist5k(MLP, seed))
-    }
+    move |p, seed, compute| mlp_run(p, seed, compute, budget, eval, stop_at)
 }
 
 fn arm(label: &str, compute: &[ComputeModel], p: impl Fn(u64) -> ProtocolConfig + 'static) -> Arm {
     Arm { label: label.into(), protocol: Box::new(p), compute: compute.to_vec() }
 }
 
-/// WBSP's H1/H2/H3 as extra delays in multiples of the base step (REPRODUCTION.md has the
-/// derivation: the scripts' sleeps 0.5/1.0/1.5 s over a ≈ 32 ms CIFAR-10 CNN step).
-const WBSP_MULTIPLES: [(&str, u64); 3] = [("H1", 15), ("H2", 30), ("H3", 45)];
-
-fn wbsp(quick: bool, jobs: usize) -> Vec<Table> {
-    let n = 8;
-    let seeds = seeds(quick);
+fn wbsp(quick: bool, jobs: usize, seed_range: SeedRange) -> Vec<Table> {
+    let seeds = seed_range.list();
     let ladder = acc_ladder();
     let top = ladder.last().and_then(|t| if let Target::Accuracy(a) = t { Some(*a) } else { None });
     let mut tables = Vec::new();
     let settings: &[(&str, u64)] = if quick { &WBSP_MULTIPLES[..1] } else { &WBSP_MULTIPLES };
     for &(h, m) in settings {
-        let compute = ComputeModel::odd_workers_delayed(n, Duration::from_millis(10 * m));
-        let arms = vec![
-            arm("BSP", &compute, move |_| ProtocolConfig::Bsp(BspConfig::new(n, MLP_LR))),
-            arm("ASP", &compute, move |_| ProtocolConfig::Asp(AspConfig::new(n, MLP_LR / f64::from(n)))),
-            arm("SSP s=40", &compute, move |_| ProtocolConfig::Ssp(SspConfig::new(n, MLP_LR, 40))),
-            arm("WBSP", &compute, move |_| ProtocolConfig::Wbsp(WbspConfig::new(n, MLP_LR))),
-            arm("WBSP-overlap", &compute, move |_| {
-                let mut c = WbspConfig::new(n, MLP_LR);
-                c.overlap = true;
-                ProtocolConfig::Wbsp(c)
-            }),
-        ];
+        let compute = wbsp_compute(m);
+        let arms: Vec<Arm> = wbsp_protocols().into_iter().map(|(label, p)| arm(label, &compute, move |_| p)).collect();
         let budget = Duration::from_secs(if quick { 60 } else { 240 });
         let reports = run_arms(jobs, &arms, &seeds, &mlp_setup(budget, Duration::from_millis(500), top));
         let rows = arms
@@ -476,10 +425,10 @@ fn wbsp(quick: bool, jobs: usize) -> Vec<Table> {
             settings: format!(
                 "8 workers, 10 ms base step, odd-index workers sleep {m} × 10 ms extra per local step; MLP (784-32-10) \
                  on mnist5k (4,000/1,000 split), lr {MLP_LR} (ASP lr/8 per gradient), batch {MLP_BATCH}, budget {} s, \
-                 evaluation every 0.5 s, stop at {:.2}; seeds 1–{}.",
+                 evaluation every 0.5 s, stop at {:.2}; seeds {}.",
                 budget.as_secs_f64(),
                 top.unwrap_or(0.0),
-                seeds.len()
+                seed_range.label()
             ),
             header: ladder_header("protocol", &ladder, &["compute share"]),
             rows,
@@ -489,33 +438,16 @@ fn wbsp(quick: bool, jobs: usize) -> Vec<Table> {
     tables
 }
 
-fn bap(quick: bool, jobs: usize) -> Vec<Table> {
-    let n = 8;
-    let seeds = seeds(quick);
+fn bap(quick: bool, jobs: usize, seed_range: SeedRange) -> Vec<Table> {
+    let seeds = seed_range.list();
     let ladder = acc_ladder();
     let top = ladder.last().and_then(|t| if let Target::Accuracy(a) = t { Some(*a) } else { None });
-    let scenarios = [
-        (
-            "transient: every worker, bursts of 5 steps at 4× with probability 0.05 per step",
-            ComputeModel::all(n, &ComputeModel::Bursts { probability: 0.05, factor: 4.0, length: 5 }),
-        ),
-        ("persistent: worker 0 always 4× slower", ComputeModel::one_straggler(n, 0, 4.0)),
-    ];
     let ss: &[u64] = if quick { &[1, 4] } else { &[1, 2, 4] };
-    let t_max = Duration::from_millis(20);
     let mut tables = Vec::new();
-    for (name, compute) in scenarios {
-        let mut arms = vec![arm("BSP", &compute, move |_| ProtocolConfig::Bsp(BspConfig::new(n, MLP_LR)))];
+    for (name, compute) in bap_scenarios() {
+        let mut arms = vec![arm("BSP", &compute, move |_| bap_bsp())];
         for &s in ss {
-            arms.push(arm(&format!("SSP s={s}"), &compute, move |_| ProtocolConfig::Ssp(SspConfig::new(n, MLP_LR, s))));
-            arms.push(arm(&format!("BAP s={s}, no limit"), &compute, move |_| {
-                ProtocolConfig::Bap(BapConfig::new(n, MLP_LR, s))
-            }));
-            arms.push(arm(&format!("BAP s={s}, t_max 20 ms"), &compute, move |_| {
-                let mut c = BapConfig::new(n, MLP_LR, s);
-                c.iteration_timeout = Some(t_max);
-                ProtocolConfig::Bap(c)
-            }));
+            arms.extend(bap_protocols(s).into_iter().map(|(label, p)| arm(&label, &compute, move |_| p)));
         }
         let budget = Duration::from_secs(if quick { 10 } else { 60 });
         let reports = run_arms(jobs, &arms, &seeds, &mlp_setup(budget, Duration::from_millis(250), top));
@@ -549,12 +481,12 @@ fn bap(quick: bool, jobs: usize) -> Vec<Table> {
             command: format!("syncopate reproduce bap{}", if quick { " --quick" } else { "" }),
             settings: format!(
                 "8 workers, 10 ms base step; MLP (784-32-10) on mnist5k, lr {MLP_LR}, batch {MLP_BATCH}, budget {} s, \
-                 evaluation every 0.25 s, stop at {:.2}; iteration limit t_max = 20 ms (2× the base step); seeds 1–{}. \
+                 evaluation every 0.25 s, stop at {:.2}; iteration limit t_max = 20 ms (2× the base step); seeds {}. \
                  Speedup = BSP's mean time to the last rung over the protocol's; compute/wait = compute share / \
                  (1 − compute share), averaged over workers and seeds.",
                 budget.as_secs_f64(),
                 top.unwrap_or(0.0),
-                seeds.len()
+                seed_range.label()
             ),
             header: ladder_header("protocol", &ladder, &["speedup over BSP", "compute/wait"]),
             rows,
@@ -564,26 +496,19 @@ fn bap(quick: bool, jobs: usize) -> Vec<Table> {
     tables
 }
 
-fn grouped(quick: bool, jobs: usize) -> Vec<Table> {
-    let n = 16;
-    let seeds = seeds(quick);
+fn grouped(quick: bool, jobs: usize, seed_range: SeedRange) -> Vec<Table> {
+    let seeds = seed_range.list();
     let ladder = acc_ladder();
     let gs: &[u32] = if quick { &[1, 4, 16] } else { &[1, 2, 4, 8, 16] };
     let budget = Duration::from_secs(if quick { 5 } else { 12 });
     let mut tables = Vec::new();
-    for (name, factor) in [("one worker +300% (4×)", 4.0), ("one worker +900% (10×)", 10.0)] {
-        let compute = ComputeModel::one_straggler(n, 0, factor);
-        let mut arms = vec![
-            arm("BSP, no delay", &[], move |_| ProtocolConfig::Bsp(BspConfig::new(n, MLP_LR))),
-            arm("BSP", &compute, move |_| ProtocolConfig::Bsp(BspConfig::new(n, MLP_LR))),
-        ];
+    for (name, factor) in GROUPED_STRAGGLERS {
+        let compute = grouped_compute(factor);
+        let mut arms =
+            vec![arm("BSP, no delay", &[], move |_| grouped_bsp()), arm("BSP", &compute, move |_| grouped_bsp())];
         for (scaling, tag) in [(LrScaling::None, "None"), (LrScaling::Linear, "Linear")] {
             for &g in gs {
-                arms.push(arm(&format!("G = {g}, lr scaling {tag}"), &compute, move |_| {
-                    let mut c = GroupedConfig::new(n, MLP_LR, g);
-                    c.lr_scaling = scaling;
-                    ProtocolConfig::Grouped(c)
-                }));
+                arms.push(arm(&format!("G = {g}, lr scaling {tag}"), &compute, move |_| grouped_protocol(g, scaling)));
             }
         }
         let reports = run_arms(jobs, &arms, &seeds, &mlp_setup(budget, Duration::from_millis(250), None));
@@ -604,9 +529,9 @@ fn grouped(quick: bool, jobs: usize) -> Vec<Table> {
             settings: format!(
                 "16 workers (worker 0 slowed), 10 ms base step, contiguous groups; MLP (784-32-10) on mnist5k, \
                  lr {MLP_LR}, batch {MLP_BATCH}; lr scaling None = every group steps with lr, Linear = lr·n_g/n; \
-                 budget {} s, evaluation every 0.25 s; seeds 1–{}.",
+                 budget {} s, evaluation every 0.25 s; seeds {}.",
                 budget.as_secs_f64(),
-                seeds.len()
+                seed_range.label()
             ),
             header: ladder_header("run", &ladder, &["accuracy at the budget"]),
             rows,
@@ -636,16 +561,16 @@ pub(super) fn run(args: &ReproduceArgs) -> Result<(), Failure> {
     let all = which == Which::All;
     let mut tables = Vec::new();
     if all || which == Which::Dbw {
-        tables.extend(dbw(args.quick, jobs, args.plot.as_deref()).map_err(Failure::Run)?);
+        tables.extend(dbw(args.quick, jobs, args.seeds, args.plot.as_deref()).map_err(Failure::Run)?);
     }
     if all || which == Which::Wbsp {
-        tables.extend(wbsp(args.quick, jobs));
+        tables.extend(wbsp(args.quick, jobs, args.seeds));
     }
     if all || which == Which::Bap {
-        tables.extend(bap(args.quick, jobs));
+        tables.extend(bap(args.quick, jobs, args.seeds));
     }
     if all || which == Which::Grouped {
-        tables.extend(grouped(args.quick, jobs));
+        tables.extend(grouped(args.quick, jobs, args.seeds));
     }
     if args.json {
         let text = serde_json::to_string_pretty(&Json { quick: args.quick, tables: &tables })
@@ -671,6 +596,16 @@ mod tests {
         assert_eq!(s.cell(), "2.000 ± 1.000");
         assert_eq!(Stat::of(&[Some(1.0), None]).cell(), "1.000 ± 0.000 (1/2)");
         assert_eq!(Stat::of(&[None]).cell(), "—");
+    }
+
+    #[test]
+    fn seed_ranges_parse_and_bad_ones_are_refused() {
+        let r = parse_seeds("6-10").unwrap();
+        assert_eq!((r.list(), r.label()), (vec![6, 7, 8, 9, 10], "6–10".to_string()));
+        assert_eq!(parse_seeds("3-3").unwrap().list(), vec![3]);
+        for bad in ["", "5", "0-4", "5-4", "1-101", "a-b", "1-2-3"] {
+            assert!(parse_seeds(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

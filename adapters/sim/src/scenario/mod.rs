@@ -43,6 +43,7 @@
 //! may be a sweep. Unknown keys and bad values are refused with the file, the line and the
 //! reason. A run that would need more than [`EVENT_BUDGET`] simulator events is refused.
 
+pub mod reproduction;
 mod sweep;
 
 pub use sweep::Sweep;

@@ -4,7 +4,7 @@
 use super::{DbwConfig, LEta};
 use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
-use crate::math::dbw_policy::{CurvatureSplit, RTT_TRACKED_WORKERS, WorkerRtts, choose_k_split};
+use crate::math::dbw_policy::{CurvatureSplit, RTT_TRACKED_WORKERS, WorkerRtts, choose_k_bounded};
 use crate::math::estimate::{Ema, MAX_EXACT_ORDER, MAX_RTT_SAMPLES, RttWindow, choose_k, noise_estimate};
 use crate::math::{self, Scalar};
 use crate::msg::Values;
@@ -265,16 +265,18 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> DbwRules<T, S, M> {
         let have_tau = self.tau_live == live;
         let l_eta = self.l_eta_estimate();
         let (g, s) = (self.g.get().map(|g| g.max(0.0)), self.s.get());
-        // No predicted decrease for any k: hold the current k (clamped), never jump to n
+        // Nothing to choose from (a single-curvature mode with no k predicting a decrease, or
+        // no finite τ): hold the current k (clamped), never jump to n
         // (crate::math::dbw_policy, "Never collapse to k = n").
         let hold = (self.engine.k as u32).clamp(k_lo, k_max);
         let warmup = self.config.warmup_k.map_or(k_max, |w| w.clamp(k_lo, k_max));
         let tau = self.tau.as_ref().get(..live).unwrap_or(&[]);
         let next_k = match (self.closed >= u64::from(self.config.warmup_iterations), have_tau, g, s) {
-            (true, true, Some(g), Some(s)) => match (self.config.l_eta, self.split.get(0.0, f64::MAX)) {
-                (LEta::Split { min, max, .. }, Some(_)) => {
+            (true, true, Some(g), Some(s)) => match self.config.l_eta {
+                // Before the first secant pair both curvatures are the configured initial Lη.
+                LEta::Split { min, max, .. } => {
                     let (a, b) = self.split.get(min, max).unwrap_or((l_eta, l_eta));
-                    choose_k_split(g, s, a, b, tau, k_lo, k_max).map_or(hold, |c| c.0)
+                    choose_k_bounded(g, s, (a, b), tau, (k_lo, k_max), hold).unwrap_or(hold)
                 }
                 _ => choose_k(g, s, l_eta, tau, k_lo, k_max).map_or(hold, |c| c.0),
             },

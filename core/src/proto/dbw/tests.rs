@@ -183,8 +183,11 @@ fn config_errors_and_refusals() {
     assert_eq!(s.handle(Instant::ZERO, WorkerId(0), msg(1)), Err(Reject::Duplicate { worker: WorkerId(0), seq: 1 }));
     assert_eq!(s.handle(Instant::ZERO, WorkerId(7), msg(0)), Err(Reject::UnknownWorker(WorkerId(7))));
     assert_eq!(s.stats().rejected, 2);
-    // The first iteration waits for ⌈n/2⌉ by default.
+    // The first iteration waits for max(⌈n/4⌉, 2) by default: 2 of 4 here.
     assert_eq!((s.received(), s.current_k()), (1, 2));
+    // ⌈16/4⌉ = 4 of 16; ⌈3/4⌉ = 1 is raised to k_min = 2.
+    assert_eq!(DbwConfig::new(16, 0.1).warmup_k, Some(4));
+    assert_eq!(DbwConfig::new(3, 0.1).warmup_k, Some(2));
 }
 
 /// K3: after a worker is lost, the next choice is bounded by the live count.
