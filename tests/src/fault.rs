@@ -8,6 +8,7 @@
 //! of two, so every float sum is exact and the final model can be compared bit for bit with a
 //! reference rebuilt from the applied-update log.
 
+use crate::ledger::{Loss, Tracker};
 use crate::rng::Rng;
 use core::fmt::Write as _;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -655,6 +656,8 @@ pub struct Sim {
     slots: Vec<Slot>,
     checker: Checker,
     ctx: Ctx,
+    /// The conservation ledger's network side (checked after every event).
+    tracker: Tracker,
     counts: Counts,
     faults_on: bool,
     last_progress: u64,
@@ -682,6 +685,7 @@ impl Sim {
             slots: Vec::new(),
             checker: Checker::new(spec.protocol.name(), n, &initial),
             ctx: Ctx::of(&spec.protocol),
+            tracker: Tracker::new(n),
             counts: Counts::default(),
             faults_on: true,
             last_progress: 0,
@@ -730,13 +734,19 @@ impl Sim {
         let epoch = self.slots[from as usize].epoch;
         self.checker.sent(from, epoch, &msg);
         let f = self.spec.faults;
-        if self.faults_on && (self.rng.chance(f.loss) || self.slots[from as usize].cut_up_until > self.now) {
-            self.counts.lost += 1;
-            return;
+        if self.faults_on {
+            let by_loss = self.rng.chance(f.loss);
+            if by_loss || self.slots[from as usize].cut_up_until > self.now {
+                self.counts.lost += 1;
+                let cause = if by_loss { Loss::Network } else { Loss::Partition };
+                self.tracker.copy_lost(from, epoch, &msg.msg(), cause);
+                return;
+            }
         }
         let copies = if self.faults_on && self.rng.chance(f.duplicate) { 2 } else { 1 };
         self.counts.duplicated += copies - 1;
         for _ in 0..copies {
+            self.tracker.copy_sent(from, epoch, &msg.msg());
             let at = self.now + self.latency();
             self.schedule(at, Ev::Up { from, epoch, server_inc: self.server_inc, msg: msg.clone() });
         }
@@ -765,7 +775,10 @@ impl Sim {
         let Some(worker) = self.slots[w as usize].worker.as_mut() else { return };
         while let Some(out) = worker.poll_output() {
             match out {
-                WorkerOutput::Send(m) => sends.push(UpMsg::own(&m)),
+                WorkerOutput::Send(m) => {
+                    self.tracker.worker_sent(w, &m);
+                    sends.push(UpMsg::own(&m));
+                }
                 WorkerOutput::Compute { id, version, params } => {
                     let finite = params.iter().all(|p| p.is_finite());
                     computes.push((id.0, version.0, finite));
@@ -815,6 +828,7 @@ impl Sim {
                 self.last_progress = self.now;
                 self.counts.updates += 1;
             }
+            self.tracker.event(e);
             match e {
                 ServerEvent::Applied { .. } => self.counts.applied += 1,
                 ServerEvent::Dropped { .. } => self.counts.dropped += 1,
@@ -876,6 +890,9 @@ impl Sim {
             )
         });
         check!(c, outstanding <= cap, format!("C4 {outstanding} accepted contributions without an outcome"));
+        // Conservation: sent = applied + dropped + held + in flight + lost (with causes).
+        let ledger = self.tracker.ledger(&st).and_then(|l| l.check());
+        check!(c, ledger.is_ok() || self.ctx.grouped, ledger.err().unwrap_or_default());
         if c.pending.len() > 64 {
             let n = c.pending.len();
             c.fail(format!("C4 Applied events for {n} future versions"));
@@ -926,6 +943,7 @@ impl Sim {
             return;
         };
         self.counts.server_restarts += 1;
+        self.tracker.server_restarted(self.server.stats(), version);
         self.server = server;
         self.server_inc += 1;
         self.server_timer = None;
@@ -978,11 +996,14 @@ impl Sim {
             Ev::Up { from, epoch, server_inc, msg } => {
                 if server_inc == self.server_inc {
                     let r = self.server.handle(now, WorkerId(from), msg.msg());
+                    self.tracker.copy_handled(from, epoch, &msg.msg(), r);
                     self.checker.handled(from, epoch, &msg, r);
                     if r.is_err() {
                         self.counts.rejected += 1;
                     }
                     self.drain_server();
+                } else {
+                    self.tracker.copy_missed_server(from, epoch, &msg.msg());
                 }
             }
             Ev::Down { to, inc, msg } => {
