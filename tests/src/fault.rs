@@ -892,7 +892,7 @@ impl Sim {
         check!(c, outstanding <= cap, format!("C4 {outstanding} accepted contributions without an outcome"));
         // Conservation: sent = applied + dropped + held + in flight + lost (with causes).
         let ledger = self.tracker.ledger(&st).and_then(|l| l.check());
-        check!(c, ledger.is_ok() || self.ctx.grouped, ledger.err().unwrap_or_default());
+        check!(c, ledger.is_ok(), ledger.err().unwrap_or_default());
         if c.pending.len() > 64 {
             let n = c.pending.len();
             c.fail(format!("C4 Applied events for {n} future versions"));
