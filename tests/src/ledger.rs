@@ -383,3 +383,61 @@ impl Tracker {
         Ok(l)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ledger_balances_only_when_every_contribution_is_accounted_for() {
+        let mut l = Ledger { sent: 10, accepted: 7, applied: 5, held: 1, in_flight: 1, ..Ledger::default() };
+        l.add_dropped(DropReason::Stale, 1);
+        l.add_lost(Loss::Network, 2);
+        assert_eq!(l.check(), Ok(()));
+        assert_eq!(l.line(), "sent 10 = applied 5 + dropped 1 (stale 1) + held 1 + in flight 1 + lost 2 (network 2)");
+        l.sent = 11;
+        assert!(l.check().unwrap_err().contains("sent 11 != applied 5"));
+        let stats = ServerStats { accepted: 3, applied: 3, dropped: [1, 0, 0, 0, 0], ..ServerStats::default() };
+        assert!(Ledger::from_server(&stats).is_err(), "more outcomes than accepted");
+    }
+
+    #[test]
+    fn the_tracker_follows_copies_to_their_fate() {
+        let v = [1.0, 2.0];
+        let g = |seq| ToServer::Grad {
+            base: syncopate::Version(0),
+            iteration: 1,
+            seq,
+            values: syncopate::Values::Slice(&v),
+        };
+        let mut t = Tracker::new(2);
+        let stats = |accepted, applied| ServerStats { accepted, applied, ..ServerStats::default() };
+        // Worker 0 sends seq 1 twice (a duplicate copy on the wire), worker 1 sends seq 1 and loses it.
+        t.worker_sent(0, &g(1));
+        t.copy_sent(0, 1, &g(1));
+        t.copy_sent(0, 1, &g(1));
+        t.worker_sent(1, &g(1));
+        t.copy_lost(1, 1, &g(1), Loss::Network);
+        let l = t.ledger(&stats(0, 0)).unwrap();
+        assert_eq!((l.sent, l.in_flight, l.lost_for(Loss::Network)), (2, 1, 1));
+        l.check().unwrap();
+        t.copy_handled(0, 1, &g(1), Ok(()));
+        t.copy_handled(0, 1, &g(1), Err(Reject::Duplicate { worker: syncopate::WorkerId(0), seq: 1 }));
+        let l = t.ledger(&stats(1, 0)).unwrap();
+        assert_eq!((l.held, l.in_flight, l.lost_for(Loss::Refused)), (1, 0, 0));
+        l.check().unwrap();
+        assert!(t.ledger(&stats(2, 0)).is_err(), "the server counts an acceptance the network did not deliver");
+        // The server applies it in version 1, then restarts from a checkpoint at version 0.
+        t.event(&syncopate::ServerEvent::Applied {
+            worker: syncopate::WorkerId(0),
+            base: syncopate::Version(0),
+            version: syncopate::Version(1),
+            staleness: 0,
+            weight: 1.0,
+        });
+        t.server_restarted(&stats(1, 1), 0);
+        let l = t.ledger(&ServerStats::default()).unwrap();
+        assert_eq!((l.applied, l.lost_for(Loss::RolledBack)), (0, 1));
+        l.check().unwrap();
+    }
+}

@@ -259,6 +259,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         stalls: report.stalls,
         refused: report.refused,
         params: Vec::new(),
+        ledger: crate::thread::ThreadLedger::default(),
     };
     let model = model_name(&args.workload);
     let mut summary = Summary::from_threads(&threads, protocol.name(), n, &model, dim, args.workload.seed, args.target);
