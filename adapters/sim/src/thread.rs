@@ -182,7 +182,7 @@ pub fn run(
     // it until every worker has ended (they end on the server's `Stop`), for a bounded time.
     let limits = Limits::for_model(dim);
     let deadline = StdInstant::now() + StdDuration::from_secs(2);
-    loop {
+    while StdInstant::now() < deadline {
         match port.recv(Some(StdDuration::from_millis(5))) {
             Ok(packet) => {
                 if is_contribution(&packet, &limits) {
@@ -194,7 +194,6 @@ pub fn run(
                 report.ledger.complete = true;
                 break;
             }
-            Err(RecvError::Timeout) if StdInstant::now() >= deadline => break,
             Err(RecvError::Timeout) => {}
         }
     }
