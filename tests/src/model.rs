@@ -193,6 +193,14 @@ impl Roster {
         self.live[w as usize] = true;
     }
 
+    /// The screening every gradient-like message passes first: a new sequence number, finite
+    /// values, a base not in the future.
+    fn screen(&self, w: u32, seq: u64, nan: bool, base: u64, version: u64) -> Result<(), Reject> {
+        self.check_seq(w, seq)?;
+        not_finite(nan)?;
+        future(base, version)
+    }
+
     fn lose(&mut self, w: u32) -> bool {
         std::mem::replace(&mut self.live[w as usize], false)
     }
@@ -272,9 +280,7 @@ impl Model for AspModel {
         match *msg {
             Msg::Join { epoch } => self.roster.join(from, epoch, out),
             Msg::Grad { base, seq, nan, .. } => {
-                self.roster.check_seq(from, seq)?;
-                not_finite(nan)?;
-                future(base, self.version)?;
+                self.roster.screen(from, seq, nan, base, self.version)?;
                 self.roster.commit_seq(from, seq);
                 self.version += 1;
                 out.events.push(Ev::Applied(from, base, self.version));
@@ -316,9 +322,7 @@ impl Model for SyncModel {
         match *msg {
             Msg::Join { epoch } => self.roster.join(from, epoch, out),
             Msg::Grad { base, seq, nan, .. } => {
-                self.roster.check_seq(from, seq)?;
-                not_finite(nan)?;
-                future(base, self.version)?;
+                self.roster.screen(from, seq, nan, base, self.version)?;
                 if base == self.version && self.got.contains(&from) {
                     return Err(Reject::Duplicate { worker: WorkerId(from), seq });
                 }
@@ -504,9 +508,7 @@ impl Model for BapModel {
         match *msg {
             Msg::Join { epoch } => self.roster.join(from, epoch, out),
             Msg::Grad { base, iteration: j, seq, nan } => {
-                self.roster.check_seq(from, seq)?;
-                not_finite(nan)?;
-                future(base, self.version)?;
+                self.roster.screen(from, seq, nan, base, self.version)?;
                 if base >= j {
                     return Err(unexpected("Grad"));
                 }
