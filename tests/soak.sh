@@ -78,7 +78,7 @@ end=$(date +%s)
   echo "| protocol | seeds | events | checks | server restarts | worker crashes | violations | hangs | first failure |"
   echo "|---|---|---|---|---|---|---|---|---|"
   for p in $PROTOCOLS; do
-    cat "$OUT"/sim-"$p"-*.log | grep -h '^soak: ' | awk -v p="$p" '
+    cat "$OUT"/sim-"$p"-[0-9]*.log | grep -h '^soak: ' | awk -v p="$p" '
       { for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
         if ($0 ~ /CRASHED/) crashed++
         seeds += v["seeds"]; events += v["events"]; checks += v["checks"]; restarts += v["server_restarts"]
