@@ -126,7 +126,7 @@ pub use msg::{ToServer, ToWorker, Values};
 pub use proto::common::testkit;
 pub use proto::{
     AnyServer, AnyWorker, DropReason, GradientWorker, GradientWorkerConfig, ProtocolConfig, Recipient, Server,
-    ServerEvent, ServerOutput, ServerStats, Worker, WorkerEvent, WorkerOutput, WorkerSetup,
+    ServerEvent, ServerOutput, ServerStats, Worker, WorkerEvent, WorkerOutput, WorkerSetup, WorkerStats,
 };
 pub use time::{Duration, Instant};
 

@@ -4,4 +4,6 @@
 
 pub mod drive;
 pub mod fault;
+pub mod ledger;
+pub mod model;
 pub mod rng;

@@ -1,9 +1,12 @@
 //! Canaries: the core's planted bugs (feature `_canary`, see `core/src/canary.rs`) must each be
-//! caught. One canary at a time is switched on; for each, a targeted test drives the buggy
-//! path by hand and the swarm fault simulator (`tests/src/fault.rs`) scans seeds of the
-//! affected protocols until it reports a violation that the same seed does not report with
-//! every canary off. Reports, per canary, whether each method caught it and how many seeds the
-//! swarm needed.
+//! caught by the general methods, without the targeted tests: the swarm fault simulator
+//! (`tests/src/fault.rs`, invariants and the conservation ledger after every event) or the
+//! model-based tests (`tests/src/model.rs`, each protocol against its reference model). One
+//! canary at a time is switched on; for each, the swarm scans seeds of the affected protocols
+//! until it reports a violation that the same seed does not report with every canary off, and
+//! the model-based search runs its (deterministic) sequences on the affected protocols. A
+//! targeted test that drives the buggy path by hand is run too and reported, but does not
+//! count. Reports, per canary, which method caught it and after how many runs.
 //!
 //! Run: `cargo test -p syncopate-tests --features canary --test canaries -- --nocapture`.
 //! Everything is in one `#[test]`: the active canary is process-wide.
@@ -17,6 +20,7 @@ use syncopate::proto::wbsp::WbspConfig;
 use syncopate::{DropReason, ProtocolConfig, Server, ServerEvent, ToServer, Values, Version, WorkerId};
 use syncopate_tests::drive::{DIM, at_ms, drain, grad, join_all, seq, server};
 use syncopate_tests::fault::{Sim, SimSpec, protocols};
+use syncopate_tests::model;
 
 /// Seeds the swarm may try per canary before giving up.
 const MAX_SEEDS: u64 = 150;
@@ -130,12 +134,49 @@ fn swarm(c: Canary) -> Option<(u64, String)> {
     None
 }
 
+/// The model-based tests' configurations of the protocols a canary touches (those of
+/// `tests/tests/model_protocols.rs`).
+fn model_configs(c: Canary) -> Vec<ProtocolConfig> {
+    use syncopate::proto::dbw::DbwConfig;
+    match c {
+        Canary::DedupOff => {
+            vec![ProtocolConfig::Asp(AspConfig::new(3, 0.25)), ProtocolConfig::Bsp(BspConfig::new(3, 0.25))]
+        }
+        Canary::LateGradientAdded => {
+            vec![ProtocolConfig::Backup(BackupConfig::new(4, 0.25, 1)), ProtocolConfig::Dbw(DbwConfig::new(4, 0.25))]
+        }
+        Canary::StalenessBoundPlusOne => vec![ProtocolConfig::Bap(BapConfig::new(3, 0.25, 1))],
+        Canary::LostWorkerAwaited => vec![ProtocolConfig::Wbsp(WbspConfig::new(3, 0.25))],
+        Canary::RoundClosesEarly => vec![ProtocolConfig::Bsp(BspConfig::new(3, 0.25))],
+        Canary::Off => Vec::new(),
+    }
+}
+
+/// Sequences the model-based search runs per protocol.
+const MODEL_CASES: u32 = 256;
+
+/// The model-based search on the affected protocols: the first disagreement (the canary on).
+fn by_model(c: Canary) -> Option<String> {
+    for config in model_configs(c) {
+        canary::set(c);
+        let r = model::search(&config, MODEL_CASES, 120);
+        canary::set(Canary::Off);
+        if let Err(e) = r {
+            return Some(e.lines().take(3).collect::<Vec<_>>().join(" / "));
+        }
+    }
+    None
+}
+
 #[test]
 fn every_canary_is_caught() {
     // With every canary off, the targeted checks see correct behaviour.
     canary::set(Canary::Off);
     for c in Canary::ALL {
         assert!(!targeted(c), "{}: targeted check fails without the canary", c.name());
+        for config in model_configs(c) {
+            model::search(&config, MODEL_CASES, 120).unwrap_or_else(|e| panic!("fails without the canary: {e}"));
+        }
     }
     let mut missed = Vec::new();
     for c in Canary::ALL {
@@ -143,17 +184,21 @@ fn every_canary_is_caught() {
         let by_test = targeted(c);
         canary::set(Canary::Off);
         let by_swarm = swarm(c);
+        let by_model = by_model(c);
         let runs =
             by_swarm.as_ref().map_or_else(|| format!(">{}", MAX_SEEDS * affected(c).len() as u64), |r| r.0.to_string());
         println!(
-            "canary {:<26} targeted={} swarm={} runs_to_detection={} {}",
+            "canary {:<26} swarm={} swarm_runs_to_detection={} model={} targeted={}\n    swarm: {}\n    model: {}",
             c.name(),
-            if by_test { "caught" } else { "missed" },
             if by_swarm.is_some() { "caught" } else { "missed" },
             runs,
-            by_swarm.as_ref().map_or("", |r| r.1.as_str()),
+            if by_model.is_some() { "caught" } else { "missed" },
+            if by_test { "caught" } else { "missed" },
+            by_swarm.as_ref().map_or("-", |r| r.1.as_str()),
+            by_model.as_deref().unwrap_or("-"),
         );
-        if !by_test && by_swarm.is_none() {
+        // The targeted test does not count: the general methods must catch every canary.
+        if by_swarm.is_none() && by_model.is_none() {
             missed.push(c.name());
         }
     }

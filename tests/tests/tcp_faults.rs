@@ -76,7 +76,8 @@ fn bsp_stalls_naming_the_lost_worker_then_a_rejoin_resumes() {
         assert_eq!(frozen, still);
         // The killed worker returns without a Stop.
         let (r1, _) = handles.remove(1).join().unwrap();
-        assert!(!r1.unwrap().stopped);
+        let r1 = r1.unwrap();
+        assert!(!r1.stopped);
         // Rejoin with the same id: training resumes at the current version and finishes.
         let rejoin = spawn_worker(worker_options(server.addr, 1), Arc::clone(&w));
         let report = server.finish();
@@ -88,9 +89,14 @@ fn bsp_stalls_naming_the_lost_worker_then_a_rejoin_resumes() {
         let r = r.unwrap();
         assert!(r.stopped && r.steps > 0, "{r:?} {logs:?}");
         assert!(r.last_version.unwrap() >= frozen.unwrap().0, "rejoined at the current version");
+        let mut reports = vec![r1, r];
         for h in handles {
-            assert!(h.join().unwrap().0.unwrap().stopped);
+            let r = h.join().unwrap().0.unwrap();
+            assert!(r.stopped);
+            reports.push(r);
         }
+        // The killed worker's report survives (a thread): the ledger is exact.
+        check_ledger(&report, &reports);
     });
 }
 
@@ -116,9 +122,8 @@ fn asp_goes_on_when_a_worker_process_dies() {
         assert!(report.lost >= 1);
         assert!(report.stats.applied + report.stats.dropped_total() <= report.stats.accepted);
         assert!(accuracy(&w, &report.params) > 0.8);
-        for h in handles {
-            h.join().unwrap().0.unwrap();
-        }
+        let reports: Vec<_> = handles.into_iter().map(|h| h.join().unwrap().0.unwrap()).collect();
+        check_ledger(&report, &reports);
     });
 }
 

@@ -48,12 +48,15 @@ fn tcp_run(settings: &RunSettings, secret: bool) -> (f64, syncopate_adapters::tc
         })
         .collect();
     let report = server.finish();
+    let mut reports = Vec::new();
     for h in workers {
         let (r, logs) = h.join().unwrap();
         let r = r.unwrap_or_else(|e| panic!("worker failed: {e}; {logs:?}"));
         assert!(r.stopped, "the server told every worker to stop");
         assert!(r.steps > 0);
+        reports.push(r);
     }
+    check_ledger(&report, &reports);
     (accuracy(&w, &report.params), report)
 }
 

@@ -17,8 +17,8 @@ use std::time::{Duration as StdDuration, Instant as StdInstant};
 use syncopate::proto::Heap;
 use syncopate::wire::{self, Limits};
 use syncopate::{
-    AnyServer, AnyWorker, Instant, ProtocolConfig, Server, ServerEvent, ServerOutput, ServerStats, Worker, WorkerEvent,
-    WorkerOutput, WorkerSetup,
+    AnyServer, AnyWorker, Instant, ProtocolConfig, Server, ServerEvent, ServerOutput, ServerStats, ToServer, Worker,
+    WorkerEvent, WorkerOutput, WorkerSetup,
 };
 
 /// The extra time worker `i` stays busy on its `step`-th gradient (its straggler model).
@@ -63,6 +63,26 @@ pub struct WorkerTally {
     /// Seconds each completed step took (real compute plus injected delay), in order.
     #[serde(skip)]
     pub step_times: Vec<f64>,
+    /// Conservation ledger: distinct contributions sent to the server.
+    pub sent: u64,
+    /// Contributions sent again with a sequence number already sent (retransmissions).
+    pub resent: u64,
+}
+
+/// The server's side of a threaded run's conservation ledger: with the workers' `sent` and
+/// `resent`, `sent + resent = received + in flight at stop`, and `received = accepted +
+/// refused` (the server's counters split the accepted ones into applied, dropped and held).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ThreadLedger {
+    /// Contributions (gradients, deltas, clock updates) the server read and handled.
+    pub received: u64,
+    /// Of those, refused.
+    pub refused: u64,
+    /// Contributions the workers sent that the server never read (it had stopped).
+    pub in_flight_at_stop: u64,
+    /// Whether every worker thread ended before the count was closed (otherwise a late send
+    /// may be missing from `in_flight_at_stop`).
+    pub complete: bool,
 }
 
 /// The outcome of a threaded run.
@@ -88,6 +108,8 @@ pub struct ThreadReport {
     /// The final model.
     #[serde(skip)]
     pub params: Vec<f32>,
+    /// The server's side of the conservation ledger.
+    pub ledger: ThreadLedger,
 }
 
 /// Why a threaded run could not start.
@@ -157,11 +179,37 @@ pub fn run(
         );
     }
     let mut report = server_loop(server, &port, &workload, config, epoch, progress);
+    // What the workers sent after the server stopped reading is in flight at the stop: read
+    // it until every worker has ended (they end on the server's `Stop`), for a bounded time.
+    let limits = Limits::for_model(dim);
+    let deadline = StdInstant::now() + StdDuration::from_secs(2);
+    while StdInstant::now() < deadline {
+        match port.recv(Some(StdDuration::from_millis(5))) {
+            Ok(packet) => {
+                if is_contribution(&packet, &limits) {
+                    report.ledger.in_flight_at_stop += 1;
+                }
+                port.recycle(packet);
+            }
+            Err(RecvError::Disconnected) => {
+                report.ledger.complete = true;
+                break;
+            }
+            Err(RecvError::Timeout) => {}
+        }
+    }
     drop(port);
     for h in handles {
         report.workers.push(h.join().unwrap_or_default());
     }
     Ok(report)
+}
+
+fn is_contribution(packet: &Packet, limits: &Limits) -> bool {
+    matches!(
+        wire::decode_to_server::<f32>(&packet.bytes, limits),
+        Ok(ToServer::Grad { .. } | ToServer::Delta { .. } | ToServer::Clock { .. })
+    )
 }
 
 struct ServerSide<'a> {
@@ -197,7 +245,14 @@ impl ServerSide<'_> {
 
     fn feed(&mut self, server: &mut AnyServer<f32, Vec<f32>, Heap>, packet: &Packet, limits: &Limits, now: Instant) {
         let result = match (packet.from, wire::decode_to_server::<f32>(&packet.bytes, limits)) {
-            (Some(from), Ok(msg)) => server.handle(now, from, msg).is_ok(),
+            (Some(from), Ok(msg)) => {
+                let contribution =
+                    matches!(msg, ToServer::Grad { .. } | ToServer::Delta { .. } | ToServer::Clock { .. });
+                let ok = server.handle(now, from, msg).is_ok();
+                self.report.ledger.received += u64::from(contribution);
+                self.report.ledger.refused += u64::from(contribution && !ok);
+                ok
+            }
             _ => false,
         };
         if !result {
@@ -227,6 +282,7 @@ fn server_loop(
             stalls: 0,
             refused: 0,
             params: Vec::new(),
+            ledger: ThreadLedger::default(),
         },
     };
     let mut last_eval: Option<(u64, StdInstant)> = None;
@@ -300,6 +356,7 @@ fn worker_loop(
     let mut scratch = workload.model.scratch();
     let (mut batch, mut grad) = (Vec::with_capacity(batch_size), vec![0.0f32; dim]);
     let mut job: Option<Job> = None;
+    let mut sent = syncopate::WorkerStats::default();
     'run: loop {
         while let Some(out) = worker.poll_output() {
             match out {
@@ -308,6 +365,7 @@ fn worker_loop(
                     if port.send_to_server(&msg).is_err() {
                         break 'run;
                     }
+                    sent.record(&msg);
                 }
                 WorkerOutput::Compute { id, params, .. } => {
                     let now = StdInstant::now();
@@ -359,5 +417,7 @@ fn worker_loop(
         }
     }
     tally.wall_s = started.elapsed().as_secs_f64();
+    tally.sent = sent.contributions;
+    tally.resent = sent.resent;
     tally
 }

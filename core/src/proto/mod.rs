@@ -321,6 +321,45 @@ impl ServerStats {
     }
 }
 
+/// Counters of what a worker sent, kept by whoever drives it (the state machines do not
+/// count; a driver records every [`WorkerOutput::Send`] with [`Self::record`] and keeps the
+/// tally across the worker's sessions, so a restarted worker's counts go on). With the
+/// server's [`ServerStats`] they make the conservation ledger: every contribution counted
+/// here is applied, dropped, held by the server, in flight, or lost with a cause.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkerStats {
+    /// Distinct contributions (gradients, deltas, clock updates) sent: a sequence number
+    /// above every one sent before.
+    pub contributions: u64,
+    /// Contributions sent again with a sequence number already sent (retransmissions the
+    /// server refuses as duplicates if an earlier copy arrived).
+    pub resent: u64,
+    /// `Join` messages sent.
+    pub joins: u64,
+    /// Other messages sent (`Pull`, `Leave`).
+    pub other: u64,
+    /// The highest contribution sequence number sent.
+    pub last_seq: Option<u64>,
+}
+
+impl WorkerStats {
+    /// Counts one message the worker sent.
+    pub fn record<T>(&mut self, msg: &ToServer<'_, T>) {
+        match *msg {
+            ToServer::Grad { seq, .. } | ToServer::Delta { seq, .. } | ToServer::Clock { seq, .. } => {
+                if self.last_seq.is_none_or(|last| seq > last) {
+                    self.contributions += 1;
+                    self.last_seq = Some(seq);
+                } else {
+                    self.resent += 1;
+                }
+            }
+            ToServer::Join { .. } => self.joins += 1,
+            ToServer::Pull { .. } | ToServer::Leave => self.other += 1,
+        }
+    }
+}
+
 /// The verbs of every server state machine. See the [module docs](self) for the driving
 /// contract.
 pub trait Server<T: Scalar> {

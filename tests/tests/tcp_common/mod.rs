@@ -68,9 +68,42 @@ impl Running {
         panic!("no log line with {needle:?} within {within:?}; logs: {:#?}", self.logs.lock().unwrap());
     }
 
+    /// Waits for the run's end; checks the server's side of the conservation ledger.
     pub fn finish(self) -> ServerReport {
-        self.join.join().expect("server thread panicked").expect("server failed")
+        let report = self.join.join().expect("server thread panicked").expect("server failed");
+        check_server_ledger(&report);
+        report
     }
+}
+
+/// The server's side of the conservation ledger (`syncopate_tests::ledger`): every
+/// contribution read was accepted or refused, every accepted one applied, dropped or held at
+/// the stop, and the per-session counts add up to the totals.
+#[track_caller]
+pub fn check_server_ledger(r: &ServerReport) {
+    let l = syncopate_tests::ledger::Ledger::from_server(&r.stats).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.received, l.accepted + r.refused_contributions, "received = accepted + refused: {r:?}");
+    let s = &r.session_ledgers;
+    let sum = |f: fn(&syncopate_adapters::tcp::SessionLedger) -> u64| s.iter().map(f).sum::<u64>();
+    assert_eq!(sum(|x| x.received), r.received);
+    assert_eq!(sum(|x| x.refused), r.refused_contributions);
+    assert_eq!(sum(|x| x.discarded), r.discarded);
+    assert_eq!(sum(|x| x.in_flight_at_stop), r.in_flight_at_stop);
+}
+
+/// The whole ledger of an in-process run: what the workers wrote (their reports, across
+/// sessions) = applied + dropped + held + in flight at the stop + lost (refused, discarded
+/// with a replaced session). Exact: no process died, the kernel delivered every byte.
+#[track_caller]
+pub fn check_ledger(r: &ServerReport, workers: &[WorkerReport]) {
+    use syncopate_tests::ledger::{Ledger, Loss};
+    check_server_ledger(r);
+    let mut l = Ledger::from_server(&r.stats).unwrap_or_else(|e| panic!("{e}"));
+    l.sent = workers.iter().map(|w| w.sent + w.resent).sum();
+    l.in_flight = r.in_flight_at_stop;
+    l.add_lost(Loss::Refused, r.refused_contributions);
+    l.add_lost(Loss::ConnectionLost, r.discarded);
+    l.check().unwrap_or_else(|e| panic!("{e}"));
 }
 
 pub fn start_server_at(

@@ -159,6 +159,7 @@ mod server {
                         busy_s: t.busy_s,
                         wall_s: t.wall_s,
                         step_times: Vec::new(),
+                        ..WorkerTally::default()
                     })
                 })
                 .collect(),
@@ -166,6 +167,7 @@ mod server {
             stalls: report.stalls,
             refused: report.refused,
             params: Vec::new(),
+            ledger: crate::thread::ThreadLedger::default(),
         };
         let mut summary =
             Summary::from_threads(&threads, protocol.name(), n, &model_name, dim, args.workload.seed, args.target);

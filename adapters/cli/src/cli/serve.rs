@@ -7,6 +7,7 @@
 //! cleanly: workers are told to stop, the checkpoint is written and the summary printed (a
 //! second signal exits at once).
 
+use super::summary::{Resumed, TcpLedger};
 use super::{Failure, ProtocolArgs, Summary, WorkloadArgs};
 use crate::tcp::{
     self, DataSource, FrameTimeout, Note, ProtocolSettings, RunPlan, RunSettings, Secret, ServerOptions, StopReason,
@@ -149,10 +150,24 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     let protocol = settings.server_config().map_err(Failure::Usage)?;
     let n = protocol.workers();
     let secret = load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
+    let mut resumed = None;
     let (params, version) = if args.resume {
         let path = args.checkpoint.as_deref().unwrap_or_else(|| Path::new(""));
         let c = checkpoint::load(path, protocol.name(), dim).map_err(|e| Failure::Usage(e.to_string()))?;
         eprintln!("serve: resuming from {} at version {}", path.display(), c.version.0);
+        // What the previous server applied after this checkpoint is lost: its journal says
+        // exactly which versions.
+        let lost = checkpoint::lost_since(path, c.version).map_err(|e| Failure::Usage(e.to_string()))?;
+        eprintln!("serve: resumed: {}", lost.line());
+        let t = |t: &checkpoint::Totals| [t.received, t.accepted, t.applied, t.dropped];
+        resumed = Some(Resumed {
+            checkpoint_version: c.version.0,
+            lost_versions: lost.versions.map(|(a, b)| [a.0, b.0]),
+            lost_contributions: lost.contributions,
+            lost_by_worker: lost.by_worker.clone(),
+            at_checkpoint: t(&lost.at_checkpoint),
+            at_last_update: t(&lost.at_last),
+        });
         (c.params, c.version)
     } else {
         let mut p = vec![0.0f32; dim];
@@ -244,10 +259,19 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         stalls: report.stalls,
         refused: report.refused,
         params: Vec::new(),
+        ledger: crate::thread::ThreadLedger::default(),
     };
     let model = model_name(&args.workload);
     let mut summary = Summary::from_threads(&threads, protocol.name(), n, &model, dim, args.workload.seed, args.target);
     summary.mode = "tcp".into();
+    summary.ledger = Some(TcpLedger {
+        received: report.received,
+        refused: report.refused_contributions,
+        discarded: report.discarded,
+        in_flight_at_stop: report.in_flight_at_stop,
+        sessions: report.session_ledgers.clone(),
+        resumed,
+    });
     summary.print(args.json);
     Ok(())
 }

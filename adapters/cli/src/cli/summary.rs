@@ -73,6 +73,41 @@ impl Outcomes {
     }
 }
 
+/// The conservation ledger of a TCP run, from the server's side: the contributions it read
+/// and what became of them, and, after `--resume`, what the killed server lost.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct TcpLedger {
+    /// Contributions read from the workers' current sessions (each then accepted or refused).
+    pub received: u64,
+    /// Of those, refused by the protocol.
+    pub refused: u64,
+    /// Contributions read from a session already replaced or cut (lost with the connection).
+    pub discarded: u64,
+    /// Contributions that arrived after the run stopped.
+    pub in_flight_at_stop: u64,
+    /// The same counts per session (a worker's connection and epoch).
+    pub sessions: Vec<crate::tcp::SessionLedger>,
+    /// After `--resume`: what the previous server lost since its last checkpoint.
+    pub resumed: Option<Resumed>,
+}
+
+/// What a resumed server reports of its predecessor (from the checkpoint's journal).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Resumed {
+    /// The checkpoint's version (the resumed model's).
+    pub checkpoint_version: u64,
+    /// The versions made after the checkpoint, now lost (`[first, last]`), if any.
+    pub lost_versions: Option<[u64; 2]>,
+    /// Contributions those versions combined.
+    pub lost_contributions: u64,
+    /// Those by worker id.
+    pub lost_by_worker: Vec<u64>,
+    /// The previous server's totals at the checkpoint: received, accepted, applied, dropped.
+    pub at_checkpoint: [u64; 4],
+    /// Its totals at its last journaled update (same order).
+    pub at_last_update: [u64; 4],
+}
+
 /// One worker's share of the work.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct WorkerSummary {
@@ -123,6 +158,9 @@ pub struct Summary {
     pub per_worker: Vec<WorkerSummary>,
     /// Test accuracy over time.
     pub curve: Vec<EvalPoint>,
+    /// TCP runs: the server's side of the conservation ledger.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ledger: Option<TcpLedger>,
     /// The simulator's cost (simulated runs only): events processed, and per second of
     /// wall-clock time.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -182,6 +220,7 @@ impl Summary {
                 })
                 .collect(),
             curve: report.curve.clone(),
+            ledger: None,
         }
     }
 
@@ -220,6 +259,7 @@ impl Summary {
                 })
                 .collect(),
             curve: report.curve.clone(),
+            ledger: None,
         }
     }
 

@@ -40,7 +40,7 @@ use core::net::{IpAddr, SocketAddr};
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use core::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError, bounded};
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::BufWriter;
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
@@ -235,6 +235,36 @@ pub struct ServerReport {
     pub evicted: u64,
     /// Checkpoints written.
     pub checkpoints: u64,
+    /// Conservation ledger: contributions (gradients, deltas, clock updates) read from the
+    /// workers' current sessions and handed to the protocol (each is then accepted or
+    /// refused).
+    pub received: u64,
+    /// Of [`Self::received`], those the protocol refused (duplicates, stale sessions…).
+    pub refused_contributions: u64,
+    /// Contributions read from a session that had already been replaced or cut (lost with
+    /// the connection; the protocol never sees them).
+    pub discarded: u64,
+    /// Contributions that arrived after the run stopped (in flight at the stop).
+    pub in_flight_at_stop: u64,
+    /// The same four counts per session (connection), in the order sessions began.
+    pub session_ledgers: Vec<SessionLedger>,
+}
+
+/// One session's part of the conservation ledger (see [`ServerReport::received`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SessionLedger {
+    /// The worker.
+    pub worker: u32,
+    /// Its session epoch.
+    pub epoch: u32,
+    /// Contributions read and handed to the protocol.
+    pub received: u64,
+    /// Of those, refused.
+    pub refused: u64,
+    /// Read after the session was replaced or cut.
+    pub discarded: u64,
+    /// Arrived after the run stopped.
+    pub in_flight_at_stop: u64,
 }
 
 #[derive(Debug, Default)]
@@ -627,7 +657,15 @@ impl TcpServer {
                 handshake_failures: 0,
                 evicted: 0,
                 checkpoints: 0,
+                received: 0,
+                refused_contributions: 0,
+                discarded: 0,
+                in_flight_at_stop: 0,
+                session_ledgers: Vec::new(),
             },
+            session_index: HashMap::new(),
+            journal: None,
+            applied_by_version: std::collections::BTreeMap::new(),
             limits: Limits::for_model(dim),
             checkpoint_due: false,
             last_version: version,
@@ -635,6 +673,13 @@ impl TcpServer {
             // once sent, so a burst of queued frames does not pin its memory for good.
             bufs: SharedBufs::new(2 * n + 2),
         };
+        if let Some((path, _)) = &shared.options.checkpoint {
+            // The journal of what is applied between checkpoints (read by `--resume`).
+            match checkpoint::Journal::start(path, version, &checkpoint::Totals::default()) {
+                Ok(j) => core.journal = Some(j),
+                Err(e) => note(Note::Log(&e.to_string())),
+            }
+        }
         let reason = core.run(&in_rx, plan, &control, note);
         core.finish(reason, &in_rx, note);
         shared.closing.store(true, Ordering::SeqCst);
@@ -881,6 +926,12 @@ struct Core<S> {
     last_version: Version,
     /// Encoded messages, reused once every writer has sent them.
     bufs: SharedBufs,
+    /// Connection id → index in [`ServerReport::session_ledgers`].
+    session_index: HashMap<u64, usize>,
+    /// The journal next to the checkpoint, if checkpoints are written.
+    journal: Option<checkpoint::Journal>,
+    /// Applied contributions per worker of versions not yet made (for the journal).
+    applied_by_version: std::collections::BTreeMap<u64, Vec<u64>>,
 }
 
 /// Buffers of encoded outgoing messages. Each message is encoded once into one of them and
@@ -982,6 +1033,8 @@ impl<S: Driven> Core<S> {
             Inbound::HandshakeFailed => self.report.handshake_failures += 1,
             Inbound::Connected { conn, worker, epoch, addr, tx, stream, done } => {
                 self.report.sessions += 1;
+                self.session_index.insert(conn, self.report.session_ledgers.len());
+                self.report.session_ledgers.push(SessionLedger { worker: worker.0, epoch, ..SessionLedger::default() });
                 Self::log(note, &format!("worker {} connected from {addr} (epoch {epoch})", worker.0));
                 if let Some(seen) = self.seen_worker.get_mut(worker.index()) {
                     *seen = true;
@@ -999,11 +1052,21 @@ impl<S: Driven> Core<S> {
                 }
             }
             Inbound::Frame { conn, worker, buf, start, end, home } => {
+                if !self.current(worker, conn) && self.is_contribution(buf.get(start..end).unwrap_or_default()) {
+                    self.report.discarded += 1;
+                    self.session(conn, |s| s.discarded += 1);
+                }
                 if self.current(worker, conn) {
                     let bytes = buf.get(start..end).unwrap_or_default();
                     let now = since(self.epoch);
                     match wire::decode_to_server::<f32>(bytes, &self.limits) {
                         Ok(msg) => {
+                            let contribution =
+                                matches!(msg, ToServer::Grad { .. } | ToServer::Delta { .. } | ToServer::Clock { .. });
+                            if contribution {
+                                self.report.received += 1;
+                                self.session(conn, |s| s.received += 1);
+                            }
                             if matches!(msg, ToServer::Grad { .. } | ToServer::Delta { .. }) {
                                 let sent = self.dispatched.get_mut(worker.index()).and_then(Option::take);
                                 if let (Some(t), Some(busy)) = (sent, self.report.busy_s.get_mut(worker.index())) {
@@ -1012,6 +1075,10 @@ impl<S: Driven> Core<S> {
                             }
                             if self.server.handle(now, worker, msg).is_err() {
                                 self.report.refused += 1;
+                                if contribution {
+                                    self.report.refused_contributions += 1;
+                                    self.session(conn, |s| s.refused += 1);
+                                }
                             }
                         }
                         Err(e) => {
@@ -1058,6 +1125,21 @@ impl<S: Driven> Core<S> {
         self.upstream_end.get_or_insert(StopReason::UpstreamLost);
     }
 
+    /// Counts into the ledger of session `conn`.
+    fn session(&mut self, conn: u64, f: impl FnOnce(&mut SessionLedger)) {
+        if let Some(s) = self.session_index.get(&conn).and_then(|i| self.report.session_ledgers.get_mut(*i)) {
+            f(s);
+        }
+    }
+
+    /// Whether `bytes` decode to a contribution (for the ledger).
+    fn is_contribution(&self, bytes: &[u8]) -> bool {
+        matches!(
+            wire::decode_to_server::<f32>(bytes, &self.limits),
+            Ok(ToServer::Grad { .. } | ToServer::Delta { .. } | ToServer::Clock { .. })
+        )
+    }
+
     fn current(&self, worker: WorkerId, conn: u64) -> bool {
         matches!(self.conns.get(worker.index()), Some(Some(c)) if c.id == conn)
     }
@@ -1087,6 +1169,7 @@ impl<S: Driven> Core<S> {
     fn drain(&mut self, note: &mut dyn FnMut(Note<'_>)) {
         loop {
             let mut outbox: Vec<(Recipient, Arc<Vec<u8>>, bool)> = Vec::new();
+            let mut updates: Vec<(Version, Vec<u64>)> = Vec::new();
             while let Some(out) = self.server.poll_output() {
                 match out {
                     ServerOutput::Send { to, msg } => {
@@ -1099,6 +1182,9 @@ impl<S: Driven> Core<S> {
                     }
                     ServerOutput::Event(ev) => {
                         Self::count(&mut self.report, &mut self.checkpoint_due, &self.shared.options, &ev);
+                        if self.journal.is_some() {
+                            Self::journal_event(&mut self.applied_by_version, &mut updates, self.conns.len(), &ev);
+                        }
                         note(Note::Event(&ev));
                     }
                 }
@@ -1116,6 +1202,16 @@ impl<S: Driven> Core<S> {
                 self.last_version = version;
                 self.shared.version.store(version.0, Ordering::SeqCst);
                 note(Note::Model { version, params: self.server.params() });
+            }
+            if !updates.is_empty() {
+                let totals = self.totals();
+                if let Some(j) = self.journal.as_mut() {
+                    for (version, by_worker) in &updates {
+                        if let Err(e) = j.update(*version, by_worker, &totals) {
+                            note(Note::Log(&e.to_string()));
+                        }
+                    }
+                }
             }
             if self.checkpoint_due {
                 self.checkpoint_due = false;
@@ -1207,9 +1303,50 @@ impl<S: Driven> Core<S> {
         if let Some((path, _)) = &self.shared.options.checkpoint {
             let name = self.shared.announce.config.name();
             match checkpoint::save(path, name, self.server.version(), self.server.params()) {
-                Ok(()) => self.report.checkpoints += 1,
+                Ok(()) => {
+                    self.report.checkpoints += 1;
+                    let totals = self.totals();
+                    if let Some(Err(e)) = self.journal.as_mut().map(|j| j.restart(self.server.version(), &totals)) {
+                        note(Note::Log(&e.to_string()));
+                    }
+                }
                 Err(e) => note(Note::Log(&e.to_string())),
             }
+        }
+    }
+
+    /// The protocol's totals, for the journal.
+    fn totals(&self) -> checkpoint::Totals {
+        let st = self.server.stats();
+        checkpoint::Totals {
+            received: self.report.received,
+            accepted: st.accepted,
+            applied: st.applied,
+            dropped: st.dropped_total(),
+        }
+    }
+
+    /// Applied contributions are counted per worker until their version is made; then the
+    /// version goes to the journal.
+    fn journal_event(
+        pending: &mut std::collections::BTreeMap<u64, Vec<u64>>,
+        updates: &mut Vec<(Version, Vec<u64>)>,
+        n: usize,
+        ev: &ServerEvent,
+    ) {
+        match *ev {
+            ServerEvent::Applied { worker, version, .. } => {
+                let row = pending.entry(version.0).or_insert_with(|| vec![0; n]);
+                if let Some(c) = row.get_mut(worker.index()) {
+                    *c += 1;
+                }
+            }
+            ServerEvent::ModelUpdated { version, .. } => {
+                let row = pending.remove(&version.0).unwrap_or_else(|| vec![0; n]);
+                pending.retain(|v, _| *v > version.0);
+                updates.push((version, row));
+            }
+            _ => {}
         }
     }
 
@@ -1251,6 +1388,12 @@ impl<S: Driven> Core<S> {
         while !open.is_empty() {
             match in_rx.recv_deadline(deadline) {
                 Ok(Inbound::Closed { conn, .. }) => open.retain(|id| *id != conn),
+                Ok(Inbound::Frame { buf, start, end, conn, .. }) => {
+                    if self.is_contribution(buf.get(start..end).unwrap_or_default()) {
+                        self.report.in_flight_at_stop += 1;
+                        self.session(conn, |s| s.in_flight_at_stop += 1);
+                    }
+                }
                 Ok(_) => {}
                 Err(_) => break,
             }

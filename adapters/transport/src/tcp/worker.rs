@@ -20,7 +20,7 @@ use super::handshake::{self, ClientSide, HandshakeError, Role};
 use super::settings::RunSettings;
 use super::{TcpError, at, core_duration, since};
 use core::net::SocketAddr;
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use core::time::Duration;
 use std::io::BufWriter;
 use std::net::{TcpStream, ToSocketAddrs};
@@ -141,6 +141,15 @@ pub struct WorkerReport {
     pub busy_s: f64,
     /// Seconds the worker ran.
     pub wall_s: f64,
+    /// Conservation ledger: distinct contributions (gradients, deltas, clock updates)
+    /// written whole to the connection, over every session.
+    pub sent: u64,
+    /// Contributions written again with a sequence number already sent (retransmissions).
+    pub resent: u64,
+    /// The worker's counters of what it handed to its connections (distinct contributions
+    /// are told from retransmissions by their sequence numbers).
+    #[serde(skip)]
+    pub stats: syncopate::WorkerStats,
 }
 
 enum SessionEnd {
@@ -180,7 +189,8 @@ pub fn run_worker(
             Ok(SessionEnd::Lost(why)) => {
                 attempt = 0;
                 unreachable_since = None;
-                format!("connection lost ({why})")
+                let seen = report.last_version.map_or_else(|| "none".to_owned(), |v| v.to_string());
+                format!("connection lost ({why}; newest model computed on: version {seen})")
             }
             Err(ConnectError::Unreachable(e)) => {
                 let since = *unreachable_since.get_or_insert_with(StdInstant::now);
@@ -313,12 +323,21 @@ fn drive(
     // Uploads go through a writer thread, so sending a large gradient or delta overlaps the
     // next computation (the optimized WBSP worker relies on it); encoded buffers come back
     // through `spare` and are reused, so steady state allocates nothing.
-    let (to_writer, frames) = crossbeam_channel::bounded::<Vec<u8>>(UPLOADS_IN_FLIGHT);
+    // Each frame goes with its ledger class: a new contribution, a retransmitted one, or
+    // another message; the writer counts the contributions it wrote whole.
+    let (to_writer, frames) = crossbeam_channel::bounded::<(Vec<u8>, Upload)>(UPLOADS_IN_FLIGHT);
     let (give_back, spare) = crossbeam_channel::bounded::<Vec<u8>>(UPLOADS_IN_FLIGHT + 1);
-    thread::scope(|scope| {
+    let (sent, resent) = (AtomicU64::new(0), AtomicU64::new(0));
+    let end = thread::scope(|scope| {
+        let (sent, resent) = (&sent, &resent);
         let writing = scope.spawn(move || -> Result<(), String> {
-            for frame in frames {
+            for (frame, class) in frames {
                 writer.write_frame(&frame).map_err(|e| e.to_string())?;
+                match class {
+                    Upload::New => sent.fetch_add(1, Ordering::SeqCst),
+                    Upload::Again => resent.fetch_add(1, Ordering::SeqCst),
+                    Upload::Other => 0,
+                };
                 let _ = give_back.try_send(frame);
             }
             Ok(())
@@ -329,7 +348,21 @@ fn drive(
             (Ok(Err(e)), SessionEnd::Lost(_)) => SessionEnd::Lost(e),
             (_, end) => end,
         }
-    })
+    });
+    report.sent += sent.load(Ordering::SeqCst);
+    report.resent += resent.load(Ordering::SeqCst);
+    end
+}
+
+/// What an uploaded frame is, for the ledger.
+#[derive(Clone, Copy, Debug)]
+enum Upload {
+    /// A contribution with a new sequence number.
+    New,
+    /// A contribution sent before (same sequence number).
+    Again,
+    /// Any other message.
+    Other,
 }
 
 /// A computed gradient waiting for its emulated step time to pass.
@@ -343,7 +376,7 @@ struct Held {
 fn drive_loop(
     worker: &mut AnyWorker<f32, Vec<f32>>,
     reader: &mut FrameReader,
-    uploads: &crossbeam_channel::Sender<Vec<u8>>,
+    uploads: &crossbeam_channel::Sender<(Vec<u8>, Upload)>,
     spare: &crossbeam_channel::Receiver<Vec<u8>>,
     dim: usize,
     options: &WorkerOptions,
@@ -367,7 +400,16 @@ fn drive_loop(
                     match wire::encode_to_server(&msg, &mut out) {
                         Ok(n) => {
                             out.truncate(n);
-                            if uploads.send(out).is_err() {
+                            let before = report.stats;
+                            report.stats.record(&msg);
+                            let class = if report.stats.contributions > before.contributions {
+                                Upload::New
+                            } else if report.stats.resent > before.resent {
+                                Upload::Again
+                            } else {
+                                Upload::Other
+                            };
+                            if uploads.send((out, class)).is_err() {
                                 upload_failed = Some("the connection broke while sending".to_string());
                             }
                         }
