@@ -9,6 +9,7 @@
 //! of two, so every float sum is exact and the final model can be compared bit for bit with a
 //! reference rebuilt from the applied-update log.
 
+use crate::ledger::{Loss, Tracker};
 use crate::rng::Rng;
 use core::fmt::Write as _;
 use std::collections::{BTreeMap, HashMap};
@@ -22,7 +23,7 @@ use syncopate::proto::dbw::DbwConfig;
 use syncopate::proto::grouped::GroupedConfig;
 use syncopate::proto::ssp::SspConfig;
 use syncopate::proto::wbsp::WbspConfig;
-use syncopate::testkit::{Cluster, Entry, Job, NetConfig, ToServerOwned};
+use syncopate::testkit::{Cluster, CopyLoss, Entry, Job, NetConfig, ToServerOwned};
 use syncopate::{
     AnyServer, AnyWorker, DropReason, Duration, Instant, ProtocolConfig, Recipient, Reject, Server, ServerEvent,
     Version, WorkerId, WorkerSetup,
@@ -485,6 +486,8 @@ pub struct Sim {
     net: Net,
     checker: Checker,
     ctx: Ctx,
+    /// The conservation ledger's network side, fed from the log (checked after every event).
+    tracker: Tracker,
     counts: Counts,
     /// Log entries already checked.
     cursor: usize,
@@ -528,6 +531,7 @@ impl Sim {
             net,
             checker: Checker::new(spec.protocol.name(), n, &initial),
             ctx: Ctx::of(&spec.protocol),
+            tracker: Tracker::new(n),
             counts: Counts::default(),
             cursor: 0,
             last_progress: 0,
@@ -542,19 +546,38 @@ impl Sim {
     fn check_log(&mut self) {
         let n = self.net.nodes.len();
         let now = tick_of(self.net.now);
+        let mut buf = Vec::new();
         for e in self.net.log.get(self.cursor..).unwrap_or_default() {
             if self.debug {
                 eprintln!("t={now} v={} {e:?}", self.net.server.version().0);
             }
             match e {
-                Entry::Up { worker, epoch, msg } => self.checker.sent(*worker as u32, *epoch, msg),
+                Entry::Up { worker, epoch, msg } => {
+                    self.tracker.worker_sent(*worker as u32, &msg.as_msg(&mut buf));
+                    self.checker.sent(*worker as u32, *epoch, msg);
+                }
+                Entry::UpCopy { worker, epoch, msg } => {
+                    self.tracker.copy_sent(*worker as u32, *epoch, &msg.as_msg(&mut buf));
+                }
+                Entry::UpLost { worker, epoch, msg, cause } => {
+                    let cause = match cause {
+                        CopyLoss::Dropped => Loss::Network,
+                        CopyLoss::Partition => Loss::Partition,
+                    };
+                    self.tracker.copy_lost(*worker as u32, *epoch, &msg.as_msg(&mut buf), cause);
+                }
+                Entry::UpMissed { worker, epoch, msg } => {
+                    self.tracker.copy_missed_server(*worker as u32, *epoch, &msg.as_msg(&mut buf));
+                }
                 Entry::ServerIn { worker, epoch, msg, result, .. } => {
+                    self.tracker.copy_handled(*worker as u32, *epoch, &msg.as_msg(&mut buf), *result);
                     self.checker.handled(*worker as u32, *epoch, msg, *result);
                     if result.is_err() {
                         self.counts.rejected += 1;
                     }
                 }
                 Entry::Event(ev) => {
+                    self.tracker.event(ev);
                     match ev {
                         ServerEvent::ModelUpdated { .. } => {
                             self.last_progress = now;
@@ -610,6 +633,9 @@ impl Sim {
             )
         });
         check!(c, outstanding <= cap, format!("C4 {outstanding} accepted contributions without an outcome"));
+        // Conservation: sent = applied + dropped + held + in flight + lost (with causes).
+        let ledger = self.tracker.ledger(&st).and_then(|l| l.check());
+        check!(c, ledger.is_ok(), ledger.err().unwrap_or_default());
         if c.pending.len() > 64 {
             let n = c.pending.len();
             c.fail(format!("C4 Applied events for {n} future versions"));
@@ -636,6 +662,9 @@ impl Sim {
             self.checker.fail("resume from checkpoint failed".into());
             return;
         };
+        // The log is checked up to here: what the old server applied after the checkpoint
+        // is rolled back, what it held and what is on its way to it are lost.
+        self.tracker.server_restarted(self.net.server.stats(), version);
         // The cluster restarts with the server: workers rejoin with new epochs.
         self.net.restart_server(server);
     }

@@ -10,8 +10,9 @@
 //! FIFO (what one drain of a node sends travels as one batch) for protocols that assume an
 //! ordered transport.
 //!
-//! Everything that happens is appended to [`Cluster::log`] ([`Entry`]), which the checks
-//! read: the reference model and the invariants of [`super::check`], or a test's own.
+//! Everything that happens is appended to [`Cluster::log`] ([`Entry`]), including the fate
+//! of every copy of a message to the server (on the wire, lost and why, missed by a restarted
+//! server), which the checks read: the reference model and the invariants of [`super::check`], or a test's own.
 //! [`Cluster::step`] handles one event, [`Cluster::run`] steps until the network is quiet.
 
 use super::{ToServerOwned, ToWorkerOwned};
@@ -203,6 +204,47 @@ pub enum Entry {
     },
     /// A new server replaced the old one ([`Cluster::restart_server`]).
     ServerRestarted,
+    /// The network put one copy of `msg` (logged before as [`Entry::Up`]) on the wire to the
+    /// server; a duplicated message has two.
+    UpCopy {
+        /// The sender.
+        worker: usize,
+        /// The sender's session epoch.
+        epoch: u32,
+        /// The message.
+        msg: ToServerOwned,
+    },
+    /// The network lost `msg` (logged before as [`Entry::Up`]) before it left: no copy is on
+    /// the wire.
+    UpLost {
+        /// The sender.
+        worker: usize,
+        /// The sender's session epoch.
+        epoch: u32,
+        /// The message.
+        msg: ToServerOwned,
+        /// Why.
+        cause: CopyLoss,
+    },
+    /// A copy of `msg` arrived after the server it was sent to was replaced
+    /// ([`Cluster::restart_server`]): no server handled it.
+    UpMissed {
+        /// The sender.
+        worker: usize,
+        /// The sender's session epoch.
+        epoch: u32,
+        /// The message.
+        msg: ToServerOwned,
+    },
+}
+
+/// Why the network lost a message ([`Entry::UpLost`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyLoss {
+    /// The loss fault ([`Faults::loss`]).
+    Dropped,
+    /// A one-way partition of the link ([`Faults::partition`]).
+    Partition,
 }
 
 /// What the network injected.
@@ -442,18 +484,20 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
         d
     }
 
-    /// Copies (0, 1 or 2) of a message after the faults; `cut` is a partition's end.
-    fn copies(&mut self, cut: Instant) -> u32 {
+    /// Copies (1 or 2) of a message after the faults, or why it was lost; `cut` is a
+    /// partition's end.
+    fn copies(&mut self, cut: Instant) -> Result<u32, CopyLoss> {
         self.counts.sent += 1;
-        if self.chance(self.faults.loss) || cut > self.now {
+        let dropped = self.chance(self.faults.loss);
+        if dropped || cut > self.now {
             self.counts.lost += 1;
-            return 0;
+            return Err(if dropped { CopyLoss::Dropped } else { CopyLoss::Partition });
         }
         if self.chance(self.faults.duplicate) {
             self.counts.duplicated += 1;
-            return 2;
+            return Ok(2);
         }
-        1
+        Ok(1)
     }
 
     fn send_up(&mut self, from: usize, batch: Vec<ToServerOwned>) {
@@ -463,7 +507,15 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
         for msg in batch {
             self.log.push(Entry::Up { worker: from, epoch, msg: msg.clone() });
             let cut = self.nodes[from].cut_up_until;
-            for _ in 0..self.copies(cut) {
+            let copies = match self.copies(cut) {
+                Ok(n) => n,
+                Err(cause) => {
+                    self.log.push(Entry::UpLost { worker: from, epoch, msg, cause });
+                    continue;
+                }
+            };
+            for _ in 0..copies {
+                self.log.push(Entry::UpCopy { worker: from, epoch, msg: msg.clone() });
                 let at = if self.config.fifo {
                     let at = (self.now + batch_latency).max(self.nodes[from].last_up);
                     self.nodes[from].last_up = at;
@@ -479,7 +531,7 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
     fn send_down(&mut self, to: usize, msg: &ToWorkerOwned, batch_latency: Duration) {
         let Some(node) = self.nodes.get(to) else { return };
         let (cut, inc) = (node.cut_down_until, node.inc);
-        for _ in 0..self.copies(cut) {
+        for _ in 0..self.copies(cut).unwrap_or(0) {
             let at = if self.config.fifo {
                 let at = (self.now + batch_latency).max(self.nodes[to].last_down);
                 self.nodes[to].last_down = at;
@@ -602,6 +654,16 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
         }
     }
 
+    /// A copy sent to server incarnation `server_inc` arrives: the current server handles
+    /// it, or it is logged as missed ([`Entry::UpMissed`]).
+    fn arrive_up(&mut self, from: usize, epoch: u32, server_inc: u32, msg: ToServerOwned) {
+        if server_inc == self.server_inc {
+            self.deliver_up(from, epoch, msg);
+        } else {
+            self.log.push(Entry::UpMissed { worker: from, epoch, msg });
+        }
+    }
+
     fn deliver_up(&mut self, from: usize, epoch: u32, msg: ToServerOwned) {
         let before = self.server.version().0;
         let mut buf = Vec::new();
@@ -651,11 +713,7 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
         self.now = self.now.max(at);
         self.counts.steps += 1;
         match ev {
-            Ev::Up { from, epoch, server_inc, msg } => {
-                if server_inc == self.server_inc {
-                    self.deliver_up(from, epoch, msg);
-                }
-            }
+            Ev::Up { from, epoch, server_inc, msg } => self.arrive_up(from, epoch, server_inc, msg),
             Ev::Down { to, inc, msg, applied } => {
                 if self.nodes.get(to).is_some_and(|n| n.inc == inc) {
                     self.deliver_down(to, msg, applied);
@@ -724,9 +782,7 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
                 self.events.iter().find_map(|(k, e)| matches!(e, Ev::Up { from, .. } if *from == w).then_some(*k));
             if let Some(Ev::Up { from, epoch, server_inc, msg }) = key.and_then(|k| self.events.remove(&k)) {
                 self.in_flight -= 1;
-                if server_inc == self.server_inc {
-                    self.deliver_up(from, epoch, msg);
-                }
+                self.arrive_up(from, epoch, server_inc, msg);
             }
         }
     }

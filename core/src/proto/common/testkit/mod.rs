@@ -5,7 +5,7 @@
 
 mod cluster;
 
-pub use cluster::{Cluster, Entry, Faults, GradientFn, Job, NetConfig, NetCounts, Node, WorkerFactory};
+pub use cluster::{Cluster, CopyLoss, Entry, Faults, GradientFn, Job, NetConfig, NetCounts, Node, WorkerFactory};
 
 use crate::id::Version;
 use crate::math::Scalar;
