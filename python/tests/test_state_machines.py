@@ -9,10 +9,16 @@ import syncopate
 
 
 def drain_workers(
-    server: syncopate.Server, workers: list[syncopate.Worker], targets: np.ndarray, now: int, pending: dict
+    server: syncopate.Server,
+    workers: list[syncopate.Worker],
+    targets: np.ndarray,
+    now: int,
+    pending: dict,
+    events: list[dict],
 ) -> None:
-    """Sends what each worker has; a gradient asked for is computed now and handed in on the
-    next tick (so a worker that keeps computing, like optimized WBSP, yields each tick)."""
+    """Sends what each worker has, draining the server after every message (the driving
+    contract); a gradient asked for is computed now and handed in on the next tick (so a
+    worker that keeps computing, like optimized WBSP, yields each tick)."""
     for i, w in enumerate(workers):
         if i in pending:
             job, grad = pending.pop(i)
@@ -20,6 +26,7 @@ def drain_workers(
         while (out := w.poll_output()) is not None:
             if out[0] == "send":
                 server.handle(now, i, out[1])
+                events += drain_server(server, workers, now)
             elif out[0] == "compute":
                 _, job, _version, params = out
                 assert params is w_params[i] or params.shape == w_params[i].shape
@@ -58,7 +65,7 @@ def test_every_protocol_trains_in_place(name: str) -> None:
     pending: dict = {}
     for tick in range(3000):
         now = tick * 1_000_000
-        drain_workers(server, workers, targets, now, pending)
+        drain_workers(server, workers, targets, now, pending, events)
         events += drain_server(server, workers, now)
         if server.version >= 300:
             server.stop()

@@ -23,9 +23,9 @@ use core::panic::PanicInfo;
 use cortex_m_semihosting::{debug, hprintln};
 use problem::Problem;
 use report::{Millis, Ratio, Sci};
+use syncopate::proto::Inline;
 use syncopate::proto::bsp::{BspConfig, BspServer};
 use syncopate::proto::dbw::{DbwConfig, DbwServer};
-use syncopate::proto::Inline;
 use syncopate::{ConfigError, Server};
 
 /// Workers `n`.

@@ -120,9 +120,9 @@ pub(crate) mod flag {
 pub struct WorkerRecord<X> {
     /// The lowest sequence number the worker may still send.
     pub(crate) next_seq: u64,
-    /// The batch the worker is part of: for the synchronous protocols the round (version
-    /// + 1) its gradient went into, so membership of the open round is `mark == version + 1`
-    ///   and a round empties by moving on, with no pass over the table.
+    /// The batch the worker is part of: for the synchronous protocols the round (the
+    /// version plus one) its gradient went into, so membership of the open round is
+    /// `mark == version + 1` and a round empties by moving on, with no pass over the table.
     pub(crate) mark: u64,
     /// The epoch of its last `Join`.
     pub(crate) epoch: u32,
