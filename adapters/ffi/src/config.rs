@@ -15,9 +15,9 @@ use syncopate::proto::wbsp::{DeltaScaling, LrSchedule, WbspConfig};
 use syncopate::proto::{GradientPolicy, LargeGradient};
 use syncopate::{Duration, ProtocolConfig};
 
-/// The most workers a configuration may have through the C ABI (the capacity of a handle's
-/// inline per-worker table, and the length of `partition_table`).
+/// The most workers a configuration may have (the length of `partition_table`).
 pub const SYNCOPATE_MAX_WORKERS: usize = 256;
+// It is also the capacity of a handle's inline per-worker table.
 const _: () = assert!(SYNCOPATE_MAX_WORKERS == DEFAULT_INLINE_WORKERS && SYNCOPATE_MAX_WORKERS == MAX_EXPLICIT_WORKERS);
 
 /// Bulk synchronous parallel.

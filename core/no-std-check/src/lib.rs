@@ -20,7 +20,10 @@ fn panic(_: &PanicInfo<'_>) -> ! {
 /// Runs one BSP step with one worker on a 4-parameter model; returns the new version.
 #[unsafe(no_mangle)]
 pub extern "C" fn syncopate_no_std_step() -> u64 {
-    let mut server = match BspServer::new(BspConfig::new(1, 0.5), [1.0f32; 4], [0.0f32; 4]) {
+    // Per-worker records inline, for at most 4 workers: no allocation.
+    let server =
+        BspServer::<f32, [f32; 4], syncopate::proto::Inline<4>>::new(BspConfig::new(1, 0.5), [1.0f32; 4], [0.0f32; 4]);
+    let mut server = match server {
         Ok(s) => s,
         Err(_) => return u64::MAX,
     };
@@ -49,7 +52,7 @@ pub extern "C" fn syncopate_no_std_any() -> u32 {
     let config = ProtocolConfig::Bsp(BspConfig::new(2, 0.1));
     let mut params = [0.0f32; 8];
     let mut scratch = [0.0f32; 8];
-    let ok_server = AnyServer::new(&config, &mut params[..], &mut scratch[..]).is_ok();
+    let ok_server = AnyServer::<f32, &mut [f32]>::new(&config, &mut params[..], &mut scratch[..]).is_ok();
     let mut wp = [0.0f32; 8];
     let mut ws = [0.0f32; 0];
     let setup = WorkerSetup { id: WorkerId(1), epoch: 0, rejoin_after: None };
