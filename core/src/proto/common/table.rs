@@ -11,8 +11,9 @@
 //!
 //! Server state beside the caller's model buffers is then `n` records plus a constant
 //! (the output queue's depth does not depend on `n`: a round's per-worker outputs are one
-//! queued item, expanded when polled). [`ProtocolConfig::per_worker_bytes`]
-//! (crate::ProtocolConfig::per_worker_bytes) gives a protocol's record size.
+//! queued item, expanded when polled).
+//! [`ProtocolConfig::per_worker_bytes`](crate::ProtocolConfig::per_worker_bytes) gives a
+//! protocol's record size.
 
 use crate::error::ConfigError;
 use core::fmt::Debug;
