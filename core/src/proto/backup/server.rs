@@ -6,7 +6,6 @@ use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
 use crate::math::Scalar;
 use crate::msg::Values;
-use crate::proto::common::round::Round;
 use crate::proto::{Buffer, DEFAULT_INLINE_WORKERS, Inline, ProtocolServer, ServerCore, Storage};
 use crate::time::Instant;
 
@@ -44,22 +43,6 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BackupServer<T, S, M> {
     pub fn config(&self) -> &BackupConfig {
         &self.rules().config
     }
-
-    /// How many workers' gradients for the current version are in.
-    pub fn received(&self) -> usize {
-        self.rules().engine.round.len()
-    }
-
-    /// Whether `worker`'s gradient for the current version is in.
-    pub fn has_received(&self, worker: WorkerId) -> bool {
-        Round::contains(&self.core.roster, worker, self.core.version)
-    }
-
-    /// The workers whose gradient for the current version is in, in id order (a pass over
-    /// the table).
-    pub fn contributors(&self) -> impl Iterator<Item = WorkerId> + '_ {
-        Round::members(&self.core.roster, self.core.version)
-    }
 }
 
 impl<T: Scalar, S: Buffer<T>> BackupRules<T, S> {
@@ -86,3 +69,9 @@ impl<T, S> crate::proto::HasSlot for BackupRules<T, S> {
 }
 
 crate::proto::backup::backup_family_rules!(BackupRules<T, S>, 0);
+
+impl<T, S> crate::proto::common::round::HasRound for BackupRules<T, S> {
+    fn round_len(&self) -> usize {
+        self.engine.round.len()
+    }
+}

@@ -73,22 +73,6 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BspServer<T, S, M> {
     pub fn config(&self) -> &BspConfig {
         &self.rules().config
     }
-
-    /// How many workers' gradients for the current version are in.
-    pub fn received(&self) -> usize {
-        self.rules().round.len()
-    }
-
-    /// Whether `worker`'s gradient for the current version is in.
-    pub fn has_received(&self, worker: WorkerId) -> bool {
-        Round::contains(&self.core.roster, worker, self.core.version)
-    }
-
-    /// The workers whose gradient for the current version is in, in id order (a pass over
-    /// the table).
-    pub fn contributors(&self) -> impl Iterator<Item = WorkerId> + '_ {
-        Round::members(&self.core.roster, self.core.version)
-    }
 }
 
 impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
@@ -222,5 +206,11 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BspRules<T, S> {
                 core.event(ServerEvent::Stalled { waiting_for, missing, since });
             }
         }
+    }
+}
+
+impl<T, S> crate::proto::common::round::HasRound for BspRules<T, S> {
+    fn round_len(&self) -> usize {
+        self.round.len()
     }
 }

@@ -9,7 +9,6 @@ use crate::math::estimate::{Ema, MAX_EXACT_ORDER, MAX_RTT_SAMPLES, RttWindow, ch
 use crate::math::{self, Scalar};
 use crate::msg::Values;
 use crate::proto::backup::{BackupCore, Engine};
-use crate::proto::common::round::Round;
 use crate::proto::common::table::flag;
 use crate::proto::{Buffer, DEFAULT_INLINE_WORKERS, Inline, ProtocolServer, ServerCore, ServerEvent, Storage};
 use crate::time::Instant;
@@ -105,22 +104,6 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> DbwServer<T, S, M> {
     /// The settings.
     pub fn config(&self) -> &DbwConfig {
         &self.rules().config
-    }
-
-    /// How many workers' gradients for the current version are in.
-    pub fn received(&self) -> usize {
-        self.rules().engine.round.len()
-    }
-
-    /// Whether `worker`'s gradient for the current version is in.
-    pub fn has_received(&self, worker: WorkerId) -> bool {
-        Round::contains(&self.core.roster, worker, self.core.version)
-    }
-
-    /// The workers whose gradient for the current version is in, in id order (a pass over
-    /// the table).
-    pub fn contributors(&self) -> impl Iterator<Item = WorkerId> + '_ {
-        Round::members(&self.core.roster, self.core.version)
     }
 
     /// How many gradients the current iteration waits for.
@@ -300,3 +283,9 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> DbwRules<T, S, M> {
 
 // A close, plus the `BackupChosen` report.
 crate::proto::backup::backup_family_rules!(DbwRules<T, S, M>, 1);
+
+impl<T, S, M: Storage> crate::proto::common::round::HasRound for DbwRules<T, S, M> {
+    fn round_len(&self) -> usize {
+        self.engine.round.len()
+    }
+}
