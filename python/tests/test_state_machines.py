@@ -22,7 +22,10 @@ def drain_workers(
     for i, w in enumerate(workers):
         if i in pending:
             job, grad = pending.pop(i)
-            w.handle_gradient(now, job, grad)
+            try:
+                w.handle_gradient(now, job, grad)
+            except syncopate.RejectedError:
+                pass  # a newer model arrived meanwhile: the job was abandoned (the worker asks again)
         while (out := w.poll_output()) is not None:
             if out[0] == "send":
                 server.handle(now, i, out[1])
