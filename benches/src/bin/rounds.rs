@@ -10,7 +10,9 @@
 //!
 //! With `--mpi-adapter BIN` (the `mpi_rounds` binary, feature `mpi`) it also runs (c) BSP
 //! over the MPI adapter, `mpirun -n N+1` (a server rank and N worker ranks), next to the MPI
-//! peers of the same floats on N ranks, over the same shared-memory transport. With
+//! peers of the same floats on N ranks (the same number of gradients) and, in a second row,
+//! on N+1 ranks (the same ranks as ours; the rank in the server's place sums a vector too), over the same
+//! shared-memory transport. With
 //! `--mpi-baseline BIN` (another build of `mpi_rounds`, e.g. before a change) it runs that one
 //! too, interleaved, as the row "mpi (baseline)". With `--mpi` as well it runs the bare
 //! point-to-point star of the peer program on N+1 ranks (`allreduce D ITERS star`: gradients
@@ -414,8 +416,8 @@ fn main() {
                 row("channel", n, dim, &runs, shm_btl, &peers);
             }
             if let (true, Some(bin), Some(btl)) = (want("mpi"), mpi_adapter.as_deref(), shm_btl) {
-                let (mut runs, mut base_runs, mut stars, mut segs, mut peers) =
-                    (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                let (mut runs, mut base_runs, mut stars, mut segs, mut peers, mut peers_same) =
+                    (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
                 let (mut failed, mut base_failed) = (None, None);
                 let per_run = rounds.saturating_sub(WARMUP).max(1);
                 for _ in 0..repeat {
@@ -434,23 +436,31 @@ fn main() {
                         segs.push(Run { times: vec![seg], cpu: None });
                     }
                     peers.extend(peer(Some(btl)));
+                    // The same ranks as ours (the rank in the server's place contributes a vector too).
+                    peers_same.extend(mpi.as_deref().and_then(|bin| mpi_peer(bin, btl, n + 1, dim, rounds)));
                 }
+                let (on_n, on_same) = (format!("{btl}, {n} ranks"), format!("{btl}, {} ranks", n + 1));
                 let failed_row = |name: &str, e: &str| {
                     println!("| {name} | {n} | {dim:.0e} | – | failed: {e} | – | – | – | – | – | – | – |");
                 };
                 match failed {
                     Some(e) if runs.is_empty() => failed_row("mpi", &e),
-                    _ => row("mpi", n, dim, &runs, Some(btl), &peers),
+                    _ => {
+                        row("mpi", n, dim, &runs, Some(&on_n), &peers);
+                        if !peers_same.is_empty() {
+                            row("mpi", n, dim, &runs, Some(&on_same), &peers_same);
+                        }
+                    }
                 }
                 match base_failed {
                     Some(e) if base_runs.is_empty() => failed_row("mpi (baseline)", &e),
                     _ if base_runs.is_empty() => {}
-                    _ => row("mpi (baseline)", n, dim, &base_runs, Some(btl), &peers),
+                    _ => row("mpi (baseline)", n, dim, &base_runs, Some(&on_n), &peers),
                 }
                 if !stars.is_empty() {
                     let per_run = usize::try_from(per_run).unwrap_or(0);
-                    row_of("p2p star", n, dim, &stars, per_run, Some(btl), &peers);
-                    row_of("p2p star, segments", n, dim, &segs, per_run, Some(btl), &peers);
+                    row_of("p2p star", n, dim, &stars, per_run, Some(&on_same), &peers_same);
+                    row_of("p2p star, segments", n, dim, &segs, per_run, Some(&on_same), &peers_same);
                 }
             }
             if want("tcp") {
