@@ -181,7 +181,13 @@ macro_rules! check {
     }};
 }
 
-type LedgerEntry = (Vec<(u32, u64)>, Vec<f64>);
+/// Every distinct `(epoch, seq)` contribution sent for one `(worker, base)`, in sending order,
+/// with its values.
+type LedgerEntry = Vec<((u32, u64), Vec<f64>)>;
+
+/// An `Applied` event of the version being built: worker, base, weight, and the `(epoch,
+/// seq)` of the very message applied when the checker knows it (SSP).
+type PendingApplied = (u32, u64, f64, Option<(u32, u64)>);
 
 /// Reference model, version and applied counts saved with a server checkpoint.
 type Checkpoint = (Vec<f64>, u64, HashMap<(u32, u64), u32>);
@@ -191,12 +197,12 @@ type Checkpoint = (Vec<f64>, u64, HashMap<(u32, u64), u32>);
 pub struct Checker {
     name: &'static str,
     workers: u32,
-    /// `(worker, base)` → distinct `(epoch, seq)` contributions sent, and their values.
+    /// `(worker, base)` → distinct `(epoch, seq)` contributions sent, each with its values.
     ledger: HashMap<(u32, u64), LedgerEntry>,
     /// `(worker, base)` → times applied (in the current server incarnation lineage).
     applied: HashMap<(u32, u64), u32>,
-    /// Applied events of the version being built: `(worker, base, weight)`.
-    pending: BTreeMap<u64, Vec<(u32, u64, f64)>>,
+    /// Applied events of the version being built.
+    pending: BTreeMap<u64, Vec<PendingApplied>>,
     /// Reference model and version.
     reference: Vec<f64>,
     version: u64,
@@ -212,9 +218,11 @@ pub struct Checker {
     /// Checks executed.
     pub checks: u64,
     trace: u64,
-    /// The SSP `Clock` just accepted: SSP reports its own version as `base`, so its `Applied`
-    /// event is matched to the message it answers.
-    last_ok: Option<(u32, u64)>,
+    /// The SSP `Clock` just accepted, `(worker, clock, epoch, seq)`: SSP reports its own
+    /// version as `base`, so its `Applied` event is matched to the message it answers. (Not
+    /// by `(worker, clock)` alone: two sessions of a worker can both send clock `c`, with
+    /// different values, and both be applied.)
+    last_ok: Option<(u32, u64, u32, u64)>,
     /// Every `(worker, epoch, seq)` contribution the server accepted.
     accepted: std::collections::HashSet<(u32, u32, u64)>,
 }
@@ -259,14 +267,14 @@ impl Checker {
             ToServerOwned::Clock { clock, seq, values } => (*clock, *seq, values),
             _ => return,
         };
-        let e = self.ledger.entry((w, base)).or_insert_with(|| (Vec::new(), values.clone()));
-        if !e.0.contains(&(epoch, seq)) {
-            e.0.push((epoch, seq));
-        }
-        if e.1 != *values {
-            // Two different contributions for the same (worker, base): keep the last values;
-            // exact conservation is then checked only where it is unambiguous.
-            e.1.clone_from(values);
+        let e = self.ledger.entry((w, base)).or_default();
+        match e.iter().find(|(id, _)| *id == (epoch, seq)) {
+            // A retransmission carries the same values.
+            Some((_, v)) => {
+                let same = v == values;
+                check!(self, same, format!("worker {w} epoch {epoch} seq {seq} sent again with other values"));
+            }
+            None => e.push(((epoch, seq), values.clone())),
         }
     }
 
@@ -283,7 +291,7 @@ impl Checker {
             check!(self, fresh, format!("C1 worker {from} epoch {epoch} seq {seq} accepted twice (duplicate counted)"));
         }
         self.last_ok = match (msg, result) {
-            (ToServerOwned::Clock { clock, .. }, Ok(())) => Some((from, *clock)),
+            (ToServerOwned::Clock { clock, seq, .. }, Ok(())) => Some((from, *clock, epoch, *seq)),
             _ => None,
         };
         match result {
@@ -298,9 +306,9 @@ impl Checker {
             ServerEvent::Applied { worker, base, version, staleness, weight } => {
                 self.mix(u64::from(worker.0) << 32 ^ version.0);
                 self.applied_events += 1;
-                let key = match (ctx.by_message, self.last_ok) {
-                    (true, Some((w, clock))) if w == worker.0 => (w, clock),
-                    _ => (worker.0, base.0),
+                let (key, id) = match (ctx.by_message, self.last_ok) {
+                    (true, Some((w, clock, epoch, seq))) if w == worker.0 => ((w, clock), Some((epoch, seq))),
+                    _ => ((worker.0, base.0), None),
                 };
                 *self.applied.entry(key).or_insert(0) += 1;
                 check!(self, weight.is_finite() && weight > 0.0, format!("weight {weight} not positive"));
@@ -322,7 +330,7 @@ impl Checker {
                         )
                     });
                 }
-                self.pending.entry(version.0).or_default().push((key.0, key.1, weight));
+                self.pending.entry(version.0).or_default().push((key.0, key.1, weight, id));
             }
             ServerEvent::Dropped { worker, base, reason } => {
                 self.mix(0xD ^ u64::from(worker.0) << 8 ^ base.0);
@@ -371,12 +379,18 @@ impl Checker {
     }
 
     /// `θ += fl(−η·w) · Σ g` over the version's contributions with the same weight (sums of
-    /// small integers are exact, so the order does not matter).
-    fn apply_reference(&mut self, list: &[(u32, u64, f64)], lr: f64) {
+    /// small integers are exact, so the order does not matter). A contribution's values are
+    /// those of the very message applied when known, else the last ones sent for its `(worker,
+    /// base)` (every protocol but SSP computes them from `(worker, base)` alone).
+    fn apply_reference(&mut self, list: &[PendingApplied], lr: f64) {
         let mut by_weight: Vec<(f64, Vec<f64>)> = Vec::new();
-        for &(w, base, weight) in list {
-            let Some(values) = self.ledger.get(&(w, base)).map(|e| e.1.clone()) else {
-                self.fail(format!("applied a contribution of worker {w} base {base} that was never sent"));
+        for &(w, base, weight, id) in list {
+            let sent = self.ledger.get(&(w, base)).and_then(|e| match id {
+                Some(id) => e.iter().find(|(x, _)| *x == id),
+                None => e.last(),
+            });
+            let Some(values) = sent.map(|(_, v)| v.clone()) else {
+                self.fail(format!("applied a contribution of worker {w} base {base} ({id:?}) that was never sent"));
                 return;
             };
             match by_weight.iter_mut().find(|(x, _)| *x == weight) {
@@ -753,3 +767,57 @@ impl Sim {
 
 /// Drop reasons are part of the trace; kept referenced for documentation.
 pub const DROP_REASONS: [DropReason; 5] = DropReason::ALL;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by the soak run on the swarm's first network (SSP seed 4375, C2 at version 979):
+    /// worker 2's session 13 sent clock 317, crashed, and its session 14 started on a model
+    /// sent after the restart (its `Join` late), so it sent clock 317 too, with other values,
+    /// before session 13's delayed copy arrived. The server rightly applied both (distinct
+    /// updates of two sessions); the checker, keying values by `(worker, clock)`, used session
+    /// 14's values for session 13's update and reported a model mismatch.
+    #[test]
+    fn ssp_clock_of_two_sessions_each_applied_with_its_own_values() {
+        let ctx = Ctx::of(&ProtocolConfig::Ssp(SspConfig::new(4, LR, 2)));
+        let mut c = Checker::new("ssp", 4, &[0.0; DIM]);
+        let old = vec![0.1875, -0.0, 0.0625, -0.0625];
+        let new = vec![-0.1875, -0.0, -0.0625, -0.125];
+        let clock = |seq: u64, values: &Vec<f64>| ToServerOwned::Clock { clock: 317, seq, values: values.clone() };
+        let (m13, m14) = (clock((13 << 32) + 2, &old), clock(14 << 32, &new));
+        c.sent(2, 13, &m13);
+        c.sent(2, 14, &m14);
+        let mut version = 0;
+        let mut apply = |c: &mut Checker, epoch: u32, msg: &ToServerOwned| {
+            version += 1;
+            c.handled(2, epoch, msg, Ok(()));
+            let worker = WorkerId(2);
+            let applied =
+                ServerEvent::Applied { worker, base: Version(0), version: Version(version), staleness: 0, weight: 1.0 };
+            c.event(&applied, &ctx);
+            c.event(&ServerEvent::ModelUpdated { version: Version(version), contributions: 1 }, &ctx);
+        };
+        apply(&mut c, 13, &m13);
+        assert_eq!(c.reference, old, "session 13's update has session 13's values");
+        apply(&mut c, 14, &m14);
+        let both: Vec<f64> = old.iter().zip(&new).map(|(a, b)| a + b).collect();
+        assert_eq!(c.reference, both);
+        assert_eq!(c.violation, None);
+    }
+
+    /// A retransmission (same session and sequence number) with other values is a violation.
+    #[test]
+    fn a_retransmission_with_other_values_is_reported() {
+        let mut c = Checker::new("ssp", 4, &[0.0; DIM]);
+        c.sent(1, 3, &ToServerOwned::Clock { clock: 5, seq: 3 << 32, values: vec![0.25; DIM] });
+        c.sent(1, 3, &ToServerOwned::Clock { clock: 5, seq: 3 << 32, values: vec![0.25; DIM] });
+        assert_eq!(c.violation, None);
+        c.sent(1, 3, &ToServerOwned::Clock { clock: 5, seq: 3 << 32, values: vec![0.5; DIM] });
+        assert!(
+            c.violation.as_deref().is_some_and(|v| v.contains("sent again with other values")),
+            "{:?}",
+            c.violation
+        );
+    }
+}

@@ -1,4 +1,5 @@
-//! Model-based (state-machine) tests: each protocol's real server against its reference model
+//! Model-based (state-machine) tests: each protocol's real server (grouped: the composite
+//! server, through the `Server` verbs) against its reference model
 //! (`syncopate_tests::model`) under arbitrary input sequences — joins (same, new and stale
 //! epochs), gradients/deltas/clock updates (current, stale, future, NaN), replays, pulls,
 //! lost workers, leaves, unknown senders and time passing. Deterministic (fixed proptest
@@ -11,6 +12,7 @@ use syncopate::proto::backup::BackupConfig;
 use syncopate::proto::bap::BapConfig;
 use syncopate::proto::bsp::BspConfig;
 use syncopate::proto::dbw::DbwConfig;
+use syncopate::proto::grouped::{GroupedConfig, Partition};
 use syncopate::proto::ssp::SspConfig;
 use syncopate::proto::wbsp::WbspConfig;
 use syncopate::{Duration, ProtocolConfig};
@@ -70,4 +72,13 @@ fn ssp_matches_its_model() {
 fn bap_matches_its_model() {
     check(ProtocolConfig::Bap(BapConfig::new(3, LR, 1)));
     check(ProtocolConfig::Bap(BapConfig::new(2, LR, 2)));
+}
+
+#[test]
+fn grouped_matches_its_model() {
+    // Groups of 2 and 1 (contiguous: workers 0, 1 | 2), and of 2 and 2 round-robin.
+    check(ProtocolConfig::Grouped(GroupedConfig::new(3, LR, 2)));
+    let mut rr = GroupedConfig::new(4, LR, 2);
+    rr.partition = Partition::RoundRobin;
+    check(ProtocolConfig::Grouped(rr));
 }

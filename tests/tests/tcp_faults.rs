@@ -7,13 +7,14 @@
 mod common;
 
 use common::*;
-use core::sync::atomic::Ordering;
+use core::sync::atomic::{AtomicBool, Ordering};
 use core::time::Duration;
 use std::sync::Arc;
 use std::thread;
 use std::time::Instant;
 use syncopate::{ServerEvent, WorkerId};
-use syncopate_adapters::tcp::{ServerOptions, StopReason, checkpoint};
+use syncopate_adapters::tcp::{ServerOptions, StopReason, WorkerJob, checkpoint, run_worker};
+use syncopate_adapters::workload::{BatchSampler, Scratch, Workload};
 
 fn wait_version(server: &Running, v: u64, within: Duration) {
     let end = Instant::now() + within;
@@ -100,29 +101,84 @@ fn bsp_stalls_naming_the_lost_worker_then_a_rejoin_resumes() {
     });
 }
 
+/// Gradients of the test workload with a hook after each step: `kill` (worker 2) sets its
+/// kill switch after `KILL_AT` steps (that step's gradient is still sent, then the
+/// connection drops as a dying process's does); `gate` (the survivors) waits after `HOLD_AT`
+/// steps until the test opens it. So the loss happens, and is seen, before the budget can be
+/// spent, however slow or loaded the machine is.
+struct Scripted {
+    w: Arc<Workload>,
+    sampler: BatchSampler,
+    scratch: Scratch,
+    batch: Vec<usize>,
+    steps: u64,
+    kill: Option<Arc<AtomicBool>>,
+    gate: Option<Arc<AtomicBool>>,
+}
+
+const KILL_AT: u64 = 5;
+const HOLD_AT: u64 = 10;
+
+impl WorkerJob for Scripted {
+    fn gradient(&mut self, params: &[f32], grad: &mut [f32]) -> Duration {
+        self.sampler.next_batch(BATCH, &mut self.batch);
+        self.w.model.gradient(params, &self.w.train, &self.batch, grad, &mut self.scratch);
+        self.steps += 1;
+        if let Some(kill) = self.kill.as_ref().filter(|_| self.steps == KILL_AT) {
+            kill.store(true, Ordering::SeqCst);
+        }
+        if let Some(gate) = self.gate.as_ref().filter(|_| self.steps == HOLD_AT) {
+            while !gate.load(Ordering::SeqCst) {
+                thread::sleep(Duration::from_millis(5));
+            }
+        }
+        Duration::ZERO
+    }
+}
+
 #[test]
 fn asp_goes_on_when_a_worker_process_dies() {
-    bounded(Duration::from_secs(60), || {
+    // Deadlines only bound a broken run (generous: the run takes well under a second alone).
+    bounded(Duration::from_secs(240), || {
         let w = workload();
-        let server = start_server(ServerOptions::new(asp(3)), &w, plan(3 * 100, 40));
+        let budget = 3 * 100;
+        let server = start_server(ServerOptions::new(asp(3)), &w, plan(budget, 180));
         let kill = kill_switch();
-        let handles: Vec<_> = (0..3)
+        let gate = kill_switch();
+        let handles: Vec<_> = (0..3u32)
             .map(|i| {
                 let mut o = worker_options(server.addr, i);
-                if i == 2 {
+                let (kill, gate) = if i == 2 {
                     o.kill = Some(Arc::clone(&kill));
-                }
-                spawn_worker(o, Arc::clone(&w))
+                    (Some(Arc::clone(&kill)), None)
+                } else {
+                    (None, Some(Arc::clone(&gate)))
+                };
+                let seed = SEED ^ (u64::from(i) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                let mut job = Scripted {
+                    sampler: BatchSampler::new(w.train.len(), seed),
+                    scratch: w.model.scratch(),
+                    batch: Vec::new(),
+                    steps: 0,
+                    kill,
+                    gate,
+                    w: Arc::clone(&w),
+                };
+                thread::spawn(move || run_worker(&o, &mut job, &mut |_| {}))
             })
             .collect();
-        wait_version(&server, 20, Duration::from_secs(20));
-        kill.store(true, Ordering::SeqCst);
+        // At most 2 * HOLD_AT + KILL_AT of the budget's gradients are in before the loss.
+        server.wait_log("worker 2 lost", Duration::from_secs(120));
+        gate.store(true, Ordering::SeqCst);
         let report = server.finish();
         assert_eq!(report.reason, StopReason::Budget, "ASP finishes its budget with two workers");
         assert!(report.lost >= 1);
+        assert!(report.stats.accepted >= budget);
         assert!(report.stats.applied + report.stats.dropped_total() <= report.stats.accepted);
         assert!(accuracy(&w, &report.params) > 0.8);
-        let reports: Vec<_> = handles.into_iter().map(|h| h.join().unwrap().0.unwrap()).collect();
+        let reports: Vec<_> = handles.into_iter().map(|h| h.join().unwrap().unwrap()).collect();
+        assert!(!reports[2].stopped && reports[2].steps == KILL_AT, "worker 2 died after its step {KILL_AT}");
+        assert!(reports[0].stopped && reports[1].stopped, "the survivors got their Stop");
         check_ledger(&report, &reports);
     });
 }

@@ -391,6 +391,19 @@ fn worker_loop(
         if worker.is_stopped() {
             break;
         }
+        if job.as_ref().is_some_and(|j| StdInstant::now() >= j.ready) {
+            // What arrived during the job comes first: a worker that asks for its next job at
+            // once (WBSP's overlap variant) would otherwise never read its inbox, not even
+            // the server's replies or its `Stop`.
+            match port.recv(Some(StdDuration::ZERO)) {
+                Ok(packet) => {
+                    deliver(&mut worker, &port, packet, &limits, epoch);
+                    continue;
+                }
+                Err(RecvError::Disconnected) => break,
+                Err(RecvError::Timeout) => {}
+            }
+        }
         if let Some(j) = job.take_if(|j| StdInstant::now() >= j.ready) {
             let took = j.started.elapsed().as_secs_f64();
             tally.busy_s += took;
@@ -406,12 +419,7 @@ fn worker_loop(
             wait = wait.min(until(epoch, at));
         }
         match port.recv(Some(wait)) {
-            Ok(packet) => {
-                if let Ok(msg) = wire::decode_to_worker::<f32>(&packet.bytes, &limits) {
-                    let _ = worker.handle(since(epoch), msg);
-                }
-                port.recycle(packet);
-            }
+            Ok(packet) => deliver(&mut worker, &port, packet, &limits, epoch),
             Err(RecvError::Timeout) => worker.handle_timeout(since(epoch)),
             Err(RecvError::Disconnected) => break,
         }
@@ -420,4 +428,18 @@ fn worker_loop(
     tally.sent = sent.contributions;
     tally.resent = sent.resent;
     tally
+}
+
+/// Hands one packet from the server to the worker (undecodable packets are ignored).
+fn deliver(
+    worker: &mut AnyWorker<f32, Vec<f32>>,
+    port: &WorkerPort,
+    packet: Packet,
+    limits: &Limits,
+    epoch: StdInstant,
+) {
+    if let Ok(msg) = wire::decode_to_worker::<f32>(&packet.bytes, limits) {
+        let _ = worker.handle(since(epoch), msg);
+    }
+    port.recycle(packet);
 }
