@@ -268,6 +268,20 @@ pub struct NetCounts {
     pub server_restarts: u64,
 }
 
+impl NetCounts {
+    /// Adds `o` into `self` (totals over several runs).
+    pub fn add(&mut self, o: &Self) {
+        self.steps += o.steps;
+        self.sent += o.sent;
+        self.lost += o.lost;
+        self.duplicated += o.duplicated;
+        self.delayed += o.delayed;
+        self.partitions += o.partitions;
+        self.crashes += o.crashes;
+        self.server_restarts += o.server_restarts;
+    }
+}
+
 #[derive(Clone, Debug)]
 enum Ev {
     Up { from: usize, epoch: u32, server_inc: u32, msg: ToServerOwned },
