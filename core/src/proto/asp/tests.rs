@@ -7,10 +7,6 @@ use proptest::prelude::*;
 use std::vec;
 use std::vec::Vec;
 
-fn grad(base: u64, seq: u64, values: &[f64]) -> ToServer<'_, f64> {
-    ToServer::Grad { base: Version(base), iteration: 0, seq, values: Values::Slice(values) }
-}
-
 #[test]
 fn applies_on_arrival_and_replies_to_the_sender_only() {
     let mut s: AspServer<f64, Vec<f64>> = AspServer::new(AspConfig::new(3, 0.25), vec![1.0; 2]).unwrap();

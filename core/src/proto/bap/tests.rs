@@ -1,10 +1,9 @@
 use super::*;
-use crate::proto::bsp::{BspConfig, BspServer};
 use crate::proto::common::testkit::prelude::*;
 use crate::proto::common::testkit::{Cluster, Entry};
 use crate::proto::common::testkit::{WorkerOut as Out, drain_server as drain, drain_worker};
-use crate::proto::ssp::harness::net;
-use crate::proto::{GradientWorker, GradientWorkerConfig, ToServerOwned, ToWorkerOwned};
+use crate::proto::ssp::harness::{bsp_reference, net};
+use crate::proto::{ToServerOwned, ToWorkerOwned};
 use proptest::prelude::*;
 use std::collections::BTreeSet;
 use std::vec;
@@ -17,10 +16,6 @@ const T0: Instant = Instant::ZERO;
 
 fn ms(x: u64) -> Instant {
     T0 + Duration::from_millis(x)
-}
-
-fn setup(i: u32) -> WorkerSetup {
-    WorkerSetup { id: WorkerId(i), epoch: 0, rejoin_after: None }
 }
 
 fn server_with(c: BapConfig, dim: usize) -> Srv {
@@ -453,14 +448,7 @@ proptest! {
         bap.max_steps = steps;
         bap.deliver_joins();
         bap.run(100_000);
-        let bsp_server: BspServer<f64, Vec<f64>> =
-            BspServer::new(BspConfig::new(n, 0.5), vec![1.0, -0.5, 0.25], vec![0.0; 3]).unwrap();
-        let bsp_workers: Vec<GradientWorker<f64, Vec<f64>>> =
-            (0..n).map(|i| GradientWorker::new(GradientWorkerConfig::new(WorkerId(i)), vec![0.0; 3]).unwrap()).collect();
-        let mut bsp = net(bsp_server, bsp_workers, seed_b, |s| s.version().0, |w| w.steps());
-        bsp.max_steps = steps;
-        bsp.deliver_joins();
-        bsp.run(100_000);
+        let bsp = bsp_reference(n, seed_b, steps);
         prop_assert_eq!(bsp.version(), Version(steps));
         prop_assert_eq!(bap.version(), Version(steps));
         prop_assert_eq!(bap.computes(), bsp.computes());

@@ -4,8 +4,11 @@
 //! integer-valued gradients that depend on the parameters (so computing on the wrong model
 //! shows). Each worker finishes at most 4 computations unless the test says otherwise.
 
+use crate::id::WorkerId;
+use crate::proto::bsp::{BspConfig, BspServer};
 use crate::proto::common::testkit::{Cluster, Job, NetConfig};
-use crate::proto::{Server, Worker};
+use crate::proto::{GradientWorker, GradientWorkerConfig, Server, Worker};
+use std::vec;
 use std::vec::Vec;
 
 /// The integer gradient of worker `w`'s `k`-th computation at `params`: depends on the
@@ -33,4 +36,22 @@ pub(crate) fn net<S: Server<f64>, W: Worker<f64>>(
     let mut net = Cluster::new(server, workers, seed, config, grad).with_probes(probe, iteration);
     net.max_steps = 4;
     net
+}
+
+/// The BSP reference the bound-zero traces are compared with: `n` workers from the model
+/// `[1.0, -0.5, 0.25]` at learning rate 0.5, every one joined first, run until each made
+/// `steps` computations.
+pub(crate) fn bsp_reference(
+    n: u32,
+    seed: u64,
+    steps: u64,
+) -> Cluster<BspServer<f64, Vec<f64>>, GradientWorker<f64, Vec<f64>>> {
+    let server = BspServer::new(BspConfig::new(n, 0.5), vec![1.0, -0.5, 0.25], vec![0.0; 3]).unwrap();
+    let workers =
+        (0..n).map(|i| GradientWorker::new(GradientWorkerConfig::new(WorkerId(i)), vec![0.0; 3]).unwrap()).collect();
+    let mut bsp = net(server, workers, seed, |s| s.version().0, |w| w.steps());
+    bsp.max_steps = steps;
+    bsp.deliver_joins();
+    bsp.run(100_000);
+    bsp
 }

@@ -1,10 +1,9 @@
 use super::*;
-use crate::proto::bsp::{BspConfig, BspServer};
 use crate::proto::common::testkit::prelude::*;
 use crate::proto::common::testkit::{Cluster, Entry};
 use crate::proto::common::testkit::{WorkerOut as Out, drain_server, drain_worker};
-use crate::proto::ssp::harness::net;
-use crate::proto::{DropReason, GradientWorker, GradientWorkerConfig, ToServerOwned, ToWorkerOwned};
+use crate::proto::ssp::harness::{bsp_reference, net};
+use crate::proto::{DropReason, ToServerOwned, ToWorkerOwned};
 use proptest::prelude::*;
 use std::vec;
 use std::vec::Vec;
@@ -13,10 +12,6 @@ type Srv = SspServer<f64, Vec<f64>>;
 type Wrk = SspWorker<f64, Vec<f64>>;
 
 const T0: Instant = Instant::ZERO;
-
-fn setup(i: u32) -> WorkerSetup {
-    WorkerSetup { id: WorkerId(i), epoch: 0, rejoin_after: None }
-}
 
 fn server(n: u32, s: u64, dim: usize) -> Srv {
     SspServer::new(SspConfig::new(n, 0.5, s), vec![1.0; dim]).unwrap()
@@ -369,13 +364,7 @@ proptest! {
         // Everybody joins before the first update arrives (see the module docs).
         ssp.deliver_joins();
         ssp.run(100_000);
-        let bsp_server: BspServer<f64, Vec<f64>> =
-            BspServer::new(BspConfig::new(n, 0.5), vec![1.0, -0.5, 0.25], vec![0.0; 3]).unwrap();
-        let bsp_workers: Vec<GradientWorker<f64, Vec<f64>>> =
-            (0..n).map(|i| GradientWorker::new(GradientWorkerConfig::new(WorkerId(i)), vec![0.0; 3]).unwrap()).collect();
-        let mut bsp = net(bsp_server, bsp_workers, seed_b, |s| s.version().0, |w| w.steps());
-        bsp.max_steps = steps;
-        bsp.run(100_000);
+        let bsp = bsp_reference(n, seed_b, steps);
         prop_assert_eq!(bsp.version(), Version(steps));
         prop_assert_eq!(ssp.computes(), bsp.computes());
         prop_assert_eq!(ssp.ticks(), bsp.ticks());

@@ -4,15 +4,9 @@
 //! count, so every float sum is exact in any order).
 
 use super::*;
-use crate::error::Reject;
-use crate::id::{ComputeId, Version, WorkerId};
-use crate::msg::{ToServer, ToWorker, Values};
+use crate::proto::common::testkit::prelude::*;
 use crate::proto::common::testkit::{Cluster, Entry, Job, NetConfig};
-use crate::proto::{
-    AnyServer, AnyWorker, LargeGradient, ProtocolConfig, Recipient, Server, ServerEvent, ServerOutput, ToServerOwned,
-    ToWorkerOwned, Worker, WorkerOutput, WorkerSetup,
-};
-use crate::time::{Duration, Instant};
+use crate::proto::{AnyServer, AnyWorker, LargeGradient, ProtocolConfig};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::vec;
@@ -21,10 +15,6 @@ use std::{format, string::String};
 
 type Srv = WbspServer<f64, Vec<f64>>;
 type Wrk = WbspWorker<f64, Vec<f64>>;
-
-fn setup(id: u32) -> WorkerSetup {
-    WorkerSetup { id: WorkerId(id), epoch: 0, rejoin_after: None }
-}
 
 fn t(nanos: u64) -> Instant {
     Instant::from_nanos(nanos)
@@ -256,7 +246,7 @@ fn server_refusals_change_nothing() {
             WorkerId(0),
             Reject::Unexpected { kind: "Delta with local_steps = 0" },
         ),
-        (delta(0, 6, &[1.0]), WorkerId(0), Reject::WrongLength(crate::math::LengthMismatch { expected: 2, actual: 1 })),
+        (delta(0, 6, &[1.0]), WorkerId(0), Reject::WrongLength(math::LengthMismatch { expected: 2, actual: 1 })),
         (delta(0, 6, &[f64::NAN, 1.0]), WorkerId(0), Reject::NotFinite),
         (delta(0, 6, &[f64::INFINITY, 1.0]), WorkerId(0), Reject::NotFinite),
         (delta(0, 6, &[1000.0, 1.0]), WorkerId(0), Reject::NormTooLarge),
