@@ -144,9 +144,11 @@ pub enum Entry {
         iteration: u64,
         /// The parameters.
         params: Vec<f64>,
-        /// Per worker, the contributions applied in the last model this worker took.
+        /// Per worker, the contributions applied in the last model this worker took
+        /// (`None` before its first model, or [`Cluster::without_snapshots`]).
         snap: Option<Vec<u64>>,
-        /// Per worker, computations finished so far.
+        /// Per worker, computations finished so far (empty with
+        /// [`Cluster::without_snapshots`]).
         done: Vec<u64>,
     },
     /// Worker `worker` (session `epoch`) sent `msg` (before the network's faults).
@@ -347,6 +349,7 @@ pub struct Cluster<S, W> {
     rng: Rng,
     order: u64,
     random_ties: bool,
+    snapshots: bool,
     /// Keyed by instant, tie-breaker (0 unless [`Self::with_random_ties`]) and order.
     events: BTreeMap<(Instant, u64, u64), Ev>,
     in_flight: usize,
@@ -410,6 +413,7 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
             rng: Rng::new(seed),
             order: 0,
             random_ties: false,
+            snapshots: true,
             events: BTreeMap::new(),
             in_flight: 0,
             server_inc: 0,
@@ -457,6 +461,14 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
     /// seed) instead of in the order they were scheduled, for events scheduled from now on.
     pub fn with_random_ties(mut self) -> Self {
         self.random_ties = true;
+        self
+    }
+
+    /// Leaves out the per-worker snapshots every model and every computation carry into
+    /// [`Entry::Compute`] (`snap` and `done`): `O(n)` per message, too much at thousands of
+    /// workers for a test that does not read them.
+    pub fn without_snapshots(mut self) -> Self {
+        self.snapshots = false;
         self
     }
 
@@ -574,7 +586,8 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
             } else {
                 self.now + self.latency()
             };
-            self.schedule(at, Ev::Down { to, inc, msg: msg.clone(), applied: self.applied.clone() });
+            let applied = if self.snapshots { self.applied.clone() } else { Vec::new() };
+            self.schedule(at, Ev::Down { to, inc, msg: msg.clone(), applied });
         }
     }
 
@@ -610,7 +623,7 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
                 iteration,
                 params: params.clone(),
                 snap: self.snap[w].clone(),
-                done: self.done.clone(),
+                done: if self.snapshots { self.done.clone() } else { Vec::new() },
             });
             let speed = self.speed.get(w).copied().unwrap_or(1.0);
             if speed <= 0.0 {
@@ -729,7 +742,7 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
         let mut buf = Vec::new();
         match worker.handle(self.now, msg.as_msg(&mut buf)) {
             Ok(()) => {
-                if matches!(msg, ToWorkerOwned::Model { .. }) {
+                if self.snapshots && matches!(msg, ToWorkerOwned::Model { .. }) {
                     self.snap[to] = Some(applied);
                 }
             }
