@@ -1,9 +1,9 @@
 //! Unit and property tests of the `asp` protocol.
 
 use super::*;
-use crate::proto::common::testkit::prelude::*;
 use crate::proto::DropReason;
 use crate::proto::common::testkit::drain_server;
+use crate::proto::common::testkit::prelude::*;
 use proptest::prelude::*;
 use std::vec;
 use std::vec::Vec;
