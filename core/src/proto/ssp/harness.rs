@@ -4,10 +4,11 @@
 //! integer-valued gradients that depend on the parameters (so computing on the wrong model
 //! shows). Each worker finishes at most 4 computations unless the test says otherwise.
 
-use crate::id::WorkerId;
+use crate::id::{Version, WorkerId};
 use crate::proto::bsp::{BspConfig, BspServer};
 use crate::proto::common::testkit::{Cluster, Job, NetConfig};
 use crate::proto::{GradientWorker, GradientWorkerConfig, Server, Worker};
+use proptest::prelude::*;
 use std::vec;
 use std::vec::Vec;
 
@@ -54,4 +55,32 @@ pub(crate) fn bsp_reference(
     bsp.deliver_joins();
     bsp.run(100_000);
     bsp
+}
+
+/// A bound-zero trace case: `(n, seed of the run, seed of BSP's run, worker speeds, steps)`.
+pub(crate) fn trace_case() -> impl Strategy<Value = (u32, u64, u64, Vec<u32>, u64)> {
+    (0u32..4, any::<u64>(), any::<u64>(), proptest::collection::vec(1u32..8, 8), 1u64..7)
+        .prop_map(|(n_log, seed_a, seed_b, speeds, steps)| (1u32 << n_log, seed_a, seed_b, speeds, steps))
+}
+
+/// Runs `net` (every worker joined before the first update arrives, worker `i` at speed
+/// `speeds[i]`, `steps` computations each) and checks that it computes on exactly BSP's
+/// models and goes through BSP's models, bit for bit ([`bsp_reference`] seeded `seed_b`).
+pub(crate) fn check_bsp_trace<S: Server<f64>, W: Worker<f64>>(
+    net: &mut Cluster<S, W>,
+    seed_b: u64,
+    speeds: &[u32],
+    steps: u64,
+) -> Result<(), TestCaseError> {
+    let n = net.nodes.len();
+    net.speed = speeds.iter().take(n).map(|&s| f64::from(s)).collect();
+    net.max_steps = steps;
+    net.deliver_joins();
+    net.run(100_000);
+    let bsp = bsp_reference(n as u32, seed_b, steps);
+    prop_assert_eq!(bsp.version(), Version(steps));
+    prop_assert_eq!(net.computes(), bsp.computes());
+    prop_assert_eq!(net.ticks(), bsp.ticks());
+    prop_assert_eq!(net.server.params(), bsp.server.params());
+    Ok(())
 }

@@ -2,7 +2,7 @@ use super::*;
 use crate::proto::common::testkit::prelude::*;
 use crate::proto::common::testkit::{Cluster, Entry};
 use crate::proto::common::testkit::{WorkerOut as Out, drain_server, drain_worker};
-use crate::proto::ssp::harness::{bsp_reference, net};
+use crate::proto::ssp::harness::{check_bsp_trace, net, trace_case};
 use crate::proto::{DropReason, ToServerOwned, ToWorkerOwned};
 use proptest::prelude::*;
 use std::vec;
@@ -350,25 +350,9 @@ proptest! {
     /// S5: with s = 0, SSP computes on exactly BSP's models and reaches BSP's model after
     /// every clock, bit for bit.
     #[test]
-    fn staleness_zero_is_the_bsp_trace(
-        n_log in 0u32..4,
-        seed_a in any::<u64>(),
-        seed_b in any::<u64>(),
-        speeds in proptest::collection::vec(1u32..8, 8),
-        steps in 1u64..7,
-    ) {
-        let n = 1u32 << n_log;
-        let mut ssp = ssp_net(n, 0, seed_a);
-        ssp.speed = speeds[..n as usize].iter().map(|&s| f64::from(s)).collect();
-        ssp.max_steps = steps;
+    fn staleness_zero_is_the_bsp_trace((n, seed_a, seed_b, speeds, steps) in trace_case()) {
         // Everybody joins before the first update arrives (see the module docs).
-        ssp.deliver_joins();
-        ssp.run(100_000);
-        let bsp = bsp_reference(n, seed_b, steps);
-        prop_assert_eq!(bsp.version(), Version(steps));
-        prop_assert_eq!(ssp.computes(), bsp.computes());
-        prop_assert_eq!(ssp.ticks(), bsp.ticks());
-        prop_assert_eq!(ssp.server.params(), bsp.server.params());
+        check_bsp_trace(&mut ssp_net(n, 0, seed_a), seed_b, &speeds, steps)?;
     }
 
     /// No input sequence panics; a refused input changes nothing.
