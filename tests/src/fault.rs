@@ -23,7 +23,7 @@ use syncopate::proto::dbw::DbwConfig;
 use syncopate::proto::grouped::GroupedConfig;
 use syncopate::proto::ssp::SspConfig;
 use syncopate::proto::wbsp::WbspConfig;
-use syncopate::testkit::{Cluster, CopyLoss, Entry, Job, NetConfig, ToServerOwned};
+use syncopate::testkit::{Cluster, CopyLoss, Entry, Job, NetConfig, NetCounts, ToServerOwned};
 use syncopate::{
     AnyServer, AnyWorker, DropReason, Duration, Instant, ProtocolConfig, Recipient, Reject, Server, ServerEvent,
     Version, WorkerId, WorkerSetup,
@@ -106,25 +106,12 @@ impl SimSpec {
     }
 }
 
-/// What a run injected and observed.
+/// What a run injected (the test network's [`NetCounts`], read through `Deref` as before:
+/// `counts.steps`, `counts.crashes`, …) and observed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
-    /// Events processed.
-    pub steps: u64,
-    /// Messages sent.
-    pub sent: u64,
-    /// Messages lost.
-    pub lost: u64,
-    /// Extra copies delivered.
-    pub duplicated: u64,
-    /// Messages given a delay spike.
-    pub delayed: u64,
-    /// One-way partitions started.
-    pub partitions: u64,
-    /// Worker crashes.
-    pub crashes: u64,
-    /// Server restarts from a checkpoint.
-    pub server_restarts: u64,
+    /// What the network injected.
+    pub net: NetCounts,
     /// Contributions applied.
     pub applied: u64,
     /// Contributions dropped with a reason.
@@ -139,17 +126,23 @@ pub struct Counts {
     pub quiet_ticks: u64,
 }
 
+impl core::ops::Deref for Counts {
+    type Target = NetCounts;
+    fn deref(&self) -> &NetCounts {
+        &self.net
+    }
+}
+
+impl core::ops::DerefMut for Counts {
+    fn deref_mut(&mut self) -> &mut NetCounts {
+        &mut self.net
+    }
+}
+
 impl Counts {
     /// Adds `o` into `self`.
     pub fn add(&mut self, o: &Self) {
-        self.steps += o.steps;
-        self.sent += o.sent;
-        self.lost += o.lost;
-        self.duplicated += o.duplicated;
-        self.delayed += o.delayed;
-        self.partitions += o.partitions;
-        self.crashes += o.crashes;
-        self.server_restarts += o.server_restarts;
+        self.net.add(&o.net);
         self.applied += o.applied;
         self.dropped += o.dropped;
         self.rejected += o.rejected;
@@ -745,15 +738,7 @@ impl Sim {
             }
             self.counts.quiet_ticks = tick_of(self.net.now) - start;
         }
-        let net = self.net.counts;
-        self.counts.steps = net.steps;
-        self.counts.sent = net.sent;
-        self.counts.lost = net.lost;
-        self.counts.duplicated = net.duplicated;
-        self.counts.delayed = net.delayed;
-        self.counts.partitions = net.partitions;
-        self.counts.crashes = net.crashes;
-        self.counts.server_restarts = net.server_restarts;
+        self.counts.net = self.net.counts;
         self.counts.checks = self.checker.checks;
         self.counts.rejected = self.checker.rejected.max(self.counts.rejected);
         let mut violation = self.checker.violation.take().or(hang);

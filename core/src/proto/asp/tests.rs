@@ -1,15 +1,12 @@
 //! Unit and property tests of the `asp` protocol.
 
 use super::*;
+use crate::proto::DropReason;
+use crate::proto::common::testkit::drain_server;
 use crate::proto::common::testkit::prelude::*;
-use crate::proto::{DropReason, ServerOutput};
 use proptest::prelude::*;
 use std::vec;
 use std::vec::Vec;
-
-fn grad(base: u64, seq: u64, values: &[f64]) -> ToServer<'_, f64> {
-    ToServer::Grad { base: Version(base), iteration: 0, seq, values: Values::Slice(values) }
-}
 
 #[test]
 fn applies_on_arrival_and_replies_to_the_sender_only() {
@@ -18,16 +15,13 @@ fn applies_on_arrival_and_replies_to_the_sender_only() {
     s.handle(Instant::ZERO, WorkerId(1), grad(0, 0, &[4.0, 4.0])).unwrap();
     assert_eq!(s.version(), Version(2));
     assert_eq!(s.params(), &[-1.0, 1.0]);
-    let mut seen = Vec::new();
-    while let Some(out) = s.poll_output() {
-        match out {
-            ServerOutput::Send { to, .. } => seen.push(to),
-            ServerOutput::Event(ServerEvent::Applied { worker, staleness, .. }) => {
-                assert_eq!(staleness, if worker == WorkerId(1) { 1 } else { 0 });
-            }
-            ServerOutput::Event(_) => {}
+    let (events, sends) = drain_server(&mut s);
+    for e in events {
+        if let ServerEvent::Applied { worker, staleness, .. } = e {
+            assert_eq!(staleness, if worker == WorkerId(1) { 1 } else { 0 });
         }
     }
+    let seen: Vec<Recipient> = sends.into_iter().map(|(to, _)| to).collect();
     assert_eq!(seen, [Recipient::Worker(WorkerId(2)), Recipient::Worker(WorkerId(1))]);
     assert_eq!(s.stats().dropped_for(DropReason::Stale), 0);
 }
@@ -72,9 +66,8 @@ proptest! {
             let result = s.handle(Instant::ZERO, WorkerId(w), grad(s.version().0, seq, &[value]));
             prop_assert_eq!(result.is_ok(), fresh);
             if fresh { sent.push((w, seq, value)); expected -= 0.5 * value; }
-            while let Some(out) = s.poll_output() {
-                if let ServerOutput::Event(ServerEvent::Applied { .. }) = out { applied_events += 1; }
-            }
+            let (events, _) = drain_server(&mut s);
+            applied_events += events.iter().filter(|e| matches!(e, ServerEvent::Applied { .. })).count() as u64;
         }
         prop_assert_eq!(applied_events, sent.len() as u64);
         prop_assert_eq!(s.version(), Version(sent.len() as u64));

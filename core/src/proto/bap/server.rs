@@ -375,9 +375,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
         have: Version,
         min_clock: u64,
     ) -> Result<(), Reject> {
-        if have > core.version {
-            return Err(Reject::FutureVersion { claimed: have, current: core.version });
-        }
+        core.check_have(have)?;
         let reachable = core.version.0.saturating_add(1).saturating_add(self.s);
         if min_clock > reachable {
             return Err(Reject::FutureVersion { claimed: Version(min_clock), current: core.version });
@@ -388,11 +386,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
         let x = core.roster.ext_mut(from).ok_or(Reject::UnknownWorker(from))?;
         if version.0 >= min_clock {
             x.pending = 0;
-            if core.version > have {
-                core.queue.push(ServerItem::Model { to: Recipient::Worker(from) });
-            } else {
-                core.queue.push(ServerItem::NotNewer { to: from, version: core.version });
-            }
+            core.answer_pull(from, have);
         } else {
             let again = x.pending != 0;
             x.pending = min_clock.saturating_add(1);
@@ -403,22 +397,17 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
             // it to compute the head again (a late original or a second copy is then refused
             // as a duplicate, or dropped once the iteration closed).
             if again && missing {
-                core.queue.push(ServerItem::Model { to: Recipient::Worker(from) });
+                core.send_model(Recipient::Worker(from));
             }
         }
         Ok(())
     }
 
     fn on_join(&mut self, core: &mut Core<T, S, M>, from: WorkerId, epoch: u32) -> Result<(), Reject> {
-        let fresh = core.roster.check_join(from, epoch)?;
-        core.roster.commit_join(from, epoch);
-        if fresh {
-            core.queue.push(ServerItem::Event(ServerEvent::WorkerJoined { worker: from, epoch }));
-        }
+        core.join_and_send_model(from, epoch)?;
         if let Some(x) = core.roster.ext_mut(from) {
             x.pending = 0;
         }
-        core.queue.push(ServerItem::Model { to: Recipient::Worker(from) });
         Ok(())
     }
 }

@@ -1,10 +1,9 @@
 use super::*;
-use crate::proto::bsp::{BspConfig, BspServer};
 use crate::proto::common::testkit::prelude::*;
 use crate::proto::common::testkit::{Cluster, Entry};
 use crate::proto::common::testkit::{WorkerOut as Out, drain_server as drain, drain_worker};
-use crate::proto::ssp::harness::net;
-use crate::proto::{GradientWorker, GradientWorkerConfig, ToServerOwned, ToWorkerOwned};
+use crate::proto::ssp::harness::{check_bsp_trace, net, trace_case};
+use crate::proto::{ToServerOwned, ToWorkerOwned};
 use proptest::prelude::*;
 use std::collections::BTreeSet;
 use std::vec;
@@ -17,10 +16,6 @@ const T0: Instant = Instant::ZERO;
 
 fn ms(x: u64) -> Instant {
     T0 + Duration::from_millis(x)
-}
-
-fn setup(i: u32) -> WorkerSetup {
-    WorkerSetup { id: WorkerId(i), epoch: 0, rejoin_after: None }
 }
 
 fn server_with(c: BapConfig, dim: usize) -> Srv {
@@ -440,32 +435,10 @@ proptest! {
     /// With bound 0 and no time limit, BAP computes on exactly BSP's models and produces
     /// BSP's sequence of versions and parameters, bit for bit.
     #[test]
-    fn bound_zero_without_timeout_is_the_bsp_trace(
-        n_log in 0u32..4,
-        seed_a in any::<u64>(),
-        seed_b in any::<u64>(),
-        speeds in proptest::collection::vec(1u32..8, 8),
-        steps in 1u64..7,
-    ) {
-        let n = 1u32 << n_log;
+    fn bound_zero_without_timeout_is_the_bsp_trace((n, seed_a, seed_b, speeds, steps) in trace_case()) {
         let mut bap = bap_net(n, BapConfig::new(n, 0.5, 0), seed_a);
-        bap.speed = speeds[..n as usize].iter().map(|&s| f64::from(s)).collect();
-        bap.max_steps = steps;
-        bap.deliver_joins();
-        bap.run(100_000);
-        let bsp_server: BspServer<f64, Vec<f64>> =
-            BspServer::new(BspConfig::new(n, 0.5), vec![1.0, -0.5, 0.25], vec![0.0; 3]).unwrap();
-        let bsp_workers: Vec<GradientWorker<f64, Vec<f64>>> =
-            (0..n).map(|i| GradientWorker::new(GradientWorkerConfig::new(WorkerId(i)), vec![0.0; 3]).unwrap()).collect();
-        let mut bsp = net(bsp_server, bsp_workers, seed_b, |s| s.version().0, |w| w.steps());
-        bsp.max_steps = steps;
-        bsp.deliver_joins();
-        bsp.run(100_000);
-        prop_assert_eq!(bsp.version(), Version(steps));
+        check_bsp_trace(&mut bap, seed_b, &speeds, steps)?;
         prop_assert_eq!(bap.version(), Version(steps));
-        prop_assert_eq!(bap.computes(), bsp.computes());
-        prop_assert_eq!(bap.ticks(), bsp.ticks());
-        prop_assert_eq!(bap.server.params(), bsp.server.params());
     }
 
     /// No input sequence panics; a refused input changes nothing; outcomes add up.

@@ -101,10 +101,7 @@ impl BapWorkerRules {
         version: Version,
         values: Values<'_, T>,
     ) -> Result<(), Reject> {
-        values.check_len(core.dim())?;
-        if core.stopped {
-            return Err(Reject::Stopped);
-        }
+        core.check_model(&values)?;
         if let CachePhase::Pulling { min, .. } = self.phase {
             if self.has_model && version == self.cache_version && version.0 < min {
                 // The server re-sent the model we hold without satisfying the pull: it lacks

@@ -5,6 +5,7 @@
 //! refused with `Capacity` before anything changes, and still nothing is lost.
 
 use super::testkit::prelude::*;
+use super::testkit::{Cluster, Entry, Job, NetConfig};
 use crate::id::MAX_WORKERS;
 use crate::proto::any::WorkerSetup;
 use crate::proto::asp::AspConfig;
@@ -16,7 +17,6 @@ use crate::proto::grouped::GroupedConfig;
 use crate::proto::ssp::SspConfig;
 use crate::proto::wbsp::WbspConfig;
 use crate::proto::{AnyServer, AnyWorker, Heap, ProtocolConfig};
-use std::collections::VecDeque;
 use std::vec;
 use std::vec::Vec;
 
@@ -48,100 +48,59 @@ fn configs(n: u32) -> Vec<ProtocolConfig> {
     ]
 }
 
-/// Runs every worker of `config` in lock step over a FIFO network for `inputs` server
-/// inputs; worker `N - 1` dies after its third gradient, so full rounds close first, then
-/// rounds wait, pulls park and deadlines fire. Returns the most outputs one drain produced
-/// and the version reached.
+/// Runs every worker of `config` on the test network ([`Cluster`]: FIFO links, fixed
+/// latency and compute time, so the workers go in lock step) until the server handled
+/// `inputs` messages; worker `n - 1` stops computing after its third computation, so full
+/// rounds close first, then rounds wait, pulls park and deadlines fire, and once the network
+/// is quiet the transport declares it lost (parked pulls are answered, rounds close without
+/// it, all at once). Returns the most outputs one drain of the server produced and the
+/// version reached.
 fn run(config: &ProtocolConfig, inputs: usize) -> (usize, u64) {
     let dim = DIM;
     let n = config.workers();
-    let mut server: Srv = AnyServer::new(config, vec![0.0; dim], vec![0.0; config.server_scratch_len(dim)]).unwrap();
-    let mut workers: Vec<AnyWorker<f64, Vec<f64>>> = (0..n)
+    let server: Srv = AnyServer::new(config, vec![0.0; dim], vec![0.0; config.server_scratch_len(dim)]).unwrap();
+    let workers: Vec<AnyWorker<f64, Vec<f64>>> = (0..n)
         .map(|i| {
             let setup = WorkerSetup { id: WorkerId(i), epoch: 1, rejoin_after: None };
             AnyWorker::new(config, setup, vec![0.0; dim], vec![0.0; config.worker_scratch_len(dim)]).unwrap()
         })
         .collect();
-    let mut to_server: VecDeque<(u32, ToServerOwned)> = VecDeque::new();
-    let mut to_workers: VecDeque<(u32, ToWorkerOwned)> = VecDeque::new();
-    let mut computing: VecDeque<(u32, ComputeId)> = VecDeque::new();
-    let mut now = Instant::ZERO;
-    let mut widest = 0;
-    let mut last_worker_computed = 0;
-    let mut drain_worker = |i: u32,
-                            w: &mut AnyWorker<f64, Vec<f64>>,
-                            ts: &mut VecDeque<(u32, ToServerOwned)>,
-                            c: &mut VecDeque<(u32, ComputeId)>| {
-        while let Some(out) = w.poll_output() {
-            match out {
-                WorkerOutput::Send(msg) => ts.push_back((i, ToServerOwned::from(&msg))),
-                WorkerOutput::Compute { id, .. } => {
-                    if i == n - 1 {
-                        last_worker_computed += 1;
-                        if last_worker_computed > 3 {
-                            continue;
-                        }
-                    }
-                    c.push_back((i, id));
-                }
-                WorkerOutput::Event(_) => {}
+    let us = Duration::from_micros;
+    let links =
+        NetConfig { latency: (us(100), us(1300)), compute: (us(700), us(700)), fifo: true, ..NetConfig::default() };
+    let gradient = |_: &Job<'_>| vec![1.0, -1.0, 0.5, 0.25];
+    let mut net = Cluster::new(server, workers, 0, links, gradient).without_snapshots();
+    let last = n as usize - 1;
+    let (mut widest, mut handled, mut issued, mut declared_lost) = (0, 0, 0, false);
+    // The step bound only stops a run that fires timers and nothing else.
+    while handled < inputs && net.counts.steps < 64 * inputs as u64 {
+        if !net.step() {
+            if declared_lost {
+                break;
             }
-        }
-        assert_eq!(w.outputs_lost(), 0, "worker {i} lost an output");
-    };
-    for (i, w) in workers.iter_mut().enumerate() {
-        drain_worker(i as u32, w, &mut to_server, &mut computing);
-    }
-    let mut handled = 0;
-    let mut declared_lost = false;
-    while handled < inputs {
-        now = now + Duration::from_micros(700);
-        if let Some((i, msg)) = to_server.pop_front() {
-            let mut buf = Vec::new();
-            let _ = server.handle(now, WorkerId(i), msg.as_msg(&mut buf));
-            handled += 1;
-        } else if let Some((i, msg)) = to_workers.pop_front() {
-            let w = &mut workers[i as usize];
-            let mut buf = Vec::new();
-            let _ = w.handle(now, msg.as_msg(&mut buf));
-            drain_worker(i, w, &mut to_server, &mut computing);
-            continue;
-        } else if let Some((i, id)) = computing.pop_front() {
-            let w = &mut workers[i as usize];
-            let _ = w.handle_gradient(now, id, &[1.0, -1.0, 0.5, 0.25]);
-            drain_worker(i, w, &mut to_server, &mut computing);
-            continue;
-        } else if !declared_lost {
-            // Nothing in flight, the dead worker holds everyone up: the transport declares it
-            // lost (parked pulls are answered, rounds close without it, all at once).
+            // Nothing in flight, the dead worker holds everyone up.
             declared_lost = true;
-            let _ = server.handle_worker_lost(now, WorkerId(n - 1));
-            handled += 1;
-        } else {
-            // Nothing in flight: let the deadlines fire.
-            now = server.poll_timeout().map_or(now, |t| t.max(now));
-            server.handle_timeout(now);
-            handled += 1;
-            for (i, w) in workers.iter_mut().enumerate() {
-                w.handle_timeout(now);
-                drain_worker(i as u32, w, &mut to_server, &mut computing);
-            }
+            net.lose(last);
         }
         let mut outputs = 0;
-        while let Some(out) = server.poll_output() {
-            outputs += 1;
-            if let ServerOutput::Send { to, msg } = out {
-                let owned = ToWorkerOwned::from(&msg);
-                match to {
-                    Recipient::Worker(w) => to_workers.push_back((w.0, owned)),
-                    Recipient::AllWorkers => to_workers.extend((0..n).map(|w| (w, owned.clone()))),
-                }
+        for e in net.log.drain(..) {
+            match e {
+                Entry::ServerIn { .. } | Entry::Lost { .. } => handled += 1,
+                Entry::Event(_) | Entry::Sent { .. } => outputs += 1,
+                Entry::Compute { worker, .. } if worker == last => issued += 1,
+                _ => {}
             }
         }
+        if issued >= 3 {
+            net.speed[last] = 0.0;
+        }
         widest = widest.max(outputs);
-        assert_eq!(server.stats().outputs_lost, 0, "{}: an output found the queue full", config.name());
     }
-    (widest, server.version().0)
+    assert_eq!(net.server.stats().outputs_lost, 0, "{}: an output found the queue full", config.name());
+    for w in 0..n as usize {
+        assert_eq!(net.worker(w).map_or(0, |w| w.outputs_lost()), 0, "worker {w} lost an output");
+    }
+    (widest, net.version().0)
 }
 
 /// Every protocol, with more workers than the old fixed tables held.

@@ -91,6 +91,25 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, X: Slot> ServerCore<T, S, M, X> {
         self.queue.push(ServerItem::Model { to });
     }
 
+    /// The common screening of a `Pull`: a worker cannot have a version the server has not
+    /// published.
+    pub(crate) fn check_have(&self, have: Version) -> Result<(), Reject> {
+        if have > self.version {
+            return Err(Reject::FutureVersion { claimed: have, current: self.version });
+        }
+        Ok(())
+    }
+
+    /// The common answer to a pull the server can serve now: the model if it is newer than
+    /// `have`, otherwise `NotNewer`.
+    pub(crate) fn answer_pull(&mut self, to: WorkerId, have: Version) {
+        if self.version > have {
+            self.send_model(Recipient::Worker(to));
+        } else {
+            self.queue.push(ServerItem::NotNewer { to, version: self.version });
+        }
+    }
+
     /// The common part of a `Join`: checks the session, records it, reports a new session.
     /// Returns whether the join was a new session (first join, new epoch, or back from lost).
     /// The protocol then answers (usually with the model).

@@ -102,12 +102,7 @@ impl GradientRules {
         version: Version,
         values: crate::msg::Values<'_, T>,
     ) -> Result<(), Reject> {
-        values.check_len(core.dim())?;
-        if let Some(have) = self.have {
-            if version < have {
-                return Err(Reject::OutdatedModel { received: version, have });
-            }
-        }
+        core.check_model_age(&values, version, self.have)?;
         if core.stopped {
             return Err(Reject::Stopped);
         }

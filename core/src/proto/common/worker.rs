@@ -12,7 +12,7 @@ use super::queue::{WorkerItem, WorkerQueue};
 use crate::error::{ConfigError, Reject};
 use crate::id::{ComputeId, Version, WorkerId};
 use crate::math::{self, Scalar};
-use crate::msg::ToWorker;
+use crate::msg::{ToWorker, Values};
 use crate::proto::{Buffer, Worker, WorkerEvent, WorkerOutput, WorkerSetup};
 use crate::time::Instant;
 use core::marker::PhantomData;
@@ -63,6 +63,31 @@ impl<T: Scalar, S: Buffer<T>> WorkerCore<T, S> {
             stopped: false,
             _t: PhantomData,
         })
+    }
+
+    /// The common screening of a `Model` for a worker that refuses input once stopped:
+    /// its length, then whether the worker still runs.
+    pub(crate) fn check_model(&self, values: &Values<'_, T>) -> Result<(), Reject> {
+        values.check_len(self.dim())?;
+        if self.stopped {
+            return Err(Reject::Stopped);
+        }
+        Ok(())
+    }
+
+    /// The common screening of a `Model` for a worker that keeps the version it last took
+    /// (`have`): its length, then that it is not older.
+    pub(crate) fn check_model_age(
+        &self,
+        values: &Values<'_, T>,
+        version: Version,
+        have: Option<Version>,
+    ) -> Result<(), Reject> {
+        values.check_len(self.dim())?;
+        match have {
+            Some(have) if version < have => Err(Reject::OutdatedModel { received: version, have }),
+            _ => Ok(()),
+        }
     }
 
     /// The model's length.

@@ -211,11 +211,7 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
         from: WorkerId,
         epoch: u32,
     ) -> Result<(), Reject> {
-        let fresh = core.roster.check_join(from, epoch)?;
-        core.roster.commit_join(from, epoch);
-        if fresh {
-            core.queue.push(ServerItem::Event(ServerEvent::WorkerJoined { worker: from, epoch }));
-        }
+        core.join(from, epoch)?;
         let server_clock = self.clock;
         if let Some(r) = core.roster.record_mut(from) {
             if r.has(SESSION) && r.ext.session == epoch {
@@ -311,9 +307,7 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
         have: Version,
         min_clock: u64,
     ) -> Result<(), Reject> {
-        if have > core.version {
-            return Err(Reject::FutureVersion { claimed: have, current: core.version });
-        }
+        core.check_have(have)?;
         let waiting = self.parked > 0;
         let r = core.roster.record_mut(from).ok_or(Reject::UnknownWorker(from))?;
         if r.ext.pending == 0 {

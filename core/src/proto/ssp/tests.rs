@@ -1,10 +1,9 @@
 use super::*;
-use crate::proto::bsp::{BspConfig, BspServer};
 use crate::proto::common::testkit::prelude::*;
 use crate::proto::common::testkit::{Cluster, Entry};
 use crate::proto::common::testkit::{WorkerOut as Out, drain_server, drain_worker};
-use crate::proto::ssp::harness::net;
-use crate::proto::{DropReason, GradientWorker, GradientWorkerConfig, ToServerOwned, ToWorkerOwned};
+use crate::proto::ssp::harness::{check_bsp_trace, net, trace_case};
+use crate::proto::{DropReason, ToServerOwned, ToWorkerOwned};
 use proptest::prelude::*;
 use std::vec;
 use std::vec::Vec;
@@ -13,10 +12,6 @@ type Srv = SspServer<f64, Vec<f64>>;
 type Wrk = SspWorker<f64, Vec<f64>>;
 
 const T0: Instant = Instant::ZERO;
-
-fn setup(i: u32) -> WorkerSetup {
-    WorkerSetup { id: WorkerId(i), epoch: 0, rejoin_after: None }
-}
 
 fn server(n: u32, s: u64, dim: usize) -> Srv {
     SspServer::new(SspConfig::new(n, 0.5, s), vec![1.0; dim]).unwrap()
@@ -355,31 +350,9 @@ proptest! {
     /// S5: with s = 0, SSP computes on exactly BSP's models and reaches BSP's model after
     /// every clock, bit for bit.
     #[test]
-    fn staleness_zero_is_the_bsp_trace(
-        n_log in 0u32..4,
-        seed_a in any::<u64>(),
-        seed_b in any::<u64>(),
-        speeds in proptest::collection::vec(1u32..8, 8),
-        steps in 1u64..7,
-    ) {
-        let n = 1u32 << n_log;
-        let mut ssp = ssp_net(n, 0, seed_a);
-        ssp.speed = speeds[..n as usize].iter().map(|&s| f64::from(s)).collect();
-        ssp.max_steps = steps;
+    fn staleness_zero_is_the_bsp_trace((n, seed_a, seed_b, speeds, steps) in trace_case()) {
         // Everybody joins before the first update arrives (see the module docs).
-        ssp.deliver_joins();
-        ssp.run(100_000);
-        let bsp_server: BspServer<f64, Vec<f64>> =
-            BspServer::new(BspConfig::new(n, 0.5), vec![1.0, -0.5, 0.25], vec![0.0; 3]).unwrap();
-        let bsp_workers: Vec<GradientWorker<f64, Vec<f64>>> =
-            (0..n).map(|i| GradientWorker::new(GradientWorkerConfig::new(WorkerId(i)), vec![0.0; 3]).unwrap()).collect();
-        let mut bsp = net(bsp_server, bsp_workers, seed_b, |s| s.version().0, |w| w.steps());
-        bsp.max_steps = steps;
-        bsp.run(100_000);
-        prop_assert_eq!(bsp.version(), Version(steps));
-        prop_assert_eq!(ssp.computes(), bsp.computes());
-        prop_assert_eq!(ssp.ticks(), bsp.ticks());
-        prop_assert_eq!(ssp.server.params(), bsp.server.params());
+        check_bsp_trace(&mut ssp_net(n, 0, seed_a), seed_b, &speeds, steps)?;
     }
 
     /// No input sequence panics; a refused input changes nothing.

@@ -93,10 +93,7 @@ impl<T: Scalar> SspWorkerRules<T> {
         clock: u64,
         values: Values<'_, T>,
     ) -> Result<(), Reject> {
-        values.check_len(core.dim())?;
-        if core.stopped {
-            return Err(Reject::Stopped);
-        }
+        core.check_model(&values)?;
         match self.phase {
             CachePhase::Computing(_) => {
                 return Err(if version <= self.cache_version {

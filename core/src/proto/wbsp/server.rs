@@ -197,14 +197,8 @@ impl<T: Scalar, S: Buffer<T>> WbspRules<T, S> {
     }
 
     fn on_pull<M: Storage>(&mut self, core: &mut Core<T, S, M>, from: WorkerId, have: Version) -> Result<(), Reject> {
-        if have > core.version {
-            return Err(Reject::FutureVersion { claimed: have, current: core.version });
-        }
-        if have < core.version {
-            core.send_model(Recipient::Worker(from));
-        } else {
-            core.queue.push(ServerItem::NotNewer { to: from, version: core.version });
-        }
+        core.check_have(have)?;
+        core.answer_pull(from, have);
         Ok(())
     }
 }

@@ -1,30 +1,20 @@
-//! WBSP tests: unit tests of every refusal, and a seeded event-driven harness that runs a
+//! WBSP tests: unit tests of every refusal, and the test network ([`Cluster`]) running a
 //! server and its workers with random compute times, latencies and tie orders, checking the
 //! invariants after every input (integer gradients, a power-of-two learning rate and worker
 //! count, so every float sum is exact in any order).
 
 use super::*;
-use crate::error::Reject;
-use crate::id::{ComputeId, Version, WorkerId};
-use crate::msg::{ToServer, ToWorker, Values};
-use crate::proto::{
-    AnyServer, AnyWorker, LargeGradient, ProtocolConfig, Recipient, Server, ServerEvent, ServerOutput, ToServerOwned,
-    ToWorkerOwned, Worker, WorkerOutput, WorkerSetup,
-};
-use crate::time::{Duration, Instant};
-use core::cmp::Reverse;
+use crate::proto::common::testkit::prelude::*;
+use crate::proto::common::testkit::{Cluster, Entry, Job, NetConfig};
+use crate::proto::{AnyServer, AnyWorker, LargeGradient, ProtocolConfig};
 use proptest::prelude::*;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BTreeMap;
 use std::vec;
 use std::vec::Vec;
 use std::{format, string::String};
 
 type Srv = WbspServer<f64, Vec<f64>>;
 type Wrk = WbspWorker<f64, Vec<f64>>;
-
-fn setup(id: u32) -> WorkerSetup {
-    WorkerSetup { id: WorkerId(id), epoch: 0, rejoin_after: None }
-}
 
 fn t(nanos: u64) -> Instant {
     Instant::from_nanos(nanos)
@@ -256,7 +246,7 @@ fn server_refusals_change_nothing() {
             WorkerId(0),
             Reject::Unexpected { kind: "Delta with local_steps = 0" },
         ),
-        (delta(0, 6, &[1.0]), WorkerId(0), Reject::WrongLength(crate::math::LengthMismatch { expected: 2, actual: 1 })),
+        (delta(0, 6, &[1.0]), WorkerId(0), Reject::WrongLength(math::LengthMismatch { expected: 2, actual: 1 })),
         (delta(0, 6, &[f64::NAN, 1.0]), WorkerId(0), Reject::NotFinite),
         (delta(0, 6, &[f64::INFINITY, 1.0]), WorkerId(0), Reject::NotFinite),
         (delta(0, 6, &[1000.0, 1.0]), WorkerId(0), Reject::NormTooLarge),
@@ -506,46 +496,23 @@ fn worker_rejoins_after_waiting_too_long() {
     assert_eq!(w.handle(t(76), ack(1, false)), Err(Reject::Unexpected { kind: "PushAck" }));
 }
 
-// ---------------------------------------------------------------- event-driven harness
-
-#[derive(Debug)]
-enum Ev {
-    ToServer(usize, ToServerOwned),
-    ToWorker(usize, ToWorkerOwned),
-    Done(usize, ComputeId, Vec<f64>),
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // SplitMix64.
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
-}
+// ---------------------------------------------------------------- the test network
 
 const DIM: usize = 3;
 
-/// A server and `n` workers driven by simulated time, with an oracle checked after every
-/// input.
+/// An integer gradient that depends on the worker and its job count only.
+fn gradient(job: &Job<'_>) -> Vec<f64> {
+    (0..DIM).map(|j| ((job.worker as u64 * 7 + job.k * 3 + j as u64 * 5) % 7) as f64 - 3.0).collect()
+}
+
+/// A server and `n` workers on the test network ([`Cluster`]) in simulated time, with
+/// random tie orders, and an oracle checked after every event.
 struct Harness {
+    net: Cluster<Srv, Wrk>,
     n: usize,
-    server: Srv,
-    workers: Vec<Wrk>,
-    now: u64,
-    queue: BinaryHeap<Reverse<(u64, u64, usize)>>,
-    slots: Vec<Option<Ev>>,
-    rng: Rng,
-    /// Per-worker compute time; `None`: the worker never finishes a computation.
-    compute: Vec<Option<u64>>,
-    latency: u64,
-    jitter: u64,
+    /// The log entries already checked.
+    cursor: usize,
+    /// Percent of accepted deltas handed to the server a second time at once.
     duplicate_percent: u64,
     duplicates: u64,
     // Oracle.
@@ -554,229 +521,154 @@ struct Harness {
     uploads_this_round: Vec<u32>,
     closed_rounds: Vec<Vec<u32>>,
     models: BTreeMap<u64, Vec<f64>>,
-    have: Vec<u64>,
+    /// Per worker, the version of the last model sent to it.
+    sent_model: Vec<u64>,
     in_flight_uploads: Vec<u32>,
     sent_deltas: u64,
     accepted: u64,
     applied_events: u64,
-    steps: Vec<u64>,
-    jobs: Vec<u64>,
 }
 
 impl Harness {
+    /// `compute`: per worker, its compute time in nanoseconds (`None`: its computations
+    /// never end); a message takes `latency` plus up to `jitter` nanoseconds.
     fn new(config: WbspConfig, compute: Vec<Option<u64>>, latency: u64, jitter: u64, seed: u64) -> Self {
         let n = config.workers as usize;
         let theta0: Vec<f64> = (0..DIM).map(|j| j as f64 - 1.0).collect();
         let server = Srv::new(config, theta0.clone(), vec![0.0; DIM]).unwrap();
         let workers =
             (0..n as u32).map(|i| Wrk::new(config, setup(i), vec![0.0; DIM], vec![0.0; DIM]).unwrap()).collect();
-        let mut h = Self {
+        let ns = Duration::from_nanos;
+        let links = NetConfig { latency: (ns(latency), ns(latency + jitter)), ..NetConfig::default() };
+        let mut net = Cluster::new(server, workers, seed, links, gradient).with_random_ties();
+        net.speed = compute.iter().map(|c| if c.is_some() { 1.0 } else { 0.0 }).collect();
+        net.compute_time = compute.iter().map(|c| c.map(ns)).collect();
+        Self {
+            net,
             n,
-            server,
-            workers,
-            now: 0,
-            queue: BinaryHeap::new(),
-            slots: Vec::new(),
-            rng: Rng(seed),
-            compute,
-            latency,
-            jitter,
+            cursor: 0,
             duplicate_percent: 0,
             duplicates: 0,
             expected: theta0,
             uploads_this_round: vec![0; n],
             closed_rounds: Vec::new(),
             models: BTreeMap::new(),
-            have: vec![0; n],
+            sent_model: vec![0; n],
             in_flight_uploads: vec![0; n],
             sent_deltas: 0,
             accepted: 0,
             applied_events: 0,
-            steps: vec![0; n],
-            jobs: vec![0; n],
-        };
-        for i in 0..n {
-            h.drain_worker(i);
         }
-        h
     }
 
-    fn schedule(&mut self, delay: u64, ev: Ev) {
-        let at = self.now + delay;
-        let tie = self.rng.next();
-        self.slots.push(Some(ev));
-        self.queue.push(Reverse((at, tie, self.slots.len() - 1)));
+    fn workers(&self) -> impl Iterator<Item = &Wrk> {
+        (0..self.n).filter_map(|i| self.net.worker(i))
     }
 
-    fn link_delay(&mut self) -> u64 {
-        self.latency + self.rng.below(self.jitter + 1)
+    fn check_conservation(&self) {
+        let server = &self.net.server;
+        for j in 0..DIM {
+            assert_eq!(server.params()[j] + server.accumulator()[j], self.expected[j], "conservation");
+        }
+        assert_eq!(server.stats().applied, self.accepted);
+        assert_eq!(self.applied_events, self.accepted);
     }
 
-    /// An integer gradient that depends on the worker and its job count only.
-    fn gradient(worker: usize, job: u64) -> Vec<f64> {
-        (0..DIM).map(|j| ((worker as u64 * 7 + job * 3 + j as u64 * 5) % 7) as f64 - 3.0).collect()
-    }
-
-    fn drain_worker(&mut self, i: usize) {
-        let mut outs = Vec::new();
-        while let Some(o) = self.workers[i].poll_output() {
-            match o {
-                WorkerOutput::Send(m) => outs.push(Ev::ToServer(i, ToServerOwned::from(&m))),
-                WorkerOutput::Compute { id, version, params } => {
+    /// Checks what the last event did (the server was at `version_before`), then may replay
+    /// an accepted delta.
+    fn check(&mut self, version_before: u64) {
+        let entries = self.net.log.get(self.cursor..).unwrap_or_default().to_vec();
+        self.cursor = self.net.log.len();
+        let mut accepted_delta = None;
+        for e in entries {
+            match e {
+                Entry::Compute { worker, version, params, .. } => {
                     assert_eq!(params.len(), DIM);
-                    assert_eq!(Some(version), self.workers[i].model_version());
-                    let grad = Self::gradient(i, self.jobs[i]);
-                    self.jobs[i] += 1;
-                    outs.push(Ev::Done(i, id, grad));
+                    let have = self.net.worker(worker).and_then(|w| w.model_version());
+                    assert_eq!(Some(Version(version)), have);
                 }
-                WorkerOutput::Event(_) => {}
-            }
-        }
-        for ev in outs {
-            match ev {
-                Ev::Done(i, id, grad) => {
-                    if let Some(c) = self.compute[i] {
-                        self.schedule(c, Ev::Done(i, id, grad));
+                Entry::Up { worker, msg: ToServerOwned::Delta { .. }, .. } => {
+                    self.sent_deltas += 1;
+                    self.in_flight_uploads[worker] += 1;
+                    assert!(self.in_flight_uploads[worker] <= 1, "W5: at most one upload in flight");
+                }
+                Entry::Up { msg: ToServerOwned::Pull { have, .. }, .. } => {
+                    assert!(have < self.net.version().0, "a pull is only sent after a close");
+                }
+                Entry::ServerIn { worker, msg, result, .. } => {
+                    assert_eq!(result, Ok(()), "{msg:?} from {worker}");
+                    if let ToServerOwned::Delta { values, .. } = &msg {
+                        self.in_flight_uploads[worker] -= 1;
+                        self.accepted += 1;
+                        for (e, v) in self.expected.iter_mut().zip(values) {
+                            *e += v / self.n as f64;
+                        }
+                        accepted_delta = Some((worker, msg));
                     }
                 }
-                Ev::ToServer(i, m) => {
-                    if let ToServerOwned::Delta { .. } = m {
-                        self.sent_deltas += 1;
-                        self.in_flight_uploads[i] += 1;
-                        assert!(self.in_flight_uploads[i] <= 1, "W5: at most one upload in flight");
-                    }
-                    if let ToServerOwned::Pull { have, .. } = m {
-                        assert!(have < self.server.version().0, "a pull is only sent after a close");
-                    }
-                    let d = self.link_delay();
-                    self.schedule(d, Ev::ToServer(i, m));
+                Entry::Sent { to: Recipient::Worker(w), msg: ToWorkerOwned::Model { version, values, .. } } => {
+                    // W2: every model of a version is the same model.
+                    let known = self.models.entry(version).or_insert_with(|| values.clone());
+                    assert_eq!(*known, values, "W2");
+                    self.sent_model[w.index()] = version;
                 }
-                Ev::ToWorker(..) => unreachable!(),
-            }
-        }
-    }
-
-    fn drain_server(&mut self, version_before: u64) {
-        let mut sends = Vec::new();
-        while let Some(o) = self.server.poll_output() {
-            match o {
-                ServerOutput::Send { to: Recipient::Worker(w), msg } => {
-                    if let ToWorker::Model { version, values, .. } = &msg {
-                        let mut v = vec![0.0; DIM];
-                        values.copy_into(&mut v).unwrap();
-                        // W2: every model of a version is the same model.
-                        let known = self.models.entry(version.0).or_insert_with(|| v.clone());
-                        assert_eq!(*known, v, "W2");
-                    }
-                    sends.push((w.index(), ToWorkerOwned::from(&msg)));
+                Entry::Sent { to: Recipient::Worker(w), msg: ToWorkerOwned::PushAck { round, pull_now: true } } => {
+                    assert!(round > self.sent_model[w.index()], "pull_now only after a close");
                 }
-                ServerOutput::Send { to: Recipient::AllWorkers, .. } => {}
-                ServerOutput::Event(ServerEvent::Applied { worker, version, staleness, base, weight }) => {
+                Entry::Event(ServerEvent::Applied { worker, version, staleness, base, weight }) => {
                     assert_eq!(version.0, version_before + 1, "an applied delta is in the next published version");
                     assert_eq!(staleness, version_before - base.0);
                     assert_eq!(weight, 1.0 / self.n as f64);
                     self.applied_events += 1;
                     self.uploads_this_round[worker.index()] += 1;
                 }
-                ServerOutput::Event(ServerEvent::ModelUpdated { version, contributions }) => {
+                Entry::Event(ServerEvent::ModelUpdated { version, contributions }) => {
                     assert_eq!(version.0, version_before + 1, "W1: one version per round");
                     let counts = core::mem::replace(&mut self.uploads_this_round, vec![0; self.n]);
                     assert_eq!(counts.iter().sum::<u32>(), contributions);
+                    let server = &self.net.server;
                     for (w, c) in counts.iter().enumerate() {
-                        if self.server.is_live(WorkerId(w as u32)) {
+                        if server.is_live(WorkerId(w as u32)) {
                             assert!(*c >= 1, "a round closes only after every live worker uploaded in it");
                         }
                     }
                     self.closed_rounds.push(counts);
-                    assert_eq!(self.server.params(), &self.expected[..], "conservation at a close");
-                    assert!(self.server.accumulator().iter().all(|a| *a == 0.0));
-                    self.models.entry(version.0).or_insert_with(|| self.server.params().to_vec());
+                    assert_eq!(server.params(), &self.expected[..], "conservation at a close");
+                    assert!(server.accumulator().iter().all(|a| *a == 0.0));
+                    self.models.entry(version.0).or_insert_with(|| server.params().to_vec());
                 }
-                ServerOutput::Event(_) => {}
+                Entry::WorkerRefused { worker, msg, reason } => panic!("worker {worker} refused {msg:?}: {reason:?}"),
+                _ => {}
             }
         }
-        for (w, m) in sends {
-            let d = self.link_delay();
-            self.schedule(d, Ev::ToWorker(w, m));
+        self.check_conservation();
+        // A duplicate (a retransmission or a replay) is refused and changes nothing.
+        let Some((from, msg)) = accepted_delta else { return };
+        if self.net.rng().below(100) < self.duplicate_percent {
+            let params = self.net.server.params().to_vec();
+            let acc = self.net.server.accumulator().to_vec();
+            assert!(matches!(self.net.redeliver(from, msg), Err(Reject::Duplicate { .. })));
+            self.duplicates += 1;
+            let outputs = self.net.log.get(self.cursor..).unwrap_or_default();
+            assert!(outputs.iter().all(|e| matches!(e, Entry::ServerIn { .. })), "{outputs:?}");
+            self.cursor = self.net.log.len();
+            assert_eq!(self.net.server.params(), &params[..]);
+            assert_eq!(self.net.server.accumulator(), &acc[..]);
         }
     }
 
-    fn check_conservation(&self) {
-        for j in 0..DIM {
-            assert_eq!(self.server.params()[j] + self.server.accumulator()[j], self.expected[j], "conservation");
-        }
-        assert_eq!(self.server.stats().applied, self.accepted);
-        assert_eq!(self.applied_events, self.accepted);
-    }
-
-    fn deliver_to_server(&mut self, from: usize, m: ToServerOwned) {
-        let mut buf = Vec::new();
-        let msg = m.as_msg(&mut buf);
-        let version_before = self.server.version().0;
-        let result = self.server.handle(t(self.now), WorkerId(from as u32), msg);
-        if let ToServerOwned::Delta { values, .. } = &m {
-            self.in_flight_uploads[from] -= 1;
-            result.unwrap();
-            self.accepted += 1;
-            for (e, v) in self.expected.iter_mut().zip(values) {
-                *e += v / self.n as f64;
-            }
-            self.drain_server(version_before);
-            self.check_conservation();
-            // A duplicate (a retransmission or a replay) is refused and changes nothing.
-            if self.rng.below(100) < self.duplicate_percent {
-                let params = self.server.params().to_vec();
-                let acc = self.server.accumulator().to_vec();
-                let mut buf = Vec::new();
-                let again = m.as_msg(&mut buf);
-                assert!(matches!(
-                    self.server.handle(t(self.now), WorkerId(from as u32), again),
-                    Err(Reject::Duplicate { .. })
-                ));
-                self.duplicates += 1;
-                assert!(self.server.poll_output().is_none());
-                assert_eq!(self.server.params(), &params[..]);
-                assert_eq!(self.server.accumulator(), &acc[..]);
-            }
-        } else {
-            result.unwrap();
-            self.drain_server(version_before);
-        }
-    }
-
-    fn deliver_to_worker(&mut self, to: usize, m: ToWorkerOwned) {
-        if let ToWorkerOwned::PushAck { pull_now: true, round } = m {
-            assert!(round > self.have[to], "pull_now only after a close");
-        }
-        if let ToWorkerOwned::Model { version, .. } = m {
-            self.have[to] = version;
-        }
-        let mut buf = Vec::new();
-        let msg = m.as_msg(&mut buf);
-        self.workers[to].handle(t(self.now), msg).unwrap();
-        self.drain_worker(to);
-    }
-
-    /// Runs until `max_steps` local steps in total or `max_time`.
+    /// Runs until `max_steps` local steps in total or `max_time` nanoseconds.
     fn run(&mut self, max_steps: u64, max_time: u64) {
-        while let Some(Reverse((at, _, slot))) = self.queue.pop() {
-            if at > max_time || self.steps.iter().sum::<u64>() >= max_steps {
+        self.check(self.net.version().0);
+        while let Some(at) = self.net.next_at() {
+            if at > t(max_time) || self.net.done.iter().sum::<u64>() >= max_steps {
                 break;
             }
-            self.now = at;
-            let ev = self.slots[slot].take().unwrap();
-            match ev {
-                Ev::ToServer(from, m) => self.deliver_to_server(from, m),
-                Ev::ToWorker(to, m) => self.deliver_to_worker(to, m),
-                Ev::Done(i, id, grad) => {
-                    self.workers[i].handle_gradient(t(self.now), id, &grad).unwrap();
-                    self.steps[i] += 1;
-                    self.drain_worker(i);
-                }
+            let version_before = self.net.version().0;
+            if !self.net.step() {
+                break;
             }
-            let version_before = self.server.version().0;
-            self.server.handle_timeout(t(self.now));
-            self.drain_server(version_before);
+            self.check(version_before);
         }
         self.check_conservation();
     }
@@ -809,15 +701,16 @@ proptest! {
         let mut h = Harness::new(harness_config(n, overlap), compute, latency, jitter, seed);
         h.duplicate_percent = 20;
         h.run(400, u64::MAX);
-        prop_assert!(h.server.version().0 >= 1);
-        prop_assert_eq!(h.server.stats().rejected, h.duplicates);
+        prop_assert!(h.net.server.version().0 >= 1);
+        prop_assert_eq!(h.net.server.stats().rejected, h.duplicates);
+        prop_assert!(h.duplicates > 0, "some deltas were replayed");
         // Nothing lost: every delta sent was accepted, except those still in flight.
         let in_flight: u32 = h.in_flight_uploads.iter().sum();
         prop_assert_eq!(h.sent_deltas, h.accepted + u64::from(in_flight));
         // Every worker's local steps are uploaded or discarded (overlap) or not yet uploaded.
-        for (i, w) in h.workers.iter().enumerate() {
+        for (i, w) in h.workers().enumerate() {
             prop_assert!(w.local_steps() >= w.uploads());
-            prop_assert_eq!(w.local_steps(), h.steps[i]);
+            prop_assert_eq!(w.local_steps(), h.net.done[i]);
             if !overlap {
                 prop_assert_eq!(w.discarded_steps(), 0);
             }
@@ -838,7 +731,7 @@ fn equal_speed_workers_take_one_local_step_per_round() {
             for (r, counts) in h.closed_rounds.iter().enumerate() {
                 assert_eq!(counts, &vec![1; n as usize], "round {r}, overlap {overlap}, seed {seed}");
             }
-            assert!(h.workers.iter().all(|w| w.discarded_steps() == 0));
+            assert!(h.workers().all(|w| w.discarded_steps() == 0));
         }
     }
 }
@@ -857,7 +750,7 @@ fn fast_workers_keep_stepping_while_the_slowest_finishes() {
             assert!(r[1] <= 2 && r[3] <= 2, "slow workers about once: {r:?}");
         }
         // The fast workers step about four times as often as the slow ones.
-        assert!(h.steps[0] >= 3 * h.steps[1], "{:?}", h.steps);
+        assert!(h.net.done[0] >= 3 * h.net.done[1], "{:?}", h.net.done);
     }
 }
 
@@ -866,13 +759,13 @@ fn fast_workers_keep_stepping_while_the_slowest_finishes() {
 fn overlap_coalesces_when_the_link_is_slow() {
     let mut h = Harness::new(harness_config(2, true), vec![Some(5), Some(5)], 20, 0, 3);
     h.run(u64::MAX, 20_000);
-    let steps: u64 = h.steps.iter().sum();
-    let uploads: u64 = h.workers.iter().map(|w| w.uploads()).sum();
+    let steps: u64 = h.net.done.iter().sum();
+    let uploads: u64 = h.workers().map(|w| w.uploads()).sum();
     assert!(steps > 3 * uploads, "steps {steps}, uploads {uploads}");
     // The basic variant waits one round trip per step instead.
     let mut b = Harness::new(harness_config(2, false), vec![Some(5), Some(5)], 20, 0, 3);
     b.run(u64::MAX, 20_000);
-    assert!(b.steps.iter().sum::<u64>() * 3 < steps);
+    assert!(b.net.done.iter().sum::<u64>() * 3 < steps);
 }
 
 /// A silently dead worker stalls the round only until the deadline; the others go on.
@@ -882,14 +775,14 @@ fn a_dead_worker_does_not_stall_the_others_forever() {
         let compute = vec![Some(10), Some(10), Some(10), None];
         let mut stuck = Harness::new(harness_config(4, overlap), compute.clone(), 1, 1, 5);
         stuck.run(u64::MAX, 5_000);
-        assert_eq!(stuck.server.version(), Version(0), "without a deadline the round waits");
+        assert_eq!(stuck.net.server.version(), Version(0), "without a deadline the round waits");
 
         let mut c = harness_config(4, overlap);
         c.round_deadline = Some(Duration::from_nanos(200));
         let mut h = Harness::new(c, compute, 1, 1, 5);
         h.run(u64::MAX, 5_000);
-        assert!(h.server.version().0 > 100, "version {}", h.server.version().0);
-        assert!(!h.server.is_live(WorkerId(3)));
+        assert!(h.net.server.version().0 > 100, "version {}", h.net.server.version().0);
+        assert!(!h.net.server.is_live(WorkerId(3)));
         for r in &h.closed_rounds {
             assert_eq!(r[3], 0);
         }

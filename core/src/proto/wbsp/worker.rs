@@ -172,12 +172,7 @@ impl WbspWorkerRules {
         version: Version,
         values: Values<'_, T>,
     ) -> Result<(), Reject> {
-        values.check_len(core.dim())?;
-        if let Some(have) = self.have {
-            if version < have {
-                return Err(Reject::OutdatedModel { received: version, have });
-            }
-        }
+        core.check_model_age(&values, version, self.have)?;
         if !self.awaiting_model {
             return Err(Reject::Unexpected { kind: "Model" });
         }

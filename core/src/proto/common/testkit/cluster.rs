@@ -144,9 +144,11 @@ pub enum Entry {
         iteration: u64,
         /// The parameters.
         params: Vec<f64>,
-        /// Per worker, the contributions applied in the last model this worker took.
+        /// Per worker, the contributions applied in the last model this worker took
+        /// (`None` before its first model, or [`Cluster::without_snapshots`]).
         snap: Option<Vec<u64>>,
-        /// Per worker, computations finished so far.
+        /// Per worker, computations finished so far (empty with
+        /// [`Cluster::without_snapshots`]).
         done: Vec<u64>,
     },
     /// Worker `worker` (session `epoch`) sent `msg` (before the network's faults).
@@ -268,6 +270,20 @@ pub struct NetCounts {
     pub server_restarts: u64,
 }
 
+impl NetCounts {
+    /// Adds `o` into `self` (totals over several runs).
+    pub fn add(&mut self, o: &Self) {
+        self.steps += o.steps;
+        self.sent += o.sent;
+        self.lost += o.lost;
+        self.duplicated += o.duplicated;
+        self.delayed += o.delayed;
+        self.partitions += o.partitions;
+        self.crashes += o.crashes;
+        self.server_restarts += o.server_restarts;
+    }
+}
+
 #[derive(Clone, Debug)]
 enum Ev {
     Up { from: usize, epoch: u32, server_inc: u32, msg: ToServerOwned },
@@ -312,8 +328,12 @@ pub struct Cluster<S, W> {
     pub config: NetConfig,
     /// Faults; switch off by setting [`Faults::default`].
     pub faults: Faults,
-    /// Relative speed of each worker (compute times are divided by it).
+    /// Relative speed of each worker (compute times are divided by it; at most 0: its
+    /// computations never end, while messages still reach it).
     pub speed: Vec<f64>,
+    /// Per worker, a fixed compute time instead of a drawn one (a missing entry or `None`:
+    /// drawn from [`NetConfig::compute`]). Still divided by the worker's speed.
+    pub compute_time: Vec<Option<Duration>>,
     /// A worker finishes at most this many computations (then its jobs never end).
     pub max_steps: u64,
     /// A dead worker never finishes a computation and messages to it are lost.
@@ -328,7 +348,10 @@ pub struct Cluster<S, W> {
     pub now: Instant,
     rng: Rng,
     order: u64,
-    events: BTreeMap<(Instant, u64), Ev>,
+    random_ties: bool,
+    snapshots: bool,
+    /// Keyed by instant, tie-breaker (0 unless [`Self::with_random_ties`]) and order.
+    events: BTreeMap<(Instant, u64, u64), Ev>,
     in_flight: usize,
     server_inc: u32,
     server_timer: Option<Instant>,
@@ -380,6 +403,7 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
             config,
             faults: Faults::default(),
             speed: vec![1.0; n],
+            compute_time: Vec::new(),
             max_steps: u64::MAX,
             dead: vec![false; n],
             done: vec![0; n],
@@ -388,6 +412,8 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
             now: Instant::ZERO,
             rng: Rng::new(seed),
             order: 0,
+            random_ties: false,
+            snapshots: true,
             events: BTreeMap::new(),
             in_flight: 0,
             server_inc: 0,
@@ -431,6 +457,21 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
         self
     }
 
+    /// Breaks ties between events at the same instant at random (drawn from the network's
+    /// seed) instead of in the order they were scheduled, for events scheduled from now on.
+    pub fn with_random_ties(mut self) -> Self {
+        self.random_ties = true;
+        self
+    }
+
+    /// Leaves out the per-worker snapshots every model and every computation carry into
+    /// [`Entry::Compute`] (`snap` and `done`): `O(n)` per message, too much at thousands of
+    /// workers for a test that does not read them.
+    pub fn without_snapshots(mut self) -> Self {
+        self.snapshots = false;
+        self
+    }
+
     /// Builds restarted workers (after a crash fault or [`Self::restart_worker`]).
     pub fn with_factory(mut self, factory: WorkerFactory<W>) -> Self {
         self.factory = Some(factory);
@@ -450,6 +491,11 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
     /// Worker `w`'s state machine (`None` while crashed).
     pub fn worker(&self, w: usize) -> Option<&W> {
         self.nodes.get(w).and_then(|n| n.worker.as_ref())
+    }
+
+    /// When the next pending event happens, if any.
+    pub fn next_at(&self) -> Option<Instant> {
+        self.events.keys().next().map(|k| k.0)
     }
 
     /// Whether any event is pending.
@@ -472,7 +518,8 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
         if !ev.is_timer() {
             self.in_flight += 1;
         }
-        self.events.insert((at, self.order), ev);
+        let tie = if self.random_ties { self.rng.next_u64() } else { 0 };
+        self.events.insert((at, tie, self.order), ev);
     }
 
     fn latency(&mut self) -> Duration {
@@ -539,7 +586,8 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
             } else {
                 self.now + self.latency()
             };
-            self.schedule(at, Ev::Down { to, inc, msg: msg.clone(), applied: self.applied.clone() });
+            let applied = if self.snapshots { self.applied.clone() } else { Vec::new() };
+            self.schedule(at, Ev::Down { to, inc, msg: msg.clone(), applied });
         }
     }
 
@@ -575,9 +623,15 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
                 iteration,
                 params: params.clone(),
                 snap: self.snap[w].clone(),
-                done: self.done.clone(),
+                done: if self.snapshots { self.done.clone() } else { Vec::new() },
             });
-            let mut t = if self.config.exponential {
+            let speed = self.speed.get(w).copied().unwrap_or(1.0);
+            if speed <= 0.0 {
+                continue;
+            }
+            let mut t = if let Some(fixed) = self.compute_time.get(w).copied().flatten() {
+                fixed
+            } else if self.config.exponential {
                 let mean = self.config.compute.1.as_secs_f64();
                 self.config.compute.0 + Duration::from_secs_f64(mean * -libm::log(self.rng.next_f64_open()))
             } else {
@@ -587,7 +641,6 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
             if self.chance(p) {
                 t = t + self.draw((lo, hi));
             }
-            let speed = self.speed.get(w).copied().unwrap_or(1.0);
             let t = Duration::from_secs_f64(t.as_secs_f64() / speed);
             self.schedule(self.now + t, Ev::Computed { w, inc, id, version, params });
         }
@@ -658,18 +711,27 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
     /// it, or it is logged as missed ([`Entry::UpMissed`]).
     fn arrive_up(&mut self, from: usize, epoch: u32, server_inc: u32, msg: ToServerOwned) {
         if server_inc == self.server_inc {
-            self.deliver_up(from, epoch, msg);
+            let _ = self.deliver_up(from, epoch, msg);
         } else {
             self.log.push(Entry::UpMissed { worker: from, epoch, msg });
         }
     }
 
-    fn deliver_up(&mut self, from: usize, epoch: u32, msg: ToServerOwned) {
+    fn deliver_up(&mut self, from: usize, epoch: u32, msg: ToServerOwned) -> Result<(), Reject> {
         let before = self.server.version().0;
         let mut buf = Vec::new();
         let result = self.server.handle(self.now, WorkerId(from as u32), msg.as_msg(&mut buf));
         self.log.push(Entry::ServerIn { worker: from, epoch, msg, before, result });
         self.drain_server();
+        result
+    }
+
+    /// Hands the server another copy of `msg` from worker `w` now (a retransmission or a
+    /// replay), logged as [`Entry::ServerIn`], its outputs on the network; what `handle`
+    /// answered.
+    pub fn redeliver(&mut self, w: usize, msg: ToServerOwned) -> Result<(), Reject> {
+        let epoch = self.nodes.get(w).map_or(0, |n| n.epoch);
+        self.deliver_up(w, epoch, msg)
     }
 
     fn deliver_down(&mut self, to: usize, msg: ToWorkerOwned, applied: Vec<u64>) {
@@ -680,7 +742,7 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
         let mut buf = Vec::new();
         match worker.handle(self.now, msg.as_msg(&mut buf)) {
             Ok(()) => {
-                if matches!(msg, ToWorkerOwned::Model { .. }) {
+                if self.snapshots && matches!(msg, ToWorkerOwned::Model { .. }) {
                     self.snap[to] = Some(applied);
                 }
             }
@@ -702,11 +764,12 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
     /// Handles the next event; `false` when nothing is left to do (no event, or only timers
     /// at or beyond the horizon).
     pub fn step(&mut self) -> bool {
-        let Some((&(at, order), ev)) = self.events.iter().next() else { return false };
+        let Some((&key, ev)) = self.events.iter().next() else { return false };
+        let at = key.0;
         if ev.is_timer() && self.in_flight == 0 && at >= self.config.horizon {
             return false;
         }
-        let Some(ev) = self.events.remove(&(at, order)) else { return false };
+        let Some(ev) = self.events.remove(&key) else { return false };
         if !ev.is_timer() {
             self.in_flight -= 1;
         }

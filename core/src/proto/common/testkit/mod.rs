@@ -212,4 +212,54 @@ pub(crate) mod prelude {
         ServerOutput, ServerStats, Worker, WorkerEvent, WorkerOutput, WorkerSetup,
     };
     pub(crate) use crate::time::{Duration, Instant};
+    use proptest::prelude::{TestCaseError, prop_assert, prop_assert_eq};
+    use std::vec;
+
+    /// A `Grad` of iteration 0 on `base`.
+    pub(crate) fn grad(base: u64, seq: u64, values: &[f64]) -> ToServer<'_, f64> {
+        ToServer::Grad { base: Version(base), iteration: 0, seq, values: Values::Slice(values) }
+    }
+
+    /// Worker `id`'s setup: session 0, no rejoin timer.
+    pub(crate) fn setup(id: u32) -> WorkerSetup {
+        WorkerSetup { id: WorkerId(id), epoch: 0, rejoin_after: None }
+    }
+
+    /// One arbitrary input: (worker, base, seq, length, value, kind); kind 0 and 1 are
+    /// gradients of NaN and infinity, 6 a `Join`, 7 a `Leave`, 8 a `Pull`, any other a
+    /// gradient of `value`.
+    pub(crate) type ArbitraryInput = (u32, u64, u64, usize, f64, u8);
+
+    /// Feeds a round-based server `ops`: nothing panics, the model stays finite, and the
+    /// version moves by one and only when `quorum` distinct gradients (`received`) were in.
+    pub(crate) fn check_arbitrary_inputs<S: Server<f64>>(
+        s: &mut S,
+        ops: &[ArbitraryInput],
+        received: fn(&S) -> usize,
+        quorum: usize,
+    ) -> Result<(), TestCaseError> {
+        for &(w, base, seq, len, x, kind) in ops {
+            let values = match kind {
+                0 => vec![f64::NAN; len],
+                1 => vec![f64::INFINITY; len],
+                _ => vec![x; len],
+            };
+            let before = s.version();
+            let distinct_before = received(s);
+            let msg = match kind {
+                6 => ToServer::Join { epoch: seq as u32 },
+                7 => ToServer::Leave,
+                8 => ToServer::Pull { have: Version(base), min_clock: 0 },
+                _ => grad(base, seq, &values),
+            };
+            let _ = s.handle(Instant::from_nanos(seq), WorkerId(w), msg);
+            if s.version() != before {
+                prop_assert_eq!(s.version(), before.next());
+                prop_assert_eq!(distinct_before, quorum);
+            }
+            prop_assert!(s.params().iter().all(|p| p.is_finite()));
+            while s.poll_output().is_some() {}
+        }
+        Ok(())
+    }
 }
