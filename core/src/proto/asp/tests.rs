@@ -26,6 +26,7 @@ fn applies_on_arrival_and_replies_to_the_sender_only() {
                 assert_eq!(staleness, if worker == WorkerId(1) { 1 } else { 0 });
             }
             ServerOutput::Event(_) => {}
+            ServerOutput::Upstream(m) => panic!("an ASP server sent {} upstream", m.kind_name()),
         }
     }
     assert_eq!(seen, [Recipient::Worker(WorkerId(2)), Recipient::Worker(WorkerId(1))]);

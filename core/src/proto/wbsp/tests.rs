@@ -52,6 +52,7 @@ fn drain_server(s: &mut Srv) -> Vec<String> {
                 format!("updated v{} n{}", version.0, contributions)
             }
             ServerOutput::Event(e) => format!("{e:?}"),
+            ServerOutput::Upstream(m) => format!("upstream {}", m.kind_name()),
         });
     }
     out
@@ -693,6 +694,7 @@ impl Harness {
                     self.models.entry(version.0).or_insert_with(|| self.server.params().to_vec());
                 }
                 ServerOutput::Event(_) => {}
+                ServerOutput::Upstream(m) => panic!("a WBSP server sent {} upstream", m.kind_name()),
             }
         }
         for (w, m) in sends {
