@@ -217,7 +217,7 @@ impl RunSettings {
         config
             .tiers()
             .map(|t| t.central)
-            .ok_or_else(|| format!("remote groups need a protocol with sub-servers (grouped), not {}", config.name()))
+            .ok_or_else(|| format!("remote groups need the grouped protocol, not {}", config.name()))
     }
 
     /// The number of peers that connect to a server of this run: the workers, or the

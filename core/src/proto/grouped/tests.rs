@@ -5,12 +5,12 @@ use super::*;
 use crate::proto::asp::AspServer;
 use crate::proto::bsp::{BspConfig, BspServer};
 use crate::proto::common::testkit::prelude::*;
+use crate::proto::common::testkit::{Cluster, Entry, NetConfig};
 use crate::proto::{
     AnyServer, GradientWorker, GradientWorkerConfig, ProtocolConfig, ToServerOwned, ToWorkerOwned, Worker, WorkerOutput,
 };
-use core::cmp::Reverse;
 use proptest::prelude::*;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BTreeMap;
 use std::vec;
 use std::vec::Vec;
 
@@ -717,60 +717,27 @@ fn only_a_subserver_has_an_upstream() {
     }
 }
 
-/// A discrete-event run with instant messages: worker `i`'s gradient takes `cost[i]` ticks.
-/// Returns the gradients applied per worker by time `until`.
+/// A run on the test network ([`Cluster`]) with instant messages: worker `i`'s gradient
+/// takes `cost[i]` ticks of 1 ms. Returns the gradients applied per worker by tick `until`.
 fn timed(config: GroupedConfig, cost: &[u64], until: u64) -> Vec<u64> {
     let n = config.workers;
-    let mut s = grouped(config, 1);
-    let mut workers: Vec<_> =
+    let workers: Vec<_> =
         (0..n).map(|i| GradientWorker::new(GradientWorkerConfig::new(WorkerId(i)), vec![0.0f64; 1]).unwrap()).collect();
-    let mut queue = BinaryHeap::new();
+    // Compute times are the slowest cost divided by each worker's speed: exact in nanoseconds.
+    let slowest = cost.iter().copied().max().unwrap_or(1);
+    let step = Duration::from_millis(slowest);
+    let net = NetConfig { latency: (Duration::ZERO, Duration::ZERO), compute: (step, step), ..NetConfig::default() };
+    let mut cluster = Cluster::new(grouped(config, 1), workers, 1, net, |_| vec![1.0]);
+    cluster.speed = cost.iter().map(|c| slowest as f64 / *c as f64).collect();
+    // Everything at tick `until` happens; the first event after it is a computation ending,
+    // which reaches the server only later.
+    let end = Instant::ZERO + Duration::from_millis(until);
+    assert!(cluster.run_until(1_000_000, |c| c.now > end));
     let mut applied = vec![0u64; n as usize];
-    let mut ups: Vec<(u32, ToServerOwned)> = Vec::new();
-    let mut at = 0u64;
-    let mut buf = Vec::new();
-    let step = |w: &mut GradientWorker<f64, Vec<f64>>, now: u64, queue: &mut BinaryHeap<_>, ups: &mut Vec<_>| {
-        let me = w.id();
-        while let Some(o) = w.poll_output() {
-            match o {
-                WorkerOutput::Send(m) => ups.push((me.0, ToServerOwned::from(&m))),
-                WorkerOutput::Compute { id, .. } => queue.push(Reverse((now + cost[me.index()], me.0, id))),
-                WorkerOutput::Event(_) => {}
-            }
+    for e in &cluster.log {
+        if let Entry::Event(ServerEvent::Applied { worker, .. }) = e {
+            applied[worker.index()] += 1;
         }
-    };
-    for w in workers.iter_mut() {
-        step(w, 0, &mut queue, &mut ups);
-    }
-    loop {
-        while let Some((from, m)) = ups.pop() {
-            s.handle(Instant::from_nanos(at), WorkerId(from), m.as_msg(&mut buf)).unwrap();
-            for o in drain_server(&mut s) {
-                let (targets, m) = match o {
-                    Out::Event(ServerEvent::Applied { worker, .. }) => {
-                        applied[worker.index()] += 1;
-                        continue;
-                    }
-                    Out::Send(Recipient::AllWorkers, m) => ((0..n).collect::<Vec<_>>(), m),
-                    Out::Send(Recipient::Worker(w), m) => (vec![w.0], m),
-                    Out::Event(_) => continue,
-                    Out::Up(m) => panic!("a one-process server sent {m:?} upstream"),
-                };
-                for t in targets {
-                    let w = &mut workers[t as usize];
-                    w.handle(Instant::from_nanos(at), m.as_msg(&mut buf)).unwrap();
-                    step(w, at, &mut queue, &mut ups);
-                }
-            }
-        }
-        let Some(Reverse((t, w, id))) = queue.pop() else { break };
-        if t > until {
-            break;
-        }
-        at = t;
-        let worker = &mut workers[w as usize];
-        worker.handle_gradient(Instant::from_nanos(t), id, &[1.0]).unwrap();
-        step(worker, t, &mut queue, &mut ups);
     }
     applied
 }
