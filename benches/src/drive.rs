@@ -182,7 +182,8 @@ pub struct LockStep<U, D> {
     up: U,
     down: D,
     now: Instant,
-    /// Messages that overflowed a mailbox (should stay 0; a bench asserts it).
+    /// Messages that overflowed a mailbox, or that the server sent upstream (this network has
+    /// no upstream link); should stay 0; a bench asserts it.
     pub overflow: u64,
     /// Inputs the server refused.
     pub rejected: u64,
@@ -289,6 +290,7 @@ impl<U: UpLink, D: DownLink> LockStep<U, D> {
                     ServerOutput::Event(e) => {
                         black_box(e);
                     }
+                    ServerOutput::Upstream(_) => self.overflow += 1,
                 }
             }
         }

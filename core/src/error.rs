@@ -58,6 +58,9 @@ pub enum Reject {
     },
     /// The state machine has stopped and takes no more input.
     Stopped,
+    /// A message from an upstream server reached a server that has none
+    /// ([`Server::has_upstream`](crate::proto::Server::has_upstream) is false).
+    NoUpstream,
 }
 
 /// Why a configuration was refused at construction.
@@ -88,6 +91,9 @@ pub enum ConfigError {
         /// Records the storage holds.
         capacity: usize,
     },
+    /// A sub-server was asked of a protocol that runs as one server only
+    /// ([`ProtocolConfig::tiers`](crate::proto::ProtocolConfig::tiers) is `None`).
+    NoSubservers,
 }
 
 impl fmt::Display for ConfigError {
@@ -106,6 +112,7 @@ impl fmt::Display for ConfigError {
             Self::TableTooSmall { needed, capacity } => {
                 write!(f, "the per-worker table holds {capacity} workers, the run has {needed}")
             }
+            Self::NoSubservers => f.write_str("the protocol runs as one server only: it has no sub-servers"),
         }
     }
 }
@@ -132,6 +139,7 @@ impl fmt::Display for Reject {
             Self::Capacity => f.write_str("fixed capacity exhausted"),
             Self::OutdatedModel { received, have } => write!(f, "received model {received}, already have {have}"),
             Self::Stopped => f.write_str("stopped"),
+            Self::NoUpstream => f.write_str("this server has no upstream server"),
         }
     }
 }

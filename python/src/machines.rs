@@ -136,7 +136,8 @@ impl Server {
         self.machine.handle_timeout(Instant::from_nanos(now_ns));
     }
 
-    /// The next output: `None`, `("send", worker_or_None, bytes)` or `("event", dict)`.
+    /// The next output: `None`, `("send", worker_or_None, bytes)`, `("event", dict)` or, for
+    /// a server with an upstream (none made here has one), `("upstream", bytes)`.
     fn poll_output(&mut self, py: Python<'_>) -> PyResult<Option<PyObject>> {
         let max = Limits::for_model(self.dim).max_message_len::<f32>();
         let out = match self.machine.poll_output() {
@@ -153,6 +154,9 @@ impl Server {
                     ["send".into_pyobject(py)?.into_any(), to.into_pyobject(py)?.into_any(), bytes.into_bound(py)],
                 )?
                 .into_any()
+            }
+            Some(ServerOutput::Upstream(msg)) => {
+                ("upstream", encoded(py, max, |b| wire::encode_to_server(&msg, b))?).into_pyobject(py)?.into_any()
             }
         };
         Ok(Some(out.unbind()))

@@ -52,9 +52,15 @@ class Server:
     def handle_timeout(self, now_ns: int) -> None: ...
     def poll_output(
         self,
-    ) -> Union[None, tuple[Literal["send"], Optional[int], bytes], tuple[Literal["event"], Event]]:
-        """The next output: ``("send", worker or None for all, bytes)``, ``("event", dict)``
-        or ``None`` when drained."""
+    ) -> Union[
+        None,
+        tuple[Literal["send"], Optional[int], bytes],
+        tuple[Literal["event"], Event],
+        tuple[Literal["upstream"], bytes],
+    ]:
+        """The next output: ``("send", worker or None for all, bytes)``, ``("event", dict)``,
+        ``("upstream", bytes)`` (a message for the server above; servers made here have none
+        and never output it) or ``None`` when drained."""
     def poll_timeout(self) -> Optional[int]: ...
     def stop(self) -> None: ...
     @property

@@ -956,6 +956,7 @@ pub fn run(config: &ProtocolConfig, ops: &[Op]) -> Result<Coverage, String> {
                     Recipient::AllWorkers => u32::MAX,
                 }),
                 ServerOutput::Send { .. } => {}
+                ServerOutput::Upstream(m) => panic!("the server under test sent {} upstream", m.kind_name()),
             }
         }
         got.events.sort();

@@ -166,6 +166,11 @@ typedef struct SyncopateWorker SyncopateWorker;
 // (Workers) compute a gradient at `params` and hand it in with `compute_id`.
 #define SYNCOPATE_OUTPUT_COMPUTE 3
 
+// (Servers with an upstream) send the encoded worker-to-server message in the caller's
+// buffer (`message_len` bytes) to the server above. Servers made by
+// `syncopate_server_init` have none and never output it.
+#define SYNCOPATE_OUTPUT_UPSTREAM 4
+
 // JOIN (worker to server).
 #define SYNCOPATE_MSG_JOIN 1
 
@@ -345,13 +350,13 @@ typedef struct SyncopateEvent {
 
 // One output of a server.
 typedef struct SyncopateServerOutput {
-  // `SYNCOPATE_OUTPUT_NONE`, `_SEND` or `_EVENT`.
+  // `SYNCOPATE_OUTPUT_NONE`, `_SEND`, `_EVENT` or `_UPSTREAM`.
   uint32_t kind;
   // SEND: 1 when the message goes to every connected worker.
   uint32_t to_all;
   // SEND with `to_all == 0`: the recipient's id.
   uint32_t to_worker;
-  // SEND: bytes of the encoded message written to the caller's buffer.
+  // SEND, UPSTREAM: bytes of the encoded message written to the caller's buffer.
   size_t message_len;
   // EVENT: the event.
   struct SyncopateEvent event;

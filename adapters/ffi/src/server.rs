@@ -31,18 +31,22 @@ pub const SYNCOPATE_OUTPUT_SEND: u32 = 1;
 pub const SYNCOPATE_OUTPUT_EVENT: u32 = 2;
 /// (Workers) compute a gradient at `params` and hand it in with `compute_id`.
 pub const SYNCOPATE_OUTPUT_COMPUTE: u32 = 3;
+/// (Servers with an upstream) send the encoded worker-to-server message in the caller's
+/// buffer (`message_len` bytes) to the server above. Servers made by
+/// `syncopate_server_init` have none and never output it.
+pub const SYNCOPATE_OUTPUT_UPSTREAM: u32 = 4;
 
 /// One output of a server.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SyncopateServerOutput {
-    /// `SYNCOPATE_OUTPUT_NONE`, `_SEND` or `_EVENT`.
+    /// `SYNCOPATE_OUTPUT_NONE`, `_SEND`, `_EVENT` or `_UPSTREAM`.
     pub kind: u32,
     /// SEND: 1 when the message goes to every connected worker.
     pub to_all: u32,
     /// SEND with `to_all == 0`: the recipient's id.
     pub to_worker: u32,
-    /// SEND: bytes of the encoded message written to the caller's buffer.
+    /// SEND, UPSTREAM: bytes of the encoded message written to the caller's buffer.
     pub message_len: usize,
     /// EVENT: the event.
     pub event: SyncopateEvent,
@@ -225,6 +229,10 @@ pub unsafe extern "C" fn syncopate_server_poll_output(
                     message_len,
                     ..Default::default()
                 }
+            }
+            Some(ServerOutput::Upstream(msg)) => {
+                let message_len = wire::encode_to_server(&msg, buf)?;
+                SyncopateServerOutput { kind: SYNCOPATE_OUTPUT_UPSTREAM, message_len, ..Default::default() }
             }
         };
         // SAFETY: checked above; writable per the contract.

@@ -109,6 +109,11 @@ impl Side<'_> {
                 }
                 ServerOutput::Event(ServerEvent::Stalled { .. }) => self.report.stalls += 1,
                 ServerOutput::Event(_) => {}
+                // No upstream link here: a server with an upstream is refused before the run,
+                // and one without never sends upstream; logged, should it ever happen.
+                ServerOutput::Upstream(msg) => {
+                    (self.log)(&format!("the server sent a {} message upstream, but has no upstream", msg.kind_name()));
+                }
             }
         }
     }
@@ -200,6 +205,9 @@ pub fn run_server(
     let mut server = AnyServer::new(protocol, params, scratch)
         .and_then(|s| s.with_spare_accumulator(spare))
         .map_err(|e| MpiError(format!("cannot start the server: {e}")))?;
+    if server.has_upstream() {
+        return Err(MpiError("the server needs an upstream link, which the MPI adapter does not have".into()));
+    }
     let limits = Limits::for_model(dim);
     let report = ServerReport {
         reason: StopReason::Budget,

@@ -149,6 +149,9 @@ pub fn run(
     let server = AnyServer::new(&config.protocol, params, scratch)
         .and_then(|s| s.with_spare_accumulator(spare))
         .map_err(|e| ThreadError(e.to_string()))?;
+    if server.has_upstream() {
+        return Err(ThreadError("the server needs an upstream link, which threaded runs do not have".into()));
+    }
     let (port, ports) = channel::star(n, 64);
     let epoch = StdInstant::now();
     let mut delays = delays.into_iter();
@@ -236,6 +239,9 @@ impl ServerSide<'_> {
                 }
                 ServerOutput::Event(ServerEvent::Stalled { .. }) => self.report.stalls += 1,
                 ServerOutput::Event(_) => {}
+                // This adapter has no upstream link: a server with an upstream is refused
+                // before the run (`run`), and one without never sends upstream.
+                ServerOutput::Upstream(_) => {}
             }
         }
         for w in lost {

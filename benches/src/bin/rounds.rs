@@ -158,6 +158,9 @@ fn channel_bsp(n: u32, dim: usize, rounds: u64) -> Run {
                 }
                 ServerOutput::Event(ServerEvent::ModelUpdated { version, .. }) => stamps.version(version),
                 ServerOutput::Event(_) => {}
+                ServerOutput::Upstream(m) => {
+                    panic!("the server sent {} upstream; this bench has no upstream", m.kind_name())
+                }
             }
         }
     }

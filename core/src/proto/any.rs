@@ -6,7 +6,7 @@ use super::backup::{BackupConfig, BackupServer};
 use super::bap::{BapConfig, BapServer, BapWorker};
 use super::bsp::{BspConfig, BspServer};
 use super::dbw::{DbwConfig, DbwServer};
-use super::grouped::{GroupedConfig, GroupedServer};
+use super::grouped::{GroupServer, GroupedConfig, GroupedServer};
 use super::ssp::{SspConfig, SspServer, SspWorker};
 use super::wbsp::{WbspConfig, WbspServer, WbspWorker};
 use super::{
@@ -117,6 +117,34 @@ impl ProtocolConfig {
         }
     }
 
+    /// The protocol as a two-level tree of servers, if it can run as one; `None` for a
+    /// protocol that runs as one server only. Grouped: the central ASP server over the `G`
+    /// groups ([`GroupedConfig::central_config`]) and one sub-server per group.
+    pub fn tiers(&self) -> Option<Tiers> {
+        match self {
+            Self::Grouped(c) => Some(Tiers { central: ProtocolConfig::Asp(c.central_config()), subservers: c.groups }),
+            _ => None,
+        }
+    }
+
+    /// The sub-server `worker` talks to in the two-level deployment ([`Self::tiers`]);
+    /// `None` for a protocol without one or a worker outside `0..n`.
+    pub fn subserver_of(&self, worker: WorkerId) -> Option<u32> {
+        match self {
+            Self::Grouped(c) => c.group_of(worker),
+            _ => None,
+        }
+    }
+
+    /// Elements of scratch storage a sub-server ([`AnyServer::subserver`]) needs besides its
+    /// model of `dim` elements (0 for a protocol without sub-servers).
+    pub fn subserver_scratch_len(&self, dim: usize) -> usize {
+        match self {
+            Self::Grouped(c) => c.group_scratch_len(dim),
+            _ => 0,
+        }
+    }
+
     /// Elements of scratch storage each worker needs for a model of `dim` elements.
     pub fn worker_scratch_len(&self, dim: usize) -> usize {
         let _ = dim;
@@ -125,6 +153,20 @@ impl ProtocolConfig {
             Self::Wbsp(_) | Self::Ssp(_) | Self::Bap(_) => dim,
         }
     }
+}
+
+/// How a protocol runs as a two-level tree of servers ([`ProtocolConfig::tiers`]): a central
+/// server whose workers are `subservers` sub-servers, each serving its own part of the
+/// workers ([`ProtocolConfig::subserver_of`]) and acting as one worker of the central server
+/// ([`AnyServer::subserver`]; sub-server `i` is the central server's `WorkerId(i)`). Where
+/// each server runs, and over which links, is the deployment's choice; the servers' verbs
+/// carry the links (see [Servers with an upstream](super#servers-with-an-upstream)).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tiers {
+    /// The central server's configuration (its workers are the sub-servers).
+    pub central: ProtocolConfig,
+    /// The number of sub-servers.
+    pub subservers: u32,
 }
 
 /// Any protocol's server. `M` is where the per-worker table lives ([`Inline<256>`] unless
@@ -147,6 +189,9 @@ pub enum AnyServer<T, S, M: Storage = Inline<DEFAULT_INLINE_WORKERS>> {
     Wbsp(WbspServer<T, S, M>),
     /// The grouped hybrid server (central and group servers in one state machine).
     Grouped(GroupedServer<T, S, M>),
+    /// One group server of the grouped protocol on its own ([`AnyServer::subserver`]): it
+    /// has an upstream (the central server).
+    Group(GroupServer<T, S, M>),
     /// An SSP server.
     Ssp(SspServer<T, S, M>),
     /// A BAP server.
@@ -196,6 +241,25 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> AnyServer<T, S, M> {
         })
     }
 
+    /// Sub-server `index` of `config`'s two-level deployment ([`ProtocolConfig::tiers`]),
+    /// joining its central server with session `epoch` (increase it on every restart): its
+    /// first output is [`ServerOutput::Upstream`]`(Join)`. `model` has the model's length (its
+    /// contents are replaced by the central server's first model); `scratch` at least
+    /// [`ProtocolConfig::subserver_scratch_len`] elements. Refused with
+    /// [`ConfigError::NoSubservers`] for a protocol that runs as one server only.
+    pub fn subserver(
+        config: &ProtocolConfig,
+        index: u32,
+        epoch: u32,
+        model: S,
+        scratch: S,
+    ) -> Result<Self, ConfigError> {
+        match config {
+            ProtocolConfig::Grouped(c) => Ok(Self::Group(GroupServer::new(*c, index, epoch, model, scratch)?)),
+            _ => Err(ConfigError::NoSubservers),
+        }
+    }
+
     /// A server for `config` resuming from `params` at `version` (a checkpoint).
     pub fn resume(config: &ProtocolConfig, params: S, scratch: S, version: Version) -> Result<Self, ConfigError> {
         Ok(match config {
@@ -238,31 +302,37 @@ macro_rules! dispatch {
 
 impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for AnyServer<T, S, M> {
     fn handle(&mut self, now: Instant, from: WorkerId, msg: ToServer<'_, T>) -> Result<(), Reject> {
-        dispatch!(self, s => s.handle(now, from, msg), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Ssp, Bap)
+        dispatch!(self, s => s.handle(now, from, msg), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Group, Ssp, Bap)
     }
     fn handle_worker_lost(&mut self, now: Instant, worker: WorkerId) -> Result<(), Reject> {
-        dispatch!(self, s => s.handle_worker_lost(now, worker), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Ssp, Bap)
+        dispatch!(self, s => s.handle_worker_lost(now, worker), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Group, Ssp, Bap)
     }
     fn handle_timeout(&mut self, now: Instant) {
-        dispatch!(self, s => s.handle_timeout(now), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Ssp, Bap)
+        dispatch!(self, s => s.handle_timeout(now), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Group, Ssp, Bap)
     }
     fn poll_output(&mut self) -> Option<ServerOutput<'_, T>> {
-        dispatch!(self, s => s.poll_output(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Ssp, Bap)
+        dispatch!(self, s => s.poll_output(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Group, Ssp, Bap)
     }
     fn poll_timeout(&self) -> Option<Instant> {
-        dispatch!(self, s => s.poll_timeout(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Ssp, Bap)
+        dispatch!(self, s => s.poll_timeout(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Group, Ssp, Bap)
     }
     fn stop(&mut self) {
-        dispatch!(self, s => s.stop(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Ssp, Bap)
+        dispatch!(self, s => s.stop(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Group, Ssp, Bap)
     }
     fn version(&self) -> Version {
-        dispatch!(self, s => s.version(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Ssp, Bap)
+        dispatch!(self, s => s.version(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Group, Ssp, Bap)
     }
     fn params(&self) -> &[T] {
-        dispatch!(self, s => s.params(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Ssp, Bap)
+        dispatch!(self, s => s.params(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Group, Ssp, Bap)
     }
     fn stats(&self) -> &ServerStats {
-        dispatch!(self, s => s.stats(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Ssp, Bap)
+        dispatch!(self, s => s.stats(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Group, Ssp, Bap)
+    }
+    fn has_upstream(&self) -> bool {
+        dispatch!(self, s => s.has_upstream(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Group, Ssp, Bap)
+    }
+    fn handle_upstream(&mut self, now: Instant, msg: ToWorker<'_, T>) -> Result<(), Reject> {
+        dispatch!(self, s => s.handle_upstream(now, msg), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Group, Ssp, Bap)
     }
 }
 

@@ -18,6 +18,31 @@
 //!
 //! A `handle*` call that returns `Err(Reject)` changed nothing: no state, no output.
 //!
+//! # Servers with an upstream
+//!
+//! A server can itself be a worker of a server above it (its *upstream*): a grouped
+//! protocol's group server run on its own ([`AnyServer::subserver`], from
+//! [`ProtocolConfig::tiers`]) is BSP toward its members and an ASP worker of the central
+//! server. The upstream link is part of the same verbs, so a driver needs no
+//! protocol-specific code:
+//!
+//! - [`ServerOutput::Upstream`] is one more output of `poll_output`: send this message to the
+//!   server above (encode it as any worker's message; the upstream server sees this server
+//!   as one of its workers).
+//! - [`Server::handle_upstream`] is one more input: a message from the server above
+//!   arrived (`Model`, `Stop`). Drain `poll_output` after it as after any input.
+//! - [`Server::has_upstream`] says, before the run, whether the server needs an upstream
+//!   link. A driver that has none refuses to run such a server; a server without an
+//!   upstream never emits `Upstream` and refuses `handle_upstream` with
+//!   [`Reject::NoUpstream`].
+//!
+//! Outputs toward the workers come before the upstream ones queued by the same input. The
+//! upstream queue is bounded: an input that could not queue its upstream message is
+//! refused with [`Reject::Capacity`] (nothing changed), so nothing is dropped. The link must
+//! be reliable and ordered (TCP, or a simulated lossless link): the protocol does not
+//! retransmit upstream messages, and a driver that loses the link ends the server's run
+//! (its workers then rejoin a restarted one).
+//!
 //! # Outcomes
 //!
 //! Every gradient (or delta, or clock update) a server receives has exactly one outcome:
@@ -36,7 +61,7 @@ pub mod grouped;
 pub mod ssp;
 pub mod wbsp;
 
-pub use any::{AnyServer, AnyWorker, ProtocolConfig, WorkerSetup};
+pub use any::{AnyServer, AnyWorker, ProtocolConfig, Tiers, WorkerSetup};
 pub use common::engine::{CoreOf, HasSlot, ProtocolServer, Rules, ServerCore};
 pub use common::gradient_worker::{GradientRules, GradientWorker, GradientWorkerConfig};
 #[cfg(any(feature = "alloc", test))]
@@ -80,6 +105,9 @@ pub enum ServerOutput<'a, T> {
         /// The message (its payload borrows the server's model).
         msg: ToWorker<'a, T>,
     },
+    /// Send `msg` to the server above this one (see [Servers with an upstream](self#servers-with-an-upstream)).
+    /// Only a server whose [`Server::has_upstream`] is true emits it.
+    Upstream(ToServer<'a, T>),
     /// Something happened that a user may want to log, count or plot.
     Event(ServerEvent),
 }
@@ -381,6 +409,19 @@ pub trait Server<T: Scalar> {
     fn params(&self) -> &[T];
     /// What the server received and what became of it.
     fn stats(&self) -> &ServerStats;
+    /// Whether this server is a worker of a server above it: it emits
+    /// [`ServerOutput::Upstream`] and takes [`Self::handle_upstream`], so its driver must
+    /// give it an upstream link. False unless the server says otherwise.
+    fn has_upstream(&self) -> bool {
+        false
+    }
+    /// A message from the server above arrived at `now` (see
+    /// [Servers with an upstream](self#servers-with-an-upstream)). A server without an
+    /// upstream refuses it with [`Reject::NoUpstream`].
+    fn handle_upstream(&mut self, now: Instant, msg: ToWorker<'_, T>) -> Result<(), Reject> {
+        let _ = (now, msg);
+        Err(Reject::NoUpstream)
+    }
 }
 
 /// The verbs of every worker state machine. See the [module docs](self) for the driving

@@ -39,6 +39,8 @@ pub enum Failure {
     },
     /// Nothing is computing and the goal is not reached: the protocol waits forever.
     Stuck,
+    /// The server sent a message upstream, but the cluster has no server above it.
+    Upstream,
 }
 
 /// A gradient job in progress: the residuals at the model it started from, and when it ends.
@@ -234,6 +236,8 @@ impl<'m> Cluster<'m> {
                         }
                     }
                     ServerOutput::Event(event) => self.tally.record(&event),
+                    // The cluster's server has no server above it.
+                    ServerOutput::Upstream(_) => return Err(Failure::Upstream),
                 }
             }
             if !moved {

@@ -167,6 +167,7 @@ impl Firmware {
                         hprintln!("{}: FAIL: the {} refused an input: {}", name, who, reject)
                     }
                     Failure::Stuck => hprintln!("{}: FAIL: no worker is computing and the goal is not reached", name),
+                    Failure::Upstream => hprintln!("{}: FAIL: the server sent a message upstream", name),
                 }
                 None
             }

@@ -63,15 +63,12 @@ pub(super) fn run(args: &GroupArgs) -> Result<(), Failure> {
     let mut bind_error = None;
     let mut bind = |settings: crate::tcp::RunSettings| {
         let label = settings.label();
-        let members = settings.worker_config().ok().and_then(|c| match c {
-            syncopate::ProtocolConfig::Grouped(g) => Some(
-                (0..g.workers)
-                    .filter(|w| g.group_of(WorkerId(*w)) == Some(args.group))
-                    .map(|w| w.to_string())
-                    .collect::<Vec<_>>()
-                    .join(","),
-            ),
-            _ => None,
+        let members = settings.worker_config().ok().filter(|c| c.tiers().is_some()).map(|c| {
+            (0..c.workers())
+                .filter(|w| c.subserver_of(WorkerId(*w)) == Some(args.group))
+                .map(|w| w.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
         });
         let mut options = ServerOptions::new(settings);
         options.secret = secret.clone();

@@ -219,11 +219,12 @@ pub struct SimConfig {
     pub faults: FaultConfig,
     /// Where gradients come from (default: the workload).
     pub gradient: GradientSource,
-    /// Two-level network for [`ProtocolConfig::Grouped`]: when set, each group runs as its
-    /// own node ([`syncopate::proto::grouped::GroupServer`]) with this link pair to a central
-    /// node (an ASP server over the groups); workers talk to their group's node. `None`:
-    /// the single-process `GroupedServer` (instant group↔central exchanges). Ignored for
-    /// other protocols.
+    /// Two-level network for a protocol with sub-servers ([`ProtocolConfig::tiers`]: the
+    /// grouped protocol): when set, each group runs as its own node
+    /// ([`syncopate::AnyServer::subserver`]) with this link pair to a central node (for
+    /// grouped, an ASP server over the groups); workers talk to their group's node. `None`:
+    /// the single-process server (instant group↔central exchanges). Ignored for protocols
+    /// without sub-servers.
     pub group_link: Option<NetworkConfig>,
 }
 

@@ -2,12 +2,14 @@
 //! sequence), one server, `n` workers with their hosts (compute and links), and the driving
 //! contract applied after every input.
 //!
-//! With [`SimConfig::group_link`] and a grouped protocol the single server is replaced by a
-//! two-level deployment: one [`GroupServer`] node per group plus a central ASP node (the
-//! `server` field). This is the one place the engine knows a protocol's topology: which
-//! process talks to which over which link is a deployment choice (the core offers both the
-//! one-process `GroupedServer` and the split `GroupServer` + `AspServer`), not protocol state,
-//! so it belongs to the harness that models the network.
+//! With [`SimConfig::group_link`] and a protocol that can run as a two-level tree of servers
+//! ([`ProtocolConfig::tiers`](syncopate::ProtocolConfig::tiers): the grouped protocol) the single server is replaced by that
+//! deployment: one sub-server node per group ([`AnyServer::subserver`]) plus the central
+//! node (the `server` field). Which process talks to which over which link is a deployment
+//! choice, so it belongs to the harness that models the network; what crosses the links is
+//! the core's: a node's [`ServerOutput::Upstream`] messages go up its link to the central
+//! node, the central node's messages to its worker `g` go down to node `g`'s
+//! [`Server::handle_upstream`]. The engine has no protocol-specific code.
 
 use super::GradientSource;
 use super::SimError;
@@ -23,13 +25,11 @@ use core::cmp::Ordering;
 use core::fmt::Write as _;
 use std::collections::{BTreeMap, BinaryHeap};
 use syncopate::proto::Heap;
-use syncopate::proto::grouped::GroupServer;
 use syncopate::rng::Rng;
 use syncopate::wire::{self, Limits};
 use syncopate::{
-    AnyServer, AnyWorker, ComputeId, DropReason, Duration, Instant, ProtocolConfig, Recipient, Reject, Server,
-    ServerEvent, ServerOutput, ServerStats, ToServer, ToWorker, Version, Worker, WorkerEvent, WorkerId, WorkerOutput,
-    WorkerSetup,
+    AnyServer, AnyWorker, ComputeId, DropReason, Duration, Instant, Recipient, Reject, Server, ServerEvent,
+    ServerOutput, ServerStats, ToServer, ToWorker, Version, Worker, WorkerEvent, WorkerId, WorkerOutput, WorkerSetup,
 };
 
 /// The stream id of the fault injector's random numbers: `Rng::derive(seed, FAULT_STREAM)`
@@ -61,9 +61,10 @@ enum Event {
     ServerCrash(usize),
     /// The crashed server restarts from its checkpoint.
     ServerRestart,
-    /// Two-level grouped: an encoded message between group `group` and the central node.
+    /// Two-level network: an encoded message between sub-server node `group` and the central
+    /// node.
     GroupDeliver { slot: usize, group: u32, to_central: bool },
-    /// Two-level grouped: group `group`'s timer.
+    /// Two-level network: sub-server node `group`'s timer.
     GroupTimer(u32),
 }
 
@@ -176,9 +177,10 @@ struct Fate {
     faults: [Option<Fault>; 2],
 }
 
-/// A group node of a two-level grouped run.
-struct GroupNode {
-    server: GroupServer<f32, Vec<f32>>,
+/// A sub-server node of a two-level run (a server with an upstream: the central node).
+struct SubNode {
+    /// Boxed, as the central server is.
+    server: Box<AnyServer<f32, Vec<f32>, Heap>>,
     /// Group → central.
     uplink: Link,
     /// Central → group.
@@ -217,7 +219,7 @@ struct Core<'a, 'o> {
     eval_scratch: Scratch,
     crossing: Crossing,
     faults: Faults,
-    /// The group of each worker in a two-level grouped run (empty otherwise).
+    /// The sub-server node of each worker in a two-level run (empty otherwise).
     group_of: Vec<u32>,
     fast_debug: FastDebug,
 }
@@ -289,6 +291,13 @@ impl Core<'_, '_> {
         }
         let at = self.now;
         self.observe(&Observation::Delivered { at, from, to, kind, bytes, result });
+    }
+
+    /// A server with no link above it sent a message upstream: a bug in the engine's
+    /// deployment (only the sub-server nodes of a two-level run have an upstream, and each
+    /// has its link), counted with the codec errors (a bug; always 0), never dropped silently.
+    fn no_uplink(&mut self, from: Node, msg: &ToServer<'_, f32>) {
+        self.codec_error(&format_args!("{from} sent {} upstream but has no uplink", msg.kind_name()));
     }
 
     fn codec_error(&mut self, what: &dyn core::fmt::Debug) {
@@ -556,8 +565,8 @@ pub(crate) struct Engine<'a, 'o> {
     /// ~140 KB (fixed `MAX_WORKERS` tables), too much to move around a test thread's stack.
     server: Box<AnyServer<f32, Vec<f32>, Heap>>,
     hosts: Vec<Host>,
-    /// The group nodes of a two-level grouped run (empty otherwise).
-    groups: Vec<GroupNode>,
+    /// The sub-server nodes of a two-level run (empty otherwise).
+    groups: Vec<SubNode>,
     /// The server is down (crashed, not yet restarted); `checkpoint` is what it resumes from.
     server_down: bool,
     checkpoint: Option<(Vec<f32>, Version)>,
@@ -581,25 +590,26 @@ impl<'a, 'o> Engine<'a, 'o> {
         let n = config.workers();
         let mut groups = Vec::new();
         let mut group_of = Vec::new();
-        let server = match (protocol, &config.group_link) {
-            (ProtocolConfig::Grouped(gc), Some(link)) => {
+        let server = match (protocol.tiers(), &config.group_link) {
+            (Some(tiers), Some(link)) => {
                 if !config.faults.server_crashes.is_empty() {
                     return Err(SimError::Unsupported("server crashes with a two-level grouped network"));
                 }
-                let central = ProtocolConfig::Asp(gc.central_config());
+                let central = tiers.central;
                 let scratch = vec![0.0; central.server_scratch_len(dim)];
                 let server = Box::new(AnyServer::new(&central, params, scratch).map_err(SimError::Config)?);
-                for g in 0..gc.groups {
-                    let scratch = vec![0.0; gc.group_scratch_len(dim)];
-                    let node = GroupServer::new(*gc, g, 0, vec![0.0; dim], scratch).map_err(SimError::Config)?;
-                    groups.push(GroupNode {
-                        server: node,
+                for g in 0..tiers.subservers {
+                    let scratch = vec![0.0; protocol.subserver_scratch_len(dim)];
+                    let node =
+                        AnyServer::subserver(protocol, g, 0, vec![0.0; dim], scratch).map_err(SimError::Config)?;
+                    groups.push(SubNode {
+                        server: Box::new(node),
                         uplink: Link::new(link.latency, link.bandwidth),
                         downlink: Link::new(link.latency, link.bandwidth),
                         timer: None,
                     });
                 }
-                group_of = (0..n).map(|i| gc.group_of(WorkerId(i)).unwrap_or(0)).collect();
+                group_of = (0..n).map(|i| protocol.subserver_of(WorkerId(i)).unwrap_or(0)).collect();
                 server
             }
             _ => {
@@ -696,9 +706,9 @@ impl<'a, 'o> Engine<'a, 'o> {
     }
 
     /// The protocol's counters: the server's (plus those of crashed servers), or in a
-    /// two-level run the sum over the group nodes (worker gradients) with the central
-    /// node's `updates` (central updates, as `GroupedServer` counts them; the groups count
-    /// an update only when its reply reaches them).
+    /// two-level run the sum over the sub-server nodes (worker gradients) with the central
+    /// node's `updates` (central updates, as the one-process server counts them; the nodes
+    /// count an update only when its reply reaches them).
     fn stats(&self) -> ServerStats {
         let mut total = self.dead_stats;
         if self.groups.is_empty() {
@@ -1115,6 +1125,7 @@ impl<'a, 'o> Engine<'a, 'o> {
                 match out {
                     ServerOutput::Send { to, msg } => core.send_to_workers(hosts, Node::Server, to, &msg),
                     ServerOutput::Event(e) => core.server_event(Node::Server, e),
+                    ServerOutput::Upstream(msg) => core.no_uplink(Node::Server, &msg),
                 }
             }
         } else {
@@ -1136,6 +1147,7 @@ impl<'a, 'o> Engine<'a, 'o> {
                         core.pool.release(slot);
                     }
                     ServerOutput::Event(e) => core.central_event(e),
+                    ServerOutput::Upstream(msg) => core.no_uplink(Node::Server, &msg),
                 }
             }
         }
@@ -1143,31 +1155,23 @@ impl<'a, 'o> Engine<'a, 'o> {
         core.server_timer = core.rearm(core.server_timer, server.poll_timeout(), floor, Event::ServerTimer);
     }
 
-    /// Drains group node `g`'s outputs toward its members and toward the central node, then
-    /// re-arms its timer.
+    /// Drains sub-server node `g`'s outputs toward its members and, up its link, toward the
+    /// central node, then re-arms its timer.
     fn drain_group(&mut self, g: usize, floor: Instant) {
         let Self { core, hosts, groups, .. } = self;
         let Some(node) = groups.get_mut(g) else { return };
         let from = Node::Group(g as u32);
-        loop {
-            let mut any = false;
-            while let Some(out) = node.server.poll_output() {
-                any = true;
-                match out {
-                    ServerOutput::Send { to, msg } => core.send_to_workers(hosts, from, to, &msg),
-                    ServerOutput::Event(e) => core.server_event(from, e),
+        while let Some(out) = node.server.poll_output() {
+            match out {
+                ServerOutput::Send { to, msg } => core.send_to_workers(hosts, from, to, &msg),
+                ServerOutput::Event(e) => core.server_event(from, e),
+                ServerOutput::Upstream(msg) => {
+                    let kind = msg.kind_name();
+                    let Some((slot, len)) = core.encode_to_server(&msg) else { continue };
+                    let at = node.uplink.send(core.now, len);
+                    core.schedule(at, Event::GroupDeliver { slot, group: g as u32, to_central: true });
+                    core.sent(from, Node::Server, kind, len);
                 }
-            }
-            while let Some(msg) = node.server.poll_upstream() {
-                any = true;
-                let kind = msg.kind_name();
-                let Some((slot, len)) = core.encode_to_server(&msg) else { continue };
-                let at = node.uplink.send(core.now, len);
-                core.schedule(at, Event::GroupDeliver { slot, group: g as u32, to_central: true });
-                core.sent(from, Node::Server, kind, len);
-            }
-            if !any {
-                break;
             }
         }
         let floor = floor.max(core.now);

@@ -28,10 +28,12 @@
 //!   [`FaultConfig::quiet_after`] (the liveness phase). Faults come from their own seeded
 //!   stream ([`FAULT_STREAM`]), are counted in [`SimReport::faults`] and shown as
 //!   [`Observation::Fault`]. Computation is never faulted.
-//! - **Two-level grouped network**: with [`SimConfig::group_link`] and a grouped protocol,
-//!   each group is its own node (`GroupServer`, [`Node::Group`]) with a link pair to a central
-//!   ASP node ([`Node::Server`], whose events are [`Observation::Central`]); workers talk to
-//!   their group's node. The group links are reliable (no faults: they model TCP between
+//! - **Two-level grouped network**: with [`SimConfig::group_link`] and a protocol with
+//!   sub-servers (`ProtocolConfig::tiers`: the grouped protocol), each group is its own node
+//!   (`AnyServer::subserver`, [`Node::Group`]) with a link pair to a central node
+//!   ([`Node::Server`], whose events are [`Observation::Central`]); workers talk to their
+//!   group's node. The nodes' `ServerOutput::Upstream` messages and the central replies
+//!   (`Server::handle_upstream`) cross the link; the engine has no protocol-specific code. The group links are reliable (no faults: they model TCP between
 //!   servers). With an instant group link this is the single-process `GroupedServer`, run for
 //!   run. The model evaluated and reported is the central one.
 //! - **Trivial workload**: [`GradientSource::Constant`] skips gradient evaluation, to measure

@@ -378,7 +378,8 @@ pub struct SimReport {
     /// Message buffers the pool had to allocate or grow: bounded by the messages in flight at
     /// once, flat in the steady state (no allocation per message).
     pub buffers_allocated: usize,
-    /// Messages that failed to encode or decode (a bug; always 0).
+    /// Messages that failed to encode or decode, or that a server without an uplink sent
+    /// upstream (a bug; always 0).
     pub codec_errors: u64,
     /// FNV-1a hash of every event in order, for determinism checks.
     pub trace_hash: u64,

@@ -1,15 +1,19 @@
-//! A group server of the grouped protocol as its own process (`syncopate group`).
+//! A sub-server of a two-level protocol as its own process (`syncopate group`: a group
+//! server of the grouped protocol, the one protocol with sub-servers today).
 //!
 //! Upstream it is worker `g` of a central server started with `serve --protocol grouped
 //! --remote-groups ...`: it connects with the worker's client handshake in the group role
-//! and learns the run's settings from the central server, which runs ASP over the `G`
-//! groups ([`GroupedConfig::central_config`]). Toward its member workers it is then a
-//! [`TcpServer`] like `serve` (same handshake, framing, authentication and admission),
-//! announcing the same grouped settings, and the run loop of [`TcpServer::drive`] carries
-//! the group's aggregates up and the central models back down. Nothing but the central
-//! server's address and the group's index needs repeating.
+//! and learns the run's settings from the central server, which runs the central
+//! configuration of the protocol's tiers ([`ProtocolConfig::tiers`]; grouped: ASP over the
+//! `G` groups). Toward its member workers it is then a [`TcpServer`] like `serve` (same
+//! handshake, framing, authentication and admission), announcing the same settings; it
+//! drives the core's sub-server ([`AnyServer::subserver`]), and the run loop of
+//! [`TcpServer::drive`] carries its [`ServerOutput::Upstream`] messages up and the central
+//! server's replies down to [`Server::handle_upstream`]: no protocol-specific code. Nothing
+//! but the central server's address and the group's index needs repeating.
 //!
-//! [`GroupedConfig::central_config`]: syncopate::proto::grouped::GroupedConfig::central_config
+//! [`ServerOutput::Upstream`]: syncopate::ServerOutput::Upstream
+//! [`Server::handle_upstream`]: syncopate::Server::handle_upstream
 //!
 //! A lost upstream connection ends the run ([`StopReason::UpstreamLost`](super::StopReason))
 //! without telling the members to stop: restart the process, the central server sees a new
@@ -28,8 +32,10 @@ use std::io::BufWriter;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::thread;
 use std::time::Instant as StdInstant;
-use syncopate::proto::grouped::GroupServer;
-use syncopate::{ProtocolConfig, WorkerId};
+use syncopate::proto::Heap;
+use syncopate::{AnyServer, WorkerId};
+#[cfg(doc)]
+use syncopate::{ProtocolConfig, Server};
 
 /// How a group server reaches its central server.
 #[derive(Clone, Debug)]
@@ -76,22 +82,23 @@ pub fn run_group(
     note: &mut dyn FnMut(Note<'_>),
 ) -> Result<ServerReport, TcpError> {
     let (uplink, epoch, settings) = connect_upstream(options, note)?;
-    let ProtocolConfig::Grouped(config) = settings.worker_config().map_err(|e| TcpError(format!("group: {e}")))? else {
+    let config = settings.worker_config().map_err(|e| TcpError(format!("group: {e}")))?;
+    let Some(tiers) = config.tiers() else {
         return Err(TcpError(format!(
-            "group {}: the central server runs {}, not the grouped protocol",
+            "group {}: the central server runs {}, which has no sub-servers",
             options.group,
             settings.label()
         )));
     };
-    if options.group >= config.groups {
-        return Err(TcpError(format!("group {} is out of range: {} groups", options.group, config.groups)));
+    if options.group >= tiers.subservers {
+        return Err(TcpError(format!("group {} is out of range: {} groups", options.group, tiers.subservers)));
     }
     let members = RunSettings { remote_groups: false, ..settings };
     let server = bind(members)?;
     let dim = server.dim();
     let model = vec![0.0f32; dim];
-    let scratch = vec![0.0f32; config.group_scratch_len(dim)];
-    let group = GroupServer::new(config, options.group, epoch, model, scratch)
+    let scratch = vec![0.0f32; config.subserver_scratch_len(dim)];
+    let group: AnyServer<f32, Vec<f32>, Heap> = AnyServer::subserver(&config, options.group, epoch, model, scratch)
         .map_err(|e| TcpError(format!("invalid protocol settings: {e}")))?;
     server.drive(group, Some(uplink), plan, note)
 }

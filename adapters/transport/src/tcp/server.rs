@@ -48,41 +48,11 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Instant as StdInstant;
 use syncopate::proto::Heap;
-use syncopate::proto::grouped::GroupServer;
 use syncopate::wire::{self, Limits};
 use syncopate::{
-    AnyServer, Instant, ProtocolConfig, Recipient, Reject, Server, ServerEvent, ServerOutput, ServerStats, ToServer,
-    ToWorker, Version, WorkerId,
+    AnyServer, ProtocolConfig, Recipient, Server, ServerEvent, ServerOutput, ServerStats, ToServer, ToWorker, Version,
+    WorkerId,
 };
-
-/// What a [`TcpServer`] drives: a protocol's server toward its workers and, for a server that
-/// is itself a worker of another server (a group server of the grouped protocol in its own
-/// process), its link upstream. The adapter only moves these messages; the protocol decides
-/// what they mean. A top-level server keeps the defaults (nothing goes upstream).
-pub trait Driven: Server<f32> {
-    /// The next message for the upstream server; `None` when drained.
-    fn poll_upstream(&mut self) -> Option<ToServer<'_, f32>> {
-        None
-    }
-
-    /// A message from the upstream server arrived at `now`.
-    fn handle_upstream(&mut self, now: Instant, msg: ToWorker<'_, f32>) -> Result<(), Reject> {
-        let _ = now;
-        Err(Reject::Unexpected { kind: msg.kind_name() })
-    }
-}
-
-impl Driven for AnyServer<f32, Vec<f32>, Heap> {}
-
-impl Driven for GroupServer<f32, Vec<f32>> {
-    fn poll_upstream(&mut self) -> Option<ToServer<'_, f32>> {
-        Self::poll_upstream(self)
-    }
-
-    fn handle_upstream(&mut self, now: Instant, msg: ToWorker<'_, f32>) -> Result<(), Reject> {
-        Self::handle_upstream(self, now, msg)
-    }
-}
 
 /// An established session with an upstream server (see [`TcpServer::drive`]): the streams
 /// after a successful client handshake.
@@ -567,19 +537,20 @@ impl TcpServer {
         let config = self.announce.config;
         let scratch = vec![0.0f32; config.server_scratch_len(dim)];
         let spare = vec![0.0f32; config.spare_accumulator_len(dim)];
-        let server = AnyServer::resume(&config, params, scratch, version)
+        let server = AnyServer::<f32, Vec<f32>, Heap>::resume(&config, params, scratch, version)
             .and_then(|s| s.with_spare_accumulator(spare))
             .map_err(|e| TcpError(format!("invalid protocol settings: {e}")))?;
         self.drive(server, None, plan, note)
     }
 
     /// Serves `server` (built for [`config`](Self::config) on a model of [`dim`](Self::dim)) until the
-    /// plan says stop, exactly as [`run`](Self::run) does, and, with an `uplink`, carries its
-    /// [`Driven::poll_upstream`] messages to the upstream server and the replies back to
-    /// [`Driven::handle_upstream`]. The run then also ends when the upstream server says stop
-    /// ([`StopReason::UpstreamStopped`]) or the upstream connection is lost
-    /// ([`StopReason::UpstreamLost`]).
-    pub fn drive<S: Driven>(
+    /// plan says stop, exactly as [`run`](Self::run) does. A server with an upstream
+    /// ([`Server::has_upstream`]) needs an `uplink` and a server without one must not get
+    /// one (refused before anything starts): its [`ServerOutput::Upstream`] messages go to
+    /// the upstream server and the replies back to [`Server::handle_upstream`]. The run then
+    /// also ends when the upstream server says stop ([`StopReason::UpstreamStopped`]) or the
+    /// upstream connection is lost ([`StopReason::UpstreamLost`]).
+    pub fn drive<S: Server<f32>>(
         self,
         server: S,
         uplink: Option<Uplink>,
@@ -593,6 +564,15 @@ impl TcpServer {
                 "the model has {} parameters, the server expects {dim}",
                 server.params().len()
             )));
+        }
+        match (server.has_upstream(), uplink.is_some()) {
+            (true, false) => {
+                return Err(TcpError("the server sends messages upstream but has no upstream connection".into()));
+            }
+            (false, true) => {
+                return Err(TcpError("an upstream connection for a server that has no upstream".into()));
+            }
+            _ => {}
         }
         let version = server.version();
         listener.set_nonblocking(true).map_err(|e| TcpError(format!("listener: {e}")))?;
@@ -982,7 +962,7 @@ fn encode_into<E>(buf: &mut Vec<u8>, len: usize, encode: impl FnOnce(&mut [u8]) 
     encode(buf).map(|n| buf.truncate(n))
 }
 
-impl<S: Driven> Core<S> {
+impl<S: Server<f32>> Core<S> {
     fn run(
         &mut self,
         in_rx: &Receiver<Inbound>,
@@ -1169,6 +1149,7 @@ impl<S: Driven> Core<S> {
     fn drain(&mut self, note: &mut dyn FnMut(Note<'_>)) {
         loop {
             let mut outbox: Vec<(Recipient, Arc<Vec<u8>>, bool)> = Vec::new();
+            let mut upbox: Vec<Arc<Vec<u8>>> = Vec::new();
             let mut updates: Vec<(Version, Vec<u64>)> = Vec::new();
             while let Some(out) = self.server.poll_output() {
                 match out {
@@ -1187,14 +1168,13 @@ impl<S: Driven> Core<S> {
                         }
                         note(Note::Event(&ev));
                     }
-                }
-            }
-            let mut upbox: Vec<Arc<Vec<u8>>> = Vec::new();
-            while let Some(msg) = self.server.poll_upstream() {
-                let len = wire::encoded_len_to_server(&msg);
-                match self.bufs.fill(len, |buf| wire::encode_to_server(&msg, buf)) {
-                    Ok(bytes) => upbox.push(bytes),
-                    Err(e) => note(Note::Log(&format!("cannot encode a {} message: {e}", msg.kind_name()))),
+                    ServerOutput::Upstream(msg) => {
+                        let len = wire::encoded_len_to_server(&msg);
+                        match self.bufs.fill(len, |buf| wire::encode_to_server(&msg, buf)) {
+                            Ok(bytes) => upbox.push(bytes),
+                            Err(e) => note(Note::Log(&format!("cannot encode a {} message: {e}", msg.kind_name()))),
+                        }
+                    }
                 }
             }
             let version = self.server.version();

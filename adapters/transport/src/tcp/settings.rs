@@ -207,16 +207,17 @@ impl RunSettings {
     }
 
     /// The configuration this server runs: the run's, or for a central server of remote
-    /// groups, ASP over the groups ([`GroupedConfig::central_config`](syncopate::proto::grouped::GroupedConfig::central_config)).
+    /// groups, the central configuration of the protocol's tiers
+    /// ([`ProtocolConfig::tiers`]; grouped: ASP over the groups).
     pub fn server_config(&self) -> Result<ProtocolConfig, String> {
         let config = self.protocol.config()?;
         if !self.remote_groups {
             return Ok(config);
         }
-        match config {
-            ProtocolConfig::Grouped(g) => Ok(ProtocolConfig::Asp(g.central_config())),
-            other => Err(format!("remote groups need the grouped protocol, not {}", other.name())),
-        }
+        config
+            .tiers()
+            .map(|t| t.central)
+            .ok_or_else(|| format!("remote groups need the grouped protocol, not {}", config.name()))
     }
 
     /// The number of peers that connect to a server of this run: the workers, or the

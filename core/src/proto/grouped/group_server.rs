@@ -85,44 +85,6 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupServer<T, S, M> {
     pub fn awaiting_central(&self) -> bool {
         self.group.phase != Phase::Collecting
     }
-
-    /// The next message for the central server (payloads borrow the group's buffers);
-    /// `None` when drained.
-    pub fn poll_upstream(&mut self) -> Option<ToServer<'_, T>> {
-        let item = self.up.pop_front()?;
-        Some(match item {
-            Up::Join => ToServer::Join { epoch: self.epoch },
-            Up::Grad { base, iteration, seq } => {
-                let dim = self.model.as_ref().len();
-                let scratch = self.scratch.as_ref();
-                let aggregate =
-                    if self.shared.config.local_steps > 1 { scratch.get(dim..2 * dim) } else { scratch.get(..dim) };
-                ToServer::Grad { base, iteration, seq, values: Values::Slice(aggregate.unwrap_or(&[])) }
-            }
-        })
-    }
-
-    /// A message from the central server arrived at `now`: `Model` (the reply to a `Join` or
-    /// to an exchange) or `Stop` (passed on to the members).
-    pub fn handle_upstream(&mut self, now: Instant, msg: ToWorker<'_, T>) -> Result<(), Reject> {
-        self.shared.ensure_room()?;
-        match msg {
-            ToWorker::Model { version, values, .. } => {
-                let (model, acc, total) = {
-                    let dim = self.model.as_ref().len();
-                    let total_len = if self.shared.config.local_steps > 1 { dim } else { 0 };
-                    let (acc, total) = self.scratch.as_mut().split_at_mut_checked(dim).ok_or(Reject::Capacity)?;
-                    (self.model.as_mut(), acc, total.get_mut(..total_len).ok_or(Reject::Capacity)?)
-                };
-                self.group.rebase(&mut self.shared, now, version, &values, model, acc, total)
-            }
-            ToWorker::Stop => {
-                self.stop();
-                Ok(())
-            }
-            other => Err(Reject::Unexpected { kind: other.kind_name() }),
-        }
-    }
 }
 
 impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupServer<T, S, M> {
@@ -198,10 +160,25 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupServer<T, S, M> {
         }
     }
 
+    /// The members' outputs first, then the messages for the central server (payloads borrow
+    /// the group's buffers).
     fn poll_output(&mut self) -> Option<ServerOutput<'_, T>> {
         let version = self.group.version;
         let model = self.model.as_ref();
-        self.shared.poll(|_| version, |_| model)
+        if let Some(out) = self.shared.poll(|_| version, |_| model) {
+            return Some(out);
+        }
+        let item = self.up.pop_front()?;
+        Some(ServerOutput::Upstream(match item {
+            Up::Join => ToServer::Join { epoch: self.epoch },
+            Up::Grad { base, iteration, seq } => {
+                let dim = model.len();
+                let scratch = self.scratch.as_ref();
+                let aggregate =
+                    if self.shared.config.local_steps > 1 { scratch.get(dim..2 * dim) } else { scratch.get(..dim) };
+                ToServer::Grad { base, iteration, seq, values: Values::Slice(aggregate.unwrap_or(&[])) }
+            }
+        }))
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
@@ -223,5 +200,32 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupServer<T, S, M> {
 
     fn stats(&self) -> &ServerStats {
         &self.shared.stats
+    }
+
+    /// Always: the group server is an ASP worker of the central server.
+    fn has_upstream(&self) -> bool {
+        true
+    }
+
+    /// A message from the central server: `Model` (the reply to a `Join` or to an exchange)
+    /// or `Stop` (passed on to the members).
+    fn handle_upstream(&mut self, now: Instant, msg: ToWorker<'_, T>) -> Result<(), Reject> {
+        self.shared.ensure_room()?;
+        match msg {
+            ToWorker::Model { version, values, .. } => {
+                let (model, acc, total) = {
+                    let dim = self.model.as_ref().len();
+                    let total_len = if self.shared.config.local_steps > 1 { dim } else { 0 };
+                    let (acc, total) = self.scratch.as_mut().split_at_mut_checked(dim).ok_or(Reject::Capacity)?;
+                    (self.model.as_mut(), acc, total.get_mut(..total_len).ok_or(Reject::Capacity)?)
+                };
+                self.group.rebase(&mut self.shared, now, version, &values, model, acc, total)
+            }
+            ToWorker::Stop => {
+                self.stop();
+                Ok(())
+            }
+            other => Err(Reject::Unexpected { kind: other.kind_name() }),
+        }
     }
 }

@@ -81,13 +81,17 @@
 //!   with the [`Server`] verbs toward the `n` workers; group↔central exchanges are
 //!   delivered internally and instantly. This is what `ProtocolConfig::Grouped` builds, so
 //!   every adapter (threads, simulator, TCP) runs it unchanged.
-//! - [`GroupServer`] on its own (a separate process): the [`Server`] verbs toward its
-//!   members plus an upstream pair, [`GroupServer::poll_upstream`] (messages for the
-//!   central server) and [`GroupServer::handle_upstream`] (messages from it). The central
-//!   process runs a plain [`AspServer`] with [`GroupedConfig::central_config`] and the group
-//!   index as the `WorkerId`. Driving contract: after every input on either side, drain
-//!   both `poll_output` and `poll_upstream` until `None`. The upstream link must be
-//!   reliable (TCP); a lost reply leaves the group waiting (its members are idle, and
+//! - [`GroupServer`] on its own (a separate process, or a node of a simulated network):
+//!   the [`Server`] verbs toward its members, and its link to the central server through
+//!   the same verbs ([Servers with an upstream](crate::proto#servers-with-an-upstream)):
+//!   messages for the central server are [`ServerOutput::Upstream`] outputs (after the
+//!   members' outputs of the same input), its replies go to [`Server::handle_upstream`].
+//!   Adapters build it generically with [`AnyServer::subserver`] from
+//!   [`ProtocolConfig::tiers`]; the central process runs a plain [`AspServer`] with
+//!   [`GroupedConfig::central_config`] (the `Tiers::central` configuration) and the group
+//!   index as the `WorkerId`. The upstream queue holds at most 4 messages (an input that
+//!   could not queue its message is refused with [`Reject::Capacity`]); the link must be
+//!   reliable (TCP): a lost reply leaves the group waiting (its members are idle, and
 //!   [`GroupedConfig::stall_report`] does not fire in that phase), so the transport should
 //!   restart the group server on a broken connection.
 //!
@@ -110,6 +114,11 @@
 //! central model, exactly as an ASP server answers a join.)
 //!
 //! [`AspServer`]: crate::proto::asp::AspServer
+//! [`AnyServer::subserver`]: crate::proto::AnyServer::subserver
+//! [`ProtocolConfig::tiers`]: crate::proto::ProtocolConfig::tiers
+//! [`ServerOutput::Upstream`]: crate::proto::ServerOutput::Upstream
+//! [`Server::handle_upstream`]: crate::proto::Server::handle_upstream
+//! [`Reject::Capacity`]: crate::error::Reject::Capacity
 //! [`DropReason::Aborted`]: crate::proto::DropReason::Aborted
 //! [`DropReason::Stale`]: crate::proto::DropReason::Stale
 //! [`Reject`]: crate::error::Reject

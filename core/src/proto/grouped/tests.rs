@@ -5,10 +5,12 @@ use super::*;
 use crate::proto::asp::AspServer;
 use crate::proto::bsp::{BspConfig, BspServer};
 use crate::proto::common::testkit::prelude::*;
-use crate::proto::{GradientWorker, GradientWorkerConfig, ToServerOwned, ToWorkerOwned, Worker, WorkerOutput};
-use core::cmp::Reverse;
+use crate::proto::common::testkit::{Cluster, Entry, NetConfig};
+use crate::proto::{
+    AnyServer, GradientWorker, GradientWorkerConfig, ProtocolConfig, ToServerOwned, ToWorkerOwned, Worker, WorkerOutput,
+};
 use proptest::prelude::*;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BTreeMap;
 use std::vec;
 use std::vec::Vec;
 
@@ -27,6 +29,8 @@ fn grad(base: u64, seq: u64, values: &[f64]) -> ToServer<'_, f64> {
 enum Out {
     Event(ServerEvent),
     Send(Recipient, ToWorkerOwned),
+    /// A message for the central server.
+    Up(ToServerOwned),
 }
 
 fn drain_server<S: Server<f64>>(s: &mut S) -> Vec<Out> {
@@ -35,6 +39,7 @@ fn drain_server<S: Server<f64>>(s: &mut S) -> Vec<Out> {
         outs.push(match out {
             ServerOutput::Event(e) => Out::Event(e),
             ServerOutput::Send { to, msg } => Out::Send(to, ToWorkerOwned::from(&msg)),
+            ServerOutput::Upstream(msg) => Out::Up(ToServerOwned::from(&msg)),
         });
     }
     outs
@@ -65,22 +70,35 @@ impl<S: Server<f64>> Harnessed for Plain<S> {
     }
 }
 
-/// The distributed deployment in miniature: stand-alone [`GroupServer`]s and a plain
-/// [`AspServer`] central, their upstream messages delivered instantly by hand.
+/// The distributed deployment in miniature: stand-alone group servers (built generically,
+/// [`AnyServer::subserver`] of [`ProtocolConfig::tiers`]) and the central server of the
+/// same tiers, their upstream messages delivered instantly by hand.
 struct Wired {
     config: GroupedConfig,
-    groups: Vec<GroupServer<f64, Vec<f64>>>,
-    central: AspServer<f64, Vec<f64>>,
+    groups: Vec<AnyServer<f64, Vec<f64>>>,
+    central: AnyServer<f64, Vec<f64>>,
+    /// Each group's outputs toward its members, in order, not yet drained.
+    held: Vec<Vec<Out>>,
     stats: ServerStats,
 }
 
 impl Wired {
     fn new(config: GroupedConfig, dim: usize) -> Self {
-        let groups = (0..config.groups)
-            .map(|g| GroupServer::new(config, g, 0, vec![0.0; dim], vec![0.0; config.group_scratch_len(dim)]).unwrap())
+        let protocol = ProtocolConfig::Grouped(config);
+        let tiers = protocol.tiers().unwrap();
+        assert_eq!(tiers.subservers, config.groups);
+        let groups: Vec<_> = (0..tiers.subservers)
+            .map(|g| {
+                let scratch = vec![0.0; protocol.subserver_scratch_len(dim)];
+                AnyServer::subserver(&protocol, g, 0, vec![0.0; dim], scratch).unwrap()
+            })
             .collect();
-        let central = AspServer::new(config.central_config(), vec![1.0; dim]).unwrap();
-        let mut wired = Self { config, groups, central, stats: ServerStats::default() };
+        assert!(groups.iter().all(Server::has_upstream));
+        let central =
+            AnyServer::new(&tiers.central, vec![1.0; dim], vec![0.0; tiers.central.server_scratch_len(dim)]).unwrap();
+        assert!(!central.has_upstream());
+        let held = groups.iter().map(|_| Vec::new()).collect();
+        let mut wired = Self { config, groups, central, held, stats: ServerStats::default() };
         for g in 0..config.groups as usize {
             wired.pump(g);
         }
@@ -89,16 +107,28 @@ impl Wired {
         wired
     }
 
+    /// Drains group `g`: its members' outputs are held for [`Harnessed::drain`], its
+    /// upstream messages go to the central server and the replies back, until quiet.
     fn pump(&mut self, g: usize) {
         let mut buf = Vec::new();
-        while let Some(up) = self.groups[g].poll_upstream() {
-            let up = ToServerOwned::from(&up);
-            self.central.handle(Instant::ZERO, WorkerId(g as u32), up.as_msg(&mut buf)).unwrap();
-            let replies: Vec<_> = drain_server(&mut self.central);
-            for reply in replies {
-                if let Out::Send(Recipient::Worker(to), msg) = reply {
-                    assert_eq!(to, WorkerId(g as u32));
-                    self.groups[g].handle_upstream(Instant::ZERO, msg.as_msg(&mut buf)).unwrap();
+        loop {
+            let mut up = Vec::new();
+            for out in drain_server(&mut self.groups[g]) {
+                match out {
+                    Out::Up(msg) => up.push(msg),
+                    other => self.held[g].push(other),
+                }
+            }
+            if up.is_empty() {
+                break;
+            }
+            for msg in up {
+                self.central.handle(Instant::ZERO, WorkerId(g as u32), msg.as_msg(&mut buf)).unwrap();
+                for reply in drain_server(&mut self.central) {
+                    if let Out::Send(Recipient::Worker(to), msg) = reply {
+                        assert_eq!(to, WorkerId(g as u32));
+                        self.groups[g].handle_upstream(Instant::ZERO, msg.as_msg(&mut buf)).unwrap();
+                    }
                 }
             }
         }
@@ -116,7 +146,7 @@ impl Harnessed for Wired {
         result
     }
     fn drain(&mut self) -> Vec<Out> {
-        self.groups.iter_mut().flat_map(drain_server).collect()
+        self.held.iter_mut().flat_map(core::mem::take).collect()
     }
     fn central(&self) -> (Version, Vec<f64>) {
         (self.central.version(), self.central.params().to_vec())
@@ -256,6 +286,7 @@ fn run(h: &mut impl Harnessed, n: u32, seed: u64, updates: u64, dup_percent: u64
                         }
                         Out::Send(Recipient::Worker(to), m) => inflight.push(Msg::Down(to.0, m.clone())),
                         Out::Event(_) => {}
+                        Out::Up(m) => panic!("the harness routes upstream messages itself: {m:?}"),
                     }
                     out.trace.push(Rec::Out(o));
                 }
@@ -582,6 +613,7 @@ fn drain_server_f32<S: Server<f32>>(s: &mut S) -> Vec<Out> {
         outs.push(match out {
             ServerOutput::Event(e) => Out::Event(e),
             ServerOutput::Send { to, msg } => Out::Send(to, ToWorkerOwned::from(&msg)),
+            ServerOutput::Upstream(msg) => Out::Up(ToServerOwned::from(&msg)),
         });
     }
     outs
@@ -594,8 +626,8 @@ fn standalone_group_server_speaks_to_a_central_asp_server() {
     let mut buf = Vec::new();
     assert_eq!(g1.group(), 1);
     assert!(g1.awaiting_central());
-    assert!(matches!(g1.poll_upstream(), Some(ToServer::Join { epoch: 7 })));
-    assert!(g1.poll_upstream().is_none());
+    assert!(g1.has_upstream());
+    assert_eq!(drain_server(&mut g1), [Out::Up(ToServerOwned::Join { epoch: 7 })]);
     // Members only; no gradient before the group has a model.
     assert_eq!(
         g1.handle(Instant::ZERO, WorkerId(0), ToServer::Join { epoch: 0 }),
@@ -615,11 +647,13 @@ fn standalone_group_server_speaks_to_a_central_asp_server() {
     );
     g1.handle(Instant::ZERO, WorkerId(2), grad(5, 0, &[2.0])).unwrap();
     g1.handle(Instant::ZERO, WorkerId(3), grad(5, 0, &[4.0])).unwrap();
-    let up = g1.poll_upstream().map(|m| ToServerOwned::from(&m));
+    // The exchange goes upstream after the members' outputs of the same input.
+    let outs = drain_server(&mut g1);
     assert_eq!(
-        up,
-        Some(ToServerOwned::Grad { base: 5, iteration: 0, seq: crate::id::first_seq(7), values: vec![3.0] })
+        outs.last(),
+        Some(&Out::Up(ToServerOwned::Grad { base: 5, iteration: 0, seq: crate::id::first_seq(7), values: vec![3.0] }))
     );
+    assert_eq!(outs.iter().filter(|o| matches!(o, Out::Up(_))).count(), 1);
     // While the exchange is out, the closed step takes nothing more.
     g1.handle(Instant::ZERO, WorkerId(2), grad(5, 1, &[2.0])).unwrap();
     assert!(drain_server(&mut g1).contains(&Out::Event(ServerEvent::Dropped {
@@ -650,59 +684,60 @@ fn standalone_group_server_speaks_to_a_central_asp_server() {
     assert_eq!(drain_server(&mut g1).last(), Some(&Out::Send(Recipient::AllWorkers, ToWorkerOwned::Stop)));
 }
 
-/// A discrete-event run with instant messages: worker `i`'s gradient takes `cost[i]` ticks.
-/// Returns the gradients applied per worker by time `until`.
+#[test]
+fn only_a_subserver_has_an_upstream() {
+    let grouped = ProtocolConfig::Grouped(GroupedConfig::new(4, 0.5, 2));
+    let bsp = ProtocolConfig::Bsp(BspConfig::new(4, 0.5));
+    assert_eq!(bsp.tiers(), None);
+    assert_eq!((bsp.subserver_of(WorkerId(0)), bsp.subserver_scratch_len(3)), (None, 0));
+    assert_eq!(
+        AnyServer::<f64, Vec<f64>>::subserver(&bsp, 0, 0, vec![0.0; 3], vec![0.0; 3]).err(),
+        Some(ConfigError::NoSubservers)
+    );
+    let tiers = grouped.tiers().unwrap();
+    assert_eq!(tiers.central, ProtocolConfig::Asp(AspConfig::new(2, 0.5)));
+    let of = |w| grouped.subserver_of(WorkerId(w));
+    assert_eq!([of(0), of(1), of(2), of(3), of(4)], [Some(0), Some(0), Some(1), Some(1), None]);
+    assert_eq!(
+        AnyServer::<f64, Vec<f64>>::subserver(&grouped, 2, 0, vec![0.0; 3], vec![0.0; 3]).err(),
+        Some(ConfigError::Knob("group"))
+    );
+    // Servers without an upstream refuse its messages, and change nothing.
+    for config in [bsp, grouped, tiers.central] {
+        let mut s =
+            AnyServer::<f64, Vec<f64>>::new(&config, vec![0.0; 3], vec![0.0; config.server_scratch_len(3)]).unwrap();
+        let _ = drain_server(&mut s);
+        assert!(!s.has_upstream());
+        let model = ToWorkerOwned::Model { version: 1, clock: 1, values: vec![1.0; 3] };
+        let mut buf = Vec::new();
+        assert_eq!(s.handle_upstream(Instant::ZERO, model.as_msg(&mut buf)), Err(Reject::NoUpstream));
+        assert_eq!(s.handle_upstream(Instant::ZERO, ToWorker::Stop), Err(Reject::NoUpstream));
+        assert!(drain_server(&mut s).is_empty());
+        assert_eq!(s.version(), Version::ZERO);
+    }
+}
+
+/// A run on the test network ([`Cluster`]) with instant messages: worker `i`'s gradient
+/// takes `cost[i]` ticks of 1 ms. Returns the gradients applied per worker by tick `until`.
 fn timed(config: GroupedConfig, cost: &[u64], until: u64) -> Vec<u64> {
     let n = config.workers;
-    let mut s = grouped(config, 1);
-    let mut workers: Vec<_> =
+    let workers: Vec<_> =
         (0..n).map(|i| GradientWorker::new(GradientWorkerConfig::new(WorkerId(i)), vec![0.0f64; 1]).unwrap()).collect();
-    let mut queue = BinaryHeap::new();
+    // Compute times are the slowest cost divided by each worker's speed: exact in nanoseconds.
+    let slowest = cost.iter().copied().max().unwrap_or(1);
+    let step = Duration::from_millis(slowest);
+    let net = NetConfig { latency: (Duration::ZERO, Duration::ZERO), compute: (step, step), ..NetConfig::default() };
+    let mut cluster = Cluster::new(grouped(config, 1), workers, 1, net, |_| vec![1.0]);
+    cluster.speed = cost.iter().map(|c| slowest as f64 / *c as f64).collect();
+    // Everything at tick `until` happens; the first event after it is a computation ending,
+    // which reaches the server only later.
+    let end = Instant::ZERO + Duration::from_millis(until);
+    assert!(cluster.run_until(1_000_000, |c| c.now > end));
     let mut applied = vec![0u64; n as usize];
-    let mut ups: Vec<(u32, ToServerOwned)> = Vec::new();
-    let mut at = 0u64;
-    let mut buf = Vec::new();
-    let step = |w: &mut GradientWorker<f64, Vec<f64>>, now: u64, queue: &mut BinaryHeap<_>, ups: &mut Vec<_>| {
-        let me = w.id();
-        while let Some(o) = w.poll_output() {
-            match o {
-                WorkerOutput::Send(m) => ups.push((me.0, ToServerOwned::from(&m))),
-                WorkerOutput::Compute { id, .. } => queue.push(Reverse((now + cost[me.index()], me.0, id))),
-                WorkerOutput::Event(_) => {}
-            }
+    for e in &cluster.log {
+        if let Entry::Event(ServerEvent::Applied { worker, .. }) = e {
+            applied[worker.index()] += 1;
         }
-    };
-    for w in workers.iter_mut() {
-        step(w, 0, &mut queue, &mut ups);
-    }
-    loop {
-        while let Some((from, m)) = ups.pop() {
-            s.handle(Instant::from_nanos(at), WorkerId(from), m.as_msg(&mut buf)).unwrap();
-            for o in drain_server(&mut s) {
-                let (targets, m) = match o {
-                    Out::Event(ServerEvent::Applied { worker, .. }) => {
-                        applied[worker.index()] += 1;
-                        continue;
-                    }
-                    Out::Send(Recipient::AllWorkers, m) => ((0..n).collect::<Vec<_>>(), m),
-                    Out::Send(Recipient::Worker(w), m) => (vec![w.0], m),
-                    Out::Event(_) => continue,
-                };
-                for t in targets {
-                    let w = &mut workers[t as usize];
-                    w.handle(Instant::from_nanos(at), m.as_msg(&mut buf)).unwrap();
-                    step(w, at, &mut queue, &mut ups);
-                }
-            }
-        }
-        let Some(Reverse((t, w, id))) = queue.pop() else { break };
-        if t > until {
-            break;
-        }
-        at = t;
-        let worker = &mut workers[w as usize];
-        worker.handle_gradient(Instant::from_nanos(t), id, &[1.0]).unwrap();
-        step(worker, t, &mut queue, &mut ups);
     }
     applied
 }

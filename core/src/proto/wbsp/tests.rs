@@ -42,6 +42,7 @@ fn drain_server(s: &mut Srv) -> Vec<String> {
                 format!("updated v{} n{}", version.0, contributions)
             }
             ServerOutput::Event(e) => format!("{e:?}"),
+            ServerOutput::Upstream(m) => format!("upstream {}", m.kind_name()),
         });
     }
     out

@@ -228,6 +228,10 @@ pub enum Entry {
         /// Why.
         cause: CopyLoss,
     },
+    /// The server sent `msg` to the server above it. The cluster has no upstream server:
+    /// the message is logged here and goes nowhere (a server with an upstream needs a
+    /// harness that wires one).
+    ToUpstream(ToServerOwned),
     /// A copy of `msg` arrived after the server it was sent to was replaced
     /// ([`Cluster::restart_server`]): no server handled it.
     UpMissed {
@@ -679,6 +683,7 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
                     self.log.push(Entry::Event(e));
                 }
                 ServerOutput::Send { to, msg } => sends.push((to, ToWorkerOwned::from(&msg))),
+                ServerOutput::Upstream(msg) => self.log.push(Entry::ToUpstream(ToServerOwned::from(&msg))),
             }
         }
         let batch_latency = self.draw(self.config.latency);

@@ -118,18 +118,33 @@ impl ToServerOwned {
     }
 }
 
-/// Drains a server: its events, and its messages as owned values with their recipients.
+/// Drains a server without an upstream: its events, and its messages as owned values with
+/// their recipients. A test assertion fails if the server sends a message upstream (drain a
+/// server with an upstream with [`drain_server_up`]).
 pub fn drain_server<T: Scalar, S: crate::proto::Server<T> + ?Sized>(
     s: &mut S,
 ) -> (Vec<crate::proto::ServerEvent>, Vec<(crate::proto::Recipient, ToWorkerOwned)>) {
-    let (mut events, mut sends) = (Vec::new(), Vec::new());
+    let (events, sends, up) = drain_server_up(s);
+    assert!(up.is_empty(), "drain_server: the server sent {up:?} upstream (use drain_server_up)");
+    (events, sends)
+}
+
+/// The outputs of a server, owned: events, messages to workers, messages upstream.
+pub type Drained = (Vec<crate::proto::ServerEvent>, Vec<(crate::proto::Recipient, ToWorkerOwned)>, Vec<ToServerOwned>);
+
+/// Drains a server: its events, its messages to workers with their recipients, and its
+/// messages for the server above it ([`ServerOutput::Upstream`](crate::proto::ServerOutput::Upstream)),
+/// as owned values.
+pub fn drain_server_up<T: Scalar, S: crate::proto::Server<T> + ?Sized>(s: &mut S) -> Drained {
+    let (mut events, mut sends, mut up) = (Vec::new(), Vec::new(), Vec::new());
     while let Some(out) = s.poll_output() {
         match out {
             crate::proto::ServerOutput::Event(e) => events.push(e),
             crate::proto::ServerOutput::Send { to, msg } => sends.push((to, ToWorkerOwned::from(&msg))),
+            crate::proto::ServerOutput::Upstream(msg) => up.push(ToServerOwned::from(&msg)),
         }
     }
-    (events, sends)
+    (events, sends, up)
 }
 
 /// An owned [`WorkerOutput`](crate::proto::WorkerOutput), elements widened to `f64`.
