@@ -207,6 +207,10 @@ pub struct DbwConfig {
     pub warmup_k: Option<u32>,
     /// Where `Lη` comes from.
     pub l_eta: LEta,
+    /// Flat-valley tolerance of the noise-scale bound ([`LEta::Split`] only): the largest
+    /// `k` whose predicted time per unit of progress is within `1 + flat_tolerance` of the
+    /// smallest is taken ([`crate::math::dbw_policy`], "Flat valleys"); finite, `≥ 0`.
+    pub flat_tolerance: f64,
     /// What stragglers do when their iteration closes.
     pub interrupt: Interrupt,
     /// Screening of incoming gradients.
@@ -240,6 +244,7 @@ impl DbwConfig {
             warmup_iterations: 1,
             warmup_k: Some(workers.div_ceil(4).max(workers.clamp(1, 2))),
             l_eta: LEta::Split { initial: 1.0, min: 0.001, max: 1.9 },
+            flat_tolerance: 0.02,
             interrupt: Interrupt::Abort,
             gradient_policy: GradientPolicy::default(),
             stall_report: None,
@@ -267,6 +272,9 @@ impl DbwConfig {
         }
         if !self.l_eta.valid() {
             return Err(ConfigError::Knob("l_eta"));
+        }
+        if !(self.flat_tolerance >= 0.0 && self.flat_tolerance.is_finite()) {
+            return Err(ConfigError::Knob("flat_tolerance"));
         }
         Ok(())
     }
