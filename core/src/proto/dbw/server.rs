@@ -259,7 +259,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> DbwRules<T, S, M> {
                 // Before the first secant pair both curvatures are the configured initial Lη.
                 LEta::Split { min, max, .. } => {
                     let (a, b) = self.split.get(min, max).unwrap_or((l_eta, l_eta));
-                    choose_k_bounded(g, s, (a, b), tau, (k_lo, k_max), hold).unwrap_or(hold)
+                    choose_k_bounded(g, s, (a, b), tau, (k_lo, k_max), hold, self.config.flat_tolerance).unwrap_or(hold)
                 }
                 _ => choose_k(g, s, l_eta, tau, k_lo, k_max).map_or(hold, |c| c.0),
             },

@@ -163,6 +163,8 @@ fn config_errors_and_refusals() {
     assert_eq!(bad(DbwConfig { k_min: 0, ..base }), Some(ConfigError::Knob("k_min")));
     assert_eq!(bad(DbwConfig { k_min: 5, ..base }), Some(ConfigError::Knob("k_min")));
     assert_eq!(bad(DbwConfig { window: 0, ..base }), Some(ConfigError::Knob("window")));
+    assert_eq!(bad(DbwConfig { flat_tolerance: -0.1, ..base }), Some(ConfigError::Knob("flat_tolerance")));
+    assert_eq!(bad(DbwConfig { flat_tolerance: f64::NAN, ..base }), Some(ConfigError::Knob("flat_tolerance")));
     assert_eq!(bad(DbwConfig { ema_beta: 1.0, ..base }), Some(ConfigError::Knob("ema_beta")));
     assert_eq!(bad(DbwConfig { ema_beta: f64::NAN, ..base }), Some(ConfigError::Knob("ema_beta")));
     assert_eq!(bad(DbwConfig { l_eta: LEta::Fixed(0.0), ..base }), Some(ConfigError::Knob("l_eta")));
@@ -233,10 +235,11 @@ proptest! {
     fn k_invariants_hold(
         n in 1u32..8, k_min in 1u32..8, warmup in 0u32..4, abort in any::<bool>(), mode in 0u8..4,
         half in any::<bool>(),
-        seed in any::<u64>(), dim in 1usize..4, slow in 0u32..8,
+        seed in any::<u64>(), dim in 1usize..4, slow in 0u32..8, tol in 0.0f64..0.2,
     ) {
         let mut config = DbwConfig::new(n, 0.5);
         config.k_min = 1 + (k_min - 1) % n;
+        config.flat_tolerance = tol;
         config.warmup_iterations = warmup;
         config.window = 4;
         config.interrupt = if abort { Interrupt::Abort } else { Interrupt::RunToCompletion };
