@@ -462,9 +462,14 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
     }
 
     /// Breaks ties between events at the same instant at random (drawn from the network's
-    /// seed) instead of in the order they were scheduled, for events scheduled from now on.
+    /// seed) instead of in the order they were scheduled: the pending ones (the workers'
+    /// first messages) and every later one.
     pub fn with_random_ties(mut self) -> Self {
         self.random_ties = true;
+        for ((at, _, order), ev) in core::mem::take(&mut self.events) {
+            let tie = self.rng.next_u64();
+            self.events.insert((at, tie, order), ev);
+        }
         self
     }
 
