@@ -67,7 +67,7 @@ pub fn bsp_server(memory: &mut ServerMemory) -> Result<BspServer<f32, &mut [f32]
     BspServer::new(BspConfig::new(WORKERS as u32, LEARNING_RATE), &mut memory.params, &mut memory.scratch)
 }
 
-/// The DBW server the firmware runs (the core's defaults: `k_min = 2`, secant `Lη`,
+/// The DBW server the firmware runs (the core's defaults: `k_min = 2`, split signal and noise curvatures,
 /// stragglers abort): the one place that builds it.
 pub fn dbw_server(memory: &mut ServerMemory) -> Result<DbwServer<f32, &mut [f32], Inline<WORKERS>>, ConfigError> {
     DbwServer::new(DbwConfig::new(WORKERS as u32, LEARNING_RATE), &mut memory.params, &mut memory.scratch)

@@ -237,7 +237,8 @@ impl DbwConfig {
     /// of 100 iterations, `β = 0.9`, 1 warm-up iteration waiting for `⌈n/4⌉` gradients (at
     /// least `k_min`),
     /// separate signal and noise curvatures ([`LEta::Split`], from 1.0, clipped to
-    /// `[0.001, 1.9]`), option A.
+    /// `[0.001, 1.9]`), a flat-valley tolerance of 2% on the noise-scale bound
+    /// ([`DbwConfig::flat_tolerance`]), option A.
     ///
     /// These differ from docs/PROTOCOLS.md, "DBW" (a fixed `Lη`) because of what the simulator
     /// measured (`tests/tests/dbw_sweep.rs`, digits, 16 shifted-exponential workers): a fixed
@@ -245,8 +246,9 @@ impl DbwConfig {
     /// secant and Rayleigh estimates bracket the best static `k` (the secant a little
     /// above it, the Rayleigh quotient below); which is closer depends on the learning
     /// rate and batch size. A long warm-up costs a lot when the target is reached in tens
-    /// of iterations. The split curvatures, the two bounds on `k` and the `⌈n/4⌉` warm-up
-    /// are the issue #15 reconstruction ([`crate::math::dbw_policy`]).
+    /// of iterations. The split curvatures, the two bounds on `k`, the flat-valley
+    /// tolerance and the `⌈n/4⌉` warm-up are the issue #15 reconstruction
+    /// ([`crate::math::dbw_policy`]).
     pub fn new(workers: u32, learning_rate: f64) -> Self {
         Self {
             workers,
