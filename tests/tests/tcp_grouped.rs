@@ -1,7 +1,7 @@
 //! The grouped protocol's third deployment over real loopback sockets: a central server of
 //! remote groups (ASP over the groups), one group server per group (each a `TcpServer`
-//! driving a `GroupServer` with an upstream session to the central server, as `syncopate
-//! group` runs it) and the workers. The groups and the workers learn the run's settings from
+//! driving the core's sub-server, `AnyServer::subserver`, with an upstream session to the
+//! central server, as `syncopate group` runs it) and the workers. The groups and the workers learn the run's settings from
 //! upstream. It trains to the accuracy the in-process grouped server reaches on the same
 //! workload and budget.
 
@@ -12,9 +12,10 @@ use common::*;
 use core::time::Duration;
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
+use syncopate::proto::Heap;
 use syncopate::proto::asp::AspConfig;
 use syncopate::proto::grouped::GroupedConfig;
-use syncopate::{ProtocolConfig, WorkerId};
+use syncopate::{AnyServer, ProtocolConfig, Server, WorkerId};
 use syncopate_adapters::scenario::ProtocolName;
 use syncopate_adapters::tcp::{
     GroupOptions, Note, ProtocolSettings, RunSettings, ServerOptions, ServerReport, StopReason, TcpError, TcpServer,
@@ -153,4 +154,17 @@ fn workers_and_groups_are_refused_where_they_do_not_belong() {
         plain.handle.stop();
         assert_eq!(plain.finish().sessions, 0);
     });
+}
+
+#[test]
+fn a_server_with_an_upstream_is_refused_without_an_uplink() {
+    let members = RunSettings { remote_groups: false, ..settings() };
+    let config = members.worker_config().unwrap();
+    let dim = members.dim().unwrap();
+    let scratch = vec![0.0f32; config.subserver_scratch_len(dim)];
+    let group: AnyServer<f32, Vec<f32>, Heap> = AnyServer::subserver(&config, 0, 1, vec![0.0; dim], scratch).unwrap();
+    assert!(group.has_upstream());
+    let server = TcpServer::bind("127.0.0.1:0", ServerOptions::new(members)).unwrap();
+    let err = server.drive(group, None, &plan(10, 5), &mut |_| {}).expect_err("no uplink");
+    assert!(err.0.contains("no upstream connection"), "{err}");
 }

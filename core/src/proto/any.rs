@@ -122,7 +122,7 @@ impl ProtocolConfig {
     /// groups ([`GroupedConfig::central_config`]) and one sub-server per group.
     pub fn tiers(&self) -> Option<Tiers> {
         match self {
-            Self::Grouped(c) => Some(Tiers { central: ProtocolConfig::Asp(c.central_config()), subservers: c.groups }),
+            Self::Grouped(c) => Some(Tiers { central: Self::Asp(c.central_config()), subservers: c.groups }),
             _ => None,
         }
     }
