@@ -211,7 +211,10 @@ mod worker {
         let batch_size = args.workload.batch_size as usize;
         let options =
             WorkerOptions { protocol, dim, lost_after: plan.lost_after, rejoin_after: Some(Duration::from_secs(2)) };
-        eprintln!("mpi: rank {} (worker {id}) pid {}", id + 1, std::process::id());
+        // One write of the whole line: the ranks start together and share mpirun's stderr, and
+        // `eprintln!` writes a formatted line in pieces, which interleave across processes.
+        let line = format!("mpi: rank {} (worker {id}) pid {}\n", id + 1, std::process::id());
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
         run_worker(world, &options, &mut |params, grad| {
             sampler.next_batch(batch_size, &mut batch);
             workload.model.gradient(params, &workload.train, &batch, grad, &mut scratch);
