@@ -209,7 +209,9 @@ pub struct SimConfig {
     pub rejoin_after: Option<Duration>,
     /// When to stop.
     pub stop: StopRule,
-    /// Virtual time between evaluations of the server's model on the test set.
+    /// Virtual time between evaluations of the server's model on the test set. Zero turns
+    /// evaluation off: no accuracy curve and no time-to-target search, only the final model
+    /// is evaluated (for throughput runs with [`GradientSource::Constant`]).
     pub eval_interval: Duration,
     /// The accuracy that defines "time to target".
     pub target_accuracy: f64,

@@ -802,7 +802,9 @@ impl<'a, 'o> Engine<'a, 'o> {
 
     /// Keeps the server's current model for the time-to-target search (see [`Crossing`]).
     fn keep_model(&mut self) {
-        if self.core.time_to_target.is_some() {
+        // Evaluation off (a zero interval, `SimConfig::eval_interval`): no search either, or a
+        // throughput run would evaluate every model it publishes.
+        if self.core.time_to_target.is_some() || self.core.config.eval_interval == Duration::ZERO {
             return;
         }
         let (version, now) = (self.server.version().0, self.core.now.as_secs_f64());
