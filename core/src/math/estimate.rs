@@ -268,14 +268,17 @@ impl RttWindow {
     pub fn push(&mut self, rtt: Duration, censored: bool) {
         let micros = (rtt.as_nanos() / 1_000).min(u64::from(u32::MAX >> 1)) as u32;
         let key = (micros << 1) | u32::from(censored);
-        let at = (self.head + self.len) % self.capacity;
+        // `head < capacity` and `len ≤ capacity`: one conditional subtraction wraps (no
+        // division on every round trip).
+        let wrap = |i: usize| if i >= self.capacity { i - self.capacity } else { i };
+        let at = wrap(self.head + self.len);
         if let Some(slot) = self.ring.get_mut(at) {
             *slot = key;
         }
         if self.len < self.capacity {
             self.len += 1;
         } else {
-            self.head = (self.head + 1) % self.capacity;
+            self.head = wrap(self.head + 1);
         }
         self.fresh = self.fresh.saturating_add(1);
     }
