@@ -990,32 +990,27 @@ mod tests {
                 *o += width * f64::min(below, 1.0);
             }
         };
-        let mut x = 0.0f64;
-        let mut idx = 0;
-        while idx < grid.len() {
-            let t = f64::from(grid[idx]) / 1e6;
-            segment(&w, x, t, out);
-            x = t;
-            idx += 1;
-            while idx < grid.len() && f64::from(grid[idx]) / 1e6 <= x {
-                idx += 1;
-            }
-        }
-        if tail_start > x {
-            segment(&w, x, tail_start, out);
-            x = tail_start;
+        // The segment ends: 0, every distinct step time, the last sample of any worker, then
+        // the geometric tail grid (width `mean/64` growing to `TAIL_SPAN` means in
+        // `TAIL_POINTS` steps).
+        grid.dedup();
+        let mut ends = vec![0.0f64];
+        ends.extend(grid.iter().map(|&t| f64::from(t) / 1e6));
+        let km_end = *ends.last().unwrap();
+        if tail_start > km_end {
+            ends.push(tail_start);
         }
         if tail_mean > 0.0 {
-            let end = x + TAIL_SPAN * tail_mean;
-            let first = tail_mean / 64.0;
-            let ratio = libm::pow((end - x) / first, 1.0 / (TAIL_POINTS as f64 - 1.0));
-            let (mut width, start) = (first, x);
-            for _ in 0..TAIL_POINTS {
-                let next = (x + width).min(end.max(start));
-                segment(&w, x, next, out);
-                x = next;
-                width *= ratio;
-            }
+            let from = f64::max(km_end, tail_start);
+            let stop = from + TAIL_SPAN * tail_mean;
+            let ratio = libm::pow((stop - from) / (tail_mean / 64.0), 1.0 / (TAIL_POINTS as f64 - 1.0));
+            let steps = core::iter::successors(Some((from, tail_mean / 64.0)), |&(at, w)| {
+                Some(((at + w).min(stop.max(from)), w * ratio))
+            });
+            ends.extend(steps.skip(1).take(TAIL_POINTS).map(|(at, _)| at));
+        }
+        for pair in ends.windows(2) {
+            segment(&w, pair[0], pair[1], out);
         }
         true
     }
