@@ -2,11 +2,11 @@
 //! 16 workers whose compute times are shifted-exponential (`base · (1 + Exp(1))`, so the
 //! random part is as large as the fixed part on average) learning digits with softmax
 //! regression. DBW, untuned, reaches 0.90 test accuracy within 1.2× of the best static `b`
-//! (mean over seeds 1..=16: measured 1.06×; on the held-out seeds 17..=32: 1.14×), far ahead
+//! (mean over seeds 1..=16: measured 1.08×; on the held-out seeds 17..=32: 1.08×), far ahead
 //! of BSP, and its `b_t` trajectory is printed (mean over the seeds by version, and seed 1
 //! in full). The minimum over 16 noisy static means is biased low, so the test also prints
 //! DBW against a static `b` tuned on the other seed set (as a user tuning `b` by preliminary
-//! runs would): measured 1.03× and 1.07×, pooled 1.05×.
+//! runs would): measured 1.06× and 1.02×, pooled 1.04×.
 //!
 //! The table and trajectory: `cargo test -p syncopate-tests --test dbw_sweep -- --nocapture`.
 
