@@ -238,6 +238,31 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
         self.rules.on_lost(&mut self.core, now, worker, was_live);
         Ok(())
     }
+
+    /// The next output of the batches at the queue's front: walks the front batch's worker
+    /// records from where it stopped to the next one the protocol's
+    /// [`Rules::expand`] selects, taking out every batch it finishes; `None` when the
+    /// queue empties.
+    #[inline(always)]
+    fn expand_front(&mut self) -> Option<ServerItem> {
+        loop {
+            let ServerItem::Batch(batch) = self.core.queue.front_mut()? else {
+                let item = *self.core.queue.front_mut()?;
+                self.core.queue.advance();
+                return Some(item);
+            };
+            let (kind, mut i) = (batch.kind, batch.next as usize);
+            let records = self.core.roster.records_mut();
+            while let Some(record) = records.get_mut(i) {
+                i += 1;
+                if let Some(item) = self.rules.expand(kind, WorkerId(i as u32 - 1), record) {
+                    batch.next = i as u32;
+                    return Some(item);
+                }
+            }
+            self.core.queue.finish_batch();
+        }
+    }
 }
 
 impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> Server<T> for ProtocolServer<T, S, R, M> {
@@ -274,32 +299,12 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> Server<T> for Proto
     }
 
     fn poll_output(&mut self) -> Option<ServerOutput<'_, T>> {
-        let item = loop {
-            match self.core.queue.front_mut()? {
-                ServerItem::Batch(batch) => {
-                    let (kind, mut i) = (batch.kind, batch.next as usize);
-                    let records = self.core.roster.records_mut();
-                    let mut found = None;
-                    while let Some(record) = records.get_mut(i) {
-                        i += 1;
-                        found = self.rules.expand(kind, WorkerId(i as u32 - 1), record);
-                        if found.is_some() {
-                            break;
-                        }
-                    }
-                    match found {
-                        Some(item) => {
-                            batch.next = i as u32;
-                            break item;
-                        }
-                        None => self.core.queue.finish_batch(),
-                    }
-                }
-                item => {
-                    let item = *item;
-                    self.core.queue.advance();
-                    break item;
-                }
+        let item = match self.core.queue.front_mut()? {
+            ServerItem::Batch(_) => self.expand_front()?,
+            item => {
+                let item = *item;
+                self.core.queue.advance();
+                item
             }
         };
         // Events first: most outputs are events, and a two-way branch predicts better than
@@ -323,8 +328,8 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> Server<T> for Proto
                 ServerOutput::Send { to: Recipient::Worker(to), msg: ToWorker::Abort { iteration } }
             }
             ServerItem::Stop => ServerOutput::Send { to: Recipient::AllWorkers, msg: ToWorker::Stop },
-            // Handled above; a batch is never taken out whole.
             ServerItem::Event(e) => ServerOutput::Event(e),
+            // A protocol's expansion yields single outputs, never a batch.
             ServerItem::Batch(_) => return None,
         })
     }
