@@ -105,18 +105,86 @@ impl Batch {
     }
 }
 
-/// A server's pending outputs: a fixed array used front to back. The caller drains after
-/// every input, so the queue is usually empty when an input arrives; when the last item is
-/// taken both ends go back to the start, so pushing and polling touch no wrap-around
-/// arithmetic. A caller that handles input before draining everything still gets the full
-/// depth: a push that meets the array's end moves the pending items to the start first.
+/// A fixed-capacity first-in first-out queue of small `Copy` items, used front to back:
+/// outputs are drained after every input, so the queue is usually empty when an input
+/// arrives, and when the last item is taken both ends go back to the array's start; pushing
+/// and taking then touch no wrap-around arithmetic. A queue that is not drained still holds
+/// `N` items: a push that meets the array's end first moves the pending items to its start.
 #[derive(Debug)]
-pub(crate) struct ServerQueue {
-    items: [ServerItem; SERVER_QUEUE],
-    /// The front item's index (`head <= tail <= SERVER_QUEUE`).
+pub(crate) struct FrontQueue<I, const N: usize> {
+    items: [I; N],
+    /// The front item's index (`head <= tail <= N`).
     head: usize,
     /// One past the back item's index.
     tail: usize,
+}
+
+impl<I: Copy, const N: usize> FrontQueue<I, N> {
+    /// An empty queue (`fill` only initialises the unused slots).
+    pub(crate) const fn new(fill: I) -> Self {
+        Self { items: [fill; N], head: 0, tail: 0 }
+    }
+
+    /// Items pending.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.tail - self.head
+    }
+
+    /// Queues `item`; `false` (and the item is not queued) if `N` items are pending.
+    #[inline]
+    #[must_use]
+    pub(crate) fn push(&mut self, item: I) -> bool {
+        match self.items.get_mut(self.tail) {
+            Some(slot) => {
+                *slot = item;
+                self.tail += 1;
+                true
+            }
+            None => self.push_at_end(item),
+        }
+    }
+
+    /// [`Self::push`] when the back is at the array's end.
+    #[cold]
+    fn push_at_end(&mut self, item: I) -> bool {
+        if self.head == 0 {
+            return false;
+        }
+        self.items.copy_within(self.head..self.tail, 0);
+        self.tail -= self.head;
+        self.head = 0;
+        self.push(item)
+    }
+
+    /// The front item (to copy out, then [`Self::advance`], or to change in place).
+    #[inline]
+    pub(crate) fn front_mut(&mut self) -> Option<&mut I> {
+        if self.head < self.tail { self.items.get_mut(self.head) } else { None }
+    }
+
+    /// Removes the front item (nothing if the queue is empty).
+    #[inline]
+    pub(crate) fn advance(&mut self) {
+        self.head += 1;
+        if self.head >= self.tail {
+            (self.head, self.tail) = (0, 0);
+        }
+    }
+
+    /// Removes and returns the front item.
+    #[inline]
+    pub(crate) fn pop(&mut self) -> Option<I> {
+        let item = *self.front_mut()?;
+        self.advance();
+        Some(item)
+    }
+}
+
+/// A server's pending outputs.
+#[derive(Debug)]
+pub(crate) struct ServerQueue {
+    items: FrontQueue<ServerItem, SERVER_QUEUE>,
     /// Batches among the pending items.
     batches: u32,
     /// Pushes that found the queue full (never expected: see [`Self::push`]).
@@ -125,13 +193,13 @@ pub(crate) struct ServerQueue {
 
 impl ServerQueue {
     pub(crate) const fn new() -> Self {
-        Self { items: [ServerItem::Stop; SERVER_QUEUE], head: 0, tail: 0, batches: 0, lost: 0 }
+        Self { items: FrontQueue::new(ServerItem::Stop), batches: 0, lost: 0 }
     }
 
     /// Items pending.
     #[inline]
     pub(crate) fn len(&self) -> usize {
-        self.tail - self.head
+        self.items.len()
     }
 
     /// Queues `item`. Every input is screened first with [`Self::ensure_room`] for the most
@@ -143,26 +211,9 @@ impl ServerQueue {
     /// silently, and the tests fail on any count but zero.
     #[inline]
     pub(crate) fn push(&mut self, item: ServerItem) {
-        if let Some(slot) = self.items.get_mut(self.tail) {
-            *slot = item;
-            self.tail += 1;
-        } else {
-            self.push_at_end(item);
-        }
-    }
-
-    /// [`Self::push`] when the back is at the array's end: moves the pending items to the
-    /// start, then pushes (or counts the item lost if all the array is pending).
-    #[cold]
-    fn push_at_end(&mut self, item: ServerItem) {
-        if self.head == 0 {
+        if !self.items.push(item) {
             self.lost += 1;
-            return;
         }
-        self.items.copy_within(self.head..self.tail, 0);
-        self.tail -= self.head;
-        self.head = 0;
-        self.push(item);
     }
 
     /// Queues a batch of `kind`.
@@ -190,23 +241,20 @@ impl ServerQueue {
     /// in place.
     #[inline]
     pub(crate) fn front_mut(&mut self) -> Option<&mut ServerItem> {
-        if self.head < self.tail { self.items.get_mut(self.head) } else { None }
+        self.items.front_mut()
     }
 
     /// Removes the front item (which is not a batch: see [`Self::finish_batch`]).
     #[inline]
     pub(crate) fn advance(&mut self) {
-        self.head += 1;
-        if self.head >= self.tail {
-            (self.head, self.tail) = (0, 0);
-        }
+        self.items.advance();
     }
 
     /// Removes the front item, a batch fully expanded.
     #[inline]
     pub(crate) fn finish_batch(&mut self) {
         self.batches = self.batches.saturating_sub(1);
-        self.advance();
+        self.items.advance();
     }
 
     /// Removes and returns the front item.
