@@ -6,8 +6,8 @@
 
 use crate::error::Reject;
 use crate::id::{ComputeId, Version, WorkerId};
-use crate::msg::{ToServer, ToWorker, Values};
-use crate::proto::{Recipient, ServerEvent, ServerOutput, WorkerEvent, WorkerOutput};
+use crate::msg::{ToServer, Values};
+use crate::proto::{Recipient, ServerEvent, WorkerEvent, WorkerOutput};
 use heapless::Deque;
 
 /// Capacity of a server's output queue, whatever `n`: every protocol's burst is a constant
@@ -105,11 +105,87 @@ impl Batch {
     }
 }
 
+/// A fixed-capacity first-in first-out queue of small `Copy` items, used front to back:
+/// outputs are drained after every input, so the queue is usually empty when an input
+/// arrives, and when the last item is taken both ends go back to the array's start; pushing
+/// and taking then touch no wrap-around arithmetic. A queue that is not drained still holds
+/// `N` items: a push that meets the array's end first moves the pending items to its start.
+#[derive(Debug)]
+pub(crate) struct FrontQueue<I, const N: usize> {
+    items: [I; N],
+    /// The front item's index (`head <= tail <= N`).
+    head: usize,
+    /// One past the back item's index.
+    tail: usize,
+}
+
+impl<I: Copy, const N: usize> FrontQueue<I, N> {
+    /// An empty queue (`fill` only initialises the unused slots).
+    pub(crate) const fn new(fill: I) -> Self {
+        Self { items: [fill; N], head: 0, tail: 0 }
+    }
+
+    /// Items pending.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.tail - self.head
+    }
+
+    /// Queues `item`; `false` (and the item is not queued) if `N` items are pending.
+    #[inline]
+    #[must_use]
+    pub(crate) fn push(&mut self, item: I) -> bool {
+        match self.items.get_mut(self.tail) {
+            Some(slot) => {
+                *slot = item;
+                self.tail += 1;
+                true
+            }
+            None => self.push_at_end(item),
+        }
+    }
+
+    /// [`Self::push`] when the back is at the array's end.
+    #[cold]
+    fn push_at_end(&mut self, item: I) -> bool {
+        if self.head == 0 {
+            return false;
+        }
+        self.items.copy_within(self.head..self.tail, 0);
+        self.tail -= self.head;
+        self.head = 0;
+        self.push(item)
+    }
+
+    /// The front item (to copy out, then [`Self::advance`], or to change in place).
+    #[inline]
+    pub(crate) fn front_mut(&mut self) -> Option<&mut I> {
+        if self.head < self.tail { self.items.get_mut(self.head) } else { None }
+    }
+
+    /// Removes the front item (nothing if the queue is empty).
+    #[inline]
+    pub(crate) fn advance(&mut self) {
+        self.head += 1;
+        if self.head >= self.tail {
+            (self.head, self.tail) = (0, 0);
+        }
+    }
+
+    /// Removes and returns the front item.
+    #[inline]
+    pub(crate) fn pop(&mut self) -> Option<I> {
+        let item = *self.front_mut()?;
+        self.advance();
+        Some(item)
+    }
+}
+
 /// A server's pending outputs.
 #[derive(Debug)]
 pub(crate) struct ServerQueue {
-    items: Deque<ServerItem, SERVER_QUEUE>,
-    /// Batches among `items`.
+    items: FrontQueue<ServerItem, SERVER_QUEUE>,
+    /// Batches among the pending items.
     batches: u32,
     /// Pushes that found the queue full (never expected: see [`Self::push`]).
     lost: u64,
@@ -117,7 +193,13 @@ pub(crate) struct ServerQueue {
 
 impl ServerQueue {
     pub(crate) const fn new() -> Self {
-        Self { items: Deque::new(), batches: 0, lost: 0 }
+        Self { items: FrontQueue::new(ServerItem::Stop), batches: 0, lost: 0 }
+    }
+
+    /// Items pending.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.items.len()
     }
 
     /// Queues `item`. Every input is screened first with [`Self::ensure_room`] for the most
@@ -129,17 +211,18 @@ impl ServerQueue {
     /// silently, and the tests fail on any count but zero.
     #[inline]
     pub(crate) fn push(&mut self, item: ServerItem) {
-        let batch = matches!(item, ServerItem::Batch(_));
-        if self.items.push_back(item).is_err() {
+        if !self.items.push(item) {
             self.lost += 1;
-        } else if batch {
-            self.batches += 1;
         }
     }
 
     /// Queues a batch of `kind`.
     pub(crate) fn push_batch(&mut self, kind: BatchKind) {
+        let lost = self.lost;
         self.push(ServerItem::Batch(Batch::new(kind)));
+        if self.lost == lost {
+            self.batches += 1;
+        }
     }
 
     /// Outputs that found the queue full.
@@ -151,56 +234,39 @@ impl ServerQueue {
     /// being expanded (its records must not change before it is drained).
     #[inline]
     pub(crate) fn ensure_room(&self, burst: usize) -> Result<(), Reject> {
-        if self.batches == 0 && SERVER_QUEUE - self.items.len() >= burst { Ok(()) } else { Err(Reject::Capacity) }
+        if self.batches == 0 && SERVER_QUEUE - self.len() >= burst { Ok(()) } else { Err(Reject::Capacity) }
     }
 
-    /// The front item, if it is a batch (to expand in place).
-    pub(crate) fn front_batch(&mut self) -> Option<&mut Batch> {
-        match self.items.front_mut() {
-            Some(ServerItem::Batch(b)) => Some(b),
-            _ => None,
-        }
+    /// The front item, to copy out (then [`Self::advance`]) or, if it is a batch, to expand
+    /// in place.
+    #[inline]
+    pub(crate) fn front_mut(&mut self) -> Option<&mut ServerItem> {
+        self.items.front_mut()
     }
 
-    /// Removes the front item.
+    /// Removes the front item (which is not a batch: see [`Self::finish_batch`]).
+    #[inline]
+    pub(crate) fn advance(&mut self) {
+        self.items.advance();
+    }
+
+    /// Removes the front item, a batch fully expanded.
+    #[inline]
+    pub(crate) fn finish_batch(&mut self) {
+        self.batches = self.batches.saturating_sub(1);
+        self.items.advance();
+    }
+
+    /// Removes and returns the front item.
+    #[cfg(test)]
     pub(crate) fn pop(&mut self) -> Option<ServerItem> {
-        let item = self.items.pop_front()?;
+        let item = *self.front_mut()?;
         if matches!(item, ServerItem::Batch(_)) {
-            self.batches = self.batches.saturating_sub(1);
+            self.finish_batch();
+        } else {
+            self.advance();
         }
         Some(item)
-    }
-
-    /// Attaches the payload of an item that is not a batch (`None` for a batch).
-    #[inline]
-    pub(crate) fn render<'a, T>(
-        item: ServerItem,
-        version: Version,
-        clock: u64,
-        params: &'a [T],
-    ) -> Option<ServerOutput<'a, T>> {
-        // Events first: most outputs are events, and a two-way branch predicts better than
-        // the jump table a seven-way match compiles to.
-        if let ServerItem::Event(e) = item {
-            return Some(ServerOutput::Event(e));
-        }
-        Some(match item {
-            ServerItem::Model { to } => {
-                ServerOutput::Send { to, msg: ToWorker::Model { version, clock, values: Values::Slice(params) } }
-            }
-            ServerItem::NotNewer { to, version } => {
-                ServerOutput::Send { to: Recipient::Worker(to), msg: ToWorker::NotNewer { version } }
-            }
-            ServerItem::PushAck { to, round, pull_now } => {
-                ServerOutput::Send { to: Recipient::Worker(to), msg: ToWorker::PushAck { round, pull_now } }
-            }
-            ServerItem::Abort { to, iteration } => {
-                ServerOutput::Send { to: Recipient::Worker(to), msg: ToWorker::Abort { iteration } }
-            }
-            ServerItem::Stop => ServerOutput::Send { to: Recipient::AllWorkers, msg: ToWorker::Stop },
-            ServerItem::Event(e) => ServerOutput::Event(e),
-            ServerItem::Batch(_) => return None,
-        })
     }
 }
 
@@ -290,5 +356,75 @@ impl WorkerQueue {
             WorkerItem::Compute { id, version } => WorkerOutput::Compute { id, version, params },
             WorkerItem::Event(e) => WorkerOutput::Event(e),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(i: u32) -> ServerItem {
+        ServerItem::Event(ServerEvent::ModelUpdated { version: Version(u64::from(i)), contributions: i })
+    }
+
+    fn popped(q: &mut ServerQueue) -> Option<u32> {
+        match q.pop()? {
+            ServerItem::Event(ServerEvent::ModelUpdated { contributions, .. }) => Some(contributions),
+            _ => None,
+        }
+    }
+
+    /// Items leave in the order they came, across the move to the array's start that a push
+    /// at its end makes, and a push into a queue that is really full is counted lost.
+    #[test]
+    fn fifo_across_the_array_end_and_full_pushes_counted() {
+        let mut q = ServerQueue::new();
+        let (mut pushed, mut next) = (0u32, 0u32);
+        // Never fully drained: the back reaches the array's end many times over.
+        for round in 0..100 {
+            let burst = if round == 0 { 10 } else { 3 + round % 5 };
+            for _ in 0..burst {
+                assert!(q.ensure_room(1).is_ok());
+                q.push(event(pushed));
+                pushed += 1;
+            }
+            for _ in 0..(3 + round % 5) {
+                assert_eq!(popped(&mut q), Some(next));
+                next += 1;
+            }
+            assert_eq!(q.len() as u32, pushed - next);
+        }
+        assert!(pushed > 2 * SERVER_QUEUE as u32);
+        while let Some(v) = popped(&mut q) {
+            assert_eq!(v, next);
+            next += 1;
+        }
+        assert_eq!((next, q.len(), q.lost()), (pushed, 0, 0));
+        for i in 0..SERVER_QUEUE as u32 {
+            q.push(event(i));
+        }
+        assert_eq!(q.ensure_room(1), Err(Reject::Capacity));
+        q.push(event(0));
+        assert_eq!((q.len(), q.lost()), (SERVER_QUEUE, 1));
+        assert_eq!(popped(&mut q), Some(0));
+        q.push(event(SERVER_QUEUE as u32));
+        assert_eq!((q.len(), q.lost()), (SERVER_QUEUE, 1));
+        for i in 1..=SERVER_QUEUE as u32 {
+            assert_eq!(popped(&mut q), Some(i));
+        }
+        assert_eq!(q.pop().map(|_| ()), None);
+    }
+
+    /// A queued batch refuses input until it is taken out.
+    #[test]
+    fn a_batch_blocks_input_until_finished() {
+        let mut q = ServerQueue::new();
+        q.push(event(1));
+        q.push_batch(BatchKind::Models { mark: 3 });
+        assert_eq!(q.ensure_room(1), Err(Reject::Capacity));
+        assert_eq!(popped(&mut q), Some(1));
+        assert_eq!(q.ensure_room(1), Err(Reject::Capacity));
+        assert!(matches!(q.pop(), Some(ServerItem::Batch(_))));
+        assert_eq!(q.ensure_room(1), Ok(()));
     }
 }

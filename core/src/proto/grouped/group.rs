@@ -5,12 +5,12 @@ use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
 use crate::math::{self, Scalar};
 use crate::msg::{ToWorker, Values};
+use crate::proto::common::queue::FrontQueue;
 use crate::proto::common::roster::Roster;
 use crate::proto::common::stall::StallWatch;
 use crate::proto::common::table::{Slot, Storage, WorkerRecord, flag};
 use crate::proto::{DropReason, GradientPolicy, Recipient, ServerEvent, ServerOutput, ServerStats};
 use crate::time::Instant;
-use heapless::Deque;
 
 use super::*;
 
@@ -20,6 +20,9 @@ use super::*;
 pub(super) struct Layout {
     pub(super) groups: u32,
     pub(super) size: [u32; MAX_GROUPS],
+    /// Each group's lowest member id and one past its highest: a batch for a group's
+    /// members looks at no record outside it.
+    pub(super) span: [(u32, u32); MAX_GROUPS],
 }
 
 /// A grouped server worker's part of its record.
@@ -64,10 +67,12 @@ pub(super) enum Item {
     },
     Stop,
     Event(ServerEvent),
-    /// Expanded at poll time, one output per selected member, from worker `next` on.
+    /// Expanded at poll time, one output per selected member, from worker `next` to `end`
+    /// (the group's span).
     Batch {
         batch: Batch,
         next: u32,
+        end: u32,
     },
 }
 
@@ -92,7 +97,7 @@ pub(super) struct Shared<M: Storage> {
     /// The last step mark handed out (each open group step gets a new one).
     marks: u64,
     pub(super) stats: ServerStats,
-    pub(super) queue: Deque<Item, OUT_QUEUE>,
+    pub(super) queue: FrontQueue<Item, OUT_QUEUE>,
     /// Batches in `queue`.
     batches: u32,
 }
@@ -104,7 +109,15 @@ impl<M: Storage> Shared<M> {
         for (i, r) in roster.records_mut().iter_mut().enumerate() {
             r.ext.group = config.partition.group_of(i as u32, config.workers, config.groups) as u8;
         }
-        Ok(Self { roster, config, layout, marks: 0, stats: ServerStats::default(), queue: Deque::new(), batches: 0 })
+        Ok(Self {
+            roster,
+            config,
+            layout,
+            marks: 0,
+            stats: ServerStats::default(),
+            queue: FrontQueue::new(Item::Stop),
+            batches: 0,
+        })
     }
 
     /// The group of `worker`, if it exists.
@@ -122,15 +135,17 @@ impl<M: Storage> Shared<M> {
         // Room for the largest burst is checked before every input (`ensure_room`), so this
         // cannot fail; should it ever, the output is counted, never dropped silently.
         let batch = matches!(item, Item::Batch { .. });
-        if self.queue.push_back(item).is_err() {
+        if !self.queue.push(item) {
             self.stats.outputs_lost += 1;
         } else if batch {
             self.batches += 1;
         }
     }
 
-    pub(super) fn push_batch(&mut self, batch: Batch) {
-        self.push(Item::Batch { batch, next: 0 });
+    /// Queues `batch` for the members of group `group`.
+    pub(super) fn push_batch(&mut self, group: u32, batch: Batch) {
+        let (next, end) = self.layout.span.get(group as usize).copied().unwrap_or((0, 0));
+        self.push(Item::Batch { batch, next, end });
     }
 
     pub(super) fn event(&mut self, event: ServerEvent) {
@@ -174,7 +189,7 @@ impl<M: Storage> Shared<M> {
             }
             self.push(Item::Model { group, to: Recipient::AllWorkers });
         } else {
-            self.push_batch(Batch::Models { group, waiting: false });
+            self.push_batch(group, Batch::Models { group, waiting: false });
         }
     }
 
@@ -202,31 +217,23 @@ impl<M: Storage> Shared<M> {
     }
 
     /// The next item, batches expanded.
+    #[inline(always)]
     fn next_item(&mut self) -> Option<Item> {
         loop {
-            match self.queue.front_mut()? {
-                Item::Batch { batch, next } => {
-                    let (batch, mut i) = (*batch, *next as usize);
-                    let mut found = None;
-                    let records = self.roster.records_mut();
-                    while let Some(r) = records.get_mut(i) {
-                        i += 1;
-                        found = Self::expand(batch, WorkerId(i as u32 - 1), r);
-                        if found.is_some() {
-                            break;
-                        }
-                    }
-                    if let Some(Item::Batch { next, .. }) = self.queue.front_mut() {
-                        *next = i as u32;
-                    }
-                    if found.is_some() {
-                        return found;
-                    }
-                    self.queue.pop_front();
-                    self.batches = self.batches.saturating_sub(1);
+            let Item::Batch { batch, next, end } = self.queue.front_mut()? else {
+                return self.queue.pop();
+            };
+            let (kind, mut i, end) = (*batch, *next as usize, *end as usize);
+            let records = self.roster.records_mut();
+            while let Some(r) = records.get_mut(i).filter(|_| i < end) {
+                i += 1;
+                if let Some(item) = Self::expand(kind, WorkerId(i as u32 - 1), r) {
+                    *next = i as u32;
+                    return Some(item);
                 }
-                _ => return self.queue.pop_front(),
             }
+            self.queue.advance();
+            self.batches = self.batches.saturating_sub(1);
         }
     }
 
@@ -422,7 +429,7 @@ impl Group {
             for _ in 0..self.count {
                 sh.stats.count_drop(DropReason::Aborted);
             }
-            sh.push_batch(Batch::Aborted { mark: self.mark, base: self.version });
+            sh.push_batch(self.id, Batch::Aborted { mark: self.mark, base: self.version });
             self.open_step(sh);
             self.step = 0;
             self.phase = Phase::Joining;
@@ -437,7 +444,7 @@ impl Group {
     pub(super) fn report_applied<M: Storage>(&self, sh: &mut Shared<M>, version: Version, staleness: u64) {
         if self.count > 0 {
             let (mark, base, weight) = (self.mark, self.version, self.weight);
-            sh.push_batch(Batch::Applied { mark, base, version, staleness, weight });
+            sh.push_batch(self.id, Batch::Applied { mark, base, version, staleness, weight });
             sh.stats.applied += u64::from(self.count);
         }
     }
@@ -513,7 +520,7 @@ impl Group {
         if quiet {
             // Nobody has this group's model yet, or it did not change: answer those who asked.
             if self.waiting > 0 {
-                sh.push_batch(Batch::Models { group: self.id, waiting: true });
+                sh.push_batch(self.id, Batch::Models { group: self.id, waiting: true });
             }
         } else {
             sh.broadcast(self.id);

@@ -313,13 +313,17 @@ impl GroupedConfig {
         if matches!(self.partition, Partition::Explicit(_)) && n as usize > MAX_EXPLICIT_WORKERS {
             return Err(ConfigError::Knob("partition"));
         }
-        let mut layout = Layout { groups: self.groups, size: [0; MAX_GROUPS] };
+        let mut layout = Layout { groups: self.groups, size: [0; MAX_GROUPS], span: [(0, 0); MAX_GROUPS] };
         for i in 0..n {
             let g = self.partition.group_of(i, n, self.groups);
             if g >= self.groups {
                 return Err(ConfigError::Knob("partition"));
             }
-            if let Some(size) = layout.size.get_mut(g as usize) {
+            if let (Some(size), Some(span)) = (layout.size.get_mut(g as usize), layout.span.get_mut(g as usize)) {
+                if *size == 0 {
+                    span.0 = i;
+                }
+                span.1 = i + 1;
                 *size += 1;
             }
         }
