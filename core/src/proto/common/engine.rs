@@ -83,11 +83,13 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, X: Slot> ServerCore<T, S, M, X> {
     }
 
     /// Queues an event.
+    #[inline]
     pub(crate) fn event(&mut self, event: ServerEvent) {
         self.queue.push(ServerItem::Event(event));
     }
 
     /// Queues the current model for `to`.
+    #[inline]
     pub(crate) fn send_model(&mut self, to: Recipient) {
         self.queue.push(ServerItem::Model { to });
     }
