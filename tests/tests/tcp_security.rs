@@ -358,6 +358,10 @@ fn a_reconnecting_worker_refuses_a_server_with_other_settings() {
         let first = start_server(ServerOptions::new(bsp(2)), &w, plan(u64::MAX, 30));
         let addr = first.addr;
         let workers: Vec<_> = (0..2).map(|i| spawn_worker(worker_options(addr, i), Arc::clone(&w))).collect();
+        // Both must have pinned the first run's settings: a worker that had not finished its
+        // first handshake when the server crashed pins nothing and may join the second run
+        // (a CI run hung that way when worker 0 connected after worker 1).
+        first.wait_log("worker 0 connected", Duration::from_secs(10));
         first.wait_log("worker 1 connected", Duration::from_secs(10));
         first.handle.crash();
         first.finish();
