@@ -25,14 +25,14 @@ pub enum ServerItem {
         /// The recipient.
         to: Recipient,
     },
-    /// [`ToWorker::NotNewer`].
+    /// [`ToWorker::NotNewer`](crate::ToWorker::NotNewer).
     NotNewer {
         /// The recipient.
         to: WorkerId,
         /// The version it has, still current.
         version: Version,
     },
-    /// [`ToWorker::PushAck`].
+    /// [`ToWorker::PushAck`](crate::ToWorker::PushAck).
     PushAck {
         /// The recipient.
         to: WorkerId,
@@ -41,14 +41,14 @@ pub enum ServerItem {
         /// Whether the worker should pull the model now.
         pull_now: bool,
     },
-    /// [`ToWorker::Abort`].
+    /// [`ToWorker::Abort`](crate::ToWorker::Abort).
     Abort {
         /// The recipient.
         to: WorkerId,
         /// The iteration to abandon.
         iteration: u64,
     },
-    /// [`ToWorker::Stop`] to every worker.
+    /// [`ToWorker::Stop`](crate::ToWorker::Stop) to every worker.
     Stop,
     /// An event.
     Event(ServerEvent),
