@@ -12,6 +12,9 @@
 //! the printed message count. Arguments: protocol name (as `overhead` names it, default
 //! `dbw`) and messages (default 20000).
 //!
+//! It also prints the wall time per message spent in server phases (two clock reads per
+//! phase included, so only for A/B comparisons of builds run back to back).
+//!
 //! `mem_count rtts N ROUNDS` instead times DBW's per-worker round-trip estimate alone
 //! (`--toggle-collect='*mem_count*estimate*'`) where every window changes every round, as
 //! in a real cluster (unlike the bench's, whose round trips are all equal): `N` workers with
@@ -76,9 +79,16 @@ fn main() {
     let mut c = MemCluster::new(&config, DIM);
     c.run(1000);
     let mut handled = 0;
+    let mut in_server = std::time::Duration::ZERO;
     while handled < messages {
         c.worker_phase();
+        let start = std::time::Instant::now();
         handled += black_box(server_phase(&mut c));
+        in_server += start.elapsed();
     }
-    println!("{name}: {handled} messages, version {}", c.server().version().0);
+    println!(
+        "{name}: {handled} messages, version {}, {:.1} ns per message in server phases (timer included)",
+        c.server().version().0,
+        in_server.as_nanos() as f64 / handled as f64
+    );
 }

@@ -284,9 +284,11 @@ impl<U: UpLink, D: DownLink> LockStep<U, D> {
             if !ok {
                 self.rejected += 1;
             }
-            while let Some(out) = self.server.poll_output() {
+            // Outputs are read where `poll_output` wrote them (by reference): moving one out
+            // first copies it in 16-byte loads that wait on the callee's narrower stores.
+            while let Some(ref out) = self.server.poll_output() {
                 match out {
-                    ServerOutput::Send { to, msg } => self.overflow += self.down.push(to, &msg),
+                    ServerOutput::Send { to, msg } => self.overflow += self.down.push(*to, msg),
                     ServerOutput::Event(e) => {
                         black_box(e);
                     }

@@ -100,6 +100,7 @@ impl UpLink for MemUp {
     fn len(&self) -> usize {
         self.0.len
     }
+    #[inline]
     fn get(&self, i: usize) -> (WorkerId, Option<ToServer<'_, f32>>) {
         match self.0.slots.get(i) {
             Some(slot) => (slot.from, Some(to_server_with(&slot.msg, slot.payload.get(..slot.len).unwrap_or(&[])))),
