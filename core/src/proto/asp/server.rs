@@ -52,10 +52,10 @@ impl<T: Scalar> AspRules<T> {
         from: WorkerId,
         base: Version,
         seq: u64,
-        values: Values<'_, T>,
+        values: &Values<'_, T>,
     ) -> Result<(), Reject> {
         core.roster.check_seq(from, seq)?;
-        let factor = self.config.gradient_policy.admit(&values, core.dim())?;
+        let factor = self.config.gradient_policy.admit(values, core.dim())?;
         if base > core.version {
             return Err(Reject::FutureVersion { claimed: base, current: core.version });
         }
@@ -89,7 +89,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for AspRules<T> {
     ) -> Result<(), Reject> {
         match msg {
             ToServer::Join { epoch } => core.join_and_send_model(from, epoch).map(|_| ()),
-            ToServer::Grad { base, seq, values, .. } => self.on_grad(core, from, base, seq, values),
+            ToServer::Grad { base, seq, ref values, .. } => self.on_grad(core, from, base, seq, values),
             other => Err(Reject::Unexpected { kind: other.kind_name() }),
         }
     }

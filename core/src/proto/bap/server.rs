@@ -301,10 +301,10 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
         base: Version,
         j: u64,
         seq: u64,
-        values: Values<'_, T>,
+        values: &Values<'_, T>,
     ) -> Result<(), Reject> {
         core.roster.check_seq(from, seq)?;
-        let factor = self.config.gradient_policy.admit(&values, self.dim(core))?;
+        let factor = self.config.gradient_policy.admit(values, self.dim(core))?;
         if base > core.version {
             return Err(Reject::FutureVersion { claimed: base, current: core.version });
         }
@@ -428,7 +428,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BapRules<T, S, M> {
     ) -> Result<(), Reject> {
         match msg {
             ToServer::Join { epoch } => self.on_join(core, from, epoch),
-            ToServer::Grad { base, iteration, seq, values } => {
+            ToServer::Grad { base, iteration, seq, ref values } => {
                 self.on_grad(core, now, from, base, iteration, seq, values)
             }
             ToServer::Pull { have, min_clock } => self.on_pull(core, from, have, min_clock),

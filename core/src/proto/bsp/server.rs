@@ -95,7 +95,7 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
         from: WorkerId,
         base: Version,
         seq: u64,
-        values: Values<'_, T>,
+        values: &Values<'_, T>,
     ) -> Result<(), Reject> {
         core.roster.check_seq(from, seq)?;
         let dim = core.dim();
@@ -103,12 +103,12 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
         if current && self.round.len() + 1 == Self::needed(core) {
             // The round's last gradient: admission (the verdict of either path below), then
             // the accumulation folded into the update, one pass over the accumulator fewer.
-            let factor = self.config.gradient_policy.admit(&values, dim)?;
+            let factor = self.config.gradient_policy.admit(values, dim)?;
             let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
             core.version = self.round.add_and_close(
                 &mut core.roster,
                 from,
-                &values,
+                values,
                 factor,
                 core.params.as_mut(),
                 acc,
@@ -128,14 +128,14 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
             // refusal) is the one of the two-pass path below.
             let (acc, out) = (self.acc.as_ref().get(..dim), spare.as_mut().get_mut(..dim));
             let (Some(acc), Some(out)) = (acc, out) else { return Err(Reject::Capacity) };
-            let (factor, _) = self.config.gradient_policy.admit_add_to(&values, acc, out)?;
+            let (factor, _) = self.config.gradient_policy.admit_add_to(values, acc, out)?;
             core::mem::swap(&mut self.acc, spare);
             core.roster.commit_seq(from, seq);
             core.stats.accepted += 1;
             self.round.record(&mut core.roster, base, from, factor);
             return self.after_add(core, now, dim);
         }
-        let factor = self.config.gradient_policy.admit(&values, dim)?;
+        let factor = self.config.gradient_policy.admit(values, dim)?;
         if base > core.version {
             return Err(Reject::FutureVersion { claimed: base, current: core.version });
         }
@@ -150,7 +150,7 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
             return Ok(());
         }
         let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
-        self.round.add(&mut core.roster, base, from, &values, factor, acc)?;
+        self.round.add(&mut core.roster, base, from, values, factor, acc)?;
         self.after_add(core, now, dim)
     }
 
@@ -193,7 +193,8 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BspRules<T, S> {
     ) -> Result<(), Reject> {
         match msg {
             ToServer::Join { epoch } => core.join_and_send_model(from, epoch).map(|_| ()),
-            ToServer::Grad { base, seq, values, .. } => self.on_grad(core, now, from, base, seq, values),
+            // By reference: a copy of `values` out of the caller's message waits on its stores.
+            ToServer::Grad { base, seq, ref values, .. } => self.on_grad(core, now, from, base, seq, values),
             other => Err(Reject::Unexpected { kind: other.kind_name() }),
         }
     }

@@ -241,10 +241,10 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
         from: WorkerId,
         clock: u64,
         seq: u64,
-        values: Values<'_, T>,
+        values: &Values<'_, T>,
     ) -> Result<(), Reject> {
         core.roster.check_seq(from, seq)?;
-        let factor = self.policy.admit(&values, core.params.as_ref().len())?;
+        let factor = self.policy.admit(values, core.params.as_ref().len())?;
         // Lengths are checked: the additions below cannot fail, and do nothing if they do.
         if factor == T::one() {
             values.add_into(core.params.as_mut())?;
@@ -339,7 +339,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for SspRules<T, S> {
     ) -> Result<(), Reject> {
         match msg {
             ToServer::Join { epoch } => self.on_join(core, now, from, epoch),
-            ToServer::Clock { clock, seq, values } => self.on_clock(core, now, from, clock, seq, values),
+            ToServer::Clock { clock, seq, ref values } => self.on_clock(core, now, from, clock, seq, values),
             ToServer::Pull { have, min_clock } => self.on_pull(core, now, from, have, min_clock),
             other => Err(Reject::Unexpected { kind: other.kind_name() }),
         }

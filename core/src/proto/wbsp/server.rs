@@ -159,7 +159,7 @@ impl<T: Scalar, S: Buffer<T>> WbspRules<T, S> {
         round: Version,
         local_steps: u32,
         seq: u64,
-        values: Values<'_, T>,
+        values: &Values<'_, T>,
     ) -> Result<(), Reject> {
         core.roster.check_seq(from, seq)?;
         if local_steps == 0 {
@@ -169,7 +169,7 @@ impl<T: Scalar, S: Buffer<T>> WbspRules<T, S> {
             return Err(Reject::FutureVersion { claimed: round, current: core.version });
         }
         let dim = core.dim();
-        let clip = self.config.gradient_policy.admit(&values, dim)?;
+        let clip = self.config.gradient_policy.admit(values, dim)?;
         let weight = clip.to_f64() * self.config.delta_scaling.factor(self.config.workers, local_steps);
         let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
         // Cannot fail: the length was checked by `admit`.
@@ -222,7 +222,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for WbspRules<T, S> {
                 core.send_model(Recipient::Worker(from));
                 Ok(())
             }
-            ToServer::Delta { round, local_steps, seq, values } => {
+            ToServer::Delta { round, local_steps, seq, ref values } => {
                 self.on_delta(core, now, from, round, local_steps, seq, values)
             }
             ToServer::Pull { have, .. } => self.on_pull(core, from, have),
