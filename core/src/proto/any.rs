@@ -170,7 +170,7 @@ pub struct Tiers {
 }
 
 /// Any protocol's server. `M` is where the per-worker table lives ([`Inline<256>`] unless
-/// the caller names another [`Storage`], e.g. [`Heap`](super::Heap) for large `n`).
+/// the caller names another [`Storage`], e.g. `Heap`, feature `alloc`, for large `n`).
 #[derive(Debug)]
 #[non_exhaustive]
 // Variants differ in size by design (DBW's estimators, the grouped server's groups); box the

@@ -6,7 +6,7 @@
 //!   microcontrollers and C callers), refusing `n > N` with
 //!   [`ConfigError::TableTooSmall`]. The default of every server type is
 //!   [`Inline<DEFAULT_INLINE_WORKERS>`].
-//! - [`Heap`] (feature `alloc`): a `Vec` of exactly `n` records, for std users and for large
+//! - `Heap` (feature `alloc`): a `Vec` of exactly `n` records, for std users and for large
 //!   `n` (up to [`MAX_WORKERS`](crate::MAX_WORKERS)).
 //!
 //! Server state beside the caller's model buffers is then `n` records plus a constant
