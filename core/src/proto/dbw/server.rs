@@ -168,17 +168,26 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> DbwRules<T, S, M> {
         let dim = core.dim();
         let (acc, extra) = self.engine.scratch_mut(core);
         let mean_sq = math::squared_norm(acc).to_f64() / (kf * kf);
-        // Estimated Lη: ‖ḡ_t − ḡ_{t−1}‖², ⟨ḡ_t, ḡ_{t−1}⟩ and ḡ_{t−1} ← ḡ_t, in one pass.
+        // Estimated Lη: ⟨ḡ_t, ḡ_{t−1}⟩ (and ‖ḡ_t − ḡ_{t−1}‖², which only the secant mode
+        // reads) and ḡ_{t−1} ← ḡ_t, in one pass.
         let (mut diff_sq, mut dot) = (0.0, 0.0);
         if estimated.is_some() {
             let inv_k = T::from_f64(1.0 / kf);
             if let Some(prev) = extra.get_mut(..dim) {
-                for (p, a) in prev.iter_mut().zip(acc.iter()) {
-                    let mean = *a * inv_k;
-                    let (m, q) = (mean.to_f64(), p.to_f64());
-                    diff_sq += (m - q) * (m - q);
-                    dot += m * q;
-                    *p = mean;
+                if let LEta::Secant { .. } = self.config.l_eta {
+                    for (p, a) in prev.iter_mut().zip(acc.iter()) {
+                        let mean = *a * inv_k;
+                        let (m, q) = (mean.to_f64(), p.to_f64());
+                        diff_sq += (m - q) * (m - q);
+                        dot += m * q;
+                        *p = mean;
+                    }
+                } else {
+                    for (p, a) in prev.iter_mut().zip(acc.iter()) {
+                        let mean = *a * inv_k;
+                        dot += mean.to_f64() * p.to_f64();
+                        *p = mean;
+                    }
                 }
             }
         }
