@@ -302,37 +302,48 @@ pub fn choose_k_bounded(
     let g_plus = if g.is_finite() { g.max(0.0) } else { 0.0 };
     // `D(k)/η = (1 − a/2)·G − (b·S)/(2k)` ([`expected_decrease_split`]), its invariant parts.
     let (signal, noise) = ((1.0 - a / 2.0) * g, b * s);
-    let mut scale: Option<(u32, f64)> = None;
-    let mut greedy: Option<(u32, f64)> = None;
-    for k in k_min.max(1)..=k_max {
-        let Some(&t) = tau.get(k as usize - 1) else { break };
+    // The best so far as (k, value) with k = 0 for none: the first usable candidate always
+    // replaces the sentinels, as `None` would be (a cost is never NaN here: `τ` is positive
+    // and finite, `G⁺` and `S/k` finite and non-negative; a rate `d/τ` with `d > 0` neither).
+    let (mut scale, mut scale_cost) = (0u32, f64::INFINITY);
+    let (mut greedy, mut greedy_rate) = (0u32, f64::NEG_INFINITY);
+    // `k` from `max(k_min, 1)` up to `k_max` or the end of `tau`, whichever comes first.
+    let lo = k_min.max(1);
+    let candidates = tau.get(lo as usize - 1..(k_max as usize).min(tau.len())).unwrap_or(&[]);
+    for (i, &t) in candidates.iter().enumerate() {
+        // `lo + i ≤ k_max`: no overflow.
+        let k = lo.wrapping_add(i as u32);
         if !usable(t) {
             continue;
         }
         let kf = f64::from(k);
         let cost = t * (g_plus + s / kf);
-        if scale.is_none_or(|(_, c)| cost <= c) {
-            scale = Some((k, cost));
+        if cost <= scale_cost {
+            (scale, scale_cost) = (k, cost);
         }
         let d = signal - noise / (2.0 * kf);
         if d > 0.0 {
             let r = d / t;
-            if greedy.is_none_or(|(_, x)| r >= x) {
-                greedy = Some((k, r));
+            if r >= greedy_rate {
+                (greedy, greedy_rate) = (k, r);
             }
         }
     }
-    let (best, cost) = scale?;
+    if scale == 0 {
+        return None;
+    }
     let tolerance = if tolerance.is_finite() { tolerance.max(0.0) } else { 0.0 };
-    let limit = cost * (1.0 + tolerance);
-    let mut within = best;
-    for j in best.saturating_add(1)..=k_max {
-        let Some(&t) = tau.get(j as usize - 1) else { break };
+    let limit = scale_cost * (1.0 + tolerance);
+    let mut within = scale;
+    let above = tau.get(scale as usize..(k_max as usize).min(tau.len())).unwrap_or(&[]);
+    for (i, &t) in above.iter().enumerate() {
+        // `scale + 1 + i ≤ k_max`: no overflow.
+        let j = scale.wrapping_add(1).wrapping_add(i as u32);
         if usable(t) && t * (g_plus + s / f64::from(j)) <= limit {
             within = j;
         }
     }
-    let k = greedy.map_or(within, |(greedy, _)| greedy.min(within));
+    let k = if greedy == 0 { within } else { greedy.min(within) };
     Some(k.min(current.saturating_mul(2).max(k_min)))
 }
 
@@ -505,6 +516,7 @@ impl WorkerRtts {
 
     /// Adds worker `worker`'s round trip (evicting its oldest beyond [`RTT_PER_WORKER`]);
     /// ignored for workers at or above [`RTT_TRACKED_WORKERS`].
+    #[inline]
     pub fn push(&mut self, worker: usize, rtt: Duration, censored: bool) {
         let micros = (rtt.as_nanos() / 1_000).min(u64::from(u32::MAX >> 1)) as u32;
         let key = (micros << 1) | u32::from(censored);
