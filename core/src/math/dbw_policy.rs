@@ -216,7 +216,7 @@ pub fn choose_k_split(g: f64, s: f64, a: f64, b: f64, tau: &[f64], k_min: u32, k
     for k in k_min.max(1)..=k_max {
         let Some(&t) = tau.get(k as usize - 1) else { break };
         let d = expected_decrease_split(g, s, a, b, k);
-        if !(d > 0.0 && t > 0.0 && t.is_finite()) {
+        if !(d > 0.0 && usable(t)) {
             continue;
         }
         let r = d / t;
@@ -234,14 +234,14 @@ pub fn choose_k_split(g: f64, s: f64, a: f64, b: f64, tau: &[f64], k_min: u32, k
 /// non-positive or non-finite `τ(k)` are skipped; ties go to the larger `k`. `None` when no
 /// `k` qualifies or `S` is not finite and non-negative.
 pub fn choose_k_noise_scale(g: f64, s: f64, tau: &[f64], k_min: u32, k_max: u32) -> Option<(u32, f64)> {
-    if !(s >= 0.0 && s.is_finite()) {
+    if !finite_non_negative(s) {
         return None;
     }
     let g = if g.is_finite() { g.max(0.0) } else { 0.0 };
     let mut best: Option<(u32, f64)> = None;
     for k in k_min.max(1)..=k_max {
         let Some(&t) = tau.get(k as usize - 1) else { break };
-        if !(t > 0.0 && t.is_finite()) {
+        if !usable(t) {
             continue;
         }
         let cost = t * (g + s / f64::from(k));
@@ -270,7 +270,7 @@ pub fn choose_k_noise_scale_within(
     let mut k = best;
     for j in best.saturating_add(1)..=k_max {
         let Some(&t) = tau.get(j as usize - 1) else { break };
-        if t > 0.0 && t.is_finite() && t * (g + s / f64::from(j)) <= limit {
+        if usable(t) && t * (g + s / f64::from(j)) <= limit {
             k = j;
         }
     }
@@ -282,6 +282,11 @@ pub fn choose_k_noise_scale_within(
 /// [`choose_k_noise_scale_within`] `tolerance` (the noise-scale one alone when no `k`
 /// predicts a decrease), at most twice `current` (module docs, "Growth"). `None` only when
 /// no `k` has a usable `τ(k)` (or `S` is not finite): the caller holds its `k`.
+///
+/// One pass over the candidates serves both bounds (the noise-scale minimum and the greedy
+/// maximum), then the flat-valley scan looks above the minimum only; every quantity is the
+/// same expression as in the three functions it combines, so the choice is theirs bit for
+/// bit (test: `fused_choice_is_the_composition`).
 pub fn choose_k_bounded(
     g: f64,
     s: f64,
@@ -291,9 +296,73 @@ pub fn choose_k_bounded(
     current: u32,
     tolerance: f64,
 ) -> Option<u32> {
-    let scale = choose_k_noise_scale_within(g, s, tau, (k_min, k_max), tolerance)?;
-    let k = choose_k_split(g, s, a, b, tau, k_min, k_max).map_or(scale, |(greedy, _)| greedy.min(scale));
+    if !finite_non_negative(s) {
+        return None;
+    }
+    let g_plus = if g.is_finite() { g.max(0.0) } else { 0.0 };
+    // `D(k)/η = (1 − a/2)·G − (b·S)/(2k)` ([`expected_decrease_split`]), its invariant parts.
+    let (signal, noise) = ((1.0 - a / 2.0) * g, b * s);
+    // The best so far as (k, value) with k = 0 for none: the first usable candidate always
+    // replaces the sentinels, as `None` would be (a cost is never NaN here: `τ` is positive
+    // and finite, `G⁺` and `S/k` finite and non-negative; a rate `d/τ` with `d > 0` neither).
+    let (mut scale, mut scale_cost) = (0u32, f64::INFINITY);
+    let (mut greedy, mut greedy_rate) = (0u32, f64::NEG_INFINITY);
+    // `k` from `max(k_min, 1)` up to `k_max` or the end of `tau`, whichever comes first.
+    let lo = k_min.max(1);
+    let candidates = tau.get(lo as usize - 1..(k_max as usize).min(tau.len())).unwrap_or(&[]);
+    for (i, &t) in candidates.iter().enumerate() {
+        // `lo + i ≤ k_max`: no overflow.
+        let k = lo.wrapping_add(i as u32);
+        if !usable(t) {
+            continue;
+        }
+        let kf = f64::from(k);
+        let cost = t * (g_plus + s / kf);
+        if cost <= scale_cost {
+            (scale, scale_cost) = (k, cost);
+        }
+        let d = signal - noise / (2.0 * kf);
+        if d > 0.0 {
+            let r = d / t;
+            if r >= greedy_rate {
+                (greedy, greedy_rate) = (k, r);
+            }
+        }
+    }
+    if scale == 0 {
+        return None;
+    }
+    let tolerance = if tolerance.is_finite() { tolerance.max(0.0) } else { 0.0 };
+    let limit = scale_cost * (1.0 + tolerance);
+    let mut within = scale;
+    let above = tau.get(scale as usize..(k_max as usize).min(tau.len())).unwrap_or(&[]);
+    for (i, &t) in above.iter().enumerate() {
+        // `scale + 1 + i ≤ k_max`: no overflow.
+        let j = scale.wrapping_add(1).wrapping_add(i as u32);
+        if usable(t) && t * (g_plus + s / f64::from(j)) <= limit {
+            within = j;
+        }
+    }
+    let k = if greedy == 0 { within } else { greedy.min(within) };
     Some(k.min(current.saturating_mul(2).max(k_min)))
+}
+
+/// `0 < t < ∞` (NaN is not): a usable `τ(k)`. The verdict of `t > 0.0 && t.is_finite()`
+/// from the bits: the positive finite doubles are exactly those whose bits lie in
+/// `1..=f64::MAX.to_bits()` (the sign bit clear, the exponent not all ones, not `+0`).
+/// Written as comparisons, LLVM turns the test into a chain of class tests on the bits
+/// (about 25 instructions per candidate); this is two.
+#[inline(always)]
+fn usable(t: f64) -> bool {
+    t.to_bits().wrapping_sub(1) < f64::MAX.to_bits()
+}
+
+/// `0 ≤ s < ∞` (`-0` included, NaN not): the verdict of `s >= 0.0 && s.is_finite()`, from
+/// the bits as in [`usable`].
+#[inline(always)]
+fn finite_non_negative(s: f64) -> bool {
+    let bits = s.to_bits();
+    bits <= f64::MAX.to_bits() || bits == (-0.0f64).to_bits()
 }
 
 /// Online estimate of the signal and noise curvatures `(a, b)` (times `η`) by exponentially
@@ -327,7 +396,9 @@ impl CurvatureSplit {
     /// are ignored.
     pub fn update(&mut self, signal: f64, noise: f64, y: f64) {
         let total = signal + noise;
-        if !(total > 0.0 && total.is_finite() && y.is_finite() && signal >= 0.0 && noise >= 0.0) {
+        // `total > 0.0 && total.is_finite() && y.is_finite() && signal >= 0.0 && noise >= 0.0`,
+        // the first two from the bits ([`usable`]).
+        if !(usable(total) && y.is_finite() && signal >= 0.0 && noise >= 0.0) {
             return;
         }
         let (x1, x2, y) = (signal / total, noise / total, y / total);
@@ -445,6 +516,7 @@ impl WorkerRtts {
 
     /// Adds worker `worker`'s round trip (evicting its oldest beyond [`RTT_PER_WORKER`]);
     /// ignored for workers at or above [`RTT_TRACKED_WORKERS`].
+    #[inline]
     pub fn push(&mut self, worker: usize, rtt: Duration, censored: bool) {
         let micros = (rtt.as_nanos() / 1_000).min(u64::from(u32::MAX >> 1)) as u32;
         let key = (micros << 1) | u32::from(censored);
@@ -720,6 +792,33 @@ mod tests {
 
     fn secs(x: f64) -> Duration {
         Duration::from_secs_f64(x)
+    }
+
+    #[test]
+    fn bit_tests_give_the_comparisons_verdicts() {
+        let edge = [
+            0.0,
+            -0.0,
+            f64::MIN_POSITIVE,
+            f64::MIN_POSITIVE / 4.0,
+            -f64::MIN_POSITIVE / 4.0,
+            f64::from_bits(1),
+            -f64::from_bits(1),
+            1.0,
+            -1.0,
+            f64::MAX,
+            f64::MIN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+            -f64::NAN,
+            f64::from_bits(0x7ff0_0000_0000_0001),
+            f64::from_bits(u64::MAX),
+        ];
+        for x in edge {
+            assert_eq!(usable(x), x > 0.0 && x.is_finite(), "{x:e} ({:#x})", x.to_bits());
+            assert_eq!(finite_non_negative(x), x >= 0.0 && x.is_finite(), "{x:e} ({:#x})", x.to_bits());
+        }
     }
 
     #[test]
@@ -1089,6 +1188,47 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// A value from `range` or one of the awkward ones (NaN, ±∞, ±0, negative).
+    fn awkward(range: core::ops::Range<f64>) -> impl proptest::strategy::Strategy<Value = f64> {
+        use proptest::prelude::*;
+        prop_oneof![
+            8 => range,
+            1 => Just(f64::NAN),
+            1 => Just(f64::INFINITY),
+            1 => Just(f64::NEG_INFINITY),
+            1 => Just(0.0),
+            1 => Just(-0.0),
+            1 => Just(-1.0),
+        ]
+    }
+
+    proptest::proptest! {
+        /// The fused default choice is the composition of the single-rule functions it
+        /// replaces (noise-scale minimum, flat-valley scan, greedy maximum), on every input:
+        /// unusable `τ`, a `τ` shorter than `k_max`, non-finite or negative statistics.
+        #[test]
+        fn fused_choice_is_the_composition(
+            g in awkward(-1.0..10.0), s in awkward(0.0..100.0), a in awkward(0.0..2.5), b in awkward(0.0..2.5),
+            tau in proptest::collection::vec(awkward(0.0..3.0), 0..20), k_min in 0u32..20, k_max in 0u32..20,
+            current in 0u32..20, tol in awkward(0.0..0.2), sorted in proptest::bool::ANY,
+        ) {
+            let mut tau = tau;
+            if sorted {
+                // Increasing like a real τ, with the awkward values left in place.
+                let mut t = 0.0;
+                for x in tau.iter_mut().filter(|x| x.is_finite() && **x >= 0.0) {
+                    t += *x;
+                    *x = t;
+                }
+            }
+            let composed = choose_k_noise_scale_within(g, s, &tau, (k_min, k_max), tol).map(|scale| {
+                let k = choose_k_split(g, s, a, b, &tau, k_min, k_max).map_or(scale, |(greedy, _)| greedy.min(scale));
+                k.min(current.saturating_mul(2).max(k_min))
+            });
+            proptest::prop_assert_eq!(choose_k_bounded(g, s, (a, b), &tau, (k_min, k_max), current, tol), composed);
         }
     }
 

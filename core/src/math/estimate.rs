@@ -265,6 +265,7 @@ impl RttWindow {
 
     /// Adds a sample (evicting the oldest when full). `censored`: the true round trip is
     /// longer than `rtt`.
+    #[inline]
     pub fn push(&mut self, rtt: Duration, censored: bool) {
         let micros = (rtt.as_nanos() / 1_000).min(u64::from(u32::MAX >> 1)) as u32;
         let key = (micros << 1) | u32::from(censored);

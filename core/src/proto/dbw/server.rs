@@ -150,7 +150,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> DbwRules<T, S, M> {
         }
         if admitted.contributed {
             // The squared norm from admission (no second pass), for the variance estimate.
-            self.sum_sq += admitted.sq_norm * admitted.factor * admitted.factor;
+            self.sum_sq += admitted.sq_norm;
         }
         if admitted.full {
             self.close(core, now);
@@ -168,17 +168,26 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> DbwRules<T, S, M> {
         let dim = core.dim();
         let (acc, extra) = self.engine.scratch_mut(core);
         let mean_sq = math::squared_norm(acc).to_f64() / (kf * kf);
-        // Estimated Lη: ‖ḡ_t − ḡ_{t−1}‖², ⟨ḡ_t, ḡ_{t−1}⟩ and ḡ_{t−1} ← ḡ_t, in one pass.
+        // Estimated Lη: ⟨ḡ_t, ḡ_{t−1}⟩ (and ‖ḡ_t − ḡ_{t−1}‖², which only the secant mode
+        // reads) and ḡ_{t−1} ← ḡ_t, in one pass.
         let (mut diff_sq, mut dot) = (0.0, 0.0);
         if estimated.is_some() {
             let inv_k = T::from_f64(1.0 / kf);
             if let Some(prev) = extra.get_mut(..dim) {
-                for (p, a) in prev.iter_mut().zip(acc.iter()) {
-                    let mean = *a * inv_k;
-                    let (m, q) = (mean.to_f64(), p.to_f64());
-                    diff_sq += (m - q) * (m - q);
-                    dot += m * q;
-                    *p = mean;
+                if let LEta::Secant { .. } = self.config.l_eta {
+                    for (p, a) in prev.iter_mut().zip(acc.iter()) {
+                        let mean = *a * inv_k;
+                        let (m, q) = (mean.to_f64(), p.to_f64());
+                        diff_sq += (m - q) * (m - q);
+                        dot += m * q;
+                        *p = mean;
+                    }
+                } else {
+                    for (p, a) in prev.iter_mut().zip(acc.iter()) {
+                        let mean = *a * inv_k;
+                        dot += mean.to_f64() * p.to_f64();
+                        *p = mean;
+                    }
                 }
             }
         }
@@ -190,9 +199,12 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> DbwRules<T, S, M> {
         } else if let Some(s) = self.s.get() {
             self.g.update((mean_sq - s / kf).max(0.0));
         }
+        // Ĝ and Ŝ as the choice below reads them (each `get` is a division; nothing updates
+        // them again in this close).
+        let (g_now, s_now) = (self.g.get(), self.s.get());
         if let (true, Some((prev_mean_sq, prev_k)), Some(_)) = (has_previous, self.previous, estimated) {
             // Subtract the noise each side contributes in expectation.
-            let s = self.s.get().unwrap_or(0.0);
+            let s = s_now.unwrap_or(0.0);
             let prev_noise = s / f64::from(prev_k.max(1));
             let num = if let LEta::Rayleigh { .. } | LEta::Split { .. } = self.config.l_eta {
                 prev_mean_sq - prev_noise - dot
@@ -213,7 +225,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> DbwRules<T, S, M> {
             self.l_eta_den.update(prev_mean_sq);
         }
         self.previous = Some((mean_sq, k));
-        self.previous_signal = self.g.get().unwrap_or(0.0);
+        self.previous_signal = g_now.unwrap_or(0.0);
         self.sum_sq = 0.0;
 
         let (contributors, elapsed) = self.engine.close(core, now);
@@ -247,7 +259,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> DbwRules<T, S, M> {
         }
         let have_tau = self.tau_live == live;
         let l_eta = self.l_eta_estimate();
-        let (g, s) = (self.g.get().map(|g| g.max(0.0)), self.s.get());
+        let (g, s) = (g_now.map(|g| g.max(0.0)), s_now);
         // Nothing to choose from (a single-curvature mode with no k predicting a decrease, or
         // no finite τ): hold the current k (clamped), never jump to n
         // (crate::math::dbw_policy, "Never collapse to k = n").
