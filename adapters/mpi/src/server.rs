@@ -1,7 +1,7 @@
 //! Rank 0: the parameter server. The loop is the core's driving contract: read the clock,
 //! feed one input, drain the outputs, wait until the next deadline or message.
 
-use crate::link::{Incoming, Kind, Link};
+use crate::link::{Incoming, Kind, Link, SPLIT_MIN};
 use crate::{MpiError, RunPlan, Tally, since};
 use mpi::topology::{Rank, SimpleCommunicator};
 use std::time::{Duration, Instant};
@@ -129,7 +129,12 @@ impl Side<'_> {
         match wire::encode_to_worker(msg, &mut out) {
             Ok(len) => {
                 out.truncate(len);
-                self.link.send(ranks, Kind::Wire, out);
+                // A large tensor goes as a head and a payload read from this one buffer, so a
+                // worker can receive the payload straight into its model buffer.
+                match wire::peek_header(&out) {
+                    Ok(h) if h.payload_len >= SPLIT_MIN => self.link.send_split(ranks, out, len - h.payload_len),
+                    _ => self.link.send(ranks, Kind::Wire, out),
+                }
             }
             Err(e) => (self.log)(&format!("cannot encode a {} message: {e}", msg.kind_name())),
         }
@@ -155,6 +160,8 @@ impl Side<'_> {
                 }
             }
             Kind::Heartbeat => {}
+            // `Link` joins a head and its payload into one `Wire` message: never seen here.
+            Kind::Head | Kind::Payload => self.report.refused += 1,
             Kind::Tally => {
                 if let Some(slot) = self.report.workers.get_mut(w.index()) {
                     *slot = Tally::from_bytes(&m.bytes);
@@ -243,7 +250,7 @@ pub fn run_server(
         }
         let now = Instant::now();
         let wait = server.poll_timeout().map_or(tick, |at| crate::until(epoch, at).min(tick));
-        match side.link.recv_until(now + wait) {
+        match side.link.recv_until(now + wait, None) {
             Some(m) => {
                 side.feed(&mut server, &m, &limits, epoch);
                 side.link.recycle(m);
@@ -293,7 +300,7 @@ fn collect_tallies(
         side.ranks.live.iter().any(|r| side.report.workers.get(*r as usize - 1).is_some_and(Option::is_none))
     };
     while missing(side) {
-        let Some(m) = side.link.recv_until(deadline) else { break };
+        let Some(m) = side.link.recv_until(deadline, None) else { break };
         if m.kind == Kind::Tally {
             side.feed(server, &m, limits, epoch);
         }
