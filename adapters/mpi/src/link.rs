@@ -159,14 +159,15 @@ impl Link {
     /// is a `Model` payload of exactly that length).
     fn try_receive(&mut self, landing: Option<&mut [f32]>) -> Option<Incoming> {
         let (message, status) = self.world.any_process().immediate_matched_probe()?;
-        let mut bytes = self.receive_bytes(message, status);
+        let (mut bytes, len) = self.receive_bytes(message, status);
         let from = status.source_rank();
         match Kind::from_tag(status.tag()) {
             Some(Kind::Head) => {
-                let landed = self.receive_payload(from, &mut bytes, landing);
+                let landed = self.receive_payload(from, &mut bytes, len, landing);
                 Some(Incoming { from, kind: Kind::Wire, bytes, landed })
             }
             Some(kind @ (Kind::Wire | Kind::Heartbeat | Kind::Tally)) => {
+                bytes.truncate(len);
                 Some(Incoming { from, kind, bytes, landed: false })
             }
             // A payload without its head (the head's payload never came in time), or a tag
@@ -179,42 +180,53 @@ impl Link {
         }
     }
 
-    /// Receives the probed `message` into a pooled buffer.
-    fn receive_bytes(&mut self, message: Message, status: Status) -> Vec<u8> {
+    /// Receives the probed `message` into the first bytes of a pooled buffer; returns the
+    /// buffer (not truncated: a head's payload goes after it, and a pooled buffer keeps
+    /// the length of its last message, so that growing it again zero-fills nothing) and the
+    /// message's length.
+    fn receive_bytes(&mut self, message: Message, status: Status) -> (Vec<u8>, usize) {
         let len = usize::try_from(status.count(u8::equivalent_datatype())).unwrap_or(0);
         let mut bytes = self.pool.pop().unwrap_or_default();
-        // Every byte is overwritten by the receive; resize only fixes the length.
-        bytes.resize(len, 0);
-        message.matched_receive_into(&mut bytes[..]);
-        bytes
+        if bytes.len() < len {
+            // Every byte up to `len` is overwritten by the receive; resize only fixes the length.
+            bytes.resize(len, 0);
+        }
+        message.matched_receive_into(&mut bytes[..len]);
+        (bytes, len)
     }
 
-    /// Receives the payload that follows the head `head` from `from`: into `landing` if the
-    /// head is a `Model`'s announcing exactly its length (true then), else appended to
-    /// `head`. Gives up after [`PAYLOAD_PATIENCE`] (the head alone then fails to decode).
-    fn receive_payload(&mut self, from: Rank, head: &mut Vec<u8>, landing: Option<&mut [f32]>) -> bool {
+    /// Receives the payload that follows the head in `bytes[..head]` from `from`: into
+    /// `landing` if the head is a `Model`'s announcing exactly its length (true then; `bytes`
+    /// is cut to the head), else after the head in `bytes` (cut to head and payload). Gives
+    /// up after [`PAYLOAD_PATIENCE`] (the head alone then fails to decode).
+    fn receive_payload(&mut self, from: Rank, bytes: &mut Vec<u8>, head: usize, landing: Option<&mut [f32]>) -> bool {
         let start = Instant::now();
         let (message, status) = loop {
             if let Some(m) = self.world.process_at_rank(from).immediate_matched_probe_with_tag(Kind::Payload.tag()) {
                 break m;
             }
             if start.elapsed() > PAYLOAD_PATIENCE {
+                bytes.truncate(head);
                 return false;
             }
             self.outbox.progress();
             std::hint::spin_loop();
         };
         let len = usize::try_from(status.count(u8::equivalent_datatype())).unwrap_or(0);
-        let model = wire::peek_header(head).is_ok_and(|h| {
-            h.kind == MessageKind::Model && h.payload_len == len && h.control_len + wire::HEADER_LEN == head.len()
+        let model = bytes.get(..head).and_then(|h| wire::peek_header(h).ok()).is_some_and(|h| {
+            h.kind == MessageKind::Model && h.payload_len == len && h.control_len + wire::HEADER_LEN == head
         });
         if let Some(into) = landing.filter(|l| model && size_of_val(*l) == len) {
+            bytes.truncate(head);
             return receive_floats(message, into);
         }
-        let h = head.len();
-        // Every byte after `h` is overwritten by the receive; resize only fixes the length.
-        head.resize(h + len, 0);
-        message.matched_receive_into(&mut head[h..]);
+        let end = head + len;
+        if bytes.len() < end {
+            // Every byte after `head` is overwritten by the receive; resize only fixes the length.
+            bytes.resize(end, 0);
+        }
+        message.matched_receive_into(&mut bytes[head..end]);
+        bytes.truncate(end);
         false
     }
 
