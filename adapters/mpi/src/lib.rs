@@ -132,6 +132,34 @@ impl Tally {
     }
 }
 
+/// A model-sized buffer that a state machine and the MPI sends share: a send holds a clone
+/// of the `Arc` until it completed, and every write goes through `Arc::make_mut`, which
+/// copies a buffer a send still reads, so a send never sees its bytes change.
+#[cfg(feature = "mpi")]
+#[derive(Clone, Debug)]
+struct Shared(std::sync::Arc<Vec<f32>>);
+
+#[cfg(feature = "mpi")]
+impl Shared {
+    fn zeroed(len: usize) -> Self {
+        Self(std::sync::Arc::new(vec![0.0; len]))
+    }
+}
+
+#[cfg(feature = "mpi")]
+impl AsRef<[f32]> for Shared {
+    fn as_ref(&self) -> &[f32] {
+        &self.0
+    }
+}
+
+#[cfg(feature = "mpi")]
+impl AsMut<[f32]> for Shared {
+    fn as_mut(&mut self) -> &mut [f32] {
+        std::sync::Arc::make_mut(&mut self.0).as_mut_slice()
+    }
+}
+
 /// Checks that `link`'s world has a rank for the server and each of `n` workers.
 #[cfg(feature = "mpi")]
 fn check_world(link: &link::Link, n: u32) -> Result<(), MpiError> {

@@ -143,9 +143,9 @@ impl Link {
     }
 
     /// Sends the head `head` of a wire message (whose header announces the payload's
-    /// length) and then `payload` from its own buffer, which stays shared until the send
-    /// completed. False if it was not sent.
-    pub(crate) fn send_lent(&mut self, to: Rank, head: Vec<u8>, payload: std::sync::Arc<Vec<f32>>) -> bool {
+    /// length) and then `payload` from its own buffer, which stays shared until the sends
+    /// completed, to every rank of `to`. False if it was not sent.
+    pub(crate) fn send_lent(&mut self, to: &[Rank], head: Vec<u8>, payload: std::sync::Arc<Vec<f32>>) -> bool {
         self.outbox.send_lent(&self.world, to, (Kind::Head.tag(), Kind::Payload.tag()), head, payload)
     }
 

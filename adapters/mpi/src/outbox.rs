@@ -147,14 +147,14 @@ impl Outbox {
     }
 
     /// Sends `head` with `tags.0`, then the `f32`s of `payload` as their bytes (little-endian
-    /// on a little-endian host) with `tags.1`, to `to`, without copying the payload: the
-    /// request holds the `Arc` until the send completed, and the buffer's owner writes only
-    /// through `Arc::make_mut` (a copy while it is shared). False (nothing sent) if the
-    /// payload's length does not fit MPI's `int` count.
+    /// on a little-endian host) with `tags.1`, to each rank of `to`, without copying the
+    /// payload: each request holds the `Arc` until its send completed, and the buffer's
+    /// owner writes only through `Arc::make_mut` (a copy while it is shared). False (nothing
+    /// sent) if the payload's length does not fit MPI's `int` count.
     pub(crate) fn send_lent(
         &mut self,
         world: &SimpleCommunicator,
-        to: Rank,
+        to: &[Rank],
         tags: (c_int, c_int),
         head: Vec<u8>,
         payload: Arc<Vec<f32>>,
@@ -164,14 +164,21 @@ impl Outbox {
             return false;
         };
         let head = Arc::new(head);
-        // SAFETY: both buffers are held by their `Pending` (the `Arc`s) until MPI_Test
-        // reports the send complete, and neither is written while shared (see the module
-        // docs).
-        if let Some(request) = unsafe { isend(world, head.as_ptr(), head_len, to, tags.0) } {
-            self.pending.push(Pending { request, to, bytes: Arc::clone(&head), lent: None });
-        }
-        if let Some(request) = unsafe { isend(world, payload.as_ptr().cast(), len, to, tags.1) } {
-            self.pending.push(Pending { request, to, bytes: Arc::clone(&head), lent: Some(payload) });
+        for &rank in to {
+            // SAFETY: both buffers are held by their `Pending` (the `Arc`s) until MPI_Test
+            // reports the send complete, and neither is written while shared (see the module
+            // docs).
+            if let Some(request) = unsafe { isend(world, head.as_ptr(), head_len, rank, tags.0) } {
+                self.pending.push(Pending { request, to: rank, bytes: Arc::clone(&head), lent: None });
+            }
+            if let Some(request) = unsafe { isend(world, payload.as_ptr().cast(), len, rank, tags.1) } {
+                self.pending.push(Pending {
+                    request,
+                    to: rank,
+                    bytes: Arc::clone(&head),
+                    lent: Some(Arc::clone(&payload)),
+                });
+            }
         }
         self.free.push(head);
         true

@@ -3,7 +3,7 @@
 //! messages (so a newer model or an abort really interrupts the job), send heartbeats.
 
 use crate::link::{Kind, Link, SPLIT_MIN, set_payload_len};
-use crate::{MpiError, Tally, since, until};
+use crate::{MpiError, Shared, Tally, since, until};
 use mpi::topology::SimpleCommunicator;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,31 +31,6 @@ struct Job {
     id: ComputeId,
     started: Instant,
     ready: Instant,
-}
-
-/// A buffer of the model's length that the worker state machine, the host's computation and
-/// the MPI sends share: a send holds a clone of the `Arc` until it completed, and every
-/// write goes through `Arc::make_mut`, which copies a buffer a send still reads, so a send
-/// never sees its bytes change.
-#[derive(Clone, Debug)]
-struct Shared(Arc<Vec<f32>>);
-
-impl Shared {
-    fn zeroed(len: usize) -> Self {
-        Self(Arc::new(vec![0.0; len]))
-    }
-}
-
-impl AsRef<[f32]> for Shared {
-    fn as_ref(&self) -> &[f32] {
-        &self.0
-    }
-}
-
-impl AsMut<[f32]> for Shared {
-    fn as_mut(&mut self) -> &mut [f32] {
-        Arc::make_mut(&mut self.0).as_mut_slice()
-    }
 }
 
 /// The worker rank's buffers besides the state machine's: where the next model lands,
@@ -165,7 +140,7 @@ pub fn run_worker(
                             let len = wire::encode_to_server(&head, &mut out)
                                 .map_err(|e| MpiError(format!("worker {}: cannot encode a message: {e}", id.0)))?;
                             out.truncate(len);
-                            set_payload_len(&mut out, size_of_val(*s)) && link.send_lent(0, out, payload)
+                            set_payload_len(&mut out, size_of_val(*s)) && link.send_lent(&[0], out, payload)
                         }
                         _ => false,
                     };

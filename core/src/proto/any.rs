@@ -260,6 +260,23 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> AnyServer<T, S, M> {
         }
     }
 
+    /// The buffer holding the model ([`Server::params`] is its contents), for a transport
+    /// that sends a `Model` straight from it rather than from a copy; `None` for the grouped
+    /// servers. The server writes the model only through `AsMut` (a copy-on-write buffer
+    /// thus keeps a model in flight unchanged).
+    pub fn params_buffer(&self) -> Option<&S> {
+        match self {
+            Self::Grouped(_) | Self::Group(_) => None,
+            Self::Bsp(s) => Some(&s.core.params),
+            Self::Asp(s) => Some(&s.core.params),
+            Self::Backup(s) => Some(&s.core.params),
+            Self::Dbw(s) => Some(&s.core.params),
+            Self::Wbsp(s) => Some(&s.core.params),
+            Self::Ssp(s) => Some(&s.core.params),
+            Self::Bap(s) => Some(&s.core.params),
+        }
+    }
+
     /// A server for `config` resuming from `params` at `version` (a checkpoint).
     pub fn resume(config: &ProtocolConfig, params: S, scratch: S, version: Version) -> Result<Self, ConfigError> {
         Ok(match config {
