@@ -90,12 +90,26 @@ pub(crate) struct Incoming {
     /// Never [`Kind::Head`] or [`Kind::Payload`]: a head and its payload come as one
     /// [`Kind::Wire`] message.
     pub(crate) kind: Kind,
-    /// The message; if `landed`, only its head (the payload is in the landing buffer).
-    pub(crate) bytes: Vec<u8>,
+    /// The message from `start` on; if `landed`, only its head (the payload is in the
+    /// landing buffer).
+    bytes: Vec<u8>,
+    start: usize,
     /// The payload of this `Model` was received into the landing buffer given to
     /// [`Link::recv_until`], which it fills exactly.
     pub(crate) landed: bool,
 }
+
+impl Incoming {
+    /// The message's bytes.
+    pub(crate) fn message(&self) -> &[u8] {
+        self.bytes.get(self.start..).unwrap_or_default()
+    }
+}
+
+/// A received payload starts at a multiple of this in memory: the kernel's copy between
+/// processes (CMA) is several times slower when source and destination are not aligned
+/// alike, and every sender's tensor starts at an aligned address.
+const PAYLOAD_ALIGN: usize = 64;
 
 /// One rank's endpoint on `world`.
 pub(crate) struct Link {
@@ -163,12 +177,12 @@ impl Link {
         let from = status.source_rank();
         match Kind::from_tag(status.tag()) {
             Some(Kind::Head) => {
-                let landed = self.receive_payload(from, &mut bytes, len, landing);
-                Some(Incoming { from, kind: Kind::Wire, bytes, landed })
+                let (start, landed) = self.receive_payload(from, &mut bytes, len, landing);
+                Some(Incoming { from, kind: Kind::Wire, bytes, start, landed })
             }
             Some(kind @ (Kind::Wire | Kind::Heartbeat | Kind::Tally)) => {
                 bytes.truncate(len);
-                Some(Incoming { from, kind, bytes, landed: false })
+                Some(Incoming { from, kind, bytes, start: 0, landed: false })
             }
             // A payload without its head (the head's payload never came in time), or a tag
             // of another program sharing the communicator.
@@ -196,21 +210,36 @@ impl Link {
     }
 
     /// Receives the payload that follows the head in `bytes[..head]` from `from`: into
-    /// `landing` if the head is a `Model`'s announcing exactly its length (true then; `bytes`
-    /// is cut to the head), else after the head in `bytes` (cut to head and payload). Gives
-    /// up after [`PAYLOAD_PATIENCE`] (the head alone then fails to decode).
-    fn receive_payload(&mut self, from: Rank, bytes: &mut Vec<u8>, head: usize, landing: Option<&mut [f32]>) -> bool {
+    /// `landing` if the head is a `Model`'s announcing exactly its length (`bytes` is then
+    /// cut to the head), else after the head in `bytes`, moved so that the payload starts at
+    /// a multiple of [`PAYLOAD_ALIGN`]. Returns where the message starts in `bytes` and
+    /// whether it landed. Gives up after [`PAYLOAD_PATIENCE`] (the head alone then fails to
+    /// decode).
+    fn receive_payload(
+        &mut self,
+        from: Rank,
+        bytes: &mut Vec<u8>,
+        head: usize,
+        landing: Option<&mut [f32]>,
+    ) -> (usize, bool) {
         let start = Instant::now();
         let (message, status) = loop {
             if let Some(m) = self.world.process_at_rank(from).immediate_matched_probe_with_tag(Kind::Payload.tag()) {
                 break m;
             }
-            if start.elapsed() > PAYLOAD_PATIENCE {
+            let waited = start.elapsed();
+            if waited > PAYLOAD_PATIENCE {
                 bytes.truncate(head);
-                return false;
+                return (0, false);
             }
             self.outbox.progress();
-            std::hint::spin_loop();
+            // The same polling as `recv_until`: on an oversubscribed node the sender may need
+            // this core to send the payload.
+            if waited < self.poll_for {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(NAP);
+            }
         };
         let len = usize::try_from(status.count(u8::equivalent_datatype())).unwrap_or(0);
         let model = bytes.get(..head).and_then(|h| wire::peek_header(h).ok()).is_some_and(|h| {
@@ -218,16 +247,19 @@ impl Link {
         });
         if let Some(into) = landing.filter(|l| model && size_of_val(*l) == len) {
             bytes.truncate(head);
-            return receive_floats(message, into);
+            return (0, receive_floats(message, into));
         }
-        let end = head + len;
-        if bytes.len() < end {
-            // Every byte after `head` is overwritten by the receive; resize only fixes the length.
-            bytes.resize(end, 0);
+        let room = PAYLOAD_ALIGN + head + len;
+        if bytes.len() < room {
+            // Every byte the message uses is written below; resize only fixes the length.
+            bytes.resize(room, 0);
         }
-        message.matched_receive_into(&mut bytes[head..end]);
+        let pad = (PAYLOAD_ALIGN - (bytes.as_ptr() as usize + head) % PAYLOAD_ALIGN) % PAYLOAD_ALIGN;
+        bytes.copy_within(..head, pad);
+        let (at, end) = (pad + head, pad + head + len);
+        message.matched_receive_into(&mut bytes[at..end]);
         bytes.truncate(end);
-        false
+        (pad, false)
     }
 
     /// Waits until a message arrives or `deadline` passes, driving the sends in flight

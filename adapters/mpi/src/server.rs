@@ -179,7 +179,7 @@ impl Side<'_> {
         match m.kind {
             Kind::Wire if self.ranks.is_lost(w) => self.report.refused += 1,
             Kind::Wire => {
-                let ok = match wire::decode_to_server::<f32>(&m.bytes, limits) {
+                let ok = match wire::decode_to_server::<f32>(m.message(), limits) {
                     Ok(msg) => server.handle(since(epoch), w, msg).is_ok(),
                     Err(_) => false,
                 };
@@ -192,7 +192,7 @@ impl Side<'_> {
             Kind::Head | Kind::Payload => self.report.refused += 1,
             Kind::Tally => {
                 if let Some(slot) = self.report.workers.get_mut(w.index()) {
-                    *slot = Tally::from_bytes(&m.bytes);
+                    *slot = Tally::from_bytes(m.message());
                 }
             }
         }

@@ -211,12 +211,12 @@ pub fn run_worker(
                         // The payload is in `bufs.landing`: the model trades places with the
                         // worker's buffer if accepted.
                         AnyWorker::Gradient(gw) if m.landed => {
-                            if let Some(version) = model_version(&m.bytes, &limits) {
+                            if let Some(version) = model_version(m.message(), &limits) {
                                 let _ = gw.handle_model_in(since(epoch), version, &mut bufs.landing);
                             }
                         }
                         _ => {
-                            if let Ok(msg) = wire::decode_to_worker::<f32>(&m.bytes, &limits) {
+                            if let Ok(msg) = wire::decode_to_worker::<f32>(m.message(), &limits) {
                                 let _ = worker.handle(since(epoch), msg);
                             }
                         }
