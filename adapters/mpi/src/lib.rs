@@ -13,6 +13,17 @@
 //! worker rank never stalls the server for the others, and two ranks sending large messages
 //! to each other never deadlock.
 //!
+//! A message with a tensor of 1 KiB or more crosses as two MPI messages, its head (wire
+//! header and control section) and its payload, so that the tensor is read and written
+//! where it lives (the `link` module): the server sends a model straight from its model
+//! buffer, a gradient worker (BSP, ASP, backup, DBW) receives it straight into the buffer
+//! it computes from and sends its gradient from the buffer it was computed in (the core's
+//! `GradientWorker::handle_model_in` / `handle_gradient_in` trade buffers instead of
+//! copying). Those buffers are copy-on-write (`Arc::make_mut`): a send holds the buffer
+//! until it completed, and a write meanwhile (a model updated while its sends are in
+//! flight) copies it first. The server decodes every message whole, as before: a wrong
+//! length, a non-finite value, a stale or replayed message gets the core's typed refusal.
+//!
 //! - [`settings`]: the hash every rank takes of its own settings (MPI-free).
 //! - `run_server` / `run_worker` (feature `mpi`): the server and worker loops, the same
 //!   driving contract as the threaded adapter.
