@@ -412,7 +412,7 @@ mod tests {
         let buf = server.params_buffer().expect("BSP keeps its model in a buffer");
         assert_eq!(buf.as_ptr(), server.params().as_ptr());
         assert_eq!(buf[..], [1.0, 2.0, 3.0]);
-        let grouped = ProtocolConfig::Grouped(crate::proto::grouped::GroupedConfig::new(4, 0.5, 2));
+        let grouped = ProtocolConfig::Grouped(GroupedConfig::new(4, 0.5, 2));
         let scratch = vec![0.0; grouped.server_scratch_len(3)];
         let g = AnyServer::<f32, Vec<f32>>::new(&grouped, vec![0.0f32; 3], scratch).unwrap();
         assert!(g.params_buffer().is_none());

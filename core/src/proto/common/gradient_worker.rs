@@ -380,7 +380,7 @@ mod tests {
             let mut w = GradientWorker::new(GradientWorkerConfig::new(WorkerId(2)), vec![0.0f32; 2]).unwrap();
             let mut log = drain(&mut w);
             let mut verdicts = Vec::new();
-            let mut model = |w: &mut GradientWorker<f32, Vec<f32>>, v: u64, x: &[f32]| {
+            let model = |w: &mut GradientWorker<f32, Vec<f32>>, v: u64, x: &[f32]| {
                 if lend {
                     let mut buf = x.to_vec();
                     let r = w.handle_model_in(Instant::ZERO, Version(v), &mut buf);
