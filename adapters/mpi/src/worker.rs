@@ -124,8 +124,7 @@ pub fn run_worker(
         while let Some(output) = worker.poll_output() {
             match output {
                 WorkerOutput::Send(msg) => {
-                    let payload = lent.take();
-                    let sent = match (&msg, payload) {
+                    let sent = match (&msg, lent.take_if(|_| matches!(msg, ToServer::Grad { .. }))) {
                         (ToServer::Grad { base, iteration, seq, values: Values::Slice(s) }, Some(payload))
                             if s.as_ptr() == payload.as_ptr() && s.len() == payload.len() =>
                         {
