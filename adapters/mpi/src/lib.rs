@@ -13,6 +13,17 @@
 //! worker rank never stalls the server for the others, and two ranks sending large messages
 //! to each other never deadlock.
 //!
+//! A message with a tensor of 1 KiB or more crosses as two MPI messages, its head (wire
+//! header and control section) and its payload, so that the tensor is read and written
+//! where it lives (the `link` module): the server sends a model straight from its model
+//! buffer, a gradient worker (BSP, ASP, backup, DBW) receives it straight into the buffer
+//! it computes from and sends its gradient from the buffer it was computed in (the core's
+//! `GradientWorker::handle_model_in` / `handle_gradient_in` trade buffers instead of
+//! copying). Those buffers are copy-on-write (`Arc::make_mut`): a send holds the buffer
+//! until it completed, and a write meanwhile (a model updated while its sends are in
+//! flight) copies it first. The server decodes every message whole, as before: a wrong
+//! length, a non-finite value, a stale or replayed message gets the core's typed refusal.
+//!
 //! - [`settings`]: the hash every rank takes of its own settings (MPI-free).
 //! - `run_server` / `run_worker` (feature `mpi`): the server and worker loops, the same
 //!   driving contract as the threaded adapter.
@@ -129,6 +140,34 @@ impl Tally {
             busy_s: f64::from_le_bytes(word(2)?),
             wall_s: f64::from_le_bytes(word(3)?),
         })
+    }
+}
+
+/// A model-sized buffer that a state machine and the MPI sends share: a send holds a clone
+/// of the `Arc` until it completed, and every write goes through `Arc::make_mut`, which
+/// copies a buffer a send still reads, so a send never sees its bytes change.
+#[cfg(feature = "mpi")]
+#[derive(Clone, Debug)]
+struct Shared(std::sync::Arc<Vec<f32>>);
+
+#[cfg(feature = "mpi")]
+impl Shared {
+    fn zeroed(len: usize) -> Self {
+        Self(std::sync::Arc::new(vec![0.0; len]))
+    }
+}
+
+#[cfg(feature = "mpi")]
+impl AsRef<[f32]> for Shared {
+    fn as_ref(&self) -> &[f32] {
+        &self.0
+    }
+}
+
+#[cfg(feature = "mpi")]
+impl AsMut<[f32]> for Shared {
+    fn as_mut(&mut self) -> &mut [f32] {
+        std::sync::Arc::make_mut(&mut self.0).as_mut_slice()
     }
 }
 

@@ -1,14 +1,17 @@
 //! Rank 0: the parameter server. The loop is the core's driving contract: read the clock,
 //! feed one input, drain the outputs, wait until the next deadline or message.
 
-use crate::link::{Incoming, Kind, Link};
-use crate::{MpiError, RunPlan, Tally, since};
+use crate::link::set_payload_len;
+use crate::link::{Incoming, Kind, Link, SPLIT_MIN};
+use crate::{MpiError, RunPlan, Shared, Tally, since};
 use mpi::topology::{Rank, SimpleCommunicator};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use syncopate::proto::Heap;
 use syncopate::wire::{self, Limits};
 use syncopate::{
-    AnyServer, ProtocolConfig, Recipient, Server, ServerEvent, ServerOutput, ServerStats, ToWorker, Version, WorkerId,
+    AnyServer, ProtocolConfig, Recipient, Server, ServerEvent, ServerOutput, ServerStats, ToWorker, Values, Version,
+    WorkerId,
 };
 
 /// Why the server ended the run.
@@ -97,10 +100,13 @@ struct Side<'a> {
 }
 
 impl Side<'_> {
-    fn drain(&mut self, server: &mut AnyServer<f32, Vec<f32>, Heap>) {
+    fn drain(&mut self, server: &mut AnyServer<f32, Shared, Heap>) {
+        // The model's buffer: a `Model` of it is sent straight from it (polling outputs
+        // writes nothing, so it is the same buffer throughout).
+        let params = server.params_buffer().map(|b| Arc::clone(&b.0));
         while let Some(output) = server.poll_output() {
             match output {
-                ServerOutput::Send { to, msg } => self.send(to, &msg),
+                ServerOutput::Send { to, msg } => self.send(to, &msg, params.as_ref()),
                 ServerOutput::Event(ServerEvent::Applied { staleness, .. }) => {
                     let s = &mut self.report.staleness;
                     s.0 += staleness;
@@ -118,24 +124,51 @@ impl Side<'_> {
         }
     }
 
-    /// Encodes `msg` once and sends those bytes to every live recipient.
-    fn send(&mut self, to: Recipient, msg: &ToWorker<'_, f32>) {
+    /// Sends `msg` to every live recipient: a `Model` of the server's own buffer `params`
+    /// (large enough) as its head and then its payload straight from that buffer, which
+    /// stays shared (copy-on-write) until the sends completed; any other message encoded
+    /// once, those bytes sent to every recipient (a large tensor as head and payload too).
+    fn send(&mut self, to: Recipient, msg: &ToWorker<'_, f32>, params: Option<&Arc<Vec<f32>>>) {
         let ranks = self.ranks.recipients(to);
         if ranks.is_empty() {
             return;
+        }
+        if let (ToWorker::Model { version, clock, values: Values::Slice(s) }, Some(params)) = (msg, params) {
+            let lend = cfg!(target_endian = "little")
+                && size_of_val(*s) >= SPLIT_MIN
+                && s.as_ptr() == params.as_ptr()
+                && s.len() == params.len();
+            if lend {
+                let head: ToWorker<'_, f32> =
+                    ToWorker::Model { version: *version, clock: *clock, values: Values::Slice(&[]) };
+                let mut out = self.link.buffer();
+                out.resize(wire::encoded_len_to_worker(&head), 0);
+                if let Ok(len) = wire::encode_to_worker(&head, &mut out) {
+                    out.truncate(len);
+                    if set_payload_len(&mut out, size_of_val(*s)) && self.link.send_lent(ranks, out, Arc::clone(params))
+                    {
+                        return;
+                    }
+                }
+            }
         }
         let mut out = self.link.buffer();
         out.resize(wire::encoded_len_to_worker(msg), 0);
         match wire::encode_to_worker(msg, &mut out) {
             Ok(len) => {
                 out.truncate(len);
-                self.link.send(ranks, Kind::Wire, out);
+                // A large tensor goes as a head and a payload read from this one buffer, so a
+                // worker can receive the payload straight into its model buffer.
+                match wire::peek_header(&out) {
+                    Ok(h) if h.payload_len >= SPLIT_MIN => self.link.send_split(ranks, out, len - h.payload_len),
+                    _ => self.link.send(ranks, Kind::Wire, out),
+                }
             }
             Err(e) => (self.log)(&format!("cannot encode a {} message: {e}", msg.kind_name())),
         }
     }
 
-    fn feed(&mut self, server: &mut AnyServer<f32, Vec<f32>, Heap>, m: &Incoming, limits: &Limits, epoch: Instant) {
+    fn feed(&mut self, server: &mut AnyServer<f32, Shared, Heap>, m: &Incoming, limits: &Limits, epoch: Instant) {
         let Some(w) = self.ranks.worker(m.from) else {
             self.report.refused += 1;
             return;
@@ -146,7 +179,7 @@ impl Side<'_> {
         match m.kind {
             Kind::Wire if self.ranks.is_lost(w) => self.report.refused += 1,
             Kind::Wire => {
-                let ok = match wire::decode_to_server::<f32>(&m.bytes, limits) {
+                let ok = match wire::decode_to_server::<f32>(m.message(), limits) {
                     Ok(msg) => server.handle(since(epoch), w, msg).is_ok(),
                     Err(_) => false,
                 };
@@ -155,16 +188,18 @@ impl Side<'_> {
                 }
             }
             Kind::Heartbeat => {}
+            // `Link` joins a head and its payload into one `Wire` message: never seen here.
+            Kind::Head | Kind::Payload => self.report.refused += 1,
             Kind::Tally => {
                 if let Some(slot) = self.report.workers.get_mut(w.index()) {
-                    *slot = Tally::from_bytes(&m.bytes);
+                    *slot = Tally::from_bytes(m.message());
                 }
             }
         }
     }
 
     /// Declares every worker rank silent for longer than `lost_after` lost.
-    fn check_silence(&mut self, server: &mut AnyServer<f32, Vec<f32>, Heap>, lost_after: Duration, epoch: Instant) {
+    fn check_silence(&mut self, server: &mut AnyServer<f32, Shared, Heap>, lost_after: Duration, epoch: Instant) {
         let now = Instant::now();
         for i in 0..self.ranks.lost.len() {
             let w = WorkerId(i as u32);
@@ -200,9 +235,9 @@ pub fn run_server(
     let link = Link::new(world);
     crate::check_world(&link, n)?;
     let dim = params.len();
-    let scratch = vec![0.0f32; protocol.server_scratch_len(dim)];
-    let spare = vec![0.0f32; protocol.spare_accumulator_len(dim)];
-    let mut server = AnyServer::new(protocol, params, scratch)
+    let scratch = Shared::zeroed(protocol.server_scratch_len(dim));
+    let spare = Shared::zeroed(protocol.spare_accumulator_len(dim));
+    let mut server = AnyServer::new(protocol, Shared(Arc::new(params)), scratch)
         .and_then(|s| s.with_spare_accumulator(spare))
         .map_err(|e| MpiError(format!("cannot start the server: {e}")))?;
     if server.has_upstream() {
@@ -243,7 +278,7 @@ pub fn run_server(
         }
         let now = Instant::now();
         let wait = server.poll_timeout().map_or(tick, |at| crate::until(epoch, at).min(tick));
-        match side.link.recv_until(now + wait) {
+        match side.link.recv_until(now + wait, None) {
             Some(m) => {
                 side.feed(&mut server, &m, &limits, epoch);
                 side.link.recycle(m);
@@ -283,7 +318,7 @@ pub fn run_server(
 /// Waits up to `patience` for the tally of every live worker.
 fn collect_tallies(
     side: &mut Side<'_>,
-    server: &mut AnyServer<f32, Vec<f32>, Heap>,
+    server: &mut AnyServer<f32, Shared, Heap>,
     limits: &Limits,
     epoch: Instant,
     patience: Duration,
@@ -293,7 +328,7 @@ fn collect_tallies(
         side.ranks.live.iter().any(|r| side.report.workers.get(*r as usize - 1).is_some_and(Option::is_none))
     };
     while missing(side) {
-        let Some(m) = side.link.recv_until(deadline) else { break };
+        let Some(m) = side.link.recv_until(deadline, None) else { break };
         if m.kind == Kind::Tally {
             side.feed(server, &m, limits, epoch);
         }

@@ -2,12 +2,16 @@
 //! when the state machine asks, stay busy for the injected straggler delay while handling
 //! messages (so a newer model or an abort really interrupts the job), send heartbeats.
 
-use crate::link::{Kind, Link};
-use crate::{MpiError, Tally, since, until};
+use crate::link::{Kind, Link, SPLIT_MIN, set_payload_len};
+use crate::{MpiError, Shared, Tally, since, until};
 use mpi::topology::SimpleCommunicator;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use syncopate::wire::{self, Limits};
-use syncopate::{AnyWorker, ComputeId, ProtocolConfig, Worker, WorkerEvent, WorkerId, WorkerOutput, WorkerSetup};
+use syncopate::{
+    AnyWorker, ComputeId, ProtocolConfig, ToServer, ToWorker, Values, Version, Worker, WorkerEvent, WorkerId,
+    WorkerOutput, WorkerSetup,
+};
 
 /// Settings of a worker rank.
 #[derive(Clone, Debug)]
@@ -27,6 +31,53 @@ struct Job {
     id: ComputeId,
     started: Instant,
     ready: Instant,
+}
+
+/// The worker rank's buffers besides the state machine's: where the next model lands,
+/// where the next gradient is computed, and spares (buffers some send may still read).
+struct Buffers {
+    dim: usize,
+    landing: Shared,
+    grad: Shared,
+    spares: Vec<Shared>,
+}
+
+impl Buffers {
+    fn new(dim: usize) -> Self {
+        Self { dim, landing: Shared::zeroed(dim), grad: Shared::zeroed(dim), spares: Vec::new() }
+    }
+
+    /// `slot` (`landing` or `grad`), writable without a copy: a slot a send still reads is
+    /// set aside for a spare no send reads any more (or a new buffer).
+    fn writable<'a>(slot: &'a mut Shared, spares: &mut Vec<Shared>, dim: usize) -> &'a mut [f32] {
+        if Arc::strong_count(&slot.0) > 1 {
+            let free = spares.iter().position(|b| Arc::strong_count(&b.0) == 1);
+            let fresh = free.map_or_else(|| Shared::zeroed(dim), |i| spares.swap_remove(i));
+            spares.push(core::mem::replace(slot, fresh));
+        }
+        Arc::make_mut(&mut slot.0).as_mut_slice()
+    }
+
+    fn landing(&mut self) -> &mut [f32] {
+        Self::writable(&mut self.landing, &mut self.spares, self.dim)
+    }
+
+    fn grad(&mut self) -> &mut [f32] {
+        Self::writable(&mut self.grad, &mut self.spares, self.dim)
+    }
+}
+
+/// The version of the `Model` whose head is `head` (its payload landed elsewhere): the head
+/// decoded as the message with an empty payload.
+fn model_version(head: &[u8], limits: &Limits) -> Option<Version> {
+    let mut copy = [0u8; wire::HEADER_LEN + wire::MAX_CONTROL_LEN];
+    let copy = copy.get_mut(..head.len())?;
+    copy.copy_from_slice(head);
+    set_payload_len(copy, 0).then_some(())?;
+    match wire::decode_to_worker::<f32>(copy, limits) {
+        Ok(ToWorker::Model { version, .. }) => Some(version),
+        _ => None,
+    }
 }
 
 /// Runs worker `rank - 1` of `options.protocol` at this rank of `world` until the server
@@ -50,25 +101,56 @@ pub fn run_worker(
         epoch: 0,
         rejoin_after: options.rejoin_after.map(|d| syncopate::Duration::from_nanos(d.as_nanos() as u64)),
     };
-    let mut worker = AnyWorker::new(protocol, setup, vec![0.0f32; dim], vec![0.0f32; protocol.worker_scratch_len(dim)])
-        .map_err(|e| MpiError(format!("cannot start worker {}: {e}", id.0)))?;
+    let mut worker =
+        AnyWorker::new(protocol, setup, Shared::zeroed(dim), Shared::zeroed(protocol.worker_scratch_len(dim)))
+            .map_err(|e| MpiError(format!("cannot start worker {}: {e}", id.0)))?;
+    // The gradient worker (BSP, ASP, backup, DBW) of a large model lends its buffers: a model
+    // lands in the buffer the host computes from, a gradient is sent from the buffer it was
+    // computed in (the raw bytes are the wire's little-endian payload only on a
+    // little-endian host).
+    let lend = matches!(worker, AnyWorker::Gradient(_))
+        && cfg!(target_endian = "little")
+        && dim.saturating_mul(4) >= SPLIT_MIN;
+    let mut bufs = Buffers::new(dim);
+    // The gradient the state machine holds in a lent buffer, until its `Grad` is sent.
+    let mut lent: Option<Arc<Vec<f32>>> = None;
     let limits = Limits::for_model(dim);
     let heartbeat = crate::heartbeat_interval(options.lost_after);
     let epoch = Instant::now();
     let mut tally = Tally::default();
-    let mut grad = vec![0.0f32; dim];
     let mut job: Option<Job> = None;
     let mut next_heartbeat = Instant::now() + heartbeat;
     loop {
         while let Some(output) = worker.poll_output() {
             match output {
                 WorkerOutput::Send(msg) => {
-                    let mut out = link.buffer();
-                    out.resize(wire::encoded_len_to_server(&msg), 0);
-                    let len = wire::encode_to_server(&msg, &mut out)
-                        .map_err(|e| MpiError(format!("worker {}: cannot encode a message: {e}", id.0)))?;
-                    out.truncate(len);
-                    link.send(&[0], Kind::Wire, out);
+                    let sent = match (&msg, lent.take_if(|_| matches!(msg, ToServer::Grad { .. }))) {
+                        (ToServer::Grad { base, iteration, seq, values: Values::Slice(s) }, Some(payload))
+                            if s.as_ptr() == payload.as_ptr() && s.len() == payload.len() =>
+                        {
+                            let head: ToServer<'_, f32> = ToServer::Grad {
+                                base: *base,
+                                iteration: *iteration,
+                                seq: *seq,
+                                values: Values::Slice(&[]),
+                            };
+                            let mut out = link.buffer();
+                            out.resize(wire::encoded_len_to_server(&head), 0);
+                            let len = wire::encode_to_server(&head, &mut out)
+                                .map_err(|e| MpiError(format!("worker {}: cannot encode a message: {e}", id.0)))?;
+                            out.truncate(len);
+                            set_payload_len(&mut out, size_of_val(*s)) && link.send_lent(&[0], out, payload)
+                        }
+                        _ => false,
+                    };
+                    if !sent {
+                        let mut out = link.buffer();
+                        out.resize(wire::encoded_len_to_server(&msg), 0);
+                        let len = wire::encode_to_server(&msg, &mut out)
+                            .map_err(|e| MpiError(format!("worker {}: cannot encode a message: {e}", id.0)))?;
+                        out.truncate(len);
+                        link.send(&[0], Kind::Wire, out);
+                    }
                     next_heartbeat = Instant::now() + heartbeat;
                 }
                 WorkerOutput::Compute { id: job_id, params, .. } => {
@@ -77,7 +159,7 @@ pub fn run_worker(
                         tally.busy_s += now.duration_since(old.started).as_secs_f64();
                         tally.abandoned += 1;
                     }
-                    let extra = compute(params, &mut grad);
+                    let extra = compute(params, bufs.grad());
                     tally.computed += 1;
                     job = Some(Job { id: job_id, started: now, ready: Instant::now() + extra });
                 }
@@ -95,7 +177,17 @@ pub fn run_worker(
         }
         if let Some(j) = job.take_if(|j| Instant::now() >= j.ready) {
             tally.busy_s += j.started.elapsed().as_secs_f64();
-            let _ = worker.handle_gradient(since(epoch), j.id, &grad);
+            match &mut worker {
+                AnyWorker::Gradient(gw) if lend => {
+                    let payload = Arc::clone(&bufs.grad.0);
+                    if gw.handle_gradient_in(since(epoch), j.id, &mut bufs.grad).is_ok() {
+                        lent = Some(payload);
+                    }
+                }
+                _ => {
+                    let _ = worker.handle_gradient(since(epoch), j.id, bufs.grad.as_ref());
+                }
+            }
             continue;
         }
         let now = Instant::now();
@@ -110,11 +202,23 @@ pub fn run_worker(
         if let Some(at) = worker.poll_timeout() {
             deadline = deadline.min(now + until(epoch, at));
         }
-        match link.recv_until(deadline) {
+        let landing = if lend { Some(bufs.landing()) } else { None };
+        match link.recv_until(deadline, landing) {
             Some(m) => {
                 if m.kind == Kind::Wire && m.from == 0 {
-                    if let Ok(msg) = wire::decode_to_worker::<f32>(&m.bytes, &limits) {
-                        let _ = worker.handle(since(epoch), msg);
+                    match &mut worker {
+                        // The payload is in `bufs.landing`: the model trades places with the
+                        // worker's buffer if accepted.
+                        AnyWorker::Gradient(gw) if m.landed => {
+                            if let Some(version) = model_version(m.message(), &limits) {
+                                let _ = gw.handle_model_in(since(epoch), version, &mut bufs.landing);
+                            }
+                        }
+                        _ => {
+                            if let Ok(msg) = wire::decode_to_worker::<f32>(m.message(), &limits) {
+                                let _ = worker.handle(since(epoch), msg);
+                            }
+                        }
                     }
                 }
                 link.recycle(m);

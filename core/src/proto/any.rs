@@ -260,6 +260,23 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> AnyServer<T, S, M> {
         }
     }
 
+    /// The buffer holding the model ([`Server::params`] is its contents), for a transport
+    /// that sends a `Model` straight from it rather than from a copy; `None` for the grouped
+    /// servers. The server writes the model only through `AsMut` (a copy-on-write buffer
+    /// thus keeps a model in flight unchanged).
+    pub fn params_buffer(&self) -> Option<&S> {
+        match self {
+            Self::Grouped(_) | Self::Group(_) => None,
+            Self::Bsp(s) => Some(&s.core.params),
+            Self::Asp(s) => Some(&s.core.params),
+            Self::Backup(s) => Some(&s.core.params),
+            Self::Dbw(s) => Some(&s.core.params),
+            Self::Wbsp(s) => Some(&s.core.params),
+            Self::Ssp(s) => Some(&s.core.params),
+            Self::Bap(s) => Some(&s.core.params),
+        }
+    }
+
     /// A server for `config` resuming from `params` at `version` (a checkpoint).
     pub fn resume(config: &ProtocolConfig, params: S, scratch: S, version: Version) -> Result<Self, ConfigError> {
         Ok(match config {
@@ -386,5 +403,18 @@ mod tests {
         let ignored = AnyServer::<f32, Vec<f32>>::new(&asp, vec![0.0f32; 3], vec![0.0; 3])
             .and_then(|s| s.with_spare_accumulator(Vec::new()));
         assert!(ignored.is_ok());
+    }
+
+    #[test]
+    fn the_params_buffer_is_the_model_the_server_shows() {
+        let bsp = ProtocolConfig::Bsp(BspConfig::new(2, 0.5));
+        let server = AnyServer::<f32, Vec<f32>>::new(&bsp, vec![1.0f32, 2.0, 3.0], vec![0.0; 3]).unwrap();
+        let buf = server.params_buffer().expect("BSP keeps its model in a buffer");
+        assert_eq!(buf.as_ptr(), server.params().as_ptr());
+        assert_eq!(buf[..], [1.0, 2.0, 3.0]);
+        let grouped = ProtocolConfig::Grouped(GroupedConfig::new(4, 0.5, 2));
+        let scratch = vec![0.0; grouped.server_scratch_len(3)];
+        let g = AnyServer::<f32, Vec<f32>>::new(&grouped, vec![0.0f32; 3], scratch).unwrap();
+        assert!(g.params_buffer().is_none());
     }
 }

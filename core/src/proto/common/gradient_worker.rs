@@ -88,6 +88,52 @@ impl<T: Scalar, S: Buffer<T>> ProtocolWorker<T, S, GradientRules> {
     pub fn model_version(&self) -> Option<Version> {
         self.rules.have
     }
+
+    /// [`Worker::handle`](crate::proto::Worker::handle) of a `Model` of `version` whose values the host already
+    /// holds in `buf` (e.g. received straight into it): the same screening and the same
+    /// verdict, but an accepted model is not copied: `buf` and the worker's buffer trade
+    /// places (`buf` then holds the worker's previous buffer, whose contents are dead). A
+    /// refused model leaves both buffers as they were.
+    pub fn handle_model_in(&mut self, now: Instant, version: Version, buf: &mut S) -> Result<(), Reject> {
+        let _ = now;
+        self.core.queue.ensure_room(3)?;
+        self.rules.on_model(&mut self.core, version, Install::Swap(buf))
+    }
+
+    /// [`Worker::handle_gradient`](crate::proto::Worker::handle_gradient) of the gradient in `buf`: the same screening and verdict
+    /// (one read pass checks that every element is finite), but an accepted gradient is not
+    /// copied: `buf` and the worker's buffer trade places, so the `Grad` it sends reads the
+    /// host's own buffer, and `buf` holds the worker's previous buffer (the model the host
+    /// computed on, now dead). A refused gradient leaves both buffers as they were.
+    pub fn handle_gradient_in(&mut self, now: Instant, id: ComputeId, buf: &mut S) -> Result<(), Reject> {
+        if self.core.stopped {
+            return Err(<GradientRules as WorkerRules<T, S>>::STOPPED_GRADIENT);
+        }
+        if <GradientRules as WorkerRules<T, S>>::computing(&self.rules) != Some(id) {
+            return Err(Reject::NoSuchComputation);
+        }
+        let version = self.rules.computing_on()?;
+        self.core.queue.ensure_room(1)?;
+        let dim = self.core.dim();
+        let grad = buf.as_ref();
+        if grad.len() != dim {
+            return Err(Reject::WrongLength(math::LengthMismatch { expected: dim, actual: grad.len() }));
+        }
+        if !math::all_finite(grad) {
+            return Err(Reject::NotFinite);
+        }
+        core::mem::swap(&mut self.core.params, buf);
+        self.rules.sent(&mut self.core, now, version);
+        Ok(())
+    }
+}
+
+/// How an accepted model reaches the worker's buffer.
+enum Install<'v, 'b, T, S> {
+    /// Copied from a message's values.
+    Copy(crate::msg::Values<'v, T>),
+    /// Already in the host's buffer: the two buffers trade places.
+    Swap(&'b mut S),
 }
 
 impl GradientRules {
@@ -96,13 +142,33 @@ impl GradientRules {
         self.phase = Phase::Computing { id, version };
     }
 
+    /// The version of the running computation, if any.
+    fn computing_on(&self) -> Result<Version, Reject> {
+        match self.phase {
+            Phase::Computing { version, .. } => Ok(version),
+            Phase::Waiting { .. } => Err(Reject::NoSuchComputation),
+        }
+    }
+
+    /// A gradient of the computation on `version` was accepted into the worker's buffer:
+    /// queue its `Grad` and wait for the next model.
+    fn sent<T: Scalar, S: Buffer<T>>(&mut self, core: &mut WorkerCore<T, S>, now: Instant, version: Version) {
+        let seq = core.take_seq();
+        core.queue.push(WorkerItem::Grad { base: version, iteration: self.steps, seq });
+        self.steps += 1;
+        self.phase = Phase::Waiting { since: now, sent: Some(version) };
+    }
+
     fn on_model<T: Scalar, S: Buffer<T>>(
         &mut self,
         core: &mut WorkerCore<T, S>,
         version: Version,
-        values: crate::msg::Values<'_, T>,
+        values: Install<'_, '_, T, S>,
     ) -> Result<(), Reject> {
-        core.check_model_age(&values, version, self.have)?;
+        match &values {
+            Install::Copy(v) => core.check_model_age(v, version, self.have)?,
+            Install::Swap(b) => core.check_model_age(&crate::msg::Values::Slice(b.as_ref()), version, self.have)?,
+        }
         if core.stopped {
             return Err(Reject::Stopped);
         }
@@ -112,7 +178,10 @@ impl GradientRules {
             }
             core.event(WorkerEvent::Abandoned { id });
         }
-        values.copy_into(core.params.as_mut())?;
+        match values {
+            Install::Copy(v) => v.copy_into(core.params.as_mut())?,
+            Install::Swap(b) => core::mem::swap(&mut core.params, b),
+        }
         self.have = Some(version);
         self.start(core, version);
         Ok(())
@@ -122,7 +191,7 @@ impl GradientRules {
 impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for GradientRules {
     fn on_message(&mut self, core: &mut WorkerCore<T, S>, now: Instant, msg: ToWorker<'_, T>) -> Result<(), Reject> {
         match msg {
-            ToWorker::Model { version, values, .. } => self.on_model(core, version, values),
+            ToWorker::Model { version, values, .. } => self.on_model(core, version, Install::Copy(values)),
             ToWorker::Abort { iteration } => {
                 if let (false, Phase::Computing { id, version }) = (core.stopped, self.phase) {
                     if version.0 == iteration {
@@ -166,10 +235,7 @@ impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for GradientRules {
             }
             core.params.as_mut().copy_from_slice(grad);
         }
-        let seq = core.take_seq();
-        core.queue.push(WorkerItem::Grad { base: version, iteration: self.steps, seq });
-        self.steps += 1;
-        self.phase = Phase::Waiting { since: now, sent: Some(version) };
+        self.sent(core, now, version);
         Ok(())
     }
 
@@ -303,6 +369,78 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn lent_buffers_give_the_copying_paths_verdicts_and_outputs() {
+        let a = [1.0f32, 2.0];
+        let b = [3.0f32, 4.0];
+        // The same inputs through handle / handle_gradient and through the lending calls.
+        let run = |lend: bool| {
+            let mut w = GradientWorker::new(GradientWorkerConfig::new(WorkerId(2)), vec![0.0f32; 2]).unwrap();
+            let mut log = drain(&mut w);
+            let mut verdicts = Vec::new();
+            let model = |w: &mut GradientWorker<f32, Vec<f32>>, v: u64, x: &[f32]| {
+                if lend {
+                    let mut buf = x.to_vec();
+                    let r = w.handle_model_in(Instant::ZERO, Version(v), &mut buf);
+                    // A refused model leaves the host's buffer as it was.
+                    if r.is_err() {
+                        assert_eq!(buf, x);
+                    }
+                    r
+                } else {
+                    w.handle(Instant::ZERO, model(v, x))
+                }
+            };
+            let grad = |w: &mut GradientWorker<f32, Vec<f32>>, id: u64, g: &[f32]| {
+                if lend {
+                    let mut buf = g.to_vec();
+                    let r = w.handle_gradient_in(Instant::ZERO, ComputeId(id), &mut buf);
+                    if r.is_err() {
+                        assert_eq!(buf, g);
+                    }
+                    r
+                } else {
+                    w.handle_gradient(Instant::ZERO, ComputeId(id), g)
+                }
+            };
+            verdicts.push(grad(&mut w, 0, &a));
+            verdicts.push(model(&mut w, 1, &a));
+            log.extend(drain(&mut w));
+            verdicts.push(model(&mut w, 0, &b));
+            verdicts.push(model(&mut w, 1, &[1.0]));
+            verdicts.push(grad(&mut w, 0, &[1.0]));
+            verdicts.push(grad(&mut w, 0, &[f32::INFINITY, 1.0]));
+            verdicts.push(grad(&mut w, 1, &b));
+            verdicts.push(grad(&mut w, 0, &b));
+            log.extend(drain(&mut w));
+            verdicts.push(grad(&mut w, 0, &b));
+            verdicts.push(model(&mut w, 2, &b));
+            verdicts.push(model(&mut w, 3, &a));
+            log.extend(drain(&mut w));
+            verdicts.push(model(&mut w, 3, &a));
+            w.handle(Instant::ZERO, ToWorker::Stop).unwrap();
+            verdicts.push(grad(&mut w, 2, &a));
+            verdicts.push(model(&mut w, 4, &a));
+            log.extend(drain(&mut w));
+            (log, verdicts, w.steps(), w.model_version())
+        };
+        let copied = run(false);
+        assert_eq!(
+            copied.0,
+            [
+                "send Join",
+                "compute 0 v1 Some(1.0)",
+                "grad v1 seq0 Some(3.0)",
+                // Polled after model 3 replaced model 2 in the buffer.
+                "compute 1 v2 Some(1.0)",
+                "Abandoned { id: ComputeId(1) }",
+                "compute 2 v3 Some(1.0)",
+                "Stopped"
+            ]
+        );
+        assert_eq!(run(true), copied);
     }
 
     #[test]
