@@ -7,7 +7,7 @@ use crate::id::{Version, WorkerId};
 use crate::math::Scalar;
 use crate::msg::{ToServer, Values};
 use crate::proto::{
-    Buffer, CoreOf, DEFAULT_INLINE_WORKERS, HasSlot, Inline, ProtocolServer, Recipient, Rules, ServerCore, ServerEvent,
+    Buffer, CoreOf, DEFAULT_INLINE_WORKERS, GradientPolicy, HasSlot, Inline, ProtocolServer, Recipient, Rules, ServerCore, ServerEvent,
     Storage,
 };
 use crate::time::Instant;
@@ -54,8 +54,35 @@ impl<T: Scalar> AspRules<T> {
         seq: u64,
         values: Values<'_, T>,
     ) -> Result<(), Reject> {
+        let (factor, staleness) = self.apply(core, from, base, seq, values, false)?;
+        let version = core.version;
+        core.event(ServerEvent::Applied { worker: from, base, version, staleness, weight: factor.to_f64() });
+        core.event(ServerEvent::ModelUpdated { version, contributions: 1 });
+        core.send_model(Recipient::Worker(from));
+        Ok(())
+    }
+
+    /// A gradient's effects on the model, version, roster and counters (its outputs are the
+    /// caller's): screens it unless `screened` says it passed the default policy already
+    /// and this server's policy is the default, then applies it. Returns its factor and
+    /// staleness.
+    #[inline(always)]
+    fn apply<S: Buffer<T>, M: Storage>(
+        &mut self,
+        core: &mut CoreOf<T, S, M, Self>,
+        from: WorkerId,
+        base: Version,
+        seq: u64,
+        values: Values<'_, T>,
+        screened: bool,
+    ) -> Result<(T, u64), Reject> {
         core.roster.check_seq(from, seq)?;
-        let factor = self.config.gradient_policy.admit(&values, core.dim())?;
+        let factor = if screened && self.config.gradient_policy == GradientPolicy::default() {
+            values.check_len(core.dim())?;
+            T::one()
+        } else {
+            self.config.gradient_policy.admit(&values, core.dim())?
+        };
         if base > core.version {
             return Err(Reject::FutureVersion { claimed: base, current: core.version });
         }
@@ -67,11 +94,27 @@ impl<T: Scalar> AspRules<T> {
         core.version = core.version.next();
         core.stats.applied += 1;
         core.stats.updates += 1;
-        let version = core.version;
-        core.event(ServerEvent::Applied { worker: from, base, version, staleness, weight: factor.to_f64() });
-        core.event(ServerEvent::ModelUpdated { version, contributions: 1 });
-        core.send_model(Recipient::Worker(from));
-        Ok(())
+        Ok((factor, staleness))
+    }
+}
+
+impl<T: Scalar, S: Buffer<T>, M: Storage> AspServer<T, S, M> {
+    /// What `handle(now, from, Grad{base, seq, values})` does to the model, version, roster
+    /// and counters, and the same refusals, without its outputs (`Applied`, `ModelUpdated`,
+    /// the model to `from`; the caller reads the new model from
+    /// [`Server::params`](crate::proto::Server::params)), for a
+    /// sender in the same state machine whose `values` passed
+    /// `GradientPolicy::default().admit` (the grouped server's aggregates: not screened
+    /// twice; a server with another policy screens them).
+    pub(crate) fn apply_screened(&mut self, from: WorkerId, base: Version, seq: u64, values: &[T]) -> Result<(), Reject> {
+        let result = self.core.queue.ensure_room(Rules::<T, S, M>::burst(&self.rules)).and_then(|()| {
+            self.core.roster.check_member(from)?;
+            self.rules.apply(&mut self.core, from, base, seq, Values::Slice(values), true).map(|_| ())
+        });
+        if result.is_err() {
+            self.core.stats.rejected += 1;
+        }
+        result
     }
 }
 

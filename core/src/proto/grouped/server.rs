@@ -99,9 +99,23 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
         let sent = match closed {
             Closed::Local => return,
             Closed::Exchange => {
-                let (base, iteration, seq) = group.take_exchange();
+                // The aggregate is lent to the central server, which applies it without
+                // queuing the outputs a remote group would get (its reply is read here) and
+                // without screening it again: `Group::close` screened it with the central
+                // server's policy.
+                let (base, _, seq) = group.take_exchange();
                 let aggregate: &[T] = if shared.config.local_steps > 1 { &*total } else { &*acc };
-                central.handle(now, from, ToServer::Grad { base, iteration, seq, values: Values::Slice(aggregate) })
+                match central.apply_screened(from, base, seq, aggregate) {
+                    Ok(()) => {
+                        let version = central.version();
+                        let values = Values::Slice(central.params());
+                        if let Err(reason) = group.rebase(shared, now, version, &values, model, acc, total) {
+                            shared.event(ServerEvent::GroupRebaseFailed { group: group.id, version, reason });
+                        }
+                        return;
+                    }
+                    Err(reason) => Err(reason),
+                }
             }
             Closed::Rejoin => central.handle(now, from, ToServer::Join { epoch: 0 }),
         };
