@@ -193,69 +193,78 @@ impl<M: Storage> Shared<M> {
         }
     }
 
-    /// What `batch` emits for `worker`.
-    fn expand(batch: Batch, worker: WorkerId, r: &mut WorkerRecord<GroupedSlot>) -> Option<Item> {
-        match batch {
+    /// What `batch` emits for `worker` (`Err` for a member's model: the caller attaches
+    /// the payload).
+    #[inline(always)]
+    fn expand(batch: &Batch, worker: WorkerId, r: &mut WorkerRecord<GroupedSlot>) -> Option<Result<ServerEvent, u32>> {
+        match *batch {
             Batch::Applied { mark, base, version, staleness, weight } if r.mark == mark => {
-                Some(Item::Event(ServerEvent::Applied {
-                    worker,
-                    base,
-                    version,
-                    staleness,
-                    weight: f64::from(r.ext.factor) * weight,
-                }))
+                Some(Ok(ServerEvent::Applied { worker, base, version, staleness, weight: f64::from(r.ext.factor) * weight }))
             }
             Batch::Aborted { mark, base } if r.mark == mark => {
-                Some(Item::Event(ServerEvent::Dropped { worker, base, reason: DropReason::Aborted }))
+                Some(Ok(ServerEvent::Dropped { worker, base, reason: DropReason::Aborted }))
             }
             Batch::Models { group, waiting } if u32::from(r.ext.group) == group && (!waiting || r.has(WAITING)) => {
                 r.set(WAITING, false);
-                Some(Item::Model { group, to: Recipient::Worker(worker) })
+                Some(Err(group))
             }
             _ => None,
         }
     }
 
-    /// The next item, batches expanded.
+    /// The next output: the front item's, read in place (a batch is expanded where it lies),
+    /// payloads attached.
     #[inline(always)]
-    fn next_item(&mut self) -> Option<Item> {
-        loop {
-            let Item::Batch { batch, next, end } = self.queue.front_mut()? else {
-                return self.queue.pop();
-            };
-            let (kind, mut i, end) = (*batch, *next as usize, *end as usize);
-            let records = self.roster.records_mut();
-            while let Some(r) = records.get_mut(i).filter(|_| i < end) {
-                i += 1;
-                if let Some(item) = Self::expand(kind, WorkerId(i as u32 - 1), r) {
-                    *next = i as u32;
-                    return Some(item);
-                }
-            }
-            self.queue.advance();
-            self.batches = self.batches.saturating_sub(1);
-        }
-    }
-
     pub(super) fn poll<'a, T>(
         &mut self,
         version: impl Fn(u32) -> Version,
         model: impl Fn(u32) -> &'a [T],
     ) -> Option<ServerOutput<'a, T>> {
-        let item = self.next_item()?;
-        Some(match item {
-            Item::Model { group, to } => {
-                let version = version(group);
-                ServerOutput::Send {
-                    to,
-                    msg: ToWorker::Model { version, clock: version.0, values: Values::Slice(model(group)) },
+        let send_model = |group: u32, to: Recipient| {
+            let version = version(group);
+            ServerOutput::Send { to, msg: ToWorker::Model { version, clock: version.0, values: Values::Slice(model(group)) } }
+        };
+        loop {
+            let (batch, next, end) = match self.queue.front_mut()? {
+                Item::Event(e) => {
+                    let e = *e;
+                    self.queue.advance();
+                    return Some(ServerOutput::Event(e));
+                }
+                Item::Batch { batch, next, end } => (batch, next, *end as usize),
+                Item::Model { .. } | Item::Stop => {
+                    return Some(match self.queue.pop()? {
+                        Item::Model { group, to } => send_model(group, to),
+                        _ => ServerOutput::Send { to: Recipient::AllWorkers, msg: ToWorker::Stop },
+                    });
+                }
+            };
+            let records = self.roster.records_mut();
+            let mut i = *next as usize;
+            let mut out = None;
+            while let Some(r) = records.get_mut(i).filter(|_| i < end) {
+                i += 1;
+                if let Some(o) = Self::expand(batch, WorkerId(i as u32 - 1), r) {
+                    out = Some(o);
+                    break;
                 }
             }
-            Item::Stop => ServerOutput::Send { to: Recipient::AllWorkers, msg: ToWorker::Stop },
-            Item::Event(e) => ServerOutput::Event(e),
-            // Expanded by `next_item`.
-            Item::Batch { .. } => return None,
-        })
+            match out {
+                Some(Ok(event)) => {
+                    *next = i as u32;
+                    return Some(ServerOutput::Event(event));
+                }
+                Some(Err(group)) => {
+                    *next = i as u32;
+                    return Some(send_model(group, Recipient::Worker(WorkerId(i as u32 - 1))));
+                }
+                // Every member was looked at: the batch is done (input is refused until then).
+                None => {
+                    self.queue.advance();
+                    self.batches = self.batches.saturating_sub(1);
+                }
+            }
+        }
     }
 }
 

@@ -218,6 +218,10 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupedServer<T, S, M> {
     }
 
     fn poll_output(&mut self) -> Option<ServerOutput<'_, T>> {
+        // Drained after every input: most calls find the queue empty.
+        if self.shared.queue.len() == 0 {
+            return None;
+        }
         let scratch = self.scratch.as_ref();
         let groups = &self.groups;
         let (dim, per) = (self.dim, self.per);
