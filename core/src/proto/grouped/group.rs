@@ -420,19 +420,21 @@ impl Group {
             self.stall.progress(now);
             return Closed::Local;
         }
-        let aggregate: &[T] = if sh.config.local_steps > 1 {
+        // The central server's policy is the default: an aggregate passes it when its length
+        // is the model's and its squared norm is finite. A mean of admitted gradients can
+        // still fail it (their sum can overflow, and so can a sum of H aggregates), so every
+        // aggregate is screened here, once (the central server does not screen it again):
+        // drop this step rather than send what would be refused.
+        let passes = if sh.config.local_steps > 1 {
             for (t, a) in total.iter_mut().zip(acc.iter_mut()) {
                 *t = *t + *a * w;
                 *a = T::zero();
             }
-            total
+            GradientPolicy::default().admit(&Values::Slice(&*total), model.len()).is_ok()
         } else {
-            math::scale(acc, w);
-            acc
+            acc.len() == model.len() && scale_measured(acc, w).is_finite()
         };
-        // The central server screens what it receives like any gradient; a sum of H
-        // aggregates can overflow. Drop this step rather than send what would be refused.
-        if GradientPolicy::default().admit(&Values::Slice(aggregate), model.len()).is_err() {
+        if !passes {
             math::fill_zero(acc);
             math::fill_zero(total);
             for _ in 0..self.count {
@@ -554,6 +556,26 @@ impl Group {
             }
         }
     }
+}
+
+/// `y *= a`, returning the squared norm of the result with the bits
+/// [`math::squared_norm`] gives (the same lanes, summed in the same order): the scaling and
+/// the screening of an aggregate in one pass.
+pub(super) fn scale_measured<T: Scalar>(y: &mut [T], a: T) -> T {
+    let mut lanes = [T::zero(); math::LANES];
+    let mut chunks = y.chunks_exact_mut(math::LANES);
+    for c in &mut chunks {
+        let Ok(c) = <&mut [T; math::LANES]>::try_from(c) else { continue };
+        for (l, v) in lanes.iter_mut().zip(c.iter_mut()) {
+            *v = *v * a;
+            *l = *l + *v * *v;
+        }
+    }
+    let tail = chunks.into_remainder().iter_mut().fold(T::zero(), |s, v| {
+        *v = *v * a;
+        s + *v * *v
+    });
+    math::sum_lanes(&{ lanes }) + tail
 }
 
 /// Splits group `g`'s part of a [`GroupedServer`]'s scratch into (model, accumulator, sum).
