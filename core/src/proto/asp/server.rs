@@ -7,8 +7,8 @@ use crate::id::{Version, WorkerId};
 use crate::math::Scalar;
 use crate::msg::{ToServer, Values};
 use crate::proto::{
-    Buffer, CoreOf, DEFAULT_INLINE_WORKERS, GradientPolicy, HasSlot, Inline, ProtocolServer, Recipient, Rules, ServerCore, ServerEvent,
-    Storage,
+    Buffer, CoreOf, DEFAULT_INLINE_WORKERS, GradientPolicy, HasSlot, Inline, ProtocolServer, Recipient, Rules,
+    ServerCore, ServerEvent, Storage,
 };
 use crate::time::Instant;
 use core::marker::PhantomData;
@@ -106,7 +106,13 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> AspServer<T, S, M> {
     /// sender in the same state machine whose `values` passed
     /// `GradientPolicy::default().admit` (the grouped server's aggregates: not screened
     /// twice; a server with another policy screens them).
-    pub(crate) fn apply_screened(&mut self, from: WorkerId, base: Version, seq: u64, values: &[T]) -> Result<(), Reject> {
+    pub(crate) fn apply_screened(
+        &mut self,
+        from: WorkerId,
+        base: Version,
+        seq: u64,
+        values: &[T],
+    ) -> Result<(), Reject> {
         let result = self.core.queue.ensure_room(Rules::<T, S, M>::burst(&self.rules)).and_then(|()| {
             self.core.roster.check_member(from)?;
             self.rules.apply(&mut self.core, from, base, seq, Values::Slice(values), true).map(|_| ())

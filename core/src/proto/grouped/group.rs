@@ -199,7 +199,13 @@ impl<M: Storage> Shared<M> {
     fn expand(batch: &Batch, worker: WorkerId, r: &mut WorkerRecord<GroupedSlot>) -> Option<Result<ServerEvent, u32>> {
         match *batch {
             Batch::Applied { mark, base, version, staleness, weight } if r.mark == mark => {
-                Some(Ok(ServerEvent::Applied { worker, base, version, staleness, weight: f64::from(r.ext.factor) * weight }))
+                Some(Ok(ServerEvent::Applied {
+                    worker,
+                    base,
+                    version,
+                    staleness,
+                    weight: f64::from(r.ext.factor) * weight,
+                }))
             }
             Batch::Aborted { mark, base } if r.mark == mark => {
                 Some(Ok(ServerEvent::Dropped { worker, base, reason: DropReason::Aborted }))
@@ -222,7 +228,10 @@ impl<M: Storage> Shared<M> {
     ) -> Option<ServerOutput<'a, T>> {
         let send_model = |group: u32, to: Recipient| {
             let version = version(group);
-            ServerOutput::Send { to, msg: ToWorker::Model { version, clock: version.0, values: Values::Slice(model(group)) } }
+            ServerOutput::Send {
+                to,
+                msg: ToWorker::Model { version, clock: version.0, values: Values::Slice(model(group)) },
+            }
         };
         loop {
             let (batch, next, end) = match self.queue.front_mut()? {

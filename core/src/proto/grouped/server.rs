@@ -232,6 +232,8 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupedServer<T, S, M> {
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
+        // Without stall reports no group has a deadline: no need to look at each.
+        self.shared.config.stall_report?;
         let g = self.shared.layout.groups as usize;
         self.groups.iter().take(g).filter_map(|gr| gr.stall.deadline()).min()
     }

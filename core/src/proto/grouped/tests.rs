@@ -1,8 +1,8 @@
 //! Unit and property tests of the `grouped` protocol.
 
 use super::group::{parts, scale_measured};
-use crate::math;
 use super::*;
+use crate::math;
 use crate::proto::asp::AspServer;
 use crate::proto::bsp::{BspConfig, BspServer};
 use crate::proto::common::testkit::prelude::*;
