@@ -46,6 +46,10 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> AspServer<T, S, M> {
 }
 
 impl<T: Scalar> AspRules<T> {
+    /// A gradient from `from`. `quiet`: for a sender in the same state machine
+    /// ([`AspServer::apply_screened`]) whose values passed the default policy already: not
+    /// screened again if this server's policy is the default, and no outputs queued.
+    #[inline(always)]
     fn on_grad<S: Buffer<T>, M: Storage>(
         &mut self,
         core: &mut CoreOf<T, S, M, Self>,
@@ -53,31 +57,10 @@ impl<T: Scalar> AspRules<T> {
         base: Version,
         seq: u64,
         values: Values<'_, T>,
+        quiet: bool,
     ) -> Result<(), Reject> {
-        let (factor, staleness) = self.apply(core, from, base, seq, values, false)?;
-        let version = core.version;
-        core.event(ServerEvent::Applied { worker: from, base, version, staleness, weight: factor.to_f64() });
-        core.event(ServerEvent::ModelUpdated { version, contributions: 1 });
-        core.send_model(Recipient::Worker(from));
-        Ok(())
-    }
-
-    /// A gradient's effects on the model, version, roster and counters (its outputs are the
-    /// caller's): screens it unless `screened` says it passed the default policy already
-    /// and this server's policy is the default, then applies it. Returns its factor and
-    /// staleness.
-    #[inline(always)]
-    fn apply<S: Buffer<T>, M: Storage>(
-        &mut self,
-        core: &mut CoreOf<T, S, M, Self>,
-        from: WorkerId,
-        base: Version,
-        seq: u64,
-        values: Values<'_, T>,
-        screened: bool,
-    ) -> Result<(T, u64), Reject> {
         core.roster.check_seq(from, seq)?;
-        let factor = if screened && self.config.gradient_policy == GradientPolicy::default() {
+        let factor = if quiet && self.config.gradient_policy == GradientPolicy::default() {
             values.check_len(core.dim())?;
             T::one()
         } else {
@@ -94,7 +77,14 @@ impl<T: Scalar> AspRules<T> {
         core.version = core.version.next();
         core.stats.applied += 1;
         core.stats.updates += 1;
-        Ok((factor, staleness))
+        if quiet {
+            return Ok(());
+        }
+        let version = core.version;
+        core.event(ServerEvent::Applied { worker: from, base, version, staleness, weight: factor.to_f64() });
+        core.event(ServerEvent::ModelUpdated { version, contributions: 1 });
+        core.send_model(Recipient::Worker(from));
+        Ok(())
     }
 }
 
@@ -102,10 +92,9 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> AspServer<T, S, M> {
     /// What `handle(now, from, Grad{base, seq, values})` does to the model, version, roster
     /// and counters, and the same refusals, without its outputs (`Applied`, `ModelUpdated`,
     /// the model to `from`; the caller reads the new model from
-    /// [`Server::params`](crate::proto::Server::params)), for a
-    /// sender in the same state machine whose `values` passed
-    /// `GradientPolicy::default().admit` (the grouped server's aggregates: not screened
-    /// twice; a server with another policy screens them).
+    /// [`Server::params`](crate::proto::Server::params)), for a sender in the same state
+    /// machine whose `values` passed `GradientPolicy::default().admit` (the grouped
+    /// server's aggregates: not screened twice; a server with another policy screens them).
     pub(crate) fn apply_screened(
         &mut self,
         from: WorkerId,
@@ -115,7 +104,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> AspServer<T, S, M> {
     ) -> Result<(), Reject> {
         let result = self.core.queue.ensure_room(Rules::<T, S, M>::burst(&self.rules)).and_then(|()| {
             self.core.roster.check_member(from)?;
-            self.rules.apply(&mut self.core, from, base, seq, Values::Slice(values), true).map(|_| ())
+            self.rules.on_grad(&mut self.core, from, base, seq, Values::Slice(values), true)
         });
         if result.is_err() {
             self.core.stats.rejected += 1;
@@ -138,7 +127,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for AspRules<T> {
     ) -> Result<(), Reject> {
         match msg {
             ToServer::Join { epoch } => core.join_and_send_model(from, epoch).map(|_| ()),
-            ToServer::Grad { base, seq, values, .. } => self.on_grad(core, from, base, seq, values),
+            ToServer::Grad { base, seq, values, .. } => self.on_grad(core, from, base, seq, values, false),
             other => Err(Reject::Unexpected { kind: other.kind_name() }),
         }
     }
