@@ -236,9 +236,12 @@ impl<M: Storage> Shared<M> {
         loop {
             let (batch, next, end) = match self.queue.front_mut()? {
                 Item::Event(e) => {
-                    let e = *e;
+                    // Built in the caller's slot straight from the queue before the queue
+                    // moves on (a copy through the stack reloaded it at other offsets than
+                    // it stored: a store-forwarding stall, `perf annotate`).
+                    let out = Some(ServerOutput::Event(*e));
                     self.queue.advance();
-                    return Some(ServerOutput::Event(e));
+                    return out;
                 }
                 Item::Batch { batch, next, end } => (batch, next, *end as usize),
                 Item::Model { .. } | Item::Stop => {
