@@ -7,8 +7,8 @@ use crate::id::{Version, WorkerId};
 use crate::math::Scalar;
 use crate::msg::{ToServer, Values};
 use crate::proto::{
-    Buffer, CoreOf, DEFAULT_INLINE_WORKERS, HasSlot, Inline, ProtocolServer, Recipient, Rules, ServerCore, ServerEvent,
-    Storage,
+    Buffer, CoreOf, DEFAULT_INLINE_WORKERS, GradientPolicy, HasSlot, Inline, ProtocolServer, Recipient, Rules,
+    ServerCore, ServerEvent, Storage,
 };
 use crate::time::Instant;
 use core::marker::PhantomData;
@@ -46,6 +46,10 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> AspServer<T, S, M> {
 }
 
 impl<T: Scalar> AspRules<T> {
+    /// A gradient from `from`. `quiet`: for a sender in the same state machine
+    /// ([`AspServer::apply_screened`]) whose values passed the default policy already: not
+    /// screened again if this server's policy is the default, and no outputs queued.
+    #[inline(always)]
     fn on_grad<S: Buffer<T>, M: Storage>(
         &mut self,
         core: &mut CoreOf<T, S, M, Self>,
@@ -53,9 +57,15 @@ impl<T: Scalar> AspRules<T> {
         base: Version,
         seq: u64,
         values: &Values<'_, T>,
+        quiet: bool,
     ) -> Result<(), Reject> {
         core.roster.check_seq(from, seq)?;
-        let factor = self.config.gradient_policy.admit(values, core.dim())?;
+        let factor = if quiet && self.config.gradient_policy == GradientPolicy::default() {
+            values.check_len(core.dim())?;
+            T::one()
+        } else {
+            self.config.gradient_policy.admit(values, core.dim())?
+        };
         if base > core.version {
             return Err(Reject::FutureVersion { claimed: base, current: core.version });
         }
@@ -67,11 +77,39 @@ impl<T: Scalar> AspRules<T> {
         core.version = core.version.next();
         core.stats.applied += 1;
         core.stats.updates += 1;
+        if quiet {
+            return Ok(());
+        }
         let version = core.version;
         core.event(ServerEvent::Applied { worker: from, base, version, staleness, weight: factor.to_f64() });
         core.event(ServerEvent::ModelUpdated { version, contributions: 1 });
         core.send_model(Recipient::Worker(from));
         Ok(())
+    }
+}
+
+impl<T: Scalar, S: Buffer<T>, M: Storage> AspServer<T, S, M> {
+    /// What `handle(now, from, Grad{base, seq, values})` does to the model, version, roster
+    /// and counters, and the same refusals, without its outputs (`Applied`, `ModelUpdated`,
+    /// the model to `from`; the caller reads the new model from
+    /// [`Server::params`](crate::proto::Server::params)), for a sender in the same state
+    /// machine whose `values` passed `GradientPolicy::default().admit` (the grouped
+    /// server's aggregates: not screened twice; a server with another policy screens them).
+    pub(crate) fn apply_screened(
+        &mut self,
+        from: WorkerId,
+        base: Version,
+        seq: u64,
+        values: &[T],
+    ) -> Result<(), Reject> {
+        let result = self.core.queue.ensure_room(Rules::<T, S, M>::burst(&self.rules)).and_then(|()| {
+            self.core.roster.check_member(from)?;
+            self.rules.on_grad(&mut self.core, from, base, seq, &Values::Slice(values), true)
+        });
+        if result.is_err() {
+            self.core.stats.rejected += 1;
+        }
+        result
     }
 }
 
@@ -89,7 +127,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for AspRules<T> {
     ) -> Result<(), Reject> {
         match msg {
             ToServer::Join { epoch } => core.join_and_send_model(from, epoch).map(|_| ()),
-            ToServer::Grad { base, seq, ref values, .. } => self.on_grad(core, from, base, seq, values),
+            ToServer::Grad { base, seq, ref values, .. } => self.on_grad(core, from, base, seq, values, false),
             other => Err(Reject::Unexpected { kind: other.kind_name() }),
         }
     }

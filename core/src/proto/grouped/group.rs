@@ -193,11 +193,13 @@ impl<M: Storage> Shared<M> {
         }
     }
 
-    /// What `batch` emits for `worker`.
-    fn expand(batch: Batch, worker: WorkerId, r: &mut WorkerRecord<GroupedSlot>) -> Option<Item> {
-        match batch {
+    /// What `batch` emits for `worker` (`Err` for a member's model: the caller attaches
+    /// the payload).
+    #[inline(always)]
+    fn expand(batch: &Batch, worker: WorkerId, r: &mut WorkerRecord<GroupedSlot>) -> Option<Result<ServerEvent, u32>> {
+        match *batch {
             Batch::Applied { mark, base, version, staleness, weight } if r.mark == mark => {
-                Some(Item::Event(ServerEvent::Applied {
+                Some(Ok(ServerEvent::Applied {
                     worker,
                     base,
                     version,
@@ -206,56 +208,75 @@ impl<M: Storage> Shared<M> {
                 }))
             }
             Batch::Aborted { mark, base } if r.mark == mark => {
-                Some(Item::Event(ServerEvent::Dropped { worker, base, reason: DropReason::Aborted }))
+                Some(Ok(ServerEvent::Dropped { worker, base, reason: DropReason::Aborted }))
             }
             Batch::Models { group, waiting } if u32::from(r.ext.group) == group && (!waiting || r.has(WAITING)) => {
                 r.set(WAITING, false);
-                Some(Item::Model { group, to: Recipient::Worker(worker) })
+                Some(Err(group))
             }
             _ => None,
         }
     }
 
-    /// The next item, batches expanded.
+    /// The next output: the front item's, read in place (a batch is expanded where it lies),
+    /// payloads attached.
     #[inline(always)]
-    fn next_item(&mut self) -> Option<Item> {
-        loop {
-            let Item::Batch { batch, next, end } = self.queue.front_mut()? else {
-                return self.queue.pop();
-            };
-            let (kind, mut i, end) = (*batch, *next as usize, *end as usize);
-            let records = self.roster.records_mut();
-            while let Some(r) = records.get_mut(i).filter(|_| i < end) {
-                i += 1;
-                if let Some(item) = Self::expand(kind, WorkerId(i as u32 - 1), r) {
-                    *next = i as u32;
-                    return Some(item);
-                }
-            }
-            self.queue.advance();
-            self.batches = self.batches.saturating_sub(1);
-        }
-    }
-
     pub(super) fn poll<'a, T>(
         &mut self,
         version: impl Fn(u32) -> Version,
         model: impl Fn(u32) -> &'a [T],
     ) -> Option<ServerOutput<'a, T>> {
-        let item = self.next_item()?;
-        Some(match item {
-            Item::Model { group, to } => {
-                let version = version(group);
-                ServerOutput::Send {
-                    to,
-                    msg: ToWorker::Model { version, clock: version.0, values: Values::Slice(model(group)) },
+        let send_model = |group: u32, to: Recipient| {
+            let version = version(group);
+            ServerOutput::Send {
+                to,
+                msg: ToWorker::Model { version, clock: version.0, values: Values::Slice(model(group)) },
+            }
+        };
+        loop {
+            let (batch, next, end) = match self.queue.front_mut()? {
+                Item::Event(e) => {
+                    // Built in the caller's slot straight from the queue before the queue
+                    // moves on (a copy through the stack reloaded it at other offsets than
+                    // it stored: a store-forwarding stall, `perf annotate`).
+                    let out = Some(ServerOutput::Event(*e));
+                    self.queue.advance();
+                    return out;
+                }
+                Item::Batch { batch, next, end } => (batch, next, *end as usize),
+                Item::Model { .. } | Item::Stop => {
+                    return Some(match self.queue.pop()? {
+                        Item::Model { group, to } => send_model(group, to),
+                        _ => ServerOutput::Send { to: Recipient::AllWorkers, msg: ToWorker::Stop },
+                    });
+                }
+            };
+            let records = self.roster.records_mut();
+            let mut i = *next as usize;
+            let mut out = None;
+            while let Some(r) = records.get_mut(i).filter(|_| i < end) {
+                i += 1;
+                if let Some(o) = Self::expand(batch, WorkerId(i as u32 - 1), r) {
+                    out = Some(o);
+                    break;
                 }
             }
-            Item::Stop => ServerOutput::Send { to: Recipient::AllWorkers, msg: ToWorker::Stop },
-            Item::Event(e) => ServerOutput::Event(e),
-            // Expanded by `next_item`.
-            Item::Batch { .. } => return None,
-        })
+            match out {
+                Some(Ok(event)) => {
+                    *next = i as u32;
+                    return Some(ServerOutput::Event(event));
+                }
+                Some(Err(group)) => {
+                    *next = i as u32;
+                    return Some(send_model(group, Recipient::Worker(WorkerId(i as u32 - 1))));
+                }
+                // Every member was looked at: the batch is done (input is refused until then).
+                None => {
+                    self.queue.advance();
+                    self.batches = self.batches.saturating_sub(1);
+                }
+            }
+        }
     }
 }
 
@@ -411,19 +432,21 @@ impl Group {
             self.stall.progress(now);
             return Closed::Local;
         }
-        let aggregate: &[T] = if sh.config.local_steps > 1 {
+        // The central server's policy is the default: an aggregate passes it when its length
+        // is the model's and its squared norm is finite. A mean of admitted gradients can
+        // still fail it (their sum can overflow, and so can a sum of H aggregates), so every
+        // aggregate is screened here, once (the central server does not screen it again):
+        // drop this step rather than send what would be refused.
+        let passes = if sh.config.local_steps > 1 {
             for (t, a) in total.iter_mut().zip(acc.iter_mut()) {
                 *t = *t + *a * w;
                 *a = T::zero();
             }
-            total
+            GradientPolicy::default().admit(&Values::Slice(&*total), model.len()).is_ok()
         } else {
-            math::scale(acc, w);
-            acc
+            acc.len() == model.len() && scale_measured(acc, w).is_finite()
         };
-        // The central server screens what it receives like any gradient; a sum of H
-        // aggregates can overflow. Drop this step rather than send what would be refused.
-        if GradientPolicy::default().admit(&Values::Slice(aggregate), model.len()).is_err() {
+        if !passes {
             math::fill_zero(acc);
             math::fill_zero(total);
             for _ in 0..self.count {
@@ -545,6 +568,26 @@ impl Group {
             }
         }
     }
+}
+
+/// `y *= a`, returning the squared norm of the result with the bits
+/// [`math::squared_norm`] gives (the same lanes, summed in the same order): the scaling and
+/// the screening of an aggregate in one pass.
+pub(super) fn scale_measured<T: Scalar>(y: &mut [T], a: T) -> T {
+    let mut lanes = [T::zero(); math::LANES];
+    let mut chunks = y.chunks_exact_mut(math::LANES);
+    for c in &mut chunks {
+        let Ok(c) = <&mut [T; math::LANES]>::try_from(c) else { continue };
+        for (l, v) in lanes.iter_mut().zip(c.iter_mut()) {
+            *v = *v * a;
+            *l = *l + *v * *v;
+        }
+    }
+    let tail = chunks.into_remainder().iter_mut().fold(T::zero(), |s, v| {
+        *v = *v * a;
+        s + *v * *v
+    });
+    math::sum_lanes(&{ lanes }) + tail
 }
 
 /// Splits group `g`'s part of a [`GroupedServer`]'s scratch into (model, accumulator, sum).

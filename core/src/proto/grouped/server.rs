@@ -99,9 +99,23 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
         let sent = match closed {
             Closed::Local => return,
             Closed::Exchange => {
-                let (base, iteration, seq) = group.take_exchange();
+                // The aggregate is lent to the central server, which applies it without
+                // queuing the outputs a remote group would get (its reply is read here) and
+                // without screening it again: `Group::close` screened it with the central
+                // server's policy.
+                let (base, _, seq) = group.take_exchange();
                 let aggregate: &[T] = if shared.config.local_steps > 1 { &*total } else { &*acc };
-                central.handle(now, from, ToServer::Grad { base, iteration, seq, values: Values::Slice(aggregate) })
+                match central.apply_screened(from, base, seq, aggregate) {
+                    Ok(()) => {
+                        let version = central.version();
+                        let values = Values::Slice(central.params());
+                        if let Err(reason) = group.rebase(shared, now, version, &values, model, acc, total) {
+                            shared.event(ServerEvent::GroupRebaseFailed { group: group.id, version, reason });
+                        }
+                        return;
+                    }
+                    Err(reason) => Err(reason),
+                }
             }
             Closed::Rejoin => central.handle(now, from, ToServer::Join { epoch: 0 }),
         };
@@ -204,6 +218,10 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupedServer<T, S, M> {
     }
 
     fn poll_output(&mut self) -> Option<ServerOutput<'_, T>> {
+        // Drained after every input: most calls find the queue empty.
+        if self.shared.queue.len() == 0 {
+            return None;
+        }
         let scratch = self.scratch.as_ref();
         let groups = &self.groups;
         let (dim, per) = (self.dim, self.per);
@@ -214,6 +232,8 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupedServer<T, S, M> {
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
+        // Without stall reports no group has a deadline: no need to look at each.
+        self.shared.config.stall_report?;
         let g = self.shared.layout.groups as usize;
         self.groups.iter().take(g).filter_map(|gr| gr.stall.deadline()).min()
     }

@@ -1,7 +1,8 @@
 //! Unit and property tests of the `grouped` protocol.
 
-use super::group::parts;
+use super::group::{parts, scale_measured};
 use super::*;
+use crate::math;
 use crate::proto::asp::AspServer;
 use crate::proto::bsp::{BspConfig, BspServer};
 use crate::proto::common::testkit::prelude::*;
@@ -761,6 +762,28 @@ fn a_straggler_delays_only_its_own_group() {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// The fused scaling and screening of an aggregate writes the bits of `math::scale` and
+    /// returns the bits of `math::squared_norm` of the result, up to a NaN's payload (so it passes and fails
+    /// exactly the aggregates the central server's policy would), whatever the values:
+    /// across the chunk boundary, near overflow, non-finite.
+    #[test]
+    fn fused_scale_and_measure_is_scale_then_squared_norm(
+        x in proptest::collection::vec(proptest::num::f32::ANY, 0..40),
+        big in proptest::collection::vec(-3.0e19f32..3.0e19, 0..40),
+        a in proptest::num::f32::ANY,
+    ) {
+        for x in [x, big] {
+            let (mut fused, mut plain) = (x.clone(), x);
+            let sq = scale_measured(&mut fused, a);
+            math::scale(&mut plain, a);
+            // Bit for bit but for which NaN payload a sum of NaNs keeps.
+            let want = math::squared_norm(&plain);
+            prop_assert!(sq.to_bits() == want.to_bits() || (sq.is_nan() && want.is_nan()), "{sq} {want}");
+            let bits = |v: &[f32]| v.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&fused), bits(&plain));
+        }
+    }
 
     /// H4: one group of n is BSP, message for message and bit for bit, under any
     /// delivery order and with duplicated messages.
