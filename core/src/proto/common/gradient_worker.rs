@@ -106,20 +106,9 @@ impl<T: Scalar, S: Buffer<T>> ProtocolWorker<T, S, GradientRules> {
     /// host's own buffer, and `buf` holds the worker's previous buffer (the model the host
     /// computed on, now dead). A refused gradient leaves both buffers as they were.
     pub fn handle_gradient_in(&mut self, now: Instant, id: ComputeId, buf: &mut S) -> Result<(), Reject> {
-        if self.core.stopped {
-            return Err(<GradientRules as WorkerRules<T, S>>::STOPPED_GRADIENT);
-        }
-        if <GradientRules as WorkerRules<T, S>>::computing(&self.rules) != Some(id) {
-            return Err(Reject::NoSuchComputation);
-        }
-        let version = self.rules.computing_on()?;
-        self.core.queue.ensure_room(1)?;
-        let dim = self.core.dim();
-        let grad = buf.as_ref();
-        if grad.len() != dim {
-            return Err(Reject::WrongLength(math::LengthMismatch { expected: dim, actual: grad.len() }));
-        }
-        if !math::all_finite(grad) {
+        self.check_computation(id)?;
+        let version = self.rules.gradient_base(&mut self.core, buf.as_ref().len())?;
+        if !math::all_finite(buf.as_ref()) {
             return Err(Reject::NotFinite);
         }
         core::mem::swap(&mut self.core.params, buf);
@@ -142,12 +131,23 @@ impl GradientRules {
         self.phase = Phase::Computing { id, version };
     }
 
-    /// The version of the running computation, if any.
-    fn computing_on(&self) -> Result<Version, Reject> {
-        match self.phase {
-            Phase::Computing { version, .. } => Ok(version),
-            Phase::Waiting { .. } => Err(Reject::NoSuchComputation),
+    /// The checks a gradient of `len` values passes before its values are read: a
+    /// computation is running (its model version is returned), its `Grad` has room in the
+    /// queue, and the length is the model's.
+    fn gradient_base<T: Scalar, S: Buffer<T>>(
+        &self,
+        core: &mut WorkerCore<T, S>,
+        len: usize,
+    ) -> Result<Version, Reject> {
+        let Phase::Computing { version, .. } = self.phase else {
+            return Err(Reject::NoSuchComputation);
+        };
+        core.queue.ensure_room(1)?;
+        let dim = core.dim();
+        if len != dim {
+            return Err(Reject::WrongLength(math::LengthMismatch { expected: dim, actual: len }));
         }
+        Ok(version)
     }
 
     /// A gradient of the computation on `version` was accepted into the worker's buffer:
@@ -213,14 +213,7 @@ impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for GradientRules {
     }
 
     fn on_gradient(&mut self, core: &mut WorkerCore<T, S>, now: Instant, grad: &[T]) -> Result<(), Reject> {
-        let Phase::Computing { version, .. } = self.phase else {
-            return Err(Reject::NoSuchComputation);
-        };
-        core.queue.ensure_room(1)?;
-        let dim = core.dim();
-        if grad.len() != dim {
-            return Err(Reject::WrongLength(math::LengthMismatch { expected: dim, actual: grad.len() }));
-        }
+        let version = self.gradient_base(core, grad.len())?;
         if core.queue.ensure_room(WORKER_QUEUE).is_ok() {
             // No pending output reads the buffer (the host already has its `Compute`), and
             // every later output that does is preceded by a write of the whole buffer (this

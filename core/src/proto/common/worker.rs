@@ -265,6 +265,18 @@ impl<T: Scalar, S: Buffer<T>, P: WorkerRules<T, S>> ProtocolWorker<T, S, P> {
     pub(crate) fn from_parts(core: WorkerCore<T, S>, rules: P) -> Self {
         Self { core, rules }
     }
+
+    /// The checks every gradient from the host passes first: the worker is not stopped and
+    /// `id` is the computation it is running.
+    pub(crate) fn check_computation(&self, id: ComputeId) -> Result<(), Reject> {
+        if self.core.stopped {
+            return Err(P::STOPPED_GRADIENT);
+        }
+        if self.rules.computing() != Some(id) {
+            return Err(Reject::NoSuchComputation);
+        }
+        Ok(())
+    }
 }
 
 impl<T: Scalar, S: Buffer<T>, P: WorkerRules<T, S>> Worker<T> for ProtocolWorker<T, S, P> {
@@ -283,12 +295,7 @@ impl<T: Scalar, S: Buffer<T>, P: WorkerRules<T, S>> Worker<T> for ProtocolWorker
     }
 
     fn handle_gradient(&mut self, now: Instant, id: ComputeId, grad: &[T]) -> Result<(), Reject> {
-        if self.core.stopped {
-            return Err(P::STOPPED_GRADIENT);
-        }
-        if self.rules.computing() != Some(id) {
-            return Err(Reject::NoSuchComputation);
-        }
+        self.check_computation(id)?;
         self.rules.on_gradient(&mut self.core, now, grad)
     }
 
