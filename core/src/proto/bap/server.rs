@@ -74,10 +74,21 @@ impl Contribution {
     }
 }
 
-/// The batch of a close's `Applied` events (`a` = the iteration, `b` = its contributions).
+/// The batch of a close's `Applied` events (`a` = the iteration, `b` = its contributions
+/// and its slot, [`pack_count_slot`]).
 const APPLIED: u8 = 1;
-/// The batch of a timed-out close's aborts (`a` = the iteration).
+/// The batch of a timed-out close's aborts (`a` = the iteration, `b` = its slot).
 const ABORTS: u8 = 2;
+
+/// An `APPLIED` batch's `b`: the contributions in the low 32 bits, the slot above them.
+fn pack_count_slot(count: u32, slot: usize) -> u64 {
+    u64::from(count) | (slot as u64) << 32
+}
+
+/// The contributions and the slot of an `APPLIED` batch's `b`.
+fn unpack_count_slot(b: u64) -> (u32, usize) {
+    (b as u32, (b >> 32) as usize)
+}
 
 /// The BAP server. `S` is the caller's storage for the model and the accumulators, `M` for
 /// the per-worker tables.
@@ -250,8 +261,9 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
             let _ = math::apply_and_clear(core.params.as_mut(), a, acc);
         }
         let version = Version(j);
-        // The contributors' events: one batch, which clears their bit for slot `k`.
-        core.queue.push_batch(BatchKind::Protocol { tag: APPLIED, a: j, b: u64::from(count) });
+        // The contributors' events: one batch, which clears their bit for slot `k` (`b` holds
+        // the count and the slot, so expanding it divides nothing).
+        core.queue.push_batch(BatchKind::Protocol { tag: APPLIED, a: j, b: pack_count_slot(count, k) });
         core.stats.applied += u64::from(count);
         core.stats.updates += 1;
         core.queue.push(ServerItem::Event(ServerEvent::ModelUpdated { version, contributions: count }));
@@ -274,7 +286,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
             }
         }
         if by_timeout {
-            core.queue.push_batch(BatchKind::Protocol { tag: ABORTS, a: j, b: 0 });
+            core.queue.push_batch(BatchKind::Protocol { tag: ABORTS, a: j, b: k as u64 });
         }
         if let Some(it) = self.iterations.get_mut(k) {
             *it = Iteration::EMPTY;
@@ -459,12 +471,13 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BapRules<T, S, M> {
 
     fn expand(&self, kind: BatchKind, worker: WorkerId, record: &mut WorkerRecord<BapSlot>) -> Option<ServerItem> {
         match kind {
-            BatchKind::Protocol { tag: APPLIED, a: j, b: count } => {
-                let k = (j % self.open()) as usize;
-                if record.ext.got & (1 << k) == 0 {
+            BatchKind::Protocol { tag: APPLIED, a: j, b } => {
+                let (count, k) = unpack_count_slot(b);
+                let bit = 1u16.checked_shl(k as u32).unwrap_or(0);
+                if record.ext.got & bit == 0 {
                     return None;
                 }
-                record.ext.got &= !(1 << k);
+                record.ext.got &= !bit;
                 let c = self.contributions.as_ref().get(self.cell(worker.index(), k)).copied();
                 let c = c.unwrap_or(Contribution::NONE);
                 Some(ServerItem::Event(ServerEvent::Applied {
@@ -475,8 +488,8 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BapRules<T, S, M> {
                     weight: c.factor() / count.max(1) as f64,
                 }))
             }
-            BatchKind::Protocol { tag: ABORTS, a: j, .. } => {
-                let bit = 1 << (j % self.open());
+            BatchKind::Protocol { tag: ABORTS, a: j, b: k } => {
+                let bit = 1u16.checked_shl(k as u32).unwrap_or(0);
                 if record.ext.aborted & bit == 0 {
                     return None;
                 }
