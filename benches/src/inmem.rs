@@ -120,6 +120,7 @@ impl DownLink for MemDown {
     fn new(n: usize, dim: usize) -> Self {
         Self(Queue::new(MAILBOX * n, dim, ToWorker::Stop))
     }
+    #[inline]
     fn push(&mut self, to: Recipient, msg: &ToWorker<'_, f32>) -> u64 {
         let payload = match *msg {
             ToWorker::Model { values, .. } => Some(values),
