@@ -182,6 +182,7 @@
 //! reached within about ten: with the default rule, `reproduce dbw --quick`, seeds 1–5,
 //! the second rung went from 1.13× to 1.02× the best static `b` on the shifted exponential.)
 
+use super::estimate::rtt_key;
 use crate::time::Duration;
 
 /// Workers tracked by a [`WorkerRtts`]; larger clusters use the pooled
@@ -190,6 +191,8 @@ pub const RTT_TRACKED_WORKERS: usize = 64;
 
 /// Round trips kept per worker (the forgetting horizon in iterations).
 pub const RTT_PER_WORKER: usize = 16;
+
+const _: () = assert!(RTT_PER_WORKER.is_power_of_two() && RTT_PER_WORKER <= 128);
 
 /// Points of the geometric grid over the exponential tails.
 const TAIL_POINTS: usize = 48;
@@ -518,21 +521,23 @@ impl WorkerRtts {
     /// ignored for workers at or above [`RTT_TRACKED_WORKERS`].
     #[inline]
     pub fn push(&mut self, worker: usize, rtt: Duration, censored: bool) {
-        let micros = (rtt.as_nanos() / 1_000).min(u64::from(u32::MAX >> 1)) as u32;
-        let key = (micros << 1) | u32::from(censored);
+        let key = rtt_key(rtt, censored);
         let (Some(ring), Some(len), Some(next)) =
             (self.ring.get_mut(worker), self.len.get_mut(worker), self.next.get_mut(worker))
         else {
             return;
         };
-        if let Some(slot) = ring.get_mut(usize::from(*next)) {
+        // `next < RTT_PER_WORKER`, a power of two: the mask changes nothing and leaves no
+        // bounds check.
+        let at = usize::from(*next) & (RTT_PER_WORKER - 1);
+        if let Some(slot) = ring.get_mut(at) {
             // A full ring that evicts an equal sample holds the same multiset: no refit.
             if usize::from(*len) < RTT_PER_WORKER || *slot != key {
                 self.dirty |= bit(worker);
             }
             *slot = key;
         }
-        *next = ((usize::from(*next) + 1) % RTT_PER_WORKER) as u8;
+        *next = ((at + 1) % RTT_PER_WORKER) as u8;
         *len = (usize::from(*len) + 1).min(RTT_PER_WORKER) as u8;
         self.fresh = self.fresh.saturating_add(1);
     }
