@@ -290,6 +290,7 @@ pub fn choose_k_noise_scale_within(
 /// maximum), then the flat-valley scan looks above the minimum only; every quantity is the
 /// same expression as in the three functions it combines, so the choice is theirs bit for
 /// bit (test: `fused_choice_is_the_composition`).
+#[inline]
 pub fn choose_k_bounded(
     g: f64,
     s: f64,
@@ -397,6 +398,7 @@ impl CurvatureSplit {
     /// `y` the measured `η ḡᵀHḡ`. Samples are normalised by `signal + noise` (so that
     /// iterations with large gradients do not dominate); non-finite or non-positive totals
     /// are ignored.
+    #[inline]
     pub fn update(&mut self, signal: f64, noise: f64, y: f64) {
         let total = signal + noise;
         // `total > 0.0 && total.is_finite() && y.is_finite() && signal >= 0.0 && noise >= 0.0`,
@@ -419,6 +421,7 @@ impl CurvatureSplit {
     }
 
     /// `(a, b)` clipped to `[min, max]`, or `None` before the first sample.
+    #[inline]
     pub fn get(&self, min: f64, max: f64) -> Option<(f64, f64)> {
         let r = self.pooled()?;
         let [s11, s12, s22, s1y, s2y, ..] = self.sums;
@@ -627,6 +630,10 @@ impl WorkerRtts {
     /// workers are those with `live(i)` among `0..n` and each has at least one sample.
     /// Returns `false` (writing nothing) if `n` exceeds [`RTT_TRACKED_WORKERS`], a live
     /// worker has no sample, no sample at all is observed, or `out` is too short.
+    ///
+    /// The check that nothing changed since the last estimate (then it is copied) is inlined
+    /// into the caller; the estimate itself is not.
+    #[inline]
     pub fn expected_order_statistics(&mut self, n: usize, live: impl Fn(usize) -> bool, out: &mut [f64]) -> bool {
         if n == 0 || n > RTT_TRACKED_WORKERS {
             return false;
@@ -652,6 +659,14 @@ impl WorkerRtts {
                 return true;
             }
         }
+        self.estimate(n, mask, out)
+    }
+
+    /// [`Self::expected_order_statistics`] of the `out.len()` workers in `mask` (each with at
+    /// least one sample) among `0..n`, computed.
+    #[inline(never)]
+    fn estimate(&mut self, n: usize, mask: u64, out: &mut [f64]) -> bool {
+        let m = out.len();
         let live = |i: usize| mask & bit(i) != 0;
         self.last_n = 0;
         // The shared shift: the smallest observed round trip of any live worker.
