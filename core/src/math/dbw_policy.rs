@@ -534,14 +534,16 @@ impl WorkerRtts {
         // bounds check.
         let at = usize::from(*next) & (RTT_PER_WORKER - 1);
         if let Some(slot) = ring.get_mut(at) {
-            // A full ring that evicts an equal sample holds the same multiset: no refit.
-            if usize::from(*len) < RTT_PER_WORKER || *slot != key {
+            if usize::from(*len) < RTT_PER_WORKER {
+                *len += 1;
+                self.dirty |= bit(worker);
+            } else if *slot != key {
+                // A full ring that evicts an equal sample holds the same multiset: no refit.
                 self.dirty |= bit(worker);
             }
             *slot = key;
         }
         *next = ((at + 1) % RTT_PER_WORKER) as u8;
-        *len = (usize::from(*len) + 1).min(RTT_PER_WORKER) as u8;
         self.fresh = self.fresh.saturating_add(1);
     }
 

@@ -664,6 +664,34 @@ mod tests {
     }
 
     proptest! {
+        /// The window holds exactly the newest `capacity` samples since the last clear (as a
+        /// multiset: the estimators sort them), and counts the pushes since the last estimate.
+        #[test]
+        fn window_keeps_the_newest_samples(
+            capacity in 1usize..9,
+            ops in proptest::collection::vec((0u64..50, any::<bool>(), 0u8..12), 0..80),
+        ) {
+            let mut w = RttWindow::new(capacity);
+            let mut pushed: Vec<u32> = Vec::new();
+            for (t, censored, action) in ops {
+                if action == 0 {
+                    w.clear();
+                    pushed.clear();
+                } else {
+                    w.push(Duration::from_micros(t), censored);
+                    pushed.push(rtt_key(Duration::from_micros(t), censored));
+                }
+                let newest = &pushed[pushed.len().saturating_sub(capacity)..];
+                prop_assert_eq!(w.len(), newest.len());
+                let mut held = w.ring[..w.len()].to_vec();
+                let mut want = newest.to_vec();
+                held.sort_unstable();
+                want.sort_unstable();
+                prop_assert_eq!(held, want);
+                prop_assert_eq!(w.fresh(), pushed.len());
+            }
+        }
+
         /// Order statistics are non-decreasing in k, bounded by the sample range (plus the
         /// tail), and never NaN, whatever the samples and censoring.
         #[test]
