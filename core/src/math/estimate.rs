@@ -44,6 +44,8 @@ pub const MAX_RTT_SAMPLES: usize = 2048;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Ema {
     beta: f64,
+    /// `1 − β`, computed once.
+    rest: f64,
     /// `Σ β^(t−i) (1 − β) x_i`.
     sum: f64,
     /// `Σ β^(t−i) (1 − β) = 1 − β^t`.
@@ -55,16 +57,17 @@ impl Ema {
     /// latest sample).
     pub fn new(beta: f64) -> Self {
         let beta = if beta.is_finite() { beta.clamp(0.0, 0.999_999) } else { 0.0 };
-        Self { beta, sum: 0.0, weight: 0.0 }
+        Self { beta, rest: 1.0 - beta, sum: 0.0, weight: 0.0 }
     }
 
     /// Adds a sample; non-finite samples are ignored.
+    #[inline]
     pub fn update(&mut self, x: f64) {
         if !x.is_finite() {
             return;
         }
-        self.sum = self.beta * self.sum + (1.0 - self.beta) * x;
-        self.weight = self.beta * self.weight + (1.0 - self.beta);
+        self.sum = self.beta * self.sum + self.rest * x;
+        self.weight = self.beta * self.weight + self.rest;
     }
 
     /// The current average, if any sample arrived.
