@@ -287,7 +287,7 @@ proptest! {
 
 /// The plain loops the blocked secant passes replace: `ḡ_{t−1} ← acc·inv_k`, with
 /// `(Σ (m − q)², Σ m·q)` summed in element order.
-fn plain_passes<T: crate::math::Scalar>(prev: &mut [T], acc: &[T], inv_k: T) -> (f64, f64) {
+fn plain_passes<T: Scalar>(prev: &mut [T], acc: &[T], inv_k: T) -> (f64, f64) {
     let (mut diff_sq, mut dot) = (0.0, 0.0);
     for (p, a) in prev.iter_mut().zip(acc.iter()) {
         let mean = *a * inv_k;
