@@ -192,7 +192,8 @@ pub const RTT_TRACKED_WORKERS: usize = 64;
 /// Round trips kept per worker (the forgetting horizon in iterations).
 pub const RTT_PER_WORKER: usize = 16;
 
-const _: () = assert!(RTT_PER_WORKER.is_power_of_two() && RTT_PER_WORKER <= 128);
+// Ring slots are masked with `RTT_PER_WORKER − 1`; lengths and positions are `u8`.
+const _: () = assert!(RTT_PER_WORKER.is_power_of_two() && RTT_PER_WORKER <= u8::MAX as usize);
 
 /// Points of the geometric grid over the exponential tails.
 const TAIL_POINTS: usize = 48;
