@@ -182,6 +182,7 @@
 //! reached within about ten: with the default rule, `reproduce dbw --quick`, seeds 1–5,
 //! the second rung went from 1.13× to 1.02× the best static `b` on the shifted exponential.)
 
+use super::estimate::rtt_key;
 use crate::time::Duration;
 
 /// Workers tracked by a [`WorkerRtts`]; larger clusters use the pooled
@@ -190,6 +191,9 @@ pub const RTT_TRACKED_WORKERS: usize = 64;
 
 /// Round trips kept per worker (the forgetting horizon in iterations).
 pub const RTT_PER_WORKER: usize = 16;
+
+// Ring slots are masked with `RTT_PER_WORKER − 1`; lengths and positions are `u8`.
+const _: () = assert!(RTT_PER_WORKER.is_power_of_two() && RTT_PER_WORKER <= u8::MAX as usize);
 
 /// Points of the geometric grid over the exponential tails.
 const TAIL_POINTS: usize = 48;
@@ -287,6 +291,7 @@ pub fn choose_k_noise_scale_within(
 /// maximum), then the flat-valley scan looks above the minimum only; every quantity is the
 /// same expression as in the three functions it combines, so the choice is theirs bit for
 /// bit (test: `fused_choice_is_the_composition`).
+#[inline]
 pub fn choose_k_bounded(
     g: f64,
     s: f64,
@@ -394,6 +399,7 @@ impl CurvatureSplit {
     /// `y` the measured `η ḡᵀHḡ`. Samples are normalised by `signal + noise` (so that
     /// iterations with large gradients do not dominate); non-finite or non-positive totals
     /// are ignored.
+    #[inline]
     pub fn update(&mut self, signal: f64, noise: f64, y: f64) {
         let total = signal + noise;
         // `total > 0.0 && total.is_finite() && y.is_finite() && signal >= 0.0 && noise >= 0.0`,
@@ -416,6 +422,7 @@ impl CurvatureSplit {
     }
 
     /// `(a, b)` clipped to `[min, max]`, or `None` before the first sample.
+    #[inline]
     pub fn get(&self, min: f64, max: f64) -> Option<(f64, f64)> {
         let r = self.pooled()?;
         let [s11, s12, s22, s1y, s2y, ..] = self.sums;
@@ -518,22 +525,26 @@ impl WorkerRtts {
     /// ignored for workers at or above [`RTT_TRACKED_WORKERS`].
     #[inline]
     pub fn push(&mut self, worker: usize, rtt: Duration, censored: bool) {
-        let micros = (rtt.as_nanos() / 1_000).min(u64::from(u32::MAX >> 1)) as u32;
-        let key = (micros << 1) | u32::from(censored);
+        let key = rtt_key(rtt, censored);
         let (Some(ring), Some(len), Some(next)) =
             (self.ring.get_mut(worker), self.len.get_mut(worker), self.next.get_mut(worker))
         else {
             return;
         };
-        if let Some(slot) = ring.get_mut(usize::from(*next)) {
-            // A full ring that evicts an equal sample holds the same multiset: no refit.
-            if usize::from(*len) < RTT_PER_WORKER || *slot != key {
+        // `next < RTT_PER_WORKER`, a power of two: the mask changes nothing and leaves no
+        // bounds check.
+        let at = usize::from(*next) & (RTT_PER_WORKER - 1);
+        if let Some(slot) = ring.get_mut(at) {
+            if usize::from(*len) < RTT_PER_WORKER {
+                *len += 1;
+                self.dirty |= bit(worker);
+            } else if *slot != key {
+                // A full ring that evicts an equal sample holds the same multiset: no refit.
                 self.dirty |= bit(worker);
             }
             *slot = key;
         }
-        *next = ((usize::from(*next) + 1) % RTT_PER_WORKER) as u8;
-        *len = (usize::from(*len) + 1).min(RTT_PER_WORKER) as u8;
+        *next = ((at + 1) % RTT_PER_WORKER) as u8;
         self.fresh = self.fresh.saturating_add(1);
     }
 
@@ -622,6 +633,10 @@ impl WorkerRtts {
     /// workers are those with `live(i)` among `0..n` and each has at least one sample.
     /// Returns `false` (writing nothing) if `n` exceeds [`RTT_TRACKED_WORKERS`], a live
     /// worker has no sample, no sample at all is observed, or `out` is too short.
+    ///
+    /// The check that nothing changed since the last estimate (then it is copied) is inlined
+    /// into the caller; the estimate itself is not.
+    #[inline]
     pub fn expected_order_statistics(&mut self, n: usize, live: impl Fn(usize) -> bool, out: &mut [f64]) -> bool {
         if n == 0 || n > RTT_TRACKED_WORKERS {
             return false;
@@ -647,6 +662,14 @@ impl WorkerRtts {
                 return true;
             }
         }
+        self.estimate(n, mask, out)
+    }
+
+    /// [`Self::expected_order_statistics`] of the `out.len()` workers in `mask` (each with at
+    /// least one sample) among `0..n`, computed.
+    #[inline(never)]
+    fn estimate(&mut self, n: usize, mask: u64, out: &mut [f64]) -> bool {
+        let m = out.len();
         let live = |i: usize| mask & bit(i) != 0;
         self.last_n = 0;
         // The shared shift: the smallest observed round trip of any live worker.

@@ -44,6 +44,8 @@ pub const MAX_RTT_SAMPLES: usize = 2048;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Ema {
     beta: f64,
+    /// `1 − β`, computed once.
+    rest: f64,
     /// `Σ β^(t−i) (1 − β) x_i`.
     sum: f64,
     /// `Σ β^(t−i) (1 − β) = 1 − β^t`.
@@ -55,16 +57,17 @@ impl Ema {
     /// latest sample).
     pub fn new(beta: f64) -> Self {
         let beta = if beta.is_finite() { beta.clamp(0.0, 0.999_999) } else { 0.0 };
-        Self { beta, sum: 0.0, weight: 0.0 }
+        Self { beta, rest: 1.0 - beta, sum: 0.0, weight: 0.0 }
     }
 
     /// Adds a sample; non-finite samples are ignored.
+    #[inline]
     pub fn update(&mut self, x: f64) {
         if !x.is_finite() {
             return;
         }
-        self.sum = self.beta * self.sum + (1.0 - self.beta) * x;
-        self.weight = self.beta * self.weight + (1.0 - self.beta);
+        self.sum = self.beta * self.sum + self.rest * x;
+        self.weight = self.beta * self.weight + self.rest;
     }
 
     /// The current average, if any sample arrived.
@@ -211,6 +214,17 @@ fn add_step(n: usize, width: f64, cdf: f64, log_binom: &[f64], pmf: &mut [f64; M
 
 const CENSORED: u32 = 1;
 
+const _: () = assert!(MAX_RTT_SAMPLES.is_power_of_two());
+
+/// A round trip as the windows store it: `micros << 1 | censored` (microseconds, saturating
+/// at `u32::MAX >> 1`), so that sorting puts an observation before a censoring at the same
+/// time (the Kaplan–Meier convention).
+#[inline(always)]
+pub(crate) fn rtt_key(rtt: Duration, censored: bool) -> u32 {
+    let micros = (rtt.as_nanos() / 1_000).min(u64::from(u32::MAX >> 1)) as u32;
+    (micros << 1) | u32::from(censored)
+}
+
 /// A fixed-capacity ring of round-trip times, each observed or right-censored, pooled over
 /// workers. See the [module docs](self) for the estimator.
 #[derive(Clone, Debug)]
@@ -220,7 +234,8 @@ pub struct RttWindow {
     ring: [u32; MAX_RTT_SAMPLES],
     sorted: [u32; MAX_RTT_SAMPLES],
     capacity: usize,
-    head: usize,
+    /// Where the next sample goes: `len` while the ring fills, then the oldest sample.
+    next: usize,
     len: usize,
     /// Samples pushed since the last successful [`RttWindow::expected_order_statistics`].
     fresh: usize,
@@ -239,7 +254,7 @@ impl RttWindow {
             ring: [0; MAX_RTT_SAMPLES],
             sorted: [0; MAX_RTT_SAMPLES],
             capacity: capacity.clamp(1, MAX_RTT_SAMPLES),
-            head: 0,
+            next: 0,
             len: 0,
             fresh: 0,
             log_binom: [0.0; MAX_EXACT_ORDER + 1],
@@ -267,19 +282,17 @@ impl RttWindow {
     /// longer than `rtt`.
     #[inline]
     pub fn push(&mut self, rtt: Duration, censored: bool) {
-        let micros = (rtt.as_nanos() / 1_000).min(u64::from(u32::MAX >> 1)) as u32;
-        let key = (micros << 1) | u32::from(censored);
-        // `head < capacity` and `len ≤ capacity`: one conditional subtraction wraps (no
-        // division on every round trip).
-        let wrap = |i: usize| if i >= self.capacity { i - self.capacity } else { i };
-        let at = wrap(self.head + self.len);
-        if let Some(slot) = self.ring.get_mut(at) {
+        let key = rtt_key(rtt, censored);
+        // `next < capacity ≤ MAX_RTT_SAMPLES`, a power of two: the mask changes nothing and
+        // leaves no bounds check (nor a branch the key would be computed in).
+        if let Some(slot) = self.ring.get_mut(self.next & (MAX_RTT_SAMPLES - 1)) {
             *slot = key;
         }
+        // One conditional reset wraps (no division on every round trip).
+        let next = self.next + 1;
+        self.next = if next >= self.capacity { 0 } else { next };
         if self.len < self.capacity {
             self.len += 1;
-        } else {
-            self.head = wrap(self.head + 1);
         }
         self.fresh = self.fresh.saturating_add(1);
     }
@@ -293,7 +306,7 @@ impl RttWindow {
 
     /// Forgets every sample.
     pub fn clear(&mut self) {
-        self.head = 0;
+        self.next = 0;
         self.len = 0;
         self.fresh = 0;
     }
@@ -332,7 +345,7 @@ impl RttWindow {
         if n == 0 || n > MAX_EXACT_ORDER || out.len() < n || self.len == 0 {
             return false;
         }
-        // The samples held are `ring[..len]` as a set (the head moves only once the ring is
+        // The samples held are `ring[..len]` as a set (the write position wraps only once the ring is
         // full), and they are sorted next, so their order does not matter.
         let (Some(ring), Some(sorted)) = (self.ring.get(..self.len), self.sorted.get_mut(..self.len)) else {
             return false;
@@ -654,6 +667,34 @@ mod tests {
     }
 
     proptest! {
+        /// The window holds exactly the newest `capacity` samples since the last clear (as a
+        /// multiset: the estimators sort them), and counts the pushes since the last estimate.
+        #[test]
+        fn window_keeps_the_newest_samples(
+            capacity in 1usize..9,
+            ops in proptest::collection::vec((0u64..50, any::<bool>(), 0u8..12), 0..80),
+        ) {
+            let mut w = RttWindow::new(capacity);
+            let mut pushed: Vec<u32> = Vec::new();
+            for (t, censored, action) in ops {
+                if action == 0 {
+                    w.clear();
+                    pushed.clear();
+                } else {
+                    w.push(Duration::from_micros(t), censored);
+                    pushed.push(rtt_key(Duration::from_micros(t), censored));
+                }
+                let newest = &pushed[pushed.len().saturating_sub(capacity)..];
+                prop_assert_eq!(w.len(), newest.len());
+                let mut held = w.ring[..w.len()].to_vec();
+                let mut want = newest.to_vec();
+                held.sort_unstable();
+                want.sort_unstable();
+                prop_assert_eq!(held, want);
+                prop_assert_eq!(w.fresh(), pushed.len());
+            }
+        }
+
         /// Order statistics are non-decreasing in k, bounded by the sample range (plus the
         /// tail), and never NaN, whatever the samples and censoring.
         #[test]

@@ -175,19 +175,9 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> DbwRules<T, S, M> {
             let inv_k = T::from_f64(1.0 / kf);
             if let Some(prev) = extra.get_mut(..dim) {
                 if let LEta::Secant { .. } = self.config.l_eta {
-                    for (p, a) in prev.iter_mut().zip(acc.iter()) {
-                        let mean = *a * inv_k;
-                        let (m, q) = (mean.to_f64(), p.to_f64());
-                        diff_sq += (m - q) * (m - q);
-                        dot += m * q;
-                        *p = mean;
-                    }
+                    (diff_sq, dot) = secant_pass(prev, acc, inv_k);
                 } else {
-                    for (p, a) in prev.iter_mut().zip(acc.iter()) {
-                        let mean = *a * inv_k;
-                        dot += mean.to_f64() * p.to_f64();
-                        *p = mean;
-                    }
+                    dot = rayleigh_pass(prev, acc, inv_k);
                 }
             }
         }
@@ -291,6 +281,76 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> DbwRules<T, S, M> {
         });
         self.engine.publish(core, now, contributors);
     }
+}
+
+/// Elements per block of the secant passes: the products of a block are formed together
+/// (independent, so they vectorise), then added to the running sums one by one, in element
+/// order.
+const PASS_BLOCK: usize = 8;
+
+/// `ḡ_{t−1} ← ḡ_t = acc·inv_k` over `prev` (`T` arithmetic, as stored) and returns
+/// `Σ_i ḡ_t[i]·ḡ_{t−1}[i]` in `f64`, summed from `0.0` in element order (over the common
+/// length of `prev` and `acc`).
+///
+/// The sum is the plain loop's bit for bit: each product is the same `f64` product, and
+/// the products are added to one accumulator in the same order; only the products of a
+/// block are formed before the additions (test: `secant_passes_are_the_plain_loops`).
+pub(super) fn rayleigh_pass<T: Scalar>(prev: &mut [T], acc: &[T], inv_k: T) -> f64 {
+    let len = prev.len().min(acc.len());
+    let (Some(prev), Some(acc)) = (prev.get_mut(..len), acc.get(..len)) else { return 0.0 };
+    let mut dot = 0.0;
+    let mut products = [0.0f64; PASS_BLOCK];
+    let (mut ps, mut accs) = (prev.chunks_exact_mut(PASS_BLOCK), acc.chunks_exact(PASS_BLOCK));
+    for (p, a) in (&mut ps).zip(&mut accs) {
+        // As fixed-size arrays the block loops have constant trip counts and vectorise.
+        let (Ok(p), Ok(a)) = (<&mut [T; PASS_BLOCK]>::try_from(p), <&[T; PASS_BLOCK]>::try_from(a)) else { continue };
+        let means = a.map(|a| a * inv_k);
+        for ((x, p), m) in products.iter_mut().zip(p.iter()).zip(&means) {
+            *x = Scalar::to_f64(*m) * Scalar::to_f64(*p);
+        }
+        *p = means;
+        for x in products {
+            dot += x;
+        }
+    }
+    for (p, a) in ps.into_remainder().iter_mut().zip(accs.remainder()) {
+        let mean = *a * inv_k;
+        dot += mean.to_f64() * p.to_f64();
+        *p = mean;
+    }
+    dot
+}
+
+/// [`rayleigh_pass`] that also returns `‖ḡ_t − ḡ_{t−1}‖²` (first), summed in element order
+/// in `f64`: `(Σ (m − q)², Σ m·q)`.
+pub(super) fn secant_pass<T: Scalar>(prev: &mut [T], acc: &[T], inv_k: T) -> (f64, f64) {
+    let len = prev.len().min(acc.len());
+    let (Some(prev), Some(acc)) = (prev.get_mut(..len), acc.get(..len)) else { return (0.0, 0.0) };
+    let (mut diff_sq, mut dot) = (0.0, 0.0);
+    let (mut squares, mut products) = ([0.0f64; PASS_BLOCK], [0.0f64; PASS_BLOCK]);
+    let (mut ps, mut accs) = (prev.chunks_exact_mut(PASS_BLOCK), acc.chunks_exact(PASS_BLOCK));
+    for (p, a) in (&mut ps).zip(&mut accs) {
+        let (Ok(p), Ok(a)) = (<&mut [T; PASS_BLOCK]>::try_from(p), <&[T; PASS_BLOCK]>::try_from(a)) else { continue };
+        let means = a.map(|a| a * inv_k);
+        for (((d, x), p), m) in squares.iter_mut().zip(products.iter_mut()).zip(p.iter()).zip(&means) {
+            let (m, q) = (Scalar::to_f64(*m), Scalar::to_f64(*p));
+            *d = (m - q) * (m - q);
+            *x = m * q;
+        }
+        *p = means;
+        for (d, x) in squares.into_iter().zip(products) {
+            diff_sq += d;
+            dot += x;
+        }
+    }
+    for (p, a) in ps.into_remainder().iter_mut().zip(accs.remainder()) {
+        let mean = *a * inv_k;
+        let (m, q) = (mean.to_f64(), p.to_f64());
+        diff_sq += (m - q) * (m - q);
+        dot += m * q;
+        *p = mean;
+    }
+    (diff_sq, dot)
 }
 
 // A close, plus the `BackupChosen` report.

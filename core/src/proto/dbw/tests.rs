@@ -284,3 +284,57 @@ proptest! {
         prop_assert_eq!(&trace, &reference);
     }
 }
+
+/// The plain loops the blocked secant passes replace: `ḡ_{t−1} ← acc·inv_k`, with
+/// `(Σ (m − q)², Σ m·q)` summed in element order.
+fn plain_passes<T: Scalar>(prev: &mut [T], acc: &[T], inv_k: T) -> (f64, f64) {
+    let (mut diff_sq, mut dot) = (0.0, 0.0);
+    for (p, a) in prev.iter_mut().zip(acc.iter()) {
+        let mean = *a * inv_k;
+        let (m, q) = (mean.to_f64(), p.to_f64());
+        diff_sq += (m - q) * (m - q);
+        dot += m * q;
+        *p = mean;
+    }
+    (diff_sq, dot)
+}
+
+proptest! {
+    /// The blocked passes of the close ([`server::rayleigh_pass`], [`server::secant_pass`])
+    /// give the plain loops' sums bit for bit and leave the same `ḡ_{t−1}`, for `f32` and
+    /// `f64`, every length (whole blocks, a remainder, unequal lengths) and values with
+    /// cancellation, infinities and NaN.
+    #[test]
+    fn secant_passes_are_the_plain_loops(
+        pairs in proptest::collection::vec(
+            (prop_oneof![8 => -1e3f64..1e3, 1 => Just(f64::INFINITY), 1 => Just(f64::NAN), 1 => Just(0.0)], -1e3f64..1e3),
+            0..40,
+        ),
+        extra in 0usize..3, inv_k in prop_oneof![Just(0.25f64), Just(1.0 / 3.0), 1e-3f64..2.0],
+    ) {
+        let acc: Vec<f64> = pairs.iter().map(|p| p.0).collect();
+        let prev: Vec<f64> = pairs.iter().map(|p| p.1).chain((0..extra).map(|i| i as f64)).collect();
+        // Bits, with every NaN as one (which NaN an operation returns may depend on operand
+        // order, which the compiler may swap).
+        let one = |x: f64| if x.is_nan() { f64::NAN.to_bits() } else { x.to_bits() };
+        let bits = |x: (f64, f64)| (one(x.0), one(x.1));
+        let (mut want, mut got, mut got2) = (prev.clone(), prev.clone(), prev.clone());
+        let plain = plain_passes(&mut want, &acc, inv_k);
+        prop_assert_eq!(bits(server::secant_pass(&mut got, &acc, inv_k)), bits(plain));
+        prop_assert_eq!(one(server::rayleigh_pass(&mut got2, &acc, inv_k)), one(plain.1));
+        let as_bits = |v: &[f64]| v.iter().map(|x| one(*x)).collect::<Vec<_>>();
+        prop_assert_eq!(as_bits(&got), as_bits(&want));
+        prop_assert_eq!(as_bits(&got2), as_bits(&want));
+        // The same in `f32`, as the benches and most callers store the model.
+        let acc: Vec<f32> = acc.iter().map(|x| *x as f32).collect();
+        let prev: Vec<f32> = prev.iter().map(|x| *x as f32).collect();
+        let inv_k = inv_k as f32;
+        let (mut want, mut got, mut got2) = (prev.clone(), prev.clone(), prev);
+        let plain = plain_passes(&mut want, &acc, inv_k);
+        prop_assert_eq!(bits(server::secant_pass(&mut got, &acc, inv_k)), bits(plain));
+        prop_assert_eq!(one(server::rayleigh_pass(&mut got2, &acc, inv_k)), one(plain.1));
+        let as_bits = |v: &[f32]| v.iter().map(|x| one(f64::from(*x))).collect::<Vec<_>>();
+        prop_assert_eq!(as_bits(&got), as_bits(&want));
+        prop_assert_eq!(as_bits(&got2), as_bits(&want));
+    }
+}
