@@ -311,7 +311,9 @@ macro_rules! backup_family_rules {
                 use $crate::msg::ToServer;
                 match msg {
                     ToServer::Join { epoch } => self.engine.on_join(core, now, from, epoch),
-                    ToServer::Grad { base, seq, values, .. } => self.on_grad(core, now, from, base, seq, &values),
+                    // By reference: a copy of `values` out of the caller's message waits on its
+                    // stores (a store-forwarding stall `perf annotate` showed on every gradient).
+                    ToServer::Grad { base, seq, ref values, .. } => self.on_grad(core, now, from, base, seq, values),
                     other => Err($crate::error::Reject::Unexpected { kind: other.kind_name() }),
                 }
             }
