@@ -103,13 +103,18 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
                 // queuing the outputs a remote group would get (its reply is read here) and
                 // without screening it again: `Group::close` screened it with the central
                 // server's policy.
+                // The update, the group's copy of the new model and the clearing of the
+                // aggregate are one pass (`apply_copy_clear`); what is left of the re-base
+                // cannot fail after an accepted update (the new version exceeds the base).
                 let (base, _, seq) = group.take_exchange();
-                let aggregate: &[T] = if shared.config.local_steps > 1 { &*total } else { &*acc };
-                match central.apply_screened(from, base, seq, aggregate) {
+                let aggregate: &mut [T] = if shared.config.local_steps > 1 { &mut *total } else { &mut *acc };
+                let applied = central.apply_screened(from, base, seq, aggregate, |params, scale, agg| {
+                    apply_copy_clear(params, scale, agg, &mut *model)
+                });
+                match applied {
                     Ok(()) => {
                         let version = central.version();
-                        let values = Values::Slice(central.params());
-                        if let Err(reason) = group.rebase(shared, now, version, &values, model, acc, total) {
+                        if let Err(reason) = group.rebase_applied(shared, now, version) {
                             shared.event(ServerEvent::GroupRebaseFailed { group: group.id, version, reason });
                         }
                         return;
@@ -171,8 +176,9 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
         let Self { scratch, groups, shared, dim, per, .. } = self;
         let group = groups.get_mut(g).ok_or(Reject::UnknownWorker(from))?;
         let (model, acc, total) = parts(scratch.as_mut(), g, *dim, *per).ok_or(Reject::Capacity)?;
-        if group.on_grad(shared, now, from, base, seq, values, acc)? {
-            let closed = group.close(shared, now, model, acc, total);
+        let added = group.on_grad(shared, now, from, base, seq, values, acc)?;
+        if added.complete() {
+            let closed = group.close(shared, now, model, acc, total, added);
             self.exchange(now, g, closed);
         }
         Ok(())
