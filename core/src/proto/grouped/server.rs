@@ -164,6 +164,19 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
         }
     }
 
+    /// [`Server::poll_output`] past its fast path: models, batches, the stop.
+    #[inline(never)]
+    fn poll_items(&mut self) -> Option<ServerOutput<'_, T>> {
+        let Self { scratch, groups, shared, dim, per, .. } = self;
+        let (scratch, groups, dim, per) = (&*scratch, &*groups, &*dim, &*per);
+        // The payload is looked up out of line: inlined, its state was loaded (and spilled)
+        // on every call, though most outputs are events.
+        shared.poll(
+            |g| groups.get(g as usize).map_or(Version::ZERO, |gr| gr.version),
+            |g| model_of(scratch, g, dim, per),
+        )
+    }
+
     pub(super) fn on_grad(
         &mut self,
         now: Instant,
@@ -183,6 +196,12 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
         }
         Ok(())
     }
+}
+
+/// Group `g`'s model in a [`GroupedServer`]'s scratch.
+#[inline(never)]
+fn model_of<'a, T, S: Buffer<T>>(scratch: &'a S, g: u32, dim: &usize, per: &usize) -> &'a [T] {
+    part(scratch.as_ref(), g as usize, *dim, *per)
 }
 
 impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupedServer<T, S, M> {
@@ -224,17 +243,14 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupedServer<T, S, M> {
     }
 
     fn poll_output(&mut self) -> Option<ServerOutput<'_, T>> {
-        // Drained after every input: most calls find the queue empty.
-        if self.shared.queue.len() == 0 {
-            return None;
+        // Drained after every input: most calls find the queue empty or an event in front,
+        // answered here without the setup (and saved registers) of the general case.
+        if let Item::Event(e) = self.shared.queue.front_mut()? {
+            let out = Some(ServerOutput::Event(*e));
+            self.shared.queue.advance();
+            return out;
         }
-        let scratch = self.scratch.as_ref();
-        let groups = &self.groups;
-        let (dim, per) = (self.dim, self.per);
-        self.shared.poll(
-            |g| groups.get(g as usize).map_or(Version::ZERO, |gr| gr.version),
-            |g| part(scratch, g as usize, dim, per),
-        )
+        self.poll_items()
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
