@@ -149,7 +149,10 @@ impl<M: Storage> Shared<M> {
     }
 
     pub(super) fn event(&mut self, event: ServerEvent) {
-        self.push(Item::Event(event));
+        // Built in its slot (see `FrontQueue::push_with`); an event is never a batch.
+        if !self.queue.push_with(|| Item::Event(event)) {
+            self.stats.outputs_lost += 1;
+        }
     }
 
     /// Refuses input while a batch is being expanded (the records it reads must not change)

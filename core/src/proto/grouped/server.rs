@@ -207,7 +207,7 @@ fn model_of<'a, T, S: Buffer<T>>(scratch: &'a S, g: u32, dim: &usize, per: &usiz
 impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupedServer<T, S, M> {
     fn handle(&mut self, now: Instant, from: WorkerId, msg: ToServer<'_, T>) -> Result<(), Reject> {
         let result = self.shared.ensure_room().and_then(|()| {
-            self.shared.roster.check_member(from)?;
+            // Membership: only a worker of the roster has a group.
             let g = self.shared.group_of(from).ok_or(Reject::UnknownWorker(from))?;
             match msg {
                 ToServer::Join { epoch } => {
