@@ -131,6 +131,7 @@ impl<M: Storage> Shared<M> {
         self.marks
     }
 
+    #[inline(always)]
     pub(super) fn push(&mut self, item: Item) {
         // Room for the largest burst is checked before every input (`ensure_room`), so this
         // cannot fail; should it ever, the output is counted, never dropped silently.
@@ -143,11 +144,13 @@ impl<M: Storage> Shared<M> {
     }
 
     /// Queues `batch` for the members of group `group`.
+    #[inline(always)]
     pub(super) fn push_batch(&mut self, group: u32, batch: Batch) {
         let (next, end) = self.layout.span.get(group as usize).copied().unwrap_or((0, 0));
         self.push(Item::Batch { batch, next, end });
     }
 
+    #[inline(always)]
     pub(super) fn event(&mut self, event: ServerEvent) {
         // Built in its slot (see `FrontQueue::push_with`); an event is never a batch.
         if !self.queue.push_with(|| Item::Event(event)) {
@@ -185,6 +188,7 @@ impl<M: Storage> Shared<M> {
     }
 
     /// Sends group `group`'s model to all its members.
+    #[inline(always)]
     pub(super) fn broadcast(&mut self, group: u32) {
         if self.layout.groups == 1 {
             for r in self.roster.records_mut() {
@@ -390,6 +394,7 @@ impl Group {
     /// is added, scaled by the group weight and measured for the central screening in one
     /// pass ([`Added::Scaled`]).
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     pub(super) fn on_grad<T: Scalar, M: Storage>(
         &mut self,
         sh: &mut Shared<M>,
@@ -484,6 +489,7 @@ impl Group {
     /// the broadcast; for an exchange, leaves the aggregate in `acc` (`H = 1`) or `total`.
     /// `added` is what [`Self::on_grad`] returned for the step's last gradient: with
     /// [`Added::Scaled`], `acc` already holds the scaled aggregate and its squared norm.
+    #[inline(always)]
     pub(super) fn close<T: Scalar, M: Storage>(
         &mut self,
         sh: &mut Shared<M>,
@@ -596,6 +602,7 @@ impl Group {
     /// already moved: the group model is the central model and the aggregate is cleared
     /// ([`apply_copy_clear`]). Refused, changing nothing, unless an exchange is pending
     /// and `central` is newer than the group's base.
+    #[inline(always)]
     pub(super) fn rebase_applied<M: Storage>(
         &mut self,
         sh: &mut Shared<M>,
@@ -612,6 +619,7 @@ impl Group {
 
     /// The group version a re-base on `central` gives; for the reply to an exchange, also
     /// queues its outcomes (`GroupApplied`, the members' `Applied`, `ModelUpdated`).
+    #[inline(always)]
     fn rebased_version<M: Storage>(&mut self, sh: &mut Shared<M>, central: Version) -> Result<Version, Reject> {
         Ok(match self.phase {
             Phase::Collecting => return Err(Reject::Unexpected { kind: "Model" }),
@@ -646,6 +654,7 @@ impl Group {
 
     /// The state change of a re-base once the group model is the central model `central`:
     /// the group is at `version` and collects again; its members get the model.
+    #[inline(always)]
     fn finish_rebase<M: Storage>(&mut self, sh: &mut Shared<M>, now: Instant, central: Version, version: Version) {
         let quiet = !self.has_model || version == self.version;
         self.aborted = false;

@@ -89,6 +89,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
 
     /// Sends group `g`'s pending upstream message (`Grad` after [`Closed::Exchange`], `Join`
     /// after [`Closed::Rejoin`]) to the central server and delivers its reply.
+    #[inline(always)]
     pub(super) fn exchange(&mut self, now: Instant, g: usize, closed: Closed) {
         let Self { central, scratch, groups, shared, dim, per, .. } = self;
         let (Some(group), Some((model, acc, total))) = (groups.get_mut(g), parts(scratch.as_mut(), g, *dim, *per))
