@@ -416,7 +416,14 @@ impl Group {
                     && !sh.roster.record(from).is_some_and(|r| r.mark == self.mark) =>
             {
                 if self.count + 1 == self.size && sh.config.local_steps == 1 {
-                    let factor = sh.config.gradient_policy.admit(values, acc.len())?;
+                    let policy = &sh.config.gradient_policy;
+                    // What `admit` returns for a finite norm without a bound; otherwise its
+                    // verdict (and refusal).
+                    let factor = if policy.max_norm.is_none() && math::squared_norm(x).is_finite() {
+                        T::one()
+                    } else {
+                        policy.admit(values, acc.len())?
+                    };
                     scaled = Some(add_scale_measured(acc, x, factor, T::from_f64(self.weight)));
                     factor
                 } else if self.count == 0 && sh.config.gradient_policy.max_norm.is_none() {
