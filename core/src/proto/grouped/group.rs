@@ -413,7 +413,7 @@ impl Group {
                 if open
                     && self.has_model
                     && x.len() == acc.len()
-                    && !sh.roster.record(from).is_some_and(|r| r.mark == self.mark) =>
+                    && sh.roster.record(from).is_none_or(|r| r.mark != self.mark) =>
             {
                 if self.count + 1 == self.size && sh.config.local_steps == 1 {
                     let policy = &sh.config.gradient_policy;

@@ -172,10 +172,8 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
         let (scratch, groups, dim, per) = (&*scratch, &*groups, &*dim, &*per);
         // The payload is looked up out of line: inlined, its state was loaded (and spilled)
         // on every call, though most outputs are events.
-        shared.poll(
-            |g| groups.get(g as usize).map_or(Version::ZERO, |gr| gr.version),
-            |g| model_of(scratch, g, dim, per),
-        )
+        shared
+            .poll(|g| groups.get(g as usize).map_or(Version::ZERO, |gr| gr.version), |g| model_of(scratch, g, dim, per))
     }
 
     pub(super) fn on_grad(
