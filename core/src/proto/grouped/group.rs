@@ -258,10 +258,15 @@ impl<M: Storage> Shared<M> {
                     });
                 }
             };
+            // The span's records from where the batch stopped, as one slice: no bound check
+            // per record.
+            let start = *next as usize;
             let records = self.roster.records_mut();
-            let mut i = *next as usize;
+            let end = end.min(records.len());
+            let records = records.get_mut(start..end).unwrap_or(&mut []);
+            let mut i = start;
             let mut out = None;
-            while let Some(r) = records.get_mut(i).filter(|_| i < end) {
+            for r in records {
                 i += 1;
                 if let Some(o) = Self::expand(batch, WorkerId(i as u32 - 1), r) {
                     out = Some(o);
