@@ -612,8 +612,9 @@ impl Group {
 
     /// The reply to an exchange (central version `central`) whose tensors the caller
     /// already moved: the group model is the central model and the aggregate is cleared
-    /// ([`apply_copy_clear`]). Refused, changing nothing, unless an exchange is pending
-    /// and `central` is newer than the group's base.
+    /// ([`apply_copy_clear`]). Refused, with the group's state unchanged, unless an
+    /// exchange is pending and `central` is newer than the group's base (which an accepted
+    /// update always makes it, so the caller's tensors never move without the state).
     #[inline(always)]
     pub(super) fn rebase_applied<M: Storage>(
         &mut self,
