@@ -59,6 +59,24 @@ impl<T: Scalar> AspRules<T> {
         values: &Values<'_, T>,
         quiet: bool,
     ) -> Result<(), Reject> {
+        let factor = self.screen(core, from, base, seq, values, quiet)?;
+        values.scaled_add_into(core.params.as_mut(), self.scale(factor))?;
+        self.applied(core, from, base, seq, factor, quiet);
+        Ok(())
+    }
+
+    /// The checks of a gradient from `from` (sequence, admission, version); returns its
+    /// admission factor. Changes nothing.
+    #[inline(always)]
+    fn screen<S: Buffer<T>, M: Storage>(
+        &self,
+        core: &CoreOf<T, S, M, Self>,
+        from: WorkerId,
+        base: Version,
+        seq: u64,
+        values: &Values<'_, T>,
+        quiet: bool,
+    ) -> Result<T, Reject> {
         core.roster.check_seq(from, seq)?;
         let factor = if quiet && self.config.gradient_policy == GradientPolicy::default() {
             values.check_len(core.dim())?;
@@ -69,22 +87,40 @@ impl<T: Scalar> AspRules<T> {
         if base > core.version {
             return Err(Reject::FutureVersion { claimed: base, current: core.version });
         }
+        Ok(factor)
+    }
+
+    /// The step a gradient admitted with `factor` is applied with: `−η · factor`.
+    #[inline(always)]
+    fn scale(&self, factor: T) -> T {
+        T::from_f64(-self.config.learning_rate) * factor
+    }
+
+    /// The bookkeeping once a gradient that passed [`Self::screen`] is in the model: the
+    /// sequence, the version, the counters and (unless `quiet`) the outputs.
+    #[inline(always)]
+    fn applied<S: Buffer<T>, M: Storage>(
+        &mut self,
+        core: &mut CoreOf<T, S, M, Self>,
+        from: WorkerId,
+        base: Version,
+        seq: u64,
+        factor: T,
+        quiet: bool,
+    ) {
         core.roster.commit_seq(from, seq);
         core.stats.accepted += 1;
-        let scale = T::from_f64(-self.config.learning_rate) * factor;
-        values.scaled_add_into(core.params.as_mut(), scale)?;
         let staleness = base.lag_behind(core.version);
         core.version = core.version.next();
         core.stats.applied += 1;
         core.stats.updates += 1;
         if quiet {
-            return Ok(());
+            return;
         }
         let version = core.version;
         core.event(ServerEvent::Applied { worker: from, base, version, staleness, weight: factor.to_f64() });
         core.event(ServerEvent::ModelUpdated { version, contributions: 1 });
         core.send_model(Recipient::Worker(from));
-        Ok(())
     }
 }
 
@@ -95,16 +131,26 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> AspServer<T, S, M> {
     /// [`Server::params`](crate::proto::Server::params)), for a sender in the same state
     /// machine whose `values` passed `GradientPolicy::default().admit` (the grouped
     /// server's aggregates: not screened twice; a server with another policy screens them).
+    ///
+    /// The update itself is the caller's `apply(params, scale, values)`, called once and only
+    /// when the gradient is accepted: it must do `params += scale · values` with the bits
+    /// of [`math::scaled_add`](crate::math::scaled_add), and may fuse more work over the same
+    /// elements into that pass (the grouped server copies the new model out and clears its
+    /// aggregate, which is why `values` is lent mutably).
     pub(crate) fn apply_screened(
         &mut self,
         from: WorkerId,
         base: Version,
         seq: u64,
-        values: &[T],
+        values: &mut [T],
+        apply: impl FnOnce(&mut [T], T, &mut [T]),
     ) -> Result<(), Reject> {
         let result = self.core.queue.ensure_room(Rules::<T, S, M>::burst(&self.rules)).and_then(|()| {
             self.core.roster.check_member(from)?;
-            self.rules.on_grad(&mut self.core, from, base, seq, &Values::Slice(values), true)
+            let factor = self.rules.screen(&self.core, from, base, seq, &Values::Slice(values), true)?;
+            apply(self.core.params.as_mut(), self.rules.scale(factor), values);
+            self.rules.applied(&mut self.core, from, base, seq, factor, true);
+            Ok(())
         });
         if result.is_err() {
             self.core.stats.rejected += 1;

@@ -131,6 +131,7 @@ impl<M: Storage> Shared<M> {
         self.marks
     }
 
+    #[inline(always)]
     pub(super) fn push(&mut self, item: Item) {
         // Room for the largest burst is checked before every input (`ensure_room`), so this
         // cannot fail; should it ever, the output is counted, never dropped silently.
@@ -143,13 +144,18 @@ impl<M: Storage> Shared<M> {
     }
 
     /// Queues `batch` for the members of group `group`.
+    #[inline(always)]
     pub(super) fn push_batch(&mut self, group: u32, batch: Batch) {
         let (next, end) = self.layout.span.get(group as usize).copied().unwrap_or((0, 0));
         self.push(Item::Batch { batch, next, end });
     }
 
+    #[inline(always)]
     pub(super) fn event(&mut self, event: ServerEvent) {
-        self.push(Item::Event(event));
+        // Built in its slot (see `FrontQueue::push_with`); an event is never a batch.
+        if !self.queue.push_with(|| Item::Event(event)) {
+            self.stats.outputs_lost += 1;
+        }
     }
 
     /// Refuses input while a batch is being expanded (the records it reads must not change)
@@ -182,6 +188,7 @@ impl<M: Storage> Shared<M> {
     }
 
     /// Sends group `group`'s model to all its members.
+    #[inline(always)]
     pub(super) fn broadcast(&mut self, group: u32) {
         if self.layout.groups == 1 {
             for r in self.roster.records_mut() {
@@ -251,10 +258,15 @@ impl<M: Storage> Shared<M> {
                     });
                 }
             };
+            // The span's records from where the batch stopped, as one slice: no bound check
+            // per record.
+            let start = *next as usize;
             let records = self.roster.records_mut();
-            let mut i = *next as usize;
+            let end = end.min(records.len());
+            let records = records.get_mut(start..end).unwrap_or(&mut []);
+            let mut i = start;
             let mut out = None;
-            while let Some(r) = records.get_mut(i).filter(|_| i < end) {
+            for r in records {
                 i += 1;
                 if let Some(o) = Self::expand(batch, WorkerId(i as u32 - 1), r) {
                     out = Some(o);
@@ -299,6 +311,26 @@ pub(super) enum Closed {
     Exchange,
     /// The aggregate would be refused; the step was dropped: send `Join` upstream.
     Rejoin,
+}
+
+/// What a member's gradient did to its group's step ([`Group::on_grad`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Added<T> {
+    /// The step is still open (or the gradient was stale).
+    Open,
+    /// The step is complete: the accumulator holds the sum of its gradients.
+    Complete,
+    /// The step is complete and an exchange closes it (`H = 1`): the accumulator already
+    /// holds the aggregate (the sum times the group weight), whose squared norm this is
+    /// (the central screening's measure).
+    Scaled(T),
+}
+
+impl<T> Added<T> {
+    /// Whether the step is complete (the owner closes it).
+    pub(super) fn complete(&self) -> bool {
+        !matches!(self, Self::Open)
+    }
 }
 
 /// One group's protocol state (its tensors live in the owner's buffers).
@@ -356,9 +388,18 @@ impl Group {
         }
     }
 
-    /// A member's gradient. `Ok(true)` when it completed the group step (the owner then
-    /// calls [`Self::close`]).
+    /// A member's gradient: [`Added::Open`] unless it completed the group step (the owner
+    /// then calls [`Self::close`] with what it returned).
+    ///
+    /// Two fused paths, taken only once every check but admission has passed (so the
+    /// verdict, and any refusal, is the two-pass path's), with the same bits: a step's first
+    /// gradient under a policy without norm bound is measured while it is added (the
+    /// accumulator is all zero when no gradient is in, so a refused one is undone exactly
+    /// by zeroing it again); the last gradient of a step that an exchange closes (`H = 1`)
+    /// is added, scaled by the group weight and measured for the central screening in one
+    /// pass ([`Added::Scaled`]).
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     pub(super) fn on_grad<T: Scalar, M: Storage>(
         &mut self,
         sh: &mut Shared<M>,
@@ -368,8 +409,74 @@ impl Group {
         seq: u64,
         values: &Values<'_, T>,
         acc: &mut [T],
-    ) -> Result<bool, Reject> {
+    ) -> Result<Added<T>, Reject> {
         sh.roster.check_seq(from, seq)?;
+        let open = self.phase == Phase::Collecting && base == self.version;
+        let mut scaled = None;
+        let factor = match values {
+            Values::Slice(x)
+                if open
+                    && self.has_model
+                    && x.len() == acc.len()
+                    && sh.roster.record(from).is_none_or(|r| r.mark != self.mark) =>
+            {
+                if self.count + 1 == self.size && sh.config.local_steps == 1 {
+                    let policy = &sh.config.gradient_policy;
+                    // What `admit` returns for a finite norm without a bound; otherwise its
+                    // verdict (and refusal).
+                    let factor = if policy.max_norm.is_none() && math::squared_norm(x).is_finite() {
+                        T::one()
+                    } else {
+                        policy.admit(values, acc.len())?
+                    };
+                    scaled = Some(add_scale_measured(acc, x, factor, T::from_f64(self.weight)));
+                    factor
+                } else if self.count == 0 && sh.config.gradient_policy.max_norm.is_none() {
+                    if add_measured(acc, x).is_finite() {
+                        // What `admit` returns for a finite norm without a bound.
+                        T::one()
+                    } else {
+                        math::fill_zero(acc);
+                        self.add(sh, from, base, seq, values, acc)?
+                    }
+                } else {
+                    self.add(sh, from, base, seq, values, acc)?
+                }
+            }
+            _ => self.add(sh, from, base, seq, values, acc)?,
+        };
+        sh.roster.commit_seq(from, seq);
+        sh.stats.accepted += 1;
+        if !open {
+            sh.stats.count_drop(DropReason::Stale);
+            sh.event(ServerEvent::Dropped { worker: from, base, reason: DropReason::Stale });
+            return Ok(Added::Open);
+        }
+        if let Some(r) = sh.roster.record_mut(from) {
+            r.mark = self.mark;
+            r.ext.factor = factor.to_f64() as f32;
+        }
+        self.count += 1;
+        self.stall.progress(now);
+        Ok(match scaled {
+            Some(sq) => Added::Scaled(sq),
+            None if self.count == self.size => Added::Complete,
+            None => Added::Open,
+        })
+    }
+
+    /// The two-pass path of [`Self::on_grad`]: admission, the checks, then (for the open
+    /// step) the accumulation. Returns the admission factor.
+    #[allow(clippy::too_many_arguments)]
+    fn add<T: Scalar, M: Storage>(
+        &self,
+        sh: &Shared<M>,
+        from: WorkerId,
+        base: Version,
+        seq: u64,
+        values: &Values<'_, T>,
+        acc: &mut [T],
+    ) -> Result<T, Reject> {
         let factor = sh.config.gradient_policy.admit(values, acc.len())?;
         if !self.has_model {
             return Err(Reject::Unexpected { kind: "Grad" });
@@ -377,8 +484,7 @@ impl Group {
         if base > self.version {
             return Err(Reject::FutureVersion { claimed: base, current: self.version });
         }
-        let open = self.phase == Phase::Collecting && base == self.version;
-        if open {
+        if self.phase == Phase::Collecting && base == self.version {
             if sh.roster.record(from).is_some_and(|r| r.mark == self.mark) {
                 return Err(Reject::Duplicate { worker: from, seq });
             }
@@ -388,24 +494,14 @@ impl Group {
                 values.scaled_add_into(acc, factor)?;
             }
         }
-        sh.roster.commit_seq(from, seq);
-        sh.stats.accepted += 1;
-        if !open {
-            sh.stats.count_drop(DropReason::Stale);
-            sh.event(ServerEvent::Dropped { worker: from, base, reason: DropReason::Stale });
-            return Ok(false);
-        }
-        if let Some(r) = sh.roster.record_mut(from) {
-            r.mark = self.mark;
-            r.ext.factor = factor.to_f64() as f32;
-        }
-        self.count += 1;
-        self.stall.progress(now);
-        Ok(self.count == self.size)
+        Ok(factor)
     }
 
     /// Closes the group step. For a local step, updates `model` and queues the events and
     /// the broadcast; for an exchange, leaves the aggregate in `acc` (`H = 1`) or `total`.
+    /// `added` is what [`Self::on_grad`] returned for the step's last gradient: with
+    /// [`Added::Scaled`], `acc` already holds the scaled aggregate and its squared norm.
+    #[inline(always)]
     pub(super) fn close<T: Scalar, M: Storage>(
         &mut self,
         sh: &mut Shared<M>,
@@ -413,6 +509,7 @@ impl Group {
         model: &mut [T],
         acc: &mut [T],
         total: &mut [T],
+        added: Added<T>,
     ) -> Closed {
         let w = T::from_f64(self.weight);
         self.step = self.step.saturating_add(1);
@@ -443,6 +540,8 @@ impl Group {
                 *a = T::zero();
             }
             GradientPolicy::default().admit(&Values::Slice(&*total), model.len()).is_ok()
+        } else if let Added::Scaled(sq) = added {
+            acc.len() == model.len() && sq.is_finite()
         } else {
             acc.len() == model.len() && scale_measured(acc, w).is_finite()
         };
@@ -500,7 +599,42 @@ impl Group {
         total: &mut [T],
     ) -> Result<(), Reject> {
         values.check_len(model.len())?;
-        let version = match self.phase {
+        let exchanged = self.phase == Phase::Exchanging;
+        let version = self.rebased_version(sh, central)?;
+        if exchanged {
+            math::fill_zero(acc);
+            math::fill_zero(total);
+        }
+        values.copy_into(model)?;
+        self.finish_rebase(sh, now, central, version);
+        Ok(())
+    }
+
+    /// The reply to an exchange (central version `central`) whose tensors the caller
+    /// already moved: the group model is the central model and the aggregate is cleared
+    /// ([`apply_copy_clear`]). Refused, with the group's state unchanged, unless an
+    /// exchange is pending and `central` is newer than the group's base (which an accepted
+    /// update always makes it, so the caller's tensors never move without the state).
+    #[inline(always)]
+    pub(super) fn rebase_applied<M: Storage>(
+        &mut self,
+        sh: &mut Shared<M>,
+        now: Instant,
+        central: Version,
+    ) -> Result<(), Reject> {
+        if self.phase != Phase::Exchanging {
+            return Err(Reject::Unexpected { kind: "Model" });
+        }
+        let version = self.rebased_version(sh, central)?;
+        self.finish_rebase(sh, now, central, version);
+        Ok(())
+    }
+
+    /// The group version a re-base on `central` gives; for the reply to an exchange, also
+    /// queues its outcomes (`GroupApplied`, the members' `Applied`, `ModelUpdated`).
+    #[inline(always)]
+    fn rebased_version<M: Storage>(&mut self, sh: &mut Shared<M>, central: Version) -> Result<Version, Reject> {
+        Ok(match self.phase {
             Phase::Collecting => return Err(Reject::Unexpected { kind: "Model" }),
             Phase::Exchanging => {
                 if central <= self.base {
@@ -519,8 +653,6 @@ impl Group {
                 self.report_applied(sh, version, staleness);
                 sh.stats.updates += 1;
                 sh.event(ServerEvent::ModelUpdated { version: central, contributions });
-                math::fill_zero(acc);
-                math::fill_zero(total);
                 version
             }
             // After a dropped step, or when the central model moved: a new version. A refresh
@@ -530,8 +662,13 @@ impl Group {
             }
             Phase::Joining if self.has_model => self.version,
             Phase::Joining => central,
-        };
-        values.copy_into(model)?;
+        })
+    }
+
+    /// The state change of a re-base once the group model is the central model `central`:
+    /// the group is at `version` and collects again; its members get the model.
+    #[inline(always)]
+    fn finish_rebase<M: Storage>(&mut self, sh: &mut Shared<M>, now: Instant, central: Version, version: Version) {
         let quiet = !self.has_model || version == self.version;
         self.aborted = false;
         self.base = central;
@@ -550,7 +687,6 @@ impl Group {
         }
         self.waiting = 0;
         self.stall.progress(now);
-        Ok(())
     }
 
     pub(super) fn check_stall<M: Storage>(&mut self, sh: &mut Shared<M>, now: Instant) {
@@ -588,6 +724,79 @@ pub(super) fn scale_measured<T: Scalar>(y: &mut [T], a: T) -> T {
         s + *v * *v
     });
     math::sum_lanes(&{ lanes }) + tail
+}
+
+/// The lanes of the fused kernels below: `each(y, x)` updates `y_i` from `x_i` and returns
+/// the value whose square is measured, over whole [`math::LANES`] chunks then the tail, with
+/// the sums of [`math::squared_norm`] (the same lanes, summed in the same order). `y` and
+/// `x` have the same length (the callers check; extra elements of either are not visited).
+#[inline(always)]
+fn fused_measured<T: Scalar>(y: &mut [T], x: &[T], each: impl Fn(&mut T, T) -> T) -> T {
+    let mut lanes = [T::zero(); math::LANES];
+    let mut ys = y.chunks_exact_mut(math::LANES);
+    let mut xs = x.chunks_exact(math::LANES);
+    for (yc, xc) in (&mut ys).zip(&mut xs) {
+        let (Ok(yc), Ok(xc)) = (<&mut [T; math::LANES]>::try_from(yc), <&[T; math::LANES]>::try_from(xc)) else {
+            continue;
+        };
+        for ((l, y), x) in lanes.iter_mut().zip(yc.iter_mut()).zip(xc) {
+            let m = each(y, *x);
+            *l = *l + m * m;
+        }
+    }
+    let tail = ys.into_remainder().iter_mut().zip(xs.remainder()).fold(T::zero(), |s, (y, x)| {
+        let m = each(y, *x);
+        s + m * m
+    });
+    math::sum_lanes(&{ lanes }) + tail
+}
+
+/// `acc += x` with the bits of [`math::add`], returning `Σ x_i²` with the bits of
+/// [`math::squared_norm`]`(x)`: a gradient's admission measure and its accumulation in one
+/// pass. `acc` and `x` have the same length.
+// Not inlined: as a function of its own its slices keep their no-alias guarantee, so
+// the loop vectorises (inlined, the stores to one slice made it reload the other).
+#[inline(never)]
+pub(super) fn add_measured<T: Scalar>(acc: &mut [T], x: &[T]) -> T {
+    fused_measured(acc, x, |a, v| {
+        *a = *a + v;
+        v
+    })
+}
+
+/// A step's last gradient and its close in one pass: `acc = (acc + factor · x) · w` (the
+/// bits of [`math::add`] when `factor` is 1, else of [`math::scaled_add`], then of the
+/// scaling in [`scale_measured`]), returning the squared norm of the result with the bits
+/// [`scale_measured`] gives. `acc` and `x` have the same length.
+// Not inlined: as a function of its own its slices keep their no-alias guarantee, so
+// the loop vectorises (inlined, the stores to one slice made it reload the other).
+#[inline(never)]
+pub(super) fn add_scale_measured<T: Scalar>(acc: &mut [T], x: &[T], factor: T, w: T) -> T {
+    if factor == T::one() {
+        fused_measured(acc, x, |a, v| {
+            *a = (*a + v) * w;
+            *a
+        })
+    } else {
+        fused_measured(acc, x, |a, v| {
+            *a = (*a + factor * v) * w;
+            *a
+        })
+    }
+}
+
+/// The central update of an aggregate and the group's re-base in one pass:
+/// `params += scale · agg` (the bits of [`math::scaled_add`]), `model = params`, `agg = 0`.
+/// The three have the same length (extra elements are not visited).
+// Not inlined: as a function of its own its slices keep their no-alias guarantee, so
+// the loop vectorises (inlined, the stores to one slice made it reload the other).
+#[inline(never)]
+pub(super) fn apply_copy_clear<T: Scalar>(params: &mut [T], scale: T, agg: &mut [T], model: &mut [T]) {
+    for ((p, a), m) in params.iter_mut().zip(agg.iter_mut()).zip(model.iter_mut()) {
+        *p = *p + scale * *a;
+        *m = *p;
+        *a = T::zero();
+    }
 }
 
 /// Splits group `g`'s part of a [`GroupedServer`]'s scratch into (model, accumulator, sum).

@@ -89,6 +89,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
 
     /// Sends group `g`'s pending upstream message (`Grad` after [`Closed::Exchange`], `Join`
     /// after [`Closed::Rejoin`]) to the central server and delivers its reply.
+    #[inline(always)]
     pub(super) fn exchange(&mut self, now: Instant, g: usize, closed: Closed) {
         let Self { central, scratch, groups, shared, dim, per, .. } = self;
         let (Some(group), Some((model, acc, total))) = (groups.get_mut(g), parts(scratch.as_mut(), g, *dim, *per))
@@ -103,13 +104,18 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
                 // queuing the outputs a remote group would get (its reply is read here) and
                 // without screening it again: `Group::close` screened it with the central
                 // server's policy.
+                // The update, the group's copy of the new model and the clearing of the
+                // aggregate are one pass (`apply_copy_clear`); what is left of the re-base
+                // cannot fail after an accepted update (the new version exceeds the base).
                 let (base, _, seq) = group.take_exchange();
-                let aggregate: &[T] = if shared.config.local_steps > 1 { &*total } else { &*acc };
-                match central.apply_screened(from, base, seq, aggregate) {
+                let aggregate: &mut [T] = if shared.config.local_steps > 1 { &mut *total } else { &mut *acc };
+                let applied = central.apply_screened(from, base, seq, aggregate, |params, scale, agg| {
+                    apply_copy_clear(params, scale, agg, &mut *model)
+                });
+                match applied {
                     Ok(()) => {
                         let version = central.version();
-                        let values = Values::Slice(central.params());
-                        if let Err(reason) = group.rebase(shared, now, version, &values, model, acc, total) {
+                        if let Err(reason) = group.rebase_applied(shared, now, version) {
                             shared.event(ServerEvent::GroupRebaseFailed { group: group.id, version, reason });
                         }
                         return;
@@ -159,6 +165,17 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
         }
     }
 
+    /// [`Server::poll_output`] past its fast path: models, batches, the stop.
+    #[inline(never)]
+    fn poll_items(&mut self) -> Option<ServerOutput<'_, T>> {
+        let Self { scratch, groups, shared, dim, per, .. } = self;
+        let (scratch, groups, dim, per) = (&*scratch, &*groups, &*dim, &*per);
+        // The payload is looked up out of line: inlined, its state was loaded (and spilled)
+        // on every call, though most outputs are events.
+        shared
+            .poll(|g| groups.get(g as usize).map_or(Version::ZERO, |gr| gr.version), |g| model_of(scratch, g, dim, per))
+    }
+
     pub(super) fn on_grad(
         &mut self,
         now: Instant,
@@ -171,18 +188,25 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
         let Self { scratch, groups, shared, dim, per, .. } = self;
         let group = groups.get_mut(g).ok_or(Reject::UnknownWorker(from))?;
         let (model, acc, total) = parts(scratch.as_mut(), g, *dim, *per).ok_or(Reject::Capacity)?;
-        if group.on_grad(shared, now, from, base, seq, values, acc)? {
-            let closed = group.close(shared, now, model, acc, total);
+        let added = group.on_grad(shared, now, from, base, seq, values, acc)?;
+        if added.complete() {
+            let closed = group.close(shared, now, model, acc, total, added);
             self.exchange(now, g, closed);
         }
         Ok(())
     }
 }
 
+/// Group `g`'s model in a [`GroupedServer`]'s scratch.
+#[inline(never)]
+fn model_of<'a, T, S: Buffer<T>>(scratch: &'a S, g: u32, dim: &usize, per: &usize) -> &'a [T] {
+    part(scratch.as_ref(), g as usize, *dim, *per)
+}
+
 impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupedServer<T, S, M> {
     fn handle(&mut self, now: Instant, from: WorkerId, msg: ToServer<'_, T>) -> Result<(), Reject> {
         let result = self.shared.ensure_room().and_then(|()| {
-            self.shared.roster.check_member(from)?;
+            // Membership: only a worker of the roster has a group.
             let g = self.shared.group_of(from).ok_or(Reject::UnknownWorker(from))?;
             match msg {
                 ToServer::Join { epoch } => {
@@ -218,17 +242,14 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupedServer<T, S, M> {
     }
 
     fn poll_output(&mut self) -> Option<ServerOutput<'_, T>> {
-        // Drained after every input: most calls find the queue empty.
-        if self.shared.queue.len() == 0 {
-            return None;
+        // Drained after every input: most calls find the queue empty or an event in front,
+        // answered here without the setup (and saved registers) of the general case.
+        if let Item::Event(e) = self.shared.queue.front_mut()? {
+            let out = Some(ServerOutput::Event(*e));
+            self.shared.queue.advance();
+            return out;
         }
-        let scratch = self.scratch.as_ref();
-        let groups = &self.groups;
-        let (dim, per) = (self.dim, self.per);
-        self.shared.poll(
-            |g| groups.get(g as usize).map_or(Version::ZERO, |gr| gr.version),
-            |g| part(scratch, g as usize, dim, per),
-        )
+        self.poll_items()
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
