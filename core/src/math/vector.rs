@@ -93,15 +93,17 @@ pub(crate) const LANES: usize = 16;
 #[inline(always)]
 pub(crate) fn sum_lanes<T: Scalar>(lanes: &[T; LANES]) -> T {
     let [a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15] = *lanes;
-    sum_quad(&[(a0 + a4) + (a8 + a12), (a1 + a5) + (a9 + a13), (a2 + a6) + (a10 + a14), (a3 + a7) + (a11 + a15)])
+    sum_quad((a0 + a4) + (a8 + a12), (a1 + a5) + (a9 + a13), (a2 + a6) + (a10 + a14), (a3 + a7) + (a11 + a15))
 }
 
 /// The last two levels of [`sum_lanes`]: `(s0 + s2) + (s1 + s3)`. Not inlined: in the
 /// caller, this two-wide step made the compiler vectorise the main loops two lanes wide
-/// instead of four (half the throughput); the four-wide step above does not.
+/// instead of four (half the throughput); the four-wide step above does not. The four sums
+/// come in registers: passed as an array they were stored as one 16-byte vector and read
+/// back in 8-byte halves, which store-to-load forwarding does not serve (a stall on every
+/// call, 4% of DBW's server time in `perf annotate`).
 #[inline(never)]
-fn sum_quad<T: Scalar>(s: &[T; 4]) -> T {
-    let [s0, s1, s2, s3] = *s;
+fn sum_quad<T: Scalar>(s0: T, s1: T, s2: T, s3: T) -> T {
     (s0 + s2) + (s1 + s3)
 }
 

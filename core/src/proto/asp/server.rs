@@ -169,12 +169,12 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for AspRules<T> {
         core: &mut CoreOf<T, S, M, Self>,
         _now: Instant,
         from: WorkerId,
-        msg: ToServer<'_, T>,
+        msg: &ToServer<'_, T>,
     ) -> Result<(), Reject> {
-        match msg {
+        match *msg {
             ToServer::Join { epoch } => core.join_and_send_model(from, epoch).map(|_| ()),
             ToServer::Grad { base, seq, ref values, .. } => self.on_grad(core, from, base, seq, values, false),
-            other => Err(Reject::Unexpected { kind: other.kind_name() }),
+            _ => Err(Reject::Unexpected { kind: msg.kind_name() }),
         }
     }
 }

@@ -306,15 +306,15 @@ macro_rules! backup_family_rules {
                 core: &mut $crate::proto::backup::BackupCore<T, S, M>,
                 now: $crate::time::Instant,
                 from: $crate::id::WorkerId,
-                msg: $crate::msg::ToServer<'_, T>,
+                msg: &$crate::msg::ToServer<'_, T>,
             ) -> Result<(), $crate::error::Reject> {
                 use $crate::msg::ToServer;
-                match msg {
+                match *msg {
                     ToServer::Join { epoch } => self.engine.on_join(core, now, from, epoch),
                     // By reference: a copy of `values` out of the caller's message waits on its
                     // stores (a store-forwarding stall `perf annotate` showed on every gradient).
                     ToServer::Grad { base, seq, ref values, .. } => self.on_grad(core, now, from, base, seq, values),
-                    other => Err($crate::error::Reject::Unexpected { kind: other.kind_name() }),
+                    _ => Err($crate::error::Reject::Unexpected { kind: msg.kind_name() }),
                 }
             }
 

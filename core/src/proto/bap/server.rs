@@ -436,15 +436,15 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BapRules<T, S, M> {
         core: &mut Core<T, S, M>,
         now: Instant,
         from: WorkerId,
-        msg: ToServer<'_, T>,
+        msg: &ToServer<'_, T>,
     ) -> Result<(), Reject> {
-        match msg {
+        match *msg {
             ToServer::Join { epoch } => self.on_join(core, from, epoch),
             ToServer::Grad { base, iteration, seq, ref values } => {
                 self.on_grad(core, now, from, base, iteration, seq, values)
             }
             ToServer::Pull { have, min_clock } => self.on_pull(core, from, have, min_clock),
-            other => Err(Reject::Unexpected { kind: other.kind_name() }),
+            _ => Err(Reject::Unexpected { kind: msg.kind_name() }),
         }
     }
 

@@ -189,13 +189,13 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BspRules<T, S> {
         core: &mut CoreOf<T, S, M, Self>,
         now: Instant,
         from: WorkerId,
-        msg: ToServer<'_, T>,
+        msg: &ToServer<'_, T>,
     ) -> Result<(), Reject> {
-        match msg {
+        match *msg {
             ToServer::Join { epoch } => core.join_and_send_model(from, epoch).map(|_| ()),
             // By reference: a copy of `values` out of the caller's message waits on its stores.
             ToServer::Grad { base, seq, ref values, .. } => self.on_grad(core, now, from, base, seq, values),
-            other => Err(Reject::Unexpected { kind: other.kind_name() }),
+            _ => Err(Reject::Unexpected { kind: msg.kind_name() }),
         }
     }
 

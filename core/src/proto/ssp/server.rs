@@ -335,13 +335,13 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for SspRules<T, S> {
         core: &mut Core<T, S, M>,
         now: Instant,
         from: WorkerId,
-        msg: ToServer<'_, T>,
+        msg: &ToServer<'_, T>,
     ) -> Result<(), Reject> {
-        match msg {
+        match *msg {
             ToServer::Join { epoch } => self.on_join(core, now, from, epoch),
             ToServer::Clock { clock, seq, ref values } => self.on_clock(core, now, from, clock, seq, values),
             ToServer::Pull { have, min_clock } => self.on_pull(core, now, from, have, min_clock),
-            other => Err(Reject::Unexpected { kind: other.kind_name() }),
+            _ => Err(Reject::Unexpected { kind: msg.kind_name() }),
         }
     }
 

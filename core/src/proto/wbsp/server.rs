@@ -213,9 +213,9 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for WbspRules<T, S> {
         core: &mut Core<T, S, M>,
         now: Instant,
         from: WorkerId,
-        msg: ToServer<'_, T>,
+        msg: &ToServer<'_, T>,
     ) -> Result<(), Reject> {
-        match msg {
+        match *msg {
             ToServer::Join { epoch } => {
                 core.join(from, epoch)?;
                 self.start_clock(now);
@@ -226,7 +226,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for WbspRules<T, S> {
                 self.on_delta(core, now, from, round, local_steps, seq, values)
             }
             ToServer::Pull { have, .. } => self.on_pull(core, from, have),
-            other => Err(Reject::Unexpected { kind: other.kind_name() }),
+            _ => Err(Reject::Unexpected { kind: msg.kind_name() }),
         }
     }
 
