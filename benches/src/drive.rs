@@ -288,7 +288,16 @@ impl<U: UpLink, D: DownLink> LockStep<U, D> {
             // first copies it in 16-byte loads that wait on the callee's narrower stores.
             while let Some(ref out) = self.server.poll_output() {
                 match out {
-                    ServerOutput::Send { to, msg } => self.overflow += self.down.push(*to, msg),
+                    ServerOutput::Send { to, msg } => {
+                        // The recipient field by field: `poll_output` stores its tag and id
+                        // separately, and one 8-byte load of both is not forwarded from
+                        // those stores (a stall `perf annotate` showed on every send).
+                        let to = match *to {
+                            Recipient::Worker(w) => Recipient::Worker(w),
+                            Recipient::AllWorkers => Recipient::AllWorkers,
+                        };
+                        self.overflow += self.down.push(to, msg)
+                    }
                     ServerOutput::Event(e) => {
                         black_box(e);
                     }
