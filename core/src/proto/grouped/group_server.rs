@@ -110,7 +110,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupServer<T, S, M> {
                     }
                     self.shared.on_join(&mut self.group, from, epoch)
                 }
-                ToServer::Grad { base, seq, values, .. } => {
+                ToServer::Grad { base, seq, ref values, .. } => {
                     if self.up.len() + 1 > self.up.capacity() {
                         return Err(Reject::Capacity);
                     }
@@ -120,7 +120,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupServer<T, S, M> {
                     let total_len = if shared.config.local_steps > 1 { dim } else { 0 };
                     let (acc, total) = self.scratch.as_mut().split_at_mut_checked(dim).ok_or(Reject::Capacity)?;
                     let total = total.get_mut(..total_len).ok_or(Reject::Capacity)?;
-                    let added = group.on_grad(shared, now, from, base, seq, &values, acc)?;
+                    let added = group.on_grad(shared, now, from, base, seq, values, acc)?;
                     if added.complete() {
                         let up = match group.close(shared, now, self.model.as_mut(), acc, total, added) {
                             Closed::Local => None,

@@ -215,7 +215,9 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupedServer<T, S, M> {
                     let group = self.groups.get_mut(g).ok_or(Reject::UnknownWorker(from))?;
                     self.shared.on_join(group, from, epoch)
                 }
-                ToServer::Grad { base, seq, values, .. } => self.on_grad(now, g, from, base, seq, &values),
+                // By reference: copying `values` out of the caller's message loads it in one
+                // 16-byte piece right after the caller's 8-byte stores (a store-forwarding stall).
+                ToServer::Grad { base, seq, ref values, .. } => self.on_grad(now, g, from, base, seq, values),
                 ToServer::Leave => self.shared.on_lost(from),
                 other => Err(Reject::Unexpected { kind: other.kind_name() }),
             }
