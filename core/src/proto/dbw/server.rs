@@ -296,57 +296,49 @@ const PASS_BLOCK: usize = 8;
 /// the products are added to one accumulator in the same order; only the products of a
 /// block are formed before the additions (test: `secant_passes_are_the_plain_loops`).
 pub(super) fn rayleigh_pass<T: Scalar>(prev: &mut [T], acc: &[T], inv_k: T) -> f64 {
-    let len = prev.len().min(acc.len());
-    let (Some(prev), Some(acc)) = (prev.get_mut(..len), acc.get(..len)) else { return 0.0 };
-    let mut dot = 0.0;
-    let mut products = [0.0f64; PASS_BLOCK];
-    let (mut ps, mut accs) = (prev.chunks_exact_mut(PASS_BLOCK), acc.chunks_exact(PASS_BLOCK));
-    for (p, a) in (&mut ps).zip(&mut accs) {
-        // As fixed-size arrays the block loops have constant trip counts and vectorise.
-        let (Ok(p), Ok(a)) = (<&mut [T; PASS_BLOCK]>::try_from(p), <&[T; PASS_BLOCK]>::try_from(a)) else { continue };
-        let means = a.map(|a| a * inv_k);
-        for ((x, p), m) in products.iter_mut().zip(p.iter()).zip(&means) {
-            *x = Scalar::to_f64(*m) * Scalar::to_f64(*p);
-        }
-        *p = means;
-        for x in products {
-            dot += x;
-        }
-    }
-    for (p, a) in ps.into_remainder().iter_mut().zip(accs.remainder()) {
-        let mean = *a * inv_k;
-        dot += mean.to_f64() * p.to_f64();
-        *p = mean;
-    }
-    dot
+    mean_pass::<T, false>(prev, acc, inv_k).1
 }
 
 /// [`rayleigh_pass`] that also returns `‖ḡ_t − ḡ_{t−1}‖²` (first), summed in element order
 /// in `f64`: `(Σ (m − q)², Σ m·q)`.
 pub(super) fn secant_pass<T: Scalar>(prev: &mut [T], acc: &[T], inv_k: T) -> (f64, f64) {
+    mean_pass::<T, true>(prev, acc, inv_k)
+}
+
+/// The one blocked pass behind [`rayleigh_pass`] and [`secant_pass`]: `(Σ (m − q)², Σ m·q)`,
+/// the first only when `DIFF` (otherwise `0.0`, and not computed).
+#[inline(always)]
+fn mean_pass<T: Scalar, const DIFF: bool>(prev: &mut [T], acc: &[T], inv_k: T) -> (f64, f64) {
     let len = prev.len().min(acc.len());
     let (Some(prev), Some(acc)) = (prev.get_mut(..len), acc.get(..len)) else { return (0.0, 0.0) };
     let (mut diff_sq, mut dot) = (0.0, 0.0);
     let (mut squares, mut products) = ([0.0f64; PASS_BLOCK], [0.0f64; PASS_BLOCK]);
     let (mut ps, mut accs) = (prev.chunks_exact_mut(PASS_BLOCK), acc.chunks_exact(PASS_BLOCK));
     for (p, a) in (&mut ps).zip(&mut accs) {
+        // As fixed-size arrays the block loops have constant trip counts and vectorise.
         let (Ok(p), Ok(a)) = (<&mut [T; PASS_BLOCK]>::try_from(p), <&[T; PASS_BLOCK]>::try_from(a)) else { continue };
         let means = a.map(|a| a * inv_k);
         for (((d, x), p), m) in squares.iter_mut().zip(products.iter_mut()).zip(p.iter()).zip(&means) {
             let (m, q) = (Scalar::to_f64(*m), Scalar::to_f64(*p));
-            *d = (m - q) * (m - q);
+            if DIFF {
+                *d = (m - q) * (m - q);
+            }
             *x = m * q;
         }
         *p = means;
         for (d, x) in squares.into_iter().zip(products) {
-            diff_sq += d;
+            if DIFF {
+                diff_sq += d;
+            }
             dot += x;
         }
     }
     for (p, a) in ps.into_remainder().iter_mut().zip(accs.remainder()) {
         let mean = *a * inv_k;
         let (m, q) = (mean.to_f64(), p.to_f64());
-        diff_sq += (m - q) * (m - q);
+        if DIFF {
+            diff_sq += (m - q) * (m - q);
+        }
         dot += m * q;
         *p = mean;
     }
