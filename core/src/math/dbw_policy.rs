@@ -287,10 +287,17 @@ pub fn choose_k_noise_scale_within(
 /// predicts a decrease), at most twice `current` (module docs, "Growth"). `None` only when
 /// no `k` has a usable `τ(k)` (or `S` is not finite): the caller holds its `k`.
 ///
-/// One pass over the candidates serves both bounds (the noise-scale minimum and the greedy
-/// maximum), then the flat-valley scan looks above the minimum only; every quantity is the
-/// same expression as in the three functions it combines, so the choice is theirs bit for
-/// bit (test: `fused_choice_is_the_composition`).
+/// One pass over the candidates serves all three (the noise-scale minimum, the flat valley
+/// above it and the greedy maximum); every quantity is the same expression as in the three
+/// functions it combines, so the choice is theirs bit for bit (test:
+/// `fused_choice_is_the_composition`).
+///
+/// The flat valley in the same pass: the valley's limit is `1 + tolerance` times the final
+/// minimum, which is the running minimum from the candidate that sets it on (ties go to the
+/// larger `k`, so nothing after it lowers it). So each new minimum restarts the valley at
+/// itself, and a later candidate whose cost is within the running limit extends it; the
+/// valley's top is then the largest `k` above the final minimum within the final limit,
+/// the scan [`choose_k_noise_scale_within`] makes, without a second pass.
 #[inline]
 pub fn choose_k_bounded(
     g: f64,
@@ -305,12 +312,14 @@ pub fn choose_k_bounded(
         return None;
     }
     let g_plus = if g.is_finite() { g.max(0.0) } else { 0.0 };
+    let tolerance = if tolerance.is_finite() { tolerance.max(0.0) } else { 0.0 };
     // `D(k)/η = (1 − a/2)·G − (b·S)/(2k)` ([`expected_decrease_split`]), its invariant parts.
     let (signal, noise) = ((1.0 - a / 2.0) * g, b * s);
-    // The best so far as (k, value) with k = 0 for none: the first usable candidate always
-    // replaces the sentinels, as `None` would be (a cost is never NaN here: `τ` is positive
-    // and finite, `G⁺` and `S/k` finite and non-negative; a rate `d/τ` with `d > 0` neither).
-    let (mut scale, mut scale_cost) = (0u32, f64::INFINITY);
+    // The minimum so far as (k, cost) with k = 0 for none, its limit and the valley's top:
+    // the first usable candidate always replaces the sentinels, as `None` would be (a cost
+    // is never NaN here: `τ` is positive and finite, `G⁺` and `S/k` finite and
+    // non-negative; a rate `d/τ` with `d > 0` neither).
+    let (mut scale, mut scale_cost, mut limit, mut within) = (0u32, f64::INFINITY, f64::INFINITY, 0u32);
     let (mut greedy, mut greedy_rate) = (0u32, f64::NEG_INFINITY);
     // `k` from `max(k_min, 1)` up to `k_max` or the end of `tau`, whichever comes first.
     let lo = k_min.max(1);
@@ -324,7 +333,9 @@ pub fn choose_k_bounded(
         let kf = f64::from(k);
         let cost = t * (g_plus + s / kf);
         if cost <= scale_cost {
-            (scale, scale_cost) = (k, cost);
+            (scale, scale_cost, limit, within) = (k, cost, cost * (1.0 + tolerance), k);
+        } else if cost <= limit {
+            within = k;
         }
         let d = signal - noise / (2.0 * kf);
         if d > 0.0 {
@@ -336,17 +347,6 @@ pub fn choose_k_bounded(
     }
     if scale == 0 {
         return None;
-    }
-    let tolerance = if tolerance.is_finite() { tolerance.max(0.0) } else { 0.0 };
-    let limit = scale_cost * (1.0 + tolerance);
-    let mut within = scale;
-    let above = tau.get(scale as usize..(k_max as usize).min(tau.len())).unwrap_or(&[]);
-    for (i, &t) in above.iter().enumerate() {
-        // `scale + 1 + i ≤ k_max`: no overflow.
-        let j = scale.wrapping_add(1).wrapping_add(i as u32);
-        if usable(t) && t * (g_plus + s / f64::from(j)) <= limit {
-            within = j;
-        }
     }
     let k = if greedy == 0 { within } else { greedy.min(within) };
     Some(k.min(current.saturating_mul(2).max(k_min)))
@@ -1252,6 +1252,24 @@ mod tests {
                 k.min(current.saturating_mul(2).max(k_min))
             });
             proptest::prop_assert_eq!(choose_k_bounded(g, s, (a, b), &tau, (k_min, k_max), current, tol), composed);
+        }
+
+        /// The same on flat valleys, where the one-pass valley scan has work to do: `τ(k)`
+        /// makes every cost `c·(1 + jitter)`, so many candidates lie within the tolerance of
+        /// the minimum (some exactly at it: zero jitter, or the limit itself), and
+        /// `a = 2` predicts no decrease, so the greedy bound does not hide the valley's top.
+        #[test]
+        fn fused_valley_is_the_scan(
+            g in 0.0f64..10.0, s in 0.001f64..100.0, c in 0.01f64..10.0,
+            jitter in proptest::collection::vec(proptest::prop_oneof![proptest::strategy::Just(0.0), proptest::strategy::Just(0.1), 0.0f64..0.3], 0..20),
+            k_min in 0u32..20, k_max in 0u32..20, tol in proptest::prop_oneof![proptest::strategy::Just(0.0), proptest::strategy::Just(0.1), 0.0f64..0.2],
+        ) {
+            let tau: std::vec::Vec<f64> = jitter.iter().enumerate().map(|(i, j)| {
+                let k = (i + 1) as f64;
+                c * (1.0 + j) / (g + s / k)
+            }).collect();
+            let scan = choose_k_noise_scale_within(g, s, &tau, (k_min, k_max), tol);
+            proptest::prop_assert_eq!(choose_k_bounded(g, s, (2.0, 1.0), &tau, (k_min, k_max), u32::MAX, tol), scan);
         }
     }
 

@@ -307,6 +307,13 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> Server<T> for Proto
     fn poll_output(&mut self) -> Option<ServerOutput<'_, T>> {
         let item = match self.core.queue.front_mut()? {
             ServerItem::Batch(_) => self.expand_front()?,
+            // Most outputs are events: copied out whole (as the 40 bytes they are, since
+            // `ServerItem` keeps its tag apart from the event's own), then the next.
+            ServerItem::Event(e) => {
+                let e = *e;
+                self.core.queue.advance();
+                return Some(ServerOutput::Event(e));
+            }
             item => {
                 let item = *item;
                 self.core.queue.advance();

@@ -18,7 +18,15 @@ pub(crate) const WORKER_QUEUE: usize = 16;
 
 /// A server output before its payload is attached (what a protocol's
 /// [`Rules::expand`](crate::proto::Rules::expand) returns for one worker of a batch).
+///
+/// The tag is a word of its own (`repr(u64)`, 8 bytes more per item): without it the tag
+/// shares a byte inside the event ([`Reject`]'s, through the niche), and
+/// copying an event out was a field-by-field copy of 15 loads and stores with byte-sized
+/// pieces; with it an event is copied whole, and telling items apart is one compare
+/// (with the event branch of `poll_output`, 21–47 instructions fewer per message in
+/// `mem_count` for every protocol but BAP, which takes 6 more).
 #[derive(Clone, Copy, Debug)]
+#[repr(u64)]
 pub enum ServerItem {
     /// The current model (version, clock and params read at poll time).
     Model {
