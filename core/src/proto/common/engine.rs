@@ -320,8 +320,10 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> Server<T> for Proto
                 item
             }
         };
-        // Events first: most outputs are events, and a two-way branch predicts better than
-        // the jump table a seven-way match compiles to.
+        // An event a batch expanded into, returned before the general match: without this
+        // early return BSP, backup, DBW, ASP and BAP execute 15-17 more instructions per
+        // message (callgrind, `mem_count`), though the compiler folds both tests into one
+        // jump table.
         if let ServerItem::Event(e) = item {
             return Some(ServerOutput::Event(e));
         }
