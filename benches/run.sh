@@ -81,4 +81,12 @@ echo "== simulator throughput" >&2
   echo '```'
 } >>"$REPORT"
 
+echo "== simulator at scale (n = 100, 1,000, 10,000)" >&2
+{
+  echo
+  echo "### Simulator at scale (every protocol, trivial workload, 600,000 gradients per run)"
+  cargo test -q --release -p syncopate-tests --test sim_scale -- --ignored --nocapture 2>&1 |
+    grep -E '^\||^[a-z].*:|test result' || echo "(sim scale test did not run)"
+} >>"$REPORT"
+
 cat "$REPORT"

@@ -15,7 +15,9 @@ pub(crate) fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// A fresh directory named after the process, `group` and `name`.
+/// A fresh directory named after the process, `group` and `name` (not every test binary
+/// that shares this module needs one).
+#[allow(dead_code, reason = "train_scale has no files")]
 pub(crate) fn scratch(group: &str, name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("syncopate-{group}-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");

@@ -50,11 +50,11 @@ pub struct SspRules<T, S> {
     clock: u64,
     /// Pulls parked.
     parked: usize,
-    /// Live workers whose clock is the server clock, when `counted` (kept as clocks move
-    /// so that the server clock is recomputed, a pass over the table, only when it can
-    /// advance).
+    /// Live workers whose clock is the server clock, when `counted` (kept as workers join,
+    /// leave and move their clocks, so that the server clock is recomputed, a pass over the
+    /// table, only when it can advance: once per server clock, not once per join).
     slowest: usize,
-    /// Whether `slowest` is current (a join, a loss or a new session clears it).
+    /// Whether `slowest` is current (false until the first pass).
     counted: bool,
     /// The mark of the last batch of answered pulls.
     answered: u64,
@@ -146,15 +146,40 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
         }
     }
 
-    /// `who`'s clock moves from `from` to `to` (it is live and stays so).
-    fn clock_moved(&mut self, from: u64, to: u64) {
-        if self.counted && from == self.clock && to > from {
+    /// Keeps `slowest` current as one worker's part in it changes: before, it was live at
+    /// clock `before` (`None`: not live); now it is live at clock `after` (`None`: not live).
+    /// A live worker's clock is never below the server clock (it is raised to it on every
+    /// return), so only a worker at the server clock counts.
+    fn reclock(&mut self, before: Option<u64>, after: Option<u64>) {
+        if !self.counted {
+            return;
+        }
+        if before == Some(self.clock) {
             self.slowest = self.slowest.saturating_sub(1);
+        }
+        if after == Some(self.clock) {
+            self.slowest += 1;
         }
     }
 
+    /// `worker`'s clock if it is live.
+    fn live_clock<M: Storage>(core: &Core<T, S, M>, worker: WorkerId) -> Option<u64> {
+        core.roster.ext(worker).filter(|_| core.roster.is_live(worker)).map(|x| x.clock)
+    }
+
+    /// Whether `slowest` is what a pass over the table finds, and no live worker is behind
+    /// the server clock (the invariants [`Self::reclock`] relies on).
+    #[cfg(test)]
+    pub(crate) fn slowest_is_current<M: Storage>(&self, core: &Core<T, S, M>) -> bool {
+        let counted = core.roster.live().filter(|(_, r)| r.ext.clock == self.clock).count();
+        (!self.counted || counted == self.slowest) && core.roster.live().all(|(_, r)| r.ext.clock >= self.clock)
+    }
+
     /// Answers every parked pull the clock allows (`only`: just that worker's): the answered
-    /// workers' records get a new mark, and one batch sends each of them the model.
+    /// workers' records get a new mark, and one batch sends each of them the model. A pull
+    /// of `only` is answered with one model item instead: a batch would walk the whole table
+    /// for its one recipient, an O(n) cost on every such update (at n = 10,000, five times
+    /// the simulator's whole cost per event; `benches/examples/sim_count.rs`).
     fn answer_pulls<M: Storage>(&mut self, core: &mut Core<T, S, M>, only: Option<WorkerId>) {
         if self.parked == 0 {
             return;
@@ -179,7 +204,10 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
         if answered > 0 {
             self.parked -= answered;
             self.answered = mark;
-            core.queue.push_batch(BatchKind::Models { mark });
+            match only {
+                Some(to) => core.queue.push(ServerItem::Model { to: Recipient::Worker(to) }),
+                None => core.queue.push_batch(BatchKind::Models { mark }),
+            }
         }
     }
 
@@ -211,6 +239,7 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
         from: WorkerId,
         epoch: u32,
     ) -> Result<(), Reject> {
+        let before = Self::live_clock(core, from);
         core.join(from, epoch)?;
         let server_clock = self.clock;
         if let Some(r) = core.roster.record_mut(from) {
@@ -228,7 +257,7 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
                 r.set(SESSION, true);
             }
         }
-        self.counted = false;
+        self.reclock(before, Self::live_clock(core, from));
         self.send_model(core, from);
         self.advance(core, now, Some(from));
         Ok(())
@@ -251,7 +280,7 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
         } else {
             values.scaled_add_into(core.params.as_mut(), factor)?;
         }
-        let was_live = core.roster.is_live(from);
+        let before = Self::live_clock(core, from);
         // Sequence numbers are namespaced by epoch (`first_seq(epoch) = epoch << 32`): an
         // update of a session the server has not seen join yet (its `Join` is late; the
         // worker started on another model sent to it) starts that session here, so the late
@@ -262,8 +291,7 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
         core.stats.accepted += 1;
         let (current, version) = (core.version.0, core.version.next());
         let Some(r) = core.roster.record_mut(from) else { return Err(Reject::UnknownWorker(from)) };
-        let mut recount = !was_live;
-        if !was_live {
+        if before.is_none() {
             // A worker that was not live is live again: its clock rises to the server clock.
             r.ext.clock = r.ext.clock.max(server_clock);
         }
@@ -271,19 +299,13 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
             r.ext.session = session;
             r.set(SESSION, true);
             r.ext.clock = server_clock;
-            recount = true;
         }
         let base = r.ext.last_sent;
         let staleness = current.saturating_sub(base).saturating_sub(u64::from(r.ext.own_since));
         r.ext.own_since = r.ext.own_since.saturating_add(1);
-        let before = r.ext.clock;
         r.ext.clock = r.ext.clock.max(clock.saturating_add(1));
         let after = r.ext.clock;
-        if recount {
-            self.counted = false;
-        } else {
-            self.clock_moved(before, after);
-        }
+        self.reclock(before, Some(after));
         core.version = version;
         core.stats.applied += 1;
         core.stats.updates += 1;
@@ -345,11 +367,12 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for SspRules<T, S> {
         }
     }
 
-    fn on_lost(&mut self, core: &mut Core<T, S, M>, now: Instant, worker: WorkerId, _was_live: bool) {
+    fn on_lost(&mut self, core: &mut Core<T, S, M>, now: Instant, worker: WorkerId, was_live: bool) {
         if let Some(r) = core.roster.record_mut(worker) {
             self.unpark(r);
+            let clock = r.ext.clock;
+            self.reclock(was_live.then_some(clock), None);
         }
-        self.counted = false;
         self.advance(core, now, None);
     }
 

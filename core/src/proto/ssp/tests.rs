@@ -374,6 +374,9 @@ proptest! {
             }
             let _ = drain_server(&mut s);
             prop_assert!(s.params().iter().all(|p| p.is_finite()));
+            // The count of the slowest live workers, kept as workers come, go and move on,
+            // is what a pass over the table finds.
+            prop_assert!(s.rules().slowest_is_current(&s.core));
         }
         let st = s.stats();
         prop_assert_eq!(st.accepted, st.applied + st.dropped_total());
