@@ -68,7 +68,7 @@ pub struct Comparison {
     pub curves: Vec<Vec<Vec<sim::CurvePoint>>>,
     /// Every run's time to target for each seed (`None`: not reached).
     pub times_to_target: Vec<Vec<Option<f64>>>,
-    /// For DBW runs, the backup workers `b_t = n − k_t` of every update of the first seed
+    /// For runs whose protocol chooses its backup workers (DBW), the backup workers `b_t = n − k_t` of every update of the first seed
     /// as (virtual seconds, b_t); empty for other protocols.
     pub backup_workers: Vec<Vec<(f64, u32)>>,
     /// The seeds the runs were repeated with.
@@ -237,7 +237,7 @@ pub fn run(
                     let mut backups = BackupWorkers::new(config);
                     let report = sim::try_run_observed(config, workload, &mut |o| backups.observe(o))
                         .map_err(|e| e.to_string())
-                        .map(|r| (r, backups.series));
+                        .map(|r| (r, backups.into_series()));
                     if let Ok(mut r) = results.lock() {
                         if let Some(slot) = r.get_mut(i) {
                             *slot = Some(report);
@@ -299,10 +299,14 @@ pub fn run(
 /// A run's report and its DBW backup-worker series.
 type RunResult = Result<(SimReport, Vec<(f64, u32)>), String>;
 
-/// Watches a DBW run's server: each model version's applied gradients are `k_t`, so
-/// `b_t = n − k_t`.
+/// Watches a run's server for the backup workers of a protocol that chooses them: each
+/// model version's applied gradients are `k_t`, so `b_t = n − k_t`. Kept for every run and
+/// returned only for one whose server reported a choice ([`ServerEvent::BackupChosen`]), so
+/// no protocol is named here.
+///
+/// [`ServerEvent::BackupChosen`]: syncopate::ServerEvent::BackupChosen
 struct BackupWorkers {
-    dbw: bool,
+    chosen: bool,
     workers: u32,
     version: u64,
     count: u32,
@@ -312,17 +316,19 @@ struct BackupWorkers {
 
 impl BackupWorkers {
     fn new(config: &sim::SimConfig) -> Self {
-        let dbw = matches!(config.protocol, syncopate::ProtocolConfig::Dbw(_));
-        Self { dbw, workers: config.workers(), version: 0, count: 0, at: 0.0, series: Vec::new() }
+        Self { chosen: false, workers: config.workers(), version: 0, count: 0, at: 0.0, series: Vec::new() }
     }
 
     fn observe(&mut self, o: &sim::Observation<'_>) {
-        let sim::Observation::Server { at, event: syncopate::ServerEvent::Applied { version, .. } } = o else {
-            return;
+        let sim::Observation::Server { at, event } = o else { return };
+        let version = match event {
+            syncopate::ServerEvent::Applied { version, .. } => version,
+            syncopate::ServerEvent::BackupChosen { .. } => {
+                self.chosen = true;
+                return;
+            }
+            _ => return,
         };
-        if !self.dbw {
-            return;
-        }
         if version.0 != self.version && self.count > 0 {
             self.series.push((self.at, self.workers.saturating_sub(self.count)));
             self.count = 0;
@@ -330,6 +336,11 @@ impl BackupWorkers {
         self.version = version.0;
         self.at = at.as_secs_f64();
         self.count += 1;
+    }
+
+    /// The series, if the server chose its backup workers (empty otherwise).
+    fn into_series(self) -> Vec<(f64, u32)> {
+        if self.chosen { self.series } else { Vec::new() }
     }
 }
 
