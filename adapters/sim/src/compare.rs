@@ -68,8 +68,9 @@ pub struct Comparison {
     pub curves: Vec<Vec<Vec<sim::CurvePoint>>>,
     /// Every run's time to target for each seed (`None`: not reached).
     pub times_to_target: Vec<Vec<Option<f64>>>,
-    /// For runs whose protocol chooses its backup workers (DBW), the backup workers `b_t = n − k_t` of every update of the first seed
-    /// as (virtual seconds, b_t); empty for other protocols.
+    /// For runs whose protocol chooses its backup workers (DBW), the backup workers
+    /// `b_t = n − k_t` of every update of the first seed as (virtual seconds, b_t); empty
+    /// for other protocols.
     pub backup_workers: Vec<Vec<(f64, u32)>>,
     /// The seeds the runs were repeated with.
     pub seeds: std::ops::Range<u64>,
