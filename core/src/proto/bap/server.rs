@@ -339,6 +339,9 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
         core.queue.push(ServerItem::Event(ServerEvent::Dropped { worker, base, reason }));
     }
 
+    // Out of line, so that the pulls `on_message` answers do not save the registers this
+    // needs.
+    #[inline(never)]
     #[allow(clippy::too_many_arguments)]
     fn on_grad(
         &mut self,
@@ -452,6 +455,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
         Ok(())
     }
 
+    #[inline(never)]
     fn on_join(&mut self, core: &mut Core<T, S, M>, from: WorkerId, epoch: u32) -> Result<(), Reject> {
         core.join_and_send_model(from, epoch)?;
         if let Some(x) = core.roster.ext_mut(from) {
