@@ -104,7 +104,9 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, X: Slot> ServerCore<T, S, M, X> {
     }
 
     /// The common answer to a pull the server can serve now: the model if it is newer than
-    /// `have`, otherwise `NotNewer`.
+    /// `have`, otherwise `NotNewer`. Inlined into the protocols' pull handlers (BAP executes 6
+    /// fewer instructions per message in `mem_count`, WBSP 1.5).
+    #[inline]
     pub(crate) fn answer_pull(&mut self, to: WorkerId, have: Version) {
         if self.version > have {
             self.send_model(Recipient::Worker(to));
@@ -233,6 +235,9 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
         &self.rules
     }
 
+    /// Out of line: inlined into `handle`, its path made `handle` save six registers on every
+    /// message instead of three.
+    #[inline(never)]
     fn lose(&mut self, now: Instant, worker: WorkerId) -> Result<(), Reject> {
         let was_live = self.core.roster.lose(worker);
         if was_live {
@@ -300,6 +305,10 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
 }
 
 impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> Server<T> for ProtocolServer<T, S, R, M> {
+    // Out of line: with `lose` out of line, the compiler inlined this into `AnyServer`'s
+    // dispatch, which then saved registers for every protocol's `handle` (grouped executed
+    // 10 more instructions per message in `mem_count`).
+    #[inline(never)]
     fn handle(&mut self, now: Instant, from: WorkerId, msg: ToServer<'_, T>) -> Result<(), Reject> {
         let result = self.core.queue.ensure_room(self.rules.burst()).and_then(|()| {
             self.core.roster.check_member(from)?;
