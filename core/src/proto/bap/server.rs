@@ -197,9 +197,10 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
         core.roster.ext(worker).is_some_and(|x| x.got & (1 << k) != 0)
     }
 
-    /// Worker `i`'s contribution cell for slot `k`.
+    /// Worker `i`'s contribution cell for slot `k`. Plain arithmetic: `i < n ≤ MAX_WORKERS`
+    /// and `k < s_bap + 1 ≤ 16` cannot overflow, and the cell is looked up with `get`.
     fn cell(&self, i: usize, k: usize) -> usize {
-        i.saturating_mul(self.open() as usize).saturating_add(k)
+        i.wrapping_mul(self.open() as usize).wrapping_add(k)
     }
 
     fn acc(&mut self, core: &mut Core<T, S, M>, k: usize) -> Option<&mut [T]> {
