@@ -15,7 +15,7 @@ use crate::proto::{
     Buffer, CoreOf, DEFAULT_INLINE_WORKERS, DropReason, HasSlot, Inline, ProtocolServer, Recipient, Rules, ServerCore,
     ServerEvent, Storage, WorkerRecord,
 };
-use crate::time::Instant;
+use crate::time::{Duration, Instant};
 use core::marker::PhantomData;
 
 /// The aggregation state of one open iteration (its contributors are the workers whose
@@ -197,9 +197,10 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
         core.roster.ext(worker).is_some_and(|x| x.got & (1 << k) != 0)
     }
 
-    /// Worker `i`'s contribution cell for slot `k`.
+    /// Worker `i`'s contribution cell for slot `k`. Plain arithmetic: `i < n ≤ MAX_WORKERS`
+    /// and `k < s_bap + 1 ≤ 16` cannot overflow, and the cell is looked up with `get`.
     fn cell(&self, i: usize, k: usize) -> usize {
-        i.saturating_mul(self.open() as usize).saturating_add(k)
+        i.wrapping_mul(self.open() as usize).wrapping_add(k)
     }
 
     fn acc(&mut self, core: &mut Core<T, S, M>, k: usize) -> Option<&mut [T]> {
@@ -211,8 +212,16 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
     /// When the head iteration times out, if a limit is set and it has a gradient. An empty
     /// head behind a later open iteration that has one (the head's gradients were lost)
     /// counts from that later iteration's first gradient.
+    #[inline(always)]
     fn head_deadline(&self, core: &Core<T, S, M>) -> Option<Instant> {
         let t_max = self.config.iteration_timeout?;
+        self.head_deadline_after(core, t_max)
+    }
+
+    /// [`Self::head_deadline`] when the limit is `t_max` (out of line: without a limit, the
+    /// test above is all there is).
+    #[inline(never)]
+    fn head_deadline_after(&self, core: &Core<T, S, M>, t_max: Duration) -> Option<Instant> {
         let head = self.iterations.get(self.slot_index(core, core.version.0.saturating_add(1))?)?;
         let first = match head.first {
             Some(first) => first,
@@ -228,26 +237,53 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
 
     /// Whether every live worker's gradient is in the open iteration of slot `k` (a pass
     /// over the table only when it has at least as many gradients as there are live workers).
+    #[inline(always)]
     fn complete(&self, core: &Core<T, S, M>, k: usize) -> bool {
         let count = self.iterations.get(k).map_or(0, |it| it.count as usize);
-        count > 0 && count >= core.roster.live_count() && core.roster.live().all(|(_, r)| r.ext.got & (1 << k) != 0)
+        count > 0 && count >= core.roster.live_count() && Self::all_live_in(core, k)
+    }
+
+    /// Whether every live worker's gradient is in slot `k` ([`Self::complete`]'s pass over
+    /// the table, out of line: most gradients do not reach it).
+    #[inline(never)]
+    fn all_live_in(core: &Core<T, S, M>, k: usize) -> bool {
+        core.roster.live().all(|(_, r)| r.ext.got & (1 << k) != 0)
     }
 
     /// Closes head iterations while they are complete or timed out (at most `s_bap + 1`:
     /// each close queues its per-worker outputs as batches keyed by its own slot, which no
-    /// later close of the same input touches).
+    /// later close of the same input touches). The test that the head stays open, which is
+    /// what most gradients find, runs in the caller; the closes are out of line.
+    #[inline(always)]
     fn try_close(&mut self, core: &mut Core<T, S, M>, now: Instant) {
-        for _ in 0..self.open() {
-            let head = core.version.0.saturating_add(1);
-            let Some(k) = self.slot_index(core, head) else { return };
-            // An empty head is never complete; it closes only by timeout, when a later
-            // iteration has a gradient (its own were lost).
-            let complete = self.complete(core, k);
-            let timed_out = self.head_deadline(core).is_some_and(|d| now >= d);
-            if !complete && !timed_out {
+        if let Some((k, by_timeout)) = self.head_closing(core, now) {
+            self.close_heads(core, now, k, by_timeout);
+        }
+    }
+
+    /// The head iteration's slot and whether it closes by timeout, if it closes now: when it
+    /// is complete, or else timed out. An empty head is never complete; it closes only by
+    /// timeout, when a later iteration has a gradient (its own were lost).
+    #[inline(always)]
+    fn head_closing(&self, core: &Core<T, S, M>, now: Instant) -> Option<(usize, bool)> {
+        let k = self.slot_index(core, core.version.0.saturating_add(1))?;
+        if self.complete(core, k) {
+            return Some((k, false));
+        }
+        self.head_deadline(core).is_some_and(|d| now >= d).then_some((k, true))
+    }
+
+    /// [`Self::try_close`]'s closes: the head of slot `k` (by timeout if `by_timeout`), then
+    /// each next head that [`Self::head_closing`] finds closing, `s_bap + 1` in all at most.
+    #[inline(never)]
+    fn close_heads(&mut self, core: &mut Core<T, S, M>, now: Instant, mut k: usize, mut by_timeout: bool) {
+        for closed in 1..=self.open() {
+            self.close(core, now, core.version.0.saturating_add(1), k, by_timeout);
+            if closed == self.open() {
                 return;
             }
-            self.close(core, now, head, k, !complete);
+            let Some(next) = self.head_closing(core, now) else { return };
+            (k, by_timeout) = next;
         }
     }
 
@@ -304,6 +340,9 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
         core.queue.push(ServerItem::Event(ServerEvent::Dropped { worker, base, reason }));
     }
 
+    // Out of line, so that the pulls `on_message` answers do not save the registers this
+    // needs.
+    #[inline(never)]
     #[allow(clippy::too_many_arguments)]
     fn on_grad(
         &mut self,
@@ -392,8 +431,6 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
         if min_clock > reachable {
             return Err(Reject::FutureVersion { claimed: Version(min_clock), current: core.version });
         }
-        let head = core.version.0.saturating_add(1);
-        let missing = self.slot_index(core, head).is_some_and(|k| !self.contributed(core, from, k));
         let version = core.version;
         let x = core.roster.ext_mut(from).ok_or(Reject::UnknownWorker(from))?;
         if version.0 >= min_clock {
@@ -402,6 +439,10 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
         } else {
             let again = x.pending != 0;
             x.pending = min_clock.saturating_add(1);
+            // Whether its gradient of the head is missing (computed here, where it is used:
+            // pulls answered at once do not need it).
+            let head = version.0.saturating_add(1);
+            let missing = self.slot_index(core, head).is_some_and(|k| !self.contributed(core, from, k));
             // A parked puller is past the head iteration (its next iteration is above
             // `min_clock > v`). If it pulls again (its retry after `rejoin_after`, which
             // re-sends its last gradient first) and its gradient of the head is still
@@ -415,6 +456,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
         Ok(())
     }
 
+    #[inline(never)]
     fn on_join(&mut self, core: &mut Core<T, S, M>, from: WorkerId, epoch: u32) -> Result<(), Reject> {
         core.join_and_send_model(from, epoch)?;
         if let Some(x) = core.roster.ext_mut(from) {

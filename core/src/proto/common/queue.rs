@@ -234,12 +234,16 @@ impl ServerQueue {
         }
     }
 
-    /// Queues a batch of `kind`.
+    /// Queues a batch of `kind` (counted among the batches if it is queued, among the lost
+    /// outputs if not). Inlined, with one test of the push's result: out of line, comparing
+    /// the lost count before and after a [`Self::push`], it cost every protocol 4-10 more
+    /// instructions per message in `mem_count`.
+    #[inline]
     pub(crate) fn push_batch(&mut self, kind: BatchKind) {
-        let lost = self.lost;
-        self.push(ServerItem::Batch(Batch::new(kind)));
-        if self.lost == lost {
+        if self.items.push_with(|| ServerItem::Batch(Batch::new(kind))) {
             self.batches += 1;
+        } else {
+            self.lost += 1;
         }
     }
 
