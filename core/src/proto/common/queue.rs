@@ -468,6 +468,27 @@ mod tests {
         assert_eq!(q.pop().map(|_| ()), None);
     }
 
+    /// `take_front` takes items out in the order they came, each still readable in its slot
+    /// (what `poll_output` reads), across the return of both ends to the array's start.
+    #[test]
+    fn taken_items_are_read_in_order_where_they_lie() {
+        let mut q = ServerQueue::new();
+        for round in 0..3u32 {
+            for i in 0..=round {
+                q.push(event(10 * round + i));
+            }
+            for i in 0..=round {
+                let taken = q.take_front().expect("an item");
+                let item = q.taken(taken).copied();
+                assert!(
+                    matches!(item, Some(ServerItem::Event(ServerEvent::ModelUpdated { contributions, .. })) if contributions == 10 * round + i)
+                );
+            }
+            assert_eq!(q.len(), 0);
+            assert!(q.take_front().is_none());
+        }
+    }
+
     /// A queued batch refuses input until it is taken out.
     #[test]
     fn a_batch_blocks_input_until_finished() {
