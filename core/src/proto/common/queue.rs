@@ -113,6 +113,10 @@ impl Batch {
     }
 }
 
+/// The slot of an item [`FrontQueue::take_front`] took out.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Taken(usize);
+
 /// A fixed-capacity first-in first-out queue of small `Copy` items, used front to back:
 /// outputs are drained after every input, so the queue is usually empty when an input
 /// arrives, and when the last item is taken both ends go back to the array's start; pushing
@@ -188,6 +192,24 @@ impl<I: Copy, const N: usize> FrontQueue<I, N> {
         if self.head >= self.tail {
             (self.head, self.tail) = (0, 0);
         }
+    }
+
+    /// Removes the front item, leaving it in its slot (until the next push), and returns
+    /// the slot.
+    #[inline]
+    pub(crate) fn take_front(&mut self) -> Option<Taken> {
+        let slot = self.head;
+        if slot >= self.tail {
+            return None;
+        }
+        self.advance();
+        Some(Taken(slot))
+    }
+
+    /// The item [`Self::take_front`] took out of `taken`'s slot.
+    #[inline]
+    pub(crate) fn taken(&self, taken: Taken) -> Option<&I> {
+        self.items.get(taken.0)
     }
 
     /// Removes and returns the front item.
@@ -270,6 +292,19 @@ impl ServerQueue {
     #[inline]
     pub(crate) fn advance(&mut self) {
         self.items.advance();
+    }
+
+    /// Removes the front item (which is not a batch), leaving it in its slot: returns the
+    /// slot, for [`Self::taken`] to read it where it lies.
+    #[inline]
+    pub(crate) fn take_front(&mut self) -> Option<Taken> {
+        self.items.take_front()
+    }
+
+    /// The item [`Self::take_front`] took out (unchanged until the next push).
+    #[inline]
+    pub(crate) fn taken(&self, taken: Taken) -> Option<&ServerItem> {
+        self.items.taken(taken)
     }
 
     /// Removes the front item, a batch fully expanded.
@@ -435,6 +470,27 @@ mod tests {
             assert_eq!(popped(&mut q), Some(i));
         }
         assert_eq!(q.pop().map(|_| ()), None);
+    }
+
+    /// `take_front` takes items out in the order they came, each still readable in its slot
+    /// (what `poll_output` reads), across the return of both ends to the array's start.
+    #[test]
+    fn taken_items_are_read_in_order_where_they_lie() {
+        let mut q = ServerQueue::new();
+        for round in 0..3u32 {
+            for i in 0..=round {
+                q.push(event(10 * round + i));
+            }
+            for i in 0..=round {
+                let taken = q.take_front().expect("an item");
+                let item = q.taken(taken).copied();
+                assert!(
+                    matches!(item, Some(ServerItem::Event(ServerEvent::ModelUpdated { contributions, .. })) if contributions == 10 * round + i)
+                );
+            }
+            assert_eq!(q.len(), 0);
+            assert!(q.take_front().is_none());
+        }
     }
 
     /// A queued batch refuses input until it is taken out.

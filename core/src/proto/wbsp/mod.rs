@@ -146,6 +146,7 @@ pub enum DeltaScaling {
 
 impl DeltaScaling {
     /// The factor for a delta of `local_steps` (at least 1) steps with `n` workers.
+    #[inline]
     pub fn factor(self, n: u32, local_steps: u32) -> f64 {
         let n = f64::from(n.max(1));
         match self {
