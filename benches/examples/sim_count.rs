@@ -8,10 +8,14 @@
 //!     target/release/examples/sim_count bsp 10000 16 200000
 //! ```
 //!
-//! gives the instructions per simulated event (total / events) at that `n`; comparing
-//! `n` = 100, 1,000 and 10,000 shows how the cost of an event grows with the worker count,
-//! free of the machine's noise and of cache effects (which wall-clock events per second,
-//! `tests/tests/sim_scale.rs`, include). Setting up the cluster is outside the count.
+//! counts the run's instructions (building the workload is outside the count; building the
+//! simulator and its `n` workers is inside it). The cost of an event at that `n` is the
+//! difference between this run and one stopped at the first gradient (last argument 1),
+//! divided by the difference in the events they print, so that the one-off cost of the `n`
+//! workers (a tenth of a 200,000-gradient run at n = 10,000) is not spread over the events.
+//! Comparing `n` = 100, 1,000 and 10,000 shows how the cost of an event grows with the
+//! worker count, free of the machine's noise and of cache effects (which wall-clock events
+//! per second, `tests/tests/sim_scale.rs`, include).
 //!
 //! Arguments: protocol name (as `overhead` names it, default `bsp`), workers (default
 //! 10000), model dimension (a quadratic of that size, default 16) and accepted gradients
