@@ -1,7 +1,7 @@
 //! Every protocol of a [`Scenario`] on the same seeded simulation, side by side: the engine
 //! behind `syncopate compare` and `syncopate advise`.
 
-use crate::scenario::{ProtocolName, Scenario};
+use crate::scenario::{ProtocolKind, Scenario};
 use crate::sim::{self, SimReport};
 use crate::workload::Workload;
 use serde::Serialize;
@@ -275,7 +275,7 @@ pub fn run(
         reports.extend(per_seed.into_iter().next());
     }
     let baseline =
-        scenario.runs.iter().position(|r| r.spec.name == ProtocolName::Bsp && r.compute.is_none()).unwrap_or(0);
+        scenario.runs.iter().position(|r| r.spec.name == ProtocolKind::Bsp && r.compute.is_none()).unwrap_or(0);
     let base_time = rows.get(baseline).and_then(|r| r.time_to_target_s);
     for r in &mut rows {
         r.speedup_vs_bsp = match (base_time, r.time_to_target_s) {

@@ -27,7 +27,7 @@ pub mod phases;
 pub mod stats;
 pub mod tracegen;
 
-use crate::scenario::{EVENT_BUDGET, ProtocolName, ProtocolSpec};
+use crate::scenario::{EVENT_BUDGET, ProtocolKind, ProtocolSpec};
 use crate::sim::{self, ComputeModel, NetworkConfig, SimConfig, SimReport, Target};
 use crate::trace::Step;
 use crate::workload::{ModelKind, Workload};
@@ -347,16 +347,16 @@ impl Setting {
 
 /// The simplicity rank of a protocol, for picking among tied candidates: fewer moving
 /// parts first (BSP, static backup, DBW, SSP, ASP, BAP, WBSP, grouped).
-pub fn simplicity(name: ProtocolName) -> u32 {
+pub fn simplicity(name: ProtocolKind) -> u32 {
     match name {
-        ProtocolName::Bsp => 0,
-        ProtocolName::Backup => 1,
-        ProtocolName::Dbw => 2,
-        ProtocolName::Ssp => 3,
-        ProtocolName::Asp => 4,
-        ProtocolName::Bap => 5,
-        ProtocolName::Wbsp | ProtocolName::WbspOverlap => 6,
-        ProtocolName::Grouped => 7,
+        ProtocolKind::Bsp => 0,
+        ProtocolKind::Backup => 1,
+        ProtocolKind::Dbw => 2,
+        ProtocolKind::Ssp => 3,
+        ProtocolKind::Asp => 4,
+        ProtocolKind::Bap => 5,
+        ProtocolKind::Wbsp | ProtocolKind::WbspOverlap => 6,
+        ProtocolKind::Grouped => 7,
     }
 }
 
@@ -386,27 +386,27 @@ pub fn candidates(workers: u32, median_s: f64) -> Vec<Candidate> {
     let n = workers;
     let mut out = Vec::new();
     let plain = |name| Candidate { spec: ProtocolSpec::new(name), median_multiple: None };
-    out.push(plain(ProtocolName::Bsp));
+    out.push(plain(ProtocolKind::Bsp));
     let mut bs: Vec<u32> = [1, 2, n / 4, n / 2].into_iter().filter(|&b| b >= 1 && b < n).collect();
     bs.sort_unstable();
     bs.dedup();
     for b in bs {
-        let mut c = plain(ProtocolName::Backup);
+        let mut c = plain(ProtocolKind::Backup);
         c.spec.backup_workers = Some(b);
         out.push(c);
     }
     if n >= 2 {
-        out.push(plain(ProtocolName::Dbw));
+        out.push(plain(ProtocolKind::Dbw));
     }
     for s in [1, 2, 4, 8] {
-        let mut c = plain(ProtocolName::Ssp);
+        let mut c = plain(ProtocolKind::Ssp);
         c.spec.staleness = Some(s);
         out.push(c);
     }
-    out.push(plain(ProtocolName::Asp));
+    out.push(plain(ProtocolKind::Asp));
     for s in [1, 3] {
         for f in [1.5, 3.0] {
-            let mut c = plain(ProtocolName::Bap);
+            let mut c = plain(ProtocolKind::Bap);
             c.spec.staleness = Some(s);
             c.spec.iteration_timeout_ms = Some(round_ms(f * median_s * 1000.0));
             c.median_multiple = Some(f);
@@ -414,7 +414,7 @@ pub fn candidates(workers: u32, median_s: f64) -> Vec<Candidate> {
         }
     }
     for f in [2.0, 4.0] {
-        let mut c = plain(ProtocolName::Wbsp);
+        let mut c = plain(ProtocolKind::Wbsp);
         c.spec.round_deadline_ms = Some(round_ms(f * median_s * 1000.0));
         c.median_multiple = Some(f);
         out.push(c);
@@ -423,7 +423,7 @@ pub fn candidates(workers: u32, median_s: f64) -> Vec<Candidate> {
     gs.sort_unstable();
     gs.dedup();
     for g in gs {
-        let mut c = plain(ProtocolName::Grouped);
+        let mut c = plain(ProtocolKind::Grouped);
         c.spec.groups = Some(g);
         out.push(c);
     }
@@ -563,9 +563,9 @@ pub fn sweep(
             protocol: c.spec.name.as_str().to_string(),
             median_multiple: c.median_multiple,
             count_knob: match c.spec.name {
-                ProtocolName::Backup => c.spec.backup_workers.map(u64::from),
-                ProtocolName::Ssp => c.spec.staleness,
-                ProtocolName::Grouped => c.spec.groups.map(u64::from),
+                ProtocolKind::Backup => c.spec.backup_workers.map(u64::from),
+                ProtocolKind::Ssp => c.spec.staleness,
+                ProtocolKind::Grouped => c.spec.groups.map(u64::from),
                 _ => None,
             },
             reached: times.iter().filter(|t| t.is_some()).count() as u32,
@@ -579,7 +579,7 @@ pub fn sweep(
             tied: false,
         });
     }
-    let bsp = candidates.iter().position(|c| c.spec.name == ProtocolName::Bsp);
+    let bsp = candidates.iter().position(|c| c.spec.name == ProtocolKind::Bsp);
     let bsp_time = bsp.and_then(|i| rows.get(i)).filter(|r| r.reached == r.repeats).map(|r| r.time.mean);
     for r in &mut rows {
         if let Some(b) = bsp_time {
@@ -958,7 +958,7 @@ mod tests {
         for n in [1, 2, 5, 16, 64] {
             let c = candidates(n, 0.05);
             assert!(c.iter().all(|c| c.spec.config(n, 0.5).is_ok()));
-            assert!(c.iter().any(|c| c.spec.name == ProtocolName::Bsp));
+            assert!(c.iter().any(|c| c.spec.name == ProtocolKind::Bsp));
         }
         let c = candidates(16, 0.05);
         let bap: Vec<f64> = c.iter().filter_map(|c| c.spec.iteration_timeout_ms).collect();

@@ -47,7 +47,7 @@ pub mod reproduction;
 mod sweep;
 
 pub use sweep::Sweep;
-pub use syncopate_transport::protocol_spec::{GroupLrScaling, InterruptMode, ProtocolName, ProtocolSpec};
+pub use syncopate_transport::protocol_spec::{GroupLrScaling, InterruptMode, ProtocolKind, ProtocolSpec};
 
 use crate::sim::{ComputeModel, NetworkConfig, SimConfig, StopRule};
 use crate::workload::ModelKind;
@@ -93,7 +93,7 @@ struct StragglerFile {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ProtocolFile {
-    name: ProtocolName,
+    name: ProtocolKind,
     lr: Option<Sweep<f64>>,
     staleness: Option<Sweep<u64>>,
     iteration_timeout_ms: Option<Sweep<f64>>,

@@ -825,12 +825,12 @@ pub fn client_handshake<W: Write>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol_spec::ProtocolName;
+    use crate::protocol_spec::ProtocolKind;
     use crate::tcp::auth::Secret;
     use crate::tcp::settings::{ProtocolSettings, digest};
 
     fn settings() -> Vec<u8> {
-        RunSettings::new(ProtocolSettings::named(ProtocolName::Bsp, 2, 0.5), 650).encode().unwrap()
+        RunSettings::new(ProtocolSettings::named(ProtocolKind::Bsp, 2, 0.5), 650).encode().unwrap()
     }
 
     #[test]
