@@ -1,5 +1,6 @@
-//! Every command the README and the guides (`docs/guide/*.md`) show still works, and every
-//! relative link in the docs leads somewhere.
+//! Every command the README, the guides (`docs/guide/*.md`), BENCHMARKS.md, REPRODUCTION.md
+//! and `adapters/transport/TCP.md` show still works, and every relative link in the docs
+//! leads somewhere.
 //!
 //! Commands: every fenced block tagged `sh` is read line by line (a trailing `\` joins the
 //! next line; `&&`, `||`, `|`, `;` and `&` separate commands; `# ...` is a comment) and
@@ -39,9 +40,13 @@ fn markdown_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// README.md and the guides: the pages whose commands are checked.
+/// The pages whose commands are checked: README.md, the guides, and the other docs that
+/// show `syncopate` commands.
 fn command_pages() -> Vec<PathBuf> {
-    let mut pages = vec![root().join("README.md")];
+    let mut pages: Vec<PathBuf> = ["README.md", "BENCHMARKS.md", "REPRODUCTION.md", "adapters/transport/TCP.md"]
+        .iter()
+        .map(|p| root().join(p))
+        .collect();
     markdown_files(&root().join("docs/guide"), &mut pages);
     pages.sort();
     pages
@@ -166,7 +171,7 @@ fn the_check_refuses_what_the_command_refuses() {
 }
 
 #[test]
-fn every_syncopate_command_in_the_readme_and_the_guides_is_valid() {
+fn every_syncopate_command_in_the_docs_is_valid() {
     // Scenario files in the docs are named from the repository's root.
     std::env::set_current_dir(root()).expect("the repository's root");
     let mut failures = Vec::new();
@@ -218,8 +223,8 @@ fn every_syncopate_command_in_the_readme_and_the_guides_is_valid() {
     }
     assert!(failures.is_empty(), "commands in the docs that do not work:\n{}", failures.join("\n"));
     println!("{checked} syncopate commands checked");
-    // The README and the guides hold dozens of commands: a walk that finds few is broken.
-    assert!(checked >= 30, "only {checked} syncopate commands found in the README and the guides");
+    // The docs hold dozens of commands: a walk that finds few is broken.
+    assert!(checked >= 30, "only {checked} syncopate commands found in the docs");
 }
 
 /// GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens.
