@@ -12,6 +12,8 @@
 //! without a language, or tagged `bash`, `shell` or `console`, fails the test, so nothing is
 //! skipped silently.
 //!
+//! The README's sample output of `compare` is what `compare` prints today, digit for digit.
+//!
 //! Links: every relative `[text](path)` and `[text](path#anchor)` in README.md, the other
 //! top-level docs, `core/WIRE.md`, `adapters/transport/TCP.md` and `docs/**/*.md` names an existing file, and an anchor into a Markdown
 //! file names one of its headings.
@@ -327,4 +329,21 @@ fn every_relative_link_in_the_docs_resolves() {
     }
     assert!(failures.is_empty(), "links in the docs that lead nowhere:\n{}", failures.join("\n"));
     assert!(checked >= 20, "only {checked} relative links found in the docs");
+}
+
+/// The README shows what `cargo run --release -p syncopate-adapters -- compare` prints; the
+/// simulator is deterministic, so it must be that output exactly.
+#[test]
+fn the_readmes_compare_output_is_what_compare_prints() {
+    use syncopate_adapters::{compare, scenario::Scenario};
+    let scenario = Scenario::default_scenario();
+    let comparison = compare::run(&scenario, None, 2, &|_| {}).expect("the default comparison runs");
+    let printed = format!("{}\n{}", comparison.scenario, comparison.table().trim_end());
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    let shown = fenced_blocks(&readme)
+        .into_iter()
+        .find(|b| b.tag == "text" && b.lines.first().is_some_and(|(_, l)| *l == comparison.scenario))
+        .map(|b| b.lines.into_iter().map(|(_, l)| l).collect::<Vec<_>>().join("\n"))
+        .expect("a text block in README.md starting with the default scenario's name");
+    assert_eq!(shown, printed, "README.md's compare output differs from what compare prints now");
 }
