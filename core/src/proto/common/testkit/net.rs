@@ -4,7 +4,7 @@
 
 use crate::id::{ComputeId, Version};
 use crate::rng::Rng;
-use crate::time::Duration;
+use crate::time::{Duration, Instant};
 use std::boxed::Box;
 use std::vec::Vec;
 
