@@ -213,7 +213,7 @@ pub fn run(
     let workload = match workload {
         Some(w) => w,
         None => {
-            own = Workload::digits(scenario.model, scenario.seed);
+            own = Workload::builtin(scenario.model, scenario.seed);
             &own
         }
     };

@@ -69,7 +69,9 @@ pub enum Command {
 /// The model, the data and the randomness of a run.
 #[derive(Clone, Debug, Args)]
 pub struct WorkloadArgs {
-    /// Model: softmax, mlp (32 hidden units) or mlp:H (H from 1 to 4096).
+    /// Model: softmax, mlp (32 hidden units), mlp:H (H from 1 to 4096), mlp2:H1:H2 (two
+    /// hidden layers) or nqm:D (the noisy quadratic model over D coordinates, trained on its
+    /// own noise; it has a loss but no accuracy).
     #[arg(long, default_value = "softmax", value_parser = parse_model)]
     pub model: crate::workload::ModelKind,
     /// Train on this file instead of the built-in digits data.
@@ -100,7 +102,13 @@ impl WorkloadArgs {
     pub fn workload(&self) -> Result<crate::workload::Workload, String> {
         use crate::workload::{CsvOptions, Dataset, Workload};
         let data = match &self.data {
-            None => return Ok(Workload::digits(self.model, self.seed)),
+            None => return Ok(Workload::builtin(self.model, self.seed)),
+            Some(_) if matches!(self.model, crate::workload::ModelKind::Nqm { .. }) => {
+                return Err(format!(
+                    "--model {} trains on its own noise data: --data does not apply to the noisy quadratic model",
+                    self.model
+                ));
+            }
             Some(path) => match self.data_format {
                 DataFormat::Csv => Dataset::from_csv_path(path, &CsvOptions::default()),
                 DataFormat::Libsvm => Dataset::from_libsvm_path(path),

@@ -158,6 +158,7 @@ fn run_sim(
     trace_file: Option<std::fs::File>,
 ) -> Result<(), Failure> {
     let n = u64::from(protocol.workers());
+    let length = sim_length(&stragglers, args.step_ms / 1000.0, args.steps, &args.straggler).map_err(Failure::Usage)?;
     let mut config = SimConfig::new(protocol, args.workload.model);
     config.seed = args.workload.seed;
     config.batch_size = args.workload.batch_size as usize;
@@ -165,7 +166,10 @@ fn run_sim(
     config.compute = stragglers;
     config.stop = StopRule { max_time: None, max_gradients: Some(args.steps.saturating_mul(n)), ..StopRule::default() };
     config.stop.max_events = crate::scenario::EVENT_BUDGET;
-    config.eval_interval = Duration::from_secs_f64((args.step_ms / 1000.0).max(1e-6));
+    // One evaluation per base step, spread out so that a run slowed by its stragglers still
+    // makes at most MAX_CURVE_POINTS (each costs a pass over the test set); the time to
+    // target does not depend on it (it is found among every published model).
+    config.eval_interval = Duration::from_secs_f64((args.step_ms / 1000.0).max(length / MAX_CURVE_POINTS).max(1e-6));
     config.target_accuracy = args.target;
     config.record_trace = args.record_trace.is_some();
     let started = std::time::Instant::now();
@@ -184,4 +188,34 @@ fn run_sim(
     summary.simulator = Some(super::summary::SimulatorCost { events: report.events, wall_s, events_per_s });
     summary.print(args.json);
     Ok(())
+}
+
+/// The most evaluations (points of the accuracy curve) of a `--sim` run.
+const MAX_CURVE_POINTS: f64 = 10_000.0;
+/// The longest virtual time a `--sim` run may be expected to last, in seconds (about 30
+/// years: far from the simulator clock's limit of 584 years).
+const MAX_SIM_SECONDS: f64 = 1e9;
+
+/// The virtual seconds a `--sim` run of `steps` gradients per worker is expected to last
+/// when every step waits for the slowest worker (its mean step time × `steps`), refused when
+/// no finite mean exists or the length exceeds [`MAX_SIM_SECONDS`].
+fn sim_length(stragglers: &[ComputeModel], base_s: f64, steps: u64, spec: &str) -> Result<f64, String> {
+    let mut slowest = base_s;
+    for (worker, model) in stragglers.iter().enumerate() {
+        match model.mean_seconds(base_s) {
+            Some(mean) if mean.is_finite() => slowest = slowest.max(mean),
+            _ => {
+                return Err(format!(
+                    "invalid value '{spec}' for '--straggler': worker {worker}'s step time has no finite mean (a Pareto shape at or below 1), so a --sim run of --steps {steps} has no bound on its length; use a shape above 1"
+                ));
+            }
+        }
+    }
+    let length = slowest * steps as f64;
+    if length > MAX_SIM_SECONDS {
+        return Err(format!(
+            "invalid value '{spec}' for '--straggler': the slowest worker's mean step of {slowest:.3e} s makes --steps {steps} last about {length:.1e} virtual seconds; at most {MAX_SIM_SECONDS:.0e}"
+        ));
+    }
+    Ok(length)
 }
