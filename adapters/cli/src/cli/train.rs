@@ -159,6 +159,7 @@ fn run_sim(
 ) -> Result<(), Failure> {
     let n = u64::from(protocol.workers());
     let length = sim_length(&stragglers, args.step_ms / 1000.0, args.steps, &args.straggler).map_err(Failure::Usage)?;
+    check_stall_reports(length, n * args.steps, args.protocol.stall_report, &args.straggler).map_err(Failure::Usage)?;
     let mut config = SimConfig::new(protocol, args.workload.model);
     config.seed = args.workload.seed;
     config.batch_size = args.workload.batch_size as usize;
@@ -191,7 +192,7 @@ fn run_sim(
 }
 
 /// The most evaluations (points of the accuracy curve) of a `--sim` run.
-const MAX_CURVE_POINTS: f64 = 10_000.0;
+const MAX_CURVE_POINTS: f64 = 2_000.0;
 /// The longest virtual time a `--sim` run may be expected to last, in seconds (about 30
 /// years: far from the simulator clock's limit of 584 years).
 const MAX_SIM_SECONDS: f64 = 1e9;
@@ -218,4 +219,25 @@ fn sim_length(stragglers: &[ComputeModel], base_s: f64, steps: u64, spec: &str) 
         ));
     }
     Ok(length)
+}
+
+/// The stall-report interval when `--stall-report` is not given, in milliseconds.
+const DEFAULT_STALL_REPORT_MS: f64 = 2000.0;
+/// Simulator events per gradient, an upper estimate (as the scenario budget counts them).
+const EVENTS_PER_GRADIENT: f64 = 6.0;
+
+/// Refuses a `--sim` run whose gradients, evaluations and stall reports (one per stall
+/// interval of the run's expected `length` while a straggler is waited for) would exceed
+/// the simulator's event budget.
+fn check_stall_reports(length: f64, gradients: u64, stall_ms: Option<f64>, spec: &str) -> Result<(), String> {
+    let stall_s = stall_ms.filter(|ms| *ms > 0.0).unwrap_or(DEFAULT_STALL_REPORT_MS) / 1000.0;
+    let stalls = length / stall_s;
+    let events = gradients as f64 * EVENTS_PER_GRADIENT + MAX_CURVE_POINTS + stalls;
+    let budget = crate::scenario::EVENT_BUDGET as f64;
+    if events > budget {
+        return Err(format!(
+            "invalid value '{spec}' for '--straggler': the run would last about {length:.1e} virtual seconds, about {stalls:.1e} stall reports (one per {stall_s} s of waiting) and {events:.1e} simulator events in all; at most {budget:.0e} (fewer --steps, a milder straggler or a longer --stall-report)"
+        ));
+    }
+    Ok(())
 }

@@ -1,0 +1,104 @@
+//! What a new user tries first, as commands: every listed model runs (or is refused in one
+//! line), runs that could go on without end are bounded or refused before they start, a
+//! diverging run says so, and the summary explains its own figures.
+
+mod common;
+
+use common::{scratch, syncopate};
+use std::process::Output;
+
+fn text(out: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Asserts exit code 2 and one line on stderr containing every needle.
+fn refused(args: &[&str], needles: &[&str]) {
+    let out = syncopate(args);
+    let (stdout, err) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: not one line: {err}");
+    assert!(!err.starts_with("error: error:"), "{args:?}: doubled prefix: {err}");
+    for needle in needles {
+        assert!(err.contains(needle), "{args:?}: '{needle}' missing from: {err}");
+    }
+    assert!(stdout.is_empty(), "{args:?}: printed to stdout on a refusal");
+}
+
+/// The stdout of a run that must have exited 0 without a panic.
+fn succeeded(args: &[&str]) -> String {
+    let out = syncopate(args);
+    let (_, err) = text(&out);
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+    common::stdout(&out)
+}
+
+#[test]
+fn every_nqm_dimension_runs_and_reports_a_loss_without_an_accuracy() {
+    for model in ["nqm:100", "nqm:64", "nqm:7"] {
+        for mode in [&["--sim"][..], &["--step-ms", "0.05", "--workers", "2"][..]] {
+            let mut args = vec!["train", "--model", model, "--steps", "20"];
+            args.extend_from_slice(mode);
+            let out = succeeded(&args);
+            assert!(out.contains(&format!("{model} (")), "{args:?}: {out}");
+            assert!(!out.contains("test accuracy"), "{args:?}: an accuracy for the NQM: {out}");
+            assert!(!out.contains("time to 0.90"), "{args:?}: an accuracy target for the NQM: {out}");
+            assert!(out.contains("the noisy quadratic model has no accuracy"), "{args:?}: {out}");
+        }
+    }
+    let dir = scratch("first-use", "nqm");
+    let scenario = dir.join("nqm.toml");
+    std::fs::write(&scenario, "workers = 4\nseeds = 1\nmax_time_s = 0.2\nmodel = \"nqm:100\"\n[[protocols]]\nname = \"bsp\"\n")
+        .unwrap();
+    succeeded(&["compare", scenario.to_str().unwrap()]);
+    let data = dir.join("d.csv");
+    std::fs::write(&data, "0,1,0\n1,0,1\n0,1,0\n1,0,1\n0,1,0\n1,0,1\n").unwrap();
+    refused(&["train", "--sim", "--model", "nqm:2", "--data", data.to_str().unwrap()], &["nqm:2", "--data"]);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn runs_without_a_bound_are_refused_before_they_start() {
+    refused(&["train", "--sim", "--straggler", "0:delay=1e12", "--steps", "5"], &["--straggler", "virtual seconds"]);
+    refused(&["train", "--sim", "--straggler", "all:pareto=1/0.5", "--steps", "50"], &["--straggler", "no finite mean"]);
+    refused(&["train", "--sim", "--straggler", "0:slow=1e9", "--steps", "20"], &["--straggler", "stall reports"]);
+}
+
+#[test]
+fn slow_stragglers_finish_with_a_bounded_curve() {
+    // A run of 400 virtual seconds evaluated every base step would make 200,000
+    // evaluations; the run spreads them out.
+    let out = succeeded(&["train", "--sim", "--straggler", "0:slow=10000", "--steps", "20", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let points = v["curve"].as_array().unwrap().len();
+    assert!((2..=2_002).contains(&points), "{points} evaluations");
+    assert_eq!(v["updates"], 20);
+}
+
+#[test]
+fn a_diverging_run_stops_and_says_why() {
+    for protocol in ["bsp", "ssp", "backup", "dbw", "bap", "asp", "wbsp", "grouped"] {
+        for mode in [&["--sim"][..], &["--step-ms", "0.05"][..]] {
+            let mut args = vec!["train", "--lr", "1e38", "--steps", "20", "--protocol", protocol];
+            args.extend_from_slice(mode);
+            let out = succeeded(&args);
+            assert!(out.contains("DIVERGED"), "{args:?}: {out}");
+            assert!(out.contains("lower --lr"), "{args:?}: {out}");
+        }
+    }
+    let out = succeeded(&["train", "--sim", "--lr", "1e30", "--steps", "20"]);
+    assert!(out.contains("DIVERGED") && out.contains("the test loss grew"), "{out}");
+    let json = succeeded(&["train", "--sim", "--lr", "1e38", "--steps", "20", "--protocol", "ssp", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert!(v["diverged"].as_str().unwrap().contains("refused for holding NaN"), "{json}");
+    let healthy = succeeded(&["train", "--sim", "--steps", "20", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&healthy).unwrap();
+    assert!(v.get("diverged").is_none(), "{healthy}");
+}
+
+#[test]
+fn a_backup_summary_shows_the_abandoned_computations() {
+    let out = succeeded(&["train", "--sim", "--protocol", "backup", "--steps", "30", "--straggler", "0:slow=4"]);
+    let line = out.lines().find(|l| l.trim_start().starts_with("abandoned")).unwrap_or_else(|| panic!("{out}"));
+    let first: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(first > 0, "worker 0 abandoned nothing: {out}");
+}
