@@ -223,6 +223,17 @@ impl FrameReader {
                     _ => return Err(FrameError::Idle),
                 },
             };
+            if let Some(left) = timeout.filter(|d| *d <= COARSE_TIMEOUT_SLACK) {
+                // The last stretch of the wait: a socket read timeout would end up to a
+                // few scheduler ticks late, so poll instead.
+                match self.poll_first_byte(&mut len_bytes[..1], left) {
+                    Ok(true) => break Instant::now(),
+                    Ok(false) => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            // A long wait blocks on the socket until the slack before the deadline.
+            let timeout = timeout.map(|d| d - COARSE_TIMEOUT_SLACK);
             self.stream.set_read_timeout(timeout).map_err(FrameError::Io)?;
             match self.stream.read(&mut len_bytes[..1]) {
                 Ok(0) => return Err(FrameError::Closed),
@@ -308,6 +319,32 @@ impl FrameReader {
             }
         }
         Ok(())
+    }
+}
+
+/// How long before a first byte's deadline the reader stops blocking on a socket read
+/// timeout (the kernel rounds one up to its scheduler tick and may fire a tick or two late)
+/// and polls instead, sleeping at most [`POLL_INTERVAL`] between tries.
+const COARSE_TIMEOUT_SLACK: Duration = Duration::from_millis(12);
+/// The longest sleep between two polls of the last stretch of a wait.
+const POLL_INTERVAL: Duration = Duration::from_micros(100);
+
+impl FrameReader {
+    /// Tries to read the first byte of a frame without blocking; if none is there, sleeps
+    /// `left` or [`POLL_INTERVAL`], whichever is shorter. `Ok(true)`: the byte was read.
+    fn poll_first_byte(&mut self, byte: &mut [u8], left: Duration) -> Result<bool, FrameError> {
+        self.stream.set_nonblocking(true).map_err(FrameError::Io)?;
+        let read = self.stream.read(byte);
+        self.stream.set_nonblocking(false).map_err(FrameError::Io)?;
+        match read {
+            Ok(0) => Err(FrameError::Closed),
+            Ok(_) => Ok(true),
+            Err(e) if is_timeout(&e) || e.kind() == io::ErrorKind::Interrupted => {
+                std::thread::sleep(left.min(POLL_INTERVAL));
+                Ok(false)
+            }
+            Err(e) => Err(FrameError::Io(e)),
+        }
     }
 }
 
