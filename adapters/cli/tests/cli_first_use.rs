@@ -102,3 +102,11 @@ fn a_backup_summary_shows_the_abandoned_computations() {
     let first: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
     assert!(first > 0, "worker 0 abandoned nothing: {out}");
 }
+
+#[test]
+fn a_server_address_without_a_port_is_a_usage_error() {
+    refused(&["work", "--connect", "nowhere", "--id", "0"], &["--connect", "no port", "HOST:PORT"]);
+    refused(&["work", "--connect", "127.0.0.1", "--id", "0"], &["--connect", "no port"]);
+    refused(&["work", "--connect", "127.0.0.1:http", "--id", "0"], &["--connect", "not a port number"]);
+    refused(&["group", "--connect", "nowhere", "--group", "0"], &["--connect", "no port"]);
+}

@@ -10,8 +10,10 @@ use super::Failure;
 use super::train::TrainArgs;
 use clap::Args;
 
-/// Flags of `syncopate mpi`: those of `train`, plus the MPI ones.
+/// Flags of `syncopate mpi`: those of `train` (but `--sim` and `--record-trace`, which
+/// it refuses and its help does not list), plus the MPI ones.
 #[derive(Clone, Debug, Args)]
+#[command(mut_arg("sim", |a| a.hide(true)), mut_arg("record_trace", |a| a.hide(true)))]
 pub struct MpiArgs {
     /// The protocol, workload and straggler flags of `train` (`--workers N` needs N+1 ranks).
     #[command(flatten)]

@@ -449,6 +449,22 @@ pub fn tune_stream(stream: &TcpStream, max_frame: usize) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The last stretch of a wait before a deadline polls instead of arming a socket read
+    /// timeout (which the kernel rounds up to its scheduler tick): the wait ends idle and
+    /// leaves the socket blocking, with no read timeout set.
+    #[test]
+    fn a_short_wait_polls_instead_of_arming_a_read_timeout() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (_server, _) = listener.accept().unwrap();
+        let mut reader = FrameReader::new(client, 64, FrameTimeout::default());
+        let mut buf = Vec::new();
+        let deadline = Instant::now() + COARSE_TIMEOUT_SLACK / 2;
+        assert!(matches!(reader.read_frame(&mut buf, Some(deadline)), Err(FrameError::Idle)));
+        assert!(Instant::now() >= deadline, "the wait lasts until its deadline");
+        assert_eq!(reader.stream().read_timeout().unwrap(), None, "no read timeout was armed");
+    }
     use std::io::BufWriter;
     use std::net::TcpListener;
 
