@@ -266,7 +266,8 @@ fn sweep(
     for &(i, x) in members {
         let times: Vec<f64> = c.times_to_target[i].iter().flatten().copied().collect();
         if times.len() > 1 {
-            let (a, b) = (times.iter().copied().fold(f64::INFINITY, f64::min), times.iter().copied().fold(0.0, f64::max));
+            let (a, b) =
+                (times.iter().copied().fold(f64::INFINITY, f64::min), times.iter().copied().fold(0.0, f64::max));
             chart.draw_series(std::iter::once(PathElement::new([(x, a), (x, b)], colour.stroke_width(1))))?;
         }
     }
@@ -318,8 +319,7 @@ fn bars(area: &DrawingArea<SVGBackend<'_>, Shift>, c: &Comparison) -> DrawResult
         }
         match row.time_to_target_s {
             Some(t) => {
-                chart
-                    .draw_series(std::iter::once(Rectangle::new([(0.0, y + 0.1), (t, y + 0.5)], colour.filled())))?;
+                chart.draw_series(std::iter::once(Rectangle::new([(0.0, y + 0.1), (t, y + 0.5)], colour.filled())))?;
                 let lo = reached.iter().copied().fold(f64::INFINITY, f64::min);
                 let hi = reached.iter().copied().fold(0.0f64, f64::max);
                 if reached.len() > 1 {
@@ -349,13 +349,20 @@ fn bars(area: &DrawingArea<SVGBackend<'_>, Shift>, c: &Comparison) -> DrawResult
 
 fn backups(area: &DrawingArea<SVGBackend<'_>, Shift>, c: &Comparison, x_end: f64) -> DrawResult {
     let most = c.backup_workers.iter().flatten().map(|p| p.1).max().unwrap_or(1).max(1);
+    let runs: Vec<&str> =
+        c.rows.iter().zip(&c.backup_workers).filter(|(_, s)| !s.is_empty()).map(|(r, _)| r.label.trim_end()).collect();
+    // One run is named in the caption; several get a legend, with headroom above the
+    // highest b_t so that it never covers a line.
+    let (caption, headroom) = match runs.as_slice() {
+        [one] => (format!("{one}: backup workers b_t over time (seed {})", c.seeds.start), 1.1),
+        _ => (format!("DBW: backup workers b_t over time (seed {})", c.seeds.start), 1.6),
+    };
     let mut chart = ChartBuilder::on(area)
-        .caption(format!("DBW: backup workers b_t over time (seed {})", c.seeds.start), ("sans-serif", 16))
+        .caption(caption, ("sans-serif", 16))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        // Headroom above the highest b_t for the legend, so it never covers the line.
-        .build_cartesian_2d(0.0..x_end, 0.0..(f64::from(most) * 1.6 + 1.0))?;
+        .build_cartesian_2d(0.0..x_end, 0.0..(f64::from(most) * headroom + 0.5))?;
     chart.configure_mesh().x_desc("virtual time (s)").y_desc("b_t").light_line_style(WHITE).draw()?;
     let palette = colours(c.rows.len());
     for (i, (row, series)) in c.rows.iter().zip(&c.backup_workers).enumerate() {
@@ -378,7 +385,9 @@ fn backups(area: &DrawingArea<SVGBackend<'_>, Shift>, c: &Comparison, x_end: f64
             .label(row.label.clone())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 22, y)], stroke));
     }
-    chart.configure_series_labels().position(SeriesLabelPosition::UpperRight).border_style(BLACK).draw()?;
+    if runs.len() > 1 {
+        chart.configure_series_labels().position(SeriesLabelPosition::UpperRight).border_style(BLACK).draw()?;
+    }
     Ok(())
 }
 
@@ -583,5 +592,4 @@ mod tests {
         let b = band(&seeds);
         assert_eq!(b, [(0.0, 0.2, 0.1, 0.3), (1.0, 0.7, 0.5, 0.9)]);
     }
-
 }

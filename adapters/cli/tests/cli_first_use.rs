@@ -47,8 +47,11 @@ fn every_nqm_dimension_runs_and_reports_a_loss_without_an_accuracy() {
     }
     let dir = scratch("first-use", "nqm");
     let scenario = dir.join("nqm.toml");
-    std::fs::write(&scenario, "workers = 4\nseeds = 1\nmax_time_s = 0.2\nmodel = \"nqm:100\"\n[[protocols]]\nname = \"bsp\"\n")
-        .unwrap();
+    std::fs::write(
+        &scenario,
+        "workers = 4\nseeds = 1\nmax_time_s = 0.2\nmodel = \"nqm:100\"\n[[protocols]]\nname = \"bsp\"\n",
+    )
+    .unwrap();
     succeeded(&["compare", scenario.to_str().unwrap()]);
     let data = dir.join("d.csv");
     std::fs::write(&data, "0,1,0\n1,0,1\n0,1,0\n1,0,1\n0,1,0\n1,0,1\n").unwrap();
@@ -59,7 +62,10 @@ fn every_nqm_dimension_runs_and_reports_a_loss_without_an_accuracy() {
 #[test]
 fn runs_without_a_bound_are_refused_before_they_start() {
     refused(&["train", "--sim", "--straggler", "0:delay=1e12", "--steps", "5"], &["--straggler", "virtual seconds"]);
-    refused(&["train", "--sim", "--straggler", "all:pareto=1/0.5", "--steps", "50"], &["--straggler", "no finite mean"]);
+    refused(
+        &["train", "--sim", "--straggler", "all:pareto=1/0.5", "--steps", "50"],
+        &["--straggler", "no finite mean"],
+    );
     refused(&["train", "--sim", "--straggler", "0:slow=1e9", "--steps", "20"], &["--straggler", "stall reports"]);
 }
 

@@ -213,8 +213,7 @@ fn row(label: String, reference: bool, reports: &[SimReport]) -> Row {
             .sum(),
         hit_event_budget: reports.iter().filter(|r| r.stop_reason == "max_events").count() as u32,
         diverged: {
-            let why: Vec<String> =
-                reports.iter().filter_map(|r| sim::divergence(&r.curve, r.not_finite)).collect();
+            let why: Vec<String> = reports.iter().filter_map(|r| sim::divergence(&r.curve, r.not_finite)).collect();
             why.first().map(|w| (why.len() as u32, w.clone()))
         },
         mean_staleness: mean(&|r| r.staleness.mean),

@@ -28,7 +28,13 @@ use std::process::ExitCode;
 
 /// Straggler-tolerant synchronization protocols for parameter-server training.
 #[derive(Debug, Parser)]
-#[command(name = "syncopate", version, about, long_about = None)]
+#[command(
+    name = "syncopate",
+    version,
+    about = "Straggler-tolerant synchronization protocols for parameter-server training: train, compare, advise, \
+             trace-gen, serve, work, group, reproduce and mpi",
+    long_about = None
+)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -268,9 +274,9 @@ pub(crate) fn progress_counter(unit: &str, json: bool) -> indicatif::ProgressBar
         return indicatif::ProgressBar::hidden();
     }
     let bar = indicatif::ProgressBar::new_spinner();
-    if let Ok(style) =
-        indicatif::ProgressStyle::with_template(&format!("{{spinner}} [{{elapsed_precise}}] {{pos}} {unit} done {{msg}}"))
-    {
+    if let Ok(style) = indicatif::ProgressStyle::with_template(&format!(
+        "{{spinner}} [{{elapsed_precise}}] {{pos}} {unit} done {{msg}}"
+    )) {
         bar.set_style(style);
     }
     bar

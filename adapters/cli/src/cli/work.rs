@@ -66,7 +66,9 @@ pub struct WorkArgs {
 /// The worker id from `--id` or, without it, from the first launcher variable `get` finds.
 /// Refuses a `--connect` value that is not `HOST:PORT` with a port from 1 to 65535.
 pub(super) fn check_address(addr: &str) -> Result<(), String> {
-    let bad = |why: &str| Err(format!("invalid value '{addr}' for '--connect': {why} (expected HOST:PORT, e.g. 127.0.0.1:7070)"));
+    let bad = |why: &str| {
+        Err(format!("invalid value '{addr}' for '--connect': {why} (expected HOST:PORT, e.g. 127.0.0.1:7070)"))
+    };
     let Some((host, port)) = addr.rsplit_once(':') else {
         return bad("no port");
     };
@@ -200,11 +202,7 @@ pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
         // A worker id out of range or claimed by another process, an address that does not
         // resolve, or settings this worker cannot use are the operator's to fix.
         let usage = ["out of range", "--straggler", "data file", "claim this worker id", "invalid server address"];
-        if usage.iter().any(|u| e.0.contains(u)) {
-            Failure::Usage(e.0)
-        } else {
-            Failure::Run(e.0)
-        }
+        if usage.iter().any(|u| e.0.contains(u)) { Failure::Usage(e.0) } else { Failure::Run(e.0) }
     })?;
     if args.json {
         match serde_json::to_string(&report) {

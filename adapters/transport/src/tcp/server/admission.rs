@@ -191,7 +191,8 @@ pub(super) fn admit(shared: &Shared, pending: u64, hello: &ClientHello) -> Resul
         shared.connections.fetch_sub(1, Ordering::SeqCst);
         return Err((RefuseCode::Busy, "server busy: too many connections".into()));
     }
-    let claimed = shared.claims.lock().unwrap_or_else(std::sync::PoisonError::into_inner).claim(hello.worker, Instant::now());
+    let claimed =
+        shared.claims.lock().unwrap_or_else(std::sync::PoisonError::into_inner).claim(hello.worker, Instant::now());
     if let Err(e) = claimed {
         shared.connections.fetch_sub(1, Ordering::SeqCst);
         return Err(e);
