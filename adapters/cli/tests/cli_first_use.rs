@@ -116,3 +116,93 @@ fn a_server_address_without_a_port_is_a_usage_error() {
     refused(&["work", "--connect", "127.0.0.1:http", "--id", "0"], &["--connect", "not a port number"]);
     refused(&["group", "--connect", "nowhere", "--group", "0"], &["--connect", "no port"]);
 }
+
+#[test]
+fn wrong_reasons_are_now_the_right_ones() {
+    refused(&["train", "--model", "mlp:0"], &["'mlp:0'", "at least 1"]);
+    refused(&["train", "--model", "nqm:0"], &["'nqm:0'", "at least 1"]);
+    refused(&["train", "--straggler", "0:slow=-1"], &["slow factor '-1' is not a positive number"]);
+    refused(&["train", "--straggler", "0:slow=0"], &["slow factor '0' is not a positive number"]);
+    refused(&["train", "--data-format", "libsvm"], &["--data"]);
+    let dir = scratch("first-use", "reasons");
+    for (name, body, needles) in [
+        ("neg.csv", "worker,step,seconds\n0,0,-0.01\n", vec!["neg.csv line 2", "'-0.01' is not a step time"]),
+        ("huge.csv", "worker,step,seconds\n0,0,1e300\n", vec!["huge.csv line 2", "'1e300' is not a step time"]),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, body).unwrap();
+        refused(&["advise", "--trace", path.to_str().unwrap()], &needles);
+    }
+    let dup = dir.join("dup.toml");
+    std::fs::write(&dup, "workers = 4\nworkers = 5\n[[protocols]]\nname = \"bsp\"\n").unwrap();
+    refused(&["compare", dup.to_str().unwrap()], &["dup.toml:2", "duplicate key 'workers'"]);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn help_lists_what_each_command_takes_and_no_command_is_a_usage_error() {
+    let out = syncopate(&[]);
+    let (stdout, err) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "bare syncopate: {err}");
+    assert!(stdout.is_empty() && err.contains("Usage: syncopate <COMMAND>"), "{err}");
+    let help = succeeded(&["--help"]);
+    for command in ["train", "compare", "advise", "trace-gen", "serve", "work", "group", "reproduce", "mpi"] {
+        assert!(help.lines().next().unwrap().contains(command), "the description omits {command}: {help}");
+    }
+    let mpi = succeeded(&["mpi", "--help"]);
+    assert!(!mpi.contains("--sim") && !mpi.contains("--record-trace"), "{mpi}");
+    let train = succeeded(&["train", "--help"]);
+    assert!(train.contains("mlp2:H1:H2") && train.contains("nqm:D"), "{train}");
+}
+
+#[test]
+fn trace_gen_bounds_its_size_and_writes_to_stdout() {
+    refused(&["trace-gen", "steady", "--workers", "65535", "--steps", "1000000", "-o", "huge.csv"], &["at most"]);
+    assert!(!std::path::Path::new("huge.csv").exists());
+    let out = succeeded(&["trace-gen", "steady", "--workers", "2", "--steps", "3", "-o", "-"]);
+    assert_eq!(out.lines().count(), 7, "{out}");
+    assert!(!std::path::Path::new("-").exists(), "a file named '-' was created");
+    // A closed pipe ends it quietly, whether the trace goes to `-` or to /dev/stdout.
+    for target in ["-", "/dev/stdout"] {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_syncopate"))
+            .args(["trace-gen", "steady", "--workers", "16", "--steps", "20000", "-o", target])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "-o {target}: {err}");
+        assert!(!err.contains("Broken pipe") && !err.contains("panicked"), "-o {target}: {err}");
+    }
+}
+
+#[test]
+fn compare_names_its_baseline_says_which_runs_diverged_and_shows_progress_without_a_terminal() {
+    let dir = scratch("first-use", "compare");
+    let path = dir.join("lr.toml");
+    let scenario = "workers = 4\nseeds = 1\nmax_time_s = 0.3\n[[protocols]]\nname = \"bsp\"\n[[protocols]]\nname = \"asp\"\n\
+                    [[protocols]]\nname = \"wbsp\"\nlr = 1e38\n";
+    std::fs::write(&path, scenario).unwrap();
+    let out = syncopate(&["compare", path.to_str().unwrap()]);
+    let (_, err) = text(&out);
+    let table = common::stdout(&out);
+    assert!(table.contains("speedup: bsp's time to target over each run's"), "{table}");
+    assert!(table.contains("note: wbsp") && table.contains("diverged in 1 of 1 seeds"), "{table}");
+    assert!(!table.contains("note: bsp diverged") && !table.contains("note: asp diverged"), "{table}");
+    assert!(err.contains("compare: 3/3 simulations done"), "no progress lines: {err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn advise_says_which_protocols_a_one_worker_trace_leaves_out() {
+    let dir = scratch("first-use", "advise");
+    let path = dir.join("one.csv");
+    let body: String = (0..40).map(|s| format!("0,{s},0.01\n")).collect();
+    std::fs::write(&path, format!("worker,step,seconds\n{body}")).unwrap();
+    let out = syncopate(&["advise", "--trace", path.to_str().unwrap(), "--seeds", "2", "--no-phases"]);
+    let (_, err) = text(&out);
+    assert!(err.contains("a 1-worker trace leaves out") && err.contains("backup"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
