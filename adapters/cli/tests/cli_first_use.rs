@@ -206,3 +206,8 @@ fn advise_says_which_protocols_a_one_worker_trace_leaves_out() {
     assert!(err.contains("a 1-worker trace leaves out") && err.contains("backup"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn more_worker_threads_than_the_memory_holds_are_refused() {
+    refused(&["train", "--workers", "65535", "--steps", "1"], &["'65535' for '--workers'", "GB", "--sim"]);
+}

@@ -99,6 +99,7 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
     if args.sim {
         return run_sim(args, protocol, stragglers, &workload, &model_name, trace_file);
     }
+    check_thread_memory(n, dim, mem_available()).map_err(Failure::Usage)?;
     let base = args.base_step();
     let bar = super::progress_bar(args.steps.saturating_mul(u64::from(n)), args.json);
     let delays: Vec<StepDelay> = stragglers
@@ -240,4 +241,52 @@ fn check_stall_reports(length: f64, gradients: u64, stall_ms: Option<f64>, spec:
         ));
     }
     Ok(())
+}
+
+/// Memory a threaded run needs per pair of workers: its queues grow with the square of the
+/// worker count, a few kilobytes a pair.
+const THREAD_PAIR_BYTES: f64 = 2304.0;
+/// Stack and buffers of one worker thread besides its model copies.
+const THREAD_BYTES: f64 = 256.0 * 1024.0;
+/// Model copies one worker thread holds (its model, a gradient, buffers in flight).
+const MODEL_COPIES_PER_THREAD: f64 = 4.0;
+/// The share of the available memory a threaded run may plan to use.
+const MEMORY_SHARE: f64 = 0.5;
+
+/// Refuses a threaded run whose estimated memory (quadratic in the workers, plus model
+/// copies per thread) exceeds half of `available` bytes (unknown: not checked).
+fn check_thread_memory(workers: u32, dim: usize, available: Option<u64>) -> Result<(), String> {
+    let n = f64::from(workers);
+    let estimate = n * n * THREAD_PAIR_BYTES + n * (THREAD_BYTES + MODEL_COPIES_PER_THREAD * dim as f64 * 4.0);
+    match available {
+        Some(bytes) if estimate > bytes as f64 * MEMORY_SHARE => Err(format!(
+            "invalid value '{workers}' for '--workers': {workers} worker threads would need about {:.1} GB of memory and this machine has {:.1} GB available (at most half of it is planned); use fewer workers, or --sim for the simulator",
+            estimate / 1e9,
+            bytes as f64 / 1e9
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The memory available to new work (Linux `MemAvailable`), in bytes; `None` elsewhere.
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_counts_the_memory_cannot_hold_are_refused() {
+        let gb = 1u64 << 30;
+        assert!(check_thread_memory(8, 650, Some(gb)).is_ok());
+        assert!(check_thread_memory(65_535, 650, None).is_ok(), "unknown memory is not checked");
+        let e = check_thread_memory(2000, 650, Some(6 * gb)).unwrap_err();
+        assert!(e.contains("'2000' for '--workers'") && e.contains("GB") && e.contains("--sim"), "{e}");
+        assert!(check_thread_memory(65_535, 650, Some(64 * gb)).is_err());
+    }
 }
