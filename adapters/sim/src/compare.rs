@@ -142,12 +142,12 @@ impl Comparison {
         let seeds = self.rows.first().map_or(1, |r| r.seeds);
         if let Some(base) = self.rows.get(self.baseline) {
             out.push_str(&format!(
-                "speedup: {}'s time to target over each run's (the 1.00x row)\n",
+                "speedup: {}'s time to target over each run's\n",
                 base.label.trim_end()
             ));
         }
         out.push_str(&format!(
-            "time, speedup, final, updates: medians over {seeds} seed(s); stale (versions behind when applied), busy (share of time computing): means; gradients: totals over the seeds, accepted = applied + dropped + held (still in a partial iteration) at stop\n"
+            "time, speedup, final, updates: medians over {seeds} seed(s); stale, busy: means; gradients: totals over the seeds, accepted = applied + dropped + held at stop\n"
         ));
         for r in &self.rows {
             if let Some((count, why)) = &r.diverged {

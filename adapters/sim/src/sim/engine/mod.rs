@@ -512,9 +512,9 @@ impl<'a, 'o> Engine<'a, 'o> {
                 break "target_loss";
             }
             // A model with a NaN or infinite loss cannot recover, and a gradient or delta
-            // holding NaN or ±∞ (or overflowing its norm) comes only from a diverged model (its refusal leaves a
-            // synchronous round waiting for ever): the run ends instead of waiting out its
-            // budget.
+            // holding NaN or ±∞ (or overflowing its norm) comes only from a diverged model
+            // (its refusal leaves a synchronous round waiting for ever): the run ends
+            // instead of waiting out its budget.
             if self.core.diverged {
                 break "diverged";
             }
