@@ -81,7 +81,7 @@ pub struct TraceGenArgs {
     /// The generator's seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Where to write the trace (CSV worker,step,seconds).
+    /// Where to write the trace (CSV worker,step,seconds); `-` for stdout.
     #[arg(long, short, value_name = "FILE")]
     pub out: PathBuf,
 }
@@ -132,7 +132,26 @@ pub(super) fn advise(args: &AdviseArgs) -> Result<(), Failure> {
             }
             c
         }
-        None => advise::candidates(table.workers, table.median_step()),
+        None => {
+            let c = advise::candidates(table.workers, table.median_step());
+            // Name the protocols a small trace leaves out (they need more workers).
+            let names = |c: &[Candidate]| {
+                let mut v: Vec<&'static str> = c.iter().map(|c| c.spec.name.as_str()).collect();
+                v.dedup();
+                v
+            };
+            let all = advise::candidates(syncopate::MAX_WORKERS as u32, table.median_step());
+            let here = names(&c);
+            let left_out: Vec<&str> = names(&all).into_iter().filter(|n| !here.contains(n)).collect();
+            if !left_out.is_empty() && !args.json {
+                eprintln!(
+                    "advise: a {}-worker trace leaves out {}: they need more workers",
+                    table.workers,
+                    left_out.join(", ")
+                );
+            }
+            c
+        }
     };
     let plot = args.plot.as_deref().map(super::compare::open_plot).transpose()?;
     let options = Options {
@@ -149,14 +168,10 @@ pub(super) fn advise(args: &AdviseArgs) -> Result<(), Failure> {
         },
     };
     let jobs = args.jobs.map_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()), |j| j as usize);
-    let bar = super::progress_bar(candidates.len() as u64 * u64::from(args.seeds), args.json);
+    // The phases found in the trace add sweeps as they are found: the total is not known.
+    let bar = super::progress_counter("simulations", args.json);
     bar.set_message(args.trace.display().to_string());
-    let advice = advise::advise(&table, &candidates, &options, jobs, &|| {
-        if bar.position() + 1 >= bar.length().unwrap_or(0) {
-            bar.set_length(bar.length().unwrap_or(0) + candidates.len() as u64 * u64::from(args.seeds));
-        }
-        bar.inc(1);
-    });
+    let advice = advise::advise(&table, &candidates, &options, jobs, &|| bar.inc(1));
     bar.finish_and_clear();
     let advice = advice.map_err(|e| Failure::Usage(format!("{}: {e}", args.trace.display())))?;
     if let (Some(path), Some(mut file)) = (&args.plot, plot) {
@@ -187,16 +202,46 @@ pub(super) fn trace_gen(args: &TraceGenArgs) -> Result<(), Failure> {
     if !(args.step_ms.is_finite() && (lo..=hi).contains(&args.step_ms)) {
         return Err(Failure::Usage(format!("invalid value '{}' for '--step-ms': outside {lo}..={hi}", args.step_ms)));
     }
+    let rows = u64::from(args.workers) * args.steps;
+    if rows > MAX_TRACE_STEPS {
+        return Err(Failure::Usage(format!(
+            "--workers {} x --steps {} is {rows} steps; a trace holds at most {MAX_TRACE_STEPS} (about {} MB of CSV)",
+            args.workers,
+            args.steps,
+            MAX_TRACE_STEPS * 25 / 1_000_000
+        )));
+    }
+    let to_stdout = args.out.as_os_str() == "-";
+    let file = (!to_stdout).then(|| trace::create(&args.out)).transpose().map_err(Failure::Usage)?;
     let steps = tracegen::generate(args.kind, args.workers, args.steps, args.step_ms / 1000.0, args.seed);
-    trace::write(&args.out, &steps).map_err(Failure::Usage)?;
-    outln!(
+    let written = match file {
+        Some(file) => trace::write_csv(file, &steps),
+        None => trace::write_csv(std::io::stdout().lock(), &steps),
+    };
+    match written {
+        Ok(()) => {}
+        // A reader that went away (`-o - | head -1`, `-o /dev/stdout | head`) ends it quietly.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+        Err(e) => return Err(Failure::Run(format!("{}: cannot write the trace: {e}", args.out.display()))),
+    }
+    let line = format!(
         "{}: {} trace, {} workers x {} steps, median step {} ms, seed {}",
-        args.out.display(),
+        if to_stdout { "stdout".into() } else { args.out.display().to_string() },
         args.kind.name(),
         args.workers,
         args.steps,
         args.step_ms,
         args.seed
     );
+    // With the trace on stdout, the line goes to stderr.
+    if to_stdout {
+        eprintln!("{line}");
+    } else {
+        outln!("{line}");
+    }
     Ok(())
 }
+
+/// The most steps (workers x steps per worker) one generated trace may hold: every step is
+/// generated in memory before it is written, and `advise` reads a trace whole.
+const MAX_TRACE_STEPS: u64 = 10_000_000;
