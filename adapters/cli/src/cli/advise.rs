@@ -81,6 +81,9 @@ pub struct TraceGenArgs {
     /// The generator's seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// The tail's shape α of `pareto` (smaller: heavier; at most 2 the variance is infinite).
+    #[arg(long, default_value_t = tracegen::PARETO_SHAPE)]
+    pub shape: f64,
     /// Where to write the trace (CSV worker,step,seconds).
     #[arg(long, short, value_name = "FILE")]
     pub out: PathBuf,
@@ -187,7 +190,14 @@ pub(super) fn trace_gen(args: &TraceGenArgs) -> Result<(), Failure> {
     if !(args.step_ms.is_finite() && (lo..=hi).contains(&args.step_ms)) {
         return Err(Failure::Usage(format!("invalid value '{}' for '--step-ms': outside {lo}..={hi}", args.step_ms)));
     }
-    let steps = tracegen::generate(args.kind, args.workers, args.steps, args.step_ms / 1000.0, args.seed);
+    if !(args.shape.is_finite() && args.shape >= 1.01 && args.shape <= 100.0) {
+        return Err(Failure::Usage(format!(
+            "invalid value '{}' for '--shape': outside 1.01..=100 (at 1 or below the mean step is infinite)",
+            args.shape
+        )));
+    }
+    let steps =
+        tracegen::generate_shaped(args.kind, args.workers, args.steps, args.step_ms / 1000.0, args.seed, args.shape);
     trace::write(&args.out, &steps).map_err(Failure::Usage)?;
     outln!(
         "{}: {} trace, {} workers x {} steps, median step {} ms, seed {}",
