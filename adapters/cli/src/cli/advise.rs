@@ -32,6 +32,24 @@ pub struct AdviseArgs {
     /// Virtual seconds per run at most (default: 3x the time BSP needs to replay the trace).
     #[arg(long, value_name = "SECONDS")]
     pub budget: Option<f64>,
+    /// Your model's critical batch in examples: its gradient noise scale B = tr(Σ)/|G|²
+    /// (McCandlish et al. 2018), measured near the target loss. Sets the NQM's noise so that
+    /// its critical batch is B (default: the built-in NQM's noise, whose B the report gives).
+    #[arg(long, value_name = "EXAMPLES")]
+    pub noise_scale: Option<f64>,
+    /// Examples per worker gradient on your cluster (converts --noise-scale to gradients).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub worker_batch: u32,
+    /// Critical batches (examples, comma-separated) at which to sweep the whole trace again,
+    /// to show how the pick depends on it (nqm only; default: n/10, n and 10n gradients).
+    #[arg(long, value_name = "B,B,...", value_delimiter = ',')]
+    pub noise_sweep: Option<Vec<f64>>,
+    /// Do not sweep again at other critical batches.
+    #[arg(long, conflicts_with = "noise_sweep")]
+    pub no_noise_sweep: bool,
+    /// Do not extend a knob's sweep past its edge when its best value is at the edge.
+    #[arg(long)]
+    pub no_extend: bool,
     /// Seed pairs per candidate: run seeds SEED.. and data seeds SPLIT_SEED.. (2 to 30).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(2..=30))]
     pub seeds: u32,
@@ -118,6 +136,16 @@ pub(super) fn advise(args: &AdviseArgs) -> Result<(), Failure> {
         return Err(Failure::Usage(format!("invalid value '{}' for '--latency-ms': not a latency", args.latency_ms)));
     }
     let table = read_table(&args.trace, args.truncate)?;
+    for (flag, v) in args
+        .noise_scale
+        .iter()
+        .map(|&b| ("--noise-scale", b))
+        .chain(args.noise_sweep.iter().flatten().map(|&b| ("--noise-sweep", b)))
+    {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(Failure::Usage(format!("invalid value '{v}' for '{flag}': not a positive number of examples")));
+        }
+    }
     let candidates: Vec<Candidate> = match &args.scenario {
         Some(path) => {
             let s = Scenario::load(path).map_err(Failure::Usage)?;
@@ -149,6 +177,17 @@ pub(super) fn advise(args: &AdviseArgs) -> Result<(), Failure> {
         network: syncopate_sim::sim::NetworkConfig {
             latency: syncopate::Duration::from_secs_f64(args.latency_ms / 1000.0),
             ..Default::default()
+        },
+        noise_scale: args.noise_scale,
+        worker_batch: args.worker_batch,
+        extend: args.scenario.is_none() && !args.no_extend,
+        sensitivity: match (&args.noise_sweep, args.no_noise_sweep || args.workload != WorkloadKind::Nqm) {
+            (_, true) => Vec::new(),
+            (Some(list), false) => list.clone(),
+            (None, false) => {
+                let gradients = f64::from(table.workers) * f64::from(args.worker_batch);
+                vec![gradients / 10.0, gradients, gradients * 10.0]
+            }
         },
     };
     let jobs = args.jobs.map_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()), |j| j as usize);

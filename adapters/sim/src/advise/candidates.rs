@@ -27,7 +27,7 @@ pub struct Candidate {
 }
 
 /// Milliseconds rounded to three significant digits.
-fn round_ms(ms: f64) -> f64 {
+pub(super) fn round_ms(ms: f64) -> f64 {
     if ms <= 0.0 {
         return ms;
     }

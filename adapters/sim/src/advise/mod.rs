@@ -24,6 +24,8 @@
 //!   difference includes zero, or means within 1%) and within 5% of it, the simplest.
 
 mod candidates;
+pub mod extend;
+pub mod noise;
 pub mod phases;
 mod race;
 mod report;
@@ -33,8 +35,9 @@ mod table;
 pub mod tracegen;
 
 pub use candidates::{Candidate, candidates, simplicity};
-pub use race::{Measured, SweepResult, pick, sweep};
-pub use setting::{BUDGET_FACTOR, NQM_DIM, Setting, TARGET_SHARE, nqm_expected_loss};
+pub use noise::nqm_expected_loss;
+pub use race::{Measured, STOP_BEYOND, StoppedEarly, SweepResult, effective_batch, pick, sweep};
+pub use setting::{BUDGET_FACTOR, FIRST_HORIZON, NQM_DIM, Setting, TARGET_SHARE};
 pub use table::{TraceSummary, TraceTable};
 
 use crate::sim::NetworkConfig;
@@ -88,6 +91,17 @@ pub struct Options {
     pub phases: bool,
     /// The network between the server and each worker.
     pub network: NetworkConfig,
+    /// The operator's model's critical batch (gradient noise scale) in examples; `None`: the
+    /// built-in NQM's noise (see [`noise`]).
+    pub noise_scale: Option<f64>,
+    /// Examples per worker gradient on the operator's cluster (converts the noise scale to
+    /// gradients).
+    pub worker_batch: u32,
+    /// Extend a knob's sweep past its edge when its best value is at the edge.
+    pub extend: bool,
+    /// The critical batches (examples) to re-sweep the whole trace with, to show how the pick
+    /// depends on it (NQM only; empty: none).
+    pub sensitivity: Vec<f64>,
 }
 
 impl Default for Options {
@@ -101,6 +115,10 @@ impl Default for Options {
             repeats: 5,
             phases: true,
             network: NetworkConfig::default(),
+            noise_scale: None,
+            worker_batch: 1,
+            extend: true,
+            sensitivity: Vec::new(),
         }
     }
 }
@@ -131,6 +149,53 @@ pub struct Advice {
     pub phases: Vec<PhaseAdvice>,
     /// When the best choice differs between phases: what to do about it.
     pub switch: Option<String>,
+    /// The whole trace swept again at other critical batches ([`Options::sensitivity`]).
+    pub sensitivity: Vec<NoiseSweep>,
+}
+
+/// The whole trace swept with the NQM's noise set to another critical batch.
+#[derive(Clone, Debug, Serialize)]
+pub struct NoiseSweep {
+    /// The critical batch, examples.
+    pub critical_batch: f64,
+    /// The sweep (the same candidates as the whole trace's, extensions included).
+    pub sweep: SweepResult,
+}
+
+/// The most rounds of extending knobs past their edge.
+const MAX_EXTENSIONS: usize = 12;
+
+/// Races `candidates` on `trace` and, with `extend`, extends knobs past their edge.
+fn extended_sweep(
+    trace: &TraceTable,
+    candidates: &[Candidate],
+    setting: &Setting,
+    seeds: (&[u64], &[u64]),
+    extend: bool,
+    jobs: usize,
+    done: &(dyn Fn() + Sync),
+) -> Result<SweepResult, String> {
+    let mut race = race::Race::new(trace, setting, seeds.0, seeds.1, jobs, done);
+    race.add(candidates, false);
+    race.run()?;
+    if !extend {
+        return Ok(race.result(None));
+    }
+    let mut notes = Vec::new();
+    for _ in 0..MAX_EXTENSIONS {
+        let so_far = race.result(None);
+        let next = extend::past_edges(&so_far.rows, &race.candidates(), trace.workers, setting.median_step_s);
+        if next.is_empty() {
+            break;
+        }
+        let (added, why): (Vec<Candidate>, Vec<String>) = next.into_iter().unzip();
+        notes.extend(why);
+        race.add(&added, true);
+        race.run()?;
+    }
+    let so_far = race.result(None);
+    notes.extend(extend::summary(&so_far.rows, &race.candidates(), trace.workers));
+    Ok(race.result(Some(notes)))
 }
 
 /// The run and data seeds of `options`.
@@ -152,7 +217,15 @@ pub fn advise(
 ) -> Result<Advice, String> {
     let (run_seeds, split_seeds) = seeds(options);
     let setting = Setting::for_trace(trace, options)?;
-    let whole = sweep(trace, candidates, &setting, &run_seeds, &split_seeds, jobs, done)?;
+    let whole = extended_sweep(trace, candidates, &setting, (&run_seeds, &split_seeds), options.extend, jobs, done)?;
+    let mut sensitivity = Vec::new();
+    if options.workload == WorkloadKind::Nqm {
+        for &b in &options.sensitivity {
+            let s = Setting::for_trace(trace, &Options { noise_scale: Some(b), ..options.clone() })?;
+            let sweep = sweep(trace, &whole.candidates, &s, &run_seeds, &split_seeds, jobs, done)?;
+            sensitivity.push(NoiseSweep { critical_batch: b, sweep });
+        }
+    }
     let (level, spread) = trace.level_and_spread();
     let ranges = if options.phases { phases::detect(&level, &spread) } else { vec![(0, trace.steps)] };
     let mut phases = Vec::with_capacity(ranges.len());
@@ -200,5 +273,5 @@ pub fn advise(
             steps.join("; ")
         )
     });
-    Ok(Advice { trace: TraceSummary::of(trace), whole, phases, switch })
+    Ok(Advice { trace: TraceSummary::of(trace), whole, phases, switch, sensitivity })
 }
