@@ -1,7 +1,7 @@
 //! Sweeps that extend past their edge: when the best value of a knob is the largest (or
 //! smallest) of its sweep, the next value beyond it is tried, until the best is inside the
 //! sweep or the knob's range ends (backup `b` up to `n − 1`, staleness up to
-//! [`MAX_STALENESS`], grouped `G` up to `n/2`, time knobs from [`MIN_TIME_MULTIPLE`] to
+//! [`MAX_STALENESS`] (BAP's own bound below that), grouped `G` up to `n/2`, time knobs from [`MIN_TIME_MULTIPLE`] to
 //! [`MAX_TIME_MULTIPLE`] median steps).
 //!
 //! A knob's sweep is the candidates of one protocol whose other knobs are equal; its best is
@@ -167,7 +167,12 @@ pub fn past_edges(
         let Some(next) = e.knob.beyond(e.value, up, workers) else { continue };
         let c = e.knob.set(&candidates[e.best], next, median_s);
         let known = candidates.iter().chain(out.iter().map(|(c, _)| c)).any(|d| d.spec == c.spec);
-        if known || c.spec.config(workers, 0.5).is_err() {
+        let valid = match c.spec.config(workers, 0.5) {
+            Ok(syncopate::ProtocolConfig::Bap(b)) => b.s_bap().is_ok(),
+            Ok(_) => true,
+            Err(_) => false,
+        };
+        if known || !valid {
             continue;
         }
         let note = format!(
@@ -277,6 +282,14 @@ mod tests {
             cs.iter().filter(|c| c.spec.name == ProtocolName::Bap).filter_map(|c| c.median_multiple).collect();
         assert_eq!(f, [1.5, 3.0, 1.5, 3.0, 0.75, 0.375]);
         assert!(cs.iter().filter(|c| c.spec.name == ProtocolName::Bap).all(|c| c.spec.config(n, 0.5).is_ok()));
+        // BAP's staleness stops at its bound: best at the largest, 3, then 6 and 12, not 24.
+        let mut bap: Vec<Candidate> = cs.iter().filter(|c| c.spec.name == ProtocolName::Bap).take(4).cloned().collect();
+        let slower_when_small = |c: &Candidate| 100.0 - c.spec.staleness.unwrap_or(0) as f64;
+        while let Some((c, _)) = past_edges(&rows(&bap, &slower_when_small), &bap, n, 0.01).into_iter().next() {
+            bap.push(c);
+        }
+        let s: Vec<u64> = bap.iter().filter_map(|c| c.spec.staleness).collect();
+        assert_eq!(s, [1, 1, 3, 3, 6, 12]);
         assert!(
             tried.iter().any(|t| t == "backup b: the best value, 8, was the largest of its sweep: tried 12"),
             "{tried:?}"
