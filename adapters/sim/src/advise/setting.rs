@@ -253,4 +253,23 @@ mod tests {
         let floor = crate::workload::nqm::noise_floor(dim, lr, 16, 1);
         assert!(target > 1.1 * later && target > 3.0 * floor, "{target} {later} {floor}");
     }
+
+    #[test]
+    fn a_budget_over_the_event_guard_is_capped_unless_given() {
+        use crate::advise::tracegen;
+        // One step a million times the median makes BSP's replay far too long to simulate.
+        let mut steps = tracegen::generate(tracegen::Kind::Uniform, 16, 100, 0.01, 1);
+        steps[5].seconds = 10_000.0;
+        let trace = TraceTable::from_steps(&steps).unwrap();
+        let s = Setting::for_trace(&trace, &Options::default()).unwrap();
+        assert!(s.budget_note.contains("the most the event guard allows"), "{}", s.budget_note);
+        assert!(s.budget_s < BUDGET_FACTOR * trace.bsp_duration());
+        assert!(s.first_horizon_s < s.budget_s / 10.0, "{} {}", s.first_horizon_s, s.budget_s);
+        let given = Options { budget_s: Some(BUDGET_FACTOR * trace.bsp_duration()), ..Options::default() };
+        assert!(Setting::for_trace(&trace, &given).unwrap_err().contains("lower --budget"));
+        // A short tail keeps the usual budget.
+        let plain = TraceTable::from_steps(&tracegen::generate(tracegen::Kind::Uniform, 16, 100, 0.01, 1)).unwrap();
+        let s = Setting::for_trace(&plain, &Options::default()).unwrap();
+        assert!(s.budget_note.starts_with("3x"), "{}", s.budget_note);
+    }
 }
