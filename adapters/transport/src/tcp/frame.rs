@@ -455,7 +455,7 @@ mod tests {
     /// leaves the socket blocking, with no read timeout set.
     #[test]
     fn a_short_wait_polls_instead_of_arming_a_read_timeout() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (_server, _) = listener.accept().unwrap();
         let mut reader = FrameReader::new(client, 64, FrameTimeout::default());
