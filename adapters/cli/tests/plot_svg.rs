@@ -11,7 +11,8 @@ fn colours(svg: &str, attr: &str) -> std::collections::BTreeSet<String> {
     svg.match_indices(&needle)
         .filter_map(|(i, _)| svg.get(i + needle.len()..i + needle.len() + 6))
         .map(str::to_ascii_uppercase)
-        .filter(|c| !matches!(c.as_str(), "000000" | "FFFFFF") && !(c[0..2] == c[2..4] && c[2..4] == c[4..6]))
+        // Greys (black and white included) have three equal channels.
+        .filter(|c| !(c[0..2] == c[2..4] && c[2..4] == c[4..6]))
         .collect()
 }
 

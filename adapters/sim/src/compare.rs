@@ -141,10 +141,7 @@ impl Comparison {
         }
         let seeds = self.rows.first().map_or(1, |r| r.seeds);
         if let Some(base) = self.rows.get(self.baseline) {
-            out.push_str(&format!(
-                "speedup: {}'s time to target over each run's\n",
-                base.label.trim_end()
-            ));
+            out.push_str(&format!("speedup: {}'s time to target over each run's\n", base.label.trim_end()));
         }
         out.push_str(&format!(
             "time, speedup, final, updates: medians over {seeds} seed(s); stale, busy: means; gradients: totals over the seeds, accepted = applied + dropped + held at stop\n"
