@@ -65,7 +65,8 @@ pub struct Measured {
     pub time: Interval,
     /// Mean time to each rung of the ladder (`None`: some pair missed it).
     pub ladder_s: Vec<Option<f64>>,
-    /// BSP's mean time divided by this one's.
+    /// BSP's mean time divided by this one's (a lower bound when BSP was stopped early, see
+    /// [`SweepResult::speedup_lower_bound`]).
     pub speedup_vs_bsp: Option<f64>,
     /// Mean model updates at the stop.
     pub updates: f64,
@@ -99,6 +100,8 @@ pub struct SweepResult {
     pub fastest: Option<usize>,
     /// The recommendation ([`pick`]).
     pub pick: Option<usize>,
+    /// BSP was stopped early: the speedups over it are lower bounds.
+    pub speedup_lower_bound: bool,
     /// How knobs were swept past their edge (`None`: the sweep was not extended).
     pub extended: Option<Vec<String>>,
     /// The candidates, one per row.
@@ -367,7 +370,10 @@ impl<'a> Race<'a> {
             });
         }
         let bsp = self.entries.iter().position(|e| e.candidate.spec.name == ProtocolKind::Bsp);
-        let bsp_time = bsp.and_then(|i| rows.get(i)).filter(|r| r.reached == r.repeats).map(|r| r.time.mean);
+        // BSP stopped early: its mean is a lower bound, and so is every speedup over it.
+        let bsp_row = bsp.and_then(|i| rows.get(i));
+        let bsp_time = bsp_row.filter(|r| r.reached == r.repeats || r.stopped_early.is_some()).map(|r| r.time.mean);
+        let speedup_lower_bound = bsp_row.is_some_and(|r| r.stopped_early.is_some());
         for r in &mut rows {
             if let Some(b) = bsp_time {
                 if r.reached == r.repeats && r.time.mean > 0.0 {
@@ -389,6 +395,7 @@ impl<'a> Race<'a> {
             rows,
             fastest,
             pick,
+            speedup_lower_bound,
             extended,
             candidates: self.candidates(),
         }
@@ -506,6 +513,8 @@ mod tests {
         assert!(s.at_s < setting.budget_s && s.lower_bound_s > (1.0 + STOP_BEYOND) * s.by_mean_s, "{s:?}");
         assert_eq!(r.pick, Some(1));
         assert!(r.table().contains("stopped at"), "{}", r.table());
+        // BSP's time is a lower bound, and so is the speedup over it.
+        assert!(r.speedup_lower_bound && r.rows[1].speedup_vs_bsp.is_some_and(|x| x > 1.0 + STOP_BEYOND));
         let again = run(3);
         assert_eq!(format!("{:?}", again.rows), format!("{:?}", r.rows));
     }

@@ -75,7 +75,8 @@ impl SweepResult {
                 time,
                 secs(r.time.half_width()),
                 format!("{}/{}", r.reached, r.repeats),
-                r.speedup_vs_bsp.map_or("-".into(), |s| format!("{s:.2}x")),
+                r.speedup_vs_bsp
+                    .map_or("-".into(), |s| { format!("{}{s:.2}x", if self.speedup_lower_bound { ">" } else { "" }) }),
                 r.updates,
                 r.effective_batch,
                 r.trace_used * 100.0,
@@ -146,7 +147,10 @@ impl Advice {
                     p.label,
                     secs(p.time.mean),
                     secs(p.time.half_width()),
-                    p.speedup_vs_bsp.map_or(String::new(), |x| format!(", {x:.2}x BSP"))
+                    p.speedup_vs_bsp.map_or(String::new(), |x| {
+                        let over = if self.whole.speedup_lower_bound { "over " } else { "" };
+                        format!(", {over}{x:.2}x BSP")
+                    })
                 ));
                 let tied: Vec<&str> = self
                     .whole
