@@ -37,7 +37,8 @@
 //!   stall watch) driven by the protocol's [`Rules`](proto::Rules), so the verbs, the
 //!   screening of every input and the output queue are written once, in
 //!   [`proto::common`].
-//! - [`error`]: [`Reject`] (an input was refused, nothing changed) and [`ConfigError`].
+//! - [`error`]: [`Reject`] (an input was refused, nothing changed), [`Refusals`] (a
+//!   driver's count of them) and [`ConfigError`].
 //!
 //! ## Driving a protocol
 //!
@@ -117,7 +118,7 @@ pub mod rng;
 pub mod time;
 pub mod wire;
 
-pub use error::{ConfigError, Reject};
+pub use error::{ConfigError, Refusals, Reject};
 pub use id::{ComputeId, MAX_WORKERS, Version, WorkerId};
 pub use math::Scalar;
 pub use msg::{ToServer, ToWorker, Values};
