@@ -23,7 +23,6 @@ use crate::id::{ComputeId, Version, WorkerId};
 use crate::proto::{Recipient, Server, ServerEvent, ServerOutput, Worker, WorkerEvent, WorkerOutput};
 use crate::rng::Rng;
 use crate::time::{Duration, Instant};
-use std::boxed::Box;
 use std::collections::BTreeMap;
 use std::vec;
 use std::vec::Vec;

@@ -2,7 +2,6 @@
 //! ([`GradientFn`]), how long messages and computations take ([`NetConfig`]) and which faults
 //! are injected ([`Faults`]).
 
-use crate::id::{ComputeId, Version};
 use crate::rng::Rng;
 use crate::time::{Duration, Instant};
 use std::boxed::Box;
