@@ -44,7 +44,8 @@
 //!   `ProtocolServer`) in place (docs/DESIGN.md, "The grouped composite").
 //! - [`ProtocolKind`]: the one list of protocols, their names and knobs, from which every
 //!   adapter's list derives (docs/ADDING_A_PROTOCOL.md).
-//! - [`error`]: [`Reject`] (an input was refused, nothing changed) and [`ConfigError`].
+//! - [`error`]: [`Reject`] (an input was refused, nothing changed), [`Refusals`] (a
+//!   driver's count of them) and [`ConfigError`].
 //!
 //! ## Driving a protocol
 //!
@@ -124,7 +125,7 @@ pub mod rng;
 pub mod time;
 pub mod wire;
 
-pub use error::{ConfigError, Reject};
+pub use error::{ConfigError, Refusals, Reject};
 pub use id::{ComputeId, MAX_WORKERS, Version, WorkerId};
 pub use math::Scalar;
 pub use msg::{ToServer, ToWorker, Values};

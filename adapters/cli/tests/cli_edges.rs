@@ -99,6 +99,18 @@ fn bad_flags_name_the_flag_and_what_is_allowed() {
 }
 
 #[test]
+fn time_limits_and_loss_timeouts_beyond_a_year_are_refused_before_anything_starts() {
+    let huge = ["--time-limit", "1e20"];
+    let why = ["invalid value '100000000000000000000' for '--time-limit'", "up to 31536000"];
+    refused(&[&["train"][..], &huge].concat(), &why);
+    refused(&[&["serve", "--listen", "127.0.0.1:0"][..], &huge].concat(), &why);
+    refused(&[&["group", "--connect", "127.0.0.1:9", "--group", "0"][..], &huge].concat(), &why);
+    refused(&[&["mpi"][..], &huge].concat(), &why);
+    refused(&["serve", "--listen", "127.0.0.1:0", "--lost-after", "1e300"], &["--lost-after", "up to 31536000"]);
+    refused(&["work", "--connect", "127.0.0.1:9", "--id", "0", "--lost-after", "0"], &["--lost-after", "positive"]);
+}
+
+#[test]
 fn outputs_are_checked_before_the_run() {
     let dir = scratch("outputs");
     let scenario = dir.join("s.toml");

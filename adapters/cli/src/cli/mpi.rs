@@ -34,12 +34,7 @@ impl MpiArgs {
         if self.train.record_trace.is_some() {
             return Err("--record-trace is not supported by `syncopate mpi`: use `syncopate train`".into());
         }
-        if !(self.lost_after.is_finite() && self.lost_after > 0.0 && self.lost_after <= 86_400.0) {
-            return Err(format!(
-                "invalid value '{}' for '--lost-after': must be a positive number of seconds up to 86400",
-                self.lost_after
-            ));
-        }
+        super::train::seconds("lost-after", self.lost_after)?;
         Ok(())
     }
 }
@@ -92,8 +87,8 @@ pub(super) fn run(args: &MpiArgs) -> Result<(), Failure> {
     syncopate_mpi::agree_on_settings(&world, hash).map_err(|e| Failure::Usage(e.0))?;
     let plan = syncopate_mpi::RunPlan {
         max_gradients: train.steps.saturating_mul(u64::from(protocol.workers())),
-        time_limit: train.time_limit.map(core::time::Duration::from_secs_f64),
-        lost_after: core::time::Duration::from_secs_f64(args.lost_after),
+        time_limit: super::train::time_limit(train.time_limit).map_err(Failure::Usage)?,
+        lost_after: super::train::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?,
     };
     if world.rank() == 0 {
         server::run(train, protocol, &workload, &plan, world)
@@ -181,6 +176,7 @@ mod server {
                     t.map_or_else(WorkerTally::default, |t| WorkerTally {
                         computed: t.computed,
                         abandoned: t.abandoned,
+                        refused: t.refused,
                         busy_s: t.busy_s,
                         wall_s: t.wall_s,
                         step_times: Vec::new(),
@@ -191,6 +187,7 @@ mod server {
             staleness: report.staleness,
             stalls: report.stalls,
             refused: report.refused,
+            lost: report.lost.len() as u64,
             params: Vec::new(),
             ledger: crate::thread::ThreadLedger::default(),
         };
@@ -240,11 +237,19 @@ mod worker {
         // `eprintln!` writes a formatted line in pieces, which interleave across processes.
         let line = format!("mpi: rank {} (worker {id}) pid {}\n", id + 1, std::process::id());
         let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
-        run_worker(world, &options, &mut |params, grad| {
-            sampler.next_batch(batch_size, &mut batch);
-            workload.model.gradient(params, &workload.train, &batch, grad, &mut scratch);
-            Duration::from_nanos(delays.next_step().as_nanos())
-        })
+        run_worker(
+            world,
+            &options,
+            &mut |params, grad| {
+                sampler.next_batch(batch_size, &mut batch);
+                workload.model.gradient(params, &workload.train, &batch, grad, &mut scratch);
+                Duration::from_nanos(delays.next_step().as_nanos())
+            },
+            &mut |line| {
+                let line = format!("mpi: {line}\n");
+                let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+            },
+        )
         .map_err(|e| Failure::Run(e.0))?;
         Ok(())
     }

@@ -76,6 +76,11 @@ pub struct ServeArgs {
     /// Deadline of one frame from its first byte, in milliseconds (plus 1 s per MiB).
     #[arg(long, value_name = "MS", default_value_t = 10000, value_parser = clap::value_parser!(u64).range(1..))]
     pub frame_timeout: u64,
+    /// A worker silent this many seconds (no message, no heartbeat: hung, stopped or cut
+    /// off) becomes a lost worker and the run goes on without it if the protocol can.
+    /// Heartbeats go out every tenth of it (between 10 ms and 1 s).
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub lost_after: f64,
 }
 
 fn model_name(w: &WorkloadArgs) -> String {
@@ -173,12 +178,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     if !(0.0..=1.0).contains(&args.target) {
         return Err(Failure::Usage(format!("invalid value '{}' for '--target': must be between 0 and 1", args.target)));
     }
-    let time_limit = match args.time_limit {
-        Some(t) if !(t.is_finite() && t > 0.0) => {
-            return Err(Failure::Usage(format!("invalid value '{t}' for '--time-limit': must be a positive number")));
-        }
-        t => t.map(Duration::from_secs_f64),
-    };
+    let time_limit = super::train::time_limit(args.time_limit).map_err(Failure::Usage)?;
     let workload = args.workload.workload().map_err(Failure::Usage)?;
     let dim = workload.model.dim();
     let settings = run_settings(args, dim).map_err(Failure::Usage)?;
@@ -215,6 +215,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     options.handshake_timeout = Duration::from_millis(args.handshake_timeout);
     options.frame_timeout = FrameTimeout { base: Duration::from_millis(args.frame_timeout), ..FrameTimeout::default() };
     options.checkpoint = args.checkpoint.clone().map(|p| (p, args.checkpoint_every));
+    options.lost_after = super::train::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?;
     let authenticated = options.secret.is_some();
     let server = TcpServer::bind(&args.listen, options).map_err(|e| Failure::Usage(e.0))?;
     let addr = server.local_addr().map_err(|e| Failure::Run(e.0))?;
@@ -295,6 +296,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         staleness: report.staleness,
         stalls: report.stalls,
         refused: report.refused,
+        lost: report.lost,
         params: Vec::new(),
         ledger: crate::thread::ThreadLedger::default(),
     };

@@ -48,6 +48,25 @@ pub struct TrainArgs {
     pub record_trace: Option<std::path::PathBuf>,
 }
 
+/// The longest `--time-limit` (and `--lost-after`) accepted, in seconds: a year. Longer
+/// values would overflow the clock arithmetic of the run's deadlines.
+pub(super) const MAX_SECONDS: f64 = 365.0 * 86_400.0;
+
+/// `--NAME SECS` as a duration: a positive, finite number of seconds up to [`MAX_SECONDS`].
+pub(super) fn seconds(name: &str, value: f64) -> Result<StdDuration, String> {
+    if !(value.is_finite() && value > 0.0 && value <= MAX_SECONDS) {
+        return Err(format!(
+            "invalid value '{value}' for '--{name}': must be a positive number of seconds up to {MAX_SECONDS}"
+        ));
+    }
+    StdDuration::try_from_secs_f64(value).map_err(|e| format!("invalid value '{value}' for '--{name}': {e}"))
+}
+
+/// `--time-limit SECS`, if given, as a duration (see [`seconds`]).
+pub(super) fn time_limit(value: Option<f64>) -> Result<Option<StdDuration>, String> {
+    value.map(|t| seconds("time-limit", t)).transpose()
+}
+
 impl TrainArgs {
     pub(super) fn check(&self) -> Result<(), String> {
         let (lo, hi) = crate::scenario::STEP_MS_RANGE;
@@ -57,10 +76,8 @@ impl TrainArgs {
         if !(0.0..=1.0).contains(&self.target) {
             return Err(format!("invalid value '{}' for '--target': must be between 0 and 1", self.target));
         }
-        if let Some(t) = self.time_limit {
-            if !(t.is_finite() && t > 0.0) {
-                return Err(format!("invalid value '{t}' for '--time-limit': must be a positive number of seconds"));
-            }
+        if self.time_limit.is_some() {
+            time_limit(self.time_limit)?;
             if self.sim {
                 return Err("--time-limit applies to threaded runs; a --sim run stops after --steps".into());
             }
@@ -120,7 +137,7 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
         batch_size: args.workload.batch_size as usize,
         seed: args.workload.seed,
         max_gradients: args.steps.saturating_mul(u64::from(n)),
-        time_limit: args.time_limit.map(StdDuration::from_secs_f64),
+        time_limit: time_limit(args.time_limit).map_err(Failure::Usage)?,
         eval_interval: StdDuration::from_millis(20),
         rejoin_after: Some(StdDuration::from_secs(2)),
         target_accuracy: args.target,

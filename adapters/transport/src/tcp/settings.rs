@@ -22,6 +22,10 @@ use syncopate::ProtocolConfig;
 pub const MAX_SETTINGS_LEN: usize = 1024;
 /// The longest data file path the settings carry.
 pub const MAX_PATH_LEN: usize = 400;
+/// The largest model dimension a session carries: every model or gradient message of
+/// `dim` `f32`s, with its header, sequence number and tag, must fit a frame, whose length
+/// is a `u32`.
+pub const MAX_DIM: u64 = (u32::MAX as u64 - 4096) / 4;
 
 /// The protocol and its knobs, as `--protocol`, `--workers`, `--lr` and the knob flags give
 /// them (unset knobs take their defaults).
@@ -190,12 +194,13 @@ impl RunSettings {
         Ok(digest(&self.encode()?))
     }
 
-    /// The model dimension as a `usize`.
+    /// The model dimension as a `usize`: from 1 to [`MAX_DIM`], checked before a peer's
+    /// settings size any buffer.
     pub fn dim(&self) -> Result<usize, String> {
         usize::try_from(self.dim)
             .ok()
-            .filter(|d| *d > 0)
-            .ok_or_else(|| format!("the model dimension {} is not usable here", self.dim))
+            .filter(|d| *d > 0 && self.dim <= MAX_DIM)
+            .ok_or_else(|| format!("the model dimension {} is not usable here (1 to {MAX_DIM})", self.dim))
     }
 
     /// The configuration every worker of the run uses.
@@ -242,6 +247,19 @@ pub fn digest(bytes: &[u8]) -> [u8; 32] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_model_dimension_beyond_what_a_frame_carries_is_refused_before_any_buffer() {
+        let mut s = RunSettings::new(ProtocolSettings::named(ProtocolKind::Asp, 2, 0.5), 4);
+        assert_eq!(s.dim(), Ok(4));
+        for dim in [0, MAX_DIM + 1, u64::MAX] {
+            s.dim = dim;
+            assert!(s.dim().is_err_and(|e| e.contains("not usable")), "{dim}");
+        }
+        s.dim = MAX_DIM;
+        assert!(s.dim().is_ok());
+        assert!(crate::tcp::session_max_len(MAX_DIM as usize) <= u32::MAX as usize);
+    }
 
     fn sample() -> RunSettings {
         let mut s = RunSettings::new(ProtocolSettings::named(ProtocolKind::Dbw, 4, 0.5), 650);

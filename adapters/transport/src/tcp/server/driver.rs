@@ -347,12 +347,18 @@ impl<S: Server<f32>> Core<S> {
         self.lose(worker, note);
     }
 
+    /// Tells the protocol `worker` is lost. The core refuses no loss for want of room (it
+    /// applies those reported during a batch once the batch has drained), so the losses of
+    /// one pass are reported back to back; a refusal (an id outside the run) is counted
+    /// and logged.
     fn lose(&mut self, worker: WorkerId, note: &mut dyn FnMut(Note<'_>)) {
-        let _ = self.server.handle_worker_lost(since(self.epoch), worker);
+        if let Err(e) = self.server.handle_worker_lost(since(self.epoch), worker) {
+            self.report.refused += 1;
+            Self::log(note, &format!("worker {}: the protocol refused its loss ({e})", worker.0));
+        }
         if let Some(d) = self.dispatched.get_mut(worker.index()) {
             *d = None;
         }
-        let _ = note;
     }
 
     /// Drains the protocol's outputs: events are noted, messages encoded once, a checkpoint

@@ -98,6 +98,10 @@ pub struct ServerOptions {
     pub write_timeout: Duration,
     /// Write a checkpoint here every `every` model updates (and at the end).
     pub checkpoint: Option<(PathBuf, u64)>,
+    /// A session (a worker's, or the upstream one) silent this long (no frame, no
+    /// heartbeat) is lost; heartbeats go out at [`heartbeat_interval`](super::heartbeat_interval)
+    /// of it.
+    pub lost_after: Duration,
 }
 
 impl ServerOptions {
@@ -117,6 +121,7 @@ impl ServerOptions {
             send_queue: 64,
             write_timeout: Duration::from_secs(10),
             checkpoint: None,
+            lost_after: super::DEFAULT_LOST_AFTER,
         }
     }
 }
@@ -508,7 +513,7 @@ impl TcpServer {
                 .map_err(|e| TcpError(format!("cannot start the accept thread: {e}")))?
         };
         let up = match uplink {
-            Some(link) => Some(start_uplink(link, &in_tx, options_send_queue(&shared))?),
+            Some(link) => Some(start_uplink(link, &in_tx, options_send_queue(&shared), shared.options.lost_after)?),
             None => None,
         };
         let mut core = Core::new(server, up, Arc::clone(&shared), note);

@@ -609,6 +609,23 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
         self.drain_server();
     }
 
+    /// The transport loses every worker of `ws` at once: each loss is reported to the
+    /// server back to back, with no drain in between (as a driver that found several
+    /// connections dead in one pass does), then the server is drained once. Returns what
+    /// each report answered.
+    pub fn lose_all(&mut self, ws: &[usize]) -> Vec<Result<(), Reject>> {
+        let mut answers = Vec::new();
+        for &w in ws {
+            if let Some(d) = self.dead.get_mut(w) {
+                *d = true;
+            }
+            answers.push(self.server.handle_worker_lost(self.now, WorkerId(w as u32)));
+            self.log.push(Entry::Lost { worker: w });
+        }
+        self.drain_server();
+        answers
+    }
+
     /// Crashes worker `w` (its state, messages to it and its jobs are gone; the server is
     /// told), restarting it after `restart_after` when given.
     pub fn crash(&mut self, w: usize, restart_after: Option<Duration>) {
