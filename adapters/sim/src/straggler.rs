@@ -136,10 +136,12 @@ mod tests {
             ("3-1:slow=2", "workers '3-1' is a reversed range: write 1-3"),
             ("x:slow=2", "not a worker id"),
             ("0:fast=2", "unknown straggler model 'fast'"),
-            ("0:slow=abc", "not a non-negative number"),
+            ("0:slow=abc", "slow factor 'abc' is not a positive number"),
+            ("0:slow=-1", "slow factor '-1' is not a positive number"),
+            ("0:exp=1/-1", "not a non-negative number"),
             ("0:exp=1", "needs 2 values"),
             ("0slow", "not WHO:MODEL"),
-            ("0:slow=0", "must be positive"),
+            ("0:slow=0", "slow factor '0' is not a positive number"),
         ] {
             let e = parse_stragglers(spec, 4).unwrap_err();
             assert!(e.contains(needle), "{spec}: {e}");
