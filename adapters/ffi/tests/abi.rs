@@ -214,10 +214,8 @@ fn buffers_overlapping_the_handles_memory_are_refused() {
                     break;
                 }
             }
-            // Deliver the server's model to the worker if the join alone did not start a job.
-            let out = match compute {
-                Some(out) => out,
-                None => panic!("protocol {protocol}: no COMPUTE output: {}", last_error()),
+            let Some(out) = compute else {
+                panic!("protocol {protocol}: no COMPUTE output: {}", last_error());
             };
             let st = syncopate_worker_handle_gradient(w, 0, out.compute_id, out.params, out.params_len);
             assert_eq!(st, SYNCOPATE_ERR_OVERLAP, "protocol {protocol}: the params as the gradient");
