@@ -138,7 +138,7 @@ pub use choice::{
     choose_k_bounded, choose_k_noise_scale, choose_k_noise_scale_within, choose_k_split, expected_decrease_split,
 };
 pub use curvature::CurvatureSplit;
-pub use worker_rtts::{RTT_PER_WORKER, RTT_TRACKED_WORKERS, WorkerRtts, poisson_binomial};
+pub use worker_rtts::{RTT_PER_WORKER, RTT_TRACKED_WORKERS, WorkerRtts, WorkerWindow, poisson_binomial};
 
 #[cfg(test)]
 mod tests;

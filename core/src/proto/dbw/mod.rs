@@ -101,6 +101,8 @@ use crate::math::estimate::Ema;
 #[cfg(doc)]
 use crate::math::estimate::MAX_RTT_SAMPLES;
 #[cfg(doc)]
+use crate::math::estimate::RTT_CHUNK;
+#[cfg(doc)]
 use crate::math::estimate::RttWindow;
 #[cfg(doc)]
 use crate::proto::ServerEvent;
@@ -111,6 +113,9 @@ pub use server::{DbwRules, DbwServer};
 pub use worker::DbwWorker;
 
 use crate::error::ConfigError;
+
+/// Bytes of one pooled-window entry (a chunk of round trips).
+const RTT_CHUNK_BYTES: usize = size_of::<[u32; crate::math::estimate::RTT_CHUNK]>();
 use crate::proto::GradientPolicy;
 use crate::proto::backup::Interrupt;
 use crate::time::Duration;
@@ -188,8 +193,9 @@ pub struct DbwConfig {
     pub learning_rate: f64,
     /// The smallest `k` DBW may choose, `1..=n` (2 keeps the variance estimate defined).
     pub k_min: u32,
-    /// Round-trip window length in iterations (≥ 1; at most
-    /// [`MAX_RTT_SAMPLES`] samples are kept).
+    /// Round-trip window length in iterations (≥ 1) of the pooled window: it keeps
+    /// `window · n` samples, at most [`MAX_RTT_SAMPLES`] and at most [`RTT_CHUNK`] per entry
+    /// of the caller's tables (`Inline<N>`: `RTT_CHUNK · N`).
     pub window: u32,
     /// EMA factor `β` for the `G`, `S` (and secant `Lη`) estimates and the forgetting factor
     /// of the curvature fit, in `[0, 1)`; 0.98 by default ([`crate::math::dbw_policy`],
@@ -251,6 +257,14 @@ impl DbwConfig {
             LEta::Fixed(_) => dim,
             LEta::Secant { .. } | LEta::Rayleigh { .. } | LEta::Split { .. } => dim.saturating_mul(2),
         }
+    }
+
+    /// Bytes of estimator state per worker beside the worker table: the per-worker round-trip
+    /// window and its fit, the pooled window's share, and the `f64` tables of `n` entries
+    /// (`τ̂(k)`, the last order statistics, the binomial and Poisson-binomial work space).
+    pub fn estimator_bytes_per_worker() -> usize {
+        use core::mem::size_of;
+        size_of::<crate::math::dbw_policy::WorkerWindow>() + 2 * RTT_CHUNK_BYTES + 5 * size_of::<f64>()
     }
 
     fn check(&self) -> Result<(), ConfigError> {

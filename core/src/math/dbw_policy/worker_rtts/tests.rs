@@ -1,5 +1,6 @@
 use super::*;
 use crate::math::estimate::shifted_exp_order_statistic;
+use crate::proto::Heap;
 
 fn secs(x: f64) -> Duration {
     Duration::from_secs_f64(x)
@@ -18,7 +19,7 @@ fn poisson_binomial_matches_the_binomial_and_small_cases() {
 fn identical_shifted_exponential_workers_match_the_closed_form() {
     // 16 workers, 16 deterministic quantiles each of 1 + Exp(1) (all observed).
     let n = 16;
-    let mut w = WorkerRtts::new();
+    let mut w = WorkerRtts::<Heap>::new(RTT_TRACKED_WORKERS).unwrap();
     for i in 0..n {
         for j in 0..RTT_PER_WORKER {
             let u = ((j * n + i) as f64 + 0.5) / (n * RTT_PER_WORKER) as f64;
@@ -40,7 +41,7 @@ fn identical_shifted_exponential_workers_match_the_closed_form() {
 #[test]
 fn two_speed_cluster_has_a_step_in_its_order_statistics() {
     // 6 workers always at 1 s, 3 at 10 s, all observed.
-    let mut w = WorkerRtts::new();
+    let mut w = WorkerRtts::<Heap>::new(RTT_TRACKED_WORKERS).unwrap();
     for _ in 0..4 {
         for i in 0..9 {
             w.push(i, secs(if i < 6 { 1.0 } else { 10.0 }), false);
@@ -59,7 +60,7 @@ fn two_speed_cluster_has_a_step_in_its_order_statistics() {
 
 #[test]
 fn always_censored_workers_are_taken_to_be_slow_and_forgotten_after_a_regime_change() {
-    let mut w = WorkerRtts::new();
+    let mut w = WorkerRtts::<Heap>::new(RTT_TRACKED_WORKERS).unwrap();
     // 4 fast workers observed at 1 s; 2 cut at 1 s every time.
     for _ in 0..RTT_PER_WORKER {
         for i in 0..6 {
@@ -90,14 +91,14 @@ fn always_censored_workers_are_taken_to_be_slow_and_forgotten_after_a_regime_cha
 
 /// The estimate as it was computed before it became incremental: every live worker
 /// fitted from scratch, each CDF read by a scan from its first step.
-fn from_scratch(w: &WorkerRtts, n: usize, live: impl Fn(usize) -> bool, out: &mut [f64]) -> bool {
+fn from_scratch(w: &WorkerRtts<Heap>, n: usize, live: impl Fn(usize) -> bool, out: &mut [f64]) -> bool {
     use std::{vec, vec::Vec};
     let mut w = w.clone();
-    let cdf = |w: &WorkerRtts, i: usize, x: f64| {
-        let steps = usize::from(w.km_len[i]);
-        let (last, mass, mean) = w.tail[i];
+    let cdf = |w: &WorkerRtts<Heap>, i: usize, x: f64| {
+        let steps = usize::from(w.windows[i].km_len);
+        let (last, mass, mean) = w.windows[i].tail;
         let mut f = 0.0;
-        for (t, v) in w.km_t[i].iter().zip(w.km_f[i].iter()).take(steps) {
+        for (t, v) in w.windows[i].km_t.iter().zip(w.windows[i].km_f.iter()).take(steps) {
             if f64::from(*t) <= x * 1e6 {
                 f = *v;
             } else {
@@ -110,12 +111,12 @@ fn from_scratch(w: &WorkerRtts, n: usize, live: impl Fn(usize) -> bool, out: &mu
         f64::clamp(f, 0.0, 1.0)
     };
     let live: Vec<usize> = (0..n).filter(|&i| live(i)).collect();
-    if live.iter().any(|&i| w.len[i] == 0) || live.is_empty() || out.len() < live.len() {
+    if live.iter().any(|&i| w.windows[i].len == 0) || live.is_empty() || out.len() < live.len() {
         return false;
     }
     let shift = live
         .iter()
-        .flat_map(|&i| w.ring[i][..usize::from(w.len[i])].to_vec())
+        .flat_map(|&i| w.windows[i].ring[..usize::from(w.windows[i].len)].to_vec())
         .filter(|k| k & CENSORED == 0)
         .map(|k| k >> 1)
         .min();
@@ -123,8 +124,8 @@ fn from_scratch(w: &WorkerRtts, n: usize, live: impl Fn(usize) -> bool, out: &mu
     let (mut grid, mut tail_start, mut tail_mean) = (Vec::new(), 0.0f64, 0.0f64);
     for &i in &live {
         assert!(w.fit(i, shift));
-        grid.extend_from_slice(&w.km_t[i][..usize::from(w.km_len[i])]);
-        let (last, mass, mean) = w.tail[i];
+        grid.extend_from_slice(&w.windows[i].km_t[..usize::from(w.windows[i].km_len)]);
+        let (last, mass, mean) = w.windows[i].tail;
         tail_start = tail_start.max(last);
         if mass > 0.0 {
             tail_mean = tail_mean.max(mean);
@@ -134,7 +135,7 @@ fn from_scratch(w: &WorkerRtts, n: usize, live: impl Fn(usize) -> bool, out: &mu
     let m = live.len();
     let out = &mut out[..m];
     out.fill(0.0);
-    let segment = |w: &WorkerRtts, a: f64, b: f64, out: &mut [f64]| {
+    let segment = |w: &WorkerRtts<Heap>, a: f64, b: f64, out: &mut [f64]| {
         let width = b - a;
         if width.is_nan() || width <= 0.0 {
             return;
@@ -190,7 +191,7 @@ proptest::proptest! {
         ops in proptest::collection::vec((0usize..6, 0u32..6, proptest::bool::weighted(0.25), 0u8..20), 1..300),
         wide in proptest::bool::ANY,
     ) {
-        let mut w = WorkerRtts::new();
+        let mut w = WorkerRtts::<Heap>::new(6).unwrap();
         let mut dead = 0u64;
         for (worker, value, censored, action) in ops {
             let micros = if wide { 1_000 + value * 7_919 + (action as u32) * 131 } else { 1_000 * (1 + value) };
