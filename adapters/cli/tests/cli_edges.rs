@@ -185,7 +185,7 @@ fn a_data_file_without_test_rows_is_refused() {
 
 #[test]
 fn every_summary_accounts_for_each_gradient() {
-    for protocol in ["bsp", "asp", "ssp", "bap", "backup", "dbw", "wbsp", "wbsp-overlap", "grouped"] {
+    for protocol in syncopate::ProtocolKind::NAMES {
         for mode in [&["--sim"][..], &["--step-ms", "0.2"][..]] {
             let mut args = vec!["train", "--protocol", protocol, "--straggler", "0:slow=4", "--steps", "40", "--json"];
             args.extend_from_slice(mode);

@@ -1,7 +1,7 @@
 //! Every protocol of a [`Scenario`] on the same seeded simulation, side by side: the engine
 //! behind `syncopate compare` and `syncopate advise`.
 
-use crate::scenario::{ProtocolName, Scenario};
+use crate::scenario::{ProtocolKind, Scenario};
 use crate::sim::{self, SimReport};
 use crate::workload::Workload;
 use serde::Serialize;
@@ -45,6 +45,9 @@ pub struct Row {
     pub held_at_stop: u64,
     /// Seeds whose run stopped at the simulator's event budget before its time budget.
     pub hit_event_budget: u32,
+    /// Why the first diverged seed diverged ([`crate::sim::divergence`]), and how many
+    /// seeds did; `None` when none did.
+    pub diverged: Option<(u32, String)>,
     /// Mean staleness of applied contributions.
     pub mean_staleness: f64,
     /// Mean over workers of computing time / wall time.
@@ -233,9 +236,24 @@ impl Comparison {
             ));
         }
         let seeds = self.rows.first().map_or(1, |r| r.seeds);
+        if let Some(base) = self.rows.get(self.baseline) {
+            out.push_str(&format!(
+                "speedup: {}'s time to target over each run's\n",
+                base.label.trim_end()
+            ));
+        }
         out.push_str(&format!(
             "time, speedup, final, updates: medians over {seeds} seed(s); stale, busy: means; gradients: totals over the seeds, accepted = applied + dropped + held at stop\n"
         ));
+        for r in &self.rows {
+            if let Some((count, why)) = &r.diverged {
+                out.push_str(&format!(
+                    "note: {} diverged in {count} of {} seeds ({why}): lower its learning rate\n",
+                    r.label.trim_end(),
+                    r.seeds
+                ));
+            }
+        }
         for r in self.rows.iter().filter(|r| r.hit_event_budget > 0) {
             out.push_str(&format!(
                 "note: {} stopped at the event budget ({} of {} seeds) before its time budget\n",
@@ -290,6 +308,10 @@ fn row(label: String, reference: bool, reports: &[SimReport]) -> Row {
             .map(|r| r.accepted.saturating_sub(r.applied + r.dropped.values().sum::<u64>()))
             .sum(),
         hit_event_budget: reports.iter().filter(|r| r.stop_reason == "max_events").count() as u32,
+        diverged: {
+            let why: Vec<String> = reports.iter().filter_map(|r| sim::divergence(&r.curve, r.not_finite)).collect();
+            why.first().map(|w| (why.len() as u32, w.clone()))
+        },
         mean_staleness: mean(&|r| r.staleness.mean),
         compute_share: mean(&|r| r.mean_compute_share),
         virtual_time_s: med(&|r| r.virtual_time_s),
@@ -309,7 +331,7 @@ pub fn run(
     let workload = match workload {
         Some(w) => w,
         None => {
-            own = Workload::digits(scenario.model, scenario.seed);
+            own = Workload::builtin(scenario.model, scenario.seed);
             &own
         }
     };
@@ -371,7 +393,7 @@ pub fn run(
         reports.extend(per_seed.into_iter().next());
     }
     let baseline =
-        scenario.runs.iter().position(|r| r.spec.name == ProtocolName::Bsp && r.compute.is_none()).unwrap_or(0);
+        scenario.runs.iter().position(|r| r.spec.name == ProtocolKind::Bsp && r.compute.is_none()).unwrap_or(0);
     let base_time = rows.get(baseline).and_then(|r| r.time_to_target_s);
     for r in &mut rows {
         r.speedup_vs_bsp = match (base_time, r.time_to_target_s) {

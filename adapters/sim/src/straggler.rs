@@ -45,13 +45,10 @@ fn model(text: &str) -> Result<ComputeModel, String> {
     let (kind, args) = text.split_once('=').unwrap_or((text, ""));
     Ok(match kind {
         "none" => ComputeModel::None,
-        "slow" => {
-            let f = number("slow factor", args)?;
-            if f <= 0.0 {
-                return Err("slow factor must be positive".into());
-            }
-            ComputeModel::Slowdown(f)
-        }
+        "slow" => match args.trim().parse::<f64>() {
+            Ok(f) if f.is_finite() && f > 0.0 => ComputeModel::Slowdown(f),
+            _ => return Err(format!("slow factor '{args}' is not a positive number")),
+        },
         "delay" => ComputeModel::ExtraDelay(Duration::from_secs_f64(number("delay", args)? / 1000.0)),
         "exp" => {
             let [shift, rate] = parts("exp", args)?;

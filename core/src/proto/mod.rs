@@ -58,6 +58,7 @@ pub mod bsp;
 pub mod common;
 pub mod dbw;
 pub mod grouped;
+mod kind;
 pub mod ssp;
 pub mod wbsp;
 
@@ -72,6 +73,7 @@ pub use common::table::{DEFAULT_INLINE_WORKERS, Inline, Slot, Storage, WorkerRec
 pub(crate) use common::testkit::{ToServerOwned, ToWorkerOwned};
 pub use common::validate::{GradientPolicy, LargeGradient};
 pub use common::worker::{ProtocolWorker, WorkerCore, WorkerRules};
+pub use kind::{Knob, ProtocolKind};
 
 use crate::error::Reject;
 use crate::id::{ComputeId, Version, WorkerId};
@@ -95,13 +97,10 @@ pub enum Recipient {
 }
 
 /// One output of a server state machine.
-///
-/// Its tag is a `u64` (`#[repr(u64)]`): with a 4-byte tag, an event copied into the output
-/// was moved together with the 4 bytes of padding before it, in 16-byte pieces that straddled
-/// the stores that had just written it, so store-to-load forwarding failed on every event
-/// (`perf annotate`); with the tag as wide as the event's alignment there is no such padding.
 #[derive(Debug)]
 #[must_use]
+// The tag is as wide as the event's alignment, so an output holds no padding between the
+// two and is copied in whole words.
 #[repr(u64)]
 pub enum ServerOutput<'a, T> {
     /// Send `msg` to `to`.

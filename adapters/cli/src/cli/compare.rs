@@ -93,9 +93,15 @@ pub(super) fn open_plot(path: &std::path::Path) -> Result<std::fs::File, Failure
 
 fn execute(s: &Scenario, jobs: Option<u32>, json: bool) -> Result<Comparison, Failure> {
     let jobs = jobs.map_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()), |j| j as usize);
-    let bar = super::progress_bar(s.runs.len() as u64 * u64::from(s.seeds.max(1)), json);
+    let total = s.runs.len() as u64 * u64::from(s.seeds.max(1));
+    let bar = super::progress_bar(total, json);
     bar.set_message(s.name.clone());
-    let result = compare::run(s, None, jobs, &|_| bar.inc(1)).map_err(Failure::Run);
+    let lines = super::ProgressLines::new("compare", "simulations", total, json);
+    let result = compare::run(s, None, jobs, &|_| {
+        bar.inc(1);
+        lines.one_done();
+    })
+    .map_err(Failure::Run);
     bar.finish_and_clear();
     result
 }

@@ -47,6 +47,7 @@ pub struct GroupArgs {
 
 /// Runs `syncopate group`.
 pub(super) fn run(args: &GroupArgs) -> Result<(), Failure> {
+    super::work::check_address(&args.connect).map_err(Failure::Usage)?;
     let time_limit = match args.time_limit {
         Some(t) if !(t.is_finite() && t > 0.0) => {
             return Err(Failure::Usage(format!("invalid value '{t}' for '--time-limit': must be a positive number")));

@@ -49,7 +49,7 @@ pub mod reproduction;
 mod sweep;
 
 pub use sweep::Sweep;
-pub use syncopate_transport::protocol_spec::{GroupLrScaling, InterruptMode, ProtocolName, ProtocolSpec};
+pub use syncopate_transport::protocol_spec::{GroupLrScaling, InterruptMode, ProtocolKind, ProtocolSpec};
 
 use crate::sim::{ComputeModel, NetworkConfig, SimConfig, StopRule};
 use crate::workload::ModelKind;
@@ -95,7 +95,7 @@ struct StragglerFile {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ProtocolFile {
-    name: ProtocolName,
+    name: ProtocolKind,
     lr: Option<Sweep<f64>>,
     staleness: Option<Sweep<u64>>,
     iteration_timeout_ms: Option<Sweep<f64>>,
@@ -342,8 +342,16 @@ fn line_of_key(text: &str, key: &str) -> Option<usize> {
 impl Scenario {
     /// Parses and validates scenario text; `source` names it in errors (a file name).
     pub fn parse(text: &str, source: &str) -> Result<Self, String> {
-        let file: ScenarioFile = toml::from_str(text)
-            .map_err(|e| format!("{source}:{}{}", position(text, e.span()), e.message().replace('\n', " ").trim()))?;
+        let file: ScenarioFile = toml::from_str(text).map_err(|e| {
+            let mut message = e.message().replace('\n', " ").trim().to_owned();
+            // The parser's "duplicate key" names no key: the span covers it.
+            if message == "duplicate key" {
+                if let Some(key) = e.span().and_then(|s| text.get(s)).map(str::trim).filter(|k| !k.is_empty()) {
+                    message = format!("duplicate key '{key}' (each key once per table)");
+                }
+            }
+            format!("{source}:{}{message}", position(text, e.span()))
+        })?;
         Self::validate(file).map_err(|e| match line_of_key(text, e.split(':').next().unwrap_or("")) {
             Some(line) => format!("{source}:{line}: {e}"),
             None => format!("{source}: {e}"),
@@ -639,6 +647,7 @@ mod tests {
                 "t.toml:2: protocols[0] (backup b=4): backup workers 4 must be fewer than the 4 workers",
             ),
             ("workers = 4\nmodel = \"cnn\"\n[[protocols]]\nname = \"bsp\"\n", "model:"),
+            ("workers = 4\nworkers = 5\n[[protocols]]\nname = \"bsp\"\n", "t.toml:2:1: duplicate key 'workers'"),
             ("workers = 4\n[[protocols]]\nname = \"bsp\"\nstaleness = \"x\"\n", "t.toml:4:"),
         ] {
             let e = Scenario::parse(text, "t.toml").unwrap_err();
