@@ -237,10 +237,7 @@ impl Comparison {
         }
         let seeds = self.rows.first().map_or(1, |r| r.seeds);
         if let Some(base) = self.rows.get(self.baseline) {
-            out.push_str(&format!(
-                "speedup: {}'s time to target over each run's\n",
-                base.label.trim_end()
-            ));
+            out.push_str(&format!("speedup: {}'s time to target over each run's\n", base.label.trim_end()));
         }
         out.push_str(&format!(
             "time, speedup, final, updates: medians over {seeds} seed(s); stale, busy: means; gradients: totals over the seeds, accepted = applied + dropped + held at stop\n"
@@ -492,6 +489,7 @@ mod tests {
             dropped: 0,
             held_at_stop: 0,
             hit_event_budget: 0,
+            diverged: None,
             mean_staleness: 0.0,
             compute_share: 0.0,
             virtual_time_s: 0.0,
