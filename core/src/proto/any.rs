@@ -102,9 +102,10 @@ impl ProtocolConfig {
 
     /// Bytes of per-worker state the server keeps beside the model buffers: its
     /// [`WorkerRecord`](super::WorkerRecord) and any other per-worker cells (BAP's
-    /// contribution cells, one per open iteration; DBW's `τ̂(k)` table, one entry per
-    /// worker). A server's memory is `n` times this plus a constant (the output queue's
-    /// depth does not depend on `n`).
+    /// contribution cells, one per open iteration; DBW's round-trip windows and estimator
+    /// tables, [`DbwConfig::estimator_bytes_per_worker`], an upper bound: its windows stop
+    /// growing beyond a fixed number of workers). A server's memory is at most `n` times
+    /// this plus a constant (the output queue's depth does not depend on `n`).
     pub fn per_worker_bytes(&self) -> usize {
         use super::WorkerRecord;
         use core::mem::size_of;
@@ -112,7 +113,9 @@ impl ProtocolConfig {
             Self::Bsp(_) => size_of::<WorkerRecord<super::common::table::RoundSlot>>(),
             Self::Asp(_) => size_of::<WorkerRecord<()>>(),
             Self::Backup(_) => size_of::<WorkerRecord<super::backup::BackupSlot>>(),
-            Self::Dbw(_) => size_of::<WorkerRecord<super::backup::BackupSlot>>() + size_of::<f64>(),
+            Self::Dbw(_) => {
+                size_of::<WorkerRecord<super::backup::BackupSlot>>() + DbwConfig::estimator_bytes_per_worker()
+            }
             Self::Wbsp(_) => size_of::<WorkerRecord<()>>(),
             Self::Grouped(_) => size_of::<WorkerRecord<super::grouped::GroupedSlot>>(),
             Self::Ssp(_) => size_of::<WorkerRecord<super::ssp::SspSlot>>(),

@@ -40,6 +40,8 @@ struct Json<'a> {
     target_accuracy: f64,
     runs: &'a [compare::Row],
     fastest: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dbw_against_static: Option<Vec<compare::DbwAtTarget>>,
 }
 
 fn scenario(file: Option<&PathBuf>, preset: Option<&str>) -> Result<Scenario, Failure> {
@@ -111,6 +113,7 @@ fn print(c: &Comparison, json: bool) {
             target_accuracy: c.target_accuracy,
             runs: &c.rows,
             fastest: c.fastest().map(|r| r.label.as_str()),
+            dbw_against_static: c.dbw_against_static(),
         };
         match serde_json::to_string(&out) {
             Ok(s) => outln!("{s}"),
@@ -118,6 +121,10 @@ fn print(c: &Comparison, json: bool) {
         }
     } else {
         outln!("{}\n{}", c.scenario, c.table().trim_end());
+        let dbw = c.dbw_table();
+        if !dbw.is_empty() {
+            outln!("{}", dbw.trim_end());
+        }
     }
 }
 

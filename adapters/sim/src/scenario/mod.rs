@@ -9,6 +9,8 @@
 //! batch_size = 32
 //! learning_rate = 0.5           # of one averaged synchronous step (see ProtocolSpec::config)
 //! target_accuracy = 0.90        # "time to target": when the first model at or above it was published
+//! accuracy_ladder = [0.85, 0.9] # optional: more targets; with DBW and static backup runs, a
+//!                               # table of DBW against the best static b at each of them
 //! step_ms = 10.0                # virtual time of one gradient on an unhindered worker (0.01..=60000)
 //! max_time_s = 20.0             # virtual time budget of each run (at most 3600)
 //! eval_interval_ms = 50.0       # virtual time between points of the accuracy curve
@@ -125,6 +127,8 @@ struct ScenarioFile {
     learning_rate: f64,
     #[serde(default = "target")]
     target_accuracy: f64,
+    #[serde(default)]
+    accuracy_ladder: Vec<f64>,
     #[serde(default = "step")]
     step_ms: f64,
     #[serde(default = "budget")]
@@ -186,6 +190,9 @@ pub struct Scenario {
     pub learning_rate: f64,
     /// Target test accuracy.
     pub target_accuracy: f64,
+    /// More accuracy targets (ascending; may be empty): `compare` reports DBW against the
+    /// best static `b` at each.
+    pub accuracy_ladder: Vec<f64>,
     /// Base step time.
     pub base_step: Duration,
     /// Virtual time budget per run.
@@ -398,6 +405,15 @@ impl Scenario {
         if !(0.0..=1.0).contains(&file.target_accuracy) {
             return Err(format!("target_accuracy: {} is outside 0..1", file.target_accuracy));
         }
+        if file.accuracy_ladder.len() > 16 {
+            return Err(format!("accuracy_ladder: {} targets; at most 16", file.accuracy_ladder.len()));
+        }
+        if let Some(bad) = file.accuracy_ladder.iter().find(|a| !(0.0..=1.0).contains(*a)) {
+            return Err(format!("accuracy_ladder: {bad} is outside 0..1"));
+        }
+        if file.accuracy_ladder.windows(2).any(|w| w[0] >= w[1]) {
+            return Err("accuracy_ladder: the targets must be in ascending order".into());
+        }
         let network = match &file.network {
             None => NetworkConfig::default(),
             Some(n) => NetworkConfig {
@@ -464,6 +480,7 @@ impl Scenario {
             batch_size: file.batch_size as usize,
             learning_rate,
             target_accuracy: file.target_accuracy,
+            accuracy_ladder: file.accuracy_ladder,
             base_step: Duration::from_secs_f64(step_ms / 1000.0),
             max_time: Duration::from_secs_f64(max_time_s),
             eval_interval: Duration::from_secs_f64(eval_ms / 1000.0),
@@ -609,6 +626,14 @@ mod tests {
             (
                 "workers = 4\n[network]\nlatency_ms = -1\n[[protocols]]\nname = \"bsp\"\n",
                 "t.toml:3: network.latency_ms",
+            ),
+            (
+                "workers = 4\naccuracy_ladder = [0.9, 0.8]\n[[protocols]]\nname = \"bsp\"\n",
+                "t.toml:2: accuracy_ladder: the targets must be in ascending order",
+            ),
+            (
+                "workers = 4\naccuracy_ladder = [0.5, 1.5]\n[[protocols]]\nname = \"bsp\"\n",
+                "t.toml:2: accuracy_ladder: 1.5 is outside 0..1",
             ),
             ("workers = 4\n", "missing field `protocols`"),
             ("workers = 4\nprotocols = []\n", "at least one"),
