@@ -4,6 +4,7 @@
 mod buffer;
 mod machines;
 mod protocol;
+mod serve;
 mod sim;
 mod tcp;
 
@@ -20,8 +21,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<machines::Server>()?;
     m.add_class::<machines::Worker>()?;
     m.add_function(wrap_pyfunction!(tcp::run_worker, m)?)?;
+    m.add_function(wrap_pyfunction!(serve::serve, m)?)?;
     m.add_function(wrap_pyfunction!(sim::compare, m)?)?;
     m.add_function(wrap_pyfunction!(sim::digits_split, m)?)?;
+    m.add_function(wrap_pyfunction!(sim::mnist5k_split, m)?)?;
     m.add("RejectedError", m.py().get_type::<RejectedError>())?;
     m.add("WorkerError", m.py().get_type::<WorkerError>())?;
     Ok(())

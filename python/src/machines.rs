@@ -18,6 +18,18 @@ fn rejected(e: Reject) -> PyErr {
     RejectedError::new_err(e.to_string())
 }
 
+/// The outcome of feeding a message: `true` if taken, `false` if it repeated one already
+/// received (a retransmission: dropped, and counted by the server's stats); any other
+/// refusal raises `RejectedError`. Retrying a request is how workers recover lost
+/// messages, so a repeat is routine, never an error for the caller.
+fn taken(result: Result<(), Reject>) -> PyResult<bool> {
+    match result {
+        Ok(()) => Ok(true),
+        Err(Reject::Duplicate { .. }) => Ok(false),
+        Err(e) => Err(rejected(e)),
+    }
+}
+
 fn encoded(
     py: Python<'_>,
     len: usize,
@@ -119,11 +131,12 @@ impl Server {
         Ok(Self { machine, params: params.clone().unbind(), dim, limits: Limits::for_model(dim) })
     }
 
-    /// Feeds `message` (wire bytes) from worker `worker` at `now_ns`.
-    fn handle(&mut self, now_ns: u64, worker: u32, message: &[u8]) -> PyResult<()> {
+    /// Feeds `message` (wire bytes) from worker `worker` at `now_ns`: `true` if taken,
+    /// `false` if it repeated a message already received.
+    fn handle(&mut self, now_ns: u64, worker: u32, message: &[u8]) -> PyResult<bool> {
         let msg = wire::decode_to_server::<f32>(message, &self.limits)
             .map_err(|e| PyValueError::new_err(format!("malformed message: {e}")))?;
-        self.machine.handle(Instant::from_nanos(now_ns), WorkerId(worker), msg).map_err(rejected)
+        taken(self.machine.handle(Instant::from_nanos(now_ns), WorkerId(worker), msg))
     }
 
     /// The transport lost worker `worker` at `now_ns`.
@@ -247,11 +260,12 @@ impl Worker {
         })
     }
 
-    /// Feeds `message` (wire bytes) from the server at `now_ns`.
-    fn handle(&mut self, now_ns: u64, message: &[u8]) -> PyResult<()> {
+    /// Feeds `message` (wire bytes) from the server at `now_ns`: `true` if taken, `false` if
+    /// it repeated a message already received.
+    fn handle(&mut self, now_ns: u64, message: &[u8]) -> PyResult<bool> {
         let msg = wire::decode_to_worker::<f32>(message, &self.limits)
             .map_err(|e| PyValueError::new_err(format!("malformed message: {e}")))?;
-        self.machine.handle(Instant::from_nanos(now_ns), msg).map_err(rejected)
+        taken(self.machine.handle(Instant::from_nanos(now_ns), msg))
     }
 
     /// Hands in the gradient (a float32 array of the model's length) of job `compute_id`.
