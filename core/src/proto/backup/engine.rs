@@ -139,14 +139,16 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
         from: WorkerId,
         epoch: u32,
     ) -> Result<(), Reject> {
-        core.join(from, epoch)?;
+        let fresh = core.join(from, epoch)?;
         Self::set_known(core, from, true);
         if self.iteration_start.is_none() {
             self.iteration_start = Some(now);
             core.stall.progress(now);
         }
-        core.send_model(Recipient::Worker(from));
-        Self::mark_sent(core, now, from);
+        if !core.join_waits_for_round(from, fresh) {
+            core.send_model(Recipient::Worker(from));
+            Self::mark_sent(core, now, from);
+        }
         Ok(())
     }
 

@@ -192,7 +192,13 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BspRules<T, S> {
         msg: &ToServer<'_, T>,
     ) -> Result<(), Reject> {
         match *msg {
-            ToServer::Join { epoch } => core.join_and_send_model(from, epoch).map(|_| ()),
+            ToServer::Join { epoch } => {
+                let fresh = core.join(from, epoch)?;
+                if !core.join_waits_for_round(from, fresh) {
+                    core.send_model(Recipient::Worker(from));
+                }
+                Ok(())
+            }
             // By reference: a copy of `values` out of the caller's message waits on its stores.
             ToServer::Grad { base, seq, ref values, .. } => self.on_grad(core, now, from, base, seq, values),
             _ => Err(Reject::Unexpected { kind: msg.kind_name() }),

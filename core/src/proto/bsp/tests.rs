@@ -321,3 +321,28 @@ proptest! {
         check_arbitrary_inputs(&mut server(4, 3), &ops, |s| s.received(), 3)?;
     }
 }
+
+#[test]
+fn a_retried_join_after_the_gradient_arrived_gets_no_model() {
+    // A worker that waited for the round and asks again (same session) lost nothing: the
+    // model it would get is the one it computed on. A retry before its gradient arrived, or
+    // after the round closed, still gets the model.
+    let mut s = server(2, 2);
+    let now = Instant::ZERO;
+    s.handle(now, WorkerId(0), ToServer::Join { epoch: 0 }).unwrap();
+    s.handle(now, WorkerId(0), ToServer::Join { epoch: 0 }).unwrap();
+    assert_eq!(drain(&mut s).1.len(), 2);
+    s.handle(now, WorkerId(0), grad(0, 0, &[1.0, 1.0])).unwrap();
+    let _ = drain(&mut s);
+    s.handle(now, WorkerId(0), ToServer::Join { epoch: 0 }).unwrap();
+    assert!(drain(&mut s).1.is_empty());
+    // A new session is answered: it may have lost the model the round's update brings.
+    s.handle(now, WorkerId(0), ToServer::Join { epoch: 1 }).unwrap();
+    assert_eq!(drain(&mut s).1.len(), 1);
+    s.handle(now, WorkerId(1), grad(0, 0, &[1.0, 1.0])).unwrap();
+    let _ = drain(&mut s);
+    s.handle(now, WorkerId(1), ToServer::Join { epoch: 0 }).unwrap();
+    let (_, sends) = drain(&mut s);
+    assert_eq!(sends.len(), 1);
+    assert_eq!(sends[0].0, Recipient::Worker(WorkerId(1)));
+}

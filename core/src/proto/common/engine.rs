@@ -13,7 +13,7 @@
 
 use super::queue::{BatchKind, ServerItem, ServerQueue};
 use super::roster::Roster;
-use super::round::check_learning_rate;
+use super::round::{Round, check_learning_rate};
 use super::stall::StallWatch;
 use super::table::{DEFAULT_INLINE_WORKERS, Inline, Slot, Storage, WorkerRecord};
 use crate::error::{ConfigError, Reject};
@@ -132,6 +132,16 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, X: Slot> ServerCore<T, S, M, X> {
         let fresh = self.join(from, epoch)?;
         self.send_model(Recipient::Worker(from));
         Ok(fresh)
+    }
+
+    /// Whether a `Join` needs no answer in a protocol of rounds (BSP, backup workers, DBW):
+    /// it repeats the worker's session (a retry after waiting, not a new session) and the
+    /// worker's gradient on the current model is already in the open round. Such a worker lost
+    /// nothing; the model it would get is the one it computed on, so it would compute the same
+    /// step again only for the server to refuse the repeat as a duplicate. The round's update
+    /// brings it the next model.
+    pub(crate) fn join_waits_for_round(&self, from: WorkerId, fresh: bool) -> bool {
+        !fresh && Round::contains(&self.roster, from, self.version)
     }
 }
 

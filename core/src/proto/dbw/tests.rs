@@ -338,3 +338,32 @@ proptest! {
         prop_assert_eq!(as_bits(&got2), as_bits(&want));
     }
 }
+
+#[test]
+fn a_retried_join_after_the_gradient_arrived_gets_no_model() {
+    // A worker waiting for the round asks again (same session): its gradient on the current
+    // model is in, so a model would only make it compute the same step again, which the server
+    // would refuse as a duplicate.
+    let mut s = server(DbwConfig::new(3, 0.1), 2);
+    let now = Instant::ZERO;
+    for w in 0..3 {
+        s.handle(now, WorkerId(w), ToServer::Join { epoch: 0 }).unwrap();
+    }
+    let g = [1.0, 1.0];
+    s.handle(now, WorkerId(1), ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::Slice(&g) })
+        .unwrap();
+    while s.poll_output().is_some() {}
+    s.handle(now, WorkerId(1), ToServer::Join { epoch: 0 }).unwrap();
+    let mut models = 0;
+    while let Some(o) = s.poll_output() {
+        models += usize::from(matches!(o, ServerOutput::Send { msg: ToWorker::Model { .. }, .. }));
+    }
+    assert_eq!(models, 0);
+    // A worker whose gradient is not in the round is answered.
+    s.handle(now, WorkerId(2), ToServer::Join { epoch: 0 }).unwrap();
+    let mut to_2 = 0;
+    while let Some(o) = s.poll_output() {
+        to_2 += usize::from(matches!(o, ServerOutput::Send { to: Recipient::Worker(WorkerId(2)), .. }));
+    }
+    assert_eq!(to_2, 1);
+}
