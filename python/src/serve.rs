@@ -268,10 +268,8 @@ pub(crate) fn serve<'py>(
     if let Some(f) = &on_listen {
         f.call1(py, (addr.to_string(),))?;
     }
-    let plan = RunPlan {
-        max_gradients: gradients.unwrap_or(u64::MAX),
-        time_limit: time_limit_s.map(Duration::from_secs_f64),
-    };
+    let plan =
+        RunPlan { max_gradients: gradients.unwrap_or(u64::MAX), time_limit: time_limit_s.map(Duration::from_secs_f64) };
     let array = params.clone().unbind();
     let mut watch = Watch {
         evaluate: evaluate.as_ref(),

@@ -104,11 +104,7 @@ impl PythonJob<'_> {
             let result = result.bind(py);
             // A Python number, a NumPy scalar or a one-element tensor (anything with
             // `__float__`), but not a bool, a string or None.
-            let loss = if result.is_instance_of::<pyo3::types::PyBool>() {
-                None
-            } else {
-                result.extract::<f64>().ok()
-            };
+            let loss = if result.is_instance_of::<pyo3::types::PyBool>() { None } else { result.extract::<f64>().ok() };
             let Some(loss) = loss else {
                 let kind = result.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "an object".into());
                 return Err(Failure::NotANumber(kind));
