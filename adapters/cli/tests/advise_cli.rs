@@ -1,5 +1,5 @@
-//! `syncopate advise` and `syncopate trace-gen` as an operator runs them: the README's
-//! record-then-advise recipe for any worker count, traces that are not a full table refused
+//! `syncopate advise` and `syncopate trace-gen` as an operator runs them: the advise
+//! guide's record-then-advise recipe for any worker count, traces that are not a full table refused
 //! with the file, the line and the reason, the table, the JSON and the SVG.
 
 mod common;

@@ -1,4 +1,4 @@
-//! `syncopate train --sim --workers 10000` for every protocol, as the README promises: each
+//! `syncopate train --sim --workers 10000` for every protocol, as BENCHMARKS.md states: each
 //! run exits 0 with 10,000 workers, two steps per worker, no refused input, every accepted
 //! gradient accounted for, and the simulator's events per second in the report.
 

@@ -95,13 +95,10 @@ pub enum Recipient {
 }
 
 /// One output of a server state machine.
-///
-/// Its tag is a `u64` (`#[repr(u64)]`): with a 4-byte tag, an event copied into the output
-/// was moved together with the 4 bytes of padding before it, in 16-byte pieces that straddled
-/// the stores that had just written it, so store-to-load forwarding failed on every event
-/// (`perf annotate`); with the tag as wide as the event's alignment there is no such padding.
 #[derive(Debug)]
 #[must_use]
+// The tag is as wide as the event's alignment, so an output holds no padding between the
+// two and is copied in whole words.
 #[repr(u64)]
 pub enum ServerOutput<'a, T> {
     /// Send `msg` to `to`.

@@ -5,6 +5,7 @@
 //! and exit code 2; a failure while running exits with 1.
 
 mod advise;
+mod check;
 mod compare;
 mod group;
 mod mpi;
@@ -17,6 +18,7 @@ mod summary;
 mod train;
 mod work;
 
+pub use check::check_command_line;
 pub use protocol::ProtocolArgs;
 pub use summary::Summary;
 pub use syncopate_sim::straggler::parse_stragglers;

@@ -23,7 +23,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub steps: u64,
     /// Which workers straggle and how, e.g. `0:slow=4` or `all:exp=1/1,odd:delay=20`
-    /// (see the README for the full syntax).
+    /// (docs/guide/cli.md, "Straggler specs", has the full syntax).
     #[arg(long, value_name = "SPEC", default_value = "")]
     pub straggler: String,
     /// Base time of one gradient computation in milliseconds, 0.01 to 60000 (threads sleep

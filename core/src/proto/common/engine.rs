@@ -104,8 +104,8 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, X: Slot> ServerCore<T, S, M, X> {
     }
 
     /// The common answer to a pull the server can serve now: the model if it is newer than
-    /// `have`, otherwise `NotNewer`. Inlined into the protocols' pull handlers (BAP executes 6
-    /// fewer instructions per message in `mem_count`, WBSP 1.5).
+    /// `have`, otherwise `NotNewer`. Inlined into the protocols' pull handlers, which run on
+    /// every pull.
     #[inline]
     pub(crate) fn answer_pull(&mut self, to: WorkerId, have: Version) {
         if self.version > have {
@@ -263,10 +263,8 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
     /// queue empties.
     ///
     /// Each item becomes an output where it is found, so an event the protocol's inlined
-    /// expansion builds is stored straight into the output. Returning the item and matching
-    /// it after the loop sent it through the stack and a jump table: `mem_count` executed
-    /// 17 more instructions per message for BAP, 10-13 more for BSP, backup, DBW, ASP and
-    /// WBSP, 4 for SSP and 1 for grouped.
+    /// expansion builds is stored straight into the output, never returned through the stack
+    /// and matched again after the loop.
     #[inline(always)]
     fn expand_front(&mut self) -> Option<ServerOutput<'_, T>> {
         loop {
@@ -315,16 +313,15 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
 }
 
 impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> Server<T> for ProtocolServer<T, S, R, M> {
-    // Out of line: with `lose` out of line, the compiler inlined this into `AnyServer`'s
-    // dispatch, which then saved registers for every protocol's `handle` (grouped executed
-    // 10 more instructions per message in `mem_count`).
+    // Out of line, so `AnyServer`'s dispatch does not inline it and save the registers of
+    // every protocol's `handle` on every message.
     #[inline(never)]
     fn handle(&mut self, now: Instant, from: WorkerId, msg: ToServer<'_, T>) -> Result<(), Reject> {
         let result = self.core.queue.ensure_room(self.rules.burst()).and_then(|()| {
             self.core.roster.check_member(from)?;
             // The message by reference, where the caller put it: a copy made here would load
-            // it in 16-byte pieces right after the caller's narrower stores, a store-forwarding
-            // stall (half of `handle`'s own samples in `perf annotate`).
+            // it in 16-byte pieces right after the caller's narrower stores, which the CPU
+            // cannot forward.
             match msg {
                 ToServer::Leave => self.lose(now, from),
                 _ => self.rules.on_message(&mut self.core, now, from, &msg),
@@ -357,10 +354,9 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> Server<T> for Proto
     fn poll_output(&mut self) -> Option<ServerOutput<'_, T>> {
         // A batch is expanded here, each item it yields made an output where it is found.
         // Any other item is taken out of the queue first and then read where it lies (its
-        // slot is not written before the next push), each kind only its own fields: copied
-        // out whole first, it was read back in pieces right after being copied. Against
-        // copying it out, this executes 9 (BSP) to 31 (ASP) fewer instructions per message
-        // for every protocol but grouped, whose poll is its own (`mem_count`).
+        // slot is not written before the next push), each kind only its own fields, never
+        // copied out whole first and read back in pieces. The grouped server's poll is its
+        // own.
         if let ServerItem::Batch(_) = self.core.queue.front_mut()? {
             return self.expand_front();
         }

@@ -244,8 +244,8 @@ impl<M: Storage> Shared<M> {
             let (batch, next, end) = match self.queue.front_mut()? {
                 Item::Event(e) => {
                     // Built in the caller's slot straight from the queue before the queue
-                    // moves on (a copy through the stack reloaded it at other offsets than
-                    // it stored: a store-forwarding stall, `perf annotate`).
+                    // moves on, never copied through the stack (a reload at other offsets
+                    // than the stores would stall store forwarding).
                     let out = Some(ServerOutput::Event(*e));
                     self.queue.advance();
                     return out;
