@@ -2,7 +2,8 @@
 //! owns: a float32 NumPy array that the server updates in place, with an optional Python
 //! `evaluate(params)` called on the server's thread every `every` model updates.
 //!
-//! The GIL is released while the server runs and taken only to call `evaluate` and `log`.
+//! The GIL is released while the server runs and taken only to call `evaluate` and `log`
+//! and, at each model update, to let a signal handler (Ctrl-C) raise its exception.
 //! Time spent in `evaluate` is kept out of the run's clock: every time in the report is
 //! training time (wall time since every worker connected, less the evaluations so far).
 
@@ -108,6 +109,11 @@ impl Watch<'_> {
 
     fn model(&mut self, version: Version) {
         if self.failure.is_some() {
+            return;
+        }
+        // A signal (Ctrl-C) raises its exception here, at the next model update.
+        if let Err(e) = Python::with_gil(|py| py.check_signals()) {
+            self.fail(e);
             return;
         }
         if let Some(evaluate) = self.evaluate {
