@@ -10,7 +10,9 @@
 //! that long for a model sends `Join` again (same epoch); the server answers with its
 //! current model, so a lost gradient or a lost broadcast costs one timeout, never a hang.
 //! A model with the version the worker last computed on is taken as such a retransmission
-//! and computed again (the server refuses the repeat as a duplicate if the first arrived).
+//! and computed again. The servers of rounds (BSP, backup workers, DBW) send no such model
+//! when the worker's gradient on it is already in the round; otherwise the server refuses
+//! the repeat as a duplicate if the first arrived.
 //!
 //! Memory: one caller-owned buffer of the model's length holds the model while the host
 //! computes, then the gradient while it is sent. The gradient is checked (finite) while it
