@@ -4,6 +4,8 @@ this process: both sides release the GIL while they wait."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from typing import Any, Callable
 
@@ -230,3 +232,16 @@ def test_serve_refuses_a_model_that_is_not_float32_or_not_finite() -> None:
     bad[2] = np.nan
     with pytest.raises(ValueError, match=r"params\[2\] is not finite"):
         syncopate.serve(bad, protocol, updates=1)
+
+
+def test_the_package_works_without_torch() -> None:
+    # torch made unimportable: `import syncopate` and a run must not need it.
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import numpy as np, syncopate\n"
+        "assert sys.modules['torch'] is None\n"
+        "print(syncopate.Protocol('bsp', workers=1).name)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "bsp"
