@@ -87,3 +87,26 @@ def test_cli_serve_init_from_worker_trains_the_cnn_to_090(syncopate_bin: pathlib
     with torch.no_grad():
         accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
     assert accuracy >= 0.90, accuracy
+
+
+def test_flat_model_keeps_parameters_and_gradients_in_two_contiguous_buffers() -> None:
+    import syncopate.torch as st
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 5), torch.nn.Flatten(), torch.nn.Linear(4 * 24 * 24, 10))
+    before = st.parameters_vector(model)
+    flat = st.FlatModel(model)
+    np.testing.assert_array_equal(flat.params.numpy(), before)
+    base, size = flat.params.data_ptr(), 4 * flat.params.numel()
+    assert all(base <= p.data_ptr() < base + size for p in model.parameters())
+    views = [p.grad for p in model.parameters()]
+    x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    flat.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    assert all(p.grad is v for p, v in zip(model.parameters(), views)), "backward must accumulate in place"
+    expected = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    assert torch.equal(flat.grads, expected) and float(flat.grads.abs().sum()) > 0
+    # Writing the buffer (as the worker loop does) changes the model.
+    flat.params.numpy()[:] = 0.0
+    assert all(float(p.abs().sum()) == 0.0 for p in model.parameters())
+    st.load_vector(model, before)
+    np.testing.assert_array_equal(st.parameters_vector(model), before)
