@@ -57,10 +57,11 @@ fn server_event<'py>(py: Python<'py>, e: &ServerEvent) -> PyResult<Bound<'py, Py
             d.set_item("base", base.0)?;
             d.set_item("reason", reason.name())?;
         }
-        ServerEvent::ModelUpdated { version, contributions } => {
+        ServerEvent::ModelUpdated { version, contributions, mean_loss } => {
             d.set_item("kind", "model_updated")?;
             d.set_item("version", version.0)?;
             d.set_item("contributions", contributions)?;
+            d.set_item("mean_loss", mean_loss)?;
         }
         ServerEvent::WorkerJoined { worker, epoch } => {
             d.set_item("kind", "worker_joined")?;
@@ -268,8 +269,16 @@ impl Worker {
         taken(self.machine.handle(Instant::from_nanos(now_ns), msg))
     }
 
-    /// Hands in the gradient (a float32 array of the model's length) of job `compute_id`.
-    fn handle_gradient(&mut self, now_ns: u64, compute_id: u64, grad: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// Hands in the gradient (a float32 array of the model's length) of job `compute_id`,
+    /// with the minibatch loss it was computed with, if any (sent to the server with it).
+    #[pyo3(signature = (now_ns, compute_id, grad, loss=None))]
+    fn handle_gradient(
+        &mut self,
+        now_ns: u64,
+        compute_id: u64,
+        grad: &Bound<'_, PyAny>,
+        loss: Option<f32>,
+    ) -> PyResult<()> {
         let g = pyo3::buffer::PyBuffer::<f32>::get(grad)
             .map_err(|e| PyValueError::new_err(format!("grad must be a float32 NumPy array: {e}")))?;
         if g.item_count() != self.dim {
@@ -287,7 +296,8 @@ impl Worker {
             copy = g.to_vec(grad.py())?;
             &copy
         };
-        self.machine.handle_gradient(Instant::from_nanos(now_ns), ComputeId(compute_id), values).map_err(rejected)
+        let now = Instant::from_nanos(now_ns);
+        self.machine.handle_gradient_with_loss(now, ComputeId(compute_id), values, loss).map_err(rejected)
     }
 
     /// The deadline from `poll_timeout` has passed.

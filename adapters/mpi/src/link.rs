@@ -268,8 +268,8 @@ impl Link {
     /// with work: a parameter server runs n + 1 ranks, and a round alternates between the
     /// workers' work and the server's; a rank that polls on (even yielding, as MPI's own
     /// blocking calls do when oversubscribed) takes up to half a core from the one the round
-    /// waits for, while a nap costs at most ~70 µs of latency per message (nap plus timer
-    /// slack). A rank with a core of its own polls for [`POLL_FOR_ALONE`] first.
+    /// waits for, while a nap costs at most [`NAP`] plus the kernel's timer slack of
+    /// latency per message. A rank with a core of its own polls for [`POLL_FOR_ALONE`] first.
     ///
     /// A `Model` payload of exactly `landing`'s length is received into `landing` (see
     /// [`Incoming::landed`]).
@@ -336,10 +336,11 @@ mod tests {
     #[test]
     fn a_head_with_its_payload_length_set_is_the_message_without_its_payload() {
         let grad = [0.5f32; 8];
-        let msg = ToServer::Grad { base: Version(3), iteration: 4, seq: 5, values: Values::Slice(&grad) };
+        let msg = ToServer::Grad { base: Version(3), iteration: 4, seq: 5, values: Values::Slice(&grad), loss: None };
         let mut whole = vec![0u8; wire::encoded_len_to_server(&msg)];
         wire::encode_to_server(&msg, &mut whole).unwrap();
-        let empty = ToServer::Grad { base: Version(3), iteration: 4, seq: 5, values: Values::<f32>::Slice(&[]) };
+        let empty =
+            ToServer::Grad { base: Version(3), iteration: 4, seq: 5, values: Values::<f32>::Slice(&[]), loss: None };
         let mut head = vec![0u8; wire::encoded_len_to_server(&empty)];
         wire::encode_to_server(&empty, &mut head).unwrap();
         assert!(set_payload_len(&mut head, 32));

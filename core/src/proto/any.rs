@@ -357,8 +357,14 @@ impl<T: Scalar, S: Buffer<T>> Worker<T> for AnyWorker<T, S> {
     fn handle(&mut self, now: Instant, msg: ToWorker<'_, T>) -> Result<(), Reject> {
         dispatch!(self, w => w.handle(now, msg), Gradient, Wbsp, Ssp, Bap)
     }
-    fn handle_gradient(&mut self, now: Instant, id: ComputeId, grad: &[T]) -> Result<(), Reject> {
-        dispatch!(self, w => w.handle_gradient(now, id, grad), Gradient, Wbsp, Ssp, Bap)
+    fn handle_gradient_with_loss(
+        &mut self,
+        now: Instant,
+        id: ComputeId,
+        grad: &[T],
+        loss: Option<f32>,
+    ) -> Result<(), Reject> {
+        dispatch!(self, w => w.handle_gradient_with_loss(now, id, grad, loss), Gradient, Wbsp, Ssp, Bap)
     }
     fn handle_timeout(&mut self, now: Instant) {
         dispatch!(self, w => w.handle_timeout(now), Gradient, Wbsp, Ssp, Bap)

@@ -143,12 +143,12 @@ pub struct FrameReader {
 /// ones, the whole handshake included, at offset 0).
 ///
 /// Why: the kernel copies a received frame from its socket buffers into ours with
-/// `rep movsb`, which on some processors (measured here on AMD EPYC: 4x) crawls when the
-/// destination sits just after the source modulo the 4 KiB page (4K aliasing: every load
-/// seems to depend on a store just made). The sender's data lies in the kernel's pages at
-/// about its stream position modulo the page, and a large buffer from the allocator starts
-/// 16 bytes into a page, which put every large frame exactly in that bad spot. The reader
-/// knows its stream position, so it places the frame half a page away from it.
+/// `rep movsb`, which on some processors crawls when the destination sits just after the
+/// source modulo the 4 KiB page (4K aliasing: every load seems to depend on a store just
+/// made). The sender's data lies in the kernel's pages at about its stream position modulo
+/// the page, and a large buffer from the allocator starts a few bytes into a page, which
+/// would put every large frame in that spot. The reader knows its stream position, so it
+/// places the frame half a page away from it.
 pub const ALIGN_MIN_LEN: usize = 16 << 10;
 
 const PAGE: usize = 4096;

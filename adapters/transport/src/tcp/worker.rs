@@ -115,6 +115,14 @@ pub trait WorkerJob {
     /// how much longer this step should take: an emulated straggler's extra time, during
     /// which the worker still reads the server (an abort can cancel the step). Usually zero.
     fn gradient(&mut self, params: &[f32], grad: &mut [f32]) -> Duration;
+
+    /// The minibatch loss of the gradient the last [`Self::gradient`] call wrote, if the
+    /// job reports one: it travels to the server with that gradient, and the server keeps
+    /// the mean of each update's reported losses (its loss curve). A NaN or infinite loss
+    /// is refused with the gradient, as a non-finite gradient is. The default reports none.
+    fn loss(&mut self) -> Option<f32> {
+        None
+    }
 }
 
 impl<F: FnMut(&[f32], &mut [f32])> WorkerJob for F {
@@ -370,6 +378,8 @@ struct Held {
     id: ComputeId,
     started: StdInstant,
     ready: StdInstant,
+    /// The job's minibatch loss for this gradient, if it reports one.
+    loss: Option<f32>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -424,8 +434,9 @@ fn drive_loop(
                         report.abandoned += 1;
                     }
                     let extra = job.gradient(params, &mut grad);
+                    let loss = job.loss();
                     report.last_version = Some(report.last_version.unwrap_or(0).max(version.0));
-                    held = Some(Held { id, started: now, ready: StdInstant::now() + extra });
+                    held = Some(Held { id, started: now, ready: StdInstant::now() + extra, loss });
                 }
                 WorkerOutput::Event(WorkerEvent::Abandoned { id }) => {
                     if let Some(h) = held.take_if(|h| h.id == id) {
@@ -438,7 +449,7 @@ fn drive_loop(
         }
         if let Some(h) = held.take_if(|h| StdInstant::now() >= h.ready) {
             report.busy_s += h.started.elapsed().as_secs_f64();
-            if worker.handle_gradient(since(epoch), h.id, &grad).is_ok() {
+            if worker.handle_gradient_with_loss(since(epoch), h.id, &grad, h.loss).is_ok() {
                 report.steps += 1;
             }
             continue;

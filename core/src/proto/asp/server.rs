@@ -119,7 +119,8 @@ impl<T: Scalar> AspRules<T> {
         }
         let version = core.version;
         core.event(ServerEvent::Applied { worker: from, base, version, staleness, weight: factor.to_f64() });
-        core.event(ServerEvent::ModelUpdated { version, contributions: 1 });
+        core.loss.count();
+        core.updated(version, 1);
         core.send_model(Recipient::Worker(from));
     }
 }

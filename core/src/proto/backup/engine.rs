@@ -204,7 +204,7 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
             return Ok(Admitted { contributed: false, rtt, sq_norm: 0.0, full: false });
         }
         let acc = self.scratch.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
-        self.round.add(&mut core.roster, base, from, values, factor, acc)?;
+        self.round.add(&mut core.roster, base, from, values, factor, acc, &mut core.loss)?;
         core.stall.progress(now);
         let full = self.round.len() >= self.k;
         let f = factor.to_f64();
@@ -219,8 +219,15 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
         let dim = core.dim();
         let (params, scratch) = (core.params.as_mut(), self.scratch.as_mut());
         let acc = scratch.get_mut(..dim).unwrap_or(&mut []);
-        core.version =
-            self.round.close(params, acc, self.learning_rate, core.version, &mut core.queue, &mut core.stats);
+        core.version = self.round.close(
+            params,
+            acc,
+            self.learning_rate,
+            core.version,
+            &mut core.queue,
+            &mut core.stats,
+            &mut core.loss,
+        );
         let elapsed = self.iteration_start.map_or(Duration::ZERO, |s| now - s);
         (contributors, elapsed)
     }

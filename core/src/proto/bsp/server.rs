@@ -116,6 +116,7 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
                 core.version,
                 &mut core.queue,
                 &mut core.stats,
+                &mut core.loss,
             )?;
             core.roster.commit_seq(from, seq);
             core.stats.accepted += 1;
@@ -132,7 +133,7 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
             core::mem::swap(&mut self.acc, spare);
             core.roster.commit_seq(from, seq);
             core.stats.accepted += 1;
-            self.round.record(&mut core.roster, base, from, factor);
+            self.round.record(&mut core.roster, base, from, factor, &mut core.loss);
             return self.after_add(core, now, dim);
         }
         let factor = self.config.gradient_policy.admit(values, dim)?;
@@ -150,7 +151,7 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
             return Ok(());
         }
         let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
-        self.round.add(&mut core.roster, base, from, values, factor, acc)?;
+        self.round.add(&mut core.roster, base, from, values, factor, acc, &mut core.loss)?;
         self.after_add(core, now, dim)
     }
 
@@ -170,6 +171,7 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
                 core.version,
                 &mut core.queue,
                 &mut core.stats,
+                &mut core.loss,
             );
             core.send_model(Recipient::AllWorkers);
         }

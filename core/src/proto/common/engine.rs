@@ -11,6 +11,7 @@
 //! parameter `M` ([`Storage`]: [`Inline<N>`](super::table::Inline) by default, `Heap` with
 //! the `alloc` feature); the output queue's depth is a constant.
 
+use super::loss::LossTally;
 use super::queue::{BatchKind, ServerItem, ServerQueue};
 use super::roster::Roster;
 use super::round::{Round, check_learning_rate};
@@ -41,6 +42,8 @@ pub struct ServerCore<T, S, M: Storage, X: Slot> {
     pub(crate) queue: ServerQueue,
     /// Whom the server waits for, and since when.
     pub(crate) stall: StallWatch,
+    /// The reported losses of the pending update and of the message being handled.
+    pub(crate) loss: LossTally,
     _t: PhantomData<T>,
 }
 
@@ -68,6 +71,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, X: Slot> ServerCore<T, S, M, X> {
             stats: ServerStats::default(),
             queue: ServerQueue::new(),
             stall,
+            loss: LossTally::new(),
             _t: PhantomData,
         })
     }
@@ -75,6 +79,20 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, X: Slot> ServerCore<T, S, M, X> {
     /// The model's length.
     pub(crate) fn dim(&self) -> usize {
         self.params.as_ref().len()
+    }
+
+    /// The minibatch loss the message being handled reports, if any (finite): what a
+    /// protocol's rules see with the contribution they take.
+    pub fn reported_loss(&self) -> Option<f32> {
+        self.loss.incoming()
+    }
+
+    /// Queues the [`ServerEvent::ModelUpdated`] of the update that made `version` from
+    /// `contributions` contributions, with the mean of the losses counted into it.
+    #[inline]
+    pub(crate) fn updated(&mut self, version: Version, contributions: u32) {
+        let mean_loss = self.loss.take_mean();
+        self.event(ServerEvent::ModelUpdated { version, contributions, mean_loss });
     }
 
     /// The number of workers, `n`.
@@ -324,6 +342,17 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> Server<T> for Proto
             // cannot forward.
             match msg {
                 ToServer::Leave => self.lose(now, from),
+                ToServer::Grad { loss: Some(l), .. }
+                | ToServer::Delta { loss: Some(l), .. }
+                | ToServer::Clock { loss: Some(l), .. } => {
+                    if !l.is_finite() {
+                        return Err(Reject::LossNotFinite);
+                    }
+                    self.core.loss.incoming = Some(l);
+                    let result = self.rules.on_message(&mut self.core, now, from, &msg);
+                    self.core.loss.incoming = None;
+                    result
+                }
                 _ => self.rules.on_message(&mut self.core, now, from, &msg),
             }
         });

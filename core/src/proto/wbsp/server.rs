@@ -140,7 +140,7 @@ impl<T: Scalar, S: Buffer<T>> WbspRules<T, S> {
         }
         core.version = core.version.next();
         core.stats.updates += 1;
-        core.event(ServerEvent::ModelUpdated { version: core.version, contributions: self.deltas });
+        core.updated(core.version, self.deltas);
         self.uploaders = 0;
         self.deltas = 0;
         self.round_started = Some(now);
@@ -180,6 +180,7 @@ impl<T: Scalar, S: Buffer<T>> WbspRules<T, S> {
         self.start_clock(now);
         core.stats.accepted += 1;
         core.stats.applied += 1;
+        core.loss.count();
         let open = mark_of(core.version);
         if let Some(r) = core.roster.record_mut(from).filter(|r| r.mark != open) {
             r.mark = open;
@@ -227,7 +228,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for WbspRules<T, S> {
                 core.send_model(Recipient::Worker(from));
                 Ok(())
             }
-            ToServer::Delta { round, local_steps, seq, ref values } => {
+            ToServer::Delta { round, local_steps, seq, ref values, .. } => {
                 self.on_delta(core, now, from, round, local_steps, seq, values)
             }
             ToServer::Pull { have, .. } => self.on_pull(core, from, have),
