@@ -65,6 +65,8 @@ struct Watch<'a> {
     started: Option<StdInstant>,
     /// Seconds spent in `evaluate` since the clock started.
     eval_s: f64,
+    /// `(version, seconds spent evaluating up to and including it)` per evaluation.
+    eval_marks: Vec<(u64, f64)>,
     /// `(version, training seconds, result)` per evaluation.
     evaluations: Vec<(u64, f64, PyObject)>,
     time_to_target_s: Option<f64>,
@@ -147,6 +149,7 @@ impl Watch<'_> {
         if self.started.is_some() {
             self.eval_s += began.elapsed().as_secs_f64();
         }
+        self.eval_marks.push((version, self.eval_s));
         match outcome {
             Ok((result, score)) => {
                 self.evaluations.push((version, at, result));
@@ -209,6 +212,22 @@ fn report_dict<'py>(py: Python<'py>, report: &ServerReport, watch: &Watch<'_>) -
     d.set_item("sessions", report.sessions)?;
     d.set_item("lost", report.lost)?;
     d.set_item("lost_workers", watch.lost.clone())?;
+    // The loss curve: per update whose contributions reported losses, (version, training
+    // seconds, mean loss); the server's seconds less the evaluations made by then.
+    let curve = PyList::empty(py);
+    let mut evals = watch.eval_marks.iter().peekable();
+    let mut excluded = 0.0;
+    for point in &report.loss_curve {
+        while let Some((version, spent)) = evals.peek() {
+            if *version >= point.version {
+                break;
+            }
+            excluded = *spent;
+            evals.next();
+        }
+        curve.append((point.version, (point.t_s - excluded).max(0.0), point.loss))?;
+    }
+    d.set_item("losses", curve)?;
     d.set_item("stalls", report.stalls)?;
     d.set_item("handshake_failures", report.handshake_failures)?;
     let (sum, count, max) = report.staleness;
@@ -288,6 +307,7 @@ pub(crate) fn serve<'py>(
         handle: tcp.handle(),
         started: None,
         eval_s: 0.0,
+        eval_marks: Vec::new(),
         evaluations: Vec::new(),
         time_to_target_s: None,
         failure: None,

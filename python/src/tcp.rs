@@ -72,7 +72,9 @@ impl Array {
 
 /// Why the callback ended the worker.
 enum Failure {
+    /// `compute` raised.
     Raised(PyErr),
+    /// `compute` returned this (a type name, or a loss that is not finite as an f32).
     NotANumber(String),
 }
 
@@ -109,6 +111,11 @@ impl PythonJob<'_> {
                 let kind = result.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "an object".into());
                 return Err(Failure::NotANumber(kind));
             };
+            // The loss travels as an f32; one that is not finite there ends the worker (its
+            // gradient would be refused, and the worker would wait for nothing).
+            if !(loss as f32).is_finite() {
+                return Err(Failure::NotANumber(format!("a loss of {loss}")));
+            }
             g.buffer.copy_to_slice(py, grad).map_err(Failure::Raised)?;
             Ok(loss)
         })
@@ -126,6 +133,12 @@ impl WorkerJob for PythonJob<'_> {
         self.arrays = Some(arrays);
         self.label = settings.label();
         Ok(())
+    }
+
+    fn loss(&mut self) -> Option<f32> {
+        // Set by the `gradient` call just made; NaN only after a failure, whose NaN gradient
+        // is refused anyway.
+        Some(self.loss as f32)
     }
 
     fn gradient(&mut self, params: &[f32], grad: &mut [f32]) -> Duration {
@@ -158,7 +171,7 @@ fn failure_error(py: Python<'_>, id: u32, failure: Failure) -> PyErr {
             err
         }
         Failure::NotANumber(kind) => WorkerError::new_err(format!(
-            "worker {id}: compute returned {kind}, not a number (it must return the minibatch loss); {LEFT}"
+            "worker {id}: compute returned {kind}, not a finite number (it must return the minibatch loss); {LEFT}"
         )),
     }
 }

@@ -101,6 +101,11 @@ def test_workers_learn_the_run_from_the_server_and_train_the_live_array(name: st
     versions = [v for v, _, _ in report["evaluations"]]
     assert versions == sorted(versions) and all(v % 10 == 0 for v in versions)
     assert report["evaluation"] == report["evaluations"][-1][2]
+    # The loss curve: the mean of each update's reported losses, falling as the model learns.
+    losses = report["losses"]
+    assert len(losses) >= 250, len(losses)
+    assert all(np.isfinite(loss) and t >= 0 for _, t, loss in losses)
+    assert np.mean([loss for _, _, loss in losses[-20:]]) < 0.1 * np.mean([loss for _, _, loss in losses[:5]])
     for i in range(2):
         result = cluster.results[i]
         assert isinstance(result, dict), result
@@ -143,7 +148,7 @@ def test_a_compute_that_returns_a_non_number_ends_that_worker_and_the_server_los
     report = serve(protocol, cluster, params, updates=200)
     error = cluster.results[0]
     assert isinstance(error, syncopate.WorkerError), error
-    assert "worker 0: compute returned NoneType, not a number" in str(error)
+    assert "worker 0: compute returned NoneType, not a finite number" in str(error)
     assert "counted as lost" in str(error)
     assert report["lost_workers"] == [0]
     assert report["lost"] >= 1
@@ -245,3 +250,20 @@ def test_the_package_works_without_torch() -> None:
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "bsp"
+
+
+def test_a_loss_that_is_not_finite_ends_that_worker() -> None:
+    protocol = syncopate.Protocol("asp", workers=2, lr=0.1)
+    params = np.zeros(DIM, dtype=np.float32)
+    good = slowly(least_squares(9))
+
+    def diverged(p: np.ndarray, g: np.ndarray) -> float:
+        good(p, g)
+        return float("nan")
+
+    cluster = Cluster([diverged, good])
+    report = serve(protocol, cluster, params, updates=100)
+    error = cluster.results[0]
+    assert isinstance(error, syncopate.WorkerError), error
+    assert "worker 0: compute returned a loss of NaN, not a finite number" in str(error)
+    assert report["lost_workers"] == [0]
