@@ -82,6 +82,10 @@ pub struct WorkerOptions {
     pub rejoin_after: Option<Duration>,
     /// When set, the worker drops its connection and returns (tests of worker loss).
     pub kill: Option<Arc<AtomicBool>>,
+    /// The number of parameters of the worker's own model, if it has one: the server
+    /// refuses the worker at the handshake if its model has another size (both sizes
+    /// named, in the server's log and in the worker's error). `None` takes the server's.
+    pub dim: Option<usize>,
 }
 
 impl WorkerOptions {
@@ -98,6 +102,7 @@ impl WorkerOptions {
             backoff: Backoff::default(),
             rejoin_after: Some(Duration::from_secs(2)),
             kill: None,
+            dim: None,
         }
     }
 }
@@ -285,7 +290,13 @@ fn session(
     let mut reader = FrameReader::new(stream.try_clone().map_err(io)?, 0, options.frame_timeout);
     let mut writer = FrameWriter::new(BufWriter::with_capacity(1 << 16, stream.try_clone().map_err(io)?), 0);
     let deadline = StdInstant::now() + options.handshake_timeout;
-    let me = ClientSide { worker: options.id, role: Role::Worker, key: options.key.as_ref(), want: *pinned };
+    let me = ClientSide {
+        worker: options.id,
+        role: Role::Worker,
+        key: options.key.as_ref(),
+        want: *pinned,
+        dim: options.dim.map(|d| d as u64),
+    };
     let (s, settings) =
         handshake::client_handshake(&mut reader, &mut writer, &me, deadline).map_err(ConnectError::Handshake)?;
     let refused = |e: String| ConnectError::Job(format!("the server's settings ({}): {e}", settings.label()));
