@@ -193,6 +193,19 @@ pub(crate) fn run_worker<'py>(
     log: Option<PyObject>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let mut options = options(connect, id, secret_file, give_up_after_s)?;
+    // The size of the caller's own arrays travels in the hello: the server refuses another
+    // size at the handshake, naming both.
+    let sizes: Vec<usize> = [&params, &grad]
+        .into_iter()
+        .flatten()
+        .filter_map(|a| PyBuffer::<f32>::get(a.bind(py)).ok().map(|b| b.item_count()))
+        .collect();
+    if let [p, g] = sizes[..] {
+        if p != g {
+            return Err(PyValueError::new_err(format!("params has {p} elements and grad {g}: they must be equal")));
+        }
+    }
+    options.dim = sizes.first().copied();
     let kill = Arc::new(AtomicBool::new(false));
     options.kill = Some(Arc::clone(&kill));
     let mut job = PythonJob {

@@ -176,11 +176,17 @@ def test_a_worker_whose_model_has_another_size_is_refused_naming_both_sizes() ->
     params = np.zeros(DIM, dtype=np.float32)
     wrong = np.zeros(DIM + 3, dtype=np.float32)
     cluster = Cluster([least_squares(7)], params=wrong)
-    report = serve(protocol, cluster, params, time_limit_s=3.0)
+    lines: list[str] = []
+    report = syncopate.serve(params, protocol, on_listen=cluster.start, log=lines.append, time_limit_s=3.0)
+    cluster.join()
     error = cluster.results[0]
     assert isinstance(error, syncopate.WorkerError), error
-    assert f"this worker's model has {DIM + 3} parameters (params); the server's has {DIM}" in str(error)
+    both = f"the server's model has {DIM} parameters, worker 0's has {DIM + 3}"
+    assert both in str(error)
+    assert any(both in line for line in lines), lines
     assert report["updates"] == 0
+    with pytest.raises(ValueError, match="params has 8 elements and grad 9"):
+        syncopate.run_worker("127.0.0.1:1", least_squares(7), id=0, params=params, grad=np.zeros(DIM + 1, np.float32))
 
 
 def test_the_caller_s_arrays_are_written_and_read_in_place() -> None:
