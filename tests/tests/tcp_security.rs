@@ -122,11 +122,18 @@ fn mismatched_version_settings_and_id_are_refused_clearly() {
         let (server, _) = idle_server(|_| {});
         match exchange(server.addr, &raw_hello(|h| h.wire_version = 99)) {
             Message::Refuse { code: RefuseCode::WireVersion, message } => {
-                assert_eq!(message, "wire version mismatch: server speaks 1, worker 99")
+                assert_eq!(message, "wire version mismatch: server speaks 2, worker 99")
             }
             other => panic!("{other:?}"),
         }
-        server.wait_log("wire version mismatch: server speaks 1, worker 99", Duration::from_secs(3));
+        server.wait_log("wire version mismatch: server speaks 2, worker 99", Duration::from_secs(3));
+        // A worker of the previous wire version (no loss in its gradients) is refused the same way.
+        match exchange(server.addr, &raw_hello(|h| h.wire_version = 1)) {
+            Message::Refuse { code: RefuseCode::WireVersion, message } => {
+                assert_eq!(message, "wire version mismatch: server speaks 2, worker 1")
+            }
+            other => panic!("{other:?}"),
+        }
         match exchange(server.addr, &raw_hello(|h| h.tcp_version = 7)) {
             Message::Refuse { code: RefuseCode::TcpVersion, .. } => {}
             other => panic!("{other:?}"),
