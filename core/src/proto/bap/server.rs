@@ -295,6 +295,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
         let a = T::from_f64(-self.config.learning_rate / f64::from(count.max(1)));
         let dim = self.dim(core);
         let start = k.saturating_mul(dim);
+        core.before_update();
         if let Some(acc) = self.accs.as_mut().get_mut(start..start.saturating_add(dim)) {
             // Lengths were fixed at construction; a mismatch is impossible here.
             let _ = math::apply_and_clear(core.params.as_mut(), a, acc);

@@ -105,6 +105,8 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
             // the accumulation folded into the update, one pass over the accumulator fewer.
             let factor = self.config.gradient_policy.admit(values, dim)?;
             let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
+            // The lengths passed admission: the update below cannot fail.
+            core.before_update();
             core.version = self.round.add_and_close(
                 &mut core.roster,
                 from,
@@ -163,6 +165,7 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
         dim: usize,
     ) -> Result<(), Reject> {
         if self.round.len() == Self::needed(core) {
+            core.before_update();
             let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
             core.version = self.round.close(
                 core.params.as_mut(),

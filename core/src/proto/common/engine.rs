@@ -44,6 +44,8 @@ pub struct ServerCore<T, S, M: Storage, X: Slot> {
     pub(crate) stall: StallWatch,
     /// The reported losses of the pending update and of the message being handled.
     pub(crate) loss: LossTally,
+    /// Momentum: `β` and the model before the last update (see `momentum`), if enabled.
+    pub(crate) momentum: Option<(T, S)>,
     _t: PhantomData<T>,
 }
 
@@ -72,6 +74,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, X: Slot> ServerCore<T, S, M, X> {
             queue: ServerQueue::new(),
             stall,
             loss: LossTally::new(),
+            momentum: None,
             _t: PhantomData,
         })
     }
@@ -79,6 +82,15 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, X: Slot> ServerCore<T, S, M, X> {
     /// The model's length.
     pub(crate) fn dim(&self) -> usize {
         self.params.as_ref().len()
+    }
+
+    /// Momentum's extrapolation, right before an update is applied: `x ← x + β(x − x_prev)`,
+    /// `x_prev ← x`. Nothing without momentum.
+    #[inline]
+    pub(crate) fn before_update(&mut self) {
+        if let Some((beta, prev)) = self.momentum.as_mut() {
+            super::momentum::extrapolate(self.params.as_mut(), prev.as_mut(), *beta);
+        }
     }
 
     /// The minibatch loss the message being handled reports, if any (finite): what a
@@ -261,6 +273,40 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
     /// The protocol's own state.
     pub(crate) fn rules(&self) -> &R {
         &self.rules
+    }
+
+    /// SGD with momentum `beta` (in `[0, 1)`) on every update: `x ← x + β(x − x_prev)`
+    /// before each update's step, PyTorch's `v ← βv + g; x ← x − ηv` for a constant step.
+    /// `prev` (at least the model's length, caller-owned) holds the model before the last
+    /// update; it is set here to the current model (no velocity yet), or, to resume a run,
+    /// use [`Self::with_momentum_state`]. `beta == 0` leaves the server plain SGD, bit for
+    /// bit.
+    pub fn with_momentum(self, beta: f64, mut prev: S) -> Result<Self, ConfigError> {
+        let dim = self.core.dim();
+        let Some(p) = prev.as_mut().get_mut(..dim) else {
+            return Err(ConfigError::ScratchTooSmall { needed: dim, given: prev.as_ref().len() });
+        };
+        p.copy_from_slice(self.core.params.as_ref());
+        self.with_momentum_state(beta, prev)
+    }
+
+    /// [`Self::with_momentum`] with `prev` already holding the model before the last update
+    /// (from a checkpoint).
+    pub fn with_momentum_state(mut self, beta: f64, prev: S) -> Result<Self, ConfigError> {
+        super::momentum::check_beta(beta)?;
+        let (dim, given) = (self.core.dim(), prev.as_ref().len());
+        if given < dim {
+            return Err(ConfigError::ScratchTooSmall { needed: dim, given });
+        }
+        self.core.momentum = (beta > 0.0).then(|| (T::from_f64(beta), prev));
+        Ok(self)
+    }
+
+    /// The momentum buffer (the model before the last update, for checkpoints), if the
+    /// server has momentum.
+    pub fn momentum_buffer(&self) -> Option<&[T]> {
+        let dim = self.core.dim();
+        self.core.momentum.as_ref().and_then(|(_, p)| p.as_ref().get(..dim))
     }
 
     /// Out of line: inlined into `handle`, its path made `handle` save six registers on every

@@ -13,6 +13,7 @@
 pub mod engine;
 pub mod gradient_worker;
 pub mod loss;
+pub(crate) mod momentum;
 pub mod queue;
 pub(crate) mod roster;
 pub(crate) mod round;
@@ -24,4 +25,4 @@ pub(crate) mod validate;
 pub mod worker;
 
 #[cfg(test)]
-mod capacity_tests;
+pub(crate) mod capacity_tests;

@@ -34,6 +34,21 @@ pub struct GroupedServer<T, S, M: Storage = Inline<DEFAULT_INLINE_WORKERS>> {
 }
 
 impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
+    /// SGD with momentum on the central model (see
+    /// [`ProtocolServer::with_momentum`](crate::proto::ProtocolServer::with_momentum)).
+    pub fn with_momentum(mut self, beta: f64, prev: S) -> Result<Self, ConfigError> {
+        self.central = self.central.with_momentum(beta, prev)?;
+        Ok(self)
+    }
+
+    /// [`Self::with_momentum`] from a checkpoint's buffer.
+    pub fn with_momentum_state(mut self, beta: f64, prev: S) -> Result<Self, ConfigError> {
+        self.central = self.central.with_momentum_state(beta, prev)?;
+        Ok(self)
+    }
+}
+
+impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
     /// A server starting from the model in `params` at version 0.
     pub fn new(config: GroupedConfig, params: S, scratch: S) -> Result<Self, ConfigError> {
         Self::resume(config, params, scratch, Version::ZERO)

@@ -275,6 +275,7 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
         core.roster.check_seq(from, seq)?;
         let factor = self.policy.admit(values, core.params.as_ref().len())?;
         // Lengths are checked: the additions below cannot fail, and do nothing if they do.
+        core.before_update();
         if factor == T::one() {
             values.add_into(core.params.as_mut())?;
         } else {

@@ -134,6 +134,7 @@ impl<T: Scalar, S: Buffer<T>> WbspRules<T, S> {
     /// Publishes the open round: `w += A`, `A = 0`, version + 1.
     fn close<M: Storage>(&mut self, core: &mut Core<T, S, M>, now: Instant) {
         let dim = core.dim();
+        core.before_update();
         if let Some(acc) = self.acc.as_mut().get_mut(..dim) {
             // Lengths were fixed at construction; a mismatch is impossible here.
             let _ = math::apply_and_clear(core.params.as_mut(), T::one(), acc);
