@@ -50,8 +50,6 @@ def protocol(name: str, args: argparse.Namespace) -> syncopate.Protocol:
         knobs["backup_workers"] = 1
     if name == "ssp":
         knobs["staleness"] = 3
-    if args.momentum:
-        knobs["momentum"] = args.momentum
     return syncopate.Protocol(name, workers=args.workers, lr=args.lr, **knobs)
 
 
@@ -179,8 +177,8 @@ def run_syncopate(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
     every = max(1, round(args.eval_every * args.workers / gradients_per_update(name, args.workers)))
     params = st.parameters_vector(model)  # the live model: `serve` trains it in place
-    report = syncopate.serve(params, protocol(name, args), evaluate=evaluate, every=every,
-                             gradients=args.gradients, on_listen=start, log=lambda _: None)
+    report = syncopate.serve(params, protocol(name, args), momentum=args.momentum, evaluate=evaluate,
+                             every=every, gradients=args.gradients, on_listen=start, log=lambda _: None)
     for p in procs:
         p.join()
     evaluations = [(t, acc) for _, t, acc in report["evaluations"]]

@@ -236,11 +236,12 @@ fn report_dict<'py>(py: Python<'py>, report: &ServerReport, watch: &Watch<'_>) -
     Ok(d)
 }
 
-/// Runs the parameter server of `protocol` on `params` until a bound says stop.
+/// Runs the parameter server of `protocol` on `params` until a bound says stop; with
+/// `momentum` > 0, SGD with (heavy-ball) momentum on every update.
 #[pyfunction]
 #[pyo3(signature = (params, protocol, *, listen = "127.0.0.1:0", secret_file = None, insecure = false,
-    evaluate = None, every = 1, target = None, updates = None, gradients = None, time_limit_s = None,
-    on_listen = None, log = None))]
+    momentum = 0.0, evaluate = None, every = 1, target = None, updates = None, gradients = None,
+    time_limit_s = None, on_listen = None, log = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve<'py>(
     py: Python<'py>,
@@ -249,6 +250,7 @@ pub(crate) fn serve<'py>(
     listen: &str,
     secret_file: Option<&str>,
     insecure: bool,
+    momentum: f64,
     evaluate: Option<PyObject>,
     every: u64,
     target: Option<f64>,
@@ -280,9 +282,15 @@ pub(crate) fn serve<'py>(
     let config = protocol.config;
     let scratch = zeros(py, config.server_scratch_len(dim), "scratch")?;
     let spare = zeros(py, config.spare_accumulator_len(dim), "spare")?;
-    let server = AnyServer::<f32, ServerBuffer, Heap>::resume(&config, model, scratch, Version(0))
+    let mut server = AnyServer::<f32, ServerBuffer, Heap>::resume(&config, model, scratch, Version(0))
         .and_then(|s| s.with_spare_accumulator(spare))
         .map_err(|e| PyValueError::new_err(format!("invalid protocol settings: {e}")))?;
+    if momentum != 0.0 {
+        let previous = zeros(py, dim, "momentum")?;
+        server = server
+            .with_momentum(momentum, previous)
+            .map_err(|e| PyValueError::new_err(format!("momentum {momentum}: {e}")))?;
+    }
     let mut options = ServerOptions::new(RunSettings::new(protocol.settings.clone(), dim));
     options.insecure = insecure;
     if let Some(path) = secret_file {

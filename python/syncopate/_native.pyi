@@ -128,6 +128,7 @@ def serve(
     listen: str = "127.0.0.1:0",
     secret_file: Optional[str] = None,
     insecure: bool = False,
+    momentum: float = 0.0,
     evaluate: Optional[Callable[[Float32Array], Any]] = None,
     every: int = 1,
     target: Optional[float] = None,
@@ -139,8 +140,9 @@ def serve(
 ) -> dict[str, Any]:
     """Runs the TCP parameter server of ``protocol`` on ``params`` (float32, updated in place)
     until ``updates`` model updates, ``gradients`` accepted gradients, ``time_limit_s`` or
-    ``evaluate``'s result reaching ``target``. ``evaluate(params)`` runs on the server's
-    thread every ``every`` updates; its time is excluded from the report's times."""
+    ``evaluate``'s result reaching ``target``. ``momentum``: SGD with momentum (beta in
+    [0, 1)) on every update. ``evaluate(params)`` runs on the server's thread every
+    ``every`` updates; its time is excluded from the report's times."""
 
 def compare(
     path: Optional[str] = None,

@@ -81,6 +81,16 @@ def serve(protocol: syncopate.Protocol, cluster: Cluster, params: np.ndarray, **
     return report
 
 
+def test_momentum_moves_the_model_further_than_plain_sgd() -> None:
+    distances = []
+    for momentum in (0.0, 0.5):
+        params = np.zeros(DIM, dtype=np.float32)
+        cluster = Cluster([least_squares(10)])
+        serve(syncopate.Protocol("bsp", workers=1, lr=0.02), cluster, params, momentum=momentum, updates=40)
+        distances.append(distance(params))
+    assert distances[1] < distances[0], distances
+
+
 @pytest.mark.parametrize("name", ["bsp", "asp", "dbw", "backup", "ssp"])
 def test_workers_learn_the_run_from_the_server_and_train_the_live_array(name: str) -> None:
     protocol = syncopate.Protocol(name, workers=2, lr=0.2)
@@ -227,6 +237,7 @@ def test_the_worker_id_comes_from_the_launcher_s_environment(monkeypatch: pytest
         ({"updates": 5, "every": 0}, "every must be at least 1"),
         ({"target": 0.5}, "a target needs an evaluate function"),
         ({"time_limit_s": -1.0}, "time_limit_s must be positive"),
+        ({"updates": 5, "momentum": 1.0}, "momentum 1"),
     ],
 )
 def test_serve_refuses_bad_settings(options: dict[str, Any], message: str) -> None:
