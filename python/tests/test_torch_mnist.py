@@ -47,6 +47,10 @@ pytorch_mnist.worker(sys.argv[1], int(sys.argv[2]))
 
 def test_cli_serve_init_from_worker_trains_the_cnn_to_090(syncopate_bin: pathlib.Path, tmp_path: pathlib.Path) -> None:
     final = tmp_path / "final.npy"
+    usage = subprocess.run([str(syncopate_bin), "serve", "--help"], capture_output=True, text=True).stdout
+    missing = [flag for flag in ("--init-from-worker", "--save") if flag not in usage]
+    if missing:
+        pytest.fail(f"syncopate serve has no {', '.join(missing)}: this test needs the server for any model")
     server = subprocess.Popen(
         [str(syncopate_bin), "serve", "--listen", "127.0.0.1:0", "--workers", "2",
          "--protocol", "bsp", "--lr", "0.1", "--init-from-worker", "--steps", "1500", "--save", str(final)],
