@@ -351,8 +351,12 @@ fn a_retried_join_after_the_gradient_arrived_gets_no_model() {
         s.handle(now, WorkerId(w), ToServer::Join { epoch: 0 }).unwrap();
     }
     let g = [1.0, 1.0];
-    s.handle(now, WorkerId(1), ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::Slice(&g) })
-        .unwrap();
+    s.handle(
+        now,
+        WorkerId(1),
+        ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::Slice(&g), loss: None },
+    )
+    .unwrap();
     while s.poll_output().is_some() {}
     s.handle(now, WorkerId(1), ToServer::Join { epoch: 0 }).unwrap();
     let mut models = 0;
