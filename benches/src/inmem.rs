@@ -19,10 +19,12 @@ fn to_server_with<'a>(msg: &ToServer<'_, f32>, payload: &'a [f32]) -> ToServer<'
     let values = Values::Slice(payload);
     match *msg {
         ToServer::Join { epoch } => ToServer::Join { epoch },
-        ToServer::Grad { base, iteration, seq, .. } => ToServer::Grad { base, iteration, seq, values },
-        ToServer::Delta { round, local_steps, seq, .. } => ToServer::Delta { round, local_steps, seq, values },
+        ToServer::Grad { base, iteration, seq, loss, .. } => ToServer::Grad { base, iteration, seq, values, loss },
+        ToServer::Delta { round, local_steps, seq, loss, .. } => {
+            ToServer::Delta { round, local_steps, seq, values, loss }
+        }
         ToServer::Pull { have, min_clock } => ToServer::Pull { have, min_clock },
-        ToServer::Clock { clock, seq, .. } => ToServer::Clock { clock, seq, values },
+        ToServer::Clock { clock, seq, loss, .. } => ToServer::Clock { clock, seq, values, loss },
         ToServer::Leave => ToServer::Leave,
     }
 }

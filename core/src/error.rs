@@ -15,6 +15,8 @@ pub enum Reject {
     WrongLength(LengthMismatch),
     /// A tensor contained NaN or ±∞.
     NotFinite,
+    /// A contribution reported a minibatch loss that is NaN or ±∞.
+    LossNotFinite,
     /// A gradient's norm exceeded the configured bound and the policy is to refuse.
     NormTooLarge,
     /// The same contribution was already received (same worker, round and sequence).
@@ -125,6 +127,7 @@ impl fmt::Display for Reject {
             Self::UnknownWorker(w) => write!(f, "unknown {w}"),
             Self::WrongLength(m) => write!(f, "{m}"),
             Self::NotFinite => f.write_str("tensor contains NaN or infinity"),
+            Self::LossNotFinite => f.write_str("reported loss is NaN or infinity"),
             Self::NormTooLarge => f.write_str("gradient norm above the configured bound"),
             Self::Duplicate { worker, seq } => write!(f, "duplicate message seq {seq} from {worker}"),
             Self::StaleEpoch { worker, epoch } => write!(f, "stale epoch {epoch} from {worker}"),
@@ -154,6 +157,7 @@ impl Reject {
             Self::UnknownWorker(_) => "UnknownWorker",
             Self::WrongLength(_) => "WrongLength",
             Self::NotFinite => "NotFinite",
+            Self::LossNotFinite => "LossNotFinite",
             Self::NormTooLarge => "NormTooLarge",
             Self::Duplicate { .. } => "Duplicate",
             Self::StaleEpoch { .. } => "StaleEpoch",
@@ -185,6 +189,7 @@ impl Reject {
             Self::OutdatedModel { .. } => 11,
             Self::Stopped => 12,
             Self::NoUpstream => 13,
+            Self::LossNotFinite => 14,
         }
     }
 }

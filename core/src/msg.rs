@@ -327,6 +327,10 @@ pub enum ToServer<'a, T> {
         seq: u64,
         /// The gradient.
         values: Values<'a, T>,
+        /// The worker's loss on the minibatch the gradient was computed on, if it reports
+        /// one (finite; a server refuses a non-finite one with
+        /// [`Reject::LossNotFinite`](crate::Reject::LossNotFinite)).
+        loss: Option<f32>,
     },
     /// WBSP: the change of the worker's local model since its previous upload.
     Delta {
@@ -338,6 +342,9 @@ pub enum ToServer<'a, T> {
         seq: u64,
         /// The delta (already includes the learning rate: `w_local - w_last_upload`).
         values: Values<'a, T>,
+        /// The mean of the worker's minibatch losses over the local steps in this delta, if
+        /// it reports them (finite).
+        loss: Option<f32>,
     },
     /// Asks for the model if the server has one newer than `have`.
     Pull {
@@ -355,6 +362,9 @@ pub enum ToServer<'a, T> {
         seq: u64,
         /// The update `u` (the server does `w += u`).
         values: Values<'a, T>,
+        /// The mean of the worker's minibatch losses over the clock's steps, if it reports
+        /// them (finite).
+        loss: Option<f32>,
     },
     /// The worker leaves cleanly; the server treats it as lost.
     Leave,
@@ -397,6 +407,14 @@ pub enum ToWorker<'a, T> {
 }
 
 impl<T> ToServer<'_, T> {
+    /// The minibatch loss a contribution reports (`Grad`, `Delta`, `Clock`), if any.
+    pub fn loss(&self) -> Option<f32> {
+        match self {
+            ToServer::Grad { loss, .. } | ToServer::Delta { loss, .. } | ToServer::Clock { loss, .. } => *loss,
+            _ => None,
+        }
+    }
+
     /// A short name of the message kind, for logs and errors.
     pub fn kind_name(&self) -> &'static str {
         match self {

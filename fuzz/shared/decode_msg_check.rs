@@ -68,12 +68,12 @@ fn server_fields<'a, T: Scalar>(msg: &ToServer<'a, T>) -> Fields<'a> {
     let kind = msg.kind_name();
     match msg {
         ToServer::Join { epoch } => (kind, [u64::from(*epoch), 0, 0], &[]),
-        ToServer::Grad { base, iteration, seq, values } => (kind, [base.0, *iteration, *seq], payload(values)),
-        ToServer::Delta { round, local_steps, seq, values } => {
+        ToServer::Grad { base, iteration, seq, values, .. } => (kind, [base.0, *iteration, *seq], payload(values)),
+        ToServer::Delta { round, local_steps, seq, values, .. } => {
             (kind, [round.0, u64::from(*local_steps), *seq], payload(values))
         }
         ToServer::Pull { have, min_clock } => (kind, [have.0, *min_clock, 0], &[]),
-        ToServer::Clock { clock, seq, values } => (kind, [*clock, *seq, 0], payload(values)),
+        ToServer::Clock { clock, seq, values, .. } => (kind, [*clock, *seq, 0], payload(values)),
         ToServer::Leave => (kind, [0; 3], &[]),
     }
 }

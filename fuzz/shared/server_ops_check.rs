@@ -51,12 +51,21 @@ pub(crate) fn check(data: &[u8]) -> usize {
                     *x = b.value();
                 }
                 let vals = Values::Slice(&values[..len]);
+                let loss = match b.u8() % 4 {
+                    0 => None,
+                    1 => Some(f32::from_bits(0x7f80_0000 | u32::from(b.u8()))),
+                    _ => Some(f32::from(b.u8()) - 100.0),
+                };
                 let msg = match op % 8 {
-                    1 => ToServer::Grad { base: Version(base), iteration, seq, values: vals },
-                    2 => {
-                        ToServer::Delta { round: Version(base), local_steps: u32::from(b.u8() % 3), seq, values: vals }
-                    }
-                    _ => ToServer::Clock { clock: iteration, seq, values: vals },
+                    1 => ToServer::Grad { base: Version(base), iteration, seq, values: vals, loss },
+                    2 => ToServer::Delta {
+                        round: Version(base),
+                        local_steps: u32::from(b.u8() % 3),
+                        seq,
+                        values: vals,
+                        loss,
+                    },
+                    _ => ToServer::Clock { clock: iteration, seq, values: vals, loss },
                 };
                 ("contribution", s.handle(now, w, msg))
             }

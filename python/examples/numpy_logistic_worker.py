@@ -2,10 +2,11 @@
 digits data, the same model and data split as the server's `--model softmax --seed SEED`.
 
     syncopate serve --protocol bsp --workers 2 --secret-file secret &
-    python numpy_logistic_worker.py --connect 127.0.0.1:7070 --id 0 --workers 2 --secret-file secret
-    python numpy_logistic_worker.py --connect 127.0.0.1:7070 --id 1 --workers 2 --secret-file secret
+    python numpy_logistic_worker.py --connect 127.0.0.1:7070 --id 0 --secret-file secret
+    python numpy_logistic_worker.py --connect 127.0.0.1:7070 --id 1 --secret-file secret
 
-The model layout is the server's: W (10 x 64, row-major) then b (10).
+The protocol and the model's size come from the server. The model layout is the server's:
+W (10 x 64, row-major) then b (10).
 """
 
 from __future__ import annotations
@@ -21,10 +22,7 @@ import syncopate
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--connect", required=True, help="the server's address, host:port")
-    p.add_argument("--id", type=int, required=True, help="this worker's id, in 0..workers")
-    p.add_argument("--workers", type=int, default=8, help="the server's --workers")
-    p.add_argument("--protocol", default="bsp", help="the server's --protocol")
-    p.add_argument("--lr", type=float, default=0.5, help="the server's --lr")
+    p.add_argument("--id", type=int, default=None, help="this worker's id (default: $RANK and the like)")
     p.add_argument("--seed", type=int, default=1, help="the server's --seed (same data split)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--secret-file", default=None)
@@ -34,12 +32,11 @@ def main() -> int:
     data = syncopate.load_digits(args.seed)
     x, y = data["x_train"], data["y_train"]
     n_features, n_classes = x.shape[1], 10
-    dim = n_classes * n_features + n_classes
     rng = np.random.default_rng(args.seed * 1000 + args.id)
     onehot = np.eye(n_classes, dtype=np.float32)
     steps = 0
 
-    def compute(params: np.ndarray, grad: np.ndarray) -> None:
+    def compute(params: np.ndarray, grad: np.ndarray) -> float:
         nonlocal steps
         if args.fail_after is not None and steps >= args.fail_after:
             raise RuntimeError(f"planted failure after {steps} gradients")
@@ -55,10 +52,10 @@ def main() -> int:
         d = (p_ - onehot[y[rows]]) / len(rows)
         grad[: n_classes * n_features] = (d.T @ xb).ravel()
         grad[n_classes * n_features :] = d.sum(axis=0)
+        return float(-np.mean(np.log(p_[np.arange(len(rows)), y[rows]] + 1e-12)))
 
-    protocol = syncopate.Protocol(args.protocol, workers=args.workers, lr=args.lr)
     try:
-        report = syncopate.run_worker(args.connect, args.id, protocol, dim, compute, secret_file=args.secret_file)
+        report = syncopate.run_worker(args.connect, compute, id=args.id, secret_file=args.secret_file)
     except syncopate.WorkerError as e:
         print(f"numpy worker {args.id}: {e} (cause: {e.__cause__})", file=sys.stderr)
         return 1

@@ -4,6 +4,7 @@
 mod buffer;
 mod machines;
 mod protocol;
+mod serve;
 mod sim;
 mod tcp;
 
@@ -20,9 +21,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<machines::Server>()?;
     m.add_class::<machines::Worker>()?;
     m.add_function(wrap_pyfunction!(tcp::run_worker, m)?)?;
+    m.add_function(wrap_pyfunction!(serve::serve, m)?)?;
     m.add_function(wrap_pyfunction!(sim::compare, m)?)?;
     m.add_function(wrap_pyfunction!(sim::digits_split, m)?)?;
     m.add("PROTOCOLS", pyo3::types::PyTuple::new(m.py(), syncopate::ProtocolKind::NAMES)?)?;
+    m.add_function(wrap_pyfunction!(sim::mnist5k_split, m)?)?;
     m.add("RejectedError", m.py().get_type::<RejectedError>())?;
     m.add("WorkerError", m.py().get_type::<WorkerError>())?;
     Ok(())

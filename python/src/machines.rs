@@ -18,6 +18,18 @@ fn rejected(e: Reject) -> PyErr {
     RejectedError::new_err(e.to_string())
 }
 
+/// The outcome of feeding a message: `true` if taken, `false` if it repeated one already
+/// received (a retransmission: dropped, and counted by the server's stats); any other
+/// refusal raises `RejectedError`. Retrying a request is how workers recover lost
+/// messages, so a repeat is routine, never an error for the caller.
+fn taken(result: Result<(), Reject>) -> PyResult<bool> {
+    match result {
+        Ok(()) => Ok(true),
+        Err(Reject::Duplicate { .. }) => Ok(false),
+        Err(e) => Err(rejected(e)),
+    }
+}
+
 fn encoded(
     py: Python<'_>,
     len: usize,
@@ -45,10 +57,11 @@ fn server_event<'py>(py: Python<'py>, e: &ServerEvent) -> PyResult<Bound<'py, Py
             d.set_item("base", base.0)?;
             d.set_item("reason", reason.name())?;
         }
-        ServerEvent::ModelUpdated { version, contributions } => {
+        ServerEvent::ModelUpdated { version, contributions, mean_loss } => {
             d.set_item("kind", "model_updated")?;
             d.set_item("version", version.0)?;
             d.set_item("contributions", contributions)?;
+            d.set_item("mean_loss", mean_loss)?;
         }
         ServerEvent::WorkerJoined { worker, epoch } => {
             d.set_item("kind", "worker_joined")?;
@@ -119,11 +132,12 @@ impl Server {
         Ok(Self { machine, params: params.clone().unbind(), dim, limits: Limits::for_model(dim) })
     }
 
-    /// Feeds `message` (wire bytes) from worker `worker` at `now_ns`.
-    fn handle(&mut self, now_ns: u64, worker: u32, message: &[u8]) -> PyResult<()> {
+    /// Feeds `message` (wire bytes) from worker `worker` at `now_ns`: `true` if taken,
+    /// `false` if it repeated a message already received.
+    fn handle(&mut self, now_ns: u64, worker: u32, message: &[u8]) -> PyResult<bool> {
         let msg = wire::decode_to_server::<f32>(message, &self.limits)
             .map_err(|e| PyValueError::new_err(format!("malformed message: {e}")))?;
-        self.machine.handle(Instant::from_nanos(now_ns), WorkerId(worker), msg).map_err(rejected)
+        taken(self.machine.handle(Instant::from_nanos(now_ns), WorkerId(worker), msg))
     }
 
     /// The transport lost worker `worker` at `now_ns`.
@@ -252,15 +266,24 @@ impl Worker {
         })
     }
 
-    /// Feeds `message` (wire bytes) from the server at `now_ns`.
-    fn handle(&mut self, now_ns: u64, message: &[u8]) -> PyResult<()> {
+    /// Feeds `message` (wire bytes) from the server at `now_ns`: `true` if taken, `false` if
+    /// it repeated a message already received.
+    fn handle(&mut self, now_ns: u64, message: &[u8]) -> PyResult<bool> {
         let msg = wire::decode_to_worker::<f32>(message, &self.limits)
             .map_err(|e| PyValueError::new_err(format!("malformed message: {e}")))?;
-        self.machine.handle(Instant::from_nanos(now_ns), msg).map_err(rejected)
+        taken(self.machine.handle(Instant::from_nanos(now_ns), msg))
     }
 
-    /// Hands in the gradient (a float32 array of the model's length) of job `compute_id`.
-    fn handle_gradient(&mut self, now_ns: u64, compute_id: u64, grad: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// Hands in the gradient (a float32 array of the model's length) of job `compute_id`,
+    /// with the minibatch loss it was computed with, if any (sent to the server with it).
+    #[pyo3(signature = (now_ns, compute_id, grad, loss=None))]
+    fn handle_gradient(
+        &mut self,
+        now_ns: u64,
+        compute_id: u64,
+        grad: &Bound<'_, PyAny>,
+        loss: Option<f32>,
+    ) -> PyResult<()> {
         let g = pyo3::buffer::PyBuffer::<f32>::get(grad)
             .map_err(|e| PyValueError::new_err(format!("grad must be a float32 NumPy array: {e}")))?;
         if g.item_count() != self.dim {
@@ -286,7 +309,8 @@ impl Worker {
             copy = g.to_vec(grad.py())?;
             &copy
         };
-        self.machine.handle_gradient(Instant::from_nanos(now_ns), ComputeId(compute_id), values).map_err(rejected)
+        let now = Instant::from_nanos(now_ns);
+        self.machine.handle_gradient_with_loss(now, ComputeId(compute_id), values, loss).map_err(rejected)
     }
 
     /// The deadline from `poll_timeout` has passed.

@@ -5,12 +5,15 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use syncopate::ProtocolConfig;
 use syncopate_adapters::scenario::{GroupLrScaling, InterruptMode, ProtocolKind, ProtocolSpec};
+use syncopate_adapters::tcp::ProtocolSettings;
 
 /// A synchronization protocol and its settings (the `--protocol` flags of the CLI).
 #[pyclass(module = "syncopate._native", frozen)]
 #[derive(Clone)]
 pub(crate) struct Protocol {
     pub(crate) config: ProtocolConfig,
+    /// The same protocol as a server announces it to its workers.
+    pub(crate) settings: ProtocolSettings,
     name: String,
 }
 
@@ -70,7 +73,8 @@ impl Protocol {
             ..ProtocolSpec::new(parse_name(name)?)
         };
         let config = spec.config(workers, lr).map_err(|e| PyValueError::new_err(format!("protocol {name}: {e}")))?;
-        Ok(Self { config, name: name.to_owned() })
+        let settings = ProtocolSettings::new(&spec, workers, lr);
+        Ok(Self { config, settings, name: name.to_owned() })
     }
 
     /// The protocol's name, as the CLI spells it.

@@ -39,16 +39,10 @@ pub(crate) fn compare<'py>(
     Ok(d)
 }
 
-/// The digits data set split 80/20 with `seed` exactly as `syncopate serve --seed SEED`
-/// splits it: `(x_train_bytes, y_train, x_test_bytes, y_test, n_features, n_classes)`.
-#[pyfunction]
-#[pyo3(signature = (seed = 1))]
-#[allow(clippy::type_complexity)]
-pub(crate) fn digits_split<'py>(
-    py: Python<'py>,
-    seed: u64,
-) -> (Bound<'py, PyBytes>, Vec<u32>, Bound<'py, PyBytes>, Vec<u32>, usize, usize) {
-    let w = Workload::digits(ModelKind::Softmax, seed);
+/// A data set's split: `(x_train_bytes, y_train, x_test_bytes, y_test, n_features, n_classes)`.
+type Split<'py> = (Bound<'py, PyBytes>, Vec<u32>, Bound<'py, PyBytes>, Vec<u32>, usize, usize);
+
+fn split<'py>(py: Python<'py>, w: &Workload) -> Split<'py> {
     let bytes = |xs: &[f32]| PyBytes::new(py, &xs.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
     (
         bytes(&w.train.features),
@@ -58,4 +52,20 @@ pub(crate) fn digits_split<'py>(
         w.train.n_features,
         w.train.n_classes,
     )
+}
+
+/// The digits data set split 80/20 with `seed` exactly as `syncopate serve --seed SEED`
+/// splits it: `(x_train_bytes, y_train, x_test_bytes, y_test, n_features, n_classes)`.
+#[pyfunction]
+#[pyo3(signature = (seed = 1))]
+pub(crate) fn digits_split(py: Python<'_>, seed: u64) -> Split<'_> {
+    split(py, &Workload::digits(ModelKind::Softmax, seed))
+}
+
+/// The built-in 5,000-image MNIST subset (grey levels scaled to 0..1) split 4,000/1,000 with
+/// `seed` as the simulator's mnist5k workload splits it, in the layout of [`digits_split`].
+#[pyfunction]
+#[pyo3(signature = (seed = 1))]
+pub(crate) fn mnist5k_split(py: Python<'_>, seed: u64) -> Split<'_> {
+    split(py, &Workload::mnist5k(ModelKind::Softmax, seed))
 }

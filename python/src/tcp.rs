@@ -1,10 +1,15 @@
 //! [`run_worker`]: the adapters' TCP worker loop (`syncopate work`) with a Python callback
-//! computing the gradient. A Python exception in the callback ends the worker: its
-//! connection is dropped (the server counts it as a lost worker) and the exception is raised
-//! again from `run_worker`, wrapped in a `WorkerError` that names the worker.
+//! computing the gradient. The worker learns the protocol and the model's dimension from the
+//! server's handshake. The callback `compute(params, grad)` fills `grad` and returns the
+//! minibatch loss; one that raises or returns anything but a number ends the worker: its
+//! connection is dropped (the server counts it as a lost worker) and `run_worker` raises a
+//! `WorkerError` naming the worker and what went wrong.
+//!
+//! The arrays the callback sees are allocated once (or are the caller's own, `params=` and
+//! `grad=`, so a framework's parameter and gradient storage is written and read in place):
+//! the model is copied in before each call and the gradient copied out after it.
 
 use crate::WorkerError;
-use crate::protocol::Protocol;
 use core::sync::atomic::{AtomicBool, Ordering};
 use core::time::Duration;
 use pyo3::buffer::PyBuffer;
@@ -17,24 +22,10 @@ use syncopate::WorkerId;
 use syncopate_adapters::tcp::{RunSettings, Secret, WorkerJob, WorkerOptions, run_worker as tcp_run_worker};
 
 /// The TCP worker's settings; the one place that knows how the Rust worker is configured.
-fn options(
-    connect: &str,
-    id: u32,
-    protocol: &Protocol,
-    secret_file: Option<&str>,
-    give_up_after_s: f64,
-) -> PyResult<WorkerOptions> {
-    if id >= protocol.config.workers() {
-        return Err(PyValueError::new_err(format!(
-            "id {id} is out of range: the protocol has {} workers",
-            protocol.config.workers()
-        )));
-    }
+fn options(connect: &str, id: u32, secret_file: Option<&str>, give_up_after_s: f64) -> PyResult<WorkerOptions> {
     if !(give_up_after_s.is_finite() && give_up_after_s > 0.0) {
         return Err(PyValueError::new_err(format!("give_up_after_s must be positive, got {give_up_after_s}")));
     }
-    // The server announces the run's settings in the handshake; `WorkerGradients::prepare`
-    // checks them against what this worker was given.
     let mut o = WorkerOptions::new(connect, WorkerId(id));
     if let Some(path) = secret_file {
         let secret = Secret::from_file(Path::new(path)).map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -44,82 +35,191 @@ fn options(
     Ok(o)
 }
 
-/// The Python callback as the TCP worker's job, after a check of the server's settings.
-struct WorkerGradients<'a, F> {
-    /// The model length this worker's arrays have.
-    dim: usize,
-    /// The protocol this worker was given.
-    protocol: &'static str,
-    step: &'a mut F,
+/// A float32 array the callback sees, with the buffer export that reads and writes it.
+struct Array {
+    object: PyObject,
+    buffer: PyBuffer<f32>,
 }
 
-impl<F: FnMut(&[f32], &mut [f32])> WorkerJob for WorkerGradients<'_, F> {
+impl Array {
+    /// The caller's array, or `None` for a fresh zeroed one; either of `dim` elements.
+    fn new(py: Python<'_>, given: Option<&PyObject>, dim: usize, what: &str) -> Result<Self, String> {
+        let object = match given {
+            Some(a) => a.clone_ref(py),
+            None => {
+                let np = py.import("numpy").map_err(|e| e.to_string())?;
+                let f32_dtype = np.getattr("float32").map_err(|e| e.to_string())?;
+                np.call_method1("zeros", (dim, f32_dtype)).map_err(|e| e.to_string())?.unbind()
+            }
+        };
+        let buffer = PyBuffer::<f32>::get(object.bind(py))
+            .map_err(|e| format!("{what} must be a float32 array (numpy.float32): {e}"))?;
+        if buffer.readonly() {
+            return Err(format!("{what} must be writable"));
+        }
+        if !buffer.is_c_contiguous() {
+            return Err(format!("{what} must be C-contiguous"));
+        }
+        if buffer.item_count() != dim {
+            return Err(format!(
+                "this worker's model has {} parameters ({what}); the server's has {dim}",
+                buffer.item_count()
+            ));
+        }
+        Ok(Self { object, buffer })
+    }
+}
+
+/// Why the callback ended the worker.
+enum Failure {
+    /// `compute` raised.
+    Raised(PyErr),
+    /// `compute` returned this (a type name, or a loss that is not finite as an f32).
+    NotANumber(String),
+}
+
+/// The Python callback as the TCP worker's job.
+struct PythonJob<'a> {
+    id: u32,
+    compute: &'a PyObject,
+    /// The caller's own arrays, if given.
+    given: (Option<&'a PyObject>, Option<&'a PyObject>),
+    /// Allocated (or checked) once the server's settings are known.
+    arrays: Option<(Array, Array)>,
+    /// The run as the server described it.
+    label: String,
+    /// The loss `compute` returned for the latest gradient.
+    loss: f64,
+    failure: Option<Failure>,
+    kill: Arc<AtomicBool>,
+}
+
+impl PythonJob<'_> {
+    /// Calls `compute` once: the model in, the gradient out, the loss returned.
+    fn step(&mut self, params: &[f32], grad: &mut [f32]) -> Result<f64, Failure> {
+        let Some((p, g)) = &self.arrays else {
+            return Err(Failure::NotANumber("no arrays (the settings were never prepared)".into()));
+        };
+        Python::with_gil(|py| {
+            p.buffer.copy_from_slice(py, params).map_err(Failure::Raised)?;
+            let result = self.compute.call1(py, (p.object.bind(py), g.object.bind(py))).map_err(Failure::Raised)?;
+            let result = result.bind(py);
+            // A Python number, a NumPy scalar or a one-element tensor (anything with
+            // `__float__`), but not a bool, a string or None.
+            let loss = if result.is_instance_of::<pyo3::types::PyBool>() { None } else { result.extract::<f64>().ok() };
+            let Some(loss) = loss else {
+                let kind = result.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "an object".into());
+                return Err(Failure::NotANumber(kind));
+            };
+            // The loss travels as an f32; one that is not finite there ends the worker (its
+            // gradient would be refused, and the worker would wait for nothing).
+            if !(loss as f32).is_finite() {
+                return Err(Failure::NotANumber(format!("a loss of {loss}")));
+            }
+            g.buffer.copy_to_slice(py, grad).map_err(Failure::Raised)?;
+            Ok(loss)
+        })
+    }
+}
+
+impl WorkerJob for PythonJob<'_> {
     fn prepare(&mut self, settings: &RunSettings) -> Result<(), String> {
         let dim = settings.dim()?;
-        if dim != self.dim {
-            return Err(format!("the server's model has {dim} parameters; this worker was given dim = {}", self.dim));
-        }
-        let runs = settings.worker_config()?.name();
-        if runs != self.protocol {
-            return Err(format!("the server runs {runs}; this worker was given {}", self.protocol));
-        }
+        settings.worker_config()?;
+        let (params, grad) = self.given;
+        let arrays = Python::with_gil(|py| -> Result<_, String> {
+            Ok((Array::new(py, params, dim, "params")?, Array::new(py, grad, dim, "grad")?))
+        })?;
+        self.arrays = Some(arrays);
+        self.label = settings.label();
         Ok(())
     }
 
+    fn loss(&mut self) -> Option<f32> {
+        // Set by the `gradient` call just made; NaN only after a failure, whose NaN gradient
+        // is refused anyway.
+        Some(self.loss as f32)
+    }
+
     fn gradient(&mut self, params: &[f32], grad: &mut [f32]) -> Duration {
-        (self.step)(params, grad);
+        if self.failure.is_some() {
+            grad.fill(f32::NAN);
+            return Duration::ZERO;
+        }
+        match self.step(params, grad) {
+            Ok(loss) => self.loss = loss,
+            Err(failure) => {
+                // End the worker: a NaN gradient is refused (by the worker or the server),
+                // and the kill flag drops the connection before anything else is sent.
+                grad.fill(f32::NAN);
+                self.kill.store(true, Ordering::SeqCst);
+                self.failure = Some(failure);
+            }
+        }
         Duration::ZERO
     }
 }
 
-/// Runs one worker of `syncopate serve` until the server says stop.
+/// The `WorkerError` for a callback that ended worker `id`.
+fn failure_error(py: Python<'_>, id: u32, failure: Failure) -> PyErr {
+    const LEFT: &str = "the worker left the server (counted as lost)";
+    match failure {
+        Failure::Raised(cause) => {
+            let kind = cause.get_type(py).name().map(|n| n.to_string()).unwrap_or_else(|_| "an exception".into());
+            let err = WorkerError::new_err(format!("worker {id}: compute raised {kind}: {}; {LEFT}", cause.value(py)));
+            err.set_cause(py, Some(cause));
+            err
+        }
+        Failure::NotANumber(kind) => WorkerError::new_err(format!(
+            "worker {id}: compute returned {kind}, not a finite number (it must return the minibatch loss); {LEFT}"
+        )),
+    }
+}
+
+/// Runs worker `id` of the server at `connect` until the server says stop.
 #[pyfunction]
-#[pyo3(signature = (connect, id, protocol, dim, compute, *, secret_file = None, give_up_after_s = 30.0, log = None))]
+#[pyo3(signature = (connect, compute, *, id, secret_file = None, params = None, grad = None,
+    give_up_after_s = 30.0, log = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_worker<'py>(
     py: Python<'py>,
     connect: &str,
-    id: u32,
-    protocol: &Protocol,
-    dim: usize,
     compute: PyObject,
+    id: u32,
     secret_file: Option<&str>,
+    params: Option<PyObject>,
+    grad: Option<PyObject>,
     give_up_after_s: f64,
     log: Option<PyObject>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut options = options(connect, id, protocol, secret_file, give_up_after_s)?;
+    let mut options = options(connect, id, secret_file, give_up_after_s)?;
+    // The size of the caller's own arrays travels in the hello: the server refuses another
+    // size at the handshake, naming both.
+    let sizes: Vec<usize> = [&params, &grad]
+        .into_iter()
+        .flatten()
+        .filter_map(|a| PyBuffer::<f32>::get(a.bind(py)).ok().map(|b| b.item_count()))
+        .collect();
+    if let [p, g] = sizes[..] {
+        if p != g {
+            return Err(PyValueError::new_err(format!("params has {p} elements and grad {g}: they must be equal")));
+        }
+    }
+    options.dim = sizes.first().copied();
     let kill = Arc::new(AtomicBool::new(false));
     options.kill = Some(Arc::clone(&kill));
-    // Arrays the callback sees, allocated once: `params` is refreshed before each call and
-    // `grad` read back after it.
-    let np = py.import("numpy")?;
-    let f32_dtype = np.getattr("float32")?;
-    let params_array = np.call_method1("zeros", (dim, &f32_dtype))?;
-    let grad_array = np.call_method1("zeros", (dim, &f32_dtype))?;
-    let params_buf = PyBuffer::<f32>::get(&params_array)?;
-    let grad_buf = PyBuffer::<f32>::get(&grad_array)?;
-    let (params_obj, grad_obj) = (params_array.unbind(), grad_array.unbind());
-    let mut failure: Option<PyErr> = None;
+    let mut job = PythonJob {
+        id,
+        compute: &compute,
+        given: (params.as_ref(), grad.as_ref()),
+        arrays: None,
+        label: String::new(),
+        loss: f64::NAN,
+        failure: None,
+        kill: Arc::clone(&kill),
+    };
     let mut log_failure: Option<PyErr> = None;
     let result = py.allow_threads(|| {
-        let mut step = |params: &[f32], grad: &mut [f32]| {
-            if failure.is_some() {
-                grad.fill(f32::NAN);
-                return;
-            }
-            let outcome = Python::with_gil(|py| -> PyResult<()> {
-                params_buf.copy_from_slice(py, params)?;
-                compute.call1(py, (params_obj.bind(py), grad_obj.bind(py)))?;
-                grad_buf.copy_to_slice(py, grad)
-            });
-            if let Err(e) = outcome {
-                // End the worker: a NaN gradient is refused (by the worker or the server), and
-                // the kill flag drops the connection before anything else is sent.
-                grad.fill(f32::NAN);
-                kill.store(true, Ordering::SeqCst);
-                failure = Some(e);
-            }
-        };
         let mut log_line = |line: &str| {
             Python::with_gil(|py| match &log {
                 Some(f) => {
@@ -133,20 +233,15 @@ pub(crate) fn run_worker<'py>(
                 None => eprintln!("syncopate worker: {line}"),
             });
         };
-        let mut job = WorkerGradients { dim, protocol: protocol.config.name(), step: &mut step };
         tcp_run_worker(&options, &mut job, &mut log_line)
     });
-    if let Some(cause) = failure {
-        let err = WorkerError::new_err(format!(
-            "worker {id}: the gradient callback raised {}; the worker left the server (counted as lost)",
-            cause.get_type(py).name().map(|n| n.to_string()).unwrap_or_else(|_| "an exception".into())
-        ));
-        err.set_cause(py, Some(cause));
-        return Err(err);
+    if let Some(failure) = job.failure.take() {
+        return Err(failure_error(py, job.id, failure));
     }
     if let Some(cause) = log_failure {
         let err = WorkerError::new_err(format!(
-            "worker {id}: the log callback raised {}; the worker left the server",
+            "worker {}: the log callback raised {}; the worker left the server",
+            job.id,
             cause.get_type(py).name().map(|n| n.to_string()).unwrap_or_else(|_| "an exception".into())
         ));
         err.set_cause(py, Some(cause));
@@ -161,5 +256,7 @@ pub(crate) fn run_worker<'py>(
     d.set_item("busy_s", report.busy_s)?;
     d.set_item("wall_s", report.wall_s)?;
     d.set_item("refused", report.refused)?;
+    d.set_item("run", job.label)?;
+    d.set_item("last_loss", job.loss)?;
     Ok(d)
 }

@@ -10,13 +10,21 @@ the Rust core's sans-IO state machines:
   model array is updated in place, no copy); messages are ``bytes`` in the core's wire
   format, times integer nanoseconds. Feed an input, drain ``poll_output()`` until it
   returns ``None``, wake up at ``poll_timeout()``.
-- :func:`run_worker` -- one worker of ``syncopate serve`` over TCP, whose gradient is
-  computed by a Python callback ``compute(params, grad)`` writing into ``grad``.
+- :func:`serve` -- the TCP parameter server on a float32 NumPy array (the live model), with
+  an optional ``evaluate(params)`` every K updates.
+- :func:`run_worker` -- one worker of a TCP server (``serve`` or ``syncopate serve``): the
+  protocol and the model's size come from the server; a Python callback
+  ``compute(params, grad)`` fills ``grad`` and returns the minibatch loss.
+- :mod:`syncopate.torch` -- a PyTorch model as a worker (``train_worker``) and its initial
+  parameters for the server (``parameters_vector``); imports torch only when used.
 - :func:`compare` -- the simulator's protocol comparison, as a dict.
 - :func:`load_digits` -- the digits data, split exactly as ``syncopate serve`` splits it.
 """
 
 from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -29,8 +37,10 @@ from ._native import (
     WorkerError,
     compare,
     digits_split,
-    run_worker,
+    mnist5k_split,
+    serve,
 )
+from ._native import run_worker as _run_worker
 
 __all__ = [
     "PROTOCOLS",
@@ -41,8 +51,65 @@ __all__ = [
     "WorkerError",
     "compare",
     "load_digits",
+    "load_mnist5k",
     "run_worker",
+    "serve",
+    "worker_id_from_env",
 ]
+
+# Where launchers (torchrun, mpirun, srun) put a process's rank, in the order they are read.
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
+
+
+def worker_id_from_env() -> int:
+    """This process's worker id from the launcher's environment: the first of ``RANK``,
+    ``LOCAL_RANK``, ``OMPI_COMM_WORLD_RANK`` and ``SLURM_PROCID`` that is set."""
+    for name in RANK_VARIABLES:
+        value = os.environ.get(name)
+        if value is None:
+            continue
+        try:
+            rank = int(value)
+        except ValueError:
+            raise ValueError(f"${name} is {value!r}, not a worker id (an integer)") from None
+        if rank < 0:
+            raise ValueError(f"${name} is {rank}, not a worker id (ids start at 0)")
+        return rank
+    raise ValueError("no worker id: pass id= or set one of $" + ", $".join(RANK_VARIABLES))
+
+
+def run_worker(
+    connect: str,
+    compute: Callable[[np.ndarray, np.ndarray], Any],
+    id: Optional[int] = None,
+    secret_file: Optional[str] = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """Runs one worker of the server at ``connect`` (``host:port``) until the server says stop.
+
+    The protocol and the model's size come from the server. ``compute(params, grad)`` gets
+    the current model and a gradient array (float32, the model's length), fills ``grad`` and
+    returns the minibatch loss (a number). ``id`` defaults to the launcher's rank
+    (:func:`worker_id_from_env`). Options: ``params=`` and ``grad=`` (your own float32 arrays,
+    written and read in place), ``give_up_after_s=`` (how long an unreachable server is
+    retried), ``log=`` (a function of one line; default: standard error).
+
+    A ``compute`` that raises or returns anything but a number ends this worker (the server
+    counts it lost) with :class:`WorkerError` naming it. Returns the worker's report.
+    """
+    if id is None:
+        id = worker_id_from_env()
+    return _run_worker(connect, compute, id=id, secret_file=secret_file, **options)
+
+
+def _arrays(split: tuple[bytes, list[int], bytes, list[int], int, int]) -> dict[str, np.ndarray]:
+    x_train, y_train, x_test, y_test, n_features, _ = split
+    return {
+        "x_train": np.frombuffer(x_train, dtype="<f4").reshape(-1, n_features).astype(np.float32),
+        "y_train": np.asarray(y_train, dtype=np.int64),
+        "x_test": np.frombuffer(x_test, dtype="<f4").reshape(-1, n_features).astype(np.float32),
+        "y_test": np.asarray(y_test, dtype=np.int64),
+    }
 
 
 def load_digits(seed: int = 1) -> dict[str, np.ndarray]:
@@ -52,10 +119,12 @@ def load_digits(seed: int = 1) -> dict[str, np.ndarray]:
     Returns ``{"x_train", "y_train", "x_test", "y_test"}``: float32 feature matrices (one
     row per image, 64 columns) and int64 label vectors.
     """
-    x_train, y_train, x_test, y_test, n_features, _ = digits_split(seed)
-    return {
-        "x_train": np.frombuffer(x_train, dtype="<f4").reshape(-1, n_features).astype(np.float32),
-        "y_train": np.asarray(y_train, dtype=np.int64),
-        "x_test": np.frombuffer(x_test, dtype="<f4").reshape(-1, n_features).astype(np.float32),
-        "y_test": np.asarray(y_test, dtype=np.int64),
-    }
+    return _arrays(digits_split(seed))
+
+
+def load_mnist5k(seed: int = 1) -> dict[str, np.ndarray]:
+    """The built-in 5,000-image MNIST subset (28x28 grey levels scaled to 0..1, 10 classes,
+    500 images each), split 4,000/1,000 with ``seed``; the layout of :func:`load_digits`
+    with 784 columns (reshape to ``(-1, 1, 28, 28)`` for a CNN).
+    """
+    return _arrays(mnist5k_split(seed))

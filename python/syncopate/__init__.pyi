@@ -1,4 +1,4 @@
-from typing import Any
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -10,7 +10,18 @@ from ._native import (
     Worker as Worker,
     WorkerError as WorkerError,
     compare as compare,
-    run_worker as run_worker,
+    serve as serve,
 )
 
+RANK_VARIABLES: tuple[str, ...]
+
+def worker_id_from_env() -> int: ...
+def run_worker(
+    connect: str,
+    compute: Callable[[np.ndarray[Any, Any], np.ndarray[Any, Any]], float],
+    id: Optional[int] = None,
+    secret_file: Optional[str] = None,
+    **options: Any,
+) -> dict[str, Any]: ...
 def load_digits(seed: int = 1) -> dict[str, np.ndarray[Any, Any]]: ...
+def load_mnist5k(seed: int = 1) -> dict[str, np.ndarray[Any, Any]]: ...

@@ -49,9 +49,10 @@ class Server:
     """A parameter server updating ``params`` (float32, C-contiguous, writable) in place."""
 
     def __init__(self, protocol: Protocol, params: Float32Array, version: int = 0) -> None: ...
-    def handle(self, now_ns: int, worker: int, message: bytes) -> None:
-        """Feeds a wire message from ``worker``; raises RejectedError (nothing changed) or
-        ValueError (malformed bytes)."""
+    def handle(self, now_ns: int, worker: int, message: bytes) -> bool:
+        """Feeds a wire message from ``worker``: True if taken, False if it repeated a message
+        already received (a worker's retry; dropped and counted). Raises RejectedError for any
+        other refusal (nothing changed) or ValueError (malformed bytes)."""
     def handle_worker_lost(self, now_ns: int, worker: int) -> None: ...
     def handle_timeout(self, now_ns: int) -> None: ...
     def poll_output(
@@ -85,7 +86,9 @@ class Worker:
         epoch: int = 0,
         rejoin_after_ns: Optional[int] = None,
     ) -> None: ...
-    def handle(self, now_ns: int, message: bytes) -> None: ...
+    def handle(self, now_ns: int, message: bytes) -> bool:
+        """Feeds a wire message from the server: True if taken, False if it repeated a
+        message already received (dropped). Raises RejectedError for any other refusal."""
     def handle_gradient(self, now_ns: int, compute_id: int, grad: Float32Array) -> None:
         """Hands in the gradient of job ``compute_id`` (read in place, no copy)."""
     def handle_timeout(self, now_ns: int) -> None: ...
@@ -107,20 +110,43 @@ class Worker:
 
 def run_worker(
     connect: str,
-    id: int,
-    protocol: Protocol,
-    dim: int,
-    compute: Callable[[Float32Array, Float32Array], object],
+    compute: Callable[[Float32Array, Float32Array], float],
     *,
+    id: int,
     secret_file: Optional[str] = None,
+    params: Optional[Float32Array] = None,
+    grad: Optional[Float32Array] = None,
     give_up_after_s: float = 30.0,
     log: Optional[Callable[[str], object]] = None,
 ) -> dict[str, Any]:
-    """Runs one worker of ``syncopate serve`` at ``connect`` until the server says stop.
-    ``compute(params, grad)`` writes the gradient at ``params`` into ``grad`` (both float32
-    arrays of ``dim``). Returns the worker's report (steps, sessions, last_version, stopped,
-    busy_s, wall_s). An exception in ``compute`` ends the worker (the server sees it lost)
-    and is raised as WorkerError with the exception as its cause."""
+    """Runs worker ``id`` of the server at ``connect`` until the server says stop; the protocol
+    and the model's size come from the server. ``compute(params, grad)`` fills ``grad`` and
+    returns the minibatch loss. ``params``/``grad``: the caller's own float32 arrays of the
+    model's size, written and read in place. A ``compute`` that raises or returns a
+    non-number ends the worker (the server sees it lost) with WorkerError."""
+
+def serve(
+    params: Float32Array,
+    protocol: Protocol,
+    *,
+    listen: str = "127.0.0.1:0",
+    secret_file: Optional[str] = None,
+    insecure: bool = False,
+    momentum: float = 0.0,
+    evaluate: Optional[Callable[[Float32Array], Any]] = None,
+    every: int = 1,
+    target: Optional[float] = None,
+    updates: Optional[int] = None,
+    gradients: Optional[int] = None,
+    time_limit_s: Optional[float] = None,
+    on_listen: Optional[Callable[[str], object]] = None,
+    log: Optional[Callable[[str], object]] = None,
+) -> dict[str, Any]:
+    """Runs the TCP parameter server of ``protocol`` on ``params`` (float32, updated in place)
+    until ``updates`` model updates, ``gradients`` accepted gradients, ``time_limit_s`` or
+    ``evaluate``'s result reaching ``target``. ``momentum``: SGD with momentum (beta in
+    [0, 1)) on every update. ``evaluate(params)`` runs on the server's thread every
+    ``every`` updates; its time is excluded from the report's times."""
 
 def compare(
     path: Optional[str] = None,
@@ -133,5 +159,8 @@ def compare(
     text, preset or the default: ``{"scenario", "target_accuracy", "fastest", "rows"}``."""
 
 def digits_split(
+    seed: int = 1,
+) -> tuple[bytes, list[int], bytes, list[int], int, int]: ...
+def mnist5k_split(
     seed: int = 1,
 ) -> tuple[bytes, list[int], bytes, list[int], int, int]: ...

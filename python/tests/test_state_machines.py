@@ -155,3 +155,65 @@ def test_a_gradient_sharing_memory_with_the_workers_arrays_is_refused() -> None:
     worker.handle_gradient(0, job, np.ones(4, dtype=np.float32))
     assert worker.stats() == {"outputs_lost": 0}
     assert server.stats()["outputs_lost"] == 0
+
+
+@pytest.mark.parametrize("name", ["dbw", "backup", "bsp"])
+def test_a_retried_join_while_waiting_for_a_straggler_is_no_error_and_no_repeat(name: str) -> None:
+    # Four workers in simulated time, worker 0 four times slower, and a rejoin timer shorter
+    # than the wait for the straggler: the fast workers ask again while their gradients are
+    # in the round. That retry must neither raise nor make anyone compute the same step again
+    # (which the server would refuse as a duplicate). A retry that crosses the round's
+    # broadcast brings a worker the model it has: `handle` says False, and nothing else.
+    n, dim = 4, 3
+    protocol = syncopate.Protocol(name, workers=n, lr=0.2, **({"backup_workers": 1} if name == "backup" else {}))
+    model = np.zeros(dim, dtype=np.float32)
+    server = syncopate.Server(protocol, model)
+    params = [np.zeros(dim, dtype=np.float32) for _ in range(n)]
+    workers = [syncopate.Worker(protocol, i, params[i], rejoin_after_ns=3_000_000) for i in range(n)]
+    step_ns = [8_000_000] + [2_000_000] * (n - 1)
+    busy: dict[int, tuple[int, int, np.ndarray]] = {}
+    repeated_gradients = 0
+    now = 0
+
+    def deliver() -> None:
+        while (out := server.poll_output()) is not None:
+            if out[0] == "send":
+                for i, w in enumerate(workers):
+                    if out[1] is None or out[1] == i:
+                        w.handle(now, out[2])
+
+    def drain(i: int) -> bool:
+        nonlocal repeated_gradients
+        drained = False
+        while (out := workers[i].poll_output()) is not None:
+            drained = True
+            if out[0] == "send":
+                repeated_gradients += not server.handle(now, i, out[1])
+                deliver()
+            elif out[0] == "compute":
+                busy[i] = (now + step_ns[i], out[1], (out[3] - np.arange(dim)).astype(np.float32))
+            elif out[0] == "event" and out[1]["kind"] == "abandoned":
+                busy.pop(i, None)
+        return drained
+
+    while server.version < 60 and now < 10**10:
+        # Until quiet: a message one worker sends can make the server send to the others.
+        while any([drain(i) for i in range(n)]):
+            pass
+        deadlines = [t for t, _, _ in busy.values()]
+        deadlines += [t for w in workers if (t := w.poll_timeout()) is not None]
+        deadlines += [t for t in [server.poll_timeout()] if t is not None]
+        now = max(now, min(deadlines))
+        for i, (done, job, grad) in list(busy.items()):
+            if done <= now:
+                del busy[i]
+                workers[i].handle_gradient(now, job, grad)
+        for w in workers:
+            if (t := w.poll_timeout()) is not None and t <= now:
+                w.handle_timeout(now)
+        if (t := server.poll_timeout()) is not None and t <= now:
+            server.handle_timeout(now)
+            deliver()
+    assert server.version >= 60
+    assert repeated_gradients == 0
+    assert server.stats()["rejected"] == 0

@@ -35,8 +35,7 @@ def start_server(syncopate_bin: pathlib.Path, secret: pathlib.Path, *flags: str)
 
 def worker(addr: str, id: int, secret: pathlib.Path, *flags: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(EXAMPLE), "--connect", addr, "--id", str(id), "--workers", "2",
-         "--secret-file", str(secret), *flags],
+        [sys.executable, str(EXAMPLE), "--connect", addr, "--id", str(id), "--secret-file", str(secret), *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -71,12 +70,12 @@ def test_an_exception_in_the_callback_ends_that_worker_and_the_server_loses_it(
     # ASP: the failing worker trains alone until its callback raises; then a healthy worker
     # finishes the run, and the server must have counted worker 0 as lost.
     server, addr = start_server(syncopate_bin, secret, "--workers", "2", "--steps", "100", "--protocol", "asp")
-    failing = worker(addr, 0, secret, "--fail-after", "5", "--protocol", "asp")
+    failing = worker(addr, 0, secret, "--fail-after", "5")
     out, err = failing.communicate(timeout=120)
     assert failing.returncode == 1
-    assert "worker 0: the gradient callback raised RuntimeError" in err
+    assert "worker 0: compute raised RuntimeError: planted failure after 5 gradients" in err
     assert "planted failure after 5 gradients" in err
-    healthy = worker(addr, 1, secret, "--protocol", "asp")
+    healthy = worker(addr, 1, secret)
     healthy.communicate(timeout=300)
     out, err = server.communicate(timeout=60)
     assert server.returncode == 0, err

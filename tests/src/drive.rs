@@ -51,7 +51,7 @@ pub fn join_all(s: &mut AnyServer<f64, Vec<f64>>, n: u32) {
 
 /// A gradient message.
 pub fn grad(base: u64, iteration: u64, seq: u64, values: &[f64]) -> ToServer<'_, f64> {
-    ToServer::Grad { base: Version(base), iteration, seq, values: Values::Slice(values) }
+    ToServer::Grad { base: Version(base), iteration, seq, values: Values::Slice(values), loss: None }
 }
 
 /// What a refused input must leave unchanged: version, model bits and every counter except

@@ -340,7 +340,7 @@ impl Checker {
                 self.dropped_events += 1;
                 let _ = reason;
             }
-            ServerEvent::ModelUpdated { version, contributions } => {
+            ServerEvent::ModelUpdated { version, contributions, .. } => {
                 self.mix(0xAB ^ version.0 << 8);
                 let expected = self.version + 1;
                 check!(self, version.0 == expected, format!("C3 version {} after {}", version.0, self.version));
@@ -791,7 +791,7 @@ mod tests {
             let applied =
                 ServerEvent::Applied { worker, base: Version(0), version: Version(version), staleness: 0, weight: 1.0 };
             c.event(&applied, &ctx);
-            c.event(&ServerEvent::ModelUpdated { version: Version(version), contributions: 1 }, &ctx);
+            c.event(&ServerEvent::ModelUpdated { version: Version(version), contributions: 1, mean_loss: None }, &ctx);
         };
         apply(&mut c, 13, &m13);
         assert_eq!(c.reference, old, "session 13's update has session 13's values");

@@ -409,6 +409,7 @@ mod tests {
             iteration: 1,
             seq,
             values: syncopate::Values::Slice(&v),
+            loss: None,
         };
         let mut t = Tracker::new(2);
         let stats = |accepted, applied| ServerStats { accepted, applied, ..ServerStats::default() };

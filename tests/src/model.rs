@@ -1022,7 +1022,7 @@ fn reduce(e: &ServerEvent) -> Option<Ev> {
     Some(match *e {
         ServerEvent::Applied { worker, base, version, .. } => Ev::Applied(worker.0, base.0, version.0),
         ServerEvent::Dropped { worker, base, reason } => Ev::Dropped(worker.0, base.0, reason.name()),
-        ServerEvent::ModelUpdated { version, contributions } => Ev::Updated(version.0, contributions),
+        ServerEvent::ModelUpdated { version, contributions, .. } => Ev::Updated(version.0, contributions),
         ServerEvent::WorkerLost { worker } => Ev::Lost(worker.0),
         ServerEvent::WorkerJoined { worker, epoch } => Ev::Joined(worker.0, epoch),
         _ => return None,
@@ -1040,9 +1040,13 @@ impl Owned {
         let values = Values::Slice(&self.values);
         match self.msg {
             Msg::Join { epoch } => ToServer::Join { epoch },
-            Msg::Grad { base, iteration, seq, .. } => ToServer::Grad { base: Version(base), iteration, seq, values },
-            Msg::Delta { round, seq, .. } => ToServer::Delta { round: Version(round), local_steps: 1, seq, values },
-            Msg::Clock { clock, seq, .. } => ToServer::Clock { clock, seq, values },
+            Msg::Grad { base, iteration, seq, .. } => {
+                ToServer::Grad { base: Version(base), iteration, seq, values, loss: None }
+            }
+            Msg::Delta { round, seq, .. } => {
+                ToServer::Delta { round: Version(round), local_steps: 1, seq, values, loss: None }
+            }
+            Msg::Clock { clock, seq, .. } => ToServer::Clock { clock, seq, values, loss: None },
             Msg::Pull { have, min_clock } => ToServer::Pull { have: Version(have), min_clock },
             Msg::Leave => ToServer::Leave,
         }

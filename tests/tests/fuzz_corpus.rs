@@ -44,6 +44,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                 iteration: 5,
                 seq: 1,
                 values: Values::Slice(&[1.0f32, -2.0]),
+                loss: Some(0.5),
             }),
         ),
         (
@@ -53,11 +54,18 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                 iteration: 5,
                 seq: 1,
                 values: Values::Slice(&[1.0f64, -2.0]),
+                loss: None,
             }),
         ),
         (
             "grad_max_fields_f32",
-            enc_server(ToServer::Grad { base: Version(m), iteration: m, seq: m, values: Values::Slice(&[f32::NAN]) }),
+            enc_server(ToServer::Grad {
+                base: Version(m),
+                iteration: m,
+                seq: m,
+                values: Values::Slice(&[f32::NAN]),
+                loss: Some(f32::NAN),
+            }),
         ),
         (
             "delta_f32",
@@ -66,10 +74,14 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                 local_steps: 128,
                 seq: 9,
                 values: Values::Slice(&[0.5f32]),
+                loss: None,
             }),
         ),
         ("pull_f32", enc_server::<f32>(ToServer::Pull { have: Version(4), min_clock: 0 })),
-        ("clock_f64", enc_server(ToServer::Clock { clock: 16384, seq: 3, values: Values::Slice(&[0.25f64]) })),
+        (
+            "clock_f64",
+            enc_server(ToServer::Clock { clock: 16384, seq: 3, values: Values::Slice(&[0.25f64]), loss: None }),
+        ),
         ("leave_f32", enc_server::<f32>(ToServer::Leave)),
         ("model_f32", enc_worker(ToWorker::Model { version: Version(1), clock: 1, values: Values::Slice(&[3.0f32]) })),
         (
@@ -141,6 +153,7 @@ fn check_refuses_nothing_it_should_accept_and_accepts_nothing_invalid() {
         iteration: 1,
         seq: 1,
         values: Values::Slice(&[1.0f32, 2.0, 3.0]),
+        loss: None,
     });
     // f32 decoders with the two looser limits accept it; f64 and the 1-element limit do not.
     assert_eq!(decode_msg_check::check(&bytes), 2);

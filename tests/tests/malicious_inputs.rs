@@ -39,9 +39,11 @@ fn takes_pull(p: &ProtocolConfig) -> bool {
 /// A contribution of `kind` computed on `base`.
 fn contribution(k: Kind, base: u64, seq: u64, values: Values<'_, f64>) -> ToServer<'_, f64> {
     match k {
-        Kind::Grad => ToServer::Grad { base: Version(base), iteration: base.saturating_add(1), seq, values },
-        Kind::Delta => ToServer::Delta { round: Version(base), local_steps: 1, seq, values },
-        Kind::Clock => ToServer::Clock { clock: base, seq, values },
+        Kind::Grad => {
+            ToServer::Grad { base: Version(base), iteration: base.saturating_add(1), seq, values, loss: None }
+        }
+        Kind::Delta => ToServer::Delta { round: Version(base), local_steps: 1, seq, values, loss: None },
+        Kind::Clock => ToServer::Clock { clock: base, seq, values, loss: None },
     }
 }
 

@@ -102,7 +102,7 @@ fn wrong_secret_is_refused_and_logged_on_both_sides() {
         let s = TcpStream::connect(impostor.addr).unwrap();
         let mut w = FrameWriter::new(BufWriter::new(s.try_clone().unwrap()), 512);
         let mut r = FrameReader::new(s, 0, FrameTimeout::default());
-        let me = ClientSide { worker: WorkerId(0), role: Role::Worker, key: Some(&key), want: None };
+        let me = ClientSide { worker: WorkerId(0), role: Role::Worker, key: Some(&key), want: None, dim: None };
         // The impostor cannot check our early MAC either, so it refuses us; both sides see why.
         let err = handshake::client_handshake(&mut r, &mut w, &me, Instant::now() + Duration::from_secs(3))
             .unwrap_err()
@@ -122,11 +122,18 @@ fn mismatched_version_settings_and_id_are_refused_clearly() {
         let (server, _) = idle_server(|_| {});
         match exchange(server.addr, &raw_hello(|h| h.wire_version = 99)) {
             Message::Refuse { code: RefuseCode::WireVersion, message } => {
-                assert_eq!(message, "wire version mismatch: server speaks 1, worker 99")
+                assert_eq!(message, "wire version mismatch: server speaks 2, worker 99")
             }
             other => panic!("{other:?}"),
         }
-        server.wait_log("wire version mismatch: server speaks 1, worker 99", Duration::from_secs(3));
+        server.wait_log("wire version mismatch: server speaks 2, worker 99", Duration::from_secs(3));
+        // A worker of the previous wire version (no loss in its gradients) is refused the same way.
+        match exchange(server.addr, &raw_hello(|h| h.wire_version = 1)) {
+            Message::Refuse { code: RefuseCode::WireVersion, message } => {
+                assert_eq!(message, "wire version mismatch: server speaks 2, worker 1")
+            }
+            other => panic!("{other:?}"),
+        }
         match exchange(server.addr, &raw_hello(|h| h.tcp_version = 7)) {
             Message::Refuse { code: RefuseCode::TcpVersion, .. } => {}
             other => panic!("{other:?}"),
@@ -212,7 +219,7 @@ fn session(addr: SocketAddr, dim: usize, key: &Secret) -> (TcpStream, FrameWrite
     let mut r = FrameReader::new(s.try_clone().unwrap(), 0, FrameTimeout::default());
     let k = key.worker_key(WorkerId(0));
     let deadline = Instant::now() + Duration::from_secs(3);
-    let me = ClientSide { worker: WorkerId(0), role: Role::Worker, key: Some(&k), want: None };
+    let me = ClientSide { worker: WorkerId(0), role: Role::Worker, key: Some(&k), want: None, dim: None };
     let (_, settings) = handshake::client_handshake(&mut r, &mut w, &me, deadline).unwrap();
     assert_eq!(settings.dim().unwrap(), dim, "the settings carry the model's shape");
     let join: syncopate::ToServer<'_, f32> = syncopate::ToServer::Join { epoch: 0 };
@@ -295,7 +302,7 @@ fn slow_loris_is_cut_off_at_the_absolute_deadline() {
         let s = TcpStream::connect(server.addr).unwrap();
         let mut w = FrameWriter::new(BufWriter::new(s.try_clone().unwrap()), 512);
         let mut r = FrameReader::new(s.try_clone().unwrap(), 512, FrameTimeout::default());
-        let me = ClientSide { worker: WorkerId(1), role: Role::Worker, key: None, want: None };
+        let me = ClientSide { worker: WorkerId(1), role: Role::Worker, key: None, want: None, dim: None };
         handshake::client_handshake(&mut r, &mut w, &me, Instant::now() + Duration::from_secs(3)).unwrap();
         let start = Instant::now();
         let s2 = s.try_clone().unwrap();

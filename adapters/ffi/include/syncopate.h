@@ -308,6 +308,10 @@ typedef struct SyncopateMessage {
   uint32_t local_steps;
   // PUSH_ACK: 1 when the worker must pull the new model.
   uint32_t pull_now;
+  // GRAD, DELTA, CLOCK: 1 when the message carries the worker's minibatch loss in `loss`.
+  uint32_t has_loss;
+  // GRAD, DELTA, CLOCK: the minibatch loss, when `has_loss` is 1.
+  float loss;
   // Encoding: the tensor (GRAD, DELTA, CLOCK, MODEL).
   const float *values;
   // Encoding: elements in `values`.
@@ -346,6 +350,11 @@ typedef struct SyncopateEvent {
   uint64_t compute_id;
   // DBW estimates: `Ĝ`, `Ŝ`, `Lη`, expected and observed iteration time (s).
   float estimates[5];
+  // MODEL_UPDATED: 1 when the update's contributions reported minibatch losses, their
+  // mean in `loss`.
+  uint32_t has_loss;
+  // MODEL_UPDATED: the mean reported loss, when `has_loss` is 1.
+  float loss;
 } SyncopateEvent;
 
 // One output of a server.
@@ -660,6 +669,20 @@ SyncopateStatus syncopate_worker_handle_gradient(SyncopateWorker *worker,
                                                  uint64_t compute_id,
                                                  const float *grad,
                                                  size_t len);
+
+// [`syncopate_worker_handle_gradient`] with the minibatch loss the gradient was computed
+// with: sent to the server with the gradient (the server reports the mean of the losses
+// of each update). A NaN or infinite `loss` is refused (`SYNCOPATE_ERR_REJECTED`), nothing
+// changed.
+//
+// # Safety
+// `worker` comes from [`syncopate_worker_init`]; `grad` is readable for `len` floats.
+SyncopateStatus syncopate_worker_handle_gradient_loss(SyncopateWorker *worker,
+                                                      uint64_t now_ns,
+                                                      uint64_t compute_id,
+                                                      const float *grad,
+                                                      size_t len,
+                                                      float loss);
 
 // The deadline from [`syncopate_worker_poll_timeout`] has passed: it is `now_ns`.
 //

@@ -70,6 +70,11 @@ pub struct SyncopateEvent {
     pub compute_id: u64,
     /// DBW estimates: `Ĝ`, `Ŝ`, `Lη`, expected and observed iteration time (s).
     pub estimates: [f32; 5],
+    /// MODEL_UPDATED: 1 when the update's contributions reported minibatch losses, their
+    /// mean in `loss`.
+    pub has_loss: u32,
+    /// MODEL_UPDATED: the mean reported loss, when `has_loss` is 1.
+    pub loss: f32,
 }
 
 fn reason_code(r: DropReason) -> u32 {
@@ -102,9 +107,14 @@ impl From<ServerEvent> for SyncopateEvent {
                 reason: reason_code(reason),
                 ..zero
             },
-            ServerEvent::ModelUpdated { version, contributions } => {
-                Self { kind: SYNCOPATE_EVENT_MODEL_UPDATED, version: version.0, count: contributions, ..zero }
-            }
+            ServerEvent::ModelUpdated { version, contributions, mean_loss } => Self {
+                kind: SYNCOPATE_EVENT_MODEL_UPDATED,
+                version: version.0,
+                count: contributions,
+                has_loss: u32::from(mean_loss.is_some()),
+                loss: mean_loss.unwrap_or(0.0),
+                ..zero
+            },
             ServerEvent::GroupApplied { group, base, version, staleness, contributions } => Self {
                 kind: SYNCOPATE_EVENT_GROUP_APPLIED,
                 group,

@@ -33,6 +33,10 @@ pub struct SyncopateMessage {
     pub local_steps: u32,
     /// PUSH_ACK: 1 when the worker must pull the new model.
     pub pull_now: u32,
+    /// GRAD, DELTA, CLOCK: 1 when the message carries the worker's minibatch loss in `loss`.
+    pub has_loss: u32,
+    /// GRAD, DELTA, CLOCK: the minibatch loss, when `has_loss` is 1.
+    pub loss: f32,
     /// Encoding: the tensor (GRAD, DELTA, CLOCK, MODEL).
     pub values: *const f32,
     /// Encoding: elements in `values`.
@@ -76,11 +80,27 @@ impl SyncopateMessage {
         clock: 0,
         local_steps: 0,
         pull_now: 0,
+        has_loss: 0,
+        loss: 0.0,
         values: core::ptr::null(),
         values_len: 0,
         payload: core::ptr::null(),
         payload_len: 0,
     };
+}
+
+/// `m` with the loss fields set from `loss`.
+fn with_loss(m: SyncopateMessage, loss: Option<f32>) -> SyncopateMessage {
+    SyncopateMessage { has_loss: u32::from(loss.is_some()), loss: loss.unwrap_or(0.0), ..m }
+}
+
+/// The loss a message's fields carry (`has_loss` other than 0 or 1 is refused).
+fn loss_of(m: &SyncopateMessage) -> Result<Option<f32>, Failure> {
+    match m.has_loss {
+        0 => Ok(None),
+        1 => Ok(Some(m.loss)),
+        _ => Err(Failure::new(SYNCOPATE_ERR_ENCODE, "`has_loss` must be 0 or 1")),
+    }
 }
 
 fn payload(v: Values<'_, f32>) -> (*const u8, usize) {
@@ -95,12 +115,14 @@ fn from_server(msg: ToServer<'_, f32>) -> SyncopateMessage {
     let e = SyncopateMessage::EMPTY;
     match msg {
         ToServer::Join { epoch } => SyncopateMessage { kind: SYNCOPATE_MSG_JOIN, epoch, ..e },
-        ToServer::Grad { base, iteration, seq, values } => {
+        ToServer::Grad { base, iteration, seq, values, loss } => {
             let (payload, payload_len) = payload(values);
+            let e = with_loss(e, loss);
             SyncopateMessage { kind: SYNCOPATE_MSG_GRAD, version: base.0, iteration, seq, payload, payload_len, ..e }
         }
-        ToServer::Delta { round, local_steps, seq, values } => {
+        ToServer::Delta { round, local_steps, seq, values, loss } => {
             let (payload, payload_len) = payload(values);
+            let e = with_loss(e, loss);
             SyncopateMessage {
                 kind: SYNCOPATE_MSG_DELTA,
                 version: round.0,
@@ -114,8 +136,9 @@ fn from_server(msg: ToServer<'_, f32>) -> SyncopateMessage {
         ToServer::Pull { have, min_clock } => {
             SyncopateMessage { kind: SYNCOPATE_MSG_PULL, version: have.0, clock: min_clock, ..e }
         }
-        ToServer::Clock { clock, seq, values } => {
+        ToServer::Clock { clock, seq, values, loss } => {
             let (payload, payload_len) = payload(values);
+            let e = with_loss(e, loss);
             SyncopateMessage { kind: SYNCOPATE_MSG_CLOCK, clock, seq, payload, payload_len, ..e }
         }
         ToServer::Leave => SyncopateMessage { kind: SYNCOPATE_MSG_LEAVE, ..e },
@@ -175,17 +198,24 @@ unsafe fn borrow<'a>(m: &SyncopateMessage) -> Result<Borrowed<'a>, Failure> {
     };
     Ok(match kind {
         MessageKind::Join => Borrowed::ToServer(ToServer::Join { epoch: m.epoch }),
-        MessageKind::Grad => {
-            Borrowed::ToServer(ToServer::Grad { base: Version(m.version), iteration: m.iteration, seq: m.seq, values })
-        }
+        MessageKind::Grad => Borrowed::ToServer(ToServer::Grad {
+            base: Version(m.version),
+            iteration: m.iteration,
+            seq: m.seq,
+            values,
+            loss: loss_of(m)?,
+        }),
         MessageKind::Delta => Borrowed::ToServer(ToServer::Delta {
             round: Version(m.version),
             local_steps: m.local_steps,
             seq: m.seq,
             values,
+            loss: loss_of(m)?,
         }),
         MessageKind::Pull => Borrowed::ToServer(ToServer::Pull { have: Version(m.version), min_clock: m.clock }),
-        MessageKind::Clock => Borrowed::ToServer(ToServer::Clock { clock: m.clock, seq: m.seq, values }),
+        MessageKind::Clock => {
+            Borrowed::ToServer(ToServer::Clock { clock: m.clock, seq: m.seq, values, loss: loss_of(m)? })
+        }
         MessageKind::Leave => Borrowed::ToServer(ToServer::Leave),
         MessageKind::Model => {
             Borrowed::ToWorker(ToWorker::Model { version: Version(m.version), clock: m.clock, values })

@@ -207,6 +207,34 @@ pub unsafe extern "C" fn syncopate_worker_handle_gradient(
     })
 }
 
+/// [`syncopate_worker_handle_gradient`] with the minibatch loss the gradient was computed
+/// with: sent to the server with the gradient (the server reports the mean of the losses
+/// of each update). A NaN or infinite `loss` is refused (`SYNCOPATE_ERR_REJECTED`), nothing
+/// changed.
+///
+/// # Safety
+/// `worker` comes from [`syncopate_worker_init`]; `grad` is readable for `len` floats.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn syncopate_worker_handle_gradient_loss(
+    worker: *mut SyncopateWorker,
+    now_ns: u64,
+    compute_id: u64,
+    grad: *const f32,
+    len: usize,
+    loss: f32,
+) -> SyncopateStatus {
+    with_worker(worker, |w| {
+        // SAFETY: the caller's contract.
+        let grad = unsafe { raw::slice_in(grad, len, "`grad`") }?;
+        if grad.len() != w.dim {
+            return Err(Failure::new(crate::error::SYNCOPATE_ERR_WRONG_LENGTH, "`len` must be the model's dimension")
+                .with(crate::error::Detail::Lengths { given: grad.len(), needed: w.dim }));
+        }
+        let now = Instant::from_nanos(now_ns);
+        w.machine.handle_gradient_with_loss(now, ComputeId(compute_id), grad, Some(loss)).map_err(Failure::rejected)
+    })
+}
+
 /// The deadline from [`syncopate_worker_poll_timeout`] has passed: it is `now_ns`.
 ///
 /// # Safety

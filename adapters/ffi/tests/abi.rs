@@ -285,6 +285,8 @@ fn bad_calls_return_error_codes() {
             clock: 0,
             local_steps: 0,
             pull_now: 0,
+            has_loss: 1,
+            loss: 0.5,
             values: short_grad.as_ptr(),
             values_len: short_grad.len(),
             payload: null(),
@@ -298,6 +300,9 @@ fn bad_calls_return_error_codes() {
         let mut decoded = msg;
         assert_eq!(syncopate_wire_decode(buf.as_ptr(), written, DIM, &mut decoded), SYNCOPATE_OK);
         assert_eq!((decoded.kind, decoded.seq, decoded.payload_len), (SYNCOPATE_MSG_GRAD, 1, 12));
+        assert_eq!((decoded.has_loss, decoded.loss), (1, 0.5));
+        let bad_flag = SyncopateMessage { has_loss: 2, ..msg };
+        assert_eq!(syncopate_wire_encode(&bad_flag, buf.as_mut_ptr(), buf.len(), &mut written), SYNCOPATE_ERR_ENCODE);
         let mut floats = [0.0f32; DIM - 1];
         assert_eq!(
             syncopate_wire_payload_to_f32(decoded.payload, decoded.payload_len, floats.as_mut_ptr(), 3),

@@ -336,10 +336,11 @@ mod tests {
     #[test]
     fn a_head_with_its_payload_length_set_is_the_message_without_its_payload() {
         let grad = [0.5f32; 8];
-        let msg = ToServer::Grad { base: Version(3), iteration: 4, seq: 5, values: Values::Slice(&grad) };
+        let msg = ToServer::Grad { base: Version(3), iteration: 4, seq: 5, values: Values::Slice(&grad), loss: None };
         let mut whole = vec![0u8; wire::encoded_len_to_server(&msg)];
         wire::encode_to_server(&msg, &mut whole).unwrap();
-        let empty = ToServer::Grad { base: Version(3), iteration: 4, seq: 5, values: Values::<f32>::Slice(&[]) };
+        let empty =
+            ToServer::Grad { base: Version(3), iteration: 4, seq: 5, values: Values::<f32>::Slice(&[]), loss: None };
         let mut head = vec![0u8; wire::encoded_len_to_server(&empty)];
         wire::encode_to_server(&empty, &mut head).unwrap();
         assert!(set_payload_len(&mut head, 32));

@@ -141,7 +141,7 @@ pub fn run_worker(
             match output {
                 WorkerOutput::Send(msg) => {
                     let sent = match (&msg, lent.take_if(|_| matches!(msg, ToServer::Grad { .. }))) {
-                        (ToServer::Grad { base, iteration, seq, values: Values::Slice(s) }, Some(payload))
+                        (ToServer::Grad { base, iteration, seq, values: Values::Slice(s), loss }, Some(payload))
                             if s.as_ptr() == payload.as_ptr() && s.len() == payload.len() =>
                         {
                             let head: ToServer<'_, f32> = ToServer::Grad {
@@ -149,6 +149,7 @@ pub fn run_worker(
                                 iteration: *iteration,
                                 seq: *seq,
                                 values: Values::Slice(&[]),
+                                loss: *loss,
                             };
                             let mut out = link.buffer();
                             out.resize(wire::encoded_len_to_server(&head), 0);
@@ -196,7 +197,7 @@ pub fn run_worker(
             match &mut worker {
                 AnyWorker::Gradient(gw) if lend => {
                     let payload = Arc::clone(&bufs.grad.0);
-                    match gw.handle_gradient_in(since(epoch), j.id, &mut bufs.grad) {
+                    match gw.handle_gradient_in(since(epoch), j.id, &mut bufs.grad, None) {
                         Ok(()) => lent = Some(payload),
                         Err(e) => refused(&mut tally, "a finished gradient", &e),
                     }

@@ -559,7 +559,7 @@ mod tests {
         side.drain(&mut server, epoch);
         let grad = [0.5f32, -0.5];
         for w in [0, 2, 3] {
-            let clock = ToServer::Clock { clock: 1, seq: 1, values: Values::Slice(&grad) };
+            let clock = ToServer::Clock { clock: 1, seq: 1, values: Values::Slice(&grad), loss: None };
             server.handle(now, WorkerId(w), clock).unwrap();
             side.drain(&mut server, epoch);
             let pull = ToServer::Pull { have: Version::ZERO, min_clock: 1 };

@@ -423,7 +423,7 @@ mod tests {
         let (server, workers) = star(1, 2);
         let limits = Limits::for_model(3);
         let grad = [0.5f32, -1.0, 2.0];
-        let msg = ToServer::Grad { base: Version(7), iteration: 1, seq: 300, values: Values::Slice(&grad) };
+        let msg = ToServer::Grad { base: Version(7), iteration: 1, seq: 300, values: Values::Slice(&grad), loss: None };
         workers[0].send_to_server(&msg).unwrap();
         let p = server.recv(Some(Duration::from_secs(1))).unwrap();
         let mut expect = vec![0u8; wire::encoded_len_to_server(&msg)];
@@ -432,7 +432,7 @@ mod tests {
         let ptr = p.bytes.as_ptr();
         server.recycle(p);
         // A shorter message (smaller varints) reuses the same buffer.
-        let msg = ToServer::Grad { base: Version(1), iteration: 2, seq: 1, values: Values::Slice(&grad) };
+        let msg = ToServer::Grad { base: Version(1), iteration: 2, seq: 1, values: Values::Slice(&grad), loss: None };
         workers[0].send_to_server(&msg).unwrap();
         let p = server.recv(None).unwrap();
         assert_eq!(p.bytes.as_ptr(), ptr);
@@ -442,7 +442,13 @@ mod tests {
         ));
         // A message that cannot be encoded is not sent.
         let odd = [0u8; 5];
-        let bad = ToServer::Grad { base: Version(1), iteration: 3, seq: 2, values: Values::<f32>::LittleEndian(&odd) };
+        let bad = ToServer::Grad {
+            base: Version(1),
+            iteration: 3,
+            seq: 2,
+            values: Values::<f32>::LittleEndian(&odd),
+            loss: None,
+        };
         assert_eq!(workers[0].send_to_server(&bad), Err(SendError::Encode(EncodeError::PayloadNotMultiple { len: 5 })));
         assert_eq!(server.recv(Some(Duration::from_millis(1))).unwrap_err(), RecvError::Timeout);
         drop(server);

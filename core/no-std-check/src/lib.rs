@@ -28,7 +28,7 @@ pub extern "C" fn syncopate_no_std_step() -> u64 {
         Err(_) => return u64::MAX,
     };
     let grad = [1.0f32; 4];
-    let msg = ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::Slice(&grad) };
+    let msg = ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::Slice(&grad), loss: None };
     if server.handle(Instant::ZERO, WorkerId(0), msg).is_err() {
         return u64::MAX;
     }

@@ -250,6 +250,62 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> AnyServer<T, S, M> {
         })
     }
 
+    /// SGD with momentum `beta` on every update (see
+    /// [`ProtocolServer::with_momentum`](crate::proto::ProtocolServer::with_momentum)): `prev`
+    /// (caller-owned, at least the model's length) holds the model before the last update.
+    /// The grouped server applies it to the central model; a group server on its own
+    /// ([`AnyServer::subserver`]) leaves it to its central server and drops `prev`.
+    pub fn with_momentum(self, beta: f64, prev: S) -> Result<Self, ConfigError> {
+        Ok(match self {
+            Self::Bsp(s) => Self::Bsp(s.with_momentum(beta, prev)?),
+            Self::Asp(s) => Self::Asp(s.with_momentum(beta, prev)?),
+            Self::Backup(s) => Self::Backup(s.with_momentum(beta, prev)?),
+            Self::Dbw(s) => Self::Dbw(s.with_momentum(beta, prev)?),
+            Self::Wbsp(s) => Self::Wbsp(s.with_momentum(beta, prev)?),
+            Self::Grouped(s) => Self::Grouped(s.with_momentum(beta, prev)?),
+            Self::Group(s) => {
+                crate::proto::common::momentum::check_beta(beta)?;
+                Self::Group(s)
+            }
+            Self::Ssp(s) => Self::Ssp(s.with_momentum(beta, prev)?),
+            Self::Bap(s) => Self::Bap(s.with_momentum(beta, prev)?),
+        })
+    }
+
+    /// [`Self::with_momentum`] with `prev` already holding the model before the last update
+    /// (a resumed run's checkpoint).
+    pub fn with_momentum_state(self, beta: f64, prev: S) -> Result<Self, ConfigError> {
+        Ok(match self {
+            Self::Bsp(s) => Self::Bsp(s.with_momentum_state(beta, prev)?),
+            Self::Asp(s) => Self::Asp(s.with_momentum_state(beta, prev)?),
+            Self::Backup(s) => Self::Backup(s.with_momentum_state(beta, prev)?),
+            Self::Dbw(s) => Self::Dbw(s.with_momentum_state(beta, prev)?),
+            Self::Wbsp(s) => Self::Wbsp(s.with_momentum_state(beta, prev)?),
+            Self::Grouped(s) => Self::Grouped(s.with_momentum_state(beta, prev)?),
+            Self::Group(s) => {
+                crate::proto::common::momentum::check_beta(beta)?;
+                Self::Group(s)
+            }
+            Self::Ssp(s) => Self::Ssp(s.with_momentum_state(beta, prev)?),
+            Self::Bap(s) => Self::Bap(s.with_momentum_state(beta, prev)?),
+        })
+    }
+
+    /// The momentum buffer (the model before the last update), if the server has momentum.
+    pub fn momentum_buffer(&self) -> Option<&[T]> {
+        match self {
+            Self::Bsp(s) => s.momentum_buffer(),
+            Self::Asp(s) => s.momentum_buffer(),
+            Self::Backup(s) => s.momentum_buffer(),
+            Self::Dbw(s) => s.momentum_buffer(),
+            Self::Wbsp(s) => s.momentum_buffer(),
+            Self::Grouped(s) => s.central().momentum_buffer(),
+            Self::Group(_) => None,
+            Self::Ssp(s) => s.momentum_buffer(),
+            Self::Bap(s) => s.momentum_buffer(),
+        }
+    }
+
     /// Sub-server `index` of `config`'s two-level deployment ([`ProtocolConfig::tiers`]),
     /// joining its central server with session `epoch` (increase it on every restart): its
     /// first output is [`ServerOutput::Upstream`]`(Join)`. `model` has the model's length (its
@@ -366,8 +422,14 @@ impl<T: Scalar, S: Buffer<T>> Worker<T> for AnyWorker<T, S> {
     fn handle(&mut self, now: Instant, msg: ToWorker<'_, T>) -> Result<(), Reject> {
         dispatch!(self, w => w.handle(now, msg), Gradient, Wbsp, Ssp, Bap)
     }
-    fn handle_gradient(&mut self, now: Instant, id: ComputeId, grad: &[T]) -> Result<(), Reject> {
-        dispatch!(self, w => w.handle_gradient(now, id, grad), Gradient, Wbsp, Ssp, Bap)
+    fn handle_gradient_with_loss(
+        &mut self,
+        now: Instant,
+        id: ComputeId,
+        grad: &[T],
+        loss: Option<f32>,
+    ) -> Result<(), Reject> {
+        dispatch!(self, w => w.handle_gradient_with_loss(now, id, grad, loss), Gradient, Wbsp, Ssp, Bap)
     }
     fn handle_timeout(&mut self, now: Instant) {
         dispatch!(self, w => w.handle_timeout(now), Gradient, Wbsp, Ssp, Bap)

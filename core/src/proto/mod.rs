@@ -218,6 +218,9 @@ pub enum ServerEvent {
         version: Version,
         /// How many contributions it combines.
         contributions: u32,
+        /// The mean of the minibatch losses the applied contributions reported (`None` if
+        /// none reported one). Grouped: the central update's mean over the group's members.
+        mean_loss: Option<f32>,
     },
     /// Grouped protocol: group `group`'s aggregate (the mean gradient of its members, or the
     /// sum of `H` such means) was applied to the central model, making `version`. One per
@@ -441,8 +444,22 @@ pub trait Server<T: Scalar> {
 pub trait Worker<T: Scalar> {
     /// A message from the server arrived at `now`.
     fn handle(&mut self, now: Instant, msg: ToWorker<'_, T>) -> Result<(), Reject>;
-    /// The host finished the computation `id` that a [`WorkerOutput::Compute`] asked for.
-    fn handle_gradient(&mut self, now: Instant, id: ComputeId, grad: &[T]) -> Result<(), Reject>;
+    /// The host finished the computation `id` that a [`WorkerOutput::Compute`] asked for
+    /// and reports no loss: [`Self::handle_gradient_with_loss`] with `None`.
+    fn handle_gradient(&mut self, now: Instant, id: ComputeId, grad: &[T]) -> Result<(), Reject> {
+        self.handle_gradient_with_loss(now, id, grad, None)
+    }
+    /// The host finished the computation `id` that a [`WorkerOutput::Compute`] asked for;
+    /// `loss` is its minibatch loss, if it reports one, sent to the server with the
+    /// contribution. A non-finite loss is refused with [`Reject::LossNotFinite`] (nothing
+    /// changed, as for a non-finite gradient).
+    fn handle_gradient_with_loss(
+        &mut self,
+        now: Instant,
+        id: ComputeId,
+        grad: &[T],
+        loss: Option<f32>,
+    ) -> Result<(), Reject>;
     /// The deadline from [`Self::poll_timeout`] passed.
     fn handle_timeout(&mut self, now: Instant);
     /// The next output; `None` when drained.

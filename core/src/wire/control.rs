@@ -3,7 +3,8 @@
 //!
 //! postcard encodes a struct as its fields in declaration order with no names, tags or
 //! lengths; every unsigned integer wider than a byte as a LEB128 varint; a `bool` as one byte
-//! `0x00` or `0x01`. A struct without fields encodes to nothing. `core/WIRE.md` spells this
+//! `0x00` or `0x01`; an `Option<f32>` as `0x00` (none) or `0x01` followed by the
+//! four little-endian bytes of the `f32`. A struct without fields encodes to nothing. `core/WIRE.md` spells this
 //! out; the golden tests pin it.
 
 use super::{DecodeError, MAX_CONTROL_LEN, MessageKind};
@@ -17,19 +18,21 @@ pub(super) struct JoinCtl {
 }
 
 /// `Grad` (kind 0x02); the gradient follows as the payload.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub(super) struct GradCtl {
     pub(super) base: u64,
     pub(super) iteration: u64,
     pub(super) seq: u64,
+    pub(super) loss: Option<f32>,
 }
 
 /// `Delta` (kind 0x03); the delta follows as the payload.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub(super) struct DeltaCtl {
     pub(super) round: u64,
     pub(super) local_steps: u32,
     pub(super) seq: u64,
+    pub(super) loss: Option<f32>,
 }
 
 /// `Pull` (kind 0x04).
@@ -40,10 +43,11 @@ pub(super) struct PullCtl {
 }
 
 /// `Clock` (kind 0x05); the update follows as the payload.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub(super) struct ClockCtl {
     pub(super) clock: u64,
     pub(super) seq: u64,
+    pub(super) loss: Option<f32>,
 }
 
 /// `Model` (kind 0x81); the parameters follow as the payload.
@@ -116,7 +120,7 @@ pub(super) fn decode<C: Serialize + DeserializeOwned>(bytes: &[u8]) -> Result<C,
 }
 
 /// The control struct of any message, tagged with its kind.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum Control {
     Join(JoinCtl),
     Grad(GradCtl),

@@ -115,7 +115,9 @@ impl fmt::Display for DecodeError {
         match self {
             Self::Truncated { needed, got } => write!(f, "truncated message: {needed} bytes needed, {got} given"),
             Self::BadMagic => f.write_str("bad magic (not a syncopate message)"),
-            Self::UnsupportedVersion(v) => write!(f, "unsupported wire version {v}"),
+            Self::UnsupportedVersion(v) => {
+                write!(f, "peer speaks wire version {v}, this build speaks wire version {}", super::WIRE_VERSION)
+            }
             Self::UnknownKind(k) => write!(f, "unknown message kind 0x{k:02x}"),
             Self::WrongDirection => f.write_str("message kind for the other direction"),
             Self::ScalarMismatch { expected, got } => {

@@ -8,7 +8,7 @@
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 2 | magic [`MAGIC`] = `"SY"` (`53 59`) |
-//! | 2 | 1 | [`WIRE_VERSION`] = 1 |
+//! | 2 | 1 | [`WIRE_VERSION`] = 2 |
 //! | 3 | 1 | [`MessageKind`]; the high bit is the direction (0: to the server, 1: to a worker) |
 //! | 4 | 1 | element type tag [`Scalar::WIRE_TAG`] (4 = `f32`, 8 = `f64`), also on messages without a tensor |
 //! | 5 | 2 | control length, `u16` little-endian, at most [`MAX_CONTROL_LEN`] |
@@ -39,7 +39,7 @@
 //! use syncopate::{ToServer, Values, Version};
 //!
 //! let grad = [0.5f32, -1.0, 2.0];
-//! let msg = ToServer::Grad { base: Version(3), iteration: 3, seq: 7, values: Values::Slice(&grad) };
+//! let msg = ToServer::Grad { base: Version(3), iteration: 3, seq: 7, values: Values::Slice(&grad), loss: Some(0.25) };
 //! let mut buf = [0u8; 64];
 //! let n = wire::encode_to_server(&msg, &mut buf).unwrap();
 //! assert_eq!(n, wire::encoded_len_to_server(&msg));
@@ -73,15 +73,18 @@ use control::{
 /// The first two bytes of every message.
 pub const MAGIC: [u8; 2] = *b"SY";
 
-/// The wire version this build speaks (byte 2 of the header).
-pub const WIRE_VERSION: u8 = 1;
+/// The wire version this build speaks (byte 2 of the header). Version 2 added the optional
+/// minibatch loss to `Grad`, `Delta` and `Clock`; a message of any other version is refused
+/// with [`DecodeError::UnsupportedVersion`], which names both versions.
+pub const WIRE_VERSION: u8 = 2;
 
 /// The size of the fixed header.
 pub const HEADER_LEN: usize = 11;
 
 /// The largest control section of any message kind: `Grad` with three `u64` fields of ten
-/// varint bytes each. A test asserts this against the encoding of `u64::MAX` fields.
-pub const MAX_CONTROL_LEN: usize = 30;
+/// varint bytes each and a present loss (five bytes). A test asserts this against the
+/// encoding of `u64::MAX` fields.
+pub const MAX_CONTROL_LEN: usize = 35;
 
 /// The largest message a decoder accepts, as the largest tensor in elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -344,11 +347,11 @@ pub fn decode_to_server<'a, T: Scalar>(bytes: &'a [u8], limits: &Limits) -> Resu
         }
         MessageKind::Grad => {
             let c: GradCtl = control::decode(control)?;
-            ToServer::Grad { base: Version(c.base), iteration: c.iteration, seq: c.seq, values }
+            ToServer::Grad { base: Version(c.base), iteration: c.iteration, seq: c.seq, values, loss: c.loss }
         }
         MessageKind::Delta => {
             let c: DeltaCtl = control::decode(control)?;
-            ToServer::Delta { round: Version(c.round), local_steps: c.local_steps, seq: c.seq, values }
+            ToServer::Delta { round: Version(c.round), local_steps: c.local_steps, seq: c.seq, values, loss: c.loss }
         }
         MessageKind::Pull => {
             let c: PullCtl = control::decode(control)?;
@@ -356,7 +359,7 @@ pub fn decode_to_server<'a, T: Scalar>(bytes: &'a [u8], limits: &Limits) -> Resu
         }
         MessageKind::Clock => {
             let c: ClockCtl = control::decode(control)?;
-            ToServer::Clock { clock: c.clock, seq: c.seq, values }
+            ToServer::Clock { clock: c.clock, seq: c.seq, values, loss: c.loss }
         }
         MessageKind::Leave => {
             let EmptyCtl = control::decode(control)?;
@@ -408,14 +411,17 @@ pub fn decode_to_worker<'a, T: Scalar>(bytes: &'a [u8], limits: &Limits) -> Resu
 fn server_parts<'m, 'a, T>(msg: &'m ToServer<'a, T>) -> (Control, Option<&'m Values<'a, T>>) {
     match msg {
         ToServer::Join { epoch } => (Control::Join(JoinCtl { epoch: *epoch }), None),
-        ToServer::Grad { base, iteration, seq, values } => {
-            (Control::Grad(GradCtl { base: base.0, iteration: *iteration, seq: *seq }), Some(values))
+        ToServer::Grad { base, iteration, seq, values, loss } => {
+            (Control::Grad(GradCtl { base: base.0, iteration: *iteration, seq: *seq, loss: *loss }), Some(values))
         }
-        ToServer::Delta { round, local_steps, seq, values } => {
-            (Control::Delta(DeltaCtl { round: round.0, local_steps: *local_steps, seq: *seq }), Some(values))
-        }
+        ToServer::Delta { round, local_steps, seq, values, loss } => (
+            Control::Delta(DeltaCtl { round: round.0, local_steps: *local_steps, seq: *seq, loss: *loss }),
+            Some(values),
+        ),
         ToServer::Pull { have, min_clock } => (Control::Pull(PullCtl { have: have.0, min_clock: *min_clock }), None),
-        ToServer::Clock { clock, seq, values } => (Control::Clock(ClockCtl { clock: *clock, seq: *seq }), Some(values)),
+        ToServer::Clock { clock, seq, values, loss } => {
+            (Control::Clock(ClockCtl { clock: *clock, seq: *seq, loss: *loss }), Some(values))
+        }
         ToServer::Leave => (Control::Leave, None),
     }
 }

@@ -26,19 +26,20 @@ fn server_eq<T: Scalar>(a: &ToServer<'_, T>, b: &ToServer<'_, T>) -> bool {
     match (a, b) {
         (ToServer::Join { epoch: x }, ToServer::Join { epoch: y }) => x == y,
         (
-            ToServer::Grad { base: b1, iteration: i1, seq: s1, values: v1 },
-            ToServer::Grad { base: b2, iteration: i2, seq: s2, values: v2 },
+            ToServer::Grad { base: b1, iteration: i1, seq: s1, values: v1, .. },
+            ToServer::Grad { base: b2, iteration: i2, seq: s2, values: v2, .. },
         ) => (b1, i1, s1) == (b2, i2, s2) && payload_bytes(v1) == payload_bytes(v2),
         (
-            ToServer::Delta { round: r1, local_steps: l1, seq: s1, values: v1 },
-            ToServer::Delta { round: r2, local_steps: l2, seq: s2, values: v2 },
+            ToServer::Delta { round: r1, local_steps: l1, seq: s1, values: v1, .. },
+            ToServer::Delta { round: r2, local_steps: l2, seq: s2, values: v2, .. },
         ) => (r1, l1, s1) == (r2, l2, s2) && payload_bytes(v1) == payload_bytes(v2),
         (ToServer::Pull { have: h1, min_clock: m1 }, ToServer::Pull { have: h2, min_clock: m2 }) => {
             (h1, m1) == (h2, m2)
         }
-        (ToServer::Clock { clock: c1, seq: s1, values: v1 }, ToServer::Clock { clock: c2, seq: s2, values: v2 }) => {
-            (c1, s1) == (c2, s2) && payload_bytes(v1) == payload_bytes(v2)
-        }
+        (
+            ToServer::Clock { clock: c1, seq: s1, values: v1, .. },
+            ToServer::Clock { clock: c2, seq: s2, values: v2, .. },
+        ) => (c1, s1) == (c2, s2) && payload_bytes(v1) == payload_bytes(v2),
         (ToServer::Leave, ToServer::Leave) => true,
         _ => false,
     }
@@ -109,21 +110,26 @@ fn golden_worker<T: Scalar>(msg: ToWorker<'_, T>, golden: &str) {
 
 #[test]
 fn golden_join() {
-    golden_server::<f32>(ToServer::Join { epoch: 7 }, "53 59 01 01 04 0100 00000000  07");
-    golden_server::<f64>(ToServer::Join { epoch: u32::MAX }, "53 59 01 01 08 0500 00000000  ff ff ff ff 0f");
+    golden_server::<f32>(ToServer::Join { epoch: 7 }, "53 59 02 01 04 0100 00000000  07");
+    golden_server::<f64>(ToServer::Join { epoch: u32::MAX }, "53 59 02 01 08 0500 00000000  ff ff ff ff 0f");
 }
 
 #[test]
 fn golden_grad_f32_and_f64() {
     let g32 = [1.0f32, -2.0];
     golden_server(
-        ToServer::Grad { base: Version(300), iteration: 5, seq: 1, values: Values::Slice(&g32) },
-        "53 59 01 02 04 0400 08000000  ac 02 05 01  0000803f 000000c0",
+        ToServer::Grad { base: Version(300), iteration: 5, seq: 1, values: Values::Slice(&g32), loss: None },
+        "53 59 02 02 04 0500 08000000  ac 02 05 01 00  0000803f 000000c0",
     );
     let g64 = [1.0f64, -2.0];
     golden_server(
-        ToServer::Grad { base: Version(300), iteration: 5, seq: 1, values: Values::Slice(&g64) },
-        "53 59 01 02 08 0400 10000000  ac 02 05 01  000000000000f03f 00000000000000c0",
+        ToServer::Grad { base: Version(300), iteration: 5, seq: 1, values: Values::Slice(&g64), loss: None },
+        "53 59 02 02 08 0500 10000000  ac 02 05 01 00  000000000000f03f 00000000000000c0",
+    );
+    // A reported loss: `01` and its four little-endian bytes after the other fields.
+    golden_server(
+        ToServer::Grad { base: Version(300), iteration: 5, seq: 1, values: Values::Slice(&g32), loss: Some(0.5) },
+        "53 59 02 02 04 0900 08000000  ac 02 05 01 01 0000003f  0000803f 000000c0",
     );
 }
 
@@ -131,75 +137,81 @@ fn golden_grad_f32_and_f64() {
 fn golden_delta() {
     let d = [0.5f32];
     golden_server(
-        ToServer::Delta { round: Version(2), local_steps: 128, seq: 9, values: Values::Slice(&d) },
-        "53 59 01 03 04 0400 04000000  02 80 01 09  0000003f",
+        ToServer::Delta { round: Version(2), local_steps: 128, seq: 9, values: Values::Slice(&d), loss: None },
+        "53 59 02 03 04 0500 04000000  02 80 01 09 00  0000003f",
     );
 }
 
 #[test]
 fn golden_pull() {
-    golden_server::<f32>(ToServer::Pull { have: Version(4), min_clock: 0 }, "53 59 01 04 04 0200 00000000  04 00");
+    golden_server::<f32>(ToServer::Pull { have: Version(4), min_clock: 0 }, "53 59 02 04 04 0200 00000000  04 00");
 }
 
 #[test]
 fn golden_clock() {
     let u = [0.25f64];
     golden_server(
-        ToServer::Clock { clock: 16384, seq: 3, values: Values::Slice(&u) },
-        "53 59 01 05 08 0400 08000000  80 80 01 03  000000000000d03f",
+        ToServer::Clock { clock: 16384, seq: 3, values: Values::Slice(&u), loss: None },
+        "53 59 02 05 08 0500 08000000  80 80 01 03 00  000000000000d03f",
     );
 }
 
 #[test]
 fn golden_leave() {
-    golden_server::<f32>(ToServer::Leave, "53 59 01 06 04 0000 00000000");
+    golden_server::<f32>(ToServer::Leave, "53 59 02 06 04 0000 00000000");
 }
 
 #[test]
 fn golden_model_f32_and_f64() {
     golden_worker(
         ToWorker::Model { version: Version(1), clock: 1, values: Values::Slice(&[3.0f32]) },
-        "53 59 01 81 04 0200 04000000  01 01  00004040",
+        "53 59 02 81 04 0200 04000000  01 01  00004040",
     );
     golden_worker(
         ToWorker::Model { version: Version(1), clock: 1, values: Values::Slice(&[3.0f64]) },
-        "53 59 01 81 08 0200 08000000  01 01  0000000000000840",
+        "53 59 02 81 08 0200 08000000  01 01  0000000000000840",
     );
 }
 
 #[test]
 fn golden_not_newer() {
-    golden_worker::<f32>(ToWorker::NotNewer { version: Version(127) }, "53 59 01 82 04 0100 00000000  7f");
+    golden_worker::<f32>(ToWorker::NotNewer { version: Version(127) }, "53 59 02 82 04 0100 00000000  7f");
 }
 
 #[test]
 fn golden_push_ack() {
     golden_worker::<f32>(
         ToWorker::PushAck { round: Version(5), pull_now: true },
-        "53 59 01 83 04 0200 00000000  05 01",
+        "53 59 02 83 04 0200 00000000  05 01",
     );
     golden_worker::<f32>(
         ToWorker::PushAck { round: Version(0), pull_now: false },
-        "53 59 01 83 04 0200 00000000  00 00",
+        "53 59 02 83 04 0200 00000000  00 00",
     );
 }
 
 #[test]
 fn golden_abort() {
-    golden_worker::<f32>(ToWorker::Abort { iteration: 42 }, "53 59 01 84 04 0100 00000000  2a");
+    golden_worker::<f32>(ToWorker::Abort { iteration: 42 }, "53 59 02 84 04 0100 00000000  2a");
 }
 
 #[test]
 fn golden_stop() {
-    golden_worker::<f64>(ToWorker::Stop, "53 59 01 85 08 0000 00000000");
+    golden_worker::<f64>(ToWorker::Stop, "53 59 02 85 08 0000 00000000");
 }
 
 #[test]
 fn golden_largest_control() {
     let max = "ff ff ff ff ff ff ff ff ff 01";
     golden_server::<f32>(
-        ToServer::Grad { base: Version(u64::MAX), iteration: u64::MAX, seq: u64::MAX, values: Values::Slice(&[]) },
-        &std::format!("53 59 01 02 04 1e00 00000000 {max} {max} {max}"),
+        ToServer::Grad {
+            base: Version(u64::MAX),
+            iteration: u64::MAX,
+            seq: u64::MAX,
+            values: Values::Slice(&[]),
+            loss: Some(f32::MAX),
+        },
+        &std::format!("53 59 02 02 04 2300 00000000 {max} {max} {max} 01 ffff7f7f"),
     );
 }
 
@@ -207,10 +219,10 @@ fn golden_largest_control() {
 #[test]
 fn wire_md_worked_example() {
     let g = [1.5f32, -0.25, 4.0];
-    let msg = ToServer::Grad { base: Version(1000), iteration: 12, seq: 130, values: Values::Slice(&g) };
+    let msg = ToServer::Grad { base: Version(1000), iteration: 12, seq: 130, values: Values::Slice(&g), loss: None };
     assert_eq!(
         enc_server(&msg),
-        hex("53 59 01 02 04 05 00 0c 00 00 00 e8 07 0c 82 01 00 00 c0 3f 00 00 80 be 00 00 80 40")
+        hex("53 59 02 02 04 06 00 0c 00 00 00 e8 07 0c 82 01 00 00 00 c0 3f 00 00 80 be 00 00 80 40")
     );
 }
 
@@ -223,10 +235,10 @@ fn max_controls() -> [Control; 11] {
     let m = u64::MAX;
     [
         Control::Join(JoinCtl { epoch: u32::MAX }),
-        Control::Grad(GradCtl { base: m, iteration: m, seq: m }),
-        Control::Delta(DeltaCtl { round: m, local_steps: u32::MAX, seq: m }),
+        Control::Grad(GradCtl { base: m, iteration: m, seq: m, loss: Some(f32::MAX) }),
+        Control::Delta(DeltaCtl { round: m, local_steps: u32::MAX, seq: m, loss: Some(f32::MAX) }),
         Control::Pull(PullCtl { have: m, min_clock: m }),
-        Control::Clock(ClockCtl { clock: m, seq: m }),
+        Control::Clock(ClockCtl { clock: m, seq: m, loss: Some(f32::MAX) }),
         Control::Leave,
         Control::Model(ModelCtl { version: m, clock: m }),
         Control::NotNewer(NotNewerCtl { version: m }),
@@ -244,7 +256,7 @@ fn max_control_len_is_the_largest_encoding() {
     assert_eq!(kinds, MessageKind::ALL);
     // The per-kind maxima of core/WIRE.md's table, in kind order.
     let maxima: Vec<usize> = controls.iter().map(Control::encoded_len).collect();
-    assert_eq!(maxima, [5, 30, 25, 20, 20, 0, 20, 10, 11, 10, 0]);
+    assert_eq!(maxima, [5, 35, 30, 20, 25, 0, 20, 10, 11, 10, 0]);
     let mut largest = 0;
     for c in &controls {
         let enc = c.encode().expect("fits in MAX_CONTROL_LEN");
@@ -259,13 +271,13 @@ fn max_message_len_is_the_largest_accepted_message() {
     let limits = Limits::for_model(5);
     let g = [1.0f64; 5];
     let m = u64::MAX;
-    let msg = ToServer::Grad { base: Version(m), iteration: m, seq: m, values: Values::Slice(&g) };
+    let msg = ToServer::Grad { base: Version(m), iteration: m, seq: m, values: Values::Slice(&g), loss: Some(1.0) };
     let bytes = enc_server(&msg);
     assert_eq!(bytes.len(), limits.max_message_len::<f64>());
     assert!(decode_to_server::<f64>(&bytes, &limits).is_ok());
     // One element more is refused.
     let g = [1.0f64; 6];
-    let msg = ToServer::Grad { base: Version(m), iteration: m, seq: m, values: Values::Slice(&g) };
+    let msg = ToServer::Grad { base: Version(m), iteration: m, seq: m, values: Values::Slice(&g), loss: None };
     assert_eq!(
         decode_to_server::<f64>(&enc_server(&msg), &limits).map(|_| ()),
         Err(DecodeError::TooLarge { len: 48, max: 40 })
@@ -292,7 +304,7 @@ fn too_small_leaves_the_buffer_untouched() {
     let g = [1.0f32, 2.0, 3.0];
     let msgs = [
         ToServer::Join { epoch: 1 },
-        ToServer::Grad { base: Version(9), iteration: 1, seq: 2, values: Values::Slice(&g) },
+        ToServer::Grad { base: Version(9), iteration: 1, seq: 2, values: Values::Slice(&g), loss: None },
         ToServer::Leave,
     ];
     for msg in &msgs {
@@ -317,7 +329,7 @@ fn too_small_leaves_the_buffer_untouched() {
 #[test]
 fn encode_refuses_partial_little_endian_payload() {
     let bytes = [0u8; 7];
-    let msg: ToServer<'_, f32> = ToServer::Clock { clock: 1, seq: 1, values: Values::LittleEndian(&bytes) };
+    let msg: ToServer<'_, f32> = ToServer::Clock { clock: 1, seq: 1, values: Values::LittleEndian(&bytes), loss: None };
     let mut buf = [0x5au8; 64];
     assert_eq!(encode_to_server(&msg, &mut buf), Err(EncodeError::PayloadNotMultiple { len: 7 }));
     assert!(buf.iter().all(|b| *b == 0x5a));
@@ -344,44 +356,71 @@ fn server_err(bytes: &[u8]) -> DecodeError {
 #[test]
 fn decode_refusals() {
     use DecodeError as E;
-    let ok = hex("53 59 01 01 04 0100 00000000 07");
+    let ok = hex("53 59 02 01 04 0100 00000000 07");
     assert!(decode_to_server::<f32>(&ok, &Limits::for_model(0)).is_ok());
     assert_eq!(server_err(&[]), E::Truncated { needed: HEADER_LEN, got: 0 });
     assert_eq!(server_err(&ok[..10]), E::Truncated { needed: HEADER_LEN, got: 10 });
     assert_eq!(server_err(&ok[..11]), E::Truncated { needed: 12, got: 11 });
     assert_eq!(server_err(&hex("53 58 01 01 04 0100 00000000 07")), E::BadMagic);
-    assert_eq!(server_err(&hex("53 59 02 01 04 0100 00000000 07")), E::UnsupportedVersion(2));
-    assert_eq!(server_err(&hex("53 59 01 07 04 0100 00000000 07")), E::UnknownKind(7));
-    assert_eq!(server_err(&hex("53 59 01 00 04 0100 00000000 07")), E::UnknownKind(0));
-    assert_eq!(server_err(&hex("53 59 01 82 04 0100 00000000 07")), E::WrongDirection);
+    assert_eq!(server_err(&hex("53 59 01 01 04 0100 00000000 07")), E::UnsupportedVersion(1));
+    assert_eq!(server_err(&hex("53 59 02 07 04 0100 00000000 07")), E::UnknownKind(7));
+    assert_eq!(server_err(&hex("53 59 02 00 04 0100 00000000 07")), E::UnknownKind(0));
+    assert_eq!(server_err(&hex("53 59 02 82 04 0100 00000000 07")), E::WrongDirection);
     assert_eq!(
         decode_to_worker::<f32>(&ok, &LOOSE).map(|_| ()),
         Err(E::WrongDirection),
         "a ToServer kind given to decode_to_worker"
     );
-    assert_eq!(server_err(&hex("53 59 01 01 08 0100 00000000 07")), E::ScalarMismatch { expected: 4, got: 8 });
-    assert_eq!(server_err(&hex("53 59 01 01 04 1f00 00000000")), E::ControlTooLarge { len: 31 });
+    assert_eq!(server_err(&hex("53 59 02 01 08 0100 00000000 07")), E::ScalarMismatch { expected: 4, got: 8 });
+    assert_eq!(server_err(&hex("53 59 02 01 04 2400 00000000")), E::ControlTooLarge { len: 36 });
     assert_eq!(
-        server_err(&hex("53 59 01 01 04 0100 04000000 07 00000000")),
+        server_err(&hex("53 59 02 01 04 0100 04000000 07 00000000")),
         E::UnexpectedPayload { kind: MessageKind::Join }
     );
-    assert_eq!(server_err(&hex("53 59 01 02 04 0300 14000000")), E::TooLarge { len: 20, max: 16 });
-    assert_eq!(server_err(&hex("53 59 01 02 04 0300 03000000 01 01 01 000000")), E::PayloadNotMultiple);
-    assert_eq!(server_err(&hex("53 59 01 02 04 0300 04000000 01 01 01 00000000 00")), E::TrailingBytes { extra: 1 });
-    assert_eq!(server_err(&hex("53 59 01 02 04 0300 04000000 01 01 01 000000")), E::Truncated { needed: 18, got: 17 });
+    assert_eq!(server_err(&hex("53 59 02 02 04 0300 14000000")), E::TooLarge { len: 20, max: 16 });
+    assert_eq!(server_err(&hex("53 59 02 02 04 0300 03000000 01 01 01 000000")), E::PayloadNotMultiple);
+    assert_eq!(server_err(&hex("53 59 02 02 04 0300 04000000 01 01 01 00000000 00")), E::TrailingBytes { extra: 1 });
+    assert_eq!(server_err(&hex("53 59 02 02 04 0300 04000000 01 01 01 000000")), E::Truncated { needed: 18, got: 17 });
     // Control section errors.
-    assert_eq!(server_err(&hex("53 59 01 02 04 0200 00000000 01 01")), E::Control(ControlError::UnexpectedEnd));
-    assert_eq!(server_err(&hex("53 59 01 01 04 0500 00000000 ff ff ff ff 1f")), E::Control(ControlError::BadVarint));
+    assert_eq!(server_err(&hex("53 59 02 02 04 0200 00000000 01 01")), E::Control(ControlError::UnexpectedEnd));
+    assert_eq!(server_err(&hex("53 59 02 01 04 0500 00000000 ff ff ff ff 1f")), E::Control(ControlError::BadVarint));
     assert_eq!(
-        server_err(&hex("53 59 01 04 04 0b00 00000000 ff ff ff ff ff ff ff ff ff 02 00")),
+        server_err(&hex("53 59 02 04 04 0b00 00000000 ff ff ff ff ff ff ff ff ff 02 00")),
         E::Control(ControlError::BadVarint)
     );
-    assert_eq!(server_err(&hex("53 59 01 01 04 0200 00000000 07 00")), E::ControlNotConsumed { extra: 1 });
-    assert_eq!(server_err(&hex("53 59 01 06 04 0100 00000000 00")), E::ControlNotConsumed { extra: 1 });
-    assert_eq!(server_err(&hex("53 59 01 01 04 0200 00000000 87 00")), E::NonCanonical);
-    assert_eq!(server_err(&hex("53 59 01 01 04 0200 00000000 80 00")), E::NonCanonical);
-    let bad_bool = hex("53 59 01 83 04 0200 00000000 05 02");
+    assert_eq!(server_err(&hex("53 59 02 01 04 0200 00000000 07 00")), E::ControlNotConsumed { extra: 1 });
+    assert_eq!(server_err(&hex("53 59 02 06 04 0100 00000000 00")), E::ControlNotConsumed { extra: 1 });
+    assert_eq!(server_err(&hex("53 59 02 01 04 0200 00000000 87 00")), E::NonCanonical);
+    assert_eq!(server_err(&hex("53 59 02 01 04 0200 00000000 80 00")), E::NonCanonical);
+    let bad_bool = hex("53 59 02 83 04 0200 00000000 05 02");
     assert_eq!(decode_to_worker::<f32>(&bad_bool, &LOOSE).map(|_| ()), Err(E::Control(ControlError::BadBool)));
+}
+
+#[test]
+fn another_wire_version_is_refused_naming_both() {
+    let err = server_err(&hex("53 59 01 06 04 0000 00000000"));
+    assert_eq!(err, DecodeError::UnsupportedVersion(1));
+    assert_eq!(std::format!("{err}"), "peer speaks wire version 1, this build speaks wire version 2");
+}
+
+#[test]
+fn a_reported_loss_round_trips_bit_for_bit() {
+    for loss in [0.0f32, -0.0, 1e-30, 3.5, f32::MAX, f32::NAN, f32::INFINITY] {
+        let g = [1.0f32];
+        let msgs = [
+            ToServer::Grad { base: Version(1), iteration: 1, seq: 1, values: Values::Slice(&g), loss: Some(loss) },
+            ToServer::Delta { round: Version(1), local_steps: 2, seq: 1, values: Values::Slice(&g), loss: Some(loss) },
+            ToServer::Clock { clock: 1, seq: 1, values: Values::Slice(&g), loss: Some(loss) },
+        ];
+        for msg in msgs {
+            let bytes = enc_server(&msg);
+            let back = decode_to_server::<f32>(&bytes, &LOOSE).unwrap();
+            assert_eq!(back.loss().map(f32::to_bits), Some(loss.to_bits()));
+        }
+    }
+    // An option tag other than 0 or 1 is refused.
+    let bad = hex("53 59 02 02 04 0400 04000000 01 01 01 02 0000803f");
+    assert!(decode_to_server::<f32>(&bad, &LOOSE).is_err());
 }
 
 #[test]
@@ -393,7 +432,7 @@ fn decode_checks_in_order() {
     assert_eq!(server_err(&b), E::BadMagic);
     b[..2].copy_from_slice(&MAGIC);
     assert_eq!(server_err(&b), E::UnsupportedVersion(9));
-    b[2] = 1;
+    b[2] = WIRE_VERSION;
     assert_eq!(server_err(&b), E::UnknownKind(0x7f));
     b[3] = 0x81;
     assert_eq!(server_err(&b), E::WrongDirection);
@@ -412,19 +451,19 @@ fn decode_checks_in_order() {
 #[test]
 fn peek_header_validates_without_a_scalar_type() {
     use DecodeError as E;
-    let h = peek_header(&hex("53 59 01 81 08 0200 10000000")).unwrap();
+    let h = peek_header(&hex("53 59 02 81 08 0200 10000000")).unwrap();
     assert_eq!(h, Header { kind: MessageKind::Model, scalar_tag: 8, control_len: 2, payload_len: 16 });
     assert_eq!(h.message_len(), HEADER_LEN + 2 + 16);
-    assert_eq!(peek_header(&hex("53 59 01 81 05 0200 10000000")), Err(E::UnknownScalarTag(5)));
-    assert_eq!(peek_header(&hex("53 59 01 81 08 0200 0c000000")), Err(E::PayloadNotMultiple));
+    assert_eq!(peek_header(&hex("53 59 02 81 05 0200 10000000")), Err(E::UnknownScalarTag(5)));
+    assert_eq!(peek_header(&hex("53 59 02 81 08 0200 0c000000")), Err(E::PayloadNotMultiple));
     assert_eq!(
-        peek_header(&hex("53 59 01 85 08 0000 08000000")),
+        peek_header(&hex("53 59 02 85 08 0000 08000000")),
         Err(E::UnexpectedPayload { kind: MessageKind::Stop })
     );
-    assert_eq!(peek_header(&hex("53 59 01 90 08 0000 00000000")), Err(E::UnknownKind(0x90)));
-    assert_eq!(peek_header(&hex("53 59 01 81 08 2000 00000000")), Err(E::ControlTooLarge { len: 32 }));
+    assert_eq!(peek_header(&hex("53 59 02 90 08 0000 00000000")), Err(E::UnknownKind(0x90)));
+    assert_eq!(peek_header(&hex("53 59 02 81 08 2400 00000000")), Err(E::ControlTooLarge { len: 36 }));
     // No limit on the payload; lengths up to u32::MAX are reported as they are.
-    let h = peek_header(&hex("53 59 01 02 04 0000 fcffffff")).unwrap();
+    let h = peek_header(&hex("53 59 02 02 04 0000 fcffffff")).unwrap();
     assert_eq!(h.payload_len, 0xffff_fffc);
 }
 
@@ -470,10 +509,10 @@ fn spec() -> impl Strategy<Value = Spec> {
 fn server_msg<'a, T>(s: &Spec, values: Values<'a, T>) -> ToServer<'a, T> {
     match s.kind % 6 {
         0 => ToServer::Join { epoch: s.small },
-        1 => ToServer::Grad { base: Version(s.a), iteration: s.b, seq: s.c, values },
-        2 => ToServer::Delta { round: Version(s.a), local_steps: s.small, seq: s.c, values },
+        1 => ToServer::Grad { base: Version(s.a), iteration: s.b, seq: s.c, values, loss: None },
+        2 => ToServer::Delta { round: Version(s.a), local_steps: s.small, seq: s.c, values, loss: None },
         3 => ToServer::Pull { have: Version(s.a), min_clock: s.b },
-        4 => ToServer::Clock { clock: s.a, seq: s.c, values },
+        4 => ToServer::Clock { clock: s.a, seq: s.c, values, loss: None },
         _ => ToServer::Leave,
     }
 }

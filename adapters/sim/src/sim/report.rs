@@ -551,12 +551,12 @@ impl FastDebug {
                 h.bytes(self.weight.as_bytes());
                 h.bytes(b" }");
             }
-            ServerEvent::ModelUpdated { version, contributions } => {
+            ServerEvent::ModelUpdated { version, contributions, mean_loss: None } => {
                 h.bytes(b"ModelUpdated { version: Version(");
                 h.decimal(version.0);
                 h.bytes(b"), contributions: ");
                 h.decimal(u64::from(contributions));
-                h.bytes(b" }");
+                h.bytes(b", mean_loss: None }");
             }
             _ => {
                 let _ = write!(h, "{event:?}");
@@ -637,7 +637,9 @@ mod tests {
                 staleness: y,
                 weight,
             });
-            events.push(ServerEvent::ModelUpdated { version: Version(x), contributions: y as u32 });
+            events.push(ServerEvent::ModelUpdated { version: Version(x), contributions: y as u32, mean_loss: None });
+            let mean_loss = Some(x as f32 / 3.0);
+            events.push(ServerEvent::ModelUpdated { version: Version(x), contributions: y as u32, mean_loss });
         }
         events.push(ServerEvent::Dropped { worker: WorkerId(3), base: Version(7), reason: DropReason::Stale });
         for e in &events {

@@ -182,7 +182,13 @@ fn try_connect(options: &GroupOptions) -> Result<(Uplink, u32, RunSettings), Att
     let mut reader = FrameReader::new(stream.try_clone().map_err(io)?, 0, options.frame_timeout);
     let mut writer = FrameWriter::new(BufWriter::with_capacity(1 << 16, stream.try_clone().map_err(io)?), 0);
     let deadline = StdInstant::now() + options.handshake_timeout;
-    let me = ClientSide { worker: WorkerId(options.group), role: Role::Group, key: options.key.as_ref(), want: None };
+    let me = ClientSide {
+        worker: WorkerId(options.group),
+        role: Role::Group,
+        key: options.key.as_ref(),
+        want: None,
+        dim: None,
+    };
     let (session, settings) = handshake::client_handshake(&mut reader, &mut writer, &me, deadline).map_err(|e| {
         let why = format!("central server: {e}");
         if e.is_transient() { Attempt::Retry(why) } else { Attempt::Fatal(why) }

@@ -42,7 +42,7 @@ pub use auth::{Secret, WorkerKey};
 pub use frame::FrameTimeout;
 pub use group::{GroupOptions, run_group};
 pub use server::{
-    Note, RunPlan, ServerHandle, ServerOptions, ServerReport, SessionLedger, StopReason, TcpServer, Uplink,
+    LossPoint, Note, RunPlan, ServerHandle, ServerOptions, ServerReport, SessionLedger, StopReason, TcpServer, Uplink,
 };
 pub use settings::{DataSource, ProtocolSettings, RunSettings, WorkloadSettings};
 pub use worker::{Backoff, WorkerJob, WorkerOptions, WorkerReport, run_worker};

@@ -86,6 +86,10 @@ pub struct WorkerOptions {
     /// Heartbeats go out at [`heartbeat_interval`](super::heartbeat_interval) of it, from the
     /// connection's writer thread, so a long computation does not delay them.
     pub lost_after: Duration,
+    /// The number of parameters of the worker's own model, if it has one: the server
+    /// refuses the worker at the handshake if its model has another size (both sizes
+    /// named, in the server's log and in the worker's error). `None` takes the server's.
+    pub dim: Option<usize>,
 }
 
 impl WorkerOptions {
@@ -103,6 +107,7 @@ impl WorkerOptions {
             rejoin_after: Some(Duration::from_secs(2)),
             kill: None,
             lost_after: super::DEFAULT_LOST_AFTER,
+            dim: None,
         }
     }
 }
@@ -120,6 +125,14 @@ pub trait WorkerJob {
     /// how much longer this step should take: an emulated straggler's extra time, during
     /// which the worker still reads the server (an abort can cancel the step). Usually zero.
     fn gradient(&mut self, params: &[f32], grad: &mut [f32]) -> Duration;
+
+    /// The minibatch loss of the gradient the last [`Self::gradient`] call wrote, if the
+    /// job reports one: it travels to the server with that gradient, and the server keeps
+    /// the mean of each update's reported losses (its loss curve). A NaN or infinite loss
+    /// is refused with the gradient, as a non-finite gradient is. The default reports none.
+    fn loss(&mut self) -> Option<f32> {
+        None
+    }
 }
 
 impl<F: FnMut(&[f32], &mut [f32])> WorkerJob for F {
@@ -288,7 +301,13 @@ fn session(
     let mut reader = FrameReader::new(stream.try_clone().map_err(io)?, 0, options.frame_timeout);
     let mut writer = FrameWriter::new(BufWriter::with_capacity(1 << 16, stream.try_clone().map_err(io)?), 0);
     let deadline = StdInstant::now() + options.handshake_timeout;
-    let me = ClientSide { worker: options.id, role: Role::Worker, key: options.key.as_ref(), want: *pinned };
+    let me = ClientSide {
+        worker: options.id,
+        role: Role::Worker,
+        key: options.key.as_ref(),
+        want: *pinned,
+        dim: options.dim.map(|d| d as u64),
+    };
     let (s, settings) =
         handshake::client_handshake(&mut reader, &mut writer, &me, deadline).map_err(ConnectError::Handshake)?;
     let refused = |e: String| ConnectError::Job(format!("the server's settings ({}): {e}", settings.label()));
@@ -392,6 +411,8 @@ struct Held {
     id: ComputeId,
     started: StdInstant,
     ready: StdInstant,
+    /// The job's minibatch loss for this gradient, if it reports one.
+    loss: Option<f32>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -460,8 +481,9 @@ fn drive_loop(
                         report.abandoned += 1;
                     }
                     let extra = job.gradient(params, &mut grad);
+                    let loss = job.loss();
                     report.last_version = Some(report.last_version.unwrap_or(0).max(version.0));
-                    held = Some(Held { id, started: now, ready: StdInstant::now() + extra });
+                    held = Some(Held { id, started: now, ready: StdInstant::now() + extra, loss });
                 }
                 WorkerOutput::Event(WorkerEvent::Abandoned { id }) => {
                     if let Some(h) = held.take_if(|h| h.id == id) {
@@ -474,7 +496,7 @@ fn drive_loop(
         }
         if let Some(h) = held.take_if(|h| StdInstant::now() >= h.ready) {
             report.busy_s += h.started.elapsed().as_secs_f64();
-            match worker.handle_gradient(since(epoch), h.id, &grad) {
+            match worker.handle_gradient_with_loss(since(epoch), h.id, &grad, h.loss) {
                 Ok(()) => report.steps += 1,
                 Err(e) => refused(report, "a finished gradient", &e),
             }

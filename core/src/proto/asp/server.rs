@@ -60,6 +60,8 @@ impl<T: Scalar> AspRules<T> {
         quiet: bool,
     ) -> Result<(), Reject> {
         let factor = self.screen(core, from, base, seq, values, quiet)?;
+        // Admission checked the length: the update below cannot fail.
+        core.before_update();
         values.scaled_add_into(core.params.as_mut(), self.scale(factor))?;
         self.applied(core, from, base, seq, factor, quiet);
         Ok(())
@@ -119,7 +121,8 @@ impl<T: Scalar> AspRules<T> {
         }
         let version = core.version;
         core.event(ServerEvent::Applied { worker: from, base, version, staleness, weight: factor.to_f64() });
-        core.event(ServerEvent::ModelUpdated { version, contributions: 1 });
+        core.loss.count();
+        core.updated(version, 1);
         core.send_model(Recipient::Worker(from));
     }
 }
@@ -148,6 +151,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> AspServer<T, S, M> {
         let result = self.core.queue.ensure_room(Rules::<T, S, M>::burst(&self.rules)).and_then(|()| {
             self.core.roster.check_member(from)?;
             let factor = self.rules.screen(&self.core, from, base, seq, &Values::Slice(values), true)?;
+            self.core.before_update();
             apply(self.core.params.as_mut(), self.rules.scale(factor), values);
             self.rules.applied(&mut self.core, from, base, seq, factor, true);
             Ok(())

@@ -29,7 +29,13 @@ fn applies_on_arrival_and_replies_to_the_sender_only() {
 #[test]
 fn refusals_change_nothing() {
     let mut s: AspServer<f32, Vec<f32>> = AspServer::new(AspConfig::new(2, 0.5), vec![0.0; 2]).unwrap();
-    let g = |seq, v: &'static [f32]| ToServer::Grad { base: Version(0), iteration: 0, seq, values: Values::Slice(v) };
+    let g = |seq, v: &'static [f32]| ToServer::Grad {
+        base: Version(0),
+        iteration: 0,
+        seq,
+        values: Values::Slice(v),
+        loss: None,
+    };
     s.handle(Instant::ZERO, WorkerId(0), g(0, &[1.0, 1.0])).unwrap();
     while s.poll_output().is_some() {}
     let before = (s.params().to_vec(), s.version());
@@ -38,7 +44,13 @@ fn refusals_change_nothing() {
     assert!(matches!(s.handle(Instant::ZERO, WorkerId(1), g(0, &[1.0])), Err(Reject::WrongLength(_))));
     assert!(matches!(s.handle(Instant::ZERO, WorkerId(1), g(0, &[f32::NAN, 0.0])), Err(Reject::NotFinite)));
     assert!(matches!(s.handle(Instant::ZERO, WorkerId(1), g(0, &[f32::NEG_INFINITY, 0.0])), Err(Reject::NotFinite)));
-    let future = ToServer::Grad { base: Version(9), iteration: 0, seq: 1, values: Values::Slice(&[0.0f32, 0.0][..]) };
+    let future = ToServer::Grad {
+        base: Version(9),
+        iteration: 0,
+        seq: 1,
+        values: Values::Slice(&[0.0f32, 0.0][..]),
+        loss: None,
+    };
     assert!(matches!(s.handle(Instant::ZERO, WorkerId(1), future), Err(Reject::FutureVersion { .. })));
     assert_eq!((s.params().to_vec(), s.version()), before);
     assert!(s.poll_output().is_none());

@@ -138,14 +138,16 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
         from: WorkerId,
         epoch: u32,
     ) -> Result<(), Reject> {
-        core.join(from, epoch)?;
+        let fresh = core.join(from, epoch)?;
         Self::set_known(core, from, true);
         if self.iteration_start.is_none() {
             self.iteration_start = Some(now);
             core.stall.progress(now);
         }
-        core.send_model(Recipient::Worker(from));
-        Self::mark_sent(core, now, from);
+        if !core.join_waits_for_round(from, fresh) {
+            core.send_model(Recipient::Worker(from));
+            Self::mark_sent(core, now, from);
+        }
         Ok(())
     }
 
@@ -202,7 +204,7 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
             return Ok(Admitted { contributed: false, rtt, sq_norm: 0.0, full: false });
         }
         let acc = self.scratch.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
-        self.round.add(&mut core.roster, base, from, values, factor, acc)?;
+        self.round.add(&mut core.roster, base, from, values, factor, acc, &mut core.loss)?;
         core.stall.progress(now);
         let full = self.round.len() >= self.k;
         let f = factor.to_f64();
@@ -214,11 +216,19 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
     /// its start to `now`). Does not send the new model: see [`Self::publish`].
     pub(crate) fn close<M: Storage>(&mut self, core: &mut BackupCore<T, S, M>, now: Instant) -> (u64, Duration) {
         let contributors = mark_of(core.version);
+        core.before_update();
         let dim = core.dim();
         let (params, scratch) = (core.params.as_mut(), self.scratch.as_mut());
         let acc = scratch.get_mut(..dim).unwrap_or(&mut []);
-        core.version =
-            self.round.close(params, acc, self.learning_rate, core.version, &mut core.queue, &mut core.stats);
+        core.version = self.round.close(
+            params,
+            acc,
+            self.learning_rate,
+            core.version,
+            &mut core.queue,
+            &mut core.stats,
+            &mut core.loss,
+        );
         let elapsed = self.iteration_start.map_or(Duration::ZERO, |s| now - s);
         (contributors, elapsed)
     }

@@ -96,7 +96,11 @@ pub(crate) fn check(trace: &Trace, dim: usize, lr: f64, init: f64, k_of: impl Fn
         let mut who: Vec<u32> = applied.iter().filter(|a| a.2 == *v).map(|a| a.0).collect();
         let k = who.len();
         assert_eq!(k, k_of(v - 1), "K1: exactly k gradients for version {}", v - 1);
-        assert!(trace.events.contains(&ServerEvent::ModelUpdated { version: Version(*v), contributions: k as u32 }));
+        assert!(trace.events.contains(&ServerEvent::ModelUpdated {
+            version: Version(*v),
+            contributions: k as u32,
+            mean_loss: None
+        }));
         who.sort_unstable();
         who.dedup();
         assert_eq!(who.len(), k, "K1: k distinct workers");

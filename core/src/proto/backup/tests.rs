@@ -32,7 +32,7 @@ fn closes_after_k_and_drops_the_rest() {
         assert_eq!(s.version(), Version(1));
         assert_eq!(s.params(), &[-0.5, -2.0]);
         let (events, sends) = drain(&mut s);
-        assert!(events.contains(&ServerEvent::ModelUpdated { version: Version(1), contributions: 2 }));
+        assert!(events.contains(&ServerEvent::ModelUpdated { version: Version(1), contributions: 2, mean_loss: None }));
         let model = ToWorkerOwned::Model { version: 1, clock: 1, values: vec![-0.5, -2.0] };
         match interrupt {
             Interrupt::Abort => assert_eq!(sends, [(Recipient::AllWorkers, model.clone())]),

@@ -9,6 +9,7 @@ use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
 use crate::math::{self, Scalar};
 use crate::msg::{ToServer, Values};
+use crate::proto::common::loss::LossTally;
 use crate::proto::common::queue::{BatchKind, ServerItem};
 use crate::proto::common::table::Slot;
 use crate::proto::{
@@ -26,10 +27,12 @@ struct Iteration {
     count: u32,
     /// Arrival of the first gradient.
     first: Option<Instant>,
+    /// The losses its contributions reported.
+    loss: LossTally,
 }
 
 impl Iteration {
-    const EMPTY: Self = Self { count: 0, first: None };
+    const EMPTY: Self = Self { count: 0, first: None, loss: LossTally::new() };
 }
 
 /// A BAP worker's part of its record.
@@ -292,6 +295,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
         let a = T::from_f64(-self.config.learning_rate / f64::from(count.max(1)));
         let dim = self.dim(core);
         let start = k.saturating_mul(dim);
+        core.before_update();
         if let Some(acc) = self.accs.as_mut().get_mut(start..start.saturating_add(dim)) {
             // Lengths were fixed at construction; a mismatch is impossible here.
             let _ = math::apply_and_clear(core.params.as_mut(), a, acc);
@@ -302,7 +306,8 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
         core.queue.push_batch(BatchKind::Protocol { tag: APPLIED, a: j, b: pack_count_slot(count, k) });
         core.stats.applied += u64::from(count);
         core.stats.updates += 1;
-        core.queue.push(ServerItem::Event(ServerEvent::ModelUpdated { version, contributions: count }));
+        let mean_loss = self.iterations.get_mut(k).and_then(|it| it.loss.take_mean());
+        core.queue.push(ServerItem::Event(ServerEvent::ModelUpdated { version, contributions: count, mean_loss }));
         let reason = if by_timeout { DropReason::Aborted } else { DropReason::WorkerLost };
         let reason_index = DropReason::ALL.iter().position(|r| *r == reason).unwrap_or(0) as u8;
         let mut answered = false;
@@ -411,6 +416,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
                 if let Some(it) = self.iterations.get_mut(k) {
                     it.count += 1;
                     it.first.get_or_insert(now);
+                    it.loss.add(core.loss.incoming());
                 }
                 self.try_close(core, now);
             }
@@ -481,7 +487,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BapRules<T, S, M> {
     ) -> Result<(), Reject> {
         match *msg {
             ToServer::Join { epoch } => self.on_join(core, from, epoch),
-            ToServer::Grad { base, iteration, seq, ref values } => {
+            ToServer::Grad { base, iteration, seq, ref values, .. } => {
                 self.on_grad(core, now, from, base, iteration, seq, values)
             }
             ToServer::Pull { have, min_clock } => self.on_pull(core, from, have, min_clock),

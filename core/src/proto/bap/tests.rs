@@ -28,7 +28,7 @@ fn server(n: u32, s: u64, dim: usize) -> Srv {
 }
 
 fn grad(base: u64, iteration: u64, seq: u64, values: &[f64]) -> ToServer<'_, f64> {
-    ToServer::Grad { base: Version(base), iteration, seq, values: Values::Slice(values) }
+    ToServer::Grad { base: Version(base), iteration, seq, values: Values::Slice(values), loss: None }
 }
 
 fn pull(have: u64, min_clock: u64) -> ToServer<'static, f64> {
@@ -85,8 +85,8 @@ fn iterations_aggregate_separately_and_close_in_order() {
     assert_eq!(
         updates,
         [
-            &ServerEvent::ModelUpdated { version: Version(1), contributions: 2 },
-            &ServerEvent::ModelUpdated { version: Version(2), contributions: 2 }
+            &ServerEvent::ModelUpdated { version: Version(1), contributions: 2, mean_loss: None },
+            &ServerEvent::ModelUpdated { version: Version(2), contributions: 2, mean_loss: None }
         ]
     );
     assert!(events.contains(&ServerEvent::Applied {
@@ -134,7 +134,7 @@ fn refusals_change_nothing() {
         (2, grad(0, 1, 0, &[1.0, 1.0])),      // unknown worker
         (1, pull(1, 0)),                      // have from the future
         (1, pull(0, 3)),                      // unreachable version
-        (1, ToServer::Clock { clock: 0, seq: 0, values: Values::Slice(&[1.0, 1.0]) }),
+        (1, ToServer::Clock { clock: 0, seq: 0, values: Values::Slice(&[1.0, 1.0]), loss: None }),
     ];
     let k = cases.len() as u64;
     for (w, msg) in cases {
@@ -177,7 +177,7 @@ fn timeout_closes_with_the_gradients_received_and_aborts_the_rest() {
     assert_eq!(s.version(), Version(1));
     assert_eq!(s.params(), &[-0.5]); // 1 - 0.5 * mean(2, 4)
     let (events, sends) = drain(&mut s);
-    assert!(events.contains(&ServerEvent::ModelUpdated { version: Version(1), contributions: 2 }));
+    assert!(events.contains(&ServerEvent::ModelUpdated { version: Version(1), contributions: 2, mean_loss: None }));
     assert!(sends.contains(&(Recipient::Worker(WorkerId(2)), ToWorkerOwned::Abort { iteration: 1 })));
     assert!(sends.contains(&(
         Recipient::Worker(WorkerId(0)),
@@ -490,8 +490,8 @@ fn an_empty_head_behind_a_later_iteration_times_out() {
     assert_eq!(s.version(), Version(2));
     assert_eq!(s.params(), &[-0.5]); // 1 - 0.5 * mean(2, 4)
     let (events, sends) = drain(&mut s);
-    assert!(events.contains(&ServerEvent::ModelUpdated { version: Version(1), contributions: 0 }));
-    assert!(events.contains(&ServerEvent::ModelUpdated { version: Version(2), contributions: 2 }));
+    assert!(events.contains(&ServerEvent::ModelUpdated { version: Version(1), contributions: 0, mean_loss: None }));
+    assert!(events.contains(&ServerEvent::ModelUpdated { version: Version(2), contributions: 2, mean_loss: None }));
     assert!(sends.contains(&(Recipient::Worker(WorkerId(0)), ToWorkerOwned::Abort { iteration: 1 })));
     assert_eq!(s.stats().applied, 2);
     // Nothing open: no deadline, and an empty server never closes anything.

@@ -163,7 +163,13 @@ impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for BapWorkerRules {
         self.phase.job().map(|job| job.id)
     }
 
-    fn on_gradient(&mut self, core: &mut WorkerCore<T, S>, now: Instant, grad: &[T]) -> Result<(), Reject> {
+    fn on_gradient(
+        &mut self,
+        core: &mut WorkerCore<T, S>,
+        now: Instant,
+        grad: &[T],
+        loss: Option<f32>,
+    ) -> Result<(), Reject> {
         let CachePhase::Computing(Job { iteration, base, .. }) = self.phase else {
             return Err(Reject::NoSuchComputation);
         };
@@ -175,7 +181,7 @@ impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for BapWorkerRules {
         }
         out.copy_from_slice(grad);
         // `base` is the cache the job started on (a model that arrived meanwhile is newer).
-        let sent = WorkerItem::Grad { base, iteration, seq: core.take_seq() };
+        let sent = WorkerItem::Grad { base, iteration, seq: core.take_seq(), loss };
         core.queue.push(sent);
         self.last_grad = Some(sent);
         self.next = iteration.saturating_add(1);

@@ -105,6 +105,8 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
             // the accumulation folded into the update, one pass over the accumulator fewer.
             let factor = self.config.gradient_policy.admit(values, dim)?;
             let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
+            // The lengths passed admission: the update below cannot fail.
+            core.before_update();
             core.version = self.round.add_and_close(
                 &mut core.roster,
                 from,
@@ -116,6 +118,7 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
                 core.version,
                 &mut core.queue,
                 &mut core.stats,
+                &mut core.loss,
             )?;
             core.roster.commit_seq(from, seq);
             core.stats.accepted += 1;
@@ -132,7 +135,7 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
             core::mem::swap(&mut self.acc, spare);
             core.roster.commit_seq(from, seq);
             core.stats.accepted += 1;
-            self.round.record(&mut core.roster, base, from, factor);
+            self.round.record(&mut core.roster, base, from, factor, &mut core.loss);
             return self.after_add(core, now, dim);
         }
         let factor = self.config.gradient_policy.admit(values, dim)?;
@@ -150,7 +153,7 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
             return Ok(());
         }
         let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
-        self.round.add(&mut core.roster, base, from, values, factor, acc)?;
+        self.round.add(&mut core.roster, base, from, values, factor, acc, &mut core.loss)?;
         self.after_add(core, now, dim)
     }
 
@@ -162,6 +165,7 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
         dim: usize,
     ) -> Result<(), Reject> {
         if self.round.len() == Self::needed(core) {
+            core.before_update();
             let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
             core.version = self.round.close(
                 core.params.as_mut(),
@@ -170,6 +174,7 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
                 core.version,
                 &mut core.queue,
                 &mut core.stats,
+                &mut core.loss,
             );
             core.send_model(Recipient::AllWorkers);
         }
@@ -192,7 +197,13 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BspRules<T, S> {
         msg: &ToServer<'_, T>,
     ) -> Result<(), Reject> {
         match *msg {
-            ToServer::Join { epoch } => core.join_and_send_model(from, epoch).map(|_| ()),
+            ToServer::Join { epoch } => {
+                let fresh = core.join(from, epoch)?;
+                if !core.join_waits_for_round(from, fresh) {
+                    core.send_model(Recipient::Worker(from));
+                }
+                Ok(())
+            }
             // By reference: a copy of `values` out of the caller's message waits on its stores.
             ToServer::Grad { base, seq, ref values, .. } => self.on_grad(core, now, from, base, seq, values),
             _ => Err(Reject::Unexpected { kind: msg.kind_name() }),

@@ -24,7 +24,7 @@ fn one_round_applies_the_mean_and_broadcasts() {
     let (events, sends) = drain(&mut s);
     let applied: Vec<_> = events.iter().filter(|e| matches!(e, ServerEvent::Applied { .. })).collect();
     assert_eq!(applied.len(), 2);
-    assert!(events.contains(&ServerEvent::ModelUpdated { version: Version(1), contributions: 2 }));
+    assert!(events.contains(&ServerEvent::ModelUpdated { version: Version(1), contributions: 2, mean_loss: None }));
     assert_eq!(sends.len(), 1);
     assert_eq!(sends[0].0, Recipient::AllWorkers);
     assert_eq!(sends[0].1, ToWorkerOwned::Model { version: 1, clock: 1, values: vec![-0.5, -2.0] });
@@ -70,7 +70,7 @@ fn refusals_change_nothing() {
         s.handle(
             now,
             WorkerId(1),
-            ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::LittleEndian(&le) }
+            ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::LittleEndian(&le), loss: None }
         ),
         Err(Reject::WrongLength(_))
     ));
@@ -100,7 +100,7 @@ fn stall_is_reported_naming_the_missing_worker() {
     s.handle(
         Instant::ZERO,
         WorkerId(0),
-        ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::Slice(&[1.0]) },
+        ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::Slice(&[1.0]), loss: None },
     )
     .unwrap();
     s.handle_worker_lost(Instant::ZERO, WorkerId(1)).unwrap();
@@ -182,7 +182,7 @@ proptest! {
             let base = Version((plain.version().0 + 1).saturating_sub(lag));
             let bytes: Vec<u8> = g.iter().flat_map(|v| v.to_le_bytes()).collect();
             let values = if x % 2 == 0 { Values::Slice(&g[..]) } else { Values::LittleEndian(&bytes[..]) };
-            let msg = ToServer::Grad { base, iteration: 0, seq, values };
+            let msg = ToServer::Grad { base, iteration: 0, seq, values, loss: None };
             let (a, b) = (plain.handle(Instant::ZERO, WorkerId(w), msg), fused.handle(Instant::ZERO, WorkerId(w), msg));
             prop_assert_eq!(a, b);
             loop {
@@ -240,7 +240,7 @@ proptest! {
                         _ => bad[0] = f32::MAX,
                     }
                     let before = (s.params().to_vec(), s.version(), s.contributors().collect::<Vec<_>>(), *s.stats());
-                    let msg = ToServer::Grad { base: Version(r as u64), iteration: 0, seq: 2 * r as u64, values: Values::Slice(&bad[..]) };
+                    let msg = ToServer::Grad { base: Version(r as u64), iteration: 0, seq: 2 * r as u64, values: Values::Slice(&bad[..]), loss: None };
                     prop_assert!(s.handle(Instant::ZERO, WorkerId(w as u32), msg).is_err());
                     prop_assert!(s.poll_output().is_none());
                     prop_assert_eq!(before.0, s.params().to_vec());
@@ -250,7 +250,7 @@ proptest! {
                 let bytes: Vec<u8> = g.iter().flat_map(|v| v.to_le_bytes()).collect();
                 let values = if kind % 2 == 0 { Values::Slice(&g[..]) } else { Values::LittleEndian(&bytes[..]) };
                 let f = cfg.gradient_policy.admit(&values, dim);
-                let msg = ToServer::Grad { base: Version(r as u64), iteration: 0, seq: 2 * r as u64 + 1, values };
+                let msg = ToServer::Grad { base: Version(r as u64), iteration: 0, seq: 2 * r as u64 + 1, values, loss: None };
                 let got = s.handle(Instant::ZERO, WorkerId(w as u32), msg);
                 prop_assert_eq!(got.is_ok(), f.is_ok());
                 let Ok(f) = f else { return Ok(()) };
@@ -320,4 +320,29 @@ proptest! {
     fn arbitrary_inputs_never_panic(ops in proptest::collection::vec((0u32..6, 0u64..4, 0u64..6, 0usize..4, -2.0f64..2.0, 0u8..8), 0..200)) {
         check_arbitrary_inputs(&mut server(4, 3), &ops, |s| s.received(), 3)?;
     }
+}
+
+#[test]
+fn a_retried_join_after_the_gradient_arrived_gets_no_model() {
+    // A worker that waited for the round and asks again (same session) lost nothing: the
+    // model it would get is the one it computed on. A retry before its gradient arrived, or
+    // after the round closed, still gets the model.
+    let mut s = server(2, 2);
+    let now = Instant::ZERO;
+    s.handle(now, WorkerId(0), ToServer::Join { epoch: 0 }).unwrap();
+    s.handle(now, WorkerId(0), ToServer::Join { epoch: 0 }).unwrap();
+    assert_eq!(drain(&mut s).1.len(), 2);
+    s.handle(now, WorkerId(0), grad(0, 0, &[1.0, 1.0])).unwrap();
+    let _ = drain(&mut s);
+    s.handle(now, WorkerId(0), ToServer::Join { epoch: 0 }).unwrap();
+    assert!(drain(&mut s).1.is_empty());
+    // A new session is answered: it may have lost the model the round's update brings.
+    s.handle(now, WorkerId(0), ToServer::Join { epoch: 1 }).unwrap();
+    assert_eq!(drain(&mut s).1.len(), 1);
+    s.handle(now, WorkerId(1), grad(0, 0, &[1.0, 1.0])).unwrap();
+    let _ = drain(&mut s);
+    s.handle(now, WorkerId(1), ToServer::Join { epoch: 0 }).unwrap();
+    let (_, sends) = drain(&mut s);
+    assert_eq!(sends.len(), 1);
+    assert_eq!(sends[0].0, Recipient::Worker(WorkerId(1)));
 }

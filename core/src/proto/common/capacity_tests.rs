@@ -27,7 +27,7 @@ const SOME: u32 = 300;
 
 type Srv = AnyServer<f64, Vec<f64>, Heap>;
 
-fn configs(n: u32) -> Vec<ProtocolConfig> {
+pub(crate) fn configs(n: u32) -> Vec<ProtocolConfig> {
     let mut backup_b = BackupConfig::new(n, 0.1, 8);
     backup_b.interrupt = Interrupt::RunToCompletion;
     let mut bap = BapConfig::new(n, 0.1, 2);

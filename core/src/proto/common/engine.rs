@@ -11,9 +11,10 @@
 //! parameter `M` ([`Storage`]: [`Inline<N>`](super::table::Inline) by default, `Heap` with
 //! the `alloc` feature); the output queue's depth is a constant.
 
+use super::loss::LossTally;
 use super::queue::{BatchKind, ServerItem, ServerQueue};
 use super::roster::Roster;
-use super::round::check_learning_rate;
+use super::round::{Round, check_learning_rate};
 use super::stall::StallWatch;
 use super::table::{DEFAULT_INLINE_WORKERS, Inline, Slot, Storage, WorkerRecord};
 use crate::error::{ConfigError, Reject};
@@ -41,6 +42,10 @@ pub struct ServerCore<T, S, M: Storage, X: Slot> {
     pub(crate) queue: ServerQueue,
     /// Whom the server waits for, and since when.
     pub(crate) stall: StallWatch,
+    /// The reported losses of the pending update and of the message being handled.
+    pub(crate) loss: LossTally,
+    /// Momentum: `β` and the model before the last update (see `momentum`), if enabled.
+    pub(crate) momentum: Option<(T, S)>,
     _t: PhantomData<T>,
 }
 
@@ -68,6 +73,8 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, X: Slot> ServerCore<T, S, M, X> {
             stats: ServerStats::default(),
             queue: ServerQueue::new(),
             stall,
+            loss: LossTally::new(),
+            momentum: None,
             _t: PhantomData,
         })
     }
@@ -75,6 +82,29 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, X: Slot> ServerCore<T, S, M, X> {
     /// The model's length.
     pub(crate) fn dim(&self) -> usize {
         self.params.as_ref().len()
+    }
+
+    /// Momentum's extrapolation, right before an update is applied: `x ← x + β(x − x_prev)`,
+    /// `x_prev ← x`. Nothing without momentum.
+    #[inline]
+    pub(crate) fn before_update(&mut self) {
+        if let Some((beta, prev)) = self.momentum.as_mut() {
+            super::momentum::extrapolate(self.params.as_mut(), prev.as_mut(), *beta);
+        }
+    }
+
+    /// The minibatch loss the message being handled reports, if any (finite): what a
+    /// protocol's rules see with the contribution they take.
+    pub fn reported_loss(&self) -> Option<f32> {
+        self.loss.incoming()
+    }
+
+    /// Queues the [`ServerEvent::ModelUpdated`] of the update that made `version` from
+    /// `contributions` contributions, with the mean of the losses counted into it.
+    #[inline]
+    pub(crate) fn updated(&mut self, version: Version, contributions: u32) {
+        let mean_loss = self.loss.take_mean();
+        self.event(ServerEvent::ModelUpdated { version, contributions, mean_loss });
     }
 
     /// The number of workers, `n`.
@@ -132,6 +162,16 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, X: Slot> ServerCore<T, S, M, X> {
         let fresh = self.join(from, epoch)?;
         self.send_model(Recipient::Worker(from));
         Ok(fresh)
+    }
+
+    /// Whether a `Join` needs no answer in a protocol of rounds (BSP, backup workers, DBW):
+    /// it repeats the worker's session (a retry after waiting, not a new session) and the
+    /// worker's gradient on the current model is already in the open round. Such a worker lost
+    /// nothing; the model it would get is the one it computed on, so it would compute the same
+    /// step again only for the server to refuse the repeat as a duplicate. The round's update
+    /// brings it the next model.
+    pub(crate) fn join_waits_for_round(&self, from: WorkerId, fresh: bool) -> bool {
+        !fresh && Round::contains(&self.roster, from, self.version)
     }
 }
 
@@ -233,6 +273,40 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
     /// The protocol's own state.
     pub(crate) fn rules(&self) -> &R {
         &self.rules
+    }
+
+    /// SGD with momentum `beta` (in `[0, 1)`) on every update: `x ← x + β(x − x_prev)`
+    /// before each update's step, PyTorch's `v ← βv + g; x ← x − ηv` for a constant step.
+    /// `prev` (at least the model's length, caller-owned) holds the model before the last
+    /// update; it is set here to the current model (no velocity yet), or, to resume a run,
+    /// use [`Self::with_momentum_state`]. `beta == 0` leaves the server plain SGD, bit for
+    /// bit.
+    pub fn with_momentum(self, beta: f64, mut prev: S) -> Result<Self, ConfigError> {
+        let dim = self.core.dim();
+        let Some(p) = prev.as_mut().get_mut(..dim) else {
+            return Err(ConfigError::ScratchTooSmall { needed: dim, given: prev.as_ref().len() });
+        };
+        p.copy_from_slice(self.core.params.as_ref());
+        self.with_momentum_state(beta, prev)
+    }
+
+    /// [`Self::with_momentum`] with `prev` already holding the model before the last update
+    /// (from a checkpoint).
+    pub fn with_momentum_state(mut self, beta: f64, prev: S) -> Result<Self, ConfigError> {
+        super::momentum::check_beta(beta)?;
+        let (dim, given) = (self.core.dim(), prev.as_ref().len());
+        if given < dim {
+            return Err(ConfigError::ScratchTooSmall { needed: dim, given });
+        }
+        self.core.momentum = (beta > 0.0).then(|| (T::from_f64(beta), prev));
+        Ok(self)
+    }
+
+    /// The momentum buffer (the model before the last update, for checkpoints), if the
+    /// server has momentum.
+    pub fn momentum_buffer(&self) -> Option<&[T]> {
+        let dim = self.core.dim();
+        self.core.momentum.as_ref().and_then(|(_, p)| p.as_ref().get(..dim))
     }
 
     /// Out of line: inlined into `handle`, its path made `handle` save six registers on every
@@ -352,6 +426,17 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> Server<T> for Proto
             // cannot forward.
             match msg {
                 ToServer::Leave => self.lose(now, from),
+                ToServer::Grad { loss: Some(l), .. }
+                | ToServer::Delta { loss: Some(l), .. }
+                | ToServer::Clock { loss: Some(l), .. } => {
+                    if !l.is_finite() {
+                        return Err(Reject::LossNotFinite);
+                    }
+                    self.core.loss.incoming = Some(l);
+                    let result = self.rules.on_message(&mut self.core, now, from, &msg);
+                    self.core.loss.incoming = None;
+                    result
+                }
                 _ => self.rules.on_message(&mut self.core, now, from, &msg),
             }
         });

@@ -10,7 +10,9 @@
 //! that long for a model sends `Join` again (same epoch); the server answers with its
 //! current model, so a lost gradient or a lost broadcast costs one timeout, never a hang.
 //! A model with the version the worker last computed on is taken as such a retransmission
-//! and computed again (the server refuses the repeat as a duplicate if the first arrived).
+//! and computed again. The servers of rounds (BSP, backup workers, DBW) send no such model
+//! when the worker's gradient on it is already in the round; otherwise the server refuses
+//! the repeat as a duplicate if the first arrived.
 //!
 //! Memory: one caller-owned buffer of the model's length holds the model while the host
 //! computes, then the gradient while it is sent. The gradient is checked (finite) while it
@@ -104,15 +106,24 @@ impl<T: Scalar, S: Buffer<T>> ProtocolWorker<T, S, GradientRules> {
     /// (one read pass checks that every element is finite), but an accepted gradient is not
     /// copied: `buf` and the worker's buffer trade places, so the `Grad` it sends reads the
     /// host's own buffer, and `buf` holds the worker's previous buffer (the model the host
-    /// computed on, now dead). A refused gradient leaves both buffers as they were.
-    pub fn handle_gradient_in(&mut self, now: Instant, id: ComputeId, buf: &mut S) -> Result<(), Reject> {
+    /// computed on, now dead). A refused gradient leaves both buffers as they were. `loss`
+    /// is the minibatch loss sent with the gradient, if reported (as
+    /// [`Worker::handle_gradient_with_loss`](crate::proto::Worker::handle_gradient_with_loss)).
+    pub fn handle_gradient_in(
+        &mut self,
+        now: Instant,
+        id: ComputeId,
+        buf: &mut S,
+        loss: Option<f32>,
+    ) -> Result<(), Reject> {
         self.check_computation(id)?;
+        crate::proto::common::loss::LossTally::check(loss)?;
         let version = self.rules.gradient_base(&mut self.core, buf.as_ref().len())?;
         if !math::all_finite(buf.as_ref()) {
             return Err(Reject::NotFinite);
         }
         core::mem::swap(&mut self.core.params, buf);
-        self.rules.sent(&mut self.core, now, version);
+        self.rules.sent(&mut self.core, now, version, loss);
         Ok(())
     }
 }
@@ -152,9 +163,15 @@ impl GradientRules {
 
     /// A gradient of the computation on `version` was accepted into the worker's buffer:
     /// queue its `Grad` and wait for the next model.
-    fn sent<T: Scalar, S: Buffer<T>>(&mut self, core: &mut WorkerCore<T, S>, now: Instant, version: Version) {
+    fn sent<T: Scalar, S: Buffer<T>>(
+        &mut self,
+        core: &mut WorkerCore<T, S>,
+        now: Instant,
+        version: Version,
+        loss: Option<f32>,
+    ) {
         let seq = core.take_seq();
-        core.queue.push(WorkerItem::Grad { base: version, iteration: self.steps, seq });
+        core.queue.push(WorkerItem::Grad { base: version, iteration: self.steps, seq, loss });
         self.steps += 1;
         self.phase = Phase::Waiting { since: now, sent: Some(version) };
     }
@@ -212,7 +229,13 @@ impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for GradientRules {
         }
     }
 
-    fn on_gradient(&mut self, core: &mut WorkerCore<T, S>, now: Instant, grad: &[T]) -> Result<(), Reject> {
+    fn on_gradient(
+        &mut self,
+        core: &mut WorkerCore<T, S>,
+        now: Instant,
+        grad: &[T],
+        loss: Option<f32>,
+    ) -> Result<(), Reject> {
         let version = self.gradient_base(core, grad.len())?;
         if core.queue.ensure_room(WORKER_QUEUE).is_ok() {
             // No pending output reads the buffer (the host already has its `Compute`), and
@@ -228,7 +251,7 @@ impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for GradientRules {
             }
             core.params.as_mut().copy_from_slice(grad);
         }
-        self.sent(core, now, version);
+        self.sent(core, now, version, loss);
         Ok(())
     }
 
@@ -389,7 +412,7 @@ mod tests {
             let grad = |w: &mut GradientWorker<f32, Vec<f32>>, id: u64, g: &[f32]| {
                 if lend {
                     let mut buf = g.to_vec();
-                    let r = w.handle_gradient_in(Instant::ZERO, ComputeId(id), &mut buf);
+                    let r = w.handle_gradient_in(Instant::ZERO, ComputeId(id), &mut buf, None);
                     if r.is_err() {
                         assert_eq!(buf, g);
                     }

@@ -2,7 +2,8 @@
 //! version, roster, counters, output queue, stall watch and the one implementation of the
 //! server verbs), caller-sized per-worker storage ([`table`]), membership and
 //! deduplication (`roster`), the output queues (`queue`),
-//! the aggregation round of the synchronous protocols (`round`), gradient admission
+//! the aggregation round of the synchronous protocols (`round`), the reported minibatch
+//! losses on their way into the updates ([`loss`]), gradient admission
 //! (`validate`), the stall watchdog (`stall`), the worker engine ([`worker`]: id, epoch,
 //! sequence and job numbering, buffers, output queue, stop flag and the one implementation
 //! of the worker verbs, over which every protocol's worker is a small policy) and the
@@ -11,6 +12,8 @@
 
 pub mod engine;
 pub mod gradient_worker;
+pub mod loss;
+pub(crate) mod momentum;
 pub mod queue;
 pub(crate) mod roster;
 pub(crate) mod round;
@@ -22,6 +25,6 @@ pub(crate) mod validate;
 pub mod worker;
 
 #[cfg(test)]
-mod capacity_tests;
+pub(crate) mod capacity_tests;
 #[cfg(test)]
 mod loss_tests;

@@ -333,12 +333,14 @@ pub(crate) enum WorkerItem {
         base: Version,
         iteration: u64,
         seq: u64,
+        loss: Option<f32>,
     },
     /// Payload: the worker's outgoing buffer.
     Delta {
         round: Version,
         local_steps: u32,
         seq: u64,
+        loss: Option<f32>,
     },
     Pull {
         have: Version,
@@ -348,6 +350,7 @@ pub(crate) enum WorkerItem {
     Clock {
         clock: u64,
         seq: u64,
+        loss: Option<f32>,
     },
     /// Params: the worker's model buffer.
     Compute {
@@ -395,15 +398,15 @@ impl WorkerQueue {
         let item = self.items.pop_front()?;
         Some(match item {
             WorkerItem::Join { epoch } => WorkerOutput::Send(ToServer::Join { epoch }),
-            WorkerItem::Grad { base, iteration, seq } => {
-                WorkerOutput::Send(ToServer::Grad { base, iteration, seq, values: Values::Slice(outgoing) })
+            WorkerItem::Grad { base, iteration, seq, loss } => {
+                WorkerOutput::Send(ToServer::Grad { base, iteration, seq, values: Values::Slice(outgoing), loss })
             }
-            WorkerItem::Delta { round, local_steps, seq } => {
-                WorkerOutput::Send(ToServer::Delta { round, local_steps, seq, values: Values::Slice(outgoing) })
+            WorkerItem::Delta { round, local_steps, seq, loss } => {
+                WorkerOutput::Send(ToServer::Delta { round, local_steps, seq, values: Values::Slice(outgoing), loss })
             }
             WorkerItem::Pull { have, min_clock } => WorkerOutput::Send(ToServer::Pull { have, min_clock }),
-            WorkerItem::Clock { clock, seq } => {
-                WorkerOutput::Send(ToServer::Clock { clock, seq, values: Values::Slice(outgoing) })
+            WorkerItem::Clock { clock, seq, loss } => {
+                WorkerOutput::Send(ToServer::Clock { clock, seq, values: Values::Slice(outgoing), loss })
             }
             WorkerItem::Compute { id, version } => WorkerOutput::Compute { id, version, params },
             WorkerItem::Event(e) => WorkerOutput::Event(e),
@@ -416,7 +419,11 @@ mod tests {
     use super::*;
 
     fn event(i: u32) -> ServerItem {
-        ServerItem::Event(ServerEvent::ModelUpdated { version: Version(u64::from(i)), contributions: i })
+        ServerItem::Event(ServerEvent::ModelUpdated {
+            version: Version(u64::from(i)),
+            contributions: i,
+            mean_loss: None,
+        })
     }
 
     fn popped(q: &mut ServerQueue) -> Option<u32> {

@@ -4,6 +4,7 @@
 //! caller-owned accumulator; and the close that applies the mean and reports one outcome per
 //! contribution as one batched item.
 
+use super::loss::LossTally;
 use super::queue::{BatchKind, ServerItem, ServerQueue};
 use super::roster::Roster;
 use super::table::{Slot, Storage};
@@ -69,7 +70,7 @@ impl Round {
     }
 
     /// Adds `factor * values` into `acc` for `worker` (already checked not to be in the
-    /// round open at `version`).
+    /// round open at `version`), and its reported loss into `loss`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn add<T: Scalar, M: Storage, X: Slot>(
         &mut self,
@@ -79,28 +80,32 @@ impl Round {
         values: &Values<'_, T>,
         factor: T,
         acc: &mut [T],
+        loss: &mut LossTally,
     ) -> Result<(), Reject> {
         if factor == T::one() {
             values.add_into(acc)?;
         } else {
             values.scaled_add_into(acc, factor)?;
         }
-        self.record(roster, version, worker, factor);
+        self.record(roster, version, worker, factor, loss);
         Ok(())
     }
 
     /// Records `worker`'s contribution with `factor` whose values the caller already added
-    /// (the fused path: [`GradientPolicy::admit_add_to`] into a spare accumulator).
+    /// (the fused path: [`GradientPolicy::admit_add_to`] into a spare accumulator), and its
+    /// reported loss into `loss`.
     pub(crate) fn record<T: Scalar, M: Storage, X: Slot>(
         &mut self,
         roster: &mut Roster<M, X>,
         version: Version,
         worker: WorkerId,
         factor: T,
+        loss: &mut LossTally,
     ) {
         if let Some(r) = roster.record_mut(worker) {
             if r.mark != mark_of(version) {
                 self.count += 1;
+                loss.count();
             }
             r.mark = mark_of(version);
             r.ext.set_factor(factor.to_f64() as f32);
@@ -108,8 +113,9 @@ impl Round {
     }
 
     /// Closes the round: `params -= lr/k * acc`, `acc = 0`, queues the contributors'
-    /// `Applied` events (one batch, expanded in id order) and a `ModelUpdated`. Returns the
-    /// new version.
+    /// `Applied` events (one batch, expanded in id order) and a `ModelUpdated` with the
+    /// mean of the losses in `loss`. Returns the new version.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn close<T: Scalar>(
         &mut self,
         params: &mut [T],
@@ -118,10 +124,11 @@ impl Round {
         base: Version,
         queue: &mut ServerQueue,
         stats: &mut ServerStats,
+        loss: &mut LossTally,
     ) -> Version {
         // Lengths were fixed at construction; a mismatch is impossible here.
         let _ = math::apply_and_clear(params, Self::rate(learning_rate, self.count), acc);
-        self.finish(base, queue, stats)
+        self.finish(base, queue, stats, loss)
     }
 
     /// The update's factor `−lr/k` for `k` contributions (at least 1).
@@ -146,21 +153,29 @@ impl Round {
         base: Version,
         queue: &mut ServerQueue,
         stats: &mut ServerStats,
+        loss: &mut LossTally,
     ) -> Result<Version, Reject> {
         let k = self.count + usize::from(!Self::contains(roster, worker, base));
         values.add_apply_and_clear(factor, params, Self::rate(learning_rate, k), acc)?;
-        self.record(roster, base, worker, factor);
-        Ok(self.finish(base, queue, stats))
+        self.record(roster, base, worker, factor, loss);
+        Ok(self.finish(base, queue, stats, loss))
     }
 
     /// The bookkeeping of a close once the update is applied: events, stats, next version.
-    fn finish(&mut self, base: Version, queue: &mut ServerQueue, stats: &mut ServerStats) -> Version {
+    fn finish(
+        &mut self,
+        base: Version,
+        queue: &mut ServerQueue,
+        stats: &mut ServerStats,
+        loss: &mut LossTally,
+    ) -> Version {
         let k = self.count.max(1);
         let version = base.next();
         queue.push_batch(BatchKind::Applied { base, version, k: k as u32 });
         stats.applied += k as u64;
         stats.updates += 1;
-        queue.push(ServerItem::Event(ServerEvent::ModelUpdated { version, contributions: k as u32 }));
+        let mean_loss = loss.take_mean();
+        queue.push(ServerItem::Event(ServerEvent::ModelUpdated { version, contributions: k as u32, mean_loss }));
         self.count = 0;
         version
     }

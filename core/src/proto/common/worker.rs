@@ -237,8 +237,15 @@ pub trait WorkerRules<T: Scalar, S: Buffer<T>> {
     /// The computation the host is running for this worker, if any.
     fn computing(&self) -> Option<ComputeId>;
 
-    /// The host's gradient for [`Self::computing`].
-    fn on_gradient(&mut self, core: &mut WorkerCore<T, S>, now: Instant, grad: &[T]) -> Result<(), Reject>;
+    /// The host's gradient for [`Self::computing`], with its minibatch loss if reported
+    /// (finite: the engine refused any other).
+    fn on_gradient(
+        &mut self,
+        core: &mut WorkerCore<T, S>,
+        now: Instant,
+        grad: &[T],
+        loss: Option<f32>,
+    ) -> Result<(), Reject>;
 
     /// Since when the worker waits for the server (the rejoin timer runs from there), if it
     /// waits.
@@ -294,9 +301,16 @@ impl<T: Scalar, S: Buffer<T>, P: WorkerRules<T, S>> Worker<T> for ProtocolWorker
         }
     }
 
-    fn handle_gradient(&mut self, now: Instant, id: ComputeId, grad: &[T]) -> Result<(), Reject> {
+    fn handle_gradient_with_loss(
+        &mut self,
+        now: Instant,
+        id: ComputeId,
+        grad: &[T],
+        loss: Option<f32>,
+    ) -> Result<(), Reject> {
         self.check_computation(id)?;
-        self.rules.on_gradient(&mut self.core, now, grad)
+        crate::proto::common::loss::LossTally::check(loss)?;
+        self.rules.on_gradient(&mut self.core, now, grad, loss)
     }
 
     fn handle_timeout(&mut self, now: Instant) {

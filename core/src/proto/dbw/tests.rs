@@ -55,7 +55,8 @@ fn drive(
         for (t, w) in arrivals {
             let g = grad(w, &params);
             now = start + Duration::from_secs_f64(t);
-            let msg = ToServer::Grad { base: v, iteration: 0, seq: seq[w as usize], values: Values::Slice(&g) };
+            let msg =
+                ToServer::Grad { base: v, iteration: 0, seq: seq[w as usize], values: Values::Slice(&g), loss: None };
             s.handle(now, WorkerId(w), msg).unwrap();
             seq[w as usize] += 1;
             if s.version() != v {
@@ -180,7 +181,7 @@ fn config_errors_and_refusals() {
 
     let mut s = server(base, 2);
     let g = [1.0, 1.0];
-    let msg = |seq| ToServer::Grad { base: Version(0), iteration: 0, seq, values: Values::Slice(&g) };
+    let msg = |seq| ToServer::Grad { base: Version(0), iteration: 0, seq, values: Values::Slice(&g), loss: None };
     s.handle(Instant::ZERO, WorkerId(0), msg(0)).unwrap();
     assert_eq!(s.handle(Instant::ZERO, WorkerId(0), msg(1)), Err(Reject::Duplicate { worker: WorkerId(0), seq: 1 }));
     assert_eq!(s.handle(Instant::ZERO, WorkerId(7), msg(0)), Err(Reject::UnknownWorker(WorkerId(7))));
@@ -201,13 +202,13 @@ fn lost_workers_bound_the_next_k() {
     let mut s = server(config, 1);
     s.handle_worker_lost(Instant::ZERO, WorkerId(3)).unwrap();
     for w in 0..3 {
-        let msg = ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::Slice(&[1.0]) };
+        let msg = ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::Slice(&[1.0]), loss: None };
         s.handle(Instant::ZERO, WorkerId(w), msg).unwrap();
     }
     // Iteration 0 needed 4 (chosen before the loss): it waits; the stall is the
     // protocol's, and the next choice adapts once it closes.
     assert_eq!(s.version(), Version(0));
-    let msg = ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::Slice(&[1.0]) };
+    let msg = ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::Slice(&[1.0]), loss: None };
     s.handle(Instant::ZERO, WorkerId(3), msg).unwrap();
     assert_eq!(s.version(), Version(1));
     let mut events = Vec::new();
@@ -220,7 +221,7 @@ fn lost_workers_bound_the_next_k() {
     assert_eq!(chosen(&events), [(1, 4)]);
     s.handle_worker_lost(Instant::ZERO, WorkerId(2)).unwrap();
     for w in [0, 1, 3] {
-        let msg = ToServer::Grad { base: Version(1), iteration: 0, seq: 1, values: Values::Slice(&[1.0]) };
+        let msg = ToServer::Grad { base: Version(1), iteration: 0, seq: 1, values: Values::Slice(&[1.0]), loss: None };
         s.handle(Instant::ZERO, WorkerId(w), msg).unwrap();
     }
     assert_eq!(s.version(), Version(1), "k = 4 chosen before the loss holds for this iteration");
@@ -351,4 +352,37 @@ fn an_inline_server_for_eight_workers_fits_in_8_kib() {
     assert!(DbwServer::<f32, &mut [f32], Inline<8>>::new(DbwConfig::new(8, 0.1), &mut params, &mut scratch).is_ok());
     let (mut params, mut scratch) = ([0.0f32; 4], [0.0f32; 8]);
     assert!(DbwServer::<f32, &mut [f32], Inline<8>>::new(DbwConfig::new(9, 0.1), &mut params, &mut scratch).is_err());
+}
+
+#[test]
+fn a_retried_join_after_the_gradient_arrived_gets_no_model() {
+    // A worker waiting for the round asks again (same session): its gradient on the current
+    // model is in, so a model would only make it compute the same step again, which the server
+    // would refuse as a duplicate.
+    let mut s = server(DbwConfig::new(3, 0.1), 2);
+    let now = Instant::ZERO;
+    for w in 0..3 {
+        s.handle(now, WorkerId(w), ToServer::Join { epoch: 0 }).unwrap();
+    }
+    let g = [1.0, 1.0];
+    s.handle(
+        now,
+        WorkerId(1),
+        ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::Slice(&g), loss: None },
+    )
+    .unwrap();
+    while s.poll_output().is_some() {}
+    s.handle(now, WorkerId(1), ToServer::Join { epoch: 0 }).unwrap();
+    let mut models = 0;
+    while let Some(o) = s.poll_output() {
+        models += usize::from(matches!(o, ServerOutput::Send { msg: ToWorker::Model { .. }, .. }));
+    }
+    assert_eq!(models, 0);
+    // A worker whose gradient is not in the round is answered.
+    s.handle(now, WorkerId(2), ToServer::Join { epoch: 0 }).unwrap();
+    let mut to_2 = 0;
+    while let Some(o) = s.poll_output() {
+        to_2 += usize::from(matches!(o, ServerOutput::Send { to: Recipient::Worker(WorkerId(2)), .. }));
+    }
+    assert_eq!(to_2, 1);
 }

@@ -5,6 +5,7 @@ use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
 use crate::math::{self, Scalar};
 use crate::msg::{ToWorker, Values};
+use crate::proto::common::loss::LossTally;
 use crate::proto::common::queue::FrontQueue;
 use crate::proto::common::roster::Roster;
 use crate::proto::common::stall::StallWatch;
@@ -393,6 +394,9 @@ pub(super) struct Group {
     pub(super) count: u32,
     /// Members that joined while the group had no model to give them.
     pub(super) waiting: u32,
+    /// The losses its members reported with the gradients of the steps since the last
+    /// exchange.
+    pub(super) loss: LossTally,
     /// Exchanges sent (the upstream `Grad`'s `iteration`).
     pub(super) exchanges: u64,
     /// The next upstream sequence number.
@@ -419,6 +423,7 @@ impl Group {
             mark: shared.new_mark(),
             count: 0,
             waiting: 0,
+            loss: LossTally::new(),
             exchanges: 0,
             seq: 0,
             stall,
@@ -445,8 +450,10 @@ impl Group {
         base: Version,
         seq: u64,
         values: &Values<'_, T>,
+        loss: Option<f32>,
         acc: &mut [T],
     ) -> Result<Added<T>, Reject> {
+        LossTally::check(loss)?;
         sh.roster.check_seq(from, seq)?;
         let open = self.phase == Phase::Collecting && base == self.version;
         let mut scaled = None;
@@ -494,6 +501,7 @@ impl Group {
             r.ext.factor = factor.to_f64() as f32;
         }
         self.count += 1;
+        self.loss.add(loss);
         self.stall.progress(now);
         Ok(match scaled {
             Some(sq) => Added::Scaled(sq),
@@ -589,6 +597,7 @@ impl Group {
                 sh.stats.count_drop(DropReason::Aborted);
             }
             sh.push_batch(self.id, Batch::Aborted { mark: self.mark, base: self.version });
+            let _ = self.loss.take_mean();
             self.open_step(sh);
             self.step = 0;
             self.phase = Phase::Joining;
@@ -689,7 +698,8 @@ impl Group {
                 });
                 self.report_applied(sh, version, staleness);
                 sh.stats.updates += 1;
-                sh.event(ServerEvent::ModelUpdated { version: central, contributions });
+                let mean_loss = self.loss.take_mean();
+                sh.event(ServerEvent::ModelUpdated { version: central, contributions, mean_loss });
                 version
             }
             // After a dropped step, or when the central model moved: a new version. A refresh

@@ -16,7 +16,7 @@ use super::*;
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Up {
     Join,
-    Grad { base: Version, iteration: u64, seq: u64 },
+    Grad { base: Version, iteration: u64, seq: u64, loss: Option<f32> },
 }
 
 /// One group server on its own (for a group server in its own process): BSP toward its
@@ -113,7 +113,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupServer<T, S, M> {
                     }
                     self.shared.on_join(&mut self.group, from, epoch)
                 }
-                ToServer::Grad { base, seq, ref values, .. } => {
+                ToServer::Grad { base, seq, ref values, loss, .. } => {
                     if self.up.len() + 1 > self.up.capacity() {
                         return Err(Reject::Capacity);
                     }
@@ -123,13 +123,13 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupServer<T, S, M> {
                     let total_len = if shared.config.local_steps > 1 { dim } else { 0 };
                     let (acc, total) = self.scratch.as_mut().split_at_mut_checked(dim).ok_or(Reject::Capacity)?;
                     let total = total.get_mut(..total_len).ok_or(Reject::Capacity)?;
-                    let added = group.on_grad(shared, now, from, base, seq, values, acc)?;
+                    let added = group.on_grad(shared, now, from, base, seq, values, loss, acc)?;
                     if added.complete() {
                         let up = match group.close(shared, now, self.model.as_mut(), acc, total, added) {
                             Closed::Local => None,
                             Closed::Exchange => {
                                 let (base, iteration, seq) = group.take_exchange();
-                                Some(Up::Grad { base, iteration, seq })
+                                Some(Up::Grad { base, iteration, seq, loss: group.loss.mean() })
                             }
                             Closed::Rejoin => Some(Up::Join),
                         };
@@ -178,12 +178,12 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupServer<T, S, M> {
         let item = self.up.pop_front()?;
         Some(ServerOutput::Upstream(match item {
             Up::Join => ToServer::Join { epoch: self.epoch },
-            Up::Grad { base, iteration, seq } => {
+            Up::Grad { base, iteration, seq, loss } => {
                 let dim = model.len();
                 let scratch = self.scratch.as_ref();
                 let aggregate =
                     if self.shared.config.local_steps > 1 { scratch.get(dim..2 * dim) } else { scratch.get(..dim) };
-                ToServer::Grad { base, iteration, seq, values: Values::Slice(aggregate.unwrap_or(&[])) }
+                ToServer::Grad { base, iteration, seq, values: Values::Slice(aggregate.unwrap_or(&[])), loss }
             }
         }))
     }

@@ -34,6 +34,21 @@ pub struct GroupedServer<T, S, M: Storage = Inline<DEFAULT_INLINE_WORKERS>> {
 }
 
 impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
+    /// SGD with momentum on the central model (see
+    /// [`ProtocolServer::with_momentum`](crate::proto::ProtocolServer::with_momentum)).
+    pub fn with_momentum(mut self, beta: f64, prev: S) -> Result<Self, ConfigError> {
+        self.central = self.central.with_momentum(beta, prev)?;
+        Ok(self)
+    }
+
+    /// [`Self::with_momentum`] from a checkpoint's buffer.
+    pub fn with_momentum_state(mut self, beta: f64, prev: S) -> Result<Self, ConfigError> {
+        self.central = self.central.with_momentum_state(beta, prev)?;
+        Ok(self)
+    }
+}
+
+impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
     /// A server starting from the model in `params` at version 0.
     pub fn new(config: GroupedConfig, params: S, scratch: S) -> Result<Self, ConfigError> {
         Self::resume(config, params, scratch, Version::ZERO)
@@ -176,6 +191,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
             .poll(|g| groups.get(g as usize).map_or(Version::ZERO, |gr| gr.version), |g| model_of(scratch, g, dim, per))
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn on_grad(
         &mut self,
         now: Instant,
@@ -184,11 +200,12 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
         base: Version,
         seq: u64,
         values: &Values<'_, T>,
+        loss: Option<f32>,
     ) -> Result<(), Reject> {
         let Self { scratch, groups, shared, dim, per, .. } = self;
         let group = groups.get_mut(g).ok_or(Reject::UnknownWorker(from))?;
         let (model, acc, total) = parts(scratch.as_mut(), g, *dim, *per).ok_or(Reject::Capacity)?;
-        let added = group.on_grad(shared, now, from, base, seq, values, acc)?;
+        let added = group.on_grad(shared, now, from, base, seq, values, loss, acc)?;
         if added.complete() {
             let closed = group.close(shared, now, model, acc, total, added);
             self.exchange(now, g, closed);
@@ -220,7 +237,9 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupedServer<T, S, M> {
                 }
                 // By reference: copying `values` out of the caller's message loads it in one
                 // 16-byte piece right after the caller's 8-byte stores (a store-forwarding stall).
-                ToServer::Grad { base, seq, ref values, .. } => self.on_grad(now, g, from, base, seq, values),
+                ToServer::Grad { base, seq, ref values, loss, .. } => {
+                    self.on_grad(now, g, from, base, seq, values, loss)
+                }
                 ToServer::Leave => self.shared.on_lost(from),
                 other => Err(Reject::Unexpected { kind: other.kind_name() }),
             }

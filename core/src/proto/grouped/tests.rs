@@ -22,7 +22,7 @@ fn grouped(config: GroupedConfig, dim: usize) -> Grouped {
 }
 
 fn grad(base: u64, seq: u64, values: &[f64]) -> ToServer<'_, f64> {
-    ToServer::Grad { base: Version(base), iteration: 0, seq, values: Values::Slice(values) }
+    ToServer::Grad { base: Version(base), iteration: 0, seq, values: Values::Slice(values), loss: None }
 }
 
 /// An output with its payload copied.
@@ -394,7 +394,7 @@ fn a_group_step_updates_the_central_model_on_arrival() {
                 staleness: 0,
                 weight: 0.5
             }),
-            Out::Event(ServerEvent::ModelUpdated { version: Version(1), contributions: 2 }),
+            Out::Event(ServerEvent::ModelUpdated { version: Version(1), contributions: 2, mean_loss: None }),
             Out::Send(
                 Recipient::Worker(WorkerId(2)),
                 ToWorkerOwned::Model { version: 1, clock: 1, values: vec![-1.0] }
@@ -576,7 +576,11 @@ fn local_steps_move_the_group_model_and_send_the_sum() {
             contributions: 4
         })
     );
-    assert!(outs.contains(&Out::Event(ServerEvent::ModelUpdated { version: Version(1), contributions: 4 })));
+    assert!(outs.contains(&Out::Event(ServerEvent::ModelUpdated {
+        version: Version(1),
+        contributions: 4,
+        mean_loss: None
+    })));
     assert!(outs.contains(&Out::Send(
         Recipient::AllWorkers,
         ToWorkerOwned::Model { version: 2, clock: 2, values: vec![-2.5] }
@@ -591,7 +595,13 @@ fn an_aggregate_that_would_overflow_is_dropped_and_the_group_restarts() {
     let mut s: GroupedServer<f32, Vec<f32>> = GroupedServer::new(c, vec![0.0; 1], vec![0.0; 3]).unwrap();
     // Its square is finite; the square of twice it is not.
     const BIG: [f32; 1] = [1.5e19];
-    let g = |seq, base: u64| ToServer::Grad { base: Version(base), iteration: 0, seq, values: Values::Slice(&BIG[..]) };
+    let g = |seq, base: u64| ToServer::Grad {
+        base: Version(base),
+        iteration: 0,
+        seq,
+        values: Values::Slice(&BIG[..]),
+        loss: None,
+    };
     s.handle(Instant::ZERO, WorkerId(0), g(0, 0)).unwrap();
     let _ = drain_server_f32(&mut s);
     s.handle(Instant::ZERO, WorkerId(0), g(1, 1)).unwrap();
@@ -1015,8 +1025,8 @@ proptest! {
             *seq += 1;
             let values = &values[..dim];
             let bytes = le_bytes(values);
-            let slice = ToServer::Grad { base, iteration: 0, seq: *seq, values: Values::Slice(values) };
-            let le = ToServer::Grad { base, iteration: 0, seq: *seq, values: Values::LittleEndian(&bytes) };
+            let slice = ToServer::Grad { base, iteration: 0, seq: *seq, values: Values::Slice(values), loss: None };
+            let le = ToServer::Grad { base, iteration: 0, seq: *seq, values: Values::LittleEndian(&bytes), loss: None };
             let now = Instant::ZERO;
             prop_assert_eq!(fused.handle(now, worker, slice), plain.handle(now, worker, le));
             prop_assert_eq!(show(drain_server(&mut fused)), show(drain_server(&mut plain)));

@@ -275,6 +275,7 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
         core.roster.check_seq(from, seq)?;
         let factor = self.policy.admit(values, core.params.as_ref().len())?;
         // Lengths are checked: the additions below cannot fail, and do nothing if they do.
+        core.before_update();
         if factor == T::one() {
             values.add_into(core.params.as_mut())?;
         } else {
@@ -316,7 +317,8 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
             staleness,
             weight: factor.to_f64(),
         }));
-        core.queue.push(ServerItem::Event(ServerEvent::ModelUpdated { version, contributions: 1 }));
+        core.loss.count();
+        core.updated(version, 1);
         self.advance(core, now, Some(from));
         Ok(())
     }
@@ -361,7 +363,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for SspRules<T, S> {
     ) -> Result<(), Reject> {
         match *msg {
             ToServer::Join { epoch } => self.on_join(core, now, from, epoch),
-            ToServer::Clock { clock, seq, ref values } => self.on_clock(core, now, from, clock, seq, values),
+            ToServer::Clock { clock, seq, ref values, .. } => self.on_clock(core, now, from, clock, seq, values),
             ToServer::Pull { have, min_clock } => self.on_pull(core, now, from, have, min_clock),
             _ => Err(Reject::Unexpected { kind: msg.kind_name() }),
         }

@@ -22,7 +22,7 @@ fn worker(n: u32, s: u64, i: u32, dim: usize) -> Wrk {
 }
 
 fn clock(c: u64, seq: u64, values: &[f64]) -> ToServer<'_, f64> {
-    ToServer::Clock { clock: c, seq, values: Values::Slice(values) }
+    ToServer::Clock { clock: c, seq, values: Values::Slice(values), loss: None }
 }
 
 fn model(version: u64, clock: u64, values: &[f64]) -> ToWorker<'_, f64> {
@@ -117,8 +117,17 @@ fn refusals_change_nothing() {
         (1, clock(0, 0, &[f64::NAN, 1.0])),
         (1, clock(0, 0, &[f64::INFINITY, 1.0])),
         (1, ToServer::Pull { have: Version(9), min_clock: 0 }),
-        (1, ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::Slice(&[1.0, 1.0]) }),
-        (1, ToServer::Delta { round: Version(0), local_steps: 1, seq: 0, values: Values::Slice(&[1.0, 1.0]) }),
+        (1, ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::Slice(&[1.0, 1.0]), loss: None }),
+        (
+            1,
+            ToServer::Delta {
+                round: Version(0),
+                local_steps: 1,
+                seq: 0,
+                values: Values::Slice(&[1.0, 1.0]),
+                loss: None,
+            },
+        ),
     ];
     let k = cases.len() as u64;
     for (w, msg) in cases {
@@ -366,7 +375,7 @@ proptest! {
                 5 => ToServer::Join { epoch: a as u32 },
                 6 => ToServer::Leave,
                 7 => ToServer::Pull { have: Version(a), min_clock: b },
-                8 => ToServer::Grad { base: Version(a), iteration: b, seq: b, values: Values::Slice(&values) },
+                8 => ToServer::Grad { base: Version(a), iteration: b, seq: b, values: Values::Slice(&values), loss: None },
                 _ => clock(a, b, &values),
             };
             if s.handle(T0, WorkerId(w), msg).is_err() {

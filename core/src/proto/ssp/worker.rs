@@ -134,7 +134,13 @@ impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for SspWorkerRules<T> {
         self.phase.job()
     }
 
-    fn on_gradient(&mut self, core: &mut WorkerCore<T, S>, now: Instant, grad: &[T]) -> Result<(), Reject> {
+    fn on_gradient(
+        &mut self,
+        core: &mut WorkerCore<T, S>,
+        now: Instant,
+        grad: &[T],
+        loss: Option<f32>,
+    ) -> Result<(), Reject> {
         core.queue.ensure_room(3)?;
         core.check_gradient(grad)?;
         let (cache, out) = core.buffers_mut();
@@ -143,7 +149,7 @@ impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for SspWorkerRules<T> {
         }
         // Read-my-writes: the cache carries the worker's own updates.
         math::add(cache, out)?;
-        let clock = WorkerItem::Clock { clock: self.clock, seq: core.take_seq() };
+        let clock = WorkerItem::Clock { clock: self.clock, seq: core.take_seq(), loss };
         core.queue.push(clock);
         self.last_clock = Some(clock);
         self.clock = self.clock.saturating_add(1);

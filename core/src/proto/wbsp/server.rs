@@ -134,13 +134,14 @@ impl<T: Scalar, S: Buffer<T>> WbspRules<T, S> {
     /// Publishes the open round: `w += A`, `A = 0`, version + 1.
     fn close<M: Storage>(&mut self, core: &mut Core<T, S, M>, now: Instant) {
         let dim = core.dim();
+        core.before_update();
         if let Some(acc) = self.acc.as_mut().get_mut(..dim) {
             // Lengths were fixed at construction; a mismatch is impossible here.
             let _ = math::apply_and_clear(core.params.as_mut(), T::one(), acc);
         }
         core.version = core.version.next();
         core.stats.updates += 1;
-        core.event(ServerEvent::ModelUpdated { version: core.version, contributions: self.deltas });
+        core.updated(core.version, self.deltas);
         self.uploaders = 0;
         self.deltas = 0;
         self.round_started = Some(now);
@@ -180,6 +181,7 @@ impl<T: Scalar, S: Buffer<T>> WbspRules<T, S> {
         self.start_clock(now);
         core.stats.accepted += 1;
         core.stats.applied += 1;
+        core.loss.count();
         let open = mark_of(core.version);
         if let Some(r) = core.roster.record_mut(from).filter(|r| r.mark != open) {
             r.mark = open;
@@ -227,7 +229,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for WbspRules<T, S> {
                 core.send_model(Recipient::Worker(from));
                 Ok(())
             }
-            ToServer::Delta { round, local_steps, seq, ref values } => {
+            ToServer::Delta { round, local_steps, seq, ref values, .. } => {
                 self.on_delta(core, now, from, round, local_steps, seq, values)
             }
             ToServer::Pull { have, .. } => self.on_pull(core, from, have),

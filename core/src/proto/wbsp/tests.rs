@@ -21,7 +21,7 @@ fn t(nanos: u64) -> Instant {
 }
 
 fn delta(round: u64, seq: u64, values: &[f64]) -> ToServer<'_, f64> {
-    ToServer::Delta { round: Version(round), local_steps: 1, seq, values: Values::Slice(values) }
+    ToServer::Delta { round: Version(round), local_steps: 1, seq, values: Values::Slice(values), loss: None }
 }
 
 fn drain_server(s: &mut Srv) -> Vec<String> {
@@ -38,7 +38,7 @@ fn drain_server(s: &mut Srv) -> Vec<String> {
             ServerOutput::Event(ServerEvent::Applied { worker, base, version, staleness, weight }) => {
                 format!("applied {} base{} v{} stale{} w{}", worker.0, base.0, version.0, staleness, weight)
             }
-            ServerOutput::Event(ServerEvent::ModelUpdated { version, contributions }) => {
+            ServerOutput::Event(ServerEvent::ModelUpdated { version, contributions, .. }) => {
                 format!("updated v{} n{}", version.0, contributions)
             }
             ServerOutput::Event(e) => format!("{e:?}"),
@@ -52,7 +52,7 @@ fn drain_worker(w: &mut Wrk) -> Vec<String> {
     let mut out = Vec::new();
     while let Some(o) = w.poll_output() {
         out.push(match o {
-            WorkerOutput::Send(ToServer::Delta { round, local_steps, seq, values }) => {
+            WorkerOutput::Send(ToServer::Delta { round, local_steps, seq, values, .. }) => {
                 format!("delta r{} k{} seq{} {:?}", round.0, local_steps, seq, values.get(0))
             }
             WorkerOutput::Send(ToServer::Pull { have, min_clock }) => format!("pull have{} min{}", have.0, min_clock),
@@ -147,13 +147,14 @@ fn any_server_and_worker_dispatch() {
     w.handle(t(1), ToWorker::Model { version, clock: 0, values: Values::Slice(&v) }).unwrap();
     let Some(WorkerOutput::Compute { id, .. }) = w.poll_output() else { panic!("compute") };
     w.handle_gradient(t(2), id, &[2.0, 2.0]).unwrap();
-    let Some(WorkerOutput::Send(ToServer::Delta { round, local_steps, seq, values })) = w.poll_output() else {
+    let Some(WorkerOutput::Send(ToServer::Delta { round, local_steps, seq, values, .. })) = w.poll_output() else {
         panic!("delta")
     };
     let mut d = vec![0.0; 2];
     values.copy_into(&mut d).unwrap();
     assert_eq!(d, [-1.0, -1.0]);
-    s.handle(t(3), WorkerId(0), ToServer::Delta { round, local_steps, seq, values: Values::Slice(&d) }).unwrap();
+    s.handle(t(3), WorkerId(0), ToServer::Delta { round, local_steps, seq, values: Values::Slice(&d), loss: None })
+        .unwrap();
     assert_eq!(s.version(), Version(1));
     assert_eq!(s.params(), &[0.0, 0.0]);
 }
@@ -218,7 +219,7 @@ fn per_local_step_scaling_weighs_a_coalesced_delta_as_one_step() {
     s.handle(
         t(0),
         WorkerId(0),
-        ToServer::Delta { round: Version(0), local_steps: 4, seq: 0, values: Values::Slice(&d) },
+        ToServer::Delta { round: Version(0), local_steps: 4, seq: 0, values: Values::Slice(&d), loss: None },
     )
     .unwrap();
     assert_eq!(drain_server(&mut s)[0], "applied 0 base0 v1 stale0 w0.125");
@@ -243,7 +244,13 @@ fn server_refusals_change_nothing() {
         (delta(0, 4, &[1.0, 1.0]), WorkerId(0), Reject::Duplicate { worker: WorkerId(0), seq: 4 }),
         (delta(1, 6, &[1.0, 1.0]), WorkerId(0), Reject::FutureVersion { claimed: Version(1), current: Version(0) }),
         (
-            ToServer::Delta { round: Version(0), local_steps: 0, seq: 6, values: Values::Slice(&[1.0, 1.0]) },
+            ToServer::Delta {
+                round: Version(0),
+                local_steps: 0,
+                seq: 6,
+                values: Values::Slice(&[1.0, 1.0]),
+                loss: None,
+            },
             WorkerId(0),
             Reject::Unexpected { kind: "Delta with local_steps = 0" },
         ),
@@ -252,12 +259,12 @@ fn server_refusals_change_nothing() {
         (delta(0, 6, &[f64::INFINITY, 1.0]), WorkerId(0), Reject::NotFinite),
         (delta(0, 6, &[1000.0, 1.0]), WorkerId(0), Reject::NormTooLarge),
         (
-            ToServer::Grad { base: Version(0), iteration: 0, seq: 6, values: Values::Slice(&[1.0, 1.0]) },
+            ToServer::Grad { base: Version(0), iteration: 0, seq: 6, values: Values::Slice(&[1.0, 1.0]), loss: None },
             WorkerId(0),
             Reject::Unexpected { kind: "Grad" },
         ),
         (
-            ToServer::Clock { clock: 0, seq: 6, values: Values::Slice(&[1.0, 1.0]) },
+            ToServer::Clock { clock: 0, seq: 6, values: Values::Slice(&[1.0, 1.0]), loss: None },
             WorkerId(0),
             Reject::Unexpected { kind: "Clock" },
         ),
@@ -623,7 +630,7 @@ impl Harness {
                     self.applied_events += 1;
                     self.uploads_this_round[worker.index()] += 1;
                 }
-                Entry::Event(ServerEvent::ModelUpdated { version, contributions }) => {
+                Entry::Event(ServerEvent::ModelUpdated { version, contributions, .. }) => {
                     assert_eq!(version.0, version_before + 1, "W1: one version per round");
                     let counts = core::mem::replace(&mut self.uploads_this_round, vec![0; self.n]);
                     assert_eq!(counts.iter().sum::<u32>(), contributions);

@@ -27,6 +27,7 @@ use crate::error::{ConfigError, Reject};
 use crate::id::{ComputeId, Version};
 use crate::math::{self, Scalar};
 use crate::msg::{ToServer, ToWorker, Values};
+use crate::proto::common::loss::LossTally;
 use crate::proto::common::queue::WorkerItem;
 use crate::proto::common::worker::{ProtocolWorker, WorkerCore, WorkerRules};
 use crate::proto::{Buffer, WorkerOutput, WorkerSetup};
@@ -54,6 +55,8 @@ pub struct WbspWorkerRules {
     /// When the worker started waiting for the server.
     since: Instant,
     steps_since_upload: u32,
+    /// The losses reported with the local steps since the last upload.
+    losses: LossTally,
     local_steps: u64,
     uploads: u64,
     discarded: u64,
@@ -78,6 +81,7 @@ impl<T: Scalar, S: Buffer<T>> ProtocolWorker<T, S, WbspWorkerRules> {
             awaiting_model: true,
             scratch_is_delta: false,
             delta_unpolled: false,
+            losses: LossTally::new(),
             since: Instant::ZERO,
             steps_since_upload: 0,
             local_steps: 0,
@@ -153,7 +157,8 @@ impl WbspWorkerRules {
         self.scratch_is_delta = true;
         self.delta_unpolled = true;
         let seq = core.take_seq();
-        core.queue.push(WorkerItem::Delta { round, local_steps: self.steps_since_upload.max(1), seq });
+        let loss = self.losses.take_mean();
+        core.queue.push(WorkerItem::Delta { round, local_steps: self.steps_since_upload.max(1), seq, loss });
         self.uploads += 1;
         self.steps_since_upload = 0;
         self.awaiting_ack = true;
@@ -185,6 +190,7 @@ impl WbspWorkerRules {
         self.scratch_is_delta = false;
         self.discarded += u64::from(self.steps_since_upload);
         self.steps_since_upload = 0;
+        let _ = self.losses.take_mean();
         self.have = Some(version);
         self.awaiting_model = false;
         // A rejoin's model also answers a lost upload reply.
@@ -248,7 +254,13 @@ impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for WbspWorkerRules {
         self.computing
     }
 
-    fn on_gradient(&mut self, core: &mut WorkerCore<T, S>, now: Instant, grad: &[T]) -> Result<(), Reject> {
+    fn on_gradient(
+        &mut self,
+        core: &mut WorkerCore<T, S>,
+        now: Instant,
+        grad: &[T],
+        loss: Option<f32>,
+    ) -> Result<(), Reject> {
         core.check_gradient(grad)?;
         core.queue.ensure_room(3)?;
         self.check_drained()?;
@@ -257,6 +269,7 @@ impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for WbspWorkerRules {
         let lr = self.config.lr_schedule.rate(self.config.learning_rate, self.local_steps, round);
         math::scaled_add(core.params.as_mut(), T::from_f64(-lr), grad)?;
         self.computing = None;
+        self.losses.add(loss);
         self.local_steps += 1;
         self.steps_since_upload = self.steps_since_upload.saturating_add(1);
         if !self.awaiting_ack && !self.awaiting_model {

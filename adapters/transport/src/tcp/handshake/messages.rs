@@ -8,7 +8,7 @@ use syncopate::WorkerId;
 /// `"SYNT"`: the first bytes of every handshake message after its type byte.
 pub const MAGIC: [u8; 4] = *b"SYNT";
 /// The version of this transport (framing and handshake).
-pub const TCP_VERSION: u16 = 2;
+pub const TCP_VERSION: u16 = 3;
 /// The largest frame `len` the server accepts before the handshake completes.
 pub const HANDSHAKE_MAX_LEN: usize = 512;
 /// The largest frame `len` a worker accepts before the handshake completes (the server
@@ -154,6 +154,9 @@ pub struct ClientHello {
     pub nonce: [u8; KEY_LEN],
     /// SHA-256 of the settings the worker insists on; all zero to take the server's.
     pub want: [u8; KEY_LEN],
+    /// The number of parameters of the worker's own model; 0 when the worker takes the
+    /// server's (the server refuses a worker whose model has another size).
+    pub dim: u64,
     /// `early_mac` (zeros without a secret).
     pub early_mac: [u8; TAG_LEN],
 }
@@ -174,6 +177,7 @@ impl ClientHello {
             worker,
             nonce: nonce()?,
             want: want.unwrap_or([0; KEY_LEN]),
+            dim: 0,
             early_mac: [0; TAG_LEN],
         };
         if let Some(k) = key {
@@ -339,6 +343,7 @@ impl Message {
         out.extend_from_slice(&h.worker.0.to_le_bytes());
         out.extend_from_slice(&h.nonce);
         out.extend_from_slice(&h.want);
+        out.extend_from_slice(&h.dim.to_le_bytes());
         out
     }
 
@@ -373,6 +378,7 @@ impl Message {
                     worker: WorkerId(c.u32()?),
                     nonce: c.array()?,
                     want: c.array()?,
+                    dim: c.u64()?,
                     early_mac: c.array()?,
                 })
             }

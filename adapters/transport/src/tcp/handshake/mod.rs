@@ -149,6 +149,8 @@ pub struct ServerSide<'a> {
     pub server_id: u64,
     /// The model version to announce.
     pub version: u64,
+    /// The model's number of parameters (a worker announcing another is refused).
+    pub dim: u64,
 }
 
 /// The deadlines of the server's side of a handshake.
@@ -264,6 +266,15 @@ fn check_terms(h: &ClientHello, side: &ServerSide<'_>) -> Result<(), (RefuseCode
             ),
         ));
     }
+    if h.dim != 0 && h.dim != side.dim {
+        return Err((
+            RefuseCode::Knobs,
+            format!(
+                "model size mismatch: the server's model has {} parameters, worker {}'s has {}",
+                side.dim, h.worker.0, h.dim
+            ),
+        ));
+    }
     if h.want != [0; KEY_LEN] && h.want != side.digest {
         return Err((
             RefuseCode::Knobs,
@@ -371,6 +382,9 @@ pub struct ClientSide<'a> {
     pub key: Option<&'a WorkerKey>,
     /// The settings the worker insists on (their digest), if any.
     pub want: Option<[u8; KEY_LEN]>,
+    /// The number of parameters of the worker's own model, if it has one: the server
+    /// refuses the worker if its model has another size.
+    pub dim: Option<u64>,
 }
 
 /// Runs the worker side over a fresh connection and returns the session with the run's
@@ -385,7 +399,13 @@ pub fn client_handshake<W: Write>(
     reader.set_hard_deadline(Some(deadline));
     reader.set_max_len(SERVER_HANDSHAKE_MAX_LEN);
     writer.set_max_len(HANDSHAKE_MAX_LEN);
-    let hello = ClientHello::new(worker, me.role, me.want, key)?;
+    let mut hello = ClientHello::new(worker, me.role, me.want, key)?;
+    if let Some(dim) = me.dim {
+        hello.dim = dim;
+        if let Some(k) = key {
+            hello.sign(k);
+        }
+    }
     let ch_bytes = Message::ClientHello(hello.clone()).encode();
     writer.write_frame(&ch_bytes)?;
     let mut buf = Vec::with_capacity(SERVER_HANDSHAKE_MAX_LEN);
@@ -498,6 +518,7 @@ mod tests {
                 worker: WorkerId(3),
                 nonce: [9; 32],
                 want: [4; 32],
+                dim: 5994,
                 early_mac: [8; 16],
             }),
             Message::ServerHello(ServerHello {
@@ -527,7 +548,7 @@ mod tests {
             }
         }
         let hello = Message::ClientHello(ClientHello::new(WorkerId(0), Role::Worker, None, None).unwrap());
-        assert_eq!(hello.encode().len(), 94, "adapters/transport/TCP.md §5 gives this length");
+        assert_eq!(hello.encode().len(), 102, "adapters/transport/TCP.md §5 gives this length");
         assert!(hello.encode().len() + 8 <= HANDSHAKE_MAX_LEN);
         assert_eq!(Message::decode(b"GET / HTTP/1.1\r\n"), None);
     }
@@ -545,11 +566,21 @@ mod tests {
             secret: Some(&secret),
             server_id: 1,
             version: 0,
+            dim: 7,
         };
         let key = secret.worker_key(WorkerId(1));
         let good = ClientHello::new(WorkerId(1), Role::Worker, Some(digest(&s)), Some(&key)).unwrap();
         assert!(check_identity(&good, &side).unwrap().is_some());
         assert!(check_terms(&good, &side).is_ok());
+        // A worker of another model size is refused, both sizes named; one of the same
+        // size, or one that takes the server's (0), is not.
+        let mut sized = good.clone();
+        sized.dim = 9;
+        let (code, why) = check_terms(&sized, &side).unwrap_err();
+        assert_eq!(code, RefuseCode::Knobs);
+        assert_eq!(why, "model size mismatch: the server's model has 7 parameters, worker 1's has 9");
+        sized.dim = 7;
+        assert!(check_terms(&sized, &side).is_ok());
         let mut h = good.clone();
         h.nonce[0] ^= 1;
         assert_eq!(check_identity(&h, &side).unwrap_err().0, RefuseCode::AuthFailed, "the early MAC covers the nonce");

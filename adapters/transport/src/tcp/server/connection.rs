@@ -52,6 +52,7 @@ pub(super) fn connection(
         secret: opts.secret.as_ref(),
         server_id: shared.server_id,
         version: shared.version.load(Ordering::SeqCst),
+        dim: a.dim as u64,
     };
     let now = StdInstant::now();
     let deadlines =

@@ -134,6 +134,7 @@ impl<S: Server<f32>> Core<S> {
                 discarded: 0,
                 in_flight_at_stop: 0,
                 session_ledgers: Vec::new(),
+                loss_curve: Vec::new(),
             },
             session_index: HashMap::new(),
             journal: None,
@@ -379,6 +380,10 @@ impl<S: Server<f32>> Core<S> {
                         }
                     }
                     ServerOutput::Event(ev) => {
+                        if let ServerEvent::ModelUpdated { version, mean_loss: Some(loss), .. } = ev {
+                            let t_s = self.started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+                            self.report.loss_curve.push(super::LossPoint { version: version.0, t_s, loss });
+                        }
                         Self::count(&mut self.report, &mut self.checkpoint_due, &self.shared.options, &ev);
                         if self.journal.is_some() {
                             Self::journal_event(&mut self.applied_by_version, &mut updates, self.conns.len(), &ev);

@@ -225,6 +225,21 @@ pub struct ServerReport {
     pub in_flight_at_stop: u64,
     /// The same four counts per session (connection), in the order sessions began.
     pub session_ledgers: Vec<SessionLedger>,
+    /// The loss curve: for every update whose contributions reported minibatch losses,
+    /// the version it made, the seconds since the run's clock started, and the mean of those
+    /// losses, in update order.
+    pub loss_curve: Vec<LossPoint>,
+}
+
+/// One point of [`ServerReport::loss_curve`].
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct LossPoint {
+    /// The version the update made.
+    pub version: u64,
+    /// Seconds since the run's clock started (every worker connected), when it was applied.
+    pub t_s: f64,
+    /// The mean minibatch loss its contributions reported.
+    pub loss: f32,
 }
 
 /// One session's part of the conservation ledger (see [`ServerReport::received`]).

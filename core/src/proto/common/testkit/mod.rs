@@ -80,14 +80,16 @@ impl<T: Scalar> From<&ToServer<'_, T>> for ToServerOwned {
     fn from(msg: &ToServer<'_, T>) -> Self {
         match msg {
             ToServer::Join { epoch } => Self::Join { epoch: *epoch },
-            ToServer::Grad { base, iteration, seq, values } => {
+            ToServer::Grad { base, iteration, seq, values, .. } => {
                 Self::Grad { base: base.0, iteration: *iteration, seq: *seq, values: owned(values) }
             }
-            ToServer::Delta { round, local_steps, seq, values } => {
+            ToServer::Delta { round, local_steps, seq, values, .. } => {
                 Self::Delta { round: round.0, local_steps: *local_steps, seq: *seq, values: owned(values) }
             }
             ToServer::Pull { have, min_clock } => Self::Pull { have: have.0, min_clock: *min_clock },
-            ToServer::Clock { clock, seq, values } => Self::Clock { clock: *clock, seq: *seq, values: owned(values) },
+            ToServer::Clock { clock, seq, values, .. } => {
+                Self::Clock { clock: *clock, seq: *seq, values: owned(values) }
+            }
             ToServer::Leave => Self::Leave,
         }
     }
@@ -101,7 +103,13 @@ impl ToServerOwned {
             Self::Join { epoch } => ToServer::Join { epoch: *epoch },
             Self::Grad { base, iteration, seq, values } => {
                 fill(values);
-                ToServer::Grad { base: Version(*base), iteration: *iteration, seq: *seq, values: Values::Slice(buf) }
+                ToServer::Grad {
+                    base: Version(*base),
+                    iteration: *iteration,
+                    seq: *seq,
+                    values: Values::Slice(buf),
+                    loss: None,
+                }
             }
             Self::Delta { round, local_steps, seq, values } => {
                 fill(values);
@@ -110,12 +118,13 @@ impl ToServerOwned {
                     local_steps: *local_steps,
                     seq: *seq,
                     values: Values::Slice(buf),
+                    loss: None,
                 }
             }
             Self::Pull { have, min_clock } => ToServer::Pull { have: Version(*have), min_clock: *min_clock },
             Self::Clock { clock, seq, values } => {
                 fill(values);
-                ToServer::Clock { clock: *clock, seq: *seq, values: Values::Slice(buf) }
+                ToServer::Clock { clock: *clock, seq: *seq, values: Values::Slice(buf), loss: None }
             }
             Self::Leave => ToServer::Leave,
         }
@@ -236,7 +245,7 @@ pub(crate) mod prelude {
 
     /// A `Grad` of iteration 0 on `base`.
     pub(crate) fn grad(base: u64, seq: u64, values: &[f64]) -> ToServer<'_, f64> {
-        ToServer::Grad { base: Version(base), iteration: 0, seq, values: Values::Slice(values) }
+        ToServer::Grad { base: Version(base), iteration: 0, seq, values: Values::Slice(values), loss: None }
     }
 
     /// Worker `id`'s setup: session 0, no rejoin timer.

@@ -1,0 +1,87 @@
+"""Prints the medians of `run.py`'s results as markdown tables.
+
+    python benches/torch/table.py torch-results.jsonl
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import defaultdict
+from typing import Any
+
+SYSTEMS = ("ddp", "bsp", "backup", "dbw", "ssp", "asp")
+LABELS = {"ddp": "DDP", "bsp": "BSP", "backup": "backup b=1", "dbw": "DBW", "ssp": "SSP s=3", "asp": "ASP"}
+
+
+def median_time(rows: list[dict[str, Any]]) -> str:
+    """Median time to target over the runs; a run that missed it counts as infinitely slow."""
+    times = [r["time_to_target_s"] if r["time_to_target_s"] is not None else float("inf") for r in rows]
+    m = statistics.median(times)
+    missed = sum(t == float("inf") for t in times)
+    text = "not reached" if m == float("inf") else f"{m:.2f} s"
+    return text + (f" ({missed}/{len(times)} missed)" if missed else "")
+
+
+def ratio(a: float, b: float) -> str:
+    if a == float("inf") or b == float("inf"):
+        return "n/a (target not reached)"
+    return f"{a / b:.2f}"
+
+
+def main(paths: list[str]) -> int:
+    rows = [json.loads(line) for path in paths for line in open(path) if line.strip()]
+    train: dict[tuple, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    link: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r["kind"] == "train":
+            train[(r["model"], r["case"], r["workers"], r["target"])][r["system"]].append(r)
+        else:
+            link[(r["model"], r["dim"], r["workers"])][r["system"]].append(r["per_update_ms"])
+    if train:
+        print("Time to the test-accuracy target (training time, evaluations excluded; median of the runs) "
+              "and final accuracy (median)\n")
+        print("| model | case | workers | target | " + " | ".join(LABELS[s] for s in SYSTEMS) + " | runs |")
+        print("|---|---|---|---|" + "---|" * len(SYSTEMS) + "---|")
+        for (model, case, workers, target), by in sorted(train.items()):
+            cells = []
+            for s in SYSTEMS:
+                if s not in by:
+                    cells.append("")
+                    continue
+                acc = statistics.median(r["final_accuracy"] for r in by[s])
+                cells.append(f"{median_time(by[s])}, {acc:.3f}")
+            runs = min(len(v) for v in by.values())
+            print(f"| {model} | {case} | {workers} | {target} | " + " | ".join(cells) + f" | {runs} |")
+        print()
+        for (model, case, workers, target), by in sorted(train.items()):
+            if "ddp" not in by:
+                continue
+            ddp = statistics.median(r["time_to_target_s"] or float("inf") for r in by["ddp"])
+            best = min(
+                ((statistics.median(r["time_to_target_s"] or float("inf") for r in by[s]), s)
+                 for s in SYSTEMS[1:] if s in by),
+                default=None,
+            )
+            bsp = statistics.median(r["time_to_target_s"] or float("inf") for r in by["bsp"]) if "bsp" in by else None
+            parts = []
+            if bsp is not None:
+                parts.append(f"BSP / DDP = {ratio(bsp, ddp)}")
+            if best is not None:
+                parts.append(f"DDP / best ({LABELS[best[1]]}) = {ratio(ddp, best[0])}")
+            print(f"- {model}, {case}, {workers} workers: " + "; ".join(parts))
+        print()
+    if link:
+        print("Cost of one update's communication (no computation; median ms per update)\n")
+        print("| model | parameters | workers | DDP allreduce | syncopate BSP over TCP |")
+        print("|---|---|---|---|---|")
+        for (model, dim, workers), by in sorted(link.items()):
+            ddp = f"{statistics.median(by['ddp']):.2f}" if "ddp" in by else ""
+            bsp = f"{statistics.median(by['bsp']):.2f}" if "bsp" in by else ""
+            print(f"| {model} | {dim:,} | {workers} | {ddp} | {bsp} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:] or ["torch-results.jsonl"]))
