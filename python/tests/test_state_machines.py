@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -52,7 +55,19 @@ def drain_server(server: syncopate.Server, workers: list[syncopate.Worker], now:
 w_params: list[np.ndarray] = []
 
 
-@pytest.mark.parametrize("name", ["bsp", "asp", "ssp", "bap", "backup", "dbw", "wbsp", "wbsp-overlap", "grouped"])
+def test_the_stub_lists_every_protocol() -> None:
+    # The stub's `ProtocolName` is the native list (the core's `ProtocolKind::ALL`).
+    stub = ast.parse((Path(syncopate.__file__).parent / "_native.pyi").read_text())
+    alias = next(n for n in stub.body if isinstance(n, ast.Assign) and n.targets[0].id == "ProtocolName")
+    names = tuple(e.value for e in alias.value.slice.elts)
+    assert names == syncopate.PROTOCOLS
+    for name in syncopate.PROTOCOLS:
+        assert syncopate.Protocol(name, workers=2).name == name
+    with pytest.raises(ValueError, match="expected one of bsp, asp"):
+        syncopate.Protocol("nope")
+
+
+@pytest.mark.parametrize("name", syncopate.PROTOCOLS)
 def test_every_protocol_trains_in_place(name: str) -> None:
     n, dim = 2, 5
     # Only the knobs that apply: like the command line, Protocol refuses the others.

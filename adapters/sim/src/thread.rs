@@ -8,6 +8,10 @@
 //! step; messages that arrive meanwhile are handled at once, so a newer model or an abort
 //! really interrupts the job (the late gradient is then refused by the worker itself and
 //! never sent). Uploads are channel sends, so they overlap the next computation.
+//!
+//! A run ends at its gradient budget, its time limit, or when it diverges: an evaluation
+//! finds the test loss NaN or infinite, or the server refuses a contribution for holding
+//! NaN or ±∞ or overflowing its norm.
 
 use crate::channel::{self, Packet, RecvError, ServerPort, WorkerPort};
 use crate::workload::{BatchSampler, Workload};
@@ -17,7 +21,7 @@ use std::time::{Duration as StdDuration, Instant as StdInstant};
 use syncopate::proto::Heap;
 use syncopate::wire::{self, Limits};
 use syncopate::{
-    AnyServer, AnyWorker, Instant, ProtocolConfig, Refusals, Server, ServerEvent, ServerOutput, ServerStats, ToServer,
+    AnyServer, AnyWorker, Instant, ProtocolConfig, Refusals, Reject, Server, ServerEvent, ServerOutput, ServerStats, ToServer,
     Worker, WorkerEvent, WorkerOutput, WorkerSetup,
 };
 
@@ -82,6 +86,9 @@ pub struct ThreadLedger {
     pub received: u64,
     /// Of those, refused.
     pub refused: u64,
+    /// Of the refused, those holding NaN or ±∞ or overflowing their norm: a diverged
+    /// model's (the run then ends, see [`run`]).
+    pub refused_not_finite: u64,
     /// Contributions the workers sent that the server never read (it had stopped).
     pub in_flight_at_stop: u64,
     /// Whether every worker thread ended before the count was closed (otherwise a late send
@@ -277,9 +284,12 @@ impl ServerSide<'_> {
             (Some(from), Ok(msg)) => {
                 let contribution =
                     matches!(msg, ToServer::Grad { .. } | ToServer::Delta { .. } | ToServer::Clock { .. });
-                let ok = server.handle(now, from, msg).is_ok();
+                let result = server.handle(now, from, msg);
+                let ok = result.is_ok();
                 self.report.ledger.received += u64::from(contribution);
                 self.report.ledger.refused += u64::from(contribution && !ok);
+                self.report.ledger.refused_not_finite +=
+                    u64::from(matches!(result, Err(Reject::NotFinite | Reject::NormTooLarge)));
                 ok
             }
             _ => false,
@@ -333,6 +343,13 @@ fn server_loop(
             side.report.curve.push(point);
         }
         if server.stats().accepted >= config.max_gradients || config.time_limit.is_some_and(|t| epoch.elapsed() >= t) {
+            break;
+        }
+        // Diverged: a model with a NaN or infinite loss cannot recover, and a contribution
+        // refused for NaN, ±∞ or an overflowing norm leaves a synchronous round waiting for
+        // ever. The run ends; its summary says why.
+        let not_finite_loss = side.report.curve.last().is_some_and(|p| !p.loss.is_finite());
+        if not_finite_loss || side.report.ledger.refused_not_finite > 0 {
             break;
         }
         let wait = server.poll_timeout().map_or(tick, |at| until(epoch, at).min(tick));
@@ -465,7 +482,7 @@ fn worker_loop(
 
 /// Counts a refusal of the worker's state machine; the first of each kind is described in
 /// the tally.
-fn note_refusal(refusals: &mut Refusals, tally: &mut WorkerTally, what: &str, e: &syncopate::Reject) {
+fn note_refusal(refusals: &mut Refusals, tally: &mut WorkerTally, what: &str, e: &Reject) {
     if refusals.record(e) {
         tally.first_refusals.push(format!("{what}: {e}"));
     }

@@ -61,6 +61,7 @@ pub mod bsp;
 pub mod common;
 pub mod dbw;
 pub mod grouped;
+mod kind;
 pub mod ssp;
 pub mod wbsp;
 
@@ -75,6 +76,7 @@ pub use common::table::{DEFAULT_INLINE_WORKERS, Inline, Slot, Storage, WorkerRec
 pub(crate) use common::testkit::{ToServerOwned, ToWorkerOwned};
 pub use common::validate::{GradientPolicy, LargeGradient};
 pub use common::worker::{ProtocolWorker, WorkerCore, WorkerRules};
+pub use kind::{Knob, ProtocolKind};
 
 use crate::error::Reject;
 use crate::id::{ComputeId, Version, WorkerId};

@@ -51,6 +51,7 @@ pub struct GroupArgs {
 
 /// Runs `syncopate group`.
 pub(super) fn run(args: &GroupArgs) -> Result<(), Failure> {
+    super::work::check_address(&args.connect).map_err(Failure::Usage)?;
     let time_limit = super::train::time_limit(args.time_limit).map_err(Failure::Usage)?;
     let lost_after = super::train::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?;
     let secret = super::serve::load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;

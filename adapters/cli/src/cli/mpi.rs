@@ -10,10 +10,13 @@ use super::Failure;
 use super::train::TrainArgs;
 use clap::Args;
 
-/// Flags of `syncopate mpi`: those of `train`, plus the MPI ones.
+/// Flags of `syncopate mpi`: those of `train` (but `--sim` and `--record-trace`, which
+/// it refuses and its help does not list), plus the MPI ones.
 #[derive(Clone, Debug, Args)]
+#[command(mut_arg("sim", |a| a.hide(true)), mut_arg("record_trace", |a| a.hide(true)))]
 pub struct MpiArgs {
-    /// The protocol, workload and straggler flags of `train` (`--workers N` needs N+1 ranks).
+    /// The protocol, workload and straggler flags of `train` (`--workers N` needs N+1 ranks;
+    /// without `--workers`, every rank but rank 0 is a worker).
     #[command(flatten)]
     pub train: TrainArgs,
     /// A worker rank silent this many seconds (no message, no heartbeat: hung, stopped or cut
@@ -36,6 +39,24 @@ impl MpiArgs {
     }
 }
 
+/// Whether the command line names `--workers` (otherwise the world size decides).
+#[cfg_attr(not(feature = "mpi"), allow(dead_code, reason = "the MPI build uses it"))]
+fn workers_given(mut args: impl Iterator<Item = String>) -> bool {
+    args.any(|a| a == "--workers" || a.starts_with("--workers="))
+}
+
+/// The workers of an MPI world of `size` ranks: one rank is the server.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code, reason = "the MPI build uses it"))]
+fn workers_of_world(size: i32) -> Result<u32, String> {
+    match u32::try_from(size) {
+        Ok(size) if size >= 2 && (size - 1) as usize <= syncopate::MAX_WORKERS => Ok(size - 1),
+        _ => Err(format!(
+            "{size} MPI ranks: a run needs rank 0 for the server and 1 to {} more for the workers (e.g. mpirun -n 5 for 4 workers)",
+            syncopate::MAX_WORKERS
+        )),
+    }
+}
+
 #[cfg(not(feature = "mpi"))]
 pub(super) fn run(args: &MpiArgs) -> Result<(), Failure> {
     args.check().map_err(Failure::Usage)?;
@@ -50,14 +71,18 @@ pub(super) fn run(args: &MpiArgs) -> Result<(), Failure> {
 pub(super) fn run(args: &MpiArgs) -> Result<(), Failure> {
     use syncopate_mpi::mpi::topology::Communicator;
     args.check().map_err(Failure::Usage)?;
-    let train = &args.train;
-    let protocol = train.protocol.config().map_err(Failure::Usage)?;
-    let stragglers = super::parse_stragglers(&train.straggler, protocol.workers()).map_err(Failure::Usage)?;
-    let workload = train.workload.workload().map_err(Failure::Usage)?;
     let Some(universe) = syncopate_mpi::mpi::initialize() else {
         return Err(Failure::Run("MPI could not be initialised (or was already)".into()));
     };
     let world = universe.world();
+    let mut train = args.train.clone();
+    if !workers_given(std::env::args()) {
+        train.protocol.workers = workers_of_world(world.size()).map_err(Failure::Usage)?;
+    }
+    let train = &train;
+    let protocol = train.protocol.config().map_err(Failure::Usage)?;
+    let stragglers = super::parse_stragglers(&train.straggler, protocol.workers()).map_err(Failure::Usage)?;
+    let workload = train.workload.workload().map_err(Failure::Usage)?;
     let hash = syncopate_mpi::settings::settings_hash(std::env::args_os().skip(1).map(|a| a.into_encoded_bytes()));
     syncopate_mpi::agree_on_settings(&world, hash).map_err(|e| Failure::Usage(e.0))?;
     let plan = syncopate_mpi::RunPlan {
@@ -227,5 +252,20 @@ mod worker {
         )
         .map_err(|e| Failure::Run(e.0))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_world_size_gives_the_workers_unless_the_flag_does() {
+        let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>().into_iter();
+        assert!(workers_given(args(&["syncopate", "mpi", "--workers", "4"])));
+        assert!(workers_given(args(&["syncopate", "mpi", "--workers=4"])));
+        assert!(!workers_given(args(&["syncopate", "mpi", "--steps", "4"])));
+        assert_eq!(workers_of_world(5), Ok(4));
+        assert!(workers_of_world(1).unwrap_err().contains("1 MPI ranks"));
     }
 }

@@ -69,6 +69,23 @@ pub struct WorkArgs {
 }
 
 /// The worker id from `--id` or, without it, from the first launcher variable `get` finds.
+/// Refuses a `--connect` value that is not `HOST:PORT` with a port from 1 to 65535.
+pub(super) fn check_address(addr: &str) -> Result<(), String> {
+    let bad = |why: &str| {
+        Err(format!("invalid value '{addr}' for '--connect': {why} (expected HOST:PORT, e.g. 127.0.0.1:7070)"))
+    };
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return bad("no port");
+    };
+    if host.is_empty() {
+        return bad("no host");
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(()),
+        _ => bad(&format!("'{port}' is not a port number")),
+    }
+}
+
 pub(super) fn worker_id(flag: Option<u32>, get: impl Fn(&str) -> Option<String>) -> Result<u32, String> {
     if let Some(id) = flag {
         return Ok(id);
@@ -207,6 +224,7 @@ pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
     }
     // Checked for syntax now; worker ids in it are checked against the server's count.
     super::parse_stragglers(&args.straggler, syncopate::MAX_WORKERS as u32).map_err(Failure::Usage)?;
+    check_address(&args.connect).map_err(Failure::Usage)?;
     let id = worker_id(args.id, |v| std::env::var(v).ok()).map_err(Failure::Usage)?;
     let secret = super::serve::load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
     let id = WorkerId(id);
@@ -223,12 +241,10 @@ pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
         state: None,
     };
     let report = run_worker(&options, &mut job, &mut |line| eprintln!("work: {line}")).map_err(|e| {
-        // A worker id out of range or settings this worker cannot use are the operator's to fix.
-        if e.0.contains("out of range") || e.0.contains("--straggler") || e.0.contains("data file") {
-            Failure::Usage(e.0)
-        } else {
-            Failure::Run(e.0)
-        }
+        // A worker id out of range or claimed by another process, an address that does not
+        // resolve, or settings this worker cannot use are the operator's to fix.
+        let usage = ["out of range", "--straggler", "data file", "claim this worker id", "invalid server address"];
+        if usage.iter().any(|u| e.0.contains(u)) { Failure::Usage(e.0) } else { Failure::Run(e.0) }
     })?;
     if args.json {
         match serde_json::to_string(&report) {

@@ -158,6 +158,12 @@ struct Core<'a, 'o> {
     bytes: u64,
     codec_errors: u64,
     worker_rejects: u64,
+    /// Inputs refused anywhere because a tensor held NaN or ±∞, or its norm overflowed (no
+    /// adapter sets a refusing norm bound, so in the simulator that is an overflow).
+    not_finite: u64,
+    /// An evaluation found the model's test loss not finite, or an input was refused for
+    /// holding NaN or ±∞: the run has diverged.
+    diverged: bool,
     stalls: u64,
     target_reached: bool,
     /// An evaluation reached [`super::StopRule::stop_at_loss`].
@@ -232,6 +238,10 @@ impl Core<'_, '_> {
         self.hash.node(from);
         self.hash.result(&result);
         self.delivered += 1;
+        if matches!(result, Err(Reject::NotFinite | Reject::NormTooLarge)) {
+            self.not_finite += 1;
+            self.diverged = true;
+        }
         if result.is_err() && matches!(to, Node::Worker(_)) {
             self.worker_rejects += 1;
         }
@@ -289,6 +299,9 @@ impl Core<'_, '_> {
             self.time_to_target = Some(first.unwrap_or((point.time_s, point.version)));
             self.target_reached = true;
             self.crossing.clear();
+        }
+        if !point.loss.is_finite() {
+            self.diverged = true;
         }
         if self.config.stop.stop_at_loss.is_some_and(|x| point.loss <= x) {
             self.loss_reached = true;
@@ -406,6 +419,8 @@ impl<'a, 'o> Engine<'a, 'o> {
             bytes: 0,
             codec_errors: 0,
             worker_rejects: 0,
+            not_finite: 0,
+            diverged: false,
             stalls: 0,
             target_reached: false,
             loss_reached: false,
@@ -495,6 +510,13 @@ impl<'a, 'o> Engine<'a, 'o> {
             }
             if self.core.loss_reached {
                 break "target_loss";
+            }
+            // A model with a NaN or infinite loss cannot recover, and a gradient or delta
+            // holding NaN or ±∞ (or overflowing its norm) comes only from a diverged model
+            // (its refusal leaves a synchronous round waiting for ever): the run ends
+            // instead of waiting out its budget.
+            if self.core.diverged {
+                break "diverged";
             }
             if stop.max_updates.is_some_and(|m| self.server.version().0 >= m) {
                 break "max_updates";
@@ -619,6 +641,10 @@ impl<'a, 'o> Engine<'a, 'o> {
         } else {
             host.report.jobs_abandoned += 1;
             self.core.worker_rejects += 1;
+            if matches!(result, Err(Reject::NotFinite | Reject::NormTooLarge)) {
+                self.core.not_finite += 1;
+                self.core.diverged = true;
+            }
         }
         self.core.tag(5, Node::Worker(worker));
         self.core.hash.result(&result);
@@ -807,6 +833,7 @@ impl<'a, 'o> Engine<'a, 'o> {
             dropped,
             rejected: stats.rejected,
             worker_rejects: core.worker_rejects,
+            not_finite: core.not_finite,
             stalls: core.stalls,
             per_worker,
             mean_compute_share,

@@ -479,12 +479,12 @@ mod tests {
         assert!(shown.chars().count() < MAX_PEER_TEXT + 40, "{shown:?}");
         assert_eq!(PeerText("plain words").to_string(), "plain words");
     }
-    use crate::protocol_spec::ProtocolName;
+    use crate::protocol_spec::ProtocolKind;
     use crate::tcp::auth::Secret;
     use crate::tcp::settings::{ProtocolSettings, digest};
 
     fn settings() -> Vec<u8> {
-        RunSettings::new(ProtocolSettings::named(ProtocolName::Bsp, 2, 0.5), 650).encode().unwrap()
+        RunSettings::new(ProtocolSettings::named(ProtocolKind::Bsp, 2, 0.5), 650).encode().unwrap()
     }
 
     #[test]

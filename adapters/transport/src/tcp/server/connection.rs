@@ -2,7 +2,7 @@
 //! frames to the protocol thread and a writer that sends from a bounded queue; the same
 //! reader and writer for the upstream session of a group server.
 
-use super::admission::{LeaveTable, admit};
+use super::admission::{ClaimGuard, LeaveTable, admit};
 use super::{Conn, Inbound, Shared, Slot, Uplink};
 use crate::tcp::TcpError;
 use crate::tcp::frame::{FrameError, FrameReader, FrameWriter};
@@ -56,14 +56,14 @@ pub(super) fn connection(
     let now = StdInstant::now();
     let deadlines =
         Deadlines { hello: now + opts.hello_timeout.min(opts.handshake_timeout), done: now + opts.handshake_timeout };
-    let admitted = core::cell::Cell::new(false);
+    let admitted = core::cell::Cell::new(None);
     let result = handshake::server_handshake(&mut reader, &mut writer, &side, deadlines, shared.session_max_len, |h| {
         let epoch = admit(shared, pending, h)?;
-        admitted.set(true);
+        admitted.set(Some(h.worker));
         Ok(epoch)
     });
     drop(table);
-    let _verified = admitted.get().then(|| Slot(&shared.connections));
+    let _verified = admitted.get().map(|worker| (Slot(&shared.connections), ClaimGuard { shared, worker }));
     let session = match result {
         Ok(s) => s,
         Err(e) => {

@@ -230,7 +230,14 @@ impl<S: Server<f32>> Core<S> {
                 let new = Conn { id: conn, tx, stream, done };
                 let old = self.conns.get_mut(worker.index()).and_then(|slot| slot.replace(new));
                 if let Some(old) = old {
-                    Self::log(note, &format!("worker {}: the new session replaces the old one", worker.0));
+                    Self::log(
+                        note,
+                        &format!(
+                            "worker {}: the new session from {addr} replaces a live one (a restart, or two processes with this id: a third such replacement within {} s is refused)",
+                            worker.0,
+                            super::admission::FLAP_WINDOW.as_secs()
+                        ),
+                    );
                     self.close(old);
                     self.lose(worker, note);
                 }

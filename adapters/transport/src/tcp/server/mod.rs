@@ -363,6 +363,8 @@ struct Shared {
     server_id: u64,
     version: AtomicU64,
     epochs: Mutex<Vec<u32>>,
+    /// Live sessions and recent replacements of live sessions, per worker id.
+    claims: Mutex<admission::Claims>,
     next_conn: AtomicU64,
     connections: AtomicUsize,
     failures: AtomicU64,
@@ -496,6 +498,7 @@ impl TcpServer {
             server_id,
             version: AtomicU64::new(version.0),
             epochs: Mutex::new(vec![0; n]),
+            claims: Mutex::new(admission::Claims::new(n)),
             next_conn: AtomicU64::new(0),
             connections: AtomicUsize::new(0),
             failures: AtomicU64::new(0),
