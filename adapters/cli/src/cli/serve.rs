@@ -69,12 +69,24 @@ pub struct ServeArgs {
     /// Start from the model and version in --checkpoint instead of a fresh model.
     #[arg(long, requires = "checkpoint")]
     pub resume: bool,
+    /// SGD with momentum BETA on every update of the server's model (in [0, 1); 0: plain SGD).
+    /// A run resumed from a checkpoint starts with no velocity.
+    #[arg(long, value_name = "BETA", default_value_t = 0.0, value_parser = parse_momentum)]
+    pub momentum: f64,
     /// Absolute deadline of a connection's handshake, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
     pub handshake_timeout: u64,
     /// Deadline of one frame from its first byte, in milliseconds (plus 1 s per MiB).
     #[arg(long, value_name = "MS", default_value_t = 10000, value_parser = clap::value_parser!(u64).range(1..))]
     pub frame_timeout: u64,
+}
+
+/// A momentum coefficient: a number in `[0, 1)`.
+fn parse_momentum(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(b) if b.is_finite() && (0.0..1.0).contains(&b) => Ok(b),
+        _ => Err(format!("momentum must be a number in [0, 1), got '{s}'")),
+    }
 }
 
 fn model_name(w: &WorkloadArgs) -> String {
@@ -180,6 +192,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     options.handshake_timeout = Duration::from_millis(args.handshake_timeout);
     options.frame_timeout = FrameTimeout { base: Duration::from_millis(args.frame_timeout), ..FrameTimeout::default() };
     options.checkpoint = args.checkpoint.clone().map(|p| (p, args.checkpoint_every));
+    options.momentum = args.momentum;
     let authenticated = options.secret.is_some();
     let server = TcpServer::bind(&args.listen, options).map_err(|e| Failure::Usage(e.0))?;
     let addr = server.local_addr().map_err(|e| Failure::Run(e.0))?;
