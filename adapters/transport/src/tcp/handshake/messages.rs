@@ -211,7 +211,7 @@ pub struct ServerHello {
     pub epoch: u32,
     /// The server's model version when it answered.
     pub version: u64,
-    /// The run's settings, canonically encoded ([`RunSettings::encode`]).
+    /// The run's settings, canonically encoded ([`RunSettings::encode`](crate::tcp::RunSettings::encode)).
     pub settings: Vec<u8>,
     /// `mac_s` (zeros without a secret).
     pub mac: [u8; KEY_LEN],

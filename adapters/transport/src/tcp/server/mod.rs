@@ -467,7 +467,7 @@ impl TcpServer {
     /// Serves `server` (built for [`config`](Self::config) on a model of [`dim`](Self::dim)) until the
     /// plan says stop, exactly as [`run`](Self::run) does. A server with an upstream
     /// ([`Server::has_upstream`]) needs an `uplink` and a server without one must not get
-    /// one (refused before anything starts): its [`ServerOutput::Upstream`] messages go to
+    /// one (refused before anything starts): its [`ServerOutput::Upstream`](syncopate::ServerOutput::Upstream) messages go to
     /// the upstream server and the replies back to [`Server::handle_upstream`]. The run then
     /// also ends when the upstream server says stop ([`StopReason::UpstreamStopped`]) or the
     /// upstream connection is lost ([`StopReason::UpstreamLost`]).
