@@ -57,7 +57,7 @@ fi
   cargo run -q -p syncopate-benches --release --bin rounds -- $QUICK "${MPI_ARGS[@]}"
 } >>"$REPORT"
 
-# --- MPI adapter (issue #18): BSP rounds over syncopate-mpi next to the MPI peers ---
+# BSP rounds over syncopate-mpi next to the MPI peers (feature `mpi`).
 if [[ ${#MPI_ARGS[@]} -gt 0 ]] && cargo build -q --release -p syncopate-benches --features mpi --bin mpi_rounds; then
   echo "== BSP rounds over the MPI adapter" >&2
   {
@@ -68,7 +68,6 @@ if [[ ${#MPI_ARGS[@]} -gt 0 ]] && cargo build -q --release -p syncopate-benches 
       --mpi-adapter "$PWD/target/release/mpi_rounds" --transport mpi --n 2,4,8 --dim 1e5,1e6,1e7
   } >>"$REPORT"
 fi
-# --- end MPI adapter ---
 
 echo "== simulator throughput" >&2
 {

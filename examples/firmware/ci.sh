@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The firmware example in CI (issue #14 item 7): installs what it needs, checks format,
+# The firmware example in CI: installs what it needs, checks format,
 # lints and docs, builds both images (release: opt-level "s", LTO, panic abort, one codegen unit),
 # runs each under QEMU's mps2-an386 (Cortex-M4F) with semihosting, requires "PASS" and
 # exit status 0, and reports code size and RAM. Fails if the BSP image's `.text` exceeds

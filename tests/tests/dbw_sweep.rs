@@ -178,7 +178,7 @@ fn dbw_against_every_static_b() {
     for (v, k, tau, obs, l_eta, g, s) in decisions.first().into_iter().flatten() {
         eprintln!("  v{v:<4} b={:<2} tau={tau:.4} obs={obs:.4} L*eta={l_eta:.3} G={g:.4} S={s:.4}", N - k);
     }
-    // Measured with the issue #15 defaults (the smaller of the greedy and the noise-scale k,
+    // Measured with the current defaults (the smaller of the greedy and the noise-scale k,
     // growth at most 2× per iteration, per-worker windows, warm-up at 4): 1.059 and, held
     // out, 1.138; against a static b tuned on the other seed set 1.034 / 1.068, pooled 1.051
     // (the split-curvature rule with a hold: 1.113 / 1.136; before: 1.13 / 1.11 with the

@@ -1,4 +1,4 @@
-//! Admission under attack (issue #21): a slow-loris attacker without the secret, with far
+//! Admission under attack: a slow-loris attacker without the secret, with far
 //! more connections than the server keeps unverified, each sending one byte a second and
 //! reopening as soon as it is cut, cannot keep an authenticated worker out. A BSP worker is
 //! killed and restarted during the attack; it is back within 2 s of its restart and

@@ -6,7 +6,7 @@ mod tcp_common;
 
 use core::time::Duration;
 use syncopate::Version;
-use syncopate_adapters::scenario::ProtocolName;
+use syncopate_adapters::scenario::ProtocolKind;
 use syncopate_adapters::tcp::{ProtocolSettings, RunSettings, ServerOptions, WorkerJob, run_worker};
 use tcp_common::{bounded, plan, start_server_at, worker_options};
 
@@ -36,7 +36,7 @@ const TARGET: [f32; 4] = [1.0, 2.0, 3.0, 4.0];
 const LR: f64 = 0.25;
 
 fn settings() -> RunSettings {
-    RunSettings::new(ProtocolSettings::named(ProtocolName::Bsp, 2, LR), TARGET.len())
+    RunSettings::new(ProtocolSettings::named(ProtocolKind::Bsp, 2, LR), TARGET.len())
 }
 
 #[test]

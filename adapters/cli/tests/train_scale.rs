@@ -1,4 +1,4 @@
-//! `syncopate train --sim --workers 10000` for every protocol, as the README promises: each
+//! `syncopate train --sim --workers 10000` for every protocol, as BENCHMARKS.md states: each
 //! run exits 0 with 10,000 workers, two steps per worker, no refused input, every accepted
 //! gradient accounted for, and the simulator's events per second in the report.
 
@@ -8,7 +8,7 @@ use common::{stdout, syncopate};
 
 #[test]
 fn every_protocol_trains_ten_thousand_simulated_workers() {
-    for protocol in ["bsp", "asp", "ssp", "bap", "backup", "dbw", "wbsp", "wbsp-overlap", "grouped"] {
+    for protocol in syncopate::ProtocolKind::NAMES {
         let args = ["train", "--sim", "--workers", "10000", "--protocol", protocol, "--steps", "2", "--json"];
         let out = stdout(&syncopate(&args));
         let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();

@@ -96,12 +96,11 @@ pub(crate) fn sum_lanes<T: Scalar>(lanes: &[T; LANES]) -> T {
     sum_quad((a0 + a4) + (a8 + a12), (a1 + a5) + (a9 + a13), (a2 + a6) + (a10 + a14), (a3 + a7) + (a11 + a15))
 }
 
-/// The last two levels of [`sum_lanes`]: `(s0 + s2) + (s1 + s3)`. Not inlined: in the
-/// caller, this two-wide step made the compiler vectorise the main loops two lanes wide
-/// instead of four (half the throughput); the four-wide step above does not. The four sums
-/// come in registers: passed as an array they were stored as one 16-byte vector and read
-/// back in 8-byte halves, which store-to-load forwarding does not serve (a stall on every
-/// call, 4% of DBW's server time in `perf annotate`).
+/// The last two levels of [`sum_lanes`]: `(s0 + s2) + (s1 + s3)`. Not inlined, so the
+/// callers' main loops stay vectorised four lanes wide (inlined, this two-wide step makes the
+/// compiler vectorise them two wide). The four sums come in registers, not as an array: an
+/// array would be stored as one 16-byte vector and read back in 8-byte halves, a load the
+/// CPU cannot forward from the store.
 #[inline(never)]
 fn sum_quad<T: Scalar>(s0: T, s1: T, s2: T, s3: T) -> T {
     (s0 + s2) + (s1 + s3)

@@ -18,6 +18,9 @@
 //!
 //! A `handle*` call that returns `Err(Reject)` changed nothing: no state, no output.
 //!
+//! A lost worker is never refused for want of room: [`Server::handle_worker_lost`] during
+//! a batch's expansion records the loss, and the drain applies it once the batch is out.
+//!
 //! # Servers with an upstream
 //!
 //! A server can itself be a worker of a server above it (its *upstream*): a grouped
@@ -58,6 +61,7 @@ pub mod bsp;
 pub mod common;
 pub mod dbw;
 pub mod grouped;
+mod kind;
 pub mod ssp;
 pub mod wbsp;
 
@@ -72,6 +76,7 @@ pub use common::table::{DEFAULT_INLINE_WORKERS, Inline, Slot, Storage, WorkerRec
 pub(crate) use common::testkit::{ToServerOwned, ToWorkerOwned};
 pub use common::validate::{GradientPolicy, LargeGradient};
 pub use common::worker::{ProtocolWorker, WorkerCore, WorkerRules};
+pub use kind::{Knob, ProtocolKind};
 
 use crate::error::Reject;
 use crate::id::{ComputeId, Version, WorkerId};
@@ -95,13 +100,10 @@ pub enum Recipient {
 }
 
 /// One output of a server state machine.
-///
-/// Its tag is a `u64` (`#[repr(u64)]`): with a 4-byte tag, an event copied into the output
-/// was moved together with the 4 bytes of padding before it, in 16-byte pieces that straddled
-/// the stores that had just written it, so store-to-load forwarding failed on every event
-/// (`perf annotate`); with the tag as wide as the event's alignment there is no such padding.
 #[derive(Debug)]
 #[must_use]
+// The tag is as wide as the event's alignment, so an output holds no padding between the
+// two and is copied in whole words.
 #[repr(u64)]
 pub enum ServerOutput<'a, T> {
     /// Send `msg` to `to`.
@@ -402,7 +404,11 @@ impl WorkerStats {
 pub trait Server<T: Scalar> {
     /// A message from `from` arrived at `now`.
     fn handle(&mut self, now: Instant, from: WorkerId, msg: ToServer<'_, T>) -> Result<(), Reject>;
-    /// The transport lost `worker` (connection closed, heartbeat missed).
+    /// The transport lost `worker` (connection closed, heartbeat missed). Refused only for
+    /// a worker id outside the run ([`Reject::UnknownWorker`]): a loss reported while the
+    /// server takes no input (a batch is being expanded) is recorded and applied once the
+    /// outputs have drained, in the same drain, so a driver may report any number of losses
+    /// back to back.
     fn handle_worker_lost(&mut self, now: Instant, worker: WorkerId) -> Result<(), Reject>;
     /// The deadline from [`Self::poll_timeout`] passed.
     fn handle_timeout(&mut self, now: Instant);

@@ -37,8 +37,8 @@
 //!   servers). With an instant group link this is the single-process `GroupedServer`, run for
 //!   run. The model evaluated and reported is the central one.
 //! - **Trivial workload**: [`GradientSource::Constant`] skips gradient evaluation, to measure
-//!   the engine and protocol throughput (about 1.1 M events/s for BSP with 8 workers and the
-//!   650-parameter digits model in release; `tests/tests/sim_throughput.rs`).
+//!   the engine and protocol throughput (`tests/tests/sim_throughput.rs`; BENCHMARKS.md,
+//!   "Simulator").
 //! - **Driving contract**: after every input the node's outputs are drained, then its timer
 //!   is re-armed from `poll_timeout`; a timer that fires calls `handle_timeout` only if the
 //!   deadline is still due.
@@ -77,8 +77,8 @@ pub use config::{
 };
 pub use engine::FAULT_STREAM;
 pub use report::{
-    Bucket, CurvePoint, Fault, FaultStats, Node, Observation, SimReport, StalenessStats, Target, TraceStep,
-    WorkerReport,
+    Bucket, CurvePoint, DIVERGED_LOSS_GROWTH, Fault, FaultStats, Node, Observation, SimReport, StalenessStats, Target,
+    TraceStep, WorkerReport, divergence,
 };
 
 use crate::workload::Workload;

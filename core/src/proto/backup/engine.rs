@@ -54,10 +54,9 @@ pub(crate) struct Admitted {
     pub(crate) rtt: Option<Duration>,
     /// The squared L2 norm of the gradient as added to the round: its norm as received,
     /// from admission, times the square of the clipping factor (`sq_norm · f · f`); 0 when
-    /// the gradient was dropped. One field rather than the norm and the factor: the
-    /// caller read the two adjacent `f64`s with one 16-byte load that the callee's two
-    /// 8-byte stores could not forward (a store-forwarding stall on every gradient, seen
-    /// with `perf annotate` on the `mem_count` example).
+    /// the gradient was dropped. One field rather than the norm and the factor, so the
+    /// caller never reads two adjacent `f64`s the callee stored separately with one 16-byte
+    /// load, which the CPU cannot forward from the two stores.
     pub(crate) sq_norm: f64,
     /// The round now holds `k` gradients: the caller closes it.
     pub(crate) full: bool,
@@ -319,8 +318,8 @@ macro_rules! backup_family_rules {
                 use $crate::msg::ToServer;
                 match *msg {
                     ToServer::Join { epoch } => self.engine.on_join(core, now, from, epoch),
-                    // By reference: a copy of `values` out of the caller's message waits on its
-                    // stores (a store-forwarding stall `perf annotate` showed on every gradient).
+                    // By reference: a copy of `values` out of the caller's message would wait on
+                    // its stores (they cannot be forwarded to the copy's wider loads).
                     ToServer::Grad { base, seq, ref values, .. } => self.on_grad(core, now, from, base, seq, values),
                     _ => Err($crate::error::Reject::Unexpected { kind: msg.kind_name() }),
                 }

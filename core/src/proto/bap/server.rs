@@ -345,9 +345,8 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
         core.queue.push(ServerItem::Event(ServerEvent::Dropped { worker, base, reason }));
     }
 
-    // Inlined into `on_message` (the compiler's choice): out of line it saved 1 instruction
-    // per message in `mem_count` but took 28.4–29.4 ns per message against 25.4–28.8 inlined
-    // (seven interleaved `overhead` runs; the old tree 26.7–27.8).
+    // Left to the compiler to inline into `on_message`: forced out of line it executes one
+    // instruction fewer per message but runs slower (docs/perf-log.md).
     #[allow(clippy::too_many_arguments)]
     fn on_grad(
         &mut self,

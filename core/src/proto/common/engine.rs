@@ -134,8 +134,8 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, X: Slot> ServerCore<T, S, M, X> {
     }
 
     /// The common answer to a pull the server can serve now: the model if it is newer than
-    /// `have`, otherwise `NotNewer`. Inlined into the protocols' pull handlers (BAP executes 6
-    /// fewer instructions per message in `mem_count`, WBSP 1.5).
+    /// `have`, otherwise `NotNewer`. Inlined into the protocols' pull handlers, which run on
+    /// every pull.
     #[inline]
     pub(crate) fn answer_pull(&mut self, to: WorkerId, have: Version) {
         if self.version > have {
@@ -311,20 +311,36 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
         Ok(())
     }
 
+    /// Applies the losses reported while the server could take no input, lowest worker id
+    /// first, as long as there is room for what each can queue; the rest wait for the next
+    /// drain.
+    #[cold]
+    #[inline(never)]
+    fn apply_pending_losses(&mut self) {
+        while self.core.roster.pending_losses() != 0 && self.core.queue.ensure_room(self.rules.burst()).is_ok() {
+            let Some((worker, at)) = self.core.roster.take_pending_loss() else {
+                break;
+            };
+            let _ = self.lose(at, worker);
+        }
+        self.core.stats.outputs_lost = self.core.queue.lost();
+    }
+
     /// The next output of the batches at the queue's front: walks the front batch's worker
     /// records from where it stopped to the next one the protocol's
     /// [`Rules::expand`] selects, taking out every batch it finishes; `None` when the
     /// queue empties.
     ///
     /// Each item becomes an output where it is found, so an event the protocol's inlined
-    /// expansion builds is stored straight into the output. Returning the item and matching
-    /// it after the loop sent it through the stack and a jump table: `mem_count` executed
-    /// 17 more instructions per message for BAP, 10-13 more for BSP, backup, DBW, ASP and
-    /// WBSP, 4 for SSP and 1 for grouped.
+    /// expansion builds is stored straight into the output, never returned through the stack
+    /// and matched again after the loop.
     #[inline(always)]
     fn expand_front(&mut self) -> Option<ServerOutput<'_, T>> {
         loop {
-            let ServerItem::Batch(batch) = self.core.queue.front_mut()? else {
+            let Some(front) = self.core.queue.front_mut() else {
+                return self.after_drain();
+            };
+            let ServerItem::Batch(batch) = front else {
                 let item = *self.core.queue.front_mut()?;
                 self.core.queue.advance();
                 return self.output_of(&item);
@@ -340,6 +356,21 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
             }
             self.core.queue.finish_batch();
         }
+    }
+
+    /// The queue is empty: the losses that waited for the drain are applied now, and what
+    /// they queue is part of this drain (`None` if nothing).
+    #[cold]
+    #[inline(never)]
+    fn after_drain(&mut self) -> Option<ServerOutput<'_, T>> {
+        if self.core.roster.pending_losses() == 0 {
+            return None;
+        }
+        self.apply_pending_losses();
+        if self.core.queue.len() == 0 {
+            return None;
+        }
+        self.poll_output()
     }
 
     /// The output of a queued item other than a batch, its payload attached.
@@ -369,16 +400,20 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
 }
 
 impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> Server<T> for ProtocolServer<T, S, R, M> {
-    // Out of line: with `lose` out of line, the compiler inlined this into `AnyServer`'s
-    // dispatch, which then saved registers for every protocol's `handle` (grouped executed
-    // 10 more instructions per message in `mem_count`).
+    // Out of line, so `AnyServer`'s dispatch does not inline it and save the registers of
+    // every protocol's `handle` on every message.
     #[inline(never)]
     fn handle(&mut self, now: Instant, from: WorkerId, msg: ToServer<'_, T>) -> Result<(), Reject> {
+        // A loss reported before this message is applied before it (a caller that drains
+        // after every input finds none pending here).
+        if self.core.roster.pending_losses() != 0 {
+            self.apply_pending_losses();
+        }
         let result = self.core.queue.ensure_room(self.rules.burst()).and_then(|()| {
             self.core.roster.check_member(from)?;
             // The message by reference, where the caller put it: a copy made here would load
-            // it in 16-byte pieces right after the caller's narrower stores, a store-forwarding
-            // stall (half of `handle`'s own samples in `perf annotate`).
+            // it in 16-byte pieces right after the caller's narrower stores, which the CPU
+            // cannot forward.
             match msg {
                 ToServer::Leave => self.lose(now, from),
                 ToServer::Grad { loss: Some(l), .. }
@@ -404,13 +439,22 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> Server<T> for Proto
 
     fn handle_worker_lost(&mut self, now: Instant, worker: WorkerId) -> Result<(), Reject> {
         self.core.roster.check_member(worker)?;
-        self.core.queue.ensure_room(self.rules.burst())?;
-        let result = self.lose(now, worker);
-        self.core.stats.outputs_lost = self.core.queue.lost();
-        result
+        if self.core.roster.pending_losses() == 0 && self.core.queue.ensure_room(self.rules.burst()).is_ok() {
+            let result = self.lose(now, worker);
+            self.core.stats.outputs_lost = self.core.queue.lost();
+            return result;
+        }
+        // No room now (a batch is being expanded): the loss is recorded and applied once
+        // the outputs have drained, never refused.
+        self.core.roster.defer_loss(worker, now);
+        self.apply_pending_losses();
+        Ok(())
     }
 
     fn handle_timeout(&mut self, now: Instant) {
+        if self.core.roster.pending_losses() != 0 {
+            self.apply_pending_losses();
+        }
         // A deadline met while a batch is still being expanded waits for the drain: the
         // deadline stays due, so the next `handle_timeout` after it acts on it.
         if self.core.queue.ensure_room(self.rules.burst()).is_ok() {
@@ -422,12 +466,13 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> Server<T> for Proto
     fn poll_output(&mut self) -> Option<ServerOutput<'_, T>> {
         // A batch is expanded here, each item it yields made an output where it is found.
         // Any other item is taken out of the queue first and then read where it lies (its
-        // slot is not written before the next push), each kind only its own fields: copied
-        // out whole first, it was read back in pieces right after being copied. Against
-        // copying it out, this executes 9 (BSP) to 31 (ASP) fewer instructions per message
-        // for every protocol but grouped, whose poll is its own (`mem_count`).
-        if let ServerItem::Batch(_) = self.core.queue.front_mut()? {
-            return self.expand_front();
+        // slot is not written before the next push), each kind only its own fields, never
+        // copied out whole first and read back in pieces. The grouped server's poll is its
+        // own. An empty queue is where the losses that waited for the drain are applied.
+        match self.core.queue.front_mut() {
+            Some(ServerItem::Batch(_)) => return self.expand_front(),
+            Some(_) => {}
+            None => return self.after_drain(),
         }
         let taken = self.core.queue.take_front()?;
         self.output_of(self.core.queue.taken(taken)?)

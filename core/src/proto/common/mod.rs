@@ -26,3 +26,5 @@ pub mod worker;
 
 #[cfg(test)]
 pub(crate) mod capacity_tests;
+#[cfg(test)]
+mod loss_tests;

@@ -19,12 +19,9 @@ pub(crate) const WORKER_QUEUE: usize = 16;
 /// A server output before its payload is attached (what a protocol's
 /// [`Rules::expand`](crate::proto::Rules::expand) returns for one worker of a batch).
 ///
-/// The tag is a word of its own (`repr(u64)`, 8 bytes more per item): without it the tag
-/// shares a byte inside the event ([`Reject`]'s, through the niche), and
-/// copying an event out was a field-by-field copy of 15 loads and stores with byte-sized
-/// pieces; with it an event is copied whole, and telling items apart is one compare
-/// (with the event branch of `poll_output`, 21–47 instructions fewer per message in
-/// `mem_count` for every protocol but BAP, which takes 6 more).
+/// The tag is a word of its own (`repr(u64)`, 8 bytes more per item) rather than a byte
+/// inside the event ([`Reject`]'s, through the niche): an event is then copied out whole,
+/// not field by field in byte-sized pieces, and telling items apart is one compare.
 #[derive(Clone, Copy, Debug)]
 #[repr(u64)]
 pub enum ServerItem {
@@ -150,10 +147,9 @@ impl<I: Copy, const N: usize> FrontQueue<I, N> {
         self.push_with(|| item)
     }
 
-    /// [`Self::push`] of the item `make` builds, built straight into its slot: an item built
-    /// first and then copied in is read back from the stack with wide loads right after
-    /// its fields were stored with narrow ones, which stalls store-to-load forwarding (a
-    /// fifth of ASP's per-message time, measured with `perf annotate`).
+    /// [`Self::push`] of the item `make` builds, built straight into its slot, never built on
+    /// the stack and copied in (a copy reads the item back with wide loads right after its
+    /// fields were stored with narrow ones, which the CPU cannot forward).
     #[inline(always)]
     #[must_use]
     pub(crate) fn push_with(&mut self, make: impl FnOnce() -> I) -> bool {
@@ -257,9 +253,8 @@ impl ServerQueue {
     }
 
     /// Queues a batch of `kind` (counted among the batches if it is queued, among the lost
-    /// outputs if not). Inlined, with one test of the push's result: out of line, comparing
-    /// the lost count before and after a [`Self::push`], it cost every protocol 4-10 more
-    /// instructions per message in `mem_count`.
+    /// outputs if not). Inlined, with one test of the push's result (not a comparison of the
+    /// lost count before and after a [`Self::push`]): every round close runs it.
     #[inline]
     pub(crate) fn push_batch(&mut self, kind: BatchKind) {
         if self.items.push_with(|| ServerItem::Batch(Batch::new(kind))) {

@@ -95,12 +95,12 @@
 //! the round waits for the dead worker forever while the others keep computing into it,
 //! so set a deadline of a few slowest-step times whenever workers can die silently.
 //!
-//! # Measured
+//! # Tested against the paper's claim
 //!
-//! In the simulator (`tests/tests/wbsp_sim.rs`: 8 workers, digits softmax, odd workers
-//! slowed by 1×, 2×, 3× the base step), both variants reach 0.90 test accuracy sooner than
-//! BSP at the same learning rate in all three settings, and raise the fast workers'
-//! computation-time share from 0.25–0.48 (BSP) to about 0.87 (basic) and 0.997 (overlap).
+//! `tests/tests/wbsp_sim.rs` checks in the simulator, with the paper's slow odd workers, that
+//! both variants reach 0.90 test accuracy before BSP and SSP do, and that the fast workers
+//! keep computing under WBSP while they wait under BSP (computation-time share);
+//! REPRODUCTION.md, "WBSP", has the figures.
 //!
 //! # Memory
 //!
@@ -252,7 +252,8 @@ impl WbspConfig {
 
     /// The protocol's short name: `"wbsp"`, or `"wbsp-overlap"` for the optimized variant.
     pub fn name(&self) -> &'static str {
-        if self.overlap { "wbsp-overlap" } else { "wbsp" }
+        let kind = if self.overlap { super::ProtocolKind::WbspOverlap } else { super::ProtocolKind::Wbsp };
+        kind.as_str()
     }
 
     pub(crate) fn check(&self) -> Result<(), ConfigError> {

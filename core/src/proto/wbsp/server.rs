@@ -109,8 +109,8 @@ impl<T: Scalar, S: Buffer<T>> WbspRules<T, S> {
     }
 
     /// Whether every live worker uploaded in the open round (a pass over the table only when
-    /// the uploaders are at least as many as the live workers). Inlined: it runs on every
-    /// delta, and as a call it cost 3.4 instructions per message more (`mem_count`).
+    /// the uploaders are at least as many as the live workers). Always inlined: it runs on
+    /// every delta.
     #[inline(always)]
     fn complete<M: Storage>(&self, core: &Core<T, S, M>) -> bool {
         let open = mark_of(core.version);

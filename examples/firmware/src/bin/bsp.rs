@@ -1,5 +1,5 @@
-//! BSP alone with eight workers: the image whose `.text` size the README reports for
-//! "a BSP server fits in 32 KiB". Prints "PASS" and exits 0 only if it trained.
+//! BSP alone with eight workers: the image whose `.text` size docs/guide/firmware.md
+//! reports for "a BSP server fits in 32 KiB". Prints "PASS" and exits 0 only if it trained.
 
 #![no_std]
 #![no_main]

@@ -52,6 +52,8 @@ pub enum RefuseCode {
     /// The peer is not of the kind this server takes (a worker at a central server of
     /// remote groups, or a group server at an ordinary server).
     Role,
+    /// Sessions of this worker id keep replacing live ones: two processes claim the id.
+    Claimed,
     /// Any other code (from a newer peer).
     Other(u8),
 }
@@ -71,6 +73,7 @@ impl RefuseCode {
             Self::AuthFailed => 9,
             Self::Busy => 10,
             Self::Role => 11,
+            Self::Claimed => 12,
             Self::Other(b) => b,
         }
     }
@@ -89,6 +92,7 @@ impl RefuseCode {
             9 => Self::AuthFailed,
             10 => Self::Busy,
             11 => Self::Role,
+            12 => Self::Claimed,
             b => Self::Other(b),
         }
     }
@@ -211,7 +215,7 @@ pub struct ServerHello {
     pub epoch: u32,
     /// The server's model version when it answered.
     pub version: u64,
-    /// The run's settings, canonically encoded ([`RunSettings::encode`](crate::tcp::RunSettings::encode)).
+    /// The run's settings, canonically encoded ([`RunSettings::encode`](crate::tcp::settings::RunSettings::encode)).
     pub settings: Vec<u8>,
     /// `mac_s` (zeros without a secret).
     pub mac: [u8; KEY_LEN],

@@ -79,7 +79,7 @@ impl HandshakeError {
 impl fmt::Display for HandshakeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Refused { message, .. } => write!(f, "refused by peer: {message}"),
+            Self::Refused { message, .. } => write!(f, "refused by peer: {}", PeerText(message)),
             Self::Refusing { message, .. } => f.write_str(message),
             Self::Frame(e) => write!(f, "handshake: {e}"),
         }
@@ -87,6 +87,36 @@ impl fmt::Display for HandshakeError {
 }
 
 impl core::error::Error for HandshakeError {}
+
+/// The most characters of a peer's text (a `Refuse` message) printed; the rest is cut and
+/// marked.
+pub const MAX_PEER_TEXT: usize = 160;
+
+/// Text a peer supplied, made safe to print on one line of an operator's log: control and
+/// formatting characters (newlines, terminal escapes, bidirectional overrides) are shown
+/// escaped, and at most [`MAX_PEER_TEXT`] characters are shown. An unauthenticated client
+/// can send such text, so it never reaches a log verbatim.
+#[derive(Clone, Copy, Debug)]
+pub struct PeerText<'a>(pub &'a str);
+
+impl fmt::Display for PeerText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut chars = self.0.chars();
+        for c in chars.by_ref().take(MAX_PEER_TEXT) {
+            let unsafe_char = c.is_control()
+                || matches!(c, '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{206F}' | '\u{FEFF}');
+            if unsafe_char {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                write!(f, "{c}")?;
+            }
+        }
+        if chars.next().is_some() {
+            f.write_str(" [cut]")?;
+        }
+        Ok(())
+    }
+}
 
 impl From<FrameError> for HandshakeError {
     fn from(e: FrameError) -> Self {
@@ -458,12 +488,23 @@ pub fn client_handshake<W: Write>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol_spec::ProtocolName;
+
+    #[test]
+    fn a_peers_refusal_is_printed_escaped_and_capped() {
+        let message = format!("ok\nFAKE LOG LINE\r\u{1b}[31mred\u{202E}{}", "x".repeat(400));
+        let shown = HandshakeError::Refused { code: RefuseCode::Busy, message }.to_string();
+        assert!(!shown.chars().any(|c| c.is_control() || c == '\u{202E}'), "{shown:?}");
+        assert!(shown.contains("ok\\nFAKE LOG LINE\\r\\u{1b}[31mred\\u{202e}"), "{shown:?}");
+        assert!(shown.ends_with(" [cut]"), "{shown:?}");
+        assert!(shown.chars().count() < MAX_PEER_TEXT + 40, "{shown:?}");
+        assert_eq!(PeerText("plain words").to_string(), "plain words");
+    }
+    use crate::protocol_spec::ProtocolKind;
     use crate::tcp::auth::Secret;
     use crate::tcp::settings::{ProtocolSettings, digest};
 
     fn settings() -> Vec<u8> {
-        RunSettings::new(ProtocolSettings::named(ProtocolName::Bsp, 2, 0.5), 650).encode().unwrap()
+        RunSettings::new(ProtocolSettings::named(ProtocolKind::Bsp, 2, 0.5), 650).encode().unwrap()
     }
 
     #[test]

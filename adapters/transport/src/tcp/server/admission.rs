@@ -1,6 +1,8 @@
 //! Admission: the table of unverified connections (bounded, evicting the oldest of the
-//! source holding the most), the set of hello nonces already seen (no replay), and the step
-//! that turns a verified hello into a session slot and an epoch.
+//! source holding the most), the set of hello nonces already seen (no replay), the claims
+//! on each worker id (two processes with one id are refused once their sessions keep
+//! replacing each other), and the step that turns a verified hello into a session slot and
+//! an epoch.
 
 use super::Shared;
 use crate::tcp::handshake::{ClientHello, RefuseCode};
@@ -8,6 +10,77 @@ use core::net::IpAddr;
 use core::sync::atomic::Ordering;
 use std::collections::{HashSet, VecDeque};
 use std::net::TcpStream;
+use std::time::{Duration, Instant};
+use syncopate::WorkerId;
+
+/// Replacements of a live session of one worker id within [`FLAP_WINDOW`] that mark two
+/// processes claiming the id: the hello that would make this many is refused
+/// ([`RefuseCode::Claimed`]). A genuine restart replaces a live session at most once (the
+/// old connection of a crashed process is closed, or found dead, and stays so).
+pub(super) const FLAP_LIMIT: usize = 3;
+/// The window [`FLAP_LIMIT`] counts in.
+pub(super) const FLAP_WINDOW: Duration = Duration::from_secs(10);
+
+/// Per worker id: its sessions alive (admitted, connection not yet ended) and when a new
+/// session was admitted while one was alive.
+#[derive(Debug, Default)]
+pub(super) struct Claims {
+    live: Vec<u32>,
+    replaced: Vec<VecDeque<Instant>>,
+}
+
+impl Claims {
+    pub(super) fn new(workers: usize) -> Self {
+        Self { live: vec![0; workers], replaced: vec![VecDeque::new(); workers] }
+    }
+
+    /// Admits a session of `worker` at `now`, unless it would be the [`FLAP_LIMIT`]th
+    /// replacement of a live session within [`FLAP_WINDOW`].
+    fn claim(&mut self, worker: WorkerId, now: Instant) -> Result<(), (RefuseCode, String)> {
+        let i = worker.index();
+        let (Some(live), Some(replaced)) = (self.live.get_mut(i), self.replaced.get_mut(i)) else {
+            return Ok(());
+        };
+        while replaced.front().is_some_and(|t| now.duration_since(*t) > FLAP_WINDOW) {
+            replaced.pop_front();
+        }
+        if *live > 0 {
+            if replaced.len() + 1 >= FLAP_LIMIT {
+                return Err((
+                    RefuseCode::Claimed,
+                    format!(
+                        "worker {} is connected already, and its sessions replaced each other {} times in {} s: two processes claim this worker id (give each `work` its own --id)",
+                        worker.0,
+                        replaced.len(),
+                        FLAP_WINDOW.as_secs()
+                    ),
+                ));
+            }
+            replaced.push_back(now);
+        }
+        *live += 1;
+        Ok(())
+    }
+
+    /// A session of `worker` ended.
+    pub(super) fn release(&mut self, worker: WorkerId) {
+        if let Some(live) = self.live.get_mut(worker.index()) {
+            *live = live.saturating_sub(1);
+        }
+    }
+}
+
+/// Releases a session's claim on its worker id when its connection ends.
+pub(super) struct ClaimGuard<'a> {
+    pub(super) shared: &'a Shared,
+    pub(super) worker: WorkerId,
+}
+
+impl Drop for ClaimGuard<'_> {
+    fn drop(&mut self) {
+        self.shared.claims.lock().unwrap_or_else(std::sync::PoisonError::into_inner).release(self.worker);
+    }
+}
 
 /// One unverified connection.
 #[derive(Debug)]
@@ -117,6 +190,12 @@ pub(super) fn admit(shared: &Shared, pending: u64, hello: &ClientHello) -> Resul
     if total >= shared.options.max_connections {
         shared.connections.fetch_sub(1, Ordering::SeqCst);
         return Err((RefuseCode::Busy, "server busy: too many connections".into()));
+    }
+    let claimed =
+        shared.claims.lock().unwrap_or_else(std::sync::PoisonError::into_inner).claim(hello.worker, Instant::now());
+    if let Err(e) = claimed {
+        shared.connections.fetch_sub(1, Ordering::SeqCst);
+        return Err(e);
     }
     let mut epochs = shared.epochs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     Ok(epochs.get_mut(hello.worker.index()).map_or(0, |e| {

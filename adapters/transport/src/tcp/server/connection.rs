@@ -2,14 +2,15 @@
 //! frames to the protocol thread and a writer that sends from a bounded queue; the same
 //! reader and writer for the upstream session of a group server.
 
-use super::admission::{LeaveTable, admit};
+use super::admission::{ClaimGuard, LeaveTable, admit};
 use super::{Conn, Inbound, Shared, Slot, Uplink};
 use crate::tcp::TcpError;
 use crate::tcp::frame::{FrameError, FrameReader, FrameWriter};
 use crate::tcp::handshake::{self, Deadlines, HandshakeError, ServerSide};
 use core::net::SocketAddr;
 use core::sync::atomic::{AtomicBool, Ordering};
-use crossbeam_channel::{Sender, bounded};
+use core::time::Duration;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
 use std::io::BufWriter;
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
@@ -56,14 +57,14 @@ pub(super) fn connection(
     let now = StdInstant::now();
     let deadlines =
         Deadlines { hello: now + opts.hello_timeout.min(opts.handshake_timeout), done: now + opts.handshake_timeout };
-    let admitted = core::cell::Cell::new(false);
+    let admitted = core::cell::Cell::new(None);
     let result = handshake::server_handshake(&mut reader, &mut writer, &side, deadlines, shared.session_max_len, |h| {
         let epoch = admit(shared, pending, h)?;
-        admitted.set(true);
+        admitted.set(Some(h.worker));
         Ok(epoch)
     });
     drop(table);
-    let _verified = admitted.get().then(|| Slot(&shared.connections));
+    let _verified = admitted.get().map(|worker| (Slot(&shared.connections), ClaimGuard { shared, worker }));
     let session = match result {
         Ok(s) => s,
         Err(e) => {
@@ -90,14 +91,13 @@ pub(super) fn connection(
     let writer_tx = tx.clone();
     let done = Arc::new(AtomicBool::new(false));
     let done2 = Arc::clone(&done);
+    let beat = crate::tcp::heartbeat_interval(opts.lost_after);
     let spawned = thread::Builder::new().name(format!("syncopate-write-{}", worker.0)).spawn(move || {
-        for bytes in out_rx {
-            if let Err(e) = writer.write_frame(&bytes) {
-                let _ = writer_tx.send(Inbound::Closed { conn, worker, reason: format!("write failed: {e}") });
-                let _ = stream2.shutdown(Shutdown::Both);
-                done2.store(true, Ordering::SeqCst);
-                return;
-            }
+        if let Err(e) = write_with_heartbeats(&mut writer, &out_rx, beat) {
+            let _ = writer_tx.send(Inbound::Closed { conn, worker, reason: format!("write failed: {e}") });
+            let _ = stream2.shutdown(Shutdown::Both);
+            done2.store(true, Ordering::SeqCst);
+            return;
         }
         let _ = stream2.shutdown(Shutdown::Write);
         done2.store(true, Ordering::SeqCst);
@@ -116,7 +116,11 @@ pub(super) fn connection(
     let (home, pool) = bounded::<Vec<u8>>(8);
     let reason = loop {
         let mut buf = pool.try_recv().unwrap_or_default();
-        match reader.read_frame(&mut buf, None) {
+        match reader.read_frame(&mut buf, Some(StdInstant::now() + opts.lost_after)) {
+            // A heartbeat: the worker is there.
+            Ok(p) if p.start == p.end => {
+                let _ = home.try_send(buf);
+            }
             Ok(p) => {
                 let frame = Inbound::Frame { conn, worker, buf, start: p.start, end: p.end, home: home.clone() };
                 if tx.send(frame).is_err() {
@@ -124,6 +128,7 @@ pub(super) fn connection(
                 }
             }
             Err(FrameError::Closed) => break Some("connection closed".to_owned()),
+            Err(FrameError::Idle) => break Some(silent(opts.lost_after)),
             Err(e) => break Some(e.to_string()),
         }
     };
@@ -139,7 +144,12 @@ pub(super) fn connection(
 /// Starts the reader and writer threads of the upstream session: frames from upstream go to
 /// the protocol thread as [`Inbound::Upstream`], a closed or broken connection as
 /// [`Inbound::UpstreamClosed`].
-pub(super) fn start_uplink(link: Uplink, tx: &Sender<Inbound>, queue: usize) -> Result<Conn, TcpError> {
+pub(super) fn start_uplink(
+    link: Uplink,
+    tx: &Sender<Inbound>,
+    queue: usize,
+    lost_after: Duration,
+) -> Result<Conn, TcpError> {
     let Uplink { addr, stream, mut reader, mut writer } = link;
     let clone = |s: &TcpStream| s.try_clone().map_err(|e| TcpError(format!("upstream connection: {e}")));
     let (stream2, stream3) = (clone(&stream)?, clone(&stream)?);
@@ -149,13 +159,11 @@ pub(super) fn start_uplink(link: Uplink, tx: &Sender<Inbound>, queue: usize) -> 
     thread::Builder::new()
         .name("syncopate-up-write".into())
         .spawn(move || {
-            for bytes in out_rx {
-                if let Err(e) = writer.write_frame(&bytes) {
-                    let _ = writer_tx.send(Inbound::UpstreamClosed { reason: format!("write failed: {e}") });
-                    let _ = stream2.shutdown(Shutdown::Both);
-                    done2.store(true, Ordering::SeqCst);
-                    return;
-                }
+            if let Err(e) = write_with_heartbeats(&mut writer, &out_rx, crate::tcp::heartbeat_interval(lost_after)) {
+                let _ = writer_tx.send(Inbound::UpstreamClosed { reason: format!("write failed: {e}") });
+                let _ = stream2.shutdown(Shutdown::Both);
+                done2.store(true, Ordering::SeqCst);
+                return;
             }
             let _ = stream2.shutdown(Shutdown::Write);
             done2.store(true, Ordering::SeqCst);
@@ -167,13 +175,16 @@ pub(super) fn start_uplink(link: Uplink, tx: &Sender<Inbound>, queue: usize) -> 
         .spawn(move || {
             let reason = loop {
                 let mut buf = Vec::new();
-                match reader.read_frame(&mut buf, None) {
+                match reader.read_frame(&mut buf, Some(StdInstant::now() + lost_after)) {
+                    // A heartbeat: the upstream server is there.
+                    Ok(p) if p.start == p.end => {}
                     Ok(p) => {
                         if reader_tx.send(Inbound::Upstream { buf, start: p.start, end: p.end }).is_err() {
                             return;
                         }
                     }
                     Err(FrameError::Closed) => break format!("{addr} closed the connection"),
+                    Err(FrameError::Idle) => break format!("{addr}: {}", silent(lost_after)),
                     Err(e) => break format!("{addr}: {e}"),
                 }
             };
@@ -181,4 +192,25 @@ pub(super) fn start_uplink(link: Uplink, tx: &Sender<Inbound>, queue: usize) -> 
         })
         .map_err(|e| TcpError(format!("cannot start the upstream reader: {e}")))?;
     Ok(Conn { id: u64::MAX, tx: out_tx, stream: stream3, done })
+}
+
+/// Writes the frames queued on `frames` until the queue closes, and a heartbeat (a frame
+/// with an empty payload) whenever nothing was written for `beat`.
+pub(crate) fn write_with_heartbeats<W: std::io::Write>(
+    writer: &mut FrameWriter<W>,
+    frames: &Receiver<Arc<Vec<u8>>>,
+    beat: Duration,
+) -> std::io::Result<()> {
+    loop {
+        match frames.recv_timeout(beat) {
+            Ok(bytes) => writer.write_frame(&bytes)?,
+            Err(RecvTimeoutError::Timeout) => writer.write_frame(&[])?,
+            Err(RecvTimeoutError::Disconnected) => return Ok(()),
+        }
+    }
+}
+
+/// The reason a silent session is lost.
+fn silent(lost_after: Duration) -> String {
+    format!("silent for {:.1} s (no frame, no heartbeat)", lost_after.as_secs_f64())
 }

@@ -231,7 +231,14 @@ impl<S: Server<f32>> Core<S> {
                 let new = Conn { id: conn, tx, stream, done };
                 let old = self.conns.get_mut(worker.index()).and_then(|slot| slot.replace(new));
                 if let Some(old) = old {
-                    Self::log(note, &format!("worker {}: the new session replaces the old one", worker.0));
+                    Self::log(
+                        note,
+                        &format!(
+                            "worker {}: the new session from {addr} replaces a live one (a restart, or two processes with this id: a third such replacement within {} s is refused)",
+                            worker.0,
+                            super::admission::FLAP_WINDOW.as_secs()
+                        ),
+                    );
                     self.close(old);
                     self.lose(worker, note);
                 }
@@ -341,12 +348,18 @@ impl<S: Server<f32>> Core<S> {
         self.lose(worker, note);
     }
 
+    /// Tells the protocol `worker` is lost. The core refuses no loss for want of room (it
+    /// applies those reported during a batch once the batch has drained), so the losses of
+    /// one pass are reported back to back; a refusal (an id outside the run) is counted
+    /// and logged.
     fn lose(&mut self, worker: WorkerId, note: &mut dyn FnMut(Note<'_>)) {
-        let _ = self.server.handle_worker_lost(since(self.epoch), worker);
+        if let Err(e) = self.server.handle_worker_lost(since(self.epoch), worker) {
+            self.report.refused += 1;
+            Self::log(note, &format!("worker {}: the protocol refused its loss ({e})", worker.0));
+        }
         if let Some(d) = self.dispatched.get_mut(worker.index()) {
             *d = None;
         }
-        let _ = note;
     }
 
     /// Drains the protocol's outputs: events are noted, messages encoded once, a checkpoint

@@ -101,6 +101,10 @@ pub struct ServerOptions {
     /// SGD with momentum on every update ([`run`](TcpServer::run)), in `[0, 1)`; 0 is plain
     /// SGD. A resumed run starts with no velocity (checkpoints hold the model only).
     pub momentum: f64,
+    /// A session (a worker's, or the upstream one) silent this long (no frame, no
+    /// heartbeat) is lost; heartbeats go out at [`heartbeat_interval`](super::heartbeat_interval)
+    /// of it.
+    pub lost_after: Duration,
 }
 
 impl ServerOptions {
@@ -121,6 +125,7 @@ impl ServerOptions {
             write_timeout: Duration::from_secs(10),
             checkpoint: None,
             momentum: 0.0,
+            lost_after: super::DEFAULT_LOST_AFTER,
         }
     }
 }
@@ -377,6 +382,8 @@ struct Shared {
     server_id: u64,
     version: AtomicU64,
     epochs: Mutex<Vec<u32>>,
+    /// Live sessions and recent replacements of live sessions, per worker id.
+    claims: Mutex<admission::Claims>,
     next_conn: AtomicU64,
     connections: AtomicUsize,
     failures: AtomicU64,
@@ -467,8 +474,9 @@ impl TcpServer {
     /// Serves `server` (built for [`config`](Self::config) on a model of [`dim`](Self::dim)) until the
     /// plan says stop, exactly as [`run`](Self::run) does. A server with an upstream
     /// ([`Server::has_upstream`]) needs an `uplink` and a server without one must not get
-    /// one (refused before anything starts): its [`ServerOutput::Upstream`](syncopate::ServerOutput::Upstream) messages go to
-    /// the upstream server and the replies back to [`Server::handle_upstream`]. The run then
+    /// one (refused before anything starts): its
+    /// [`ServerOutput::Upstream`](syncopate::ServerOutput::Upstream) messages go to the
+    /// upstream server and the replies back to [`Server::handle_upstream`]. The run then
     /// also ends when the upstream server says stop ([`StopReason::UpstreamStopped`]) or the
     /// upstream connection is lost ([`StopReason::UpstreamLost`]).
     pub fn drive<S: Server<f32>>(
@@ -512,6 +520,7 @@ impl TcpServer {
             server_id,
             version: AtomicU64::new(version.0),
             epochs: Mutex::new(vec![0; n]),
+            claims: Mutex::new(admission::Claims::new(n)),
             next_conn: AtomicU64::new(0),
             connections: AtomicUsize::new(0),
             failures: AtomicU64::new(0),
@@ -527,7 +536,7 @@ impl TcpServer {
                 .map_err(|e| TcpError(format!("cannot start the accept thread: {e}")))?
         };
         let up = match uplink {
-            Some(link) => Some(start_uplink(link, &in_tx, options_send_queue(&shared))?),
+            Some(link) => Some(start_uplink(link, &in_tx, options_send_queue(&shared), shared.options.lost_after)?),
             None => None,
         };
         let mut core = Core::new(server, up, Arc::clone(&shared), note);
