@@ -169,6 +169,7 @@ impl Reject {
             Self::OutdatedModel { .. } => "OutdatedModel",
             Self::Stopped => "Stopped",
             Self::NoUpstream => "NoUpstream",
+            Self::LossNotFinite => "LossNotFinite",
         }
     }
 

@@ -119,15 +119,26 @@ pub(crate) struct Server {
 #[pymethods]
 impl Server {
     #[new]
-    #[pyo3(signature = (protocol, params, version = 0))]
-    fn new(py: Python<'_>, protocol: &Protocol, params: &Bound<'_, PyAny>, version: u64) -> PyResult<Self> {
+    /// `momentum` (in `[0, 1)`): SGD with momentum on every update, its buffer (the model
+    /// before the last update) kept by the server; 0 is plain SGD.
+    #[pyo3(signature = (protocol, params, version = 0, momentum = 0.0))]
+    fn new(
+        py: Python<'_>,
+        protocol: &Protocol,
+        params: &Bound<'_, PyAny>,
+        version: u64,
+        momentum: f64,
+    ) -> PyResult<Self> {
         let buf = ArrayBuffer::new(params, "params", None)?;
         let dim = buf.as_ref().len();
         let np = py.import("numpy")?;
         let scratch_array =
             np.call_method1("zeros", (protocol.config.server_scratch_len(dim), np.getattr("float32")?))?;
         let scratch = ArrayBuffer::new(&scratch_array, "scratch", None)?;
+        let prev_array = np.call_method1("zeros", (dim, np.getattr("float32")?))?;
+        let prev = ArrayBuffer::new(&prev_array, "momentum buffer", None)?;
         let machine = AnyServer::resume(&protocol.config, buf, scratch, syncopate::Version(version))
+            .and_then(|s| s.with_momentum(momentum, prev))
             .map_err(|e| PyValueError::new_err(format!("invalid server settings: {e}")))?;
         Ok(Self { machine, params: params.clone().unbind(), dim, limits: Limits::for_model(dim) })
     }

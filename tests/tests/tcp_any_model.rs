@@ -93,3 +93,36 @@ fn a_worker_of_another_model_size_is_refused_naming_both_sizes() {
         let _ = server.join.join();
     });
 }
+
+#[test]
+fn momentum_on_the_tcp_server_follows_the_heavy_ball_recurrence() {
+    bounded(Duration::from_secs(60), || {
+        let (updates, beta) = (12u64, 0.5);
+        let mut options = ServerOptions::new(settings());
+        options.momentum = beta;
+        let server = start_server_at("127.0.0.1:0", options, vec![0.0; 4], Version::ZERO, plan(2 * updates, 30));
+        let workers: Vec<_> = (0..2)
+            .map(|i| {
+                let o = worker_options(server.addr, i);
+                std::thread::spawn(move || {
+                    let mut job = LeastSquares { target: TARGET.to_vec(), loss: None };
+                    run_worker(&o, &mut job, &mut |_| {})
+                })
+            })
+            .collect();
+        let report = server.finish();
+        for w in workers {
+            assert!(w.join().unwrap().unwrap().stopped);
+        }
+        // x_{v+1} = x_v + β(x_v − x_{v−1}) − lr (x_v − target), from x_0 = x_{−1} = 0.
+        for (i, t) in TARGET.iter().enumerate() {
+            let (mut prev, mut x) = (0.0f64, 0.0f64);
+            for _ in 0..report.version.0 {
+                let next = x + beta * (x - prev) - LR * (x - f64::from(*t));
+                (prev, x) = (x, next);
+            }
+            let got = f64::from(report.params[i]);
+            assert!((got - x).abs() < 1e-4, "parameter {i}: {got} vs {x} after {} updates", report.version.0);
+        }
+    });
+}

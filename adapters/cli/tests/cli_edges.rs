@@ -291,3 +291,11 @@ fn the_progress_bar_moves_on_a_terminal() {
         .collect();
     assert!(counts.iter().any(|&c| c > 0 && c < 800), "the bar never showed progress between 0 and 800: {counts:?}");
 }
+
+#[test]
+fn a_momentum_outside_zero_to_one_is_refused() {
+    for bad in ["1.5", "1", "nan", "x"] {
+        refused(&["serve", "--momentum", bad], &["momentum must be a number in [0, 1)", &format!("'{bad}'")]);
+    }
+    refused(&["serve", "--momentum", "-0.1"], &["--momentum", "'-0.1'", "negative"]);
+}

@@ -70,6 +70,10 @@ pub struct ServeArgs {
     /// Start from the model and version in --checkpoint instead of a fresh model.
     #[arg(long, requires = "checkpoint")]
     pub resume: bool,
+    /// SGD with momentum BETA on every update of the server's model (in [0, 1); 0: plain SGD).
+    /// A run resumed from a checkpoint starts with no velocity.
+    #[arg(long, value_name = "BETA", default_value_t = 0.0, value_parser = parse_momentum)]
+    pub momentum: f64,
     /// Absolute deadline of a connection's handshake, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
     pub handshake_timeout: u64,
@@ -81,6 +85,14 @@ pub struct ServeArgs {
     /// Heartbeats go out every tenth of it (between 10 ms and 1 s).
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub lost_after: f64,
+}
+
+/// A momentum coefficient: a number in `[0, 1)`.
+fn parse_momentum(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(b) if b.is_finite() && (0.0..1.0).contains(&b) => Ok(b),
+        _ => Err(format!("momentum must be a number in [0, 1), got '{s}'")),
+    }
 }
 
 fn model_name(w: &WorkloadArgs) -> String {
@@ -215,6 +227,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     options.handshake_timeout = Duration::from_millis(args.handshake_timeout);
     options.frame_timeout = FrameTimeout { base: Duration::from_millis(args.frame_timeout), ..FrameTimeout::default() };
     options.checkpoint = args.checkpoint.clone().map(|p| (p, args.checkpoint_every));
+    options.momentum = args.momentum;
     options.lost_after = super::train::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?;
     let authenticated = options.secret.is_some();
     let server = TcpServer::bind(&args.listen, options).map_err(|e| Failure::Usage(e.0))?;

@@ -4,10 +4,10 @@
 //! engine refuses a non-finite one before the protocol sees the message
 //! ([`Reject::LossNotFinite`](crate::Reject::LossNotFinite)), then leaves the finite loss in
 //! [`LossTally::incoming`] while the protocol handles the message; a protocol that takes the
-//! contribution into its pending update counts it ([`LossTally::count`]) and, when it
+//! contribution into its pending update counts it (`LossTally::count`) and, when it
 //! applies the update, reports the mean of the losses counted since the previous update in
 //! [`ServerEvent::ModelUpdated`](crate::proto::ServerEvent::ModelUpdated)
-//! ([`LossTally::take_mean`]). A dropped contribution's loss is never counted.
+//! (`LossTally::take_mean`). A dropped contribution's loss is never counted.
 
 /// The reported losses of the contributions in the pending update, and the loss of the
 /// message being handled.

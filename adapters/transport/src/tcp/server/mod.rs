@@ -98,6 +98,9 @@ pub struct ServerOptions {
     pub write_timeout: Duration,
     /// Write a checkpoint here every `every` model updates (and at the end).
     pub checkpoint: Option<(PathBuf, u64)>,
+    /// SGD with momentum on every update ([`run`](TcpServer::run)), in `[0, 1)`; 0 is plain
+    /// SGD. A resumed run starts with no velocity (checkpoints hold the model only).
+    pub momentum: f64,
     /// A session (a worker's, or the upstream one) silent this long (no frame, no
     /// heartbeat) is lost; heartbeats go out at [`heartbeat_interval`](super::heartbeat_interval)
     /// of it.
@@ -121,6 +124,7 @@ impl ServerOptions {
             send_queue: 64,
             write_timeout: Duration::from_secs(10),
             checkpoint: None,
+            momentum: 0.0,
             lost_after: super::DEFAULT_LOST_AFTER,
         }
     }
@@ -458,8 +462,11 @@ impl TcpServer {
         let config = self.announce.config;
         let scratch = vec![0.0f32; config.server_scratch_len(dim)];
         let spare = vec![0.0f32; config.spare_accumulator_len(dim)];
+        let momentum = self.options.momentum;
+        let prev = if momentum > 0.0 { vec![0.0f32; dim] } else { Vec::new() };
         let server = AnyServer::<f32, Vec<f32>, Heap>::resume(&config, params, scratch, version)
             .and_then(|s| s.with_spare_accumulator(spare))
+            .and_then(|s| if momentum > 0.0 { s.with_momentum(momentum, prev) } else { Ok(s) })
             .map_err(|e| TcpError(format!("invalid protocol settings: {e}")))?;
         self.drive(server, None, plan, note)
     }
