@@ -21,8 +21,8 @@ use std::time::{Duration as StdDuration, Instant as StdInstant};
 use syncopate::proto::Heap;
 use syncopate::wire::{self, Limits};
 use syncopate::{
-    AnyServer, AnyWorker, Instant, ProtocolConfig, Refusals, Reject, Server, ServerEvent, ServerOutput, ServerStats, ToServer,
-    Worker, WorkerEvent, WorkerOutput, WorkerSetup,
+    AnyServer, AnyWorker, Instant, ProtocolConfig, Refusals, Reject, Server, ServerEvent, ServerOutput, ServerStats,
+    ToServer, Worker, WorkerEvent, WorkerOutput, WorkerSetup,
 };
 
 /// The extra time worker `i` stays busy on its `step`-th gradient (its straggler model).
