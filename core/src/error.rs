@@ -157,7 +157,6 @@ impl Reject {
             Self::UnknownWorker(_) => "UnknownWorker",
             Self::WrongLength(_) => "WrongLength",
             Self::NotFinite => "NotFinite",
-            Self::LossNotFinite => "LossNotFinite",
             Self::NormTooLarge => "NormTooLarge",
             Self::Duplicate { .. } => "Duplicate",
             Self::StaleEpoch { .. } => "StaleEpoch",
