@@ -1,6 +1,5 @@
 """A small PyTorch CNN trained on MNIST 5k by two PyTorch worker processes, to 0.90 test
-accuracy: with Python's `serve` (the guide's script, run as written) and with the CLI's
-`syncopate serve --init-from-worker`.
+accuracy with Python's `serve` (the guide's script, run as written).
 
 torch is required: without it these tests fail, unless $SYNCOPATE_NO_TORCH=1 says torch is
 not expected here (then they are skipped).
@@ -13,7 +12,6 @@ import pathlib
 import re
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -35,62 +33,6 @@ def test_the_guide_script_trains_the_cnn_to_090_with_python_serve() -> None:
     m = re.search(r"bsp: test accuracy (\S+) after (\d+) updates", run.stdout)
     assert m, run.stdout + run.stderr[-3000:]
     assert float(m.group(1)) >= 0.90, run.stdout
-
-
-WORKER = """
-import sys
-sys.path.insert(0, {examples!r})
-import pytorch_mnist
-pytorch_mnist.worker(sys.argv[1], int(sys.argv[2]))
-"""
-
-
-def test_cli_serve_init_from_worker_trains_the_cnn_to_090(syncopate_bin: pathlib.Path, tmp_path: pathlib.Path) -> None:
-    final = tmp_path / "final.npy"
-    usage = subprocess.run([str(syncopate_bin), "serve", "--help"], capture_output=True, text=True).stdout
-    missing = [flag for flag in ("--init-from-worker", "--save") if flag not in usage]
-    if missing:
-        pytest.fail(f"syncopate serve has no {', '.join(missing)}: this test needs the server for any model")
-    server = subprocess.Popen(
-        [str(syncopate_bin), "serve", "--listen", "127.0.0.1:0", "--workers", "2",
-         "--protocol", "bsp", "--lr", "0.1", "--init-from-worker", "--steps", "1500", "--save", str(final)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    assert server.stderr is not None
-    addr = None
-    deadline = time.monotonic() + 60
-    while addr is None and time.monotonic() < deadline:
-        line = server.stderr.readline()
-        if m := re.search(r"listening on (\S+?),", line):
-            addr = m.group(1)
-        elif not line and server.poll() is not None:
-            break
-    if addr is None:
-        server.kill()
-        pytest.fail(f"syncopate serve did not start: {server.stderr.read()}")
-    script = WORKER.format(examples=str(EXAMPLES))
-    workers = [
-        subprocess.Popen([sys.executable, "-c", script, addr, str(rank)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-        for rank in range(2)
-    ]
-    for w in workers:
-        _, err = w.communicate(timeout=300)
-        assert w.returncode == 0, err[-3000:]
-    _, err = server.communicate(timeout=60)
-    assert server.returncode == 0, err[-3000:]
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        import pytorch_mnist
-        import syncopate.torch as st
-    finally:
-        sys.path.remove(str(EXAMPLES))
-    model = pytorch_mnist.make_model()
-    st.load_vector(model, np.load(final))
-    x_test, y_test = pytorch_mnist.mnist("test")
-    with torch.no_grad():
-        accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
-    assert accuracy >= 0.90, accuracy
 
 
 def test_flat_model_keeps_parameters_and_gradients_in_two_contiguous_buffers() -> None:

@@ -22,9 +22,6 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use syncopate_adapters::cli::check_command_line;
 
-/// Guide pages linked from the README that are written on another branch; they may be
-/// missing until that branch lands.
-const PAGES_IN_PROGRESS: &[&str] = &["docs/guide/pytorch.md"];
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -311,10 +308,7 @@ fn every_relative_link_in_the_docs_resolves() {
             };
             let file = if path.is_empty() { page.clone() } else { page.parent().unwrap_or(&root()).join(path) };
             if !file.exists() {
-                let pending = PAGES_IN_PROGRESS.iter().any(|p| file.ends_with(p));
-                if !pending {
-                    failures.push(format!("{name}:{number}: {target}: no such file"));
-                }
+                failures.push(format!("{name}:{number}: {target}: no such file"));
                 continue;
             }
             if let Some(fragment) = fragment {
