@@ -58,6 +58,7 @@ pub mod bsp;
 pub mod common;
 pub mod dbw;
 pub mod grouped;
+pub mod sharded;
 pub mod ssp;
 pub mod wbsp;
 
