@@ -37,6 +37,8 @@
 //!   stall watch) driven by the protocol's [`Rules`](proto::Rules), so the verbs, the
 //!   screening of every input and the output queue are written once, in
 //!   [`proto::common`].
+//! - [`proto::sharded`]: the model split over `S` servers, each the protocol's server over
+//!   a contiguous slice, and a worker that talks to all of them.
 //! - [`error`]: [`Reject`] (an input was refused, nothing changed) and [`ConfigError`].
 //!
 //! ## Driving a protocol
