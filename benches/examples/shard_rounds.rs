@@ -60,7 +60,11 @@ fn main() {
                     (s, true) => format!("{s} co-located shards"),
                 };
                 if footprint > MEMORY_LIMIT {
-                    println!("| {d} | {n} | {label} | skipped (about {:.0} GB) | {:.2} | |", footprint / 1e9, ring * 1e3);
+                    println!(
+                        "| {d} | {n} | {label} | skipped (about {:.0} GB) | {:.2} | |",
+                        footprint / 1e9,
+                        ring * 1e3
+                    );
                     continue;
                 }
                 let mut c = SimConfig::new(ProtocolConfig::Bsp(BspConfig::new(n, 0.1)), ModelKind::Nqm { dim: d })
