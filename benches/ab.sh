@@ -11,7 +11,7 @@ for l in open('/tmp/ab.txt'):
     for m in re.finditer(r'overhead/(\S+)/mem_n4\s+time:\s+\[\S+ \S+ (\S+) (\S+)',l):
         p,v,u=m.groups(); v=float(v)*(1000 if u.startswith('µ') else 1)
         d[(p,l.split()[0])].append(v)
-for p in ['bsp','backup','dbw','asp','ssp','bap','wbsp','wbsp-overlap','grouped']:
+for p in dict.fromkeys(p for p,_ in d):  # the protocols in the bench's order
     o=statistics.median(d[(p,'OLD')]); n=statistics.median(d[(p,'NEW')])
     print(f"| {p} | {o:.0f} | {n:.0f} | {n/o:.2f} | {' '.join('%.0f'%x for x in d[(p,'OLD')])} | {' '.join('%.0f'%x for x in d[(p,'NEW')])} |")
 PY

@@ -19,12 +19,10 @@ STEPS=${SOAK_STEPS:-10000}
 FUZZ_SECS=${SOAK_FUZZ_SECS:-600}
 JOBS=${SOAK_JOBS:-2}
 CHUNK=${SOAK_CHUNK:-250}
-PROTOCOLS=${SOAK_PROTOCOLS:-"bsp asp backup dbw wbsp wbsp-overlap grouped ssp bap"}
 OUT=${SOAK_OUT:-target/soak}
 mkdir -p "$OUT"
 rm -f "$OUT"/sim-*.log "$OUT"/fuzz-*.log
 start=$(date +%s)
-echo "soak: $SEEDS seeds x $STEPS steps per protocol ($PROTOCOLS), fuzz $FUZZ_SECS s per target; output in $OUT"
 
 # The simulator: one release test binary, runs of CHUNK seeds spread over JOBS processes.
 bin=$(cargo test --release -p syncopate-tests --test soak --no-run --message-format=json 2>"$OUT/build.log" |
@@ -33,6 +31,9 @@ if [ -z "$bin" ]; then
   echo "soak: cannot build the simulator (see $OUT/build.log)"
   exit 2
 fi
+# Every protocol of the fault suite unless SOAK_PROTOCOLS names some.
+PROTOCOLS=${SOAK_PROTOCOLS:-$("$bin" --ignored --exact protocols_list --nocapture | sed -n 's/.*soak-protocols: //p')}
+echo "soak: $SEEDS seeds x $STEPS steps per protocol ($PROTOCOLS), fuzz $FUZZ_SECS s per target; output in $OUT"
 tasks=()
 for p in $PROTOCOLS; do
   first=1

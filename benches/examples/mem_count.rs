@@ -35,13 +35,13 @@ fn server_phase(c: &mut MemCluster) -> usize {
 }
 
 #[inline(never)]
-fn estimate(w: &mut WorkerRtts, n: usize, tau: &mut [f64]) -> bool {
+fn estimate(w: &mut WorkerRtts<syncopate::proto::Heap>, n: usize, tau: &mut [f64]) -> bool {
     w.expected_order_statistics(n, |_| true, tau)
 }
 
 /// One estimate per round of `n` shifted-exponential workers, the slowest quarter censored.
 fn rtts(n: usize, rounds: usize) {
-    let mut w = WorkerRtts::new();
+    let mut w = WorkerRtts::<syncopate::proto::Heap>::new(n).expect("heap tables");
     let mut tau = vec![0.0; n];
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut draws = vec![0.0f64; n];

@@ -23,24 +23,26 @@ use syncopate::proto::ssp::SspConfig;
 use syncopate::proto::wbsp::WbspConfig;
 use syncopate::wire::{self, Limits};
 use syncopate::{
-    AnyServer, AnyWorker, Duration, Instant, ProtocolConfig, Recipient, Server, ServerOutput, ToServer, ToWorker,
-    Worker, WorkerId, WorkerOutput, WorkerSetup,
+    AnyServer, AnyWorker, Duration, Instant, ProtocolConfig, ProtocolKind, Recipient, Server, ServerOutput, ToServer,
+    ToWorker, Worker, WorkerId, WorkerOutput, WorkerSetup,
 };
 
-/// Every protocol with `n` workers and a small learning rate, as benches sweep them.
+/// Every protocol of [`ProtocolKind::ALL`] with `n` workers and a small learning rate, as
+/// benches sweep them.
 pub fn all_protocols(n: u32) -> Vec<ProtocolConfig> {
     let lr = 1e-3;
-    vec![
-        ProtocolConfig::Bsp(BspConfig::new(n, lr)),
-        ProtocolConfig::Asp(AspConfig::new(n, lr)),
-        ProtocolConfig::Backup(BackupConfig::new(n, lr, 1)),
-        ProtocolConfig::Dbw(DbwConfig::new(n, lr)),
-        ProtocolConfig::Wbsp(WbspConfig::new(n, lr)),
-        ProtocolConfig::Wbsp(WbspConfig::new(n, lr).with_overlap()),
-        ProtocolConfig::Grouped(GroupedConfig::new(n, lr, 2)),
-        ProtocolConfig::Ssp(SspConfig::new(n, lr, 2)),
-        ProtocolConfig::Bap(BapConfig::new(n, lr, 2)),
-    ]
+    let config = |kind| match kind {
+        ProtocolKind::Bsp => ProtocolConfig::Bsp(BspConfig::new(n, lr)),
+        ProtocolKind::Asp => ProtocolConfig::Asp(AspConfig::new(n, lr)),
+        ProtocolKind::Ssp => ProtocolConfig::Ssp(SspConfig::new(n, lr, 2)),
+        ProtocolKind::Bap => ProtocolConfig::Bap(BapConfig::new(n, lr, 2)),
+        ProtocolKind::Backup => ProtocolConfig::Backup(BackupConfig::new(n, lr, 1)),
+        ProtocolKind::Dbw => ProtocolConfig::Dbw(DbwConfig::new(n, lr)),
+        ProtocolKind::Wbsp => ProtocolConfig::Wbsp(WbspConfig::new(n, lr)),
+        ProtocolKind::WbspOverlap => ProtocolConfig::Wbsp(WbspConfig::new(n, lr).with_overlap()),
+        ProtocolKind::Grouped => ProtocolConfig::Grouped(GroupedConfig::new(n, lr, 2)),
+    };
+    ProtocolKind::ALL.into_iter().map(config).collect()
 }
 
 /// Where the workers' messages wait for the server phase.

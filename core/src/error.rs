@@ -157,8 +157,93 @@ impl fmt::Display for Reject {
 
 impl core::error::Error for Reject {}
 
+impl Reject {
+    /// The name of the refusal's kind (its variant), the same for every refusal of that
+    /// kind: `"Duplicate"`, `"OutdatedModel"`, …
+    pub const fn kind_name(&self) -> &'static str {
+        match self {
+            Self::UnknownWorker(_) => "UnknownWorker",
+            Self::WrongLength(_) => "WrongLength",
+            Self::NotFinite => "NotFinite",
+            Self::NormTooLarge => "NormTooLarge",
+            Self::Duplicate { .. } => "Duplicate",
+            Self::StaleEpoch { .. } => "StaleEpoch",
+            Self::FutureVersion { .. } => "FutureVersion",
+            Self::Unexpected { .. } => "Unexpected",
+            Self::NotJoined(_) => "NotJoined",
+            Self::NoSuchComputation => "NoSuchComputation",
+            Self::Capacity => "Capacity",
+            Self::OutdatedModel { .. } => "OutdatedModel",
+            Self::Stopped => "Stopped",
+            Self::NoUpstream => "NoUpstream",
+        }
+    }
+
+    /// A bit of its own for each kind.
+    const fn kind_bit(&self) -> u32 {
+        1 << match self {
+            Self::UnknownWorker(_) => 0,
+            Self::WrongLength(_) => 1,
+            Self::NotFinite => 2,
+            Self::NormTooLarge => 3,
+            Self::Duplicate { .. } => 4,
+            Self::StaleEpoch { .. } => 5,
+            Self::FutureVersion { .. } => 6,
+            Self::Unexpected { .. } => 7,
+            Self::NotJoined(_) => 8,
+            Self::NoSuchComputation => 9,
+            Self::Capacity => 10,
+            Self::OutdatedModel { .. } => 11,
+            Self::Stopped => 12,
+            Self::NoUpstream => 13,
+        }
+    }
+}
+
+/// The refusals a driver met while feeding a state machine: how many, and which kinds it
+/// has seen, so that it logs the first refusal of each kind and counts the rest (a refusal
+/// is never dropped silently).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Refusals {
+    total: u64,
+    seen: u32,
+}
+
+impl Refusals {
+    /// Counts `reject`; true if it is the first of its kind (the one to log).
+    pub fn record(&mut self, reject: &Reject) -> bool {
+        self.total = self.total.saturating_add(1);
+        let bit = reject.kind_bit();
+        let first = self.seen & bit == 0;
+        self.seen |= bit;
+        first
+    }
+
+    /// Refusals counted.
+    pub const fn total(&self) -> u64 {
+        self.total
+    }
+}
+
 impl From<LengthMismatch> for Reject {
     fn from(m: LengthMismatch) -> Self {
         Self::WrongLength(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_count_all_and_flag_the_first_of_each_kind() {
+        let mut r = Refusals::default();
+        assert!(r.record(&Reject::NoSuchComputation));
+        assert!(!r.record(&Reject::NoSuchComputation));
+        let outdated = Reject::OutdatedModel { received: Version(1), have: Version(2) };
+        assert!(r.record(&outdated));
+        assert!(!r.record(&Reject::OutdatedModel { received: Version(0), have: Version(5) }));
+        assert_eq!(r.total(), 4);
+        assert_eq!(outdated.kind_name(), "OutdatedModel");
     }
 }

@@ -31,15 +31,23 @@
 //! - [`proto`]: the protocols, their common verbs ([`Server`], [`Worker`]) and the
 //!   configuration-driven [`AnyServer`] / [`AnyWorker`]. Every protocol has the same folder
 //!   shape (`proto/<name>/`: `mod.rs` with its rules, paper, invariants and settings,
-//!   `server.rs`, `worker.rs`, `tests.rs`), and every server is one
+//!   `server.rs`, `worker.rs`, `tests.rs`). Every single-level server is one
 //!   [`ProtocolServer`](proto::ProtocolServer): the state all servers share
 //!   ([`ServerCore`](proto::ServerCore): model, version, roster, counters, output queue,
 //!   stall watch) driven by the protocol's [`Rules`](proto::Rules), so the verbs, the
 //!   screening of every input and the output queue are written once, in
-//!   [`proto::common`].
+//!   [`proto::common`]. The grouped protocol is two levels of servers and the exception:
+//!   [`GroupedServer`](proto::grouped::GroupedServer) and
+//!   [`GroupServer`](proto::grouped::GroupServer) implement [`Server`] themselves, with
+//!   their own output queue of per-group items, over the shared roster, stall watch and
+//!   screening, and drive a central [`AspServer`](proto::asp::AspServer) (a
+//!   `ProtocolServer`) in place (docs/DESIGN.md, "The grouped composite").
+//! - [`ProtocolKind`]: the one list of protocols, their names and knobs, from which every
+//!   adapter's list derives (docs/ADDING_A_PROTOCOL.md).
 //! - [`proto::sharded`]: the model split over `S` servers, each the protocol's server over
 //!   a contiguous slice, and a worker that talks to all of them.
-//! - [`error`]: [`Reject`] (an input was refused, nothing changed) and [`ConfigError`].
+//! - [`error`]: [`Reject`] (an input was refused, nothing changed), [`Refusals`] (a
+//!   driver's count of them) and [`ConfigError`].
 //!
 //! ## Driving a protocol
 //!
@@ -119,7 +127,7 @@ pub mod rng;
 pub mod time;
 pub mod wire;
 
-pub use error::{ConfigError, Reject};
+pub use error::{ConfigError, Refusals, Reject};
 pub use id::{ComputeId, MAX_WORKERS, Version, WorkerId};
 pub use math::Scalar;
 pub use msg::{ToServer, ToWorker, Values};
@@ -127,8 +135,8 @@ pub use msg::{ToServer, ToWorker, Values};
 #[cfg(any(test, feature = "testkit"))]
 pub use proto::common::testkit;
 pub use proto::{
-    AnyServer, AnyWorker, DropReason, GradientWorker, GradientWorkerConfig, ProtocolConfig, Recipient, Server,
-    ServerEvent, ServerOutput, ServerStats, Worker, WorkerEvent, WorkerOutput, WorkerSetup, WorkerStats,
+    AnyServer, AnyWorker, DropReason, GradientWorker, GradientWorkerConfig, ProtocolConfig, ProtocolKind, Recipient,
+    Server, ServerEvent, ServerOutput, ServerStats, Worker, WorkerEvent, WorkerOutput, WorkerSetup, WorkerStats,
 };
 pub use time::{Duration, Instant};
 

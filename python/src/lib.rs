@@ -22,6 +22,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tcp::run_worker, m)?)?;
     m.add_function(wrap_pyfunction!(sim::compare, m)?)?;
     m.add_function(wrap_pyfunction!(sim::digits_split, m)?)?;
+    m.add("PROTOCOLS", pyo3::types::PyTuple::new(m.py(), syncopate::ProtocolKind::NAMES)?)?;
     m.add("RejectedError", m.py().get_type::<RejectedError>())?;
     m.add("WorkerError", m.py().get_type::<WorkerError>())?;
     Ok(())

@@ -184,10 +184,12 @@ impl Server {
         self.params.clone_ref(py)
     }
 
-    /// Counters: accepted, applied, dropped (by reason), rejected, updates.
+    /// Counters: accepted, applied, dropped (by reason), rejected, updates, and
+    /// outputs_lost (outputs that found the queue full: zero unless there is a bug).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.machine.stats();
         let d = PyDict::new(py);
+        d.set_item("outputs_lost", s.outputs_lost)?;
         d.set_item("accepted", s.accepted)?;
         d.set_item("applied", s.applied)?;
         d.set_item("rejected", s.rejected)?;
@@ -209,6 +211,7 @@ pub(crate) struct Worker {
     params_addr: *const f32,
     scratch: PyObject,
     scratch_addr: *const f32,
+    scratch_len: usize,
     dim: usize,
     limits: Limits,
 }
@@ -233,6 +236,7 @@ impl Worker {
             np.call_method1("zeros", (protocol.config.worker_scratch_len(dim), np.getattr("float32")?))?;
         let scratch = ArrayBuffer::new(&scratch_array, "scratch", None)?;
         let scratch_addr = scratch.addr();
+        let scratch_len = scratch.as_ref().len();
         let setup = WorkerSetup { id: WorkerId(id), epoch, rejoin_after: rejoin_after_ns.map(Duration::from_nanos) };
         let machine = AnyWorker::new(&protocol.config, setup, buf, scratch)
             .map_err(|e| PyValueError::new_err(format!("invalid worker settings: {e}")))?;
@@ -242,6 +246,7 @@ impl Worker {
             params_addr,
             scratch: scratch_array.unbind(),
             scratch_addr,
+            scratch_len,
             dim,
             limits: Limits::for_model(dim),
         })
@@ -261,10 +266,18 @@ impl Worker {
         if g.item_count() != self.dim {
             return Err(PyValueError::new_err(format!("grad has {} elements, expected {}", g.item_count(), self.dim)));
         }
+        // Every byte the view spans, not just its start: a view that shares any byte with the
+        // worker's own arrays (which the state machine writes during this call) is refused.
+        let (lo, hi) = byte_span(&g);
+        let owned = [(self.params_addr, self.dim), (self.scratch_addr, self.scratch_len)];
+        if owned.iter().any(|&(p, n)| lo < (p as usize).saturating_add(n * 4) && (p as usize) < hi) {
+            return Err(PyValueError::new_err(
+                "grad overlaps the worker's params or scratch (the array compute was given): pass a separate array",
+            ));
+        }
         let start = g.buf_ptr().cast::<f32>().cast_const();
-        let aliases_state = start == self.params_addr || start == self.scratch_addr;
         let copy;
-        let values: &[f32] = if g.is_c_contiguous() && !aliases_state {
+        let values: &[f32] = if g.is_c_contiguous() {
             // SAFETY: a C-contiguous export of `item_count` f32s, held (so kept alive and
             // unresized) for this call, which holds the GIL; only read, and not the worker's
             // own buffers (checked above), which the state machine writes.
@@ -279,6 +292,13 @@ impl Worker {
     /// The deadline from `poll_timeout` has passed.
     fn handle_timeout(&mut self, now_ns: u64) {
         self.machine.handle_timeout(Instant::from_nanos(now_ns));
+    }
+
+    /// Counters: outputs_lost (outputs that found the queue full: zero unless there is a bug).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("outputs_lost", self.machine.outputs_lost())?;
+        Ok(d)
     }
 
     /// The next output: `None`, `("send", bytes)`, `("compute", compute_id, version, params)`
@@ -323,4 +343,26 @@ impl Worker {
     fn id(&self) -> u32 {
         self.machine.id().0
     }
+}
+
+/// The byte addresses `[lo, hi)` a buffer view spans: its extent for a contiguous view, the
+/// smallest range holding every element (whatever the strides' signs) otherwise.
+fn byte_span(g: &pyo3::buffer::PyBuffer<f32>) -> (usize, usize) {
+    let start = g.buf_ptr() as usize;
+    if g.is_c_contiguous() {
+        return (start, start.saturating_add(g.len_bytes()));
+    }
+    let (mut lo, mut hi) = (start, start.saturating_add(g.item_size()));
+    for (&n, &stride) in g.shape().iter().zip(g.strides()) {
+        if n == 0 {
+            return (start, start);
+        }
+        let reach = (n as isize - 1).saturating_mul(stride);
+        if reach < 0 {
+            lo = lo.saturating_sub(reach.unsigned_abs());
+        } else {
+            hi = hi.saturating_add(reach.unsigned_abs());
+        }
+    }
+    (lo, hi)
 }

@@ -4,7 +4,7 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use syncopate::ProtocolConfig;
-use syncopate_adapters::scenario::{GroupLrScaling, InterruptMode, ProtocolName, ProtocolSpec};
+use syncopate_adapters::scenario::{GroupLrScaling, InterruptMode, ProtocolKind, ProtocolSpec};
 
 /// A synchronization protocol and its settings (the `--protocol` flags of the CLI).
 #[pyclass(module = "syncopate._native", frozen)]
@@ -14,10 +14,9 @@ pub(crate) struct Protocol {
     name: String,
 }
 
-fn parse_name(name: &str) -> PyResult<ProtocolName> {
-    ProtocolName::ALL.into_iter().find(|p| p.as_str() == name).ok_or_else(|| {
-        let all: Vec<&str> = ProtocolName::ALL.iter().map(|p| p.as_str()).collect();
-        PyValueError::new_err(format!("unknown protocol '{name}': expected one of {}", all.join(", ")))
+fn parse_name(name: &str) -> PyResult<ProtocolKind> {
+    ProtocolKind::from_name(name).ok_or_else(|| {
+        PyValueError::new_err(format!("unknown protocol '{name}': expected one of {}", ProtocolKind::NAMES.join(", ")))
     })
 }
 

@@ -100,6 +100,7 @@ pub(crate) fn run_worker<'py>(
     let grad_buf = PyBuffer::<f32>::get(&grad_array)?;
     let (params_obj, grad_obj) = (params_array.unbind(), grad_array.unbind());
     let mut failure: Option<PyErr> = None;
+    let mut log_failure: Option<PyErr> = None;
     let result = py.allow_threads(|| {
         let mut step = |params: &[f32], grad: &mut [f32]| {
             if failure.is_some() {
@@ -122,7 +123,12 @@ pub(crate) fn run_worker<'py>(
         let mut log_line = |line: &str| {
             Python::with_gil(|py| match &log {
                 Some(f) => {
-                    let _ = f.call1(py, (line,));
+                    // A raising `log` ends the worker as a raising `compute` does: the first
+                    // exception is kept and raised from `run_worker`.
+                    if let Err(e) = f.call1(py, (line,)) {
+                        kill.store(true, Ordering::SeqCst);
+                        log_failure.get_or_insert(e);
+                    }
                 }
                 None => eprintln!("syncopate worker: {line}"),
             });
@@ -138,6 +144,14 @@ pub(crate) fn run_worker<'py>(
         err.set_cause(py, Some(cause));
         return Err(err);
     }
+    if let Some(cause) = log_failure {
+        let err = WorkerError::new_err(format!(
+            "worker {id}: the log callback raised {}; the worker left the server",
+            cause.get_type(py).name().map(|n| n.to_string()).unwrap_or_else(|_| "an exception".into())
+        ));
+        err.set_cause(py, Some(cause));
+        return Err(err);
+    }
     let report = result.map_err(|e| WorkerError::new_err(e.0))?;
     let d = PyDict::new(py);
     d.set_item("steps", report.steps)?;
@@ -146,5 +160,6 @@ pub(crate) fn run_worker<'py>(
     d.set_item("stopped", report.stopped)?;
     d.set_item("busy_s", report.busy_s)?;
     d.set_item("wall_s", report.wall_s)?;
+    d.set_item("refused", report.refused)?;
     Ok(d)
 }

@@ -3,6 +3,7 @@
 The protocols (BSP, ASP, SSP, BAP, static backup workers, DBW, WBSP, grouped hybrid) are
 the Rust core's sans-IO state machines:
 
+- :data:`PROTOCOLS` -- every protocol's name.
 - :class:`Protocol` -- a protocol and its knobs, spelled as the ``syncopate`` CLI spells
   them, so a Python worker agrees with ``syncopate serve``.
 - :class:`Server` / :class:`Worker` -- the state machines over float32 NumPy arrays (the
@@ -20,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._native import (
+    PROTOCOLS,
     Protocol,
     RejectedError,
     Server,
@@ -31,6 +33,7 @@ from ._native import (
 )
 
 __all__ = [
+    "PROTOCOLS",
     "Protocol",
     "RejectedError",
     "Server",

@@ -3,6 +3,7 @@ from typing import Any
 import numpy as np
 
 from ._native import (
+    PROTOCOLS as PROTOCOLS,
     Protocol as Protocol,
     RejectedError as RejectedError,
     Server as Server,

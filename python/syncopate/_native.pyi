@@ -7,6 +7,10 @@ import numpy.typing as npt
 
 Float32Array = npt.NDArray[np.float32]
 Event = dict[str, Any]
+ProtocolName = Literal["bsp", "asp", "ssp", "bap", "backup", "dbw", "wbsp", "wbsp-overlap", "grouped"]
+
+PROTOCOLS: tuple[ProtocolName, ...]
+"""Every protocol's name, in the order tables list them (the core's ``ProtocolKind::ALL``)."""
 
 class RejectedError(ValueError):
     """A state machine refused an input; nothing changed."""
@@ -20,7 +24,7 @@ class Protocol:
 
     def __init__(
         self,
-        name: Literal["bsp", "asp", "ssp", "bap", "backup", "dbw", "wbsp", "wbsp-overlap", "grouped"] = "bsp",
+        name: ProtocolName = "bsp",
         workers: int = 8,
         lr: float = 0.5,
         *,

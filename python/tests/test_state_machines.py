@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -52,7 +55,19 @@ def drain_server(server: syncopate.Server, workers: list[syncopate.Worker], now:
 w_params: list[np.ndarray] = []
 
 
-@pytest.mark.parametrize("name", ["bsp", "asp", "ssp", "bap", "backup", "dbw", "wbsp", "wbsp-overlap", "grouped"])
+def test_the_stub_lists_every_protocol() -> None:
+    # The stub's `ProtocolName` is the native list (the core's `ProtocolKind::ALL`).
+    stub = ast.parse((Path(syncopate.__file__).parent / "_native.pyi").read_text())
+    alias = next(n for n in stub.body if isinstance(n, ast.Assign) and n.targets[0].id == "ProtocolName")
+    names = tuple(e.value for e in alias.value.slice.elts)
+    assert names == syncopate.PROTOCOLS
+    for name in syncopate.PROTOCOLS:
+        assert syncopate.Protocol(name, workers=2).name == name
+    with pytest.raises(ValueError, match="expected one of bsp, asp"):
+        syncopate.Protocol("nope")
+
+
+@pytest.mark.parametrize("name", syncopate.PROTOCOLS)
 def test_every_protocol_trains_in_place(name: str) -> None:
     n, dim = 2, 5
     # Only the knobs that apply: like the command line, Protocol refuses the others.
@@ -119,3 +134,24 @@ def test_bad_inputs_raise_clear_errors() -> None:
     server.handle(0, 0, sent[1])
     assert server.version == 1
     np.testing.assert_allclose(model, -0.5 * np.ones(4))
+
+
+def test_a_gradient_sharing_memory_with_the_workers_arrays_is_refused() -> None:
+    protocol = syncopate.Protocol("bsp", workers=1, lr=0.5)
+    server = syncopate.Server(protocol, np.zeros(4, dtype=np.float32))
+    backing = np.zeros(8, dtype=np.float32)
+    worker_params = backing[2:6]
+    worker = syncopate.Worker(protocol, 0, worker_params)
+    server.handle(0, 0, worker.poll_output()[1])
+    while (o := server.poll_output()) is not None:
+        if o[0] == "send":
+            worker.handle(0, o[2])
+    job = next(o for o in iter(worker.poll_output, None) if o[0] == "compute")[1]
+    # The params themselves, a view starting before them and one starting inside them, and a
+    # strided view reaching into them: each shares bytes with memory the worker writes.
+    for grad in (worker_params, backing[0:4], backing[4:8], backing[::2]):
+        with pytest.raises(ValueError, match="overlaps the worker's params or scratch"):
+            worker.handle_gradient(0, job, grad)
+    worker.handle_gradient(0, job, np.ones(4, dtype=np.float32))
+    assert worker.stats() == {"outputs_lost": 0}
+    assert server.stats()["outputs_lost"] == 0

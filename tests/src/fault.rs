@@ -25,8 +25,8 @@ use syncopate::proto::ssp::SspConfig;
 use syncopate::proto::wbsp::WbspConfig;
 use syncopate::testkit::{Cluster, CopyLoss, Entry, Job, NetConfig, NetCounts, ToServerOwned};
 use syncopate::{
-    AnyServer, AnyWorker, DropReason, Duration, Instant, ProtocolConfig, Recipient, Reject, Server, ServerEvent,
-    Version, WorkerId, WorkerSetup,
+    AnyServer, AnyWorker, DropReason, Duration, Instant, ProtocolConfig, ProtocolKind, Recipient, Reject, Server,
+    ServerEvent, Version, WorkerId, WorkerSetup,
 };
 
 /// Which faults a seed enables and how strongly (swarm testing: [`Faults::swarm`] turns each
@@ -40,27 +40,37 @@ pub const LR: f64 = 0.25;
 /// One virtual tick in core time.
 pub const TICK_NANOS: u64 = 1_000_000;
 
-/// The protocols the suite covers, each in a small configuration.
+/// The protocols the suite covers (every one of [`ProtocolKind::ALL`]), each in a small
+/// configuration, with its name.
 pub fn protocols() -> Vec<(&'static str, ProtocolConfig)> {
-    let mut grouped = GroupedConfig::new(6, LR, 2);
-    grouped.stall_report = None;
-    let mut bap = BapConfig::new(4, LR, 2);
-    bap.iteration_timeout = Some(ticks(400));
-    let mut wbsp = WbspConfig::new(4, LR);
-    wbsp.round_deadline = Some(ticks(400));
-    let mut wbsp_o = WbspConfig::new(4, LR).with_overlap();
-    wbsp_o.round_deadline = Some(ticks(400));
-    vec![
-        ("bsp", ProtocolConfig::Bsp(BspConfig::new(4, LR))),
-        ("asp", ProtocolConfig::Asp(AspConfig::new(4, LR))),
-        ("backup", ProtocolConfig::Backup(BackupConfig::new(5, LR, 1))),
-        ("dbw", ProtocolConfig::Dbw(DbwConfig::new(5, LR))),
-        ("wbsp", ProtocolConfig::Wbsp(wbsp)),
-        ("wbsp-overlap", ProtocolConfig::Wbsp(wbsp_o)),
-        ("grouped", ProtocolConfig::Grouped(grouped)),
-        ("ssp", ProtocolConfig::Ssp(SspConfig::new(4, LR, 2))),
-        ("bap", ProtocolConfig::Bap(bap)),
-    ]
+    ProtocolKind::ALL.into_iter().map(|kind| (kind.as_str(), small_config(kind))).collect()
+}
+
+/// `kind` in the suite's small configuration.
+pub fn small_config(kind: ProtocolKind) -> ProtocolConfig {
+    match kind {
+        ProtocolKind::Bsp => ProtocolConfig::Bsp(BspConfig::new(4, LR)),
+        ProtocolKind::Asp => ProtocolConfig::Asp(AspConfig::new(4, LR)),
+        ProtocolKind::Ssp => ProtocolConfig::Ssp(SspConfig::new(4, LR, 2)),
+        ProtocolKind::Bap => {
+            let mut bap = BapConfig::new(4, LR, 2);
+            bap.iteration_timeout = Some(ticks(400));
+            ProtocolConfig::Bap(bap)
+        }
+        ProtocolKind::Backup => ProtocolConfig::Backup(BackupConfig::new(5, LR, 1)),
+        ProtocolKind::Dbw => ProtocolConfig::Dbw(DbwConfig::new(5, LR)),
+        ProtocolKind::Wbsp | ProtocolKind::WbspOverlap => {
+            let mut wbsp = WbspConfig::new(4, LR);
+            wbsp.overlap = kind == ProtocolKind::WbspOverlap;
+            wbsp.round_deadline = Some(ticks(400));
+            ProtocolConfig::Wbsp(wbsp)
+        }
+        ProtocolKind::Grouped => {
+            let mut grouped = GroupedConfig::new(6, LR, 2);
+            grouped.stall_report = None;
+            ProtocolConfig::Grouped(grouped)
+        }
+    }
 }
 
 /// `n` ticks as a core duration.

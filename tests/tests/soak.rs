@@ -5,12 +5,20 @@
 //! hangs (liveness, `L1`) apart. Prints one `soak:` line.
 //!
 //! `SOAK_PROTOCOL` (a name of `fault::protocols`), `SOAK_FIRST_SEED` (1), `SOAK_SEEDS` (100),
-//! `SOAK_STEPS` (3000).
+//! `SOAK_STEPS` (3000). The ignored test `protocols_list` prints those names on one
+//! `soak-protocols:` line (the script's default list).
 
 use syncopate_tests::fault::{Counts, Sim, SimSpec, protocols};
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+#[test]
+#[ignore = "soak tier: run by tests/soak.sh"]
+fn protocols_list() {
+    let names: Vec<&str> = protocols().into_iter().map(|(name, _)| name).collect();
+    println!("soak-protocols: {}", names.join(" "));
 }
 
 #[test]

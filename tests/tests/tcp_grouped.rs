@@ -16,7 +16,7 @@ use syncopate::proto::Heap;
 use syncopate::proto::asp::AspConfig;
 use syncopate::proto::grouped::GroupedConfig;
 use syncopate::{AnyServer, ProtocolConfig, Server, WorkerId};
-use syncopate_adapters::scenario::ProtocolName;
+use syncopate_adapters::scenario::ProtocolKind;
 use syncopate_adapters::tcp::{
     GroupOptions, Note, ProtocolSettings, RunSettings, ServerOptions, ServerReport, StopReason, TcpError, TcpServer,
     run_group,
@@ -31,7 +31,7 @@ const STEPS: u64 = 300;
 
 /// The run as the central server announces it: grouped, G groups as their own processes.
 fn settings() -> RunSettings {
-    let mut p = ProtocolSettings::named(ProtocolName::Grouped, WORKERS, LR);
+    let mut p = ProtocolSettings::named(ProtocolKind::Grouped, WORKERS, LR);
     p.groups = Some(GROUPS);
     let mut s = run_settings(p);
     s.remote_groups = true;

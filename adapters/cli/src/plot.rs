@@ -1,11 +1,14 @@
 //! The plot of `syncopate compare --plot FILE.svg`: one figure a person reads at a glance.
 //!
 //! - Left: test accuracy against virtual time, one line per run: the median over the seeds
-//!   with a band from the lowest to the highest seed, a distinct colour and dash pattern per
-//!   run, and a bold dashed target line. The time axis ends a little after the slowest run
-//!   reaches the target (the whole budget when none does), so the action fills the plot.
-//! - Right: time to target per run as bars (the median) with a whisker over the seeds;
-//!   runs that never reached it are marked.
+//!   with a band from the lowest to the highest seed, a colour of its own per run (a run
+//!   whose curve is another's drawn dashed and labelled so), and a bold dashed target line.
+//!   The time axis ends a little after the slowest run's median reaches the target (the
+//!   whole budget when none does), so the action fills the plot. When the scenario sweeps
+//!   one knob of one protocol (`backup b=0..12`), the left panel is instead the time to
+//!   target against that knob, with every other run as a dashed line across it.
+//! - Right: time to target per run as bars (the median) with a whisker over the seeds,
+//!   the axis ending at the longest whisker; runs that never reached it are marked.
 //! - Below, when the scenario has DBW runs: DBW's backup workers `b_t` over time.
 
 use crate::compare::Comparison;
@@ -29,9 +32,71 @@ const COLOURS: [RGBColor; 12] = [
     RGBColor(0, 100, 0),
 ];
 
-/// How run `i` is drawn: a colour, and solid or dashed from the thirteenth run on.
-fn style(i: usize) -> (RGBColor, bool) {
-    (COLOURS[i % COLOURS.len()], (i / COLOURS.len()) % 2 == 1)
+/// A colour of its own for each of `n` series: the twelve above when they suffice, else
+/// hues spread by the golden angle at alternating lightness (distinct for any `n` a plot
+/// holds; a clash is nudged).
+fn colours(n: usize) -> Vec<RGBColor> {
+    if n <= COLOURS.len() {
+        return COLOURS[..n].to_vec();
+    }
+    let mut out: Vec<RGBColor> = Vec::with_capacity(n);
+    for i in 0..n {
+        let hue = (i as f64 * 137.507_764) % 360.0;
+        let light = [0.38, 0.52, 0.30][i % 3];
+        let mut c = hsl(hue, 0.70, light);
+        while out.contains(&c) {
+            c = RGBColor(c.0.wrapping_add(7), c.1, c.2);
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn hsl(hue: f64, saturation: f64, light: f64) -> RGBColor {
+    let c = (1.0 - (2.0 * light - 1.0).abs()) * saturation;
+    let h = hue / 60.0;
+    let x = c * (1.0 - (h % 2.0 - 1.0).abs());
+    let (r, g, b) = match h as u32 {
+        0 => (c, x, 0.0),
+        1 => (x, c, 0.0),
+        2 => (0.0, c, x),
+        3 => (0.0, x, c),
+        4 => (x, 0.0, c),
+        _ => (c, 0.0, x),
+    };
+    let m = light - c / 2.0;
+    let byte = |v: f64| ((v + m) * 255.0).round().clamp(0.0, 255.0) as u8;
+    RGBColor(byte(r), byte(g), byte(b))
+}
+
+/// A sweep of one knob: the rows of one protocol whose labels differ only in one
+/// `key=number` (at least three), as (row, value), in table order; and the key.
+fn knob_sweep(labels: &[&str]) -> Option<(String, Vec<(usize, f64)>)> {
+    let parse = |label: &str| {
+        let label = label.trim_end();
+        let (prefix, last) = label.rsplit_once(' ')?;
+        let (key, value) = last.split_once('=')?;
+        Some((format!("{prefix} {key}"), key.to_owned(), value.parse::<f64>().ok()?))
+    };
+    let parsed: Vec<Option<(String, String, f64)>> = labels.iter().map(|l| parse(l)).collect();
+    let mut best: Option<(String, Vec<(usize, f64)>)> = None;
+    for (prefix, key, _) in parsed.iter().flatten() {
+        let members: Vec<(usize, f64)> = parsed
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| p.as_ref().filter(|p| &p.0 == prefix).map(|p| (i, p.2)))
+            .collect();
+        if members.len() >= 3 && best.as_ref().is_none_or(|b| b.1.len() < members.len()) {
+            best = Some((format!("{} {key}", prefix.rsplit_once(' ').map_or("", |p| p.0)), members));
+        }
+    }
+    best
+}
+
+/// The first earlier run whose median curve is the same as run `i`'s (it would hide it).
+fn same_curve_as(bands: &[Vec<(f64, f64, f64, f64)>], i: usize) -> Option<usize> {
+    let mine = bands.get(i)?;
+    (0..i).find(|&j| bands.get(j).is_some_and(|b| !b.is_empty() && b == mine))
 }
 
 /// The median, lowest and highest accuracy over the seeds at each time of the first seed's
@@ -54,18 +119,18 @@ fn band(seeds: &[Vec<CurvePoint>]) -> Vec<(f64, f64, f64, f64)> {
         .collect()
 }
 
-/// The end of the time axis: 1.5 × the latest time any seed of any run reached the target,
-/// within the budget; the whole budget when no run reached it.
-fn time_axis_end(c: &Comparison) -> f64 {
-    let latest = c
-        .times_to_target
-        .iter()
-        .flatten()
-        .flatten()
-        .copied()
-        .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.max(t))));
-    let end = latest.map_or(c.max_time_s, |t| (t * 1.5).min(c.max_time_s));
+/// The end of the time axis: 1.25 × the latest median time to target of a run, within the
+/// budget; the whole budget when no run reached it.
+fn time_axis_end(medians: &[Option<f64>], budget_s: f64) -> f64 {
+    let latest = medians.iter().flatten().copied().fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.max(t))));
+    let end = latest.map_or(budget_s, |t| (t * 1.25).min(budget_s));
     end.max(1e-3)
+}
+
+/// The end of the time-to-target axis: 5% past the longest whisker (the latest time any
+/// seed reached the target).
+fn bars_axis_end(times: &[Vec<Option<f64>>]) -> f64 {
+    times.iter().flatten().flatten().copied().fold(0.0f64, f64::max).max(1e-3) * 1.05
 }
 
 /// Renders the plot of `c` as SVG text.
@@ -93,8 +158,13 @@ fn draw(root: &DrawingArea<SVGBackend<'_>, Shift>, c: &Comparison, has_dbw: bool
     let root = root.titled(&format!("{} — {seeds}", c.scenario), ("sans-serif", 22))?;
     let (top, bottom) = if has_dbw { root.split_vertically(700) } else { (root.clone(), root.clone()) };
     let (left, right) = top.split_horizontally(900);
-    let x_end = time_axis_end(c);
-    accuracy(&left, c, x_end)?;
+    let medians: Vec<Option<f64>> = c.rows.iter().map(|r| r.time_to_target_s).collect();
+    let x_end = time_axis_end(&medians, c.max_time_s);
+    let labels: Vec<&str> = c.rows.iter().map(|r| r.label.as_str()).collect();
+    match knob_sweep(&labels) {
+        Some((knob, members)) => sweep(&left, c, &knob, &members)?,
+        None => accuracy(&left, c, x_end)?,
+    }
     bars(&right, c)?;
     if has_dbw {
         backups(&bottom, c, x_end)?;
@@ -112,9 +182,18 @@ fn accuracy(area: &DrawingArea<SVGBackend<'_>, Shift>, c: &Comparison, x_end: f6
         .build_cartesian_2d(0.0..x_end, y_min..1.0)?;
     chart.configure_mesh().x_desc("virtual time (s)").y_desc("test accuracy").light_line_style(WHITE).draw()?;
     let clip = |y: f64| y.clamp(y_min, 1.0);
-    for (i, (label, seeds)) in c.rows.iter().map(|r| &r.label).zip(&c.curves).enumerate() {
-        let (colour, dashed) = style(i);
-        let points: Vec<(f64, f64, f64, f64)> = band(seeds).into_iter().filter(|p| p.0 <= x_end).collect();
+    let palette = colours(c.rows.len());
+    let bands: Vec<Vec<(f64, f64, f64, f64)>> =
+        c.curves.iter().map(|seeds| band(seeds).into_iter().filter(|p| p.0 <= x_end).collect()).collect();
+    for (i, (row, seeds)) in c.rows.iter().zip(&c.curves).enumerate() {
+        let colour = palette[i];
+        let same = same_curve_as(&bands, i);
+        let dashed = same.is_some();
+        let label = match same.and_then(|j| c.rows.get(j)) {
+            Some(other) => format!("{} (same curve as {})", row.label.trim_end(), other.label.trim_end()),
+            None => row.label.clone(),
+        };
+        let points = bands[i].clone();
         if seeds.len() > 1 {
             let outline: Vec<(f64, f64)> =
                 points.iter().map(|p| (p.0, clip(p.3))).chain(points.iter().rev().map(|p| (p.0, clip(p.2)))).collect();
@@ -149,11 +228,73 @@ fn accuracy(area: &DrawingArea<SVGBackend<'_>, Shift>, c: &Comparison, x_end: f6
     Ok(())
 }
 
+/// Time to target against the swept knob (`members`: row and knob value), the median with
+/// a whisker over the seeds; every other run that reached the target a dashed level line
+/// across the sweep.
+fn sweep(
+    area: &DrawingArea<SVGBackend<'_>, Shift>,
+    c: &Comparison,
+    knob: &str,
+    members: &[(usize, f64)],
+) -> DrawResult {
+    let palette = colours(c.rows.len());
+    let reached: Vec<f64> = c.times_to_target.iter().flatten().flatten().copied().collect();
+    let lo = reached.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = reached.iter().copied().fold(0.0f64, f64::max);
+    let (lo, hi) = if lo.is_finite() && hi > lo { (lo, hi) } else { (0.0, hi.max(1e-3)) };
+    let pad = (hi - lo) * 0.08;
+    let (y_lo, y_hi) = ((lo - pad).max(0.0), hi + pad);
+    let x_lo = members.iter().map(|m| m.1).fold(f64::INFINITY, f64::min);
+    let x_hi = members.iter().map(|m| m.1).fold(f64::NEG_INFINITY, f64::max);
+    let x_pad = ((x_hi - x_lo) * 0.04).max(0.5);
+    let mut chart = ChartBuilder::on(area)
+        .caption(format!("time to target against {knob} (median, whisker over seeds)"), ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d((x_lo - x_pad)..(x_hi + x_pad), y_lo..y_hi)?;
+    chart.configure_mesh().x_desc(knob).y_desc("virtual seconds to target").light_line_style(WHITE).draw()?;
+    let colour = palette[members[0].0];
+    let line: Vec<(f64, f64)> =
+        members.iter().filter_map(|&(i, x)| c.rows[i].time_to_target_s.map(|t| (x, t))).collect();
+    let stroke = colour.stroke_width(2);
+    chart
+        .draw_series(LineSeries::new(line.clone(), stroke))?
+        .label(knob.to_owned())
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 22, y)], stroke));
+    chart.draw_series(line.iter().map(|&p| Circle::new(p, 4, colour.filled())))?;
+    for &(i, x) in members {
+        let times: Vec<f64> = c.times_to_target[i].iter().flatten().copied().collect();
+        if times.len() > 1 {
+            let (a, b) =
+                (times.iter().copied().fold(f64::INFINITY, f64::min), times.iter().copied().fold(0.0, f64::max));
+            chart.draw_series(std::iter::once(PathElement::new([(x, a), (x, b)], colour.stroke_width(1))))?;
+        }
+    }
+    let in_sweep: Vec<usize> = members.iter().map(|m| m.0).collect();
+    for (i, row) in c.rows.iter().enumerate().filter(|(i, _)| !in_sweep.contains(i)) {
+        let Some(t) = row.time_to_target_s else { continue };
+        let stroke = palette[i].stroke_width(2);
+        chart
+            .draw_series(DashedLineSeries::new([(x_lo - x_pad, t), (x_hi + x_pad, t)], 10, 6, stroke))?
+            .label(format!("{} {t:.3} s", row.label.trim_end()))
+            .legend(move |(x, y)| plotters::element::DashedPathElement::new([(x, y), (x + 22, y)], 6, 3, stroke));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 13))
+        .draw()?;
+    Ok(())
+}
+
 fn bars(area: &DrawingArea<SVGBackend<'_>, Shift>, c: &Comparison) -> DrawResult {
     let n = c.rows.len();
-    let slowest = c.times_to_target.iter().flatten().flatten().copied().fold(0.0f64, f64::max).max(1e-3);
-    // Room on the right of the longest whisker for its label.
-    let longest = slowest * 1.9;
+    let palette = colours(n);
+    let longest = bars_axis_end(&c.times_to_target);
+    let slowest = longest;
     let mut chart = ChartBuilder::on(area)
         .caption("time to target (s): median, whisker over seeds", ("sans-serif", 16))
         .margin(12)
@@ -168,36 +309,35 @@ fn bars(area: &DrawingArea<SVGBackend<'_>, Shift>, c: &Comparison) -> DrawResult
         .x_desc("virtual seconds")
         .draw()?;
     for (i, (row, times)) in c.rows.iter().zip(&c.times_to_target).enumerate() {
-        let (colour, _) = style(i);
+        let colour = palette[i];
         let y = (n - 1 - i) as f64;
         let reached: Vec<f64> = times.iter().flatten().copied().collect();
         let mut name = row.label.clone();
-        let mut label_at = slowest * 0.02;
+        let label_at = slowest * 0.01;
         if row.reference {
             name.push_str(" [reference]");
         }
         match row.time_to_target_s {
             Some(t) => {
-                chart
-                    .draw_series(std::iter::once(Rectangle::new([(0.0, y + 0.15), (t, y + 0.85)], colour.filled())))?;
+                chart.draw_series(std::iter::once(Rectangle::new([(0.0, y + 0.1), (t, y + 0.5)], colour.filled())))?;
                 let lo = reached.iter().copied().fold(f64::INFINITY, f64::min);
                 let hi = reached.iter().copied().fold(0.0f64, f64::max);
                 if reached.len() > 1 {
                     let whisker = BLACK.stroke_width(1);
                     chart.draw_series([
-                        PathElement::new([(lo, y + 0.5), (hi, y + 0.5)], whisker),
-                        PathElement::new([(lo, y + 0.35), (lo, y + 0.65)], whisker),
-                        PathElement::new([(hi, y + 0.35), (hi, y + 0.65)], whisker),
+                        PathElement::new([(lo, y + 0.3), (hi, y + 0.3)], whisker),
+                        PathElement::new([(lo, y + 0.15), (lo, y + 0.45)], whisker),
+                        PathElement::new([(hi, y + 0.15), (hi, y + 0.45)], whisker),
                     ])?;
                 }
                 name = format!("{name}  {t:.3} s");
-                label_at = t.max(hi) + slowest * 0.03;
             }
             None => name = format!("{name}  not reached"),
         }
+        // The label above its bar, so the axis ends at the data.
         chart.draw_series(std::iter::once(Text::new(
             name,
-            (label_at, y + 0.5),
+            (label_at, y + 0.75),
             ("sans-serif", 12).into_font().color(&BLACK).pos(plotters::style::text_anchor::Pos::new(
                 plotters::style::text_anchor::HPos::Left,
                 plotters::style::text_anchor::VPos::Center,
@@ -209,18 +349,27 @@ fn bars(area: &DrawingArea<SVGBackend<'_>, Shift>, c: &Comparison) -> DrawResult
 
 fn backups(area: &DrawingArea<SVGBackend<'_>, Shift>, c: &Comparison, x_end: f64) -> DrawResult {
     let most = c.backup_workers.iter().flatten().map(|p| p.1).max().unwrap_or(1).max(1);
+    let runs: Vec<&str> =
+        c.rows.iter().zip(&c.backup_workers).filter(|(_, s)| !s.is_empty()).map(|(r, _)| r.label.trim_end()).collect();
+    // One run is named in the caption; several get a legend, with headroom above the
+    // highest b_t so that it never covers a line.
+    let (caption, headroom) = match runs.as_slice() {
+        [one] => (format!("{one}: backup workers b_t over time (seed {})", c.seeds.start), 1.1),
+        _ => (format!("DBW: backup workers b_t over time (seed {})", c.seeds.start), 1.6),
+    };
     let mut chart = ChartBuilder::on(area)
-        .caption(format!("DBW: backup workers b_t over time (seed {})", c.seeds.start), ("sans-serif", 16))
+        .caption(caption, ("sans-serif", 16))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..x_end, 0.0..(f64::from(most) + 1.0))?;
+        .build_cartesian_2d(0.0..x_end, 0.0..(f64::from(most) * headroom + 0.5))?;
     chart.configure_mesh().x_desc("virtual time (s)").y_desc("b_t").light_line_style(WHITE).draw()?;
+    let palette = colours(c.rows.len());
     for (i, (row, series)) in c.rows.iter().zip(&c.backup_workers).enumerate() {
         if series.is_empty() {
             continue;
         }
-        let (colour, _) = style(i);
+        let colour = palette[i];
         let stroke = colour.stroke_width(2);
         let mut steps = Vec::with_capacity(series.len() * 2);
         let mut previous: Option<f64> = None;
@@ -236,7 +385,9 @@ fn backups(area: &DrawingArea<SVGBackend<'_>, Shift>, c: &Comparison, x_end: f64
             .label(row.label.clone())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 22, y)], stroke));
     }
-    chart.configure_series_labels().position(SeriesLabelPosition::UpperRight).border_style(BLACK).draw()?;
+    if runs.len() > 1 {
+        chart.configure_series_labels().position(SeriesLabelPosition::UpperRight).border_style(BLACK).draw()?;
+    }
     Ok(())
 }
 
@@ -305,6 +456,8 @@ fn intervals(
     order.sort_by(|&a, &b| s.rows[a].time.mean.total_cmp(&s.rows[b].time.mean));
     let finite = |x: f64| if x.is_finite() { x } else { 0.0 };
     let hi = s.rows.iter().map(|r| finite(r.time.high).max(r.time.mean)).fold(0.0f64, f64::max).max(1e-6);
+    let lo = s.rows.iter().map(|r| finite(r.time.low).min(r.time.mean)).fold(hi, f64::min).max(0.0);
+    let (x_lo, x_hi) = interval_axis(lo, hi);
     let n = order.len().max(1);
     let mut chart = ChartBuilder::on(area)
         .caption(
@@ -314,7 +467,7 @@ fn intervals(
         .margin(10)
         .x_label_area_size(35)
         .y_label_area_size(10)
-        .build_cartesian_2d(0.0..hi * 1.7, 0.0..n as f64)?;
+        .build_cartesian_2d(x_lo..x_hi, 0.0..n as f64)?;
     chart
         .configure_mesh()
         .disable_y_mesh()
@@ -332,7 +485,7 @@ fn intervals(
         } else {
             COLOURS[7]
         };
-        let (lo, up) = (finite(r.time.low).max(0.0), finite(r.time.high).min(hi * 1.05).max(r.time.mean));
+        let (lo, up) = (finite(r.time.low).max(x_lo), finite(r.time.high).min(x_hi).max(r.time.mean));
         let stroke = colour.stroke_width(if Some(i) == s.pick { 3 } else { 2 });
         chart.draw_series([
             PathElement::new([(lo, y), (up, y)], stroke),
@@ -344,7 +497,7 @@ fn intervals(
         if r.reached < r.repeats {
             chart.draw_series(std::iter::once(Circle::new((r.time.mean, y), 4, colour.stroke_width(1))))?;
         }
-        let mut text = format!("{}  {:.4} ± {:.4} s", r.label, r.time.mean, r.time.half_width());
+        let mut text = format!("{}  {} s", r.label, with_uncertainty(r.time.mean, r.time.half_width()));
         if r.reached < r.repeats {
             text.push_str(&format!(" (reached {}/{})", r.reached, r.repeats));
         }
@@ -353,9 +506,10 @@ fn intervals(
         } else if r.tied {
             text.push_str("  tied");
         }
+        // The label above its interval, so the axis spans the data only.
         chart.draw_series(std::iter::once(Text::new(
             text,
-            (up + hi * 0.02, y),
+            (lo, y + 0.3),
             ("sans-serif", 12).into_font().color(&BLACK).pos(plotters::style::text_anchor::Pos::new(
                 plotters::style::text_anchor::HPos::Left,
                 plotters::style::text_anchor::VPos::Center,
@@ -365,9 +519,64 @@ fn intervals(
     Ok(())
 }
 
+/// The horizontal axis of an interval panel: the intervals' span (`lo..hi`) with 5% of it
+/// on each side, so intervals of 9 to 12 s are told apart rather than squeezed at the
+/// right of an axis from 0.
+fn interval_axis(lo: f64, hi: f64) -> (f64, f64) {
+    let pad = ((hi - lo) * 0.05).max(hi * 1e-3).max(1e-9);
+    ((lo - pad).max(0.0), hi + pad)
+}
+
+/// `mean ± half` with the uncertainty to two significant digits (whole numbers at least)
+/// and the mean to the same decimal place: `20.16 ± 0.42`, `1530 ± 123`.
+fn with_uncertainty(mean: f64, half: f64) -> String {
+    if !(half.is_finite() && half > 0.0) {
+        return format!("{mean:.3} ± {half}");
+    }
+    let decimals = (1 - half.log10().floor() as i32).max(0) as usize;
+    format!("{mean:.decimals$} ± {half:.decimals$}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uncertainty_has_two_significant_digits() {
+        assert_eq!(with_uncertainty(20.156_04, 0.419_3), "20.16 ± 0.42");
+        assert_eq!(with_uncertainty(1.234_567, 0.012_34), "1.235 ± 0.012");
+        assert_eq!(with_uncertainty(1530.2, 123.0), "1530 ± 123");
+        assert_eq!(with_uncertainty(9.87, 4.2), "9.9 ± 4.2");
+    }
+
+    #[test]
+    fn axes_end_at_the_data() {
+        assert_eq!(time_axis_end(&[Some(0.2), None, Some(0.3)], 1.75), 0.3 * 1.25);
+        assert_eq!(time_axis_end(&[None, None], 1.75), 1.75);
+        let whiskers = vec![vec![Some(0.9), Some(1.2)], vec![None, Some(0.4)]];
+        assert!((bars_axis_end(&whiskers) - 1.2 * 1.05).abs() < 1e-12);
+        let (a, b) = interval_axis(9.0, 12.0);
+        assert!(a > 8.5 && a < 9.0 && b > 12.0 && b < 12.5, "{a}..{b}");
+    }
+
+    #[test]
+    fn colours_are_unique_for_any_number_of_runs() {
+        for n in [1, 12, 13, 17, 40, 100] {
+            let c = colours(n);
+            for (i, a) in c.iter().enumerate() {
+                assert!(!c[i + 1..].contains(a), "{n} runs: colour {i} repeats");
+            }
+        }
+    }
+
+    #[test]
+    fn a_one_knob_sweep_is_found_by_its_labels() {
+        let labels = ["bsp", "backup b=0", "backup b=1", "backup b=4", "dbw", "ssp s=3"];
+        let (knob, members) = knob_sweep(&labels).unwrap();
+        assert_eq!(knob, "backup b");
+        assert_eq!(members, [(1, 0.0), (2, 1.0), (3, 4.0)]);
+        assert!(knob_sweep(&["bsp", "backup b=1", "dbw"]).is_none());
+    }
 
     fn point(time_s: f64, accuracy: f64) -> CurvePoint {
         CurvePoint { time_s, version: 0, accuracy, loss: 0.0 }
@@ -382,15 +591,5 @@ mod tests {
         ];
         let b = band(&seeds);
         assert_eq!(b, [(0.0, 0.2, 0.1, 0.3), (1.0, 0.7, 0.5, 0.9)]);
-    }
-
-    #[test]
-    fn runs_get_distinct_styles() {
-        let styles: Vec<(RGBColor, bool)> = (0..20).map(style).collect();
-        for (i, a) in styles.iter().enumerate() {
-            for b in &styles[i + 1..] {
-                assert_ne!((a.0.0, a.0.1, a.0.2, a.1), (b.0.0, b.0.1, b.0.2, b.1));
-            }
-        }
     }
 }

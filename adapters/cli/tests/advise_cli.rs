@@ -126,3 +126,112 @@ fn a_generated_trace_gives_a_table_json_and_an_svg_with_intervals() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("dead-node"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A trace with Pareto(1.5)-tailed step times (finite mean, infinite variance) runs with no
+/// budget flag: 3x BSP's replay is more than the event guard allows, so the budget is the
+/// most the guard allows, and the race stops the candidates measurably slower than the
+/// fastest finished one long before it.
+#[test]
+fn a_heavy_tailed_trace_runs_without_a_budget_flag() {
+    let dir = scratch("pareto15");
+    let trace = dir.join("p15.csv");
+    let t = trace.to_str().unwrap();
+    let generate =
+        ["trace-gen", "pareto", "--shape", "1.5", "--workers", "256", "--steps", "150", "--seed", "2", "-o", t];
+    stdout(&syncopate(&generate));
+    let out = stdout(&syncopate(&["advise", "--trace", t, "--seeds", "2", "--no-noise-sweep", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let pick = v["recommendation"].as_str().expect("a recommendation");
+    let setting = &v["whole"]["setting"];
+    assert!(setting["budget_note"].as_str().unwrap().contains("the most the event guard allows"), "{setting}");
+    let budget = setting["budget_s"].as_f64().unwrap();
+    let rows = v["whole"]["rows"].as_array().unwrap();
+    let stopped: Vec<&serde_json::Value> = rows.iter().filter(|r| !r["stopped_early"].is_null()).collect();
+    assert!(!stopped.is_empty(), "{v}");
+    for r in &stopped {
+        let s = &r["stopped_early"];
+        assert!(s["at_s"].as_f64().unwrap() < budget / 10.0, "{s}");
+        assert!(s["lower_bound_s"].as_f64().unwrap() > 1.25 * s["by_mean_s"].as_f64().unwrap(), "{s}");
+        assert!(rows.iter().any(|q| q["label"] == s["by"] && q["reached"] == q["repeats"]), "{s}");
+        assert_ne!(r["label"], pick);
+    }
+    assert!(rows.iter().any(|r| r["label"] == pick && r["reached"] == 2));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A knob whose best value is at the edge of its sweep is extended until the best is inside
+/// or the range ends, and the report says so; `--no-extend` keeps the built-in sweep.
+#[test]
+fn sweeps_extend_past_their_edge_and_say_so() {
+    let dir = scratch("extend");
+    let trace = dir.join("st.csv");
+    let t = trace.to_str().unwrap();
+    stdout(&syncopate(&["trace-gen", "steady", "--workers", "8", "--steps", "200", "--seed", "3", "-o", t]));
+    let text = stdout(&syncopate(&["advise", "--trace", t, "--seeds", "2", "--no-noise-sweep", "--jobs", "1"]));
+    let notes: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("sweep extended: ")).collect();
+    let tried: Vec<&str> = notes.iter().filter(|n| n.contains(" was the ")).copied().collect();
+    assert!(!tried.is_empty(), "{text}");
+    // Every extension is a row of the table, and every extended knob ends inside its sweep or
+    // at the end of its range.
+    let rows: Vec<&str> = text.lines().filter(|l| l.contains("past the sweep's edge")).collect();
+    assert!(rows.len() >= tried.len(), "{text}");
+    assert!(notes.iter().all(|n| !n.contains("still at the edge")), "{text}");
+    assert!(notes.iter().any(|n| n.contains("is inside the extended sweep") || n.contains("end of the knob's range")));
+    let plain =
+        stdout(&syncopate(&["advise", "--trace", t, "--seeds", "2", "--no-noise-sweep", "--no-extend", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(plain.trim()).unwrap();
+    assert!(v["whole"]["extended"].is_null());
+    assert!(v["whole"]["rows"].as_array().unwrap().iter().all(|r| r["extension"] == false));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// With the NQM's noise set by `--noise-scale` (the operator's critical batch), much gradient
+/// noise makes the pick average more gradients per step than little noise does, as the
+/// large-batch theory says; the report shows the pick at n/10, n and 10n by default.
+#[test]
+fn a_larger_noise_scale_makes_the_pick_aggregate_more_gradients() {
+    let dir = scratch("noise");
+    let trace = dir.join("st.csv");
+    let t = trace.to_str().unwrap();
+    stdout(&syncopate(&["trace-gen", "steady", "--workers", "16", "--steps", "300", "--seed", "3", "-o", t]));
+    let scenario = dir.join("s.toml");
+    std::fs::write(
+        &scenario,
+        "workers = 16\n[[protocols]]\nname = \"bsp\"\n[[protocols]]\nname = \"backup\"\nbackup_workers = [4, 8, 12, 14]\n[[protocols]]\nname = \"asp\"\n",
+    )
+    .unwrap();
+    let s = scenario.to_str().unwrap();
+    let pick_batch = |noise: &str| {
+        let out = stdout(&syncopate(&[
+            "advise",
+            "--trace",
+            t,
+            s,
+            "--seeds",
+            "3",
+            "--noise-scale",
+            noise,
+            "--no-noise-sweep",
+            "--json",
+        ]));
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        let b = v["whole"]["setting"]["critical_batch"].as_f64().unwrap();
+        assert!((b - noise.parse::<f64>().unwrap()).abs() < 1e-6 * b, "{b}");
+        let pick = v["recommendation"].as_str().expect("a recommendation").to_string();
+        let row = v["whole"]["rows"].as_array().unwrap().iter().find(|r| r["label"] == pick.as_str()).unwrap().clone();
+        (pick, row["effective_batch"].as_f64().unwrap())
+    };
+    let (small_pick, small) = pick_batch("1.6");
+    let (large_pick, large) = pick_batch("160");
+    assert!(large > small, "B = 1.6: {small_pick} ({small}); B = 160: {large_pick} ({large})");
+    let text = stdout(&syncopate(&["advise", "--trace", t, s, "--seeds", "2"]));
+    assert!(text.contains("how the pick depends on the gradient noise"), "{text}");
+    for b in ["1.60", "16.0", "160"] {
+        assert!(text.contains(&format!("  critical batch {b} examples: ")), "{b}: {text}");
+    }
+    assert!(text.contains("(the built-in noise); set --noise-scale to your model's"), "{text}");
+    let bad = syncopate(&["advise", "--trace", t, "--noise-scale", "-3"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--noise-scale"));
+    std::fs::remove_dir_all(&dir).ok();
+}

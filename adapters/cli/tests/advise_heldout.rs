@@ -4,14 +4,18 @@
 //! of the fastest candidate of the same sweep on those held-out seeds.
 //!
 //! `cargo test` runs the quick version (8 workers x 300 steps, 3 seed pairs each side, the
-//! cheap NQM workload). The full version (16 workers x 2000 steps, 5 seed pairs each side)
-//! is ignored by default; it prints the evaluation table:
+//! cheap NQM workload; the held-out sweep is advise's own, extensions included). The full
+//! version (16 workers x 2000 steps, 5 seed pairs each side) re-measures a wider sweep than
+//! advise's (every backup `b` from 1 to n − 1, SSP `s` up to 64, BAP and WBSP time knobs from
+//! 0.75 to 8 median steps, grouped `G` up to n/2) and is ignored by default; it prints the
+//! evaluation table:
 //!
 //! ```text
 //! cargo test -p syncopate-adapters --test advise_heldout -- --ignored --nocapture
 //! ```
 
-use syncopate_adapters::advise::{self, Options, TraceTable, tracegen};
+use syncopate_adapters::advise::{self, Candidate, Options, TraceTable, tracegen};
+use syncopate_adapters::scenario::{ProtocolKind, ProtocolSpec};
 
 /// Held-out seeds: run seeds from 101 and data seeds from 2101 (advise uses 1.. and 1001..).
 const HELD_OUT_RUN: u64 = 101;
@@ -21,11 +25,53 @@ struct Row {
     kind: &'static str,
     pick: String,
     pick_s: f64,
+    pick_complete: bool,
     fastest: String,
     fastest_s: f64,
 }
 
-fn evaluate(workers: u32, steps: u64, repeats: u32, trace_seed: u64) -> Vec<Row> {
+/// A wider sweep than advise's built-in one for `n` workers and a median step `m`.
+fn wider(n: u32, m: f64) -> Vec<Candidate> {
+    let plain = |name| Candidate { spec: ProtocolSpec::new(name), median_multiple: None };
+    let mut out = vec![plain(ProtocolKind::Bsp), plain(ProtocolKind::Asp), plain(ProtocolKind::Dbw)];
+    for b in 1..n {
+        let mut c = plain(ProtocolKind::Backup);
+        c.spec.backup_workers = Some(b);
+        out.push(c);
+    }
+    for s in [1, 2, 4, 8, 16, 32, 64] {
+        let mut c = plain(ProtocolKind::Ssp);
+        c.spec.staleness = Some(s);
+        out.push(c);
+    }
+    let ms = |f: f64| ((f * m * 1000.0) * 1000.0).round() / 1000.0;
+    for s in [1, 3] {
+        for f in [0.75, 1.5, 3.0, 6.0] {
+            let mut c = plain(ProtocolKind::Bap);
+            c.spec.staleness = Some(s);
+            c.spec.iteration_timeout_ms = Some(ms(f));
+            c.median_multiple = Some(f);
+            out.push(c);
+        }
+    }
+    for f in [1.0, 2.0, 4.0, 8.0] {
+        let mut c = plain(ProtocolKind::Wbsp);
+        c.spec.round_deadline_ms = Some(ms(f));
+        c.median_multiple = Some(f);
+        out.push(c);
+    }
+    let mut g = 2;
+    while g <= n / 2 {
+        let mut c = plain(ProtocolKind::Grouped);
+        c.spec.groups = Some(g);
+        out.push(c);
+        g *= 2;
+    }
+    out.retain(|c| c.spec.config(n, 0.5).is_ok());
+    out
+}
+
+fn evaluate(workers: u32, steps: u64, repeats: u32, trace_seed: u64, wide: bool) -> Vec<Row> {
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mut rows = Vec::new();
     for kind in tracegen::KINDS {
@@ -39,19 +85,31 @@ fn evaluate(workers: u32, steps: u64, repeats: u32, trace_seed: u64) -> Vec<Row>
             assert_eq!(advice.phases.len(), 1);
         }
         let pick = advice.whole.pick.unwrap_or_else(|| panic!("{}: no pick", kind.name()));
+        let pick_label = advice.whole.rows[pick].label.clone();
+        // Held out: advise's own candidates (extensions included), and with `wide` a wider sweep.
+        let mut held_out = advice.whole.candidates.clone();
+        if wide {
+            for c in wider(trace.workers, trace.median_step()) {
+                if !held_out.iter().any(|d| d.spec.label() == c.spec.label()) {
+                    held_out.push(c);
+                }
+            }
+        }
         let r = u64::from(repeats);
         let run: Vec<u64> = (HELD_OUT_RUN..HELD_OUT_RUN + r).collect();
         let split: Vec<u64> = (HELD_OUT_SPLIT..HELD_OUT_SPLIT + r).collect();
         assert!(run.iter().all(|s| !advice.whole.run_seeds.contains(s)));
         assert!(split.iter().all(|s| !advice.whole.split_seeds.contains(s)));
-        let held = advise::sweep(&trace, &candidates, &advice.whole.setting, &run, &split, jobs, &|| {}).unwrap();
+        let held = advise::sweep(&trace, &held_out, &advice.whole.setting, &run, &split, jobs, &|| {}).unwrap();
         let fastest = held.fastest.unwrap_or_else(|| panic!("{}: nothing reached the target", kind.name()));
-        let p = &held.rows[pick];
-        assert_eq!(p.reached, p.repeats, "{}: the pick missed the target on held-out seeds", kind.name());
+        // A pick that missed or was stopped early on held-out seeds has a lower bound here,
+        // more than 25% over the fastest: the check below fails on it.
+        let p = held.rows.iter().find(|r| r.label == pick_label).unwrap();
         rows.push(Row {
             kind: kind.name(),
             pick: p.label.clone(),
             pick_s: p.time.mean,
+            pick_complete: p.reached == p.repeats,
             fastest: held.rows[fastest].label.clone(),
             fastest_s: held.rows[fastest].time.mean,
         });
@@ -64,9 +122,10 @@ fn check(rows: &[Row]) {
     println!("|---|---|---|---|---|---|");
     for r in rows {
         println!(
-            "| {} | {} | {:.4} | {} | {:.4} | {:.3} |",
+            "| {} | {} | {}{:.4} | {} | {:.4} | {:.3} |",
             r.kind,
             r.pick,
+            if r.pick_complete { "" } else { ">" },
             r.pick_s,
             r.fastest,
             r.fastest_s,
@@ -75,7 +134,7 @@ fn check(rows: &[Row]) {
     }
     for r in rows {
         assert!(
-            r.pick_s <= 1.10 * r.fastest_s,
+            r.pick_complete && r.pick_s <= 1.10 * r.fastest_s,
             "{}: the pick {} takes {:.4} s on held-out seeds, more than 10% over {} at {:.4} s",
             r.kind,
             r.pick,
@@ -88,11 +147,11 @@ fn check(rows: &[Row]) {
 
 #[test]
 fn the_pick_is_within_10_percent_of_the_fastest_on_held_out_seeds_quick() {
-    check(&evaluate(8, 300, 3, 7));
+    check(&evaluate(8, 300, 3, 7, false));
 }
 
 #[test]
 #[ignore = "full evaluation, minutes of CPU: see the module docs"]
 fn the_pick_is_within_10_percent_of_the_fastest_on_held_out_seeds_full() {
-    check(&evaluate(16, 2000, 5, 11));
+    check(&evaluate(16, 2000, 5, 11, true));
 }

@@ -99,6 +99,18 @@ fn bad_flags_name_the_flag_and_what_is_allowed() {
 }
 
 #[test]
+fn time_limits_and_loss_timeouts_beyond_a_year_are_refused_before_anything_starts() {
+    let huge = ["--time-limit", "1e20"];
+    let why = ["invalid value '100000000000000000000' for '--time-limit'", "up to 31536000"];
+    refused(&[&["train"][..], &huge].concat(), &why);
+    refused(&[&["serve", "--listen", "127.0.0.1:0"][..], &huge].concat(), &why);
+    refused(&[&["group", "--connect", "127.0.0.1:9", "--group", "0"][..], &huge].concat(), &why);
+    refused(&[&["mpi"][..], &huge].concat(), &why);
+    refused(&["serve", "--listen", "127.0.0.1:0", "--lost-after", "1e300"], &["--lost-after", "up to 31536000"]);
+    refused(&["work", "--connect", "127.0.0.1:9", "--id", "0", "--lost-after", "0"], &["--lost-after", "positive"]);
+}
+
+#[test]
 fn outputs_are_checked_before_the_run() {
     let dir = scratch("outputs");
     let scenario = dir.join("s.toml");
@@ -128,7 +140,7 @@ fn bad_traces_are_refused_with_file_line_and_reason() {
         tiny.push_str(&format!("{w},0,0.000001\n"));
     }
     for (name, text, needles) in [
-        ("zero8.csv", zero8.as_str(), vec!["zero8.csv line 2", "'0' is not a step time", "at least"]),
+        ("zero8.csv", zero8.as_str(), vec!["zero8.csv line 2", "'0' is not a step time", "from 0.000001 s"]),
         ("neg.csv", "worker,step,seconds\n0,0,-1\n", vec!["neg.csv line 2", "'-1'"]),
         ("cut.csv", "worker,step,seconds\n0,0,0.5\n7,301,0.", vec!["cut.csv line 3", "truncated"]),
         ("cutnum.csv", "worker,step,seconds\n7,301,0.\n", vec!["cutnum.csv line 2", "'0.' is not a complete number"]),
@@ -185,7 +197,7 @@ fn a_data_file_without_test_rows_is_refused() {
 
 #[test]
 fn every_summary_accounts_for_each_gradient() {
-    for protocol in ["bsp", "asp", "ssp", "bap", "backup", "dbw", "wbsp", "wbsp-overlap", "grouped"] {
+    for protocol in syncopate::ProtocolKind::NAMES {
         for mode in [&["--sim"][..], &["--step-ms", "0.2"][..]] {
             let mut args = vec!["train", "--protocol", protocol, "--straggler", "0:slow=4", "--steps", "40", "--json"];
             args.extend_from_slice(mode);

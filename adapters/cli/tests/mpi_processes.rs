@@ -282,5 +282,16 @@ mod with_mpi {
         assert_ne!(code, 0);
         let err = err.lock().unwrap_or_else(PoisonError::into_inner).clone();
         assert!(err.iter().any(|l| l.contains("3 MPI ranks for --workers 4: launch 5 ranks")), "{err:#?}");
+        assert!(!err.iter().any(|l| l.contains("error: error:")), "{err:#?}");
+    }
+
+    /// Without `--workers`, the world size says how many: every rank but rank 0.
+    #[test]
+    fn the_world_size_gives_the_workers() {
+        let _job = one_job();
+        let job = Job::spawn(3, &["--steps", "20", "--json"]);
+        let (code, out) = job.finish(Duration::from_secs(60));
+        assert_eq!(code, 0, "{out}");
+        assert_eq!(summary(&out)["workers"], 2, "{out}");
     }
 }

@@ -8,7 +8,7 @@ use common::{stdout, syncopate};
 
 #[test]
 fn every_protocol_trains_ten_thousand_simulated_workers() {
-    for protocol in ["bsp", "asp", "ssp", "bap", "backup", "dbw", "wbsp", "wbsp-overlap", "grouped"] {
+    for protocol in syncopate::ProtocolKind::NAMES {
         let args = ["train", "--sim", "--workers", "10000", "--protocol", protocol, "--steps", "2", "--json"];
         let out = stdout(&syncopate(&args));
         let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();

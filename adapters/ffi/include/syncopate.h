@@ -376,6 +376,9 @@ typedef struct SyncopateServerStats {
   uint64_t updates;
   // The model version.
   uint64_t version;
+  // Outputs that found the server's output queue full: zero by construction, a nonzero
+  // count is a bug reported here instead of lost silently.
+  uint64_t outputs_lost;
 } SyncopateServerStats;
 
 // Who a worker is.
@@ -406,6 +409,13 @@ typedef struct SyncopateWorkerOutput {
   // EVENT: the event.
   struct SyncopateEvent event;
 } SyncopateWorkerOutput;
+
+// What a worker has counted.
+typedef struct SyncopateWorkerStats {
+  // Outputs that found the worker's output queue full: zero by construction, a nonzero
+  // count is a bug reported here instead of lost silently.
+  uint64_t outputs_lost;
+} SyncopateWorkerStats;
 
 // Success.
 #define SYNCOPATE_OK 0
@@ -440,6 +450,10 @@ typedef struct SyncopateWorkerOutput {
 // A bug inside the library was caught at the boundary (std builds only); the handle
 // should be finished and rebuilt.
 #define SYNCOPATE_ERR_INTERNAL 10
+
+// A caller buffer overlaps memory the handle owns (its model or its block): the call would
+// read or write the same bytes through two paths. Nothing changed.
+#define SYNCOPATE_ERR_OVERLAP 11
 
 #ifdef __cplusplus
 extern "C" {
@@ -566,7 +580,8 @@ SyncopateStatus syncopate_server_handle_timeout(SyncopateServer *server, uint64_
 //
 // # Safety
 // `server` comes from [`syncopate_server_init`]; `out` is writable; `buf` writable for
-// `buf_len` bytes.
+// `buf_len` bytes, overlapping neither the model nor the handle's memory (refused with
+// `SYNCOPATE_ERR_OVERLAP`).
 SyncopateStatus syncopate_server_poll_output(SyncopateServer *server,
                                              struct SyncopateServerOutput *out,
                                              uint8_t *buf,
@@ -635,6 +650,8 @@ SyncopateStatus syncopate_worker_handle(SyncopateWorker *worker,
                                         size_t len);
 
 // Hands in the gradient (`len` floats, the model's dimension) of computation `compute_id`.
+// A `grad` that overlaps the worker's model or memory (such as the COMPUTE output's
+// `params`) is refused with `SYNCOPATE_ERR_OVERLAP`: copy the gradient out first.
 //
 // # Safety
 // `worker` comes from [`syncopate_worker_init`]; `grad` is readable for `len` floats.
@@ -652,7 +669,8 @@ SyncopateStatus syncopate_worker_handle_timeout(SyncopateWorker *worker, uint64_
 
 // Takes the next output into `*out`; a message for the server is encoded into `buf`, which
 // must hold [`syncopate_max_message_len`](crate::syncopate_max_message_len) bytes (checked
-// before anything is taken). Call until `out->kind` is `SYNCOPATE_OUTPUT_NONE`.
+// before anything is taken). Call until `out->kind` is `SYNCOPATE_OUTPUT_NONE`. A `buf`
+// that overlaps the worker's model or memory is refused with `SYNCOPATE_ERR_OVERLAP`.
 //
 // # Safety
 // `worker` comes from [`syncopate_worker_init`]; `out` is writable; `buf` writable for
@@ -675,6 +693,12 @@ SyncopateStatus syncopate_worker_poll_timeout(SyncopateWorker *worker,
 // # Safety
 // `worker` comes from [`syncopate_worker_init`]; `stopped` is writable.
 SyncopateStatus syncopate_worker_is_stopped(SyncopateWorker *worker, uint32_t *stopped);
+
+// The worker's counters, into `*out`.
+//
+// # Safety
+// `worker` comes from [`syncopate_worker_init`]; `out` is writable.
+SyncopateStatus syncopate_worker_stats(SyncopateWorker *worker, struct SyncopateWorkerStats *out);
 
 // Finishes the handle: later calls with it return `SYNCOPATE_ERR_BAD_HANDLE`, and `mem` and
 // `params` are the caller's again.

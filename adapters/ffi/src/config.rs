@@ -13,7 +13,7 @@ use syncopate::proto::grouped::{GroupedConfig, LrScaling, Partition};
 use syncopate::proto::ssp::{SspConfig, SspStep};
 use syncopate::proto::wbsp::{DeltaScaling, LrSchedule, WbspConfig};
 use syncopate::proto::{GradientPolicy, LargeGradient};
-use syncopate::{Duration, ProtocolConfig};
+use syncopate::{Duration, ProtocolConfig, ProtocolKind};
 
 /// The most workers a configuration may have (the length of `partition_table`).
 pub const SYNCOPATE_MAX_WORKERS: usize = 256;
@@ -36,6 +36,22 @@ pub const SYNCOPATE_PROTOCOL_GROUPED: u32 = 5;
 pub const SYNCOPATE_PROTOCOL_SSP: u32 = 6;
 /// Bounded asynchronous parallel (bound `staleness`).
 pub const SYNCOPATE_PROTOCOL_BAP: u32 = 7;
+
+/// The `protocol` value and `wbsp_overlap` flag of a [`SyncopateConfig`] that select `kind`
+/// (WBSP's two kinds share [`SYNCOPATE_PROTOCOL_WBSP`]). The values never change.
+pub const fn protocol_code(kind: ProtocolKind) -> (u32, u32) {
+    match kind {
+        ProtocolKind::Bsp => (SYNCOPATE_PROTOCOL_BSP, 0),
+        ProtocolKind::Asp => (SYNCOPATE_PROTOCOL_ASP, 0),
+        ProtocolKind::Ssp => (SYNCOPATE_PROTOCOL_SSP, 0),
+        ProtocolKind::Bap => (SYNCOPATE_PROTOCOL_BAP, 0),
+        ProtocolKind::Backup => (SYNCOPATE_PROTOCOL_BACKUP, 0),
+        ProtocolKind::Dbw => (SYNCOPATE_PROTOCOL_DBW, 0),
+        ProtocolKind::Wbsp => (SYNCOPATE_PROTOCOL_WBSP, 0),
+        ProtocolKind::WbspOverlap => (SYNCOPATE_PROTOCOL_WBSP, 1),
+        ProtocolKind::Grouped => (SYNCOPATE_PROTOCOL_GROUPED, 0),
+    }
+}
 
 /// DBW `Lη`: the fixed value `l_eta_initial`.
 pub const SYNCOPATE_L_ETA_FIXED: u32 = 0;
@@ -155,8 +171,29 @@ fn flag(name: &'static str, v: u32) -> Result<bool, Failure> {
 }
 
 impl SyncopateConfig {
-    /// Defaults of every knob (the core's constructors), for `protocol`.
+    /// Defaults of every knob (the core's constructors), for `protocol`, one of the
+    /// `SYNCOPATE_PROTOCOL_*` values.
     pub(crate) fn defaults(protocol: u32, workers: u32, learning_rate: f64) -> Result<Self, Failure> {
+        if !ProtocolKind::ALL.into_iter().any(|kind| protocol_code(kind).0 == protocol) {
+            return Err(knob("protocol", u64::from(protocol)));
+        }
+        Ok(Self::plain(protocol, workers, learning_rate))
+    }
+
+    /// What [`syncopate_config_default`](crate::syncopate_config_default) fills in for
+    /// `kind` ([`protocol_code`]).
+    pub fn for_kind(kind: ProtocolKind, workers: u32, learning_rate: f64) -> Self {
+        let (protocol, wbsp_overlap) = protocol_code(kind);
+        Self { wbsp_overlap, ..Self::plain(protocol, workers, learning_rate) }
+    }
+
+    /// The protocol this struct selects; `None` if a `protocol` or other enum value is not
+    /// one the C ABI defines.
+    pub fn kind(&self) -> Option<ProtocolKind> {
+        self.protocol_config().ok().map(|config| config.kind())
+    }
+
+    fn plain(protocol: u32, workers: u32, learning_rate: f64) -> Self {
         let dbw = DbwConfig::new(workers, learning_rate);
         let (mode, initial, min, max) = match dbw.l_eta {
             LEta::Fixed(x) => (SYNCOPATE_L_ETA_FIXED, x, x, x),
@@ -164,7 +201,7 @@ impl SyncopateConfig {
             LEta::Rayleigh { initial, min, max } => (SYNCOPATE_L_ETA_RAYLEIGH, initial, min, max),
             LEta::Split { initial, min, max } => (SYNCOPATE_L_ETA_SPLIT, initial, min, max),
         };
-        let plain = Self {
+        Self {
             protocol,
             workers,
             learning_rate,
@@ -198,11 +235,7 @@ impl SyncopateConfig {
             bap_bound_below: 0,
             bap_iteration_timeout_ns: 0,
             bap_timeout_from: 0,
-        };
-        if protocol > SYNCOPATE_PROTOCOL_BAP {
-            return Err(knob("protocol", u64::from(protocol)));
         }
-        Ok(plain)
     }
 
     fn policy(&self) -> Result<GradientPolicy, Failure> {
@@ -325,5 +358,37 @@ impl SyncopateConfig {
             }
             other => return Err(knob("protocol", u64::from(other))),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_has_its_c_code_and_comes_back() {
+        let stable = [
+            (ProtocolKind::Bsp, 0, 0),
+            (ProtocolKind::Asp, 1, 0),
+            (ProtocolKind::Ssp, 6, 0),
+            (ProtocolKind::Bap, 7, 0),
+            (ProtocolKind::Backup, 2, 0),
+            (ProtocolKind::Dbw, 3, 0),
+            (ProtocolKind::Wbsp, 4, 0),
+            (ProtocolKind::WbspOverlap, 4, 1),
+            (ProtocolKind::Grouped, 5, 0),
+        ];
+        assert_eq!(stable.map(|(kind, _, _)| kind), ProtocolKind::ALL);
+        for (kind, protocol, overlap) in stable {
+            assert_eq!(protocol_code(kind), (protocol, overlap), "{kind}");
+            let config = SyncopateConfig::for_kind(kind, 8, 0.5);
+            assert_eq!(config.kind(), Some(kind));
+            let defaults = SyncopateConfig::defaults(protocol, 8, 0.5).unwrap();
+            assert_eq!(SyncopateConfig { wbsp_overlap: overlap, ..defaults }.kind(), Some(kind));
+        }
+        assert!(SyncopateConfig::defaults(8, 8, 0.5).is_err());
+        assert!(
+            SyncopateConfig { protocol: 8, ..SyncopateConfig::for_kind(ProtocolKind::Bsp, 8, 0.5) }.kind().is_none()
+        );
     }
 }

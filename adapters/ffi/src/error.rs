@@ -31,6 +31,9 @@ pub const SYNCOPATE_ERR_ENCODE: SyncopateStatus = 9;
 /// A bug inside the library was caught at the boundary (std builds only); the handle
 /// should be finished and rebuilt.
 pub const SYNCOPATE_ERR_INTERNAL: SyncopateStatus = 10;
+/// A caller buffer overlaps memory the handle owns (its model or its block): the call would
+/// read or write the same bytes through two paths. Nothing changed.
+pub const SYNCOPATE_ERR_OVERLAP: SyncopateStatus = 11;
 
 /// The short name of a status code, for logs.
 pub(crate) fn status_name(code: SyncopateStatus) -> &'static str {
@@ -46,6 +49,7 @@ pub(crate) fn status_name(code: SyncopateStatus) -> &'static str {
         SYNCOPATE_ERR_DECODE => "malformed message",
         SYNCOPATE_ERR_ENCODE => "cannot encode",
         SYNCOPATE_ERR_INTERNAL => "internal error",
+        SYNCOPATE_ERR_OVERLAP => "overlapping buffers",
         _ => "unknown status",
     }
 }

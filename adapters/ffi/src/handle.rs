@@ -83,6 +83,37 @@ pub(crate) fn block<H>(
     Ok((base, l))
 }
 
+/// The byte addresses `[start, end)` of `len` elements of `T` at `ptr`.
+pub(crate) fn span<T>(ptr: *const T, len: usize) -> (usize, usize) {
+    let start = ptr as usize;
+    (start, start.saturating_add(len.saturating_mul(size_of::<T>())))
+}
+
+/// The memory a handle owns: its model and its block (the handle and its scratch). A caller
+/// buffer handed to a call must not overlap either.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Owned {
+    model: (usize, usize),
+    block: (usize, usize),
+}
+
+impl Owned {
+    /// The model `params` and the block of `bytes` at `base`.
+    pub(crate) fn new(params: &RawSlice, base: NonNull<u8>, bytes: usize) -> Self {
+        let model = span(params.as_ref().as_ptr(), params.as_ref().len());
+        Self { model, block: span(base.as_ptr().cast_const(), bytes) }
+    }
+
+    /// Refuses a caller buffer (`span`) that shares a byte with the handle's memory.
+    pub(crate) fn check(&self, buffer: (usize, usize), what: &'static str) -> Result<(), Failure> {
+        let overlaps = |(a0, a1): (usize, usize), (b0, b1): (usize, usize)| a0 < b1 && b0 < a1;
+        if overlaps(buffer, self.model) || overlaps(buffer, self.block) {
+            return Err(Failure::new(crate::error::SYNCOPATE_ERR_OVERLAP, what));
+        }
+        Ok(())
+    }
+}
+
 /// Writes `handle` into the block and returns its address through `out`.
 ///
 /// # Safety

@@ -16,6 +16,7 @@ use syncopate::{Instant, Recipient, Server, ServerOutput, Version, WorkerId};
 pub struct SyncopateServer {
     tag: u64,
     dim: usize,
+    owned: handle::Owned,
     machine: ServerMachine,
 }
 
@@ -68,6 +69,9 @@ pub struct SyncopateServerStats {
     pub updates: u64,
     /// The model version.
     pub version: u64,
+    /// Outputs that found the server's output queue full: zero by construction, a nonzero
+    /// count is a bug reported here instead of lost silently.
+    pub outputs_lost: u64,
 }
 
 /// Bytes of memory a server for `config` and a model of `dim` parameters needs, into `*out`.
@@ -121,11 +125,12 @@ pub unsafe extern "C" fn syncopate_server_init(
         let params = unsafe { handle::params(params, dim) }?;
         let (base, l) =
             handle::block::<SyncopateServer>(mem, mem_len, engine::server_layout::<SyncopateServer>(&c, dim), &params)?;
+        let owned = handle::Owned::new(&params, base, l.bytes);
         // SAFETY: `block` checked the memory; the caller lends it until `fini`.
         let machine = unsafe { engine::new_server(&c, params, base, &l) }
             .map_err(|e| Failure::config("the core refused the configuration", e))?;
         // SAFETY: `base` was checked by `block` for this type; `out` was checked above.
-        unsafe { handle::place(base, SyncopateServer { tag: SyncopateServer::LIVE, dim, machine }, out) }
+        unsafe { handle::place(base, SyncopateServer { tag: SyncopateServer::LIVE, dim, owned, machine }, out) }
     })
 }
 
@@ -195,7 +200,8 @@ pub unsafe extern "C" fn syncopate_server_handle_timeout(server: *mut SyncopateS
 ///
 /// # Safety
 /// `server` comes from [`syncopate_server_init`]; `out` is writable; `buf` writable for
-/// `buf_len` bytes.
+/// `buf_len` bytes, overlapping neither the model nor the handle's memory (refused with
+/// `SYNCOPATE_ERR_OVERLAP`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn syncopate_server_poll_output(
     server: *mut SyncopateServer,
@@ -206,6 +212,8 @@ pub unsafe extern "C" fn syncopate_server_poll_output(
     with_server(server, |s| {
         raw::checked(out.cast_const(), "`out`")?;
         // SAFETY: the caller's contract.
+        s.owned.check(handle::span(buf.cast_const(), buf_len), "`buf` overlaps the server's model or memory")?;
+        // SAFETY: the caller's contract; it overlaps nothing the server reads (checked).
         let buf = unsafe { raw::slice_out(buf, buf_len, "`buf`") }?;
         let needed = wire::max_message_len(s.dim);
         if buf.len() < needed {
@@ -293,6 +301,7 @@ pub unsafe extern "C" fn syncopate_server_stats(
             rejected: st.rejected,
             updates: st.updates,
             version,
+            outputs_lost: st.outputs_lost,
         };
         // SAFETY: the caller's contract.
         unsafe { raw::write_out(out, stats, "`out`") }

@@ -17,7 +17,17 @@ use syncopate::{ComputeId, Duration, Instant, Worker, WorkerId, WorkerOutput, Wo
 pub struct SyncopateWorker {
     tag: u64,
     dim: usize,
+    owned: handle::Owned,
     machine: WorkerMachine,
+}
+
+/// What a worker has counted.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SyncopateWorkerStats {
+    /// Outputs that found the worker's output queue full: zero by construction, a nonzero
+    /// count is a bug reported here instead of lost silently.
+    pub outputs_lost: u64,
 }
 
 impl Tagged for SyncopateWorker {
@@ -129,11 +139,12 @@ pub unsafe extern "C" fn syncopate_worker_init(
         let params = unsafe { handle::params(params, dim) }?;
         let (base, l) =
             handle::block::<SyncopateWorker>(mem, mem_len, engine::worker_layout::<SyncopateWorker>(&c, dim), &params)?;
+        let owned = handle::Owned::new(&params, base, l.bytes);
         // SAFETY: `block` checked the memory; the caller lends it until `fini`.
         let machine = unsafe { engine::new_worker(&c, setup, params, base, &l) }
             .map_err(|e| Failure::config("the core refused the configuration", e))?;
         // SAFETY: `base` was checked by `block` for this type; `out` was checked above.
-        unsafe { handle::place(base, SyncopateWorker { tag: SyncopateWorker::LIVE, dim, machine }, out) }
+        unsafe { handle::place(base, SyncopateWorker { tag: SyncopateWorker::LIVE, dim, owned, machine }, out) }
     })
 }
 
@@ -169,6 +180,8 @@ pub unsafe extern "C" fn syncopate_worker_handle(
 }
 
 /// Hands in the gradient (`len` floats, the model's dimension) of computation `compute_id`.
+/// A `grad` that overlaps the worker's model or memory (such as the COMPUTE output's
+/// `params`) is refused with `SYNCOPATE_ERR_OVERLAP`: copy the gradient out first.
 ///
 /// # Safety
 /// `worker` comes from [`syncopate_worker_init`]; `grad` is readable for `len` floats.
@@ -181,7 +194,10 @@ pub unsafe extern "C" fn syncopate_worker_handle_gradient(
     len: usize,
 ) -> SyncopateStatus {
     with_worker(worker, |w| {
-        // SAFETY: the caller's contract.
+        // Before the slice is made: a `grad` inside the worker's own buffers (the COMPUTE
+        // output's `params`, say) would be read while the worker writes them.
+        w.owned.check(handle::span(grad, len), "`grad` overlaps the worker's model or memory")?;
+        // SAFETY: the caller's contract; it overlaps nothing the worker writes (checked).
         let grad = unsafe { raw::slice_in(grad, len, "`grad`") }?;
         if grad.len() != w.dim {
             return Err(Failure::new(crate::error::SYNCOPATE_ERR_WRONG_LENGTH, "`len` must be the model's dimension")
@@ -205,7 +221,8 @@ pub unsafe extern "C" fn syncopate_worker_handle_timeout(worker: *mut SyncopateW
 
 /// Takes the next output into `*out`; a message for the server is encoded into `buf`, which
 /// must hold [`syncopate_max_message_len`](crate::syncopate_max_message_len) bytes (checked
-/// before anything is taken). Call until `out->kind` is `SYNCOPATE_OUTPUT_NONE`.
+/// before anything is taken). Call until `out->kind` is `SYNCOPATE_OUTPUT_NONE`. A `buf`
+/// that overlaps the worker's model or memory is refused with `SYNCOPATE_ERR_OVERLAP`.
 ///
 /// # Safety
 /// `worker` comes from [`syncopate_worker_init`]; `out` is writable; `buf` writable for
@@ -219,7 +236,8 @@ pub unsafe extern "C" fn syncopate_worker_poll_output(
 ) -> SyncopateStatus {
     with_worker(worker, |w| {
         raw::checked(out.cast_const(), "`out`")?;
-        // SAFETY: the caller's contract.
+        w.owned.check(handle::span(buf.cast_const(), buf_len), "`buf` overlaps the worker's model or memory")?;
+        // SAFETY: the caller's contract; it overlaps nothing the worker reads (checked).
         let buf = unsafe { raw::slice_out(buf, buf_len, "`buf`") }?;
         let needed = wire::max_message_len(w.dim);
         if buf.len() < needed {
@@ -283,6 +301,22 @@ pub unsafe extern "C" fn syncopate_worker_is_stopped(
     with_worker(worker, |w| {
         // SAFETY: the caller's contract.
         unsafe { raw::write_out(stopped, u32::from(w.machine.is_stopped()), "`stopped`") }
+    })
+}
+
+/// The worker's counters, into `*out`.
+///
+/// # Safety
+/// `worker` comes from [`syncopate_worker_init`]; `out` is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn syncopate_worker_stats(
+    worker: *mut SyncopateWorker,
+    out: *mut SyncopateWorkerStats,
+) -> SyncopateStatus {
+    with_worker(worker, |w| {
+        let stats = SyncopateWorkerStats { outputs_lost: w.machine.outputs_lost() };
+        // SAFETY: the caller's contract.
+        unsafe { raw::write_out(out, stats, "`out`") }
     })
 }
 

@@ -184,6 +184,71 @@ fn every_protocol_trains_through_the_c_abi() {
     }
 }
 
+/// A buffer that shares a byte with the handle's model or memory is refused before the call
+/// touches anything: the COMPUTE output's `params` handed back as the gradient (the WBSP
+/// worker writes its model during that call), a gradient half inside the model, and an
+/// output buffer inside the model or the handle's block.
+#[test]
+fn buffers_overlapping_the_handles_memory_are_refused() {
+    for protocol in [SYNCOPATE_PROTOCOL_WBSP, SYNCOPATE_PROTOCOL_BSP] {
+        let c = config(protocol, 2);
+        let mut k = cluster(&c, 2);
+        let w = k.workers[0];
+        let mut buf = vec![0u8; k.max_len];
+        // SAFETY: live handles; the pointers given are valid for the lengths given (they
+        // point into memory the test owns), which is exactly what the overlap check is for.
+        unsafe {
+            let mut out = SyncopateWorkerOutput::default();
+            assert_eq!(syncopate_worker_poll_output(w, &mut out, buf.as_mut_ptr(), buf.len()), SYNCOPATE_OK);
+            assert_eq!(out.kind, SYNCOPATE_OUTPUT_SEND, "the Join");
+            let st = syncopate_server_handle(k.server, 0, 0, buf.as_ptr(), out.message_len);
+            assert_eq!(st, SYNCOPATE_OK, "{}", last_error());
+            let mut server_buf = vec![0u8; k.max_len];
+            drain_server(&k, 0, &mut server_buf);
+            let mut compute = None;
+            for _ in 0..8 {
+                let mut out = SyncopateWorkerOutput::default();
+                assert_eq!(syncopate_worker_poll_output(w, &mut out, buf.as_mut_ptr(), buf.len()), SYNCOPATE_OK);
+                if out.kind == SYNCOPATE_OUTPUT_COMPUTE {
+                    compute = Some(out);
+                    break;
+                }
+            }
+            let Some(out) = compute else {
+                panic!("protocol {protocol}: no COMPUTE output: {}", last_error());
+            };
+            let st = syncopate_worker_handle_gradient(w, 0, out.compute_id, out.params, out.params_len);
+            assert_eq!(st, SYNCOPATE_ERR_OVERLAP, "protocol {protocol}: the params as the gradient");
+            assert!(last_error().contains("`grad` overlaps"), "{}", last_error());
+            let worker_model = k._worker_params[0].as_ptr();
+            let mut half = [0.0f32; 2 * DIM];
+            let straddling = worker_model.wrapping_add(DIM - 1);
+            let st = syncopate_worker_handle_gradient(w, 0, out.compute_id, straddling, DIM);
+            assert_eq!(st, SYNCOPATE_ERR_OVERLAP, "a gradient straddling the model's end");
+            let model_bytes = k._worker_params[0].as_mut_ptr().cast::<u8>();
+            let st = syncopate_worker_poll_output(w, &mut SyncopateWorkerOutput::default(), model_bytes, k.max_len);
+            assert_eq!(st, SYNCOPATE_ERR_OVERLAP, "an output buffer over the model");
+            let block = k._mem[1].as_mut_ptr().cast::<u8>().wrapping_add(8);
+            let st = syncopate_worker_poll_output(w, &mut SyncopateWorkerOutput::default(), block, k.max_len);
+            assert_eq!(st, SYNCOPATE_ERR_OVERLAP, "an output buffer inside the handle's block");
+            let server_model = k.model.as_mut_ptr().cast::<u8>();
+            let mut sout = SyncopateServerOutput::default();
+            let st = syncopate_server_poll_output(k.server, &mut sout, server_model, k.max_len);
+            assert_eq!(st, SYNCOPATE_ERR_OVERLAP, "an output buffer over the server's model");
+            // A gradient of its own is taken.
+            half[..DIM].copy_from_slice(core::slice::from_raw_parts(out.params, DIM));
+            let st = syncopate_worker_handle_gradient(w, 0, out.compute_id, half.as_ptr(), DIM);
+            assert_eq!(st, SYNCOPATE_OK, "{}", last_error());
+            let mut ws = SyncopateWorkerStats::default();
+            assert_eq!(syncopate_worker_stats(w, &mut ws), SYNCOPATE_OK);
+            assert_eq!(ws.outputs_lost, 0);
+            let mut ss = SyncopateServerStats { outputs_lost: 7, ..SyncopateServerStats::default() };
+            assert_eq!(syncopate_server_stats(k.server, &mut ss), SYNCOPATE_OK);
+            assert_eq!(ss.outputs_lost, 0);
+        }
+    }
+}
+
 #[test]
 fn bad_calls_return_error_codes() {
     let c = config(SYNCOPATE_PROTOCOL_BSP, 2);

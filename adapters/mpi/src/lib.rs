@@ -96,6 +96,23 @@ pub fn heartbeat_interval(lost_after: Duration) -> Duration {
     (lost_after / 10).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
+/// The largest message MPI can carry in one call: a count of bytes is a C `int`.
+pub const MAX_MESSAGE_BYTES: usize = i32::MAX as usize;
+
+/// Refuses a model whose largest message (a model or a gradient of `dim` parameters, with
+/// its header) would not fit one MPI message of at most [`MAX_MESSAGE_BYTES`] (2 GiB less one
+/// byte): such a message could never be sent, and the run would wait for it forever.
+pub fn check_message_size(dim: usize) -> Result<(), MpiError> {
+    let largest = syncopate::wire::Limits::for_model(dim).max_message_len::<f32>();
+    if largest > MAX_MESSAGE_BYTES {
+        return Err(MpiError(format!(
+            "a model of {dim} parameters makes messages of {largest} bytes, above MPI's limit of {MAX_MESSAGE_BYTES} \
+             bytes (2 GiB) per message: use a smaller model"
+        )));
+    }
+    Ok(())
+}
+
 /// What one worker rank did, sent to rank 0 when it stops.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Tally {
@@ -107,11 +124,13 @@ pub struct Tally {
     pub busy_s: f64,
     /// Seconds the worker loop ran.
     pub wall_s: f64,
+    /// Inputs the worker's state machine refused (server messages, finished gradients).
+    pub refused: u64,
 }
 
 impl Tally {
     /// Encoded length.
-    pub const LEN: usize = 32;
+    pub const LEN: usize = 40;
 
     /// Little-endian encoding.
     pub fn to_bytes(&self) -> [u8; Self::LEN] {
@@ -121,6 +140,7 @@ impl Tally {
             self.abandoned.to_le_bytes(),
             self.busy_s.to_le_bytes(),
             self.wall_s.to_le_bytes(),
+            self.refused.to_le_bytes(),
         ];
         for (chunk, field) in out.chunks_exact_mut(8).zip(fields) {
             chunk.copy_from_slice(&field);
@@ -139,6 +159,7 @@ impl Tally {
             abandoned: u64::from_le_bytes(word(1)?),
             busy_s: f64::from_le_bytes(word(2)?),
             wall_s: f64::from_le_bytes(word(3)?),
+            refused: u64::from_le_bytes(word(4)?),
         })
     }
 }
@@ -204,10 +225,18 @@ mod tests {
 
     #[test]
     fn tally_round_trips_and_refuses_other_lengths() {
-        let t = Tally { computed: 7, abandoned: 2, busy_s: 1.5, wall_s: 3.25 };
+        let t = Tally { computed: 7, abandoned: 2, busy_s: 1.5, wall_s: 3.25, refused: 4 };
         assert_eq!(Tally::from_bytes(&t.to_bytes()), Some(t));
-        assert_eq!(Tally::from_bytes(&[0; 31]), None);
-        assert_eq!(Tally::from_bytes(&[0; 33]), None);
+        assert_eq!(Tally::from_bytes(&[0; 39]), None);
+        assert_eq!(Tally::from_bytes(&[0; 41]), None);
+    }
+
+    #[test]
+    fn a_model_whose_messages_reach_2_gib_is_refused_naming_the_limit() {
+        assert!(check_message_size(1 << 20).is_ok());
+        let e = check_message_size(600_000_000).unwrap_err();
+        assert!(e.0.contains("2147483647 bytes (2 GiB)"), "{e}");
+        assert!(check_message_size(usize::MAX / 8).is_err());
     }
 
     #[test]

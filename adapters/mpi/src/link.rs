@@ -268,8 +268,8 @@ impl Link {
     /// with work: a parameter server runs n + 1 ranks, and a round alternates between the
     /// workers' work and the server's; a rank that polls on (even yielding, as MPI's own
     /// blocking calls do when oversubscribed) takes up to half a core from the one the round
-    /// waits for, while a nap costs at most ~70 µs of latency per message (nap plus timer
-    /// slack). A rank with a core of its own polls for [`POLL_FOR_ALONE`] first.
+    /// waits for, while a nap costs at most [`NAP`] plus the kernel's timer slack of
+    /// latency per message. A rank with a core of its own polls for [`POLL_FOR_ALONE`] first.
     ///
     /// A `Model` payload of exactly `landing`'s length is received into `landing` (see
     /// [`Incoming::landed`]).

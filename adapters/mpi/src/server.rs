@@ -213,7 +213,12 @@ impl Side<'_> {
                 self.ranks.mark_lost(w);
                 self.link.abandon(i as Rank + 1);
                 self.report.lost.push(w);
-                let _ = server.handle_worker_lost(since(epoch), w);
+                // Never refused for want of room (the core applies a loss reported during a
+                // batch once it has drained); a refusal is counted and logged.
+                if let Err(e) = server.handle_worker_lost(since(epoch), w) {
+                    self.report.refused += 1;
+                    (self.log)(&format!("the protocol refused the loss of worker {i}: {e}"));
+                }
             }
         }
     }
@@ -232,6 +237,7 @@ pub fn run_server(
     log: &mut dyn FnMut(&str),
 ) -> Result<ServerReport, MpiError> {
     let n = protocol.workers();
+    crate::check_message_size(params.len())?;
     let link = Link::new(world);
     crate::check_world(&link, n)?;
     let dim = params.len();

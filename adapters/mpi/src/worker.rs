@@ -84,12 +84,17 @@ fn model_version(head: &[u8], limits: &Limits) -> Option<Version> {
 /// stops it; then sends its tally to rank 0 and returns it. `compute(params, grad)` writes a
 /// gradient of `params` into `grad` and returns the extra time the step should take (the
 /// straggler model; zero for none).
+///
+/// Every input the state machine refuses is counted in the tally; `log` gets a line for the
+/// first refusal of each kind.
 pub fn run_worker(
     world: SimpleCommunicator,
     options: &WorkerOptions,
     compute: &mut dyn FnMut(&[f32], &mut [f32]) -> Duration,
+    log: &mut dyn FnMut(&str),
 ) -> Result<Tally, MpiError> {
     let protocol = &options.protocol;
+    crate::check_message_size(options.dim)?;
     let mut link = Link::new(world);
     crate::check_world(&link, protocol.workers())?;
     let id = u32::try_from(link.rank() - 1)
@@ -118,6 +123,17 @@ pub fn run_worker(
     let heartbeat = crate::heartbeat_interval(options.lost_after);
     let epoch = Instant::now();
     let mut tally = Tally::default();
+    let mut refusals = syncopate::Refusals::default();
+    let mut refused = |tally: &mut Tally, what: &str, e: &syncopate::Reject| {
+        if refusals.record(e) {
+            log(&format!(
+                "worker {}: the protocol refused {what}: {e} (the first {}; more are counted)",
+                id.0,
+                e.kind_name()
+            ));
+        }
+        tally.refused = refusals.total();
+    };
     let mut job: Option<Job> = None;
     let mut next_heartbeat = Instant::now() + heartbeat;
     loop {
@@ -180,12 +196,15 @@ pub fn run_worker(
             match &mut worker {
                 AnyWorker::Gradient(gw) if lend => {
                     let payload = Arc::clone(&bufs.grad.0);
-                    if gw.handle_gradient_in(since(epoch), j.id, &mut bufs.grad).is_ok() {
-                        lent = Some(payload);
+                    match gw.handle_gradient_in(since(epoch), j.id, &mut bufs.grad) {
+                        Ok(()) => lent = Some(payload),
+                        Err(e) => refused(&mut tally, "a finished gradient", &e),
                     }
                 }
                 _ => {
-                    let _ = worker.handle_gradient(since(epoch), j.id, bufs.grad.as_ref());
+                    if let Err(e) = worker.handle_gradient(since(epoch), j.id, bufs.grad.as_ref()) {
+                        refused(&mut tally, "a finished gradient", &e);
+                    }
                 }
             }
             continue;
@@ -211,12 +230,17 @@ pub fn run_worker(
                         // worker's buffer if accepted.
                         AnyWorker::Gradient(gw) if m.landed => {
                             if let Some(version) = model_version(m.message(), &limits) {
-                                let _ = gw.handle_model_in(since(epoch), version, &mut bufs.landing);
+                                if let Err(e) = gw.handle_model_in(since(epoch), version, &mut bufs.landing) {
+                                    refused(&mut tally, "the server's Model message", &e);
+                                }
                             }
                         }
                         _ => {
                             if let Ok(msg) = wire::decode_to_worker::<f32>(m.message(), &limits) {
-                                let _ = worker.handle(since(epoch), msg);
+                                let kind = msg.kind_name();
+                                if let Err(e) = worker.handle(since(epoch), msg) {
+                                    refused(&mut tally, &format!("the server's {kind} message"), &e);
+                                }
                             }
                         }
                     }

@@ -1,7 +1,7 @@
 //! Every protocol of a [`Scenario`] on the same seeded simulation, side by side: the engine
 //! behind `syncopate compare` and `syncopate advise`.
 
-use crate::scenario::{ProtocolName, Scenario};
+use crate::scenario::{ProtocolKind, Scenario};
 use crate::sim::{self, SimReport};
 use crate::workload::Workload;
 use serde::Serialize;
@@ -45,12 +45,27 @@ pub struct Row {
     pub held_at_stop: u64,
     /// Seeds whose run stopped at the simulator's event budget before its time budget.
     pub hit_event_budget: u32,
+    /// Why the first diverged seed diverged ([`crate::sim::divergence`]), and how many
+    /// seeds did; `None` when none did.
+    pub diverged: Option<(u32, String)>,
     /// Mean staleness of applied contributions.
     pub mean_staleness: f64,
     /// Mean over workers of computing time / wall time.
     pub compute_share: f64,
     /// Virtual seconds simulated.
     pub virtual_time_s: f64,
+}
+
+/// DBW against the best static `b` at one accuracy target
+/// ([`Comparison::dbw_against_static`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DbwAtTarget {
+    /// The target test accuracy.
+    pub accuracy: f64,
+    /// The fastest static run's label and median time (s), if any reached the target.
+    pub best_static: Option<(String, f64)>,
+    /// Each DBW run's label and median time (s), `None` if not every seed reached it.
+    pub dbw: Vec<(String, Option<f64>)>,
 }
 
 /// The outcome of a comparison.
@@ -60,6 +75,8 @@ pub struct Comparison {
     pub scenario: String,
     /// Its target accuracy.
     pub target_accuracy: f64,
+    /// Its further accuracy targets (ascending; may be empty).
+    pub accuracy_ladder: Vec<f64>,
     /// The table, in scenario order.
     pub rows: Vec<Row>,
     /// The full report of every run's first seed, in the same order.
@@ -93,6 +110,88 @@ impl Comparison {
         let mut rows: Vec<&Row> = self.rows.iter().filter(|r| !r.reference && r.time_to_target_s.is_some()).collect();
         rows.sort_by(|a, b| a.time_to_target_s.partial_cmp(&b.time_to_target_s).unwrap_or(std::cmp::Ordering::Equal));
         rows
+    }
+
+    /// The median over seeds of run `i`'s time to `accuracy`, read from its accuracy
+    /// curves (`None` unless every seed reached it).
+    fn median_time_to(&self, i: usize, accuracy: f64) -> Option<f64> {
+        let curves = self.curves.get(i)?;
+        let times: Vec<Option<f64>> =
+            curves.iter().map(|c| c.iter().find(|p| p.accuracy >= accuracy).map(|p| p.time_s)).collect();
+        if times.iter().any(Option::is_none) {
+            return None;
+        }
+        median(times)
+    }
+
+    /// DBW against the best static number of backup workers at each target of the ladder
+    /// and the scenario's target: per target, the fastest static run (`bsp` and `backup`
+    /// runs with the scenario's stragglers, every seed reaching it) and each DBW run's
+    /// ratio to it, from the medians over seeds of the accuracy curves. `None` without a
+    /// DBW run or a static run.
+    pub fn dbw_against_static(&self) -> Option<Vec<DbwAtTarget>> {
+        let is = |r: &Row, name: &str| r.protocol == name && !r.reference;
+        let statics: Vec<usize> =
+            (0..self.rows.len()).filter(|&i| is(&self.rows[i], "backup") || is(&self.rows[i], "bsp")).collect();
+        let dbws: Vec<usize> = (0..self.rows.len()).filter(|&i| is(&self.rows[i], "dbw")).collect();
+        if statics.is_empty() || dbws.is_empty() {
+            return None;
+        }
+        let mut targets = self.accuracy_ladder.clone();
+        if !targets.contains(&self.target_accuracy) {
+            targets.push(self.target_accuracy);
+        }
+        targets.sort_by(f64::total_cmp);
+        Some(
+            targets
+                .into_iter()
+                .map(|target| {
+                    let best = statics
+                        .iter()
+                        .filter_map(|&i| self.median_time_to(i, target).map(|t| (i, t)))
+                        .min_by(|a, b| a.1.total_cmp(&b.1));
+                    let dbw =
+                        dbws.iter().map(|&i| (self.rows[i].label.clone(), self.median_time_to(i, target))).collect();
+                    DbwAtTarget {
+                        accuracy: target,
+                        best_static: best.map(|(i, t)| (self.rows[i].label.clone(), t)),
+                        dbw,
+                    }
+                })
+                .collect(),
+        )
+    }
+
+    /// [`Self::dbw_against_static`] as text (empty when it is `None`).
+    pub fn dbw_table(&self) -> String {
+        let Some(rows) = self.dbw_against_static() else { return String::new() };
+        let mut out = format!(
+            "\nDBW against the best static b chosen in hindsight (median over {} seeds):\n{:<8} {:<28} {:>9}",
+            self.seeds.end.saturating_sub(self.seeds.start),
+            "target",
+            "best static b",
+            "time (s)"
+        );
+        for (label, _) in rows.first().map(|r| r.dbw.as_slice()).unwrap_or(&[]) {
+            out.push_str(&format!(" {:>12} {:>12}", format!("{label} (s)"), "/ best"));
+        }
+        out.push('\n');
+        for r in &rows {
+            let (label, time) = match &r.best_static {
+                Some((l, t)) => (l.clone(), format!("{t:.3}")),
+                None => ("none reached".into(), "-".into()),
+            };
+            out.push_str(&format!("{:<8.3} {:<28} {:>9}", r.accuracy, label, time));
+            for (_, t) in &r.dbw {
+                let ratio = match (t, &r.best_static) {
+                    (Some(t), Some((_, b))) if *b > 0.0 => format!("{:.2}x", t / b),
+                    _ => "-".into(),
+                };
+                out.push_str(&format!(" {:>12} {:>12}", t.map_or("-".into(), |t| format!("{t:.3}")), ratio));
+            }
+            out.push('\n');
+        }
+        out
     }
 
     /// The table as text.
@@ -137,9 +236,21 @@ impl Comparison {
             ));
         }
         let seeds = self.rows.first().map_or(1, |r| r.seeds);
+        if let Some(base) = self.rows.get(self.baseline) {
+            out.push_str(&format!("speedup: {}'s time to target over each run's\n", base.label.trim_end()));
+        }
         out.push_str(&format!(
             "time, speedup, final, updates: medians over {seeds} seed(s); stale, busy: means; gradients: totals over the seeds, accepted = applied + dropped + held at stop\n"
         ));
+        for r in &self.rows {
+            if let Some((count, why)) = &r.diverged {
+                out.push_str(&format!(
+                    "note: {} diverged in {count} of {} seeds ({why}): lower its learning rate\n",
+                    r.label.trim_end(),
+                    r.seeds
+                ));
+            }
+        }
         for r in self.rows.iter().filter(|r| r.hit_event_budget > 0) {
             out.push_str(&format!(
                 "note: {} stopped at the event budget ({} of {} seeds) before its time budget\n",
@@ -194,6 +305,10 @@ fn row(label: String, reference: bool, reports: &[SimReport]) -> Row {
             .map(|r| r.accepted.saturating_sub(r.applied + r.dropped.values().sum::<u64>()))
             .sum(),
         hit_event_budget: reports.iter().filter(|r| r.stop_reason == "max_events").count() as u32,
+        diverged: {
+            let why: Vec<String> = reports.iter().filter_map(|r| sim::divergence(&r.curve, r.not_finite)).collect();
+            why.first().map(|w| (why.len() as u32, w.clone()))
+        },
         mean_staleness: mean(&|r| r.staleness.mean),
         compute_share: mean(&|r| r.mean_compute_share),
         virtual_time_s: med(&|r| r.virtual_time_s),
@@ -213,7 +328,7 @@ pub fn run(
     let workload = match workload {
         Some(w) => w,
         None => {
-            own = Workload::digits(scenario.model, scenario.seed);
+            own = Workload::builtin(scenario.model, scenario.seed);
             &own
         }
     };
@@ -275,7 +390,7 @@ pub fn run(
         reports.extend(per_seed.into_iter().next());
     }
     let baseline =
-        scenario.runs.iter().position(|r| r.spec.name == ProtocolName::Bsp && r.compute.is_none()).unwrap_or(0);
+        scenario.runs.iter().position(|r| r.spec.name == ProtocolKind::Bsp && r.compute.is_none()).unwrap_or(0);
     let base_time = rows.get(baseline).and_then(|r| r.time_to_target_s);
     for r in &mut rows {
         r.speedup_vs_bsp = match (base_time, r.time_to_target_s) {
@@ -286,6 +401,7 @@ pub fn run(
     Ok(Comparison {
         scenario: scenario.name.clone(),
         target_accuracy: scenario.target_accuracy,
+        accuracy_ladder: scenario.accuracy_ladder.clone(),
         rows,
         reports,
         curves,
@@ -355,5 +471,89 @@ mod tests {
         assert_eq!(median(vec![Some(3.0), None, Some(1.0), Some(2.0)]), Some(2.5));
         assert_eq!(median(vec![Some(1.0), None, None]), None);
         assert_eq!(median(vec![]), None);
+    }
+
+    fn row(label: &str, protocol: &str, reference: bool) -> Row {
+        Row {
+            label: label.into(),
+            protocol: protocol.into(),
+            time_to_target_s: None,
+            speedup_vs_bsp: None,
+            reference,
+            reached: 0,
+            seeds: 2,
+            final_accuracy: 0.0,
+            updates: 0,
+            accepted: 0,
+            applied: 0,
+            dropped: 0,
+            held_at_stop: 0,
+            hit_event_budget: 0,
+            diverged: None,
+            mean_staleness: 0.0,
+            compute_share: 0.0,
+            virtual_time_s: 0.0,
+        }
+    }
+
+    /// A curve reaching accuracy `0.1·i` at time `i·step` seconds.
+    fn curve(step: f64) -> Vec<sim::CurvePoint> {
+        (0..=10)
+            .map(|i| sim::CurvePoint {
+                time_s: f64::from(i) * step,
+                version: 0,
+                accuracy: f64::from(i) / 10.0,
+                loss: 0.0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn dbw_is_compared_with_the_fastest_static_run_at_every_target() {
+        // Two static runs: b = 0 fast to 0.5 then flat, b = 2 steady; a reference run
+        // faster than all (ignored); DBW in between.
+        let mut flat = curve(1.0);
+        for p in flat.iter_mut().skip(6) {
+            p.accuracy = 0.5;
+        }
+        let c = Comparison {
+            scenario: "s".into(),
+            target_accuracy: 0.8,
+            accuracy_ladder: vec![0.3, 0.6],
+            rows: vec![
+                row("b = 0", "backup", false),
+                row("b = 2", "backup", false),
+                row("bsp (no stragglers)", "bsp", true),
+                row("dbw", "dbw", false),
+            ],
+            reports: Vec::new(),
+            curves: vec![
+                vec![flat.clone(), flat],
+                vec![curve(2.0), curve(2.0)],
+                vec![curve(0.1), curve(0.1)],
+                vec![curve(1.5), curve(1.7)],
+            ],
+            times_to_target: Vec::new(),
+            backup_workers: Vec::new(),
+            seeds: 1..3,
+            max_time_s: 10.0,
+            baseline: 0,
+        };
+        let got = c.dbw_against_static().unwrap();
+        let targets: Vec<f64> = got.iter().map(|t| t.accuracy).collect();
+        assert_eq!(targets, [0.3, 0.6, 0.8]);
+        // 0.3: b = 0 at 3 s; DBW's median of 4.5 and 5.1.
+        assert_eq!(got[0].best_static, Some(("b = 0".into(), 3.0)));
+        assert!((got[0].dbw[0].1.unwrap() - 4.8).abs() < 1e-9);
+        // 0.6 and 0.8: b = 0 never gets there; b = 2 at 12 s and 16 s.
+        assert_eq!(got[1].best_static, Some(("b = 2".into(), 12.0)));
+        assert_eq!(got[2].best_static, Some(("b = 2".into(), 16.0)));
+        let table = c.dbw_table();
+        assert!(table.contains("0.800    b = 2"), "{table}");
+        assert!(table.contains("0.80x"), "{table}");
+        // No DBW run: no table.
+        let mut without = c.clone();
+        without.rows.truncate(3);
+        assert!(without.dbw_against_static().is_none() && without.dbw_table().is_empty());
     }
 }

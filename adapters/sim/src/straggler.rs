@@ -45,13 +45,10 @@ fn model(text: &str) -> Result<ComputeModel, String> {
     let (kind, args) = text.split_once('=').unwrap_or((text, ""));
     Ok(match kind {
         "none" => ComputeModel::None,
-        "slow" => {
-            let f = number("slow factor", args)?;
-            if f <= 0.0 {
-                return Err("slow factor must be positive".into());
-            }
-            ComputeModel::Slowdown(f)
-        }
+        "slow" => match args.trim().parse::<f64>() {
+            Ok(f) if f.is_finite() && f > 0.0 => ComputeModel::Slowdown(f),
+            _ => return Err(format!("slow factor '{args}' is not a positive number")),
+        },
         "delay" => ComputeModel::ExtraDelay(Duration::from_secs_f64(number("delay", args)? / 1000.0)),
         "exp" => {
             let [shift, rate] = parts("exp", args)?;
@@ -139,10 +136,12 @@ mod tests {
             ("3-1:slow=2", "workers '3-1' is a reversed range: write 1-3"),
             ("x:slow=2", "not a worker id"),
             ("0:fast=2", "unknown straggler model 'fast'"),
-            ("0:slow=abc", "not a non-negative number"),
+            ("0:slow=abc", "slow factor 'abc' is not a positive number"),
+            ("0:slow=-1", "slow factor '-1' is not a positive number"),
+            ("0:exp=1/-1", "not a non-negative number"),
             ("0:exp=1", "needs 2 values"),
             ("0slow", "not WHO:MODEL"),
-            ("0:slow=0", "must be positive"),
+            ("0:slow=0", "slow factor '0' is not a positive number"),
         ] {
             let e = parse_stragglers(spec, 4).unwrap_err();
             assert!(e.contains(needle), "{spec}: {e}");

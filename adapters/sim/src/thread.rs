@@ -8,6 +8,10 @@
 //! step; messages that arrive meanwhile are handled at once, so a newer model or an abort
 //! really interrupts the job (the late gradient is then refused by the worker itself and
 //! never sent). Uploads are channel sends, so they overlap the next computation.
+//!
+//! A run ends at its gradient budget, its time limit, or when it diverges: an evaluation
+//! finds the test loss NaN or infinite, or the server refuses a contribution for holding
+//! NaN or ±∞ or overflowing its norm.
 
 use crate::channel::{self, Packet, RecvError, ServerPort, WorkerPort};
 use crate::workload::{BatchSampler, Workload};
@@ -17,8 +21,8 @@ use std::time::{Duration as StdDuration, Instant as StdInstant};
 use syncopate::proto::Heap;
 use syncopate::wire::{self, Limits};
 use syncopate::{
-    AnyServer, AnyWorker, Instant, ProtocolConfig, Server, ServerEvent, ServerOutput, ServerStats, ToServer, Worker,
-    WorkerEvent, WorkerOutput, WorkerSetup,
+    AnyServer, AnyWorker, Instant, ProtocolConfig, Refusals, Reject, Server, ServerEvent, ServerOutput, ServerStats,
+    ToServer, Worker, WorkerEvent, WorkerOutput, WorkerSetup,
 };
 
 /// The extra time worker `i` stays busy on its `step`-th gradient (its straggler model).
@@ -67,6 +71,10 @@ pub struct WorkerTally {
     pub sent: u64,
     /// Contributions sent again with a sequence number already sent (retransmissions).
     pub resent: u64,
+    /// Inputs the worker's state machine refused (server messages, finished gradients).
+    pub refused: u64,
+    /// The first refusal of each kind, described (the rest are only counted).
+    pub first_refusals: Vec<String>,
 }
 
 /// The server's side of a threaded run's conservation ledger: with the workers' `sent` and
@@ -78,6 +86,9 @@ pub struct ThreadLedger {
     pub received: u64,
     /// Of those, refused.
     pub refused: u64,
+    /// Of the refused, those holding NaN or ±∞ or overflowing their norm: a diverged
+    /// model's (the run then ends, see [`run`]).
+    pub refused_not_finite: u64,
     /// Contributions the workers sent that the server never read (it had stopped).
     pub in_flight_at_stop: u64,
     /// Whether every worker thread ended before the count was closed (otherwise a late send
@@ -105,6 +116,8 @@ pub struct ThreadReport {
     pub stalls: u64,
     /// Inputs the server refused (decoding errors included).
     pub refused: u64,
+    /// Workers the server declared lost (their channel was gone).
+    pub lost: u64,
     /// The final model.
     #[serde(skip)]
     pub params: Vec<f32>,
@@ -221,7 +234,25 @@ struct ServerSide<'a> {
 }
 
 impl ServerSide<'_> {
+    /// Drains the server's outputs; a worker whose channel is gone is reported lost, and
+    /// what the losses produce is drained in turn. Every loss is reported (the core refuses
+    /// none for want of room); a refusal (an id outside the run) is counted.
     fn drain(&mut self, server: &mut AnyServer<f32, Vec<f32>, Heap>, epoch: StdInstant) {
+        loop {
+            let lost = self.drain_once(server);
+            if lost.is_empty() {
+                return;
+            }
+            for w in lost {
+                if server.handle_worker_lost(since(epoch), w).is_err() {
+                    self.report.refused += 1;
+                }
+            }
+        }
+    }
+
+    /// Drains the outputs once; returns the workers found gone.
+    fn drain_once(&mut self, server: &mut AnyServer<f32, Vec<f32>, Heap>) -> Vec<syncopate::WorkerId> {
         let mut lost = Vec::new();
         while let Some(out) = server.poll_output() {
             match out {
@@ -238,15 +269,14 @@ impl ServerSide<'_> {
                     s.2 = s.2.max(staleness);
                 }
                 ServerOutput::Event(ServerEvent::Stalled { .. }) => self.report.stalls += 1,
+                ServerOutput::Event(ServerEvent::WorkerLost { .. }) => self.report.lost += 1,
                 ServerOutput::Event(_) => {}
                 // This adapter has no upstream link: a server with an upstream is refused
                 // before the run (`run`), and one without never sends upstream.
                 ServerOutput::Upstream(_) => {}
             }
         }
-        for w in lost {
-            let _ = server.handle_worker_lost(since(epoch), w);
-        }
+        lost
     }
 
     fn feed(&mut self, server: &mut AnyServer<f32, Vec<f32>, Heap>, packet: &Packet, limits: &Limits, now: Instant) {
@@ -254,9 +284,12 @@ impl ServerSide<'_> {
             (Some(from), Ok(msg)) => {
                 let contribution =
                     matches!(msg, ToServer::Grad { .. } | ToServer::Delta { .. } | ToServer::Clock { .. });
-                let ok = server.handle(now, from, msg).is_ok();
+                let result = server.handle(now, from, msg);
+                let ok = result.is_ok();
                 self.report.ledger.received += u64::from(contribution);
                 self.report.ledger.refused += u64::from(contribution && !ok);
+                self.report.ledger.refused_not_finite +=
+                    u64::from(matches!(result, Err(Reject::NotFinite | Reject::NormTooLarge)));
                 ok
             }
             _ => false,
@@ -287,6 +320,7 @@ fn server_loop(
             staleness: (0, 0, 0),
             stalls: 0,
             refused: 0,
+            lost: 0,
             params: Vec::new(),
             ledger: ThreadLedger::default(),
         },
@@ -309,6 +343,13 @@ fn server_loop(
             side.report.curve.push(point);
         }
         if server.stats().accepted >= config.max_gradients || config.time_limit.is_some_and(|t| epoch.elapsed() >= t) {
+            break;
+        }
+        // Diverged: a model with a NaN or infinite loss cannot recover, and a contribution
+        // refused for NaN, ±∞ or an overflowing norm leaves a synchronous round waiting for
+        // ever. The run ends; its summary says why.
+        let not_finite_loss = side.report.curve.last().is_some_and(|p| !p.loss.is_finite());
+        if not_finite_loss || side.report.ledger.refused_not_finite > 0 {
             break;
         }
         let wait = server.poll_timeout().map_or(tick, |at| until(epoch, at).min(tick));
@@ -363,6 +404,7 @@ fn worker_loop(
     let (mut batch, mut grad) = (Vec::with_capacity(batch_size), vec![0.0f32; dim]);
     let mut job: Option<Job> = None;
     let mut sent = syncopate::WorkerStats::default();
+    let mut refusals = Refusals::default();
     'run: loop {
         while let Some(out) = worker.poll_output() {
             match out {
@@ -403,7 +445,7 @@ fn worker_loop(
             // the server's replies or its `Stop`.
             match port.recv(Some(StdDuration::ZERO)) {
                 Ok(packet) => {
-                    deliver(&mut worker, &port, packet, &limits, epoch);
+                    deliver(&mut worker, &port, packet, &limits, epoch, &mut refusals, &mut tally);
                     continue;
                 }
                 Err(RecvError::Disconnected) => break,
@@ -414,7 +456,9 @@ fn worker_loop(
             let took = j.started.elapsed().as_secs_f64();
             tally.busy_s += took;
             tally.step_times.push(took);
-            let _ = worker.handle_gradient(since(epoch), j.id, &grad);
+            if let Err(e) = worker.handle_gradient(since(epoch), j.id, &grad) {
+                note_refusal(&mut refusals, &mut tally, "a finished gradient", &e);
+            }
             continue;
         }
         let mut wait = StdDuration::from_millis(100);
@@ -425,7 +469,7 @@ fn worker_loop(
             wait = wait.min(until(epoch, at));
         }
         match port.recv(Some(wait)) {
-            Ok(packet) => deliver(&mut worker, &port, packet, &limits, epoch),
+            Ok(packet) => deliver(&mut worker, &port, packet, &limits, epoch, &mut refusals, &mut tally),
             Err(RecvError::Timeout) => worker.handle_timeout(since(epoch)),
             Err(RecvError::Disconnected) => break,
         }
@@ -436,16 +480,99 @@ fn worker_loop(
     tally
 }
 
-/// Hands one packet from the server to the worker (undecodable packets are ignored).
+/// Counts a refusal of the worker's state machine; the first of each kind is described in
+/// the tally.
+fn note_refusal(refusals: &mut Refusals, tally: &mut WorkerTally, what: &str, e: &Reject) {
+    if refusals.record(e) {
+        tally.first_refusals.push(format!("{what}: {e}"));
+    }
+    tally.refused += 1;
+}
+
+/// Hands one packet from the server to the worker; a packet that does not decode and a
+/// message the worker refuses are counted as refusals.
 fn deliver(
     worker: &mut AnyWorker<f32, Vec<f32>>,
     port: &WorkerPort,
     packet: Packet,
     limits: &Limits,
     epoch: StdInstant,
+    refusals: &mut Refusals,
+    tally: &mut WorkerTally,
 ) {
-    if let Ok(msg) = wire::decode_to_worker::<f32>(&packet.bytes, limits) {
-        let _ = worker.handle(since(epoch), msg);
+    match wire::decode_to_worker::<f32>(&packet.bytes, limits) {
+        Ok(msg) => {
+            let kind = msg.kind_name();
+            if let Err(e) = worker.handle(since(epoch), msg) {
+                note_refusal(refusals, tally, &format!("the server's {kind} message"), &e);
+            }
+        }
+        Err(e) => {
+            tally.refused += 1;
+            if tally.first_refusals.len() < 16 {
+                tally.first_refusals.push(format!("an undecodable message: {e}"));
+            }
+        }
     }
     port.recycle(packet);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use syncopate::proto::ssp::SspConfig;
+    use syncopate::{Values, Version, WorkerId};
+
+    fn empty_report() -> ThreadReport {
+        ThreadReport {
+            curve: Vec::new(),
+            time_to_target_s: None,
+            wall_s: 0.0,
+            stats: ServerStats::default(),
+            workers: Vec::new(),
+            staleness: (0, 0, 0),
+            stalls: 0,
+            refused: 0,
+            lost: 0,
+            params: Vec::new(),
+            ledger: ThreadLedger::default(),
+        }
+    }
+
+    /// Workers 1, 2 and 3 are found gone in one drain; the loss of worker 1, the laggard,
+    /// releases the workers waiting on it (SSP queues a batch), and the losses of 2 and 3
+    /// reported right after are applied too.
+    #[test]
+    fn several_workers_found_gone_in_one_drain_are_all_lost() {
+        let n = 4;
+        let protocol = ProtocolConfig::Ssp(SspConfig::new(n, 0.1, 0));
+        let dim = 2;
+        let mut server: AnyServer<f32, Vec<f32>, Heap> =
+            AnyServer::new(&protocol, vec![0.0; dim], vec![0.0; protocol.server_scratch_len(dim)]).unwrap();
+        let (port, ports) = channel::star(n as usize, 64);
+        let mut side = ServerSide { port: &port, report: empty_report() };
+        let epoch = StdInstant::now();
+        let now = since(epoch);
+        for w in 0..n {
+            server.handle(now, WorkerId(w), ToServer::Join { epoch: 0 }).unwrap();
+        }
+        side.drain(&mut server, epoch);
+        let grad = [0.5f32, -0.5];
+        for w in [0, 2, 3] {
+            let clock = ToServer::Clock { clock: 1, seq: 1, values: Values::Slice(&grad) };
+            server.handle(now, WorkerId(w), clock).unwrap();
+            side.drain(&mut server, epoch);
+            let pull = ToServer::Pull { have: Version::ZERO, min_clock: 1 };
+            server.handle(now, WorkerId(w), pull).unwrap();
+            side.drain(&mut server, epoch);
+        }
+        let mut ports = ports.into_iter();
+        let _keep = ports.next();
+        drop(ports);
+        server.stop();
+        side.drain(&mut server, epoch);
+        assert_eq!(side.report.lost, 3, "every gone worker is lost");
+        assert_eq!(side.report.refused, 0);
+        assert_eq!(server.stats().outputs_lost, 0);
+    }
 }

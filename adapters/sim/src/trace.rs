@@ -19,6 +19,9 @@ pub struct Step {
 /// The shortest step a trace may hold: 1 µs. Shorter (or zero) steps are not measurements,
 /// and replaying them would let a simulation do unbounded work in no virtual time.
 pub const MIN_STEP_SECONDS: f64 = 1e-6;
+/// The longest step time a trace may hold: one day (a longer one is a unit mistake or a
+/// worker that died, and would make every derived budget astronomical).
+pub const MAX_STEP_SECONDS: f64 = 86_400.0;
 
 /// Creates (truncates) the trace file at `path` now, so that an unwritable path is refused
 /// before a run rather than after it.
@@ -33,13 +36,18 @@ pub fn write(path: &Path, steps: &[Step]) -> Result<(), String> {
 
 /// Writes `steps` as a trace into `file` (opened with [`create`]); `path` names it in errors.
 pub fn write_to(file: std::fs::File, path: &Path, steps: &[Step]) -> Result<(), String> {
-    let fail = |e: std::io::Error| format!("{}: cannot write the trace: {e}", path.display());
-    let mut out = std::io::BufWriter::new(file);
-    writeln!(out, "worker,step,seconds").map_err(fail)?;
+    write_csv(file, steps).map_err(|e| format!("{}: cannot write the trace: {e}", path.display()))
+}
+
+/// Writes `steps` as trace CSV (a header, then `worker,step,seconds` lines) to `out`,
+/// buffered, and flushes it.
+pub fn write_csv(out: impl Write, steps: &[Step]) -> std::io::Result<()> {
+    let mut out = std::io::BufWriter::new(out);
+    writeln!(out, "worker,step,seconds")?;
     for s in steps {
-        writeln!(out, "{},{},{:.9}", s.worker, s.step, s.seconds).map_err(fail)?;
+        writeln!(out, "{},{},{:.9}", s.worker, s.step, s.seconds)?;
     }
-    out.flush().map_err(fail)
+    out.flush()
 }
 
 /// Whether `text` is a whole decimal number with digits on both sides of any point and
@@ -90,13 +98,13 @@ pub fn read_lines(path: &Path) -> Result<Vec<(usize, Step)>, String> {
         };
         let worker = w.parse().map_err(|_| at(format!("worker '{w}' is not a whole number")))?;
         let step = s.parse().map_err(|_| at(format!("step '{s}' is not a whole number")))?;
-        if !is_complete_number(t) {
+        if !is_complete_number(t.strip_prefix('-').unwrap_or(t)) {
             return Err(at(format!("seconds '{t}' is not a complete number (e.g. 0.0125)")));
         }
         let seconds: f64 = t.parse().map_err(|_| at(format!("seconds '{t}' is not a number")))?;
-        if !(seconds.is_finite() && seconds >= MIN_STEP_SECONDS) {
+        if !(seconds.is_finite() && (MIN_STEP_SECONDS..=MAX_STEP_SECONDS).contains(&seconds)) {
             return Err(at(format!(
-                "seconds '{t}' is not a step time: each step must take at least {MIN_STEP_SECONDS} s (1 µs)"
+                "seconds '{t}' is not a step time: each step must take from {MIN_STEP_SECONDS} s (1 µs) to {MAX_STEP_SECONDS} s (a day)"
             )));
         }
         steps.push((i + 1, Step { worker, step, seconds }));
@@ -223,7 +231,8 @@ mod tests {
             ("worker,step,seconds\n0,0,1e\n", "line 2: seconds '1e' is not a complete number"),
             ("worker,step,seconds\n0,0,.5\n", "line 2: seconds '.5' is not a complete number"),
             ("worker,step,seconds\n0,0,0\n", "line 2: seconds '0' is not a step time"),
-            ("worker,step,seconds\n0,0,-0.5\n", "line 2: seconds '-0.5' is not a complete number"),
+            ("worker,step,seconds\n0,0,-0.5\n", "line 2: seconds '-0.5' is not a step time"),
+            ("worker,step,seconds\n0,0,1e300\n", "line 2: seconds '1e300' is not a step time"),
             ("worker,step,seconds\n0,0,1e-9\n", "line 2: seconds '1e-9' is not a step time"),
         ] {
             std::fs::write(&path, text).unwrap();
@@ -253,7 +262,7 @@ mod tests {
             ("0,0,0.1\n2,0,0.1\n", "no steps for worker 1"),
             ("0,0,0.1\n0,1,0.1\n1,0,0.1\n", "line 3: worker 0 has 2 steps but worker 1 only 1: unequal step counts"),
             ("0,0,abc\n", "line 2: seconds 'abc' is not a complete number"),
-            ("0,0,-1\n", "line 2: seconds '-1' is not a complete number"),
+            ("0,0,-1\n", "line 2: seconds '-1' is not a step time"),
             ("0,0,0\n", "line 2: seconds '0' is not a step time"),
         ] {
             std::fs::write(&path, format!("{h}{body}")).unwrap();

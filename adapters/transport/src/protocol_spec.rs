@@ -11,62 +11,8 @@ use syncopate::proto::dbw::DbwConfig;
 use syncopate::proto::grouped::{GroupedConfig, LrScaling};
 use syncopate::proto::ssp::SspConfig;
 use syncopate::proto::wbsp::WbspConfig;
+pub use syncopate::proto::{Knob, ProtocolKind};
 use syncopate::{Duration, ProtocolConfig};
-
-/// The protocols syncopate runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-#[serde(rename_all = "kebab-case")]
-pub enum ProtocolName {
-    /// Bulk synchronous parallel: wait for all n workers every step.
-    Bsp,
-    /// Asynchronous parallel: apply every gradient on arrival.
-    Asp,
-    /// Stale synchronous parallel: run ahead at most `staleness` clocks.
-    Ssp,
-    /// Bounded asynchronous parallel: aggregate per iteration, run ahead on a cached model.
-    Bap,
-    /// Static backup workers: aggregate the fastest n − b gradients.
-    Backup,
-    /// Dynamic backup workers: choose b every iteration.
-    Dbw,
-    /// Worker-busy synchronous parallel.
-    Wbsp,
-    /// WBSP with communication overlapped with computation.
-    WbspOverlap,
-    /// Groups synchronous inside, asynchronous to a central server.
-    Grouped,
-}
-
-impl ProtocolName {
-    /// Every protocol, in the order tables list them.
-    pub const ALL: [Self; 9] = [
-        Self::Bsp,
-        Self::Asp,
-        Self::Ssp,
-        Self::Bap,
-        Self::Backup,
-        Self::Dbw,
-        Self::Wbsp,
-        Self::WbspOverlap,
-        Self::Grouped,
-    ];
-
-    /// The name as the CLI and scenario files spell it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Bsp => "bsp",
-            Self::Asp => "asp",
-            Self::Ssp => "ssp",
-            Self::Bap => "bap",
-            Self::Backup => "backup",
-            Self::Dbw => "dbw",
-            Self::Wbsp => "wbsp",
-            Self::WbspOverlap => "wbsp-overlap",
-            Self::Grouped => "grouped",
-        }
-    }
-}
 
 /// How late backup workers are handled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -111,34 +57,40 @@ impl GroupLrScaling {
     }
 }
 
-/// A protocol knob: its command-line flag, its scenario-file key and the protocols it
-/// applies to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Knob {
+/// A knob as the command line and scenario files spell it, and the protocols that take it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KnobSpelling {
+    /// The knob.
+    pub knob: Knob,
     /// The flag without `--`, e.g. `staleness`.
     pub flag: &'static str,
     /// The scenario-file key, e.g. `iteration_timeout_ms`.
     pub key: &'static str,
-    /// The protocols that use it, as a phrase.
-    pub applies_to: &'static str,
-    /// Whether the spec's protocol is one of them.
-    pub applies: bool,
+    /// The protocols that take it, as a phrase (`ssp and bap`).
+    pub applies_to: String,
 }
 
-impl Knob {
-    fn new(flag: &'static str, applies_to: &'static str, applies: bool) -> Self {
-        let key = match flag {
-            "staleness" => "staleness",
-            "iteration-timeout" => "iteration_timeout_ms",
-            "backup-workers" => "backup_workers",
-            "interrupt" => "interrupt",
-            "k-min" => "k_min",
-            "groups" => "groups",
-            "group-lr-scaling" => "group_lr_scaling",
-            "round-deadline" => "round_deadline_ms",
-            _ => "stall_report_ms",
+impl KnobSpelling {
+    /// How `knob` is spelled, and the protocols of [`ProtocolKind::ALL`] that take it.
+    pub fn of(knob: Knob) -> Self {
+        let (flag, key) = match knob {
+            Knob::Staleness => ("staleness", "staleness"),
+            Knob::IterationTimeout => ("iteration-timeout", "iteration_timeout_ms"),
+            Knob::BackupWorkers => ("backup-workers", "backup_workers"),
+            Knob::Interrupt => ("interrupt", "interrupt"),
+            Knob::KMin => ("k-min", "k_min"),
+            Knob::Groups => ("groups", "groups"),
+            Knob::GroupLrScaling => ("group-lr-scaling", "group_lr_scaling"),
+            Knob::RoundDeadline => ("round-deadline", "round_deadline_ms"),
+            Knob::StallReport => ("stall-report", "stall_report_ms"),
         };
-        Self { flag, key, applies_to, applies }
+        let takers: Vec<&str> =
+            ProtocolKind::ALL.into_iter().filter(|p| p.takes(knob)).map(ProtocolKind::as_str).collect();
+        let applies_to = match takers.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+            _ => takers.concat(),
+        };
+        Self { knob, flag, key, applies_to }
     }
 }
 
@@ -146,7 +98,7 @@ impl Knob {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProtocolSpec {
     /// The protocol.
-    pub name: ProtocolName,
+    pub name: ProtocolKind,
     /// Learning rate of one synchronous (averaged) step; `None` takes the scenario's.
     pub lr: Option<f64>,
     /// SSP's clock bound `s`, BAP's version bound `s_bap` (default 3 for SSP, 1 for BAP).
@@ -171,7 +123,7 @@ pub struct ProtocolSpec {
 
 impl ProtocolSpec {
     /// `name` with every knob at its default.
-    pub fn new(name: ProtocolName) -> Self {
+    pub fn new(name: ProtocolKind) -> Self {
         Self {
             name,
             lr: None,
@@ -223,28 +175,24 @@ impl ProtocolSpec {
         label
     }
 
-    /// The first knob set on this spec that its protocol does not use (`lr` applies to all).
-    pub fn knob_that_does_not_apply(&self) -> Option<Knob> {
-        use ProtocolName::*;
-        let p = self.name;
-        let knobs: [(bool, Knob); 8] = [
-            (self.staleness.is_some(), Knob::new("staleness", "ssp and bap", matches!(p, Ssp | Bap))),
-            (self.iteration_timeout_ms.is_some(), Knob::new("iteration-timeout", "bap", p == Bap)),
-            (self.backup_workers.is_some(), Knob::new("backup-workers", "backup", p == Backup)),
-            (self.interrupt.is_some(), Knob::new("interrupt", "backup and dbw", matches!(p, Backup | Dbw))),
-            (self.k_min.is_some(), Knob::new("k-min", "dbw", p == Dbw)),
-            (self.groups.is_some(), Knob::new("groups", "grouped", p == Grouped)),
-            (self.group_lr_scaling.is_some(), Knob::new("group-lr-scaling", "grouped", p == Grouped)),
-            (
-                self.round_deadline_ms.is_some(),
-                Knob::new("round-deadline", "wbsp and wbsp-overlap", matches!(p, Wbsp | WbspOverlap)),
-            ),
-        ];
-        let stall = (
-            self.stall_report_ms.is_some(),
-            Knob::new("stall-report", "bsp, ssp, bap, backup, dbw and grouped", !matches!(p, Asp | Wbsp | WbspOverlap)),
-        );
-        knobs.into_iter().chain([stall]).find(|(set, knob)| *set && !knob.applies).map(|(_, knob)| knob)
+    /// Whether this spec sets `knob`.
+    pub fn sets(&self, knob: Knob) -> bool {
+        match knob {
+            Knob::Staleness => self.staleness.is_some(),
+            Knob::IterationTimeout => self.iteration_timeout_ms.is_some(),
+            Knob::BackupWorkers => self.backup_workers.is_some(),
+            Knob::Interrupt => self.interrupt.is_some(),
+            Knob::KMin => self.k_min.is_some(),
+            Knob::Groups => self.groups.is_some(),
+            Knob::GroupLrScaling => self.group_lr_scaling.is_some(),
+            Knob::RoundDeadline => self.round_deadline_ms.is_some(),
+            Knob::StallReport => self.stall_report_ms.is_some(),
+        }
+    }
+
+    /// The first knob set on this spec that its protocol does not take (`lr` applies to all).
+    pub fn knob_that_does_not_apply(&self) -> Option<KnobSpelling> {
+        Knob::ALL.into_iter().find(|&knob| self.sets(knob) && !self.name.takes(knob)).map(KnobSpelling::of)
     }
 
     /// The core configuration for `workers` workers, with `default_lr` where the spec sets
@@ -279,24 +227,24 @@ impl ProtocolSpec {
         };
         let n = workers;
         Ok(match self.name {
-            ProtocolName::Bsp => {
+            ProtocolKind::Bsp => {
                 let mut c = BspConfig::new(n, lr);
                 c.stall_report = stall;
                 ProtocolConfig::Bsp(c)
             }
-            ProtocolName::Asp => ProtocolConfig::Asp(AspConfig::new(n, lr / f64::from(n.max(1)))),
-            ProtocolName::Ssp => {
+            ProtocolKind::Asp => ProtocolConfig::Asp(AspConfig::new(n, lr / f64::from(n.max(1)))),
+            ProtocolKind::Ssp => {
                 let mut c = SspConfig::new(n, lr, self.staleness.unwrap_or(3));
                 c.stall_report = stall;
                 ProtocolConfig::Ssp(c)
             }
-            ProtocolName::Bap => {
+            ProtocolKind::Bap => {
                 let mut c = BapConfig::new(n, lr, self.staleness.unwrap_or(1));
                 c.iteration_timeout = ms("iteration timeout", self.iteration_timeout_ms)?;
                 c.stall_report = stall;
                 ProtocolConfig::Bap(c)
             }
-            ProtocolName::Backup => {
+            ProtocolKind::Backup => {
                 let b = self.backup_workers.unwrap_or(1);
                 if b >= n {
                     return Err(format!("backup workers {b} must be fewer than the {n} workers"));
@@ -306,7 +254,7 @@ impl ProtocolSpec {
                 c.stall_report = stall;
                 ProtocolConfig::Backup(c)
             }
-            ProtocolName::Dbw => {
+            ProtocolKind::Dbw => {
                 let mut c = DbwConfig::new(n, lr);
                 if let Some(k) = self.k_min {
                     if k == 0 || k > n {
@@ -318,15 +266,15 @@ impl ProtocolSpec {
                 c.stall_report = stall;
                 ProtocolConfig::Dbw(c)
             }
-            ProtocolName::Wbsp | ProtocolName::WbspOverlap => {
+            ProtocolKind::Wbsp | ProtocolKind::WbspOverlap => {
                 let mut c = WbspConfig::new(n, lr);
-                c.overlap = self.name == ProtocolName::WbspOverlap;
+                c.overlap = self.name == ProtocolKind::WbspOverlap;
                 if let Some(d) = ms("round deadline", self.round_deadline_ms)? {
                     c.round_deadline = Some(d);
                 }
                 ProtocolConfig::Wbsp(c)
             }
-            ProtocolName::Grouped => {
+            ProtocolKind::Grouped => {
                 let g = self.groups.unwrap_or(2);
                 if g == 0 || g > n {
                     return Err(format!("groups {g} must be between 1 and the {n} workers"));
@@ -350,32 +298,51 @@ mod tests {
 
     #[test]
     fn every_protocol_builds_with_defaults() {
-        for name in ProtocolName::ALL {
+        for name in ProtocolKind::ALL {
             let config = ProtocolSpec::new(name).config(8, 0.5).unwrap();
-            assert_eq!(config.name(), name.as_str());
+            assert_eq!(config.kind(), name);
             assert_eq!(config.workers(), 8);
         }
     }
 
     #[test]
     fn bad_knobs_are_refused_with_a_reason() {
-        let mut s = ProtocolSpec::new(ProtocolName::Backup);
+        let mut s = ProtocolSpec::new(ProtocolKind::Backup);
         s.backup_workers = Some(8);
         assert!(s.config(8, 0.5).unwrap_err().contains("fewer than the 8 workers"));
-        let mut g = ProtocolSpec::new(ProtocolName::Grouped);
+        let mut g = ProtocolSpec::new(ProtocolKind::Grouped);
         g.groups = Some(9);
         assert!(g.config(8, 0.5).unwrap_err().contains("groups 9"));
-        assert!(ProtocolSpec::new(ProtocolName::Bsp).config(8, -1.0).is_err());
-        let mut b = ProtocolSpec::new(ProtocolName::Bap);
+        assert!(ProtocolSpec::new(ProtocolKind::Bsp).config(8, -1.0).is_err());
+        let mut b = ProtocolSpec::new(ProtocolKind::Bap);
         b.iteration_timeout_ms = Some(-3.0);
         assert!(b.config(8, 0.5).is_err());
     }
 
     #[test]
+    fn knobs_name_the_protocols_that_take_them() {
+        assert_eq!(KnobSpelling::of(Knob::StallReport).applies_to, "bsp, ssp, bap, backup, dbw and grouped");
+        assert_eq!(KnobSpelling::of(Knob::Staleness).applies_to, "ssp and bap");
+        assert_eq!(KnobSpelling::of(Knob::KMin).applies_to, "dbw");
+        let mut s = ProtocolSpec::new(ProtocolKind::Asp);
+        s.stall_report_ms = Some(5.0);
+        s.lr = Some(0.1);
+        let knob = s.knob_that_does_not_apply().unwrap();
+        assert_eq!((knob.flag, knob.key), ("stall-report", "stall_report_ms"));
+        assert!(ProtocolSpec::new(ProtocolKind::Asp).knob_that_does_not_apply().is_none());
+        for kind in ProtocolKind::ALL {
+            for knob in kind.knobs() {
+                let spelling = KnobSpelling::of(knob);
+                assert!(spelling.applies_to.split([' ', ',']).any(|name| name == kind.as_str()), "{kind}");
+            }
+        }
+    }
+
+    #[test]
     fn labels_show_the_knobs() {
-        let mut s = ProtocolSpec::new(ProtocolName::Ssp);
+        let mut s = ProtocolSpec::new(ProtocolKind::Ssp);
         s.staleness = Some(3);
         assert_eq!(s.label(), "ssp s=3");
-        assert_eq!(ProtocolSpec::new(ProtocolName::WbspOverlap).label(), "wbsp-overlap");
+        assert_eq!(ProtocolSpec::new(ProtocolKind::WbspOverlap).label(), "wbsp-overlap");
     }
 }

@@ -182,7 +182,7 @@ fn channel_bsp(n: u32, dim: usize, rounds: u64) -> Run {
 /// BSP over the TCP adapter on loopback: `n` worker threads with `run_worker`.
 fn tcp_bsp(n: u32, dim: usize, rounds: u64) -> Result<Run, String> {
     let protocol =
-        syncopate_adapters::tcp::ProtocolSettings::named(syncopate_adapters::scenario::ProtocolName::Bsp, n, 1e-6);
+        syncopate_adapters::tcp::ProtocolSettings::named(syncopate_adapters::scenario::ProtocolKind::Bsp, n, 1e-6);
     let options = ServerOptions::new(syncopate_adapters::tcp::RunSettings::new(protocol, dim));
     let server = TcpServer::bind("127.0.0.1:0", options).map_err(|e| e.to_string())?;
     let addr = server.local_addr().map_err(|e| e.to_string())?.to_string();

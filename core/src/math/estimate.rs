@@ -4,7 +4,7 @@
 //! model `D(k)`, and expected order statistics `E[T_(k:n)]` of round-trip times from a
 //! fixed-size, possibly right-censored window of samples.
 //!
-//! Everything runs in fixed buffers (no allocation) with `libm` for the transcendental
+//! Everything runs in fixed buffers in the caller's storage (no allocation with `Inline`) with `libm` for the transcendental
 //! functions, so it works in the `no_std` core.
 //!
 //! # Order statistics from a censored window
@@ -24,6 +24,8 @@
 //! round trips (memorylessness) and an underestimate for heavier tails; this is this project's reconstruction (docs/PROTOCOLS.md
 //! §3.3 leaves the censoring method open).
 
+use crate::error::ConfigError;
+use crate::proto::Storage;
 use crate::time::Duration;
 
 /// The largest `n` for which [`RttWindow::expected_order_statistics`] integrates the exact
@@ -31,10 +33,10 @@ use crate::time::Duration;
 /// [`RttWindow::quantile_order_statistics`] approximates them by quantiles.
 pub const MAX_EXACT_ORDER: usize = 256;
 
-/// Capacity of an [`RttWindow`] in samples (pooled over workers). With `n` workers a window
-/// of `W` iterations holds `min(W·n, MAX_RTT_SAMPLES)` samples: 128 iterations of 16
-/// workers, 8 iterations of 256. Memory: two arrays of this many `u32` (16 KiB); samples
-/// have microsecond resolution and saturate at about 35 minutes.
+/// The largest capacity of an [`RttWindow`] in samples (pooled over workers). With `n`
+/// workers a window of `W` iterations holds `min(W·n, MAX_RTT_SAMPLES)` samples, and at
+/// most [`RTT_CHUNK`] per entry of the caller's tables. Memory: two `u32` per sample;
+/// samples have microsecond resolution and saturate at about 35 minutes.
 pub const MAX_RTT_SAMPLES: usize = 2048;
 
 /// An exponential moving average with start-up bias correction (as in Adam): after samples
@@ -201,7 +203,7 @@ fn pmf_with(n: usize, p: f64, log_binom: &[f64], out: &mut [f64]) -> bool {
 
 /// Adds `width · P(Bin(n, cdf) < k)` to `out[k-1]` for every `k` in `1..=n`: one step of
 /// `E[T_(k:n)] = ∫ P(Bin(n, F(x)) < k) dx`.
-fn add_step(n: usize, width: f64, cdf: f64, log_binom: &[f64], pmf: &mut [f64; MAX_EXACT_ORDER + 1], out: &mut [f64]) {
+fn add_step(n: usize, width: f64, cdf: f64, log_binom: &[f64], pmf: &mut [f64], out: &mut [f64]) {
     if width.is_nan() || width <= 0.0 || !pmf_with(n, cdf, log_binom, pmf) {
         return;
     }
@@ -214,8 +216,6 @@ fn add_step(n: usize, width: f64, cdf: f64, log_binom: &[f64], pmf: &mut [f64; M
 
 const CENSORED: u32 = 1;
 
-const _: () = assert!(MAX_RTT_SAMPLES.is_power_of_two());
-
 /// A round trip as the windows store it: `micros << 1 | censored` (microseconds, saturating
 /// at `u32::MAX >> 1`), so that sorting puts an observation before a censoring at the same
 /// time (the Kaplan–Meier convention).
@@ -225,42 +225,58 @@ pub(crate) fn rtt_key(rtt: Duration, censored: bool) -> u32 {
     (micros << 1) | u32::from(censored)
 }
 
-/// A fixed-capacity ring of round-trip times, each observed or right-censored, pooled over
-/// workers. See the [module docs](self) for the estimator.
-#[derive(Clone, Debug)]
-pub struct RttWindow {
+/// Samples per entry of an [`RttWindow`]'s tables: a window in storage `M` holds
+/// [`RTT_CHUNK`] samples per table entry, so `Inline<N>` holds at most `RTT_CHUNK · N`.
+pub const RTT_CHUNK: usize = 4;
+
+/// A ring of round-trip times, each observed or right-censored, pooled over workers, in the
+/// caller's storage `M`. See the [module docs](self) for the estimator.
+#[derive(Debug)]
+pub struct RttWindow<M: Storage> {
     /// Samples as `micros << 1 | censored`, so that sorting puts an observation before a
-    /// censoring at the same time (the Kaplan–Meier convention).
-    ring: [u32; MAX_RTT_SAMPLES],
-    sorted: [u32; MAX_RTT_SAMPLES],
+    /// censoring at the same time (the Kaplan–Meier convention); [`RTT_CHUNK`] per entry.
+    ring: M::Table<[u32; RTT_CHUNK]>,
+    sorted: M::Table<[u32; RTT_CHUNK]>,
     capacity: usize,
     /// Where the next sample goes: `len` while the ring fills, then the oldest sample.
     next: usize,
     len: usize,
     /// Samples pushed since the last successful [`RttWindow::expected_order_statistics`].
     fresh: usize,
-    /// `ln C(n, m)` for `m` in `0..=log_binom_n` (`log_binom_n == 0`: not computed yet).
-    log_binom: [f64; MAX_EXACT_ORDER + 1],
+    /// `ln C(n, m)` for `m` in `0..=log_binom_n` (`log_binom_n == 0`: not computed yet), in
+    /// pairs (a table of `n` pairs holds `n + 1`).
+    log_binom: M::Table<[f64; 2]>,
     log_binom_n: usize,
-    /// Work space for the binomial probabilities.
-    pmf: [f64; MAX_EXACT_ORDER + 1],
+    /// Work space for the binomial probabilities, in pairs.
+    pmf: M::Table<[f64; 2]>,
 }
 
-impl RttWindow {
+impl<M: Storage> RttWindow<M> {
     /// An empty window keeping the newest `capacity` samples (clamped to
-    /// `1..=MAX_RTT_SAMPLES`).
-    pub fn new(capacity: usize) -> Self {
-        Self {
-            ring: [0; MAX_RTT_SAMPLES],
-            sorted: [0; MAX_RTT_SAMPLES],
-            capacity: capacity.clamp(1, MAX_RTT_SAMPLES),
+    /// `1..=MAX_RTT_SAMPLES`, and to what `M` holds: [`RTT_CHUNK`] samples per table entry)
+    /// whose exact order statistics reach `max_order` draws (at most [`MAX_EXACT_ORDER`]).
+    /// An error when `M` cannot hold even one entry per table.
+    pub fn new(capacity: usize, max_order: usize) -> Result<Self, ConfigError> {
+        let wanted = capacity.clamp(1, MAX_RTT_SAMPLES).div_ceil(RTT_CHUNK);
+        let ring = match M::table(wanted, [0; RTT_CHUNK]) {
+            Err(ConfigError::TableTooSmall { capacity: held, .. }) if held > 0 && held < wanted => {
+                M::table(held, [0; RTT_CHUNK])?
+            }
+            other => other?,
+        };
+        let entries = ring.as_ref().len();
+        let pairs = (max_order.clamp(1, MAX_EXACT_ORDER) + 1).div_ceil(2);
+        Ok(Self {
+            sorted: M::table(entries, [0; RTT_CHUNK])?,
+            ring,
+            capacity: capacity.clamp(1, MAX_RTT_SAMPLES).min(entries * RTT_CHUNK),
             next: 0,
             len: 0,
             fresh: 0,
-            log_binom: [0.0; MAX_EXACT_ORDER + 1],
+            log_binom: M::table(pairs, [0.0; 2])?,
             log_binom_n: 0,
-            pmf: [0.0; MAX_EXACT_ORDER + 1],
-        }
+            pmf: M::table(pairs, [0.0; 2])?,
+        })
     }
 
     /// The number of samples held.
@@ -283,9 +299,8 @@ impl RttWindow {
     #[inline]
     pub fn push(&mut self, rtt: Duration, censored: bool) {
         let key = rtt_key(rtt, censored);
-        // `next < capacity ≤ MAX_RTT_SAMPLES`, a power of two: the mask changes nothing and
-        // leaves no bounds check (nor a branch the key would be computed in).
-        if let Some(slot) = self.ring.get_mut(self.next & (MAX_RTT_SAMPLES - 1)) {
+        // `next < capacity ≤` the ring's length.
+        if let Some(slot) = self.ring.as_mut().as_flattened_mut().get_mut(self.next) {
             *slot = key;
         }
         // One conditional reset wraps (no division on every round trip).
@@ -318,7 +333,10 @@ impl RttWindow {
     /// writing nothing, if the window is empty or `out` is shorter than `n`. Cost: a sort of
     /// the window plus `O(n)`.
     pub fn quantile_order_statistics(&mut self, n: usize, out: &mut [f64]) -> bool {
-        let (Some(ring), Some(sorted)) = (self.ring.get(..self.len), self.sorted.get_mut(..self.len)) else {
+        let (Some(ring), Some(sorted)) = (
+            self.ring.as_ref().as_flattened().get(..self.len),
+            self.sorted.as_mut().as_flattened_mut().get_mut(..self.len),
+        ) else {
             return false;
         };
         let Some(out) = out.get_mut(..n) else { return false };
@@ -338,16 +356,21 @@ impl RttWindow {
 
     /// Writes `E[T_(k:n)]` in seconds into `out[k-1]` for `k` in `1..=n`, for `n` i.i.d.
     /// draws from the window's (Kaplan–Meier) distribution. Returns `false`, writing
-    /// nothing, if there is no observed sample, `n` is 0 or above [`MAX_EXACT_ORDER`], or
+    /// nothing, if there is no observed sample, `n` is 0 or above the `max_order` the window
+    /// was made for ([`RttWindow::new`]), or
     /// `out` is shorter than `n`. Cost: a sort of the window plus `O(n)` per distinct
     /// observed time.
     pub fn expected_order_statistics(&mut self, n: usize, out: &mut [f64]) -> bool {
-        if n == 0 || n > MAX_EXACT_ORDER || out.len() < n || self.len == 0 {
+        let order = (self.log_binom.as_ref().len() * 2).saturating_sub(1);
+        if n == 0 || n > order || out.len() < n || self.len == 0 {
             return false;
         }
         // The samples held are `ring[..len]` as a set (the write position wraps only once the ring is
         // full), and they are sorted next, so their order does not matter.
-        let (Some(ring), Some(sorted)) = (self.ring.get(..self.len), self.sorted.get_mut(..self.len)) else {
+        let (Some(ring), Some(sorted)) = (
+            self.ring.as_ref().as_flattened().get(..self.len),
+            self.sorted.as_mut().as_flattened_mut().get_mut(..self.len),
+        ) else {
             return false;
         };
         sorted.copy_from_slice(ring);
@@ -362,12 +385,12 @@ impl RttWindow {
         let Some(out) = out.get_mut(..n) else { return false };
         // `ln C(n, ·)` changes only with `n`: computed once per live count.
         if self.log_binom_n != n {
-            if !log_binomials(n, &mut self.log_binom) {
+            if !log_binomials(n, self.log_binom.as_mut().as_flattened_mut()) {
                 return false;
             }
             self.log_binom_n = n;
         }
-        let (log_binom, pmf) = (&self.log_binom, &mut self.pmf);
+        let (log_binom, pmf) = (self.log_binom.as_ref().as_flattened(), self.pmf.as_mut().as_flattened_mut());
         out.fill(0.0);
         // One pass over the Kaplan–Meier steps: integrate, and find the median (the tail
         // threshold; the smallest sample when the observed mass never reaches one half).
@@ -454,6 +477,7 @@ fn for_each_km_step(sorted: &[u32], mut f: impl FnMut(u32, f64)) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::Heap;
     use proptest::prelude::*;
     use std::vec;
     use std::vec::Vec;
@@ -526,7 +550,7 @@ mod tests {
     #[test]
     fn order_statistics_of_a_discrete_distribution_are_exact() {
         // Uniform on {1, 2, 3}, n = 2: min has E = (1·5 + 2·3 + 3·1)/9, max E = (1·1 + 2·3 + 3·5)/9.
-        let mut w = RttWindow::new(16);
+        let mut w = RttWindow::<Heap>::new(16, MAX_EXACT_ORDER).unwrap();
         for t in [1.0, 2.0, 3.0] {
             w.push(secs(t), false);
         }
@@ -536,7 +560,7 @@ mod tests {
         assert!((out[1] - 22.0 / 9.0).abs() < 1e-9, "{out:?}");
         assert!(!w.expected_order_statistics(0, &mut out));
         assert!(!w.expected_order_statistics(3, &mut out));
-        assert!(!RttWindow::new(4).expected_order_statistics(1, &mut out));
+        assert!(!RttWindow::<Heap>::new(4, MAX_EXACT_ORDER).unwrap().expected_order_statistics(1, &mut out));
     }
 
     /// Observed 1, 2, 5 and censored 6: Kaplan–Meier masses ¼ at 1, 2 and 5, survival ¼ past
@@ -545,7 +569,7 @@ mod tests {
     /// ∫ S² = 1 + 9/16 + ¼·3 + 1/16 + (1/16)·7/2 = 2.59375 and the maximum 2·5.25 − 2.59375.
     #[test]
     fn censored_tail_is_integrated_exactly() {
-        let mut w = RttWindow::new(8);
+        let mut w = RttWindow::<Heap>::new(8, MAX_EXACT_ORDER).unwrap();
         for (t, censored) in [(5.0, false), (1.0, false), (6.0, true), (2.0, false)] {
             w.push(secs(t), censored);
         }
@@ -563,7 +587,7 @@ mod tests {
     #[test]
     fn shifted_exponential_closed_form_uncensored() {
         let (n, shift, rate) = (16usize, 1.0, 1.0);
-        let mut w = RttWindow::new(MAX_RTT_SAMPLES);
+        let mut w = RttWindow::<Heap>::new(MAX_RTT_SAMPLES, MAX_EXACT_ORDER).unwrap();
         let m = MAX_RTT_SAMPLES;
         for i in 0..m {
             w.push(secs(shifted_exp_quantile((i as f64 + 0.5) / m as f64, shift, rate)), false);
@@ -585,7 +609,7 @@ mod tests {
     fn shifted_exponential_closed_form_censored() {
         let (n, shift, rate) = (16usize, 1.0, 0.5);
         for k_obs in [2usize, 8, 14] {
-            let mut w = RttWindow::new(MAX_RTT_SAMPLES);
+            let mut w = RttWindow::<Heap>::new(MAX_RTT_SAMPLES, MAX_EXACT_ORDER).unwrap();
             let mut rng = 0x9E37_79B9_7F4A_7C15u64;
             for _ in 0..MAX_RTT_SAMPLES / n {
                 let mut draws: Vec<f64> = (0..n)
@@ -618,7 +642,7 @@ mod tests {
 
     #[test]
     fn window_evicts_the_oldest() {
-        let mut w = RttWindow::new(2);
+        let mut w = RttWindow::<Heap>::new(2, MAX_EXACT_ORDER).unwrap();
         w.push(secs(100.0), false);
         w.push(secs(1.0), false);
         w.push(secs(1.0), false);
@@ -674,7 +698,7 @@ mod tests {
             capacity in 1usize..9,
             ops in proptest::collection::vec((0u64..50, any::<bool>(), 0u8..12), 0..80),
         ) {
-            let mut w = RttWindow::new(capacity);
+            let mut w = RttWindow::<Heap>::new(capacity, MAX_EXACT_ORDER).unwrap();
             let mut pushed: Vec<u32> = Vec::new();
             for (t, censored, action) in ops {
                 if action == 0 {
@@ -686,7 +710,7 @@ mod tests {
                 }
                 let newest = &pushed[pushed.len().saturating_sub(capacity)..];
                 prop_assert_eq!(w.len(), newest.len());
-                let mut held = w.ring[..w.len()].to_vec();
+                let mut held = w.ring.as_flattened()[..w.len()].to_vec();
                 let mut want = newest.to_vec();
                 held.sort_unstable();
                 want.sort_unstable();
@@ -702,7 +726,7 @@ mod tests {
             samples in proptest::collection::vec((1u64..10_000, any::<bool>()), 1..300),
             n in 1usize..40,
         ) {
-            let mut w = RttWindow::new(256);
+            let mut w = RttWindow::<Heap>::new(256, MAX_EXACT_ORDER).unwrap();
             for (t, c) in &samples { w.push(Duration::from_micros(*t), *c); }
             let mut out = vec![0.0; n];
             if w.expected_order_statistics(n, &mut out) {

@@ -10,8 +10,8 @@ use super::grouped::{GroupServer, GroupedConfig, GroupedServer};
 use super::ssp::{SspConfig, SspServer, SspWorker};
 use super::wbsp::{WbspConfig, WbspServer, WbspWorker};
 use super::{
-    Buffer, DEFAULT_INLINE_WORKERS, GradientWorker, GradientWorkerConfig, Inline, Server, ServerOutput, ServerStats,
-    Storage, Worker, WorkerOutput,
+    Buffer, DEFAULT_INLINE_WORKERS, GradientWorker, GradientWorkerConfig, Inline, ProtocolKind, Server, ServerOutput,
+    ServerStats, Storage, Worker, WorkerOutput,
 };
 use crate::error::{ConfigError, Reject};
 use crate::id::{ComputeId, Version, WorkerId};
@@ -45,18 +45,24 @@ pub enum ProtocolConfig {
 }
 
 impl ProtocolConfig {
-    /// The protocol's short name, as the CLI spells it.
-    pub fn name(&self) -> &'static str {
+    /// The protocol without its settings (WBSP's kind follows its `overlap` setting).
+    pub fn kind(&self) -> ProtocolKind {
         match self {
-            Self::Bsp(_) => "bsp",
-            Self::Asp(_) => "asp",
-            Self::Backup(_) => "backup",
-            Self::Dbw(_) => "dbw",
-            Self::Wbsp(c) => c.name(),
-            Self::Grouped(_) => "grouped",
-            Self::Ssp(_) => "ssp",
-            Self::Bap(_) => "bap",
+            Self::Bsp(_) => ProtocolKind::Bsp,
+            Self::Asp(_) => ProtocolKind::Asp,
+            Self::Backup(_) => ProtocolKind::Backup,
+            Self::Dbw(_) => ProtocolKind::Dbw,
+            Self::Wbsp(c) if c.overlap => ProtocolKind::WbspOverlap,
+            Self::Wbsp(_) => ProtocolKind::Wbsp,
+            Self::Grouped(_) => ProtocolKind::Grouped,
+            Self::Ssp(_) => ProtocolKind::Ssp,
+            Self::Bap(_) => ProtocolKind::Bap,
         }
+    }
+
+    /// The protocol's short name, as the CLI spells it ([`ProtocolKind::as_str`]).
+    pub fn name(&self) -> &'static str {
+        self.kind().as_str()
     }
 
     /// The number of workers.
@@ -96,9 +102,10 @@ impl ProtocolConfig {
 
     /// Bytes of per-worker state the server keeps beside the model buffers: its
     /// [`WorkerRecord`](super::WorkerRecord) and any other per-worker cells (BAP's
-    /// contribution cells, one per open iteration; DBW's `τ̂(k)` table, one entry per
-    /// worker). A server's memory is `n` times this plus a constant (the output queue's
-    /// depth does not depend on `n`).
+    /// contribution cells, one per open iteration; DBW's round-trip windows and estimator
+    /// tables, [`DbwConfig::estimator_bytes_per_worker`], an upper bound: its windows stop
+    /// growing beyond a fixed number of workers). A server's memory is at most `n` times
+    /// this plus a constant (the output queue's depth does not depend on `n`).
     pub fn per_worker_bytes(&self) -> usize {
         use super::WorkerRecord;
         use core::mem::size_of;
@@ -106,7 +113,9 @@ impl ProtocolConfig {
             Self::Bsp(_) => size_of::<WorkerRecord<super::common::table::RoundSlot>>(),
             Self::Asp(_) => size_of::<WorkerRecord<()>>(),
             Self::Backup(_) => size_of::<WorkerRecord<super::backup::BackupSlot>>(),
-            Self::Dbw(_) => size_of::<WorkerRecord<super::backup::BackupSlot>>() + size_of::<f64>(),
+            Self::Dbw(_) => {
+                size_of::<WorkerRecord<super::backup::BackupSlot>>() + DbwConfig::estimator_bytes_per_worker()
+            }
             Self::Wbsp(_) => size_of::<WorkerRecord<()>>(),
             Self::Grouped(_) => size_of::<WorkerRecord<super::grouped::GroupedSlot>>(),
             Self::Ssp(_) => size_of::<WorkerRecord<super::ssp::SspSlot>>(),

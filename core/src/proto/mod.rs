@@ -18,6 +18,9 @@
 //!
 //! A `handle*` call that returns `Err(Reject)` changed nothing: no state, no output.
 //!
+//! A lost worker is never refused for want of room: [`Server::handle_worker_lost`] during
+//! a batch's expansion records the loss, and the drain applies it once the batch is out.
+//!
 //! # Servers with an upstream
 //!
 //! A server can itself be a worker of a server above it (its *upstream*): a grouped
@@ -58,6 +61,7 @@ pub mod bsp;
 pub mod common;
 pub mod dbw;
 pub mod grouped;
+mod kind;
 pub mod sharded;
 pub mod ssp;
 pub mod wbsp;
@@ -73,6 +77,7 @@ pub use common::table::{DEFAULT_INLINE_WORKERS, Inline, Slot, Storage, WorkerRec
 pub(crate) use common::testkit::{ToServerOwned, ToWorkerOwned};
 pub use common::validate::{GradientPolicy, LargeGradient};
 pub use common::worker::{ProtocolWorker, WorkerCore, WorkerRules};
+pub use kind::{Knob, ProtocolKind};
 
 use crate::error::Reject;
 use crate::id::{ComputeId, Version, WorkerId};
@@ -397,7 +402,11 @@ impl WorkerStats {
 pub trait Server<T: Scalar> {
     /// A message from `from` arrived at `now`.
     fn handle(&mut self, now: Instant, from: WorkerId, msg: ToServer<'_, T>) -> Result<(), Reject>;
-    /// The transport lost `worker` (connection closed, heartbeat missed).
+    /// The transport lost `worker` (connection closed, heartbeat missed). Refused only for
+    /// a worker id outside the run ([`Reject::UnknownWorker`]): a loss reported while the
+    /// server takes no input (a batch is being expanded) is recorded and applied once the
+    /// outputs have drained, in the same drain, so a driver may report any number of losses
+    /// back to back.
     fn handle_worker_lost(&mut self, now: Instant, worker: WorkerId) -> Result<(), Reject>;
     /// The deadline from [`Self::poll_timeout`] passed.
     fn handle_timeout(&mut self, now: Instant);

@@ -73,6 +73,10 @@ pub fn dbw_server(memory: &mut ServerMemory) -> Result<DbwServer<f32, &mut [f32]
     DbwServer::new(DbwConfig::new(WORKERS as u32, LEARNING_RATE), &mut memory.params, &mut memory.scratch)
 }
 
+// The DBW server's state beside the tensors (its estimator windows are in the same inline
+// tables as its worker records) fits in 8 KiB: checked when the image is built.
+const _: () = assert!(core::mem::size_of::<DbwServer<f32, &mut [f32], Inline<WORKERS>>>() <= 8 * 1024);
+
 /// The state of a firmware run: its memory, its problem and whether every run passed.
 pub struct Firmware {
     memory: &'static mut Memory,

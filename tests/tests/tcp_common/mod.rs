@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Instant;
 use syncopate::{Version, WorkerId};
-use syncopate_adapters::scenario::ProtocolName;
+use syncopate_adapters::scenario::ProtocolKind;
 use syncopate_adapters::tcp::{
     Note, ProtocolSettings, RunPlan, RunSettings, ServerHandle, ServerOptions, ServerReport, TcpError, TcpServer,
     WorkerJob, WorkerOptions, WorkerReport, run_worker,
@@ -31,14 +31,14 @@ pub fn run_settings(protocol: ProtocolSettings) -> RunSettings {
 
 /// BSP over `n` workers at learning rate 0.5, reporting stalls after 200 ms.
 pub fn bsp(n: u32) -> RunSettings {
-    let mut p = ProtocolSettings::named(ProtocolName::Bsp, n, 0.5);
+    let mut p = ProtocolSettings::named(ProtocolKind::Bsp, n, 0.5);
     p.stall_report_ms = Some(200.0);
     run_settings(p)
 }
 
 /// ASP over `n` workers (learning rate 0.5 / n per gradient).
 pub fn asp(n: u32) -> RunSettings {
-    run_settings(ProtocolSettings::named(ProtocolName::Asp, n, 0.5))
+    run_settings(ProtocolSettings::named(ProtocolKind::Asp, n, 0.5))
 }
 
 /// A running in-process server.

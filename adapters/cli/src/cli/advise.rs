@@ -32,6 +32,24 @@ pub struct AdviseArgs {
     /// Virtual seconds per run at most (default: 3x the time BSP needs to replay the trace).
     #[arg(long, value_name = "SECONDS")]
     pub budget: Option<f64>,
+    /// Your model's critical batch in examples: its gradient noise scale B = tr(Σ)/|G|²
+    /// (McCandlish et al. 2018), measured near the target loss. Sets the NQM's noise so that
+    /// its critical batch is B (default: the built-in NQM's noise, whose B the report gives).
+    #[arg(long, value_name = "EXAMPLES")]
+    pub noise_scale: Option<f64>,
+    /// Examples per worker gradient on your cluster (converts --noise-scale to gradients).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub worker_batch: u32,
+    /// Critical batches (examples, comma-separated) at which to sweep the whole trace again,
+    /// to show how the pick depends on it (nqm only; default: n/10, n and 10n gradients).
+    #[arg(long, value_name = "B,B,...", value_delimiter = ',')]
+    pub noise_sweep: Option<Vec<f64>>,
+    /// Do not sweep again at other critical batches.
+    #[arg(long, conflicts_with = "noise_sweep")]
+    pub no_noise_sweep: bool,
+    /// Do not extend a knob's sweep past its edge when its best value is at the edge.
+    #[arg(long)]
+    pub no_extend: bool,
     /// Seed pairs per candidate: run seeds SEED.. and data seeds SPLIT_SEED.. (2 to 30).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(2..=30))]
     pub seeds: u32,
@@ -81,7 +99,10 @@ pub struct TraceGenArgs {
     /// The generator's seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Where to write the trace (CSV worker,step,seconds).
+    /// The tail's shape α of `pareto` (smaller: heavier; at most 2 the variance is infinite).
+    #[arg(long, default_value_t = tracegen::PARETO_SHAPE)]
+    pub shape: f64,
+    /// Where to write the trace (CSV worker,step,seconds); `-` for stdout.
     #[arg(long, short, value_name = "FILE")]
     pub out: PathBuf,
 }
@@ -115,6 +136,16 @@ pub(super) fn advise(args: &AdviseArgs) -> Result<(), Failure> {
         return Err(Failure::Usage(format!("invalid value '{}' for '--latency-ms': not a latency", args.latency_ms)));
     }
     let table = read_table(&args.trace, args.truncate)?;
+    for (flag, v) in args
+        .noise_scale
+        .iter()
+        .map(|&b| ("--noise-scale", b))
+        .chain(args.noise_sweep.iter().flatten().map(|&b| ("--noise-sweep", b)))
+    {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(Failure::Usage(format!("invalid value '{v}' for '{flag}': not a positive number of examples")));
+        }
+    }
     let candidates: Vec<Candidate> = match &args.scenario {
         Some(path) => {
             let s = Scenario::load(path).map_err(Failure::Usage)?;
@@ -132,7 +163,26 @@ pub(super) fn advise(args: &AdviseArgs) -> Result<(), Failure> {
             }
             c
         }
-        None => advise::candidates(table.workers, table.median_step()),
+        None => {
+            let c = advise::candidates(table.workers, table.median_step());
+            // Name the protocols a small trace leaves out (they need more workers).
+            let names = |c: &[Candidate]| {
+                let mut v: Vec<&'static str> = c.iter().map(|c| c.spec.name.as_str()).collect();
+                v.dedup();
+                v
+            };
+            let all = advise::candidates(syncopate::MAX_WORKERS as u32, table.median_step());
+            let here = names(&c);
+            let left_out: Vec<&str> = names(&all).into_iter().filter(|n| !here.contains(n)).collect();
+            if !left_out.is_empty() && !args.json {
+                eprintln!(
+                    "advise: a {}-worker trace leaves out {}: they need more workers",
+                    table.workers,
+                    left_out.join(", ")
+                );
+            }
+            c
+        }
     };
     let plot = args.plot.as_deref().map(super::compare::open_plot).transpose()?;
     let options = Options {
@@ -147,16 +197,23 @@ pub(super) fn advise(args: &AdviseArgs) -> Result<(), Failure> {
             latency: syncopate::Duration::from_secs_f64(args.latency_ms / 1000.0),
             ..Default::default()
         },
+        noise_scale: args.noise_scale,
+        worker_batch: args.worker_batch,
+        extend: args.scenario.is_none() && !args.no_extend,
+        sensitivity: match (&args.noise_sweep, args.no_noise_sweep || args.workload != WorkloadKind::Nqm) {
+            (_, true) => Vec::new(),
+            (Some(list), false) => list.clone(),
+            (None, false) => {
+                let gradients = f64::from(table.workers) * f64::from(args.worker_batch);
+                vec![gradients / 10.0, gradients, gradients * 10.0]
+            }
+        },
     };
     let jobs = args.jobs.map_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()), |j| j as usize);
-    let bar = super::progress_bar(candidates.len() as u64 * u64::from(args.seeds), args.json);
+    // The phases found in the trace add sweeps as they are found: the total is not known.
+    let bar = super::progress_counter("simulations", args.json);
     bar.set_message(args.trace.display().to_string());
-    let advice = advise::advise(&table, &candidates, &options, jobs, &|| {
-        if bar.position() + 1 >= bar.length().unwrap_or(0) {
-            bar.set_length(bar.length().unwrap_or(0) + candidates.len() as u64 * u64::from(args.seeds));
-        }
-        bar.inc(1);
-    });
+    let advice = advise::advise(&table, &candidates, &options, jobs, &|| bar.inc(1));
     bar.finish_and_clear();
     let advice = advice.map_err(|e| Failure::Usage(format!("{}: {e}", args.trace.display())))?;
     if let (Some(path), Some(mut file)) = (&args.plot, plot) {
@@ -187,16 +244,53 @@ pub(super) fn trace_gen(args: &TraceGenArgs) -> Result<(), Failure> {
     if !(args.step_ms.is_finite() && (lo..=hi).contains(&args.step_ms)) {
         return Err(Failure::Usage(format!("invalid value '{}' for '--step-ms': outside {lo}..={hi}", args.step_ms)));
     }
-    let steps = tracegen::generate(args.kind, args.workers, args.steps, args.step_ms / 1000.0, args.seed);
-    trace::write(&args.out, &steps).map_err(Failure::Usage)?;
-    outln!(
+    if !(args.shape.is_finite() && args.shape >= 1.01 && args.shape <= 100.0) {
+        return Err(Failure::Usage(format!(
+            "invalid value '{}' for '--shape': outside 1.01..=100 (at 1 or below the mean step is infinite)",
+            args.shape
+        )));
+    }
+    let rows = u64::from(args.workers) * args.steps;
+    if rows > MAX_TRACE_STEPS {
+        return Err(Failure::Usage(format!(
+            "--workers {} x --steps {} is {rows} steps; a trace holds at most {MAX_TRACE_STEPS} (about {} MB of CSV)",
+            args.workers,
+            args.steps,
+            MAX_TRACE_STEPS * 25 / 1_000_000
+        )));
+    }
+    let to_stdout = args.out.as_os_str() == "-";
+    let file = (!to_stdout).then(|| trace::create(&args.out)).transpose().map_err(Failure::Usage)?;
+    let steps =
+        tracegen::generate_shaped(args.kind, args.workers, args.steps, args.step_ms / 1000.0, args.seed, args.shape);
+    let written = match file {
+        Some(file) => trace::write_csv(file, &steps),
+        None => trace::write_csv(std::io::stdout().lock(), &steps),
+    };
+    match written {
+        Ok(()) => {}
+        // A reader that went away (`-o - | head -1`, `-o /dev/stdout | head`) ends it quietly.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+        Err(e) => return Err(Failure::Run(format!("{}: cannot write the trace: {e}", args.out.display()))),
+    }
+    let line = format!(
         "{}: {} trace, {} workers x {} steps, median step {} ms, seed {}",
-        args.out.display(),
+        if to_stdout { "stdout".into() } else { args.out.display().to_string() },
         args.kind.name(),
         args.workers,
         args.steps,
         args.step_ms,
         args.seed
     );
+    // With the trace on stdout, the line goes to stderr.
+    if to_stdout {
+        eprintln!("{line}");
+    } else {
+        outln!("{line}");
+    }
     Ok(())
 }
+
+/// The most steps (workers x steps per worker) one generated trace may hold: every step is
+/// generated in memory before it is written, and `advise` reads a trace whole.
+const MAX_TRACE_STEPS: u64 = 10_000_000;

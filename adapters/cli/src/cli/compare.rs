@@ -40,6 +40,8 @@ struct Json<'a> {
     target_accuracy: f64,
     runs: &'a [compare::Row],
     fastest: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dbw_against_static: Option<Vec<compare::DbwAtTarget>>,
 }
 
 fn scenario(file: Option<&PathBuf>, preset: Option<&str>) -> Result<Scenario, Failure> {
@@ -91,9 +93,15 @@ pub(super) fn open_plot(path: &std::path::Path) -> Result<std::fs::File, Failure
 
 fn execute(s: &Scenario, jobs: Option<u32>, json: bool) -> Result<Comparison, Failure> {
     let jobs = jobs.map_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()), |j| j as usize);
-    let bar = super::progress_bar(s.runs.len() as u64 * u64::from(s.seeds.max(1)), json);
+    let total = s.runs.len() as u64 * u64::from(s.seeds.max(1));
+    let bar = super::progress_bar(total, json);
     bar.set_message(s.name.clone());
-    let result = compare::run(s, None, jobs, &|_| bar.inc(1)).map_err(Failure::Run);
+    let lines = super::ProgressLines::new("compare", "simulations", total, json);
+    let result = compare::run(s, None, jobs, &|_| {
+        bar.inc(1);
+        lines.one_done();
+    })
+    .map_err(Failure::Run);
     bar.finish_and_clear();
     result
 }
@@ -105,6 +113,7 @@ fn print(c: &Comparison, json: bool) {
             target_accuracy: c.target_accuracy,
             runs: &c.rows,
             fastest: c.fastest().map(|r| r.label.as_str()),
+            dbw_against_static: c.dbw_against_static(),
         };
         match serde_json::to_string(&out) {
             Ok(s) => outln!("{s}"),
@@ -112,6 +121,10 @@ fn print(c: &Comparison, json: bool) {
         }
     } else {
         outln!("{}\n{}", c.scenario, c.table().trim_end());
+        let dbw = c.dbw_table();
+        if !dbw.is_empty() {
+            outln!("{}", dbw.trim_end());
+        }
     }
 }
 

@@ -43,16 +43,17 @@ pub struct GroupArgs {
     /// Deadline of one frame from its first byte, in milliseconds (plus 1 s per MiB).
     #[arg(long, value_name = "MS", default_value_t = 10000, value_parser = clap::value_parser!(u64).range(1..))]
     pub frame_timeout: u64,
+    /// A member (or the central server) silent this many seconds (no message, no
+    /// heartbeat) is lost. Heartbeats go out every tenth of it (between 10 ms and 1 s).
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub lost_after: f64,
 }
 
 /// Runs `syncopate group`.
 pub(super) fn run(args: &GroupArgs) -> Result<(), Failure> {
-    let time_limit = match args.time_limit {
-        Some(t) if !(t.is_finite() && t > 0.0) => {
-            return Err(Failure::Usage(format!("invalid value '{t}' for '--time-limit': must be a positive number")));
-        }
-        t => t.map(Duration::from_secs_f64),
-    };
+    super::work::check_address(&args.connect).map_err(Failure::Usage)?;
+    let time_limit = super::train::time_limit(args.time_limit).map_err(Failure::Usage)?;
+    let lost_after = super::train::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?;
     let secret = super::serve::load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
     let frame_timeout = FrameTimeout { base: Duration::from_millis(args.frame_timeout), ..FrameTimeout::default() };
     let mut up = GroupOptions::new(args.connect.clone(), args.group);
@@ -75,6 +76,7 @@ pub(super) fn run(args: &GroupArgs) -> Result<(), Failure> {
         options.insecure = args.insecure;
         options.handshake_timeout = Duration::from_millis(args.handshake_timeout);
         options.frame_timeout = frame_timeout;
+        options.lost_after = lost_after;
         let server = TcpServer::bind(&args.listen, options).inspect_err(|e| bind_error = Some(e.0.clone()))?;
         let addr = server.local_addr()?;
         eprintln!(

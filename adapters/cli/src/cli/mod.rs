@@ -30,7 +30,13 @@ use std::process::ExitCode;
 
 /// Straggler-tolerant synchronization protocols for parameter-server training.
 #[derive(Debug, Parser)]
-#[command(name = "syncopate", version, about, long_about = None)]
+#[command(
+    name = "syncopate",
+    version,
+    about = "Straggler-tolerant synchronization protocols for parameter-server training: train, compare, advise, \
+             trace-gen, serve, work, group, reproduce and mpi",
+    long_about = None
+)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -71,14 +77,16 @@ pub enum Command {
 /// The model, the data and the randomness of a run.
 #[derive(Clone, Debug, Args)]
 pub struct WorkloadArgs {
-    /// Model: softmax, mlp (32 hidden units) or mlp:H (H from 1 to 4096).
+    /// Model: softmax, mlp (32 hidden units), mlp:H (H from 1 to 4096), mlp2:H1:H2 (two
+    /// hidden layers) or nqm:D (the noisy quadratic model over D coordinates, trained on its
+    /// own noise; it has a loss but no accuracy).
     #[arg(long, default_value = "softmax", value_parser = parse_model)]
     pub model: crate::workload::ModelKind,
     /// Train on this file instead of the built-in digits data.
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
     /// Format of --data: csv (label in the last column) or libsvm.
-    #[arg(long, value_name = "FORMAT", default_value = "csv")]
+    #[arg(long, value_name = "FORMAT", default_value = "csv", requires = "data")]
     pub data_format: DataFormat,
     /// Minibatch size of one gradient (1 to 4096).
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_BATCH_SIZE)))]
@@ -102,7 +110,13 @@ impl WorkloadArgs {
     pub fn workload(&self) -> Result<crate::workload::Workload, String> {
         use crate::workload::{CsvOptions, Dataset, Workload};
         let data = match &self.data {
-            None => return Ok(Workload::digits(self.model, self.seed)),
+            None => return Ok(Workload::builtin(self.model, self.seed)),
+            Some(_) if matches!(self.model, crate::workload::ModelKind::Nqm { .. }) => {
+                return Err(format!(
+                    "--model {} trains on its own noise data: --data does not apply to the noisy quadratic model",
+                    self.model
+                ));
+            }
             Some(path) => match self.data_format {
                 DataFormat::Csv => Dataset::from_csv_path(path, &CsvOptions::default()),
                 DataFormat::Libsvm => Dataset::from_libsvm_path(path),
@@ -176,14 +190,14 @@ pub fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind;
-            if matches!(
-                e.kind(),
-                ErrorKind::DisplayHelp
-                    | ErrorKind::DisplayVersion
-                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-            ) {
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
                 output::emit(&e.render().to_string());
                 return ExitCode::SUCCESS;
+            }
+            // No subcommand is a usage error: the help goes to stderr, exit code 2.
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                eprint!("{}", e.render());
+                return ExitCode::from(2);
             }
             let args: Vec<String> = std::env::args().collect();
             let negative = (e.kind() == ErrorKind::UnknownArgument).then(|| negative_value_error(&args)).flatten();
@@ -223,6 +237,51 @@ pub enum Failure {
     Usage(String),
     /// The run itself failed (exit code 1).
     Run(String),
+}
+
+/// Progress without a terminal: one line on stderr per finished unit of work
+/// (`compare: 3/17 simulations done, 4.2 s`), so a long run in a pipe or a log is not
+/// silent. Silent on a terminal (the progress bar shows it) and with JSON output.
+pub(crate) struct ProgressLines {
+    what: &'static str,
+    unit: &'static str,
+    total: u64,
+    done: std::sync::atomic::AtomicU64,
+    started: std::time::Instant,
+    on: bool,
+}
+
+impl ProgressLines {
+    pub(crate) fn new(what: &'static str, unit: &'static str, total: u64, json: bool) -> Self {
+        let on = !json && !std::io::stderr().is_terminal();
+        let done = std::sync::atomic::AtomicU64::new(0);
+        Self { what, unit, total, done, started: std::time::Instant::now(), on }
+    }
+
+    /// Counts one finished unit and prints its line.
+    pub(crate) fn one_done(&self) {
+        let done = self.done.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        if self.on {
+            let (what, unit, total) = (self.what, self.unit, self.total);
+            eprintln!("{what}: {done}/{total} {unit} done, {:.1} s", self.started.elapsed().as_secs_f64());
+        }
+    }
+}
+
+/// A counter of finished work on stderr when it is a terminal and the output is not JSON,
+/// for work whose total is not known in advance (a bar would have to grow, and go
+/// backwards).
+pub(crate) fn progress_counter(unit: &str, json: bool) -> indicatif::ProgressBar {
+    if json || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new_spinner();
+    if let Ok(style) = indicatif::ProgressStyle::with_template(&format!(
+        "{{spinner}} [{{elapsed_precise}}] {{pos}} {unit} done {{msg}}"
+    )) {
+        bar.set_style(style);
+    }
+    bar
 }
 
 /// A progress bar on stderr when it is a terminal and the output is not JSON.

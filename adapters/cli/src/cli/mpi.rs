@@ -10,10 +10,13 @@ use super::Failure;
 use super::train::TrainArgs;
 use clap::Args;
 
-/// Flags of `syncopate mpi`: those of `train`, plus the MPI ones.
+/// Flags of `syncopate mpi`: those of `train` (but `--sim` and `--record-trace`, which
+/// it refuses and its help does not list), plus the MPI ones.
 #[derive(Clone, Debug, Args)]
+#[command(mut_arg("sim", |a| a.hide(true)), mut_arg("record_trace", |a| a.hide(true)))]
 pub struct MpiArgs {
-    /// The protocol, workload and straggler flags of `train` (`--workers N` needs N+1 ranks).
+    /// The protocol, workload and straggler flags of `train` (`--workers N` needs N+1 ranks;
+    /// without `--workers`, every rank but rank 0 is a worker).
     #[command(flatten)]
     pub train: TrainArgs,
     /// A worker rank silent this many seconds (no message, no heartbeat: hung, stopped or cut
@@ -31,13 +34,26 @@ impl MpiArgs {
         if self.train.record_trace.is_some() {
             return Err("--record-trace is not supported by `syncopate mpi`: use `syncopate train`".into());
         }
-        if !(self.lost_after.is_finite() && self.lost_after > 0.0 && self.lost_after <= 86_400.0) {
-            return Err(format!(
-                "invalid value '{}' for '--lost-after': must be a positive number of seconds up to 86400",
-                self.lost_after
-            ));
-        }
+        super::train::seconds("lost-after", self.lost_after)?;
         Ok(())
+    }
+}
+
+/// Whether the command line names `--workers` (otherwise the world size decides).
+#[cfg_attr(not(feature = "mpi"), allow(dead_code, reason = "the MPI build uses it"))]
+fn workers_given(mut args: impl Iterator<Item = String>) -> bool {
+    args.any(|a| a == "--workers" || a.starts_with("--workers="))
+}
+
+/// The workers of an MPI world of `size` ranks: one rank is the server.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code, reason = "the MPI build uses it"))]
+fn workers_of_world(size: i32) -> Result<u32, String> {
+    match u32::try_from(size) {
+        Ok(size) if size >= 2 && (size - 1) as usize <= syncopate::MAX_WORKERS => Ok(size - 1),
+        _ => Err(format!(
+            "{size} MPI ranks: a run needs rank 0 for the server and 1 to {} more for the workers (e.g. mpirun -n 5 for 4 workers)",
+            syncopate::MAX_WORKERS
+        )),
     }
 }
 
@@ -55,20 +71,24 @@ pub(super) fn run(args: &MpiArgs) -> Result<(), Failure> {
 pub(super) fn run(args: &MpiArgs) -> Result<(), Failure> {
     use syncopate_mpi::mpi::topology::Communicator;
     args.check().map_err(Failure::Usage)?;
-    let train = &args.train;
-    let protocol = train.protocol.config().map_err(Failure::Usage)?;
-    let stragglers = super::parse_stragglers(&train.straggler, protocol.workers()).map_err(Failure::Usage)?;
-    let workload = train.workload.workload().map_err(Failure::Usage)?;
     let Some(universe) = syncopate_mpi::mpi::initialize() else {
         return Err(Failure::Run("MPI could not be initialised (or was already)".into()));
     };
     let world = universe.world();
+    let mut train = args.train.clone();
+    if !workers_given(std::env::args()) {
+        train.protocol.workers = workers_of_world(world.size()).map_err(Failure::Usage)?;
+    }
+    let train = &train;
+    let protocol = train.protocol.config().map_err(Failure::Usage)?;
+    let stragglers = super::parse_stragglers(&train.straggler, protocol.workers()).map_err(Failure::Usage)?;
+    let workload = train.workload.workload().map_err(Failure::Usage)?;
     let hash = syncopate_mpi::settings::settings_hash(std::env::args_os().skip(1).map(|a| a.into_encoded_bytes()));
     syncopate_mpi::agree_on_settings(&world, hash).map_err(|e| Failure::Usage(e.0))?;
     let plan = syncopate_mpi::RunPlan {
         max_gradients: train.steps.saturating_mul(u64::from(protocol.workers())),
-        time_limit: train.time_limit.map(core::time::Duration::from_secs_f64),
-        lost_after: core::time::Duration::from_secs_f64(args.lost_after),
+        time_limit: super::train::time_limit(train.time_limit).map_err(Failure::Usage)?,
+        lost_after: super::train::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?,
     };
     if world.rank() == 0 {
         server::run(train, protocol, &workload, &plan, world)
@@ -156,6 +176,7 @@ mod server {
                     t.map_or_else(WorkerTally::default, |t| WorkerTally {
                         computed: t.computed,
                         abandoned: t.abandoned,
+                        refused: t.refused,
                         busy_s: t.busy_s,
                         wall_s: t.wall_s,
                         step_times: Vec::new(),
@@ -166,6 +187,7 @@ mod server {
             staleness: report.staleness,
             stalls: report.stalls,
             refused: report.refused,
+            lost: report.lost.len() as u64,
             params: Vec::new(),
             ledger: crate::thread::ThreadLedger::default(),
         };
@@ -215,12 +237,35 @@ mod worker {
         // `eprintln!` writes a formatted line in pieces, which interleave across processes.
         let line = format!("mpi: rank {} (worker {id}) pid {}\n", id + 1, std::process::id());
         let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
-        run_worker(world, &options, &mut |params, grad| {
-            sampler.next_batch(batch_size, &mut batch);
-            workload.model.gradient(params, &workload.train, &batch, grad, &mut scratch);
-            Duration::from_nanos(delays.next_step().as_nanos())
-        })
+        run_worker(
+            world,
+            &options,
+            &mut |params, grad| {
+                sampler.next_batch(batch_size, &mut batch);
+                workload.model.gradient(params, &workload.train, &batch, grad, &mut scratch);
+                Duration::from_nanos(delays.next_step().as_nanos())
+            },
+            &mut |line| {
+                let line = format!("mpi: {line}\n");
+                let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+            },
+        )
         .map_err(|e| Failure::Run(e.0))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_world_size_gives_the_workers_unless_the_flag_does() {
+        let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>().into_iter();
+        assert!(workers_given(args(&["syncopate", "mpi", "--workers", "4"])));
+        assert!(workers_given(args(&["syncopate", "mpi", "--workers=4"])));
+        assert!(!workers_given(args(&["syncopate", "mpi", "--steps", "4"])));
+        assert_eq!(workers_of_world(5), Ok(4));
+        assert!(workers_of_world(1).unwrap_err().contains("1 MPI ranks"));
     }
 }

@@ -1,16 +1,17 @@
 //! `--protocol` and its knobs, the flags `train`, `serve` and `work` share. They describe a
 //! [`ProtocolSpec`], the same thing a scenario file's `[[protocols]]` entry does.
 
-use crate::scenario::{GroupLrScaling, InterruptMode, ProtocolName, ProtocolSpec};
+use crate::scenario::{GroupLrScaling, InterruptMode, ProtocolKind, ProtocolSpec};
 use clap::Args;
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use syncopate::ProtocolConfig;
 
 /// The protocol flags shared by `train`, `serve` and `work`.
 #[derive(Clone, Debug, Args)]
 pub struct ProtocolArgs {
     /// Synchronization protocol.
-    #[arg(long, value_enum, default_value = "bsp")]
-    pub protocol: ProtocolName,
+    #[arg(long, value_parser = protocol_parser(), default_value = "bsp")]
+    pub protocol: ProtocolKind,
     /// Number of workers.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=syncopate::MAX_WORKERS as i64))]
     pub workers: u32,
@@ -48,6 +49,12 @@ pub struct ProtocolArgs {
     /// this many milliseconds (default 2000).
     #[arg(long, value_name = "MS", allow_negative_numbers = true)]
     pub stall_report: Option<f64>,
+}
+
+/// `--protocol`'s values: the names of [`ProtocolKind::ALL`], each with its summary.
+fn protocol_parser() -> impl TypedValueParser<Value = ProtocolKind> {
+    PossibleValuesParser::new(ProtocolKind::ALL.map(|kind| PossibleValue::new(kind.as_str()).help(kind.summary())))
+        .try_map(|name| ProtocolKind::from_name(&name).ok_or("not a protocol name"))
 }
 
 impl ProtocolArgs {

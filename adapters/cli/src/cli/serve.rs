@@ -4,8 +4,9 @@
 //!
 //! The run's clock (wall time, time to target, the accuracy curve) starts when every worker
 //! has connected once; the wait before is reported apart. SIGINT or SIGTERM ends the run
-//! cleanly: workers are told to stop, the checkpoint is written and the summary printed (a
-//! second signal exits at once).
+//! cleanly: workers are told to stop, the checkpoint is written and the summary printed
+//! (further signals within a grace period are noted and change nothing; a third one after it
+//! exits at once).
 
 use super::summary::{Resumed, TcpLedger};
 use super::{Failure, ProtocolArgs, Summary, WorkloadArgs};
@@ -75,6 +76,11 @@ pub struct ServeArgs {
     /// Deadline of one frame from its first byte, in milliseconds (plus 1 s per MiB).
     #[arg(long, value_name = "MS", default_value_t = 10000, value_parser = clap::value_parser!(u64).range(1..))]
     pub frame_timeout: u64,
+    /// A worker silent this many seconds (no message, no heartbeat: hung, stopped or cut
+    /// off) becomes a lost worker and the run goes on without it if the protocol can.
+    /// Heartbeats go out every tenth of it (between 10 ms and 1 s).
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub lost_after: f64,
 }
 
 fn model_name(w: &WorkloadArgs) -> String {
@@ -122,14 +128,48 @@ fn run_settings(args: &ServeArgs, dim: usize) -> Result<RunSettings, String> {
     Ok(settings)
 }
 
-/// SIGINT and SIGTERM set `flag` (the server then stops cleanly); a second one while the
-/// flag is set ends the process at once with exit code 130.
+/// How long after the first SIGINT/SIGTERM further ones are only noted: the stop in
+/// progress (workers told to stop, the checkpoint written, the summary printed) goes on.
+/// `timeout` and batch schedulers send SIGTERM to the process and then to its group at
+/// once, so a second signal soon after the first is not a request to hurry.
+const SIGNAL_GRACE: Duration = Duration::from_secs(5);
+
+/// SIGINT and SIGTERM set `flag` (the server then stops cleanly). Signals within
+/// [`SIGNAL_GRACE`] of the first are noted and change nothing; a third signal after it ends
+/// the process at once with exit code 130 (so does SIGKILL at any time).
 fn stop_on_signals(flag: &Arc<AtomicBool>) -> Result<(), String> {
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register_conditional_shutdown(signal, 130, Arc::clone(flag))
-            .and_then(|_| signal_hook::flag::register(signal, Arc::clone(flag)))
-            .map_err(|e| format!("cannot install the signal handler: {e}"))?;
-    }
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+        .map_err(|e| format!("cannot install the signal handler: {e}"))?;
+    let flag = Arc::clone(flag);
+    std::thread::Builder::new()
+        .name("serve-signals".into())
+        .spawn(move || {
+            let mut first: Option<Instant> = None;
+            let mut count = 0u32;
+            for signal in signals.forever() {
+                count += 1;
+                let name = if signal == SIGINT { "SIGINT" } else { "SIGTERM" };
+                match first {
+                    None => {
+                        first = Some(Instant::now());
+                        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                        eprintln!("serve: {name}: stopping (workers told to stop, checkpoint and summary follow)");
+                    }
+                    Some(t) if count >= 3 && t.elapsed() >= SIGNAL_GRACE => {
+                        eprintln!("serve: {name} again: exiting now, without the final checkpoint");
+                        std::process::exit(130);
+                    }
+                    Some(t) => {
+                        let wait = SIGNAL_GRACE.saturating_sub(t.elapsed()).as_secs_f64();
+                        eprintln!(
+                            "serve: {name} again: still stopping cleanly; a signal after {wait:.1} s more, the third or later, exits without the final checkpoint"
+                        );
+                    }
+                }
+            }
+        })
+        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
     Ok(())
 }
 
@@ -138,12 +178,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     if !(0.0..=1.0).contains(&args.target) {
         return Err(Failure::Usage(format!("invalid value '{}' for '--target': must be between 0 and 1", args.target)));
     }
-    let time_limit = match args.time_limit {
-        Some(t) if !(t.is_finite() && t > 0.0) => {
-            return Err(Failure::Usage(format!("invalid value '{t}' for '--time-limit': must be a positive number")));
-        }
-        t => t.map(Duration::from_secs_f64),
-    };
+    let time_limit = super::train::time_limit(args.time_limit).map_err(Failure::Usage)?;
     let workload = args.workload.workload().map_err(Failure::Usage)?;
     let dim = workload.model.dim();
     let settings = run_settings(args, dim).map_err(Failure::Usage)?;
@@ -180,6 +215,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     options.handshake_timeout = Duration::from_millis(args.handshake_timeout);
     options.frame_timeout = FrameTimeout { base: Duration::from_millis(args.frame_timeout), ..FrameTimeout::default() };
     options.checkpoint = args.checkpoint.clone().map(|p| (p, args.checkpoint_every));
+    options.lost_after = super::train::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?;
     let authenticated = options.secret.is_some();
     let server = TcpServer::bind(&args.listen, options).map_err(|e| Failure::Usage(e.0))?;
     let addr = server.local_addr().map_err(|e| Failure::Run(e.0))?;
@@ -239,25 +275,28 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         eprintln!("serve: interrupted: the workers were told to stop");
     }
     eprintln!("serve: finished ({:?}) at version {}", report.reason, report.version.0);
+    // The run's clock starts when every worker has connected: a server stopped before
+    // that ran nothing, and its summary says so with a zero time.
+    let started = start.get().is_some();
+    if !started {
+        eprintln!("serve: stopped before all {n} {peers} connected: the run never started");
+    }
+    let wall_s = if started { report.wall_s } else { 0.0 };
     let threads = ThreadReport {
         curve,
         time_to_target_s: time_to_target,
-        wall_s: report.wall_s,
+        wall_s,
         stats: report.stats,
         workers: report
             .per_worker
             .iter()
             .zip(&report.busy_s)
-            .map(|(c, busy)| WorkerTally {
-                computed: *c,
-                busy_s: *busy,
-                wall_s: report.wall_s,
-                ..WorkerTally::default()
-            })
+            .map(|(c, busy)| WorkerTally { computed: *c, busy_s: *busy, wall_s, ..WorkerTally::default() })
             .collect(),
         staleness: report.staleness,
         stalls: report.stalls,
         refused: report.refused,
+        lost: report.lost,
         params: Vec::new(),
         ledger: crate::thread::ThreadLedger::default(),
     };

@@ -134,7 +134,7 @@ pub struct Summary {
     pub params: usize,
     /// The run's seed.
     pub seed: u64,
-    /// Test accuracy of the final model.
+    /// Test accuracy of the final model (0 for the noisy quadratic model, which has none).
     pub final_accuracy: f64,
     /// Mean test loss of the final model.
     pub final_loss: f64,
@@ -158,6 +158,10 @@ pub struct Summary {
     pub per_worker: Vec<WorkerSummary>,
     /// Test accuracy over time.
     pub curve: Vec<EvalPoint>,
+    /// Why the run diverged (its test loss not finite or grown tenfold, gradients refused
+    /// for holding NaN or ±∞); absent when it did not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diverged: Option<String>,
     /// TCP runs: the server's side of the conservation ledger.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ledger: Option<TcpLedger>,
@@ -219,6 +223,7 @@ impl Summary {
                     compute_share: if w.wall_s > 0.0 { (w.busy_s / w.wall_s).min(1.0) } else { 0.0 },
                 })
                 .collect(),
+            diverged: crate::sim::divergence(&report.curve, report.ledger.refused_not_finite),
             curve: report.curve.clone(),
             ledger: None,
         }
@@ -258,6 +263,7 @@ impl Summary {
                     compute_share: w.compute_share,
                 })
                 .collect(),
+            diverged: crate::sim::divergence(&report.curve, report.not_finite),
             curve: report.curve.clone(),
             ledger: None,
         }
@@ -275,6 +281,12 @@ impl Summary {
         super::output::emit(&self.text());
     }
 
+    /// Whether the model is a classifier (the noisy quadratic model has a loss only: its
+    /// accuracy and time to an accuracy target mean nothing and are not printed).
+    fn has_accuracy(&self) -> bool {
+        !self.model.starts_with("nqm")
+    }
+
     /// The summary as a short text block.
     pub fn text(&self) -> String {
         use std::fmt::Write as _;
@@ -285,7 +297,15 @@ impl Summary {
             "syncopate {}: {}, {} workers, {} ({} params), seed {}",
             self.mode, self.protocol, self.workers, self.model, self.params, self.seed
         );
-        let _ = writeln!(out, "  test accuracy  {:.4}   loss {:.4}", self.final_accuracy, self.final_loss);
+        if let Some(why) = &self.diverged {
+            let _ = writeln!(out, "  DIVERGED       {why}: lower --lr");
+        }
+        if self.has_accuracy() {
+            let _ = writeln!(out, "  test accuracy  {:.4}   loss {:.4}", self.final_accuracy, self.final_loss);
+        } else {
+            let _ =
+                writeln!(out, "  loss           {:.4}   (the noisy quadratic model has no accuracy)", self.final_loss);
+        }
         if let Some(c) = self.simulator {
             let _ = writeln!(
                 out,
@@ -299,13 +319,17 @@ impl Summary {
             Some(t) => format!("{t:.3} s"),
             None => "not reached".into(),
         };
-        let _ = writeln!(
-            out,
-            "  {:<14} {:.3} s   time to {:.2}: {target}",
-            format!("{clock} time"),
-            self.time_s,
-            self.target_accuracy
-        );
+        if self.has_accuracy() {
+            let _ = writeln!(
+                out,
+                "  {:<14} {:.3} s   time to {:.2}: {target}",
+                format!("{clock} time"),
+                self.time_s,
+                self.target_accuracy
+            );
+        } else {
+            let _ = writeln!(out, "  {:<14} {:.3} s", format!("{clock} time"), self.time_s);
+        }
         let _ = writeln!(out, "  updates        {}", self.updates);
         let _ = writeln!(out, "  gradients      {}", self.gradients.line());
         let _ = writeln!(
@@ -316,6 +340,16 @@ impl Summary {
         let steps: Vec<String> = self.per_worker.iter().map(|w| w.steps.to_string()).collect();
         let share: Vec<String> = self.per_worker.iter().map(|w| format!("{:.0}%", w.compute_share * 100.0)).collect();
         let _ = writeln!(out, "  steps/worker   {}", steps.join(" "));
+        if self.per_worker.iter().any(|w| w.abandoned > 0) {
+            // A worker whose every computation was cut short (a backup worker's late
+            // gradients) has no steps yet a full compute share: these counts explain it.
+            let abandoned: Vec<String> = self.per_worker.iter().map(|w| w.abandoned.to_string()).collect();
+            let _ = writeln!(
+                out,
+                "  abandoned      {}   (computations cut short, not counted in steps)",
+                abandoned.join(" ")
+            );
+        }
         let _ = writeln!(out, "  compute share  {}", share.join(" "));
         out
     }

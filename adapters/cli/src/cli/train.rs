@@ -55,6 +55,25 @@ pub struct TrainArgs {
     pub record_trace: Option<std::path::PathBuf>,
 }
 
+/// The longest `--time-limit` (and `--lost-after`) accepted, in seconds: a year. Longer
+/// values would overflow the clock arithmetic of the run's deadlines.
+pub(super) const MAX_SECONDS: f64 = 365.0 * 86_400.0;
+
+/// `--NAME SECS` as a duration: a positive, finite number of seconds up to [`MAX_SECONDS`].
+pub(super) fn seconds(name: &str, value: f64) -> Result<StdDuration, String> {
+    if !(value.is_finite() && value > 0.0 && value <= MAX_SECONDS) {
+        return Err(format!(
+            "invalid value '{value}' for '--{name}': must be a positive number of seconds up to {MAX_SECONDS}"
+        ));
+    }
+    StdDuration::try_from_secs_f64(value).map_err(|e| format!("invalid value '{value}' for '--{name}': {e}"))
+}
+
+/// `--time-limit SECS`, if given, as a duration (see [`seconds`]).
+pub(super) fn time_limit(value: Option<f64>) -> Result<Option<StdDuration>, String> {
+    value.map(|t| seconds("time-limit", t)).transpose()
+}
+
 impl TrainArgs {
     pub(super) fn check(&self) -> Result<(), String> {
         let (lo, hi) = crate::scenario::STEP_MS_RANGE;
@@ -64,10 +83,8 @@ impl TrainArgs {
         if !(0.0..=1.0).contains(&self.target) {
             return Err(format!("invalid value '{}' for '--target': must be between 0 and 1", self.target));
         }
-        if let Some(t) = self.time_limit {
-            if !(t.is_finite() && t > 0.0) {
-                return Err(format!("invalid value '{t}' for '--time-limit': must be a positive number of seconds"));
-            }
+        if self.time_limit.is_some() {
+            time_limit(self.time_limit)?;
             if self.sim {
                 return Err("--time-limit applies to threaded runs; a --sim run stops after --steps".into());
             }
@@ -116,6 +133,7 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
     if args.sim {
         return run_sim(args, protocol, stragglers, &workload, &model_name, trace_file);
     }
+    check_thread_memory(n, dim, mem_available()).map_err(Failure::Usage)?;
     let base = args.base_step();
     let bar = super::progress_bar(args.steps.saturating_mul(u64::from(n)), args.json);
     let delays: Vec<StepDelay> = stragglers
@@ -136,7 +154,7 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
         batch_size: args.workload.batch_size as usize,
         seed: args.workload.seed,
         max_gradients: args.steps.saturating_mul(u64::from(n)),
-        time_limit: args.time_limit.map(StdDuration::from_secs_f64),
+        time_limit: time_limit(args.time_limit).map_err(Failure::Usage)?,
         eval_interval: StdDuration::from_millis(20),
         rejoin_after: Some(StdDuration::from_secs(2)),
         target_accuracy: args.target,
@@ -175,6 +193,8 @@ fn run_sim(
     trace_file: Option<std::fs::File>,
 ) -> Result<(), Failure> {
     let n = u64::from(protocol.workers());
+    let length = sim_length(&stragglers, args.step_ms / 1000.0, args.steps, &args.straggler).map_err(Failure::Usage)?;
+    check_stall_reports(length, n * args.steps, args.protocol.stall_report, &args.straggler).map_err(Failure::Usage)?;
     let mut config = SimConfig::new(protocol, args.workload.model);
     config.seed = args.workload.seed;
     config.batch_size = args.workload.batch_size as usize;
@@ -182,7 +202,10 @@ fn run_sim(
     config.compute = stragglers;
     config.stop = StopRule { max_time: None, max_gradients: Some(args.steps.saturating_mul(n)), ..StopRule::default() };
     config.stop.max_events = crate::scenario::EVENT_BUDGET;
-    config.eval_interval = Duration::from_secs_f64((args.step_ms / 1000.0).max(1e-6));
+    // One evaluation per base step, spread out so that a run slowed by its stragglers still
+    // makes at most MAX_CURVE_POINTS (each costs a pass over the test set); the time to
+    // target does not depend on it (it is found among every published model).
+    config.eval_interval = Duration::from_secs_f64((args.step_ms / 1000.0).max(length / MAX_CURVE_POINTS).max(1e-6));
     config.target_accuracy = args.target;
     config.record_trace = args.record_trace.is_some();
     config.shards = args.shards;
@@ -216,4 +239,103 @@ fn run_sim(
         }
     }
     Ok(())
+}
+
+/// The most evaluations (points of the accuracy curve) of a `--sim` run.
+const MAX_CURVE_POINTS: f64 = 2_000.0;
+/// The longest virtual time a `--sim` run may be expected to last, in seconds (about 30
+/// years: far from the simulator clock's limit of 584 years).
+const MAX_SIM_SECONDS: f64 = 1e9;
+
+/// The virtual seconds a `--sim` run of `steps` gradients per worker is expected to last
+/// when every step waits for the slowest worker (its mean step time × `steps`), refused when
+/// no finite mean exists or the length exceeds [`MAX_SIM_SECONDS`].
+fn sim_length(stragglers: &[ComputeModel], base_s: f64, steps: u64, spec: &str) -> Result<f64, String> {
+    let mut slowest = base_s;
+    for (worker, model) in stragglers.iter().enumerate() {
+        match model.mean_seconds(base_s) {
+            Some(mean) if mean.is_finite() => slowest = slowest.max(mean),
+            _ => {
+                return Err(format!(
+                    "invalid value '{spec}' for '--straggler': worker {worker}'s step time has no finite mean (a Pareto shape at or below 1), so a --sim run of --steps {steps} has no bound on its length; use a shape above 1"
+                ));
+            }
+        }
+    }
+    let length = slowest * steps as f64;
+    if length > MAX_SIM_SECONDS {
+        return Err(format!(
+            "invalid value '{spec}' for '--straggler': the slowest worker's mean step of {slowest:.3e} s makes --steps {steps} last about {length:.1e} virtual seconds; at most {MAX_SIM_SECONDS:.0e}"
+        ));
+    }
+    Ok(length)
+}
+
+/// The stall-report interval when `--stall-report` is not given, in milliseconds.
+const DEFAULT_STALL_REPORT_MS: f64 = 2000.0;
+/// Simulator events per gradient, an upper estimate (as the scenario budget counts them).
+const EVENTS_PER_GRADIENT: f64 = 6.0;
+
+/// Refuses a `--sim` run whose gradients, evaluations and stall reports (one per stall
+/// interval of the run's expected `length` while a straggler is waited for) would exceed
+/// the simulator's event budget.
+fn check_stall_reports(length: f64, gradients: u64, stall_ms: Option<f64>, spec: &str) -> Result<(), String> {
+    let stall_s = stall_ms.filter(|ms| *ms > 0.0).unwrap_or(DEFAULT_STALL_REPORT_MS) / 1000.0;
+    let stalls = length / stall_s;
+    let events = gradients as f64 * EVENTS_PER_GRADIENT + MAX_CURVE_POINTS + stalls;
+    let budget = crate::scenario::EVENT_BUDGET as f64;
+    if events > budget {
+        return Err(format!(
+            "invalid value '{spec}' for '--straggler': the run would last about {length:.1e} virtual seconds, about {stalls:.1e} stall reports (one per {stall_s} s of waiting) and {events:.1e} simulator events in all; at most {budget:.0e} (fewer --steps, a milder straggler or a longer --stall-report)"
+        ));
+    }
+    Ok(())
+}
+
+/// Memory a threaded run needs per pair of workers: its queues grow with the square of the
+/// worker count, a few kilobytes a pair.
+const THREAD_PAIR_BYTES: f64 = 2304.0;
+/// Stack and buffers of one worker thread besides its model copies.
+const THREAD_BYTES: f64 = 256.0 * 1024.0;
+/// Model copies one worker thread holds (its model, a gradient, buffers in flight).
+const MODEL_COPIES_PER_THREAD: f64 = 4.0;
+/// The share of the available memory a threaded run may plan to use.
+const MEMORY_SHARE: f64 = 0.5;
+
+/// Refuses a threaded run whose estimated memory (quadratic in the workers, plus model
+/// copies per thread) exceeds half of `available` bytes (unknown: not checked).
+fn check_thread_memory(workers: u32, dim: usize, available: Option<u64>) -> Result<(), String> {
+    let n = f64::from(workers);
+    let estimate = n * n * THREAD_PAIR_BYTES + n * (THREAD_BYTES + MODEL_COPIES_PER_THREAD * dim as f64 * 4.0);
+    match available {
+        Some(bytes) if estimate > bytes as f64 * MEMORY_SHARE => Err(format!(
+            "invalid value '{workers}' for '--workers': {workers} worker threads would need about {:.1} GB of memory and this machine has {:.1} GB available (at most half of it is planned); use fewer workers, or --sim for the simulator",
+            estimate / 1e9,
+            bytes as f64 / 1e9
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The memory available to new work (Linux `MemAvailable`), in bytes; `None` elsewhere.
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_counts_the_memory_cannot_hold_are_refused() {
+        let gb = 1u64 << 30;
+        assert!(check_thread_memory(8, 650, Some(gb)).is_ok());
+        assert!(check_thread_memory(65_535, 650, None).is_ok(), "unknown memory is not checked");
+        let e = check_thread_memory(2000, 650, Some(6 * gb)).unwrap_err();
+        assert!(e.contains("'2000' for '--workers'") && e.contains("GB") && e.contains("--sim"), "{e}");
+        assert!(check_thread_memory(65_535, 650, Some(64 * gb)).is_err());
+    }
 }

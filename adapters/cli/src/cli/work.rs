@@ -61,9 +61,31 @@ pub struct WorkArgs {
     /// Print the worker's report as one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
+    /// A server silent this many seconds (no message, no heartbeat: hung, stopped or cut
+    /// off) is lost and the worker reconnects. Heartbeats go out every tenth of it (between
+    /// 10 ms and 1 s), also while a gradient is being computed.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub lost_after: f64,
 }
 
 /// The worker id from `--id` or, without it, from the first launcher variable `get` finds.
+/// Refuses a `--connect` value that is not `HOST:PORT` with a port from 1 to 65535.
+pub(super) fn check_address(addr: &str) -> Result<(), String> {
+    let bad = |why: &str| {
+        Err(format!("invalid value '{addr}' for '--connect': {why} (expected HOST:PORT, e.g. 127.0.0.1:7070)"))
+    };
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return bad("no port");
+    };
+    if host.is_empty() {
+        return bad("no host");
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(()),
+        _ => bad(&format!("'{port}' is not a port number")),
+    }
+}
+
 pub(super) fn worker_id(flag: Option<u32>, get: impl Fn(&str) -> Option<String>) -> Result<u32, String> {
     if let Some(id) = flag {
         return Ok(id);
@@ -135,16 +157,52 @@ impl WorkerJob for Job {
     }
 }
 
+/// The largest data file a worker reads (and hashes) at the path the server names.
+pub(super) const MAX_DATA_FILE_BYTES: u64 = 1 << 30;
+
+/// Reads the data file at `path` for the server's settings: a regular file of at most
+/// [`MAX_DATA_FILE_BYTES`] (a device such as `/dev/zero`, a pipe or a larger file is refused
+/// before it is read), whatever named it; its SHA-256 is then checked against the server's.
+fn read_data_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    use std::io::Read as _;
+    let cannot = |e: &dyn std::fmt::Display| {
+        format!("cannot read the run's data file {}: {e} (give its location with --data)", path.display())
+    };
+    let file = std::fs::File::open(path).map_err(|e| cannot(&e))?;
+    let meta = file.metadata().map_err(|e| cannot(&e))?;
+    if !meta.is_file() {
+        return Err(cannot(&"not a regular file"));
+    }
+    if meta.len() > MAX_DATA_FILE_BYTES {
+        return Err(cannot(&format_args!("{} bytes, above the {MAX_DATA_FILE_BYTES} a worker reads", meta.len())));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_DATA_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(|e| cannot(&e))?;
+    if bytes.len() as u64 > MAX_DATA_FILE_BYTES {
+        return Err(cannot(&format_args!("it grew above the {MAX_DATA_FILE_BYTES} bytes a worker reads")));
+    }
+    Ok(bytes)
+}
+
 /// The workload of the server's settings; a data file must have the server's SHA-256.
+/// Every size the server names is bounded before anything is allocated: the minibatch as
+/// `--batch-size` is, the model by the workload's own limits, a data file by
+/// [`read_data_file`].
 fn workload(w: &WorkloadSettings, data_override: Option<&PathBuf>) -> Result<Workload, String> {
+    if !(1..=super::MAX_BATCH_SIZE).contains(&w.batch_size) {
+        return Err(format!(
+            "the server's batch size {} is outside 1..={} (a worker sizes its buffers from it)",
+            w.batch_size,
+            super::MAX_BATCH_SIZE
+        ));
+    }
     let model: ModelKind = w.model.parse().map_err(|e| format!("the server's model: {e}"))?;
+    super::check_hidden(model).map_err(|e| format!("the server's model: {e}"))?;
     let (data, data_format) = match &w.data {
         DataSource::Digits => (None, DataFormat::Csv),
         DataSource::File { path, format, sha256 } => {
             let path = data_override.cloned().unwrap_or_else(|| PathBuf::from(path));
-            let bytes = std::fs::read(&path).map_err(|e| {
-                format!("cannot read the run's data file {}: {e} (give its location with --data)", path.display())
-            })?;
+            let bytes = read_data_file(&path)?;
             if crate::tcp::settings::digest(&bytes) != *sha256 {
                 return Err(format!("data file {} differs from the server's (SHA-256 mismatch)", path.display()));
             }
@@ -166,6 +224,7 @@ pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
     }
     // Checked for syntax now; worker ids in it are checked against the server's count.
     super::parse_stragglers(&args.straggler, syncopate::MAX_WORKERS as u32).map_err(Failure::Usage)?;
+    check_address(&args.connect).map_err(Failure::Usage)?;
     let id = worker_id(args.id, |v| std::env::var(v).ok()).map_err(Failure::Usage)?;
     let secret = super::serve::load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
     let id = WorkerId(id);
@@ -173,6 +232,7 @@ pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
     options.key = secret.map(|s| s.worker_key(id));
     options.backoff.give_up_after = Duration::from_secs(args.give_up_after);
     options.frame_timeout = FrameTimeout::default();
+    options.lost_after = super::train::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?;
     let mut job = Job {
         id: id.0,
         data_override: args.data.clone(),
@@ -181,12 +241,10 @@ pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
         state: None,
     };
     let report = run_worker(&options, &mut job, &mut |line| eprintln!("work: {line}")).map_err(|e| {
-        // A worker id out of range or settings this worker cannot use are the operator's to fix.
-        if e.0.contains("out of range") || e.0.contains("--straggler") || e.0.contains("data file") {
-            Failure::Usage(e.0)
-        } else {
-            Failure::Run(e.0)
-        }
+        // A worker id out of range or claimed by another process, an address that does not
+        // resolve, or settings this worker cannot use are the operator's to fix.
+        let usage = ["out of range", "--straggler", "data file", "claim this worker id", "invalid server address"];
+        if usage.iter().any(|u| e.0.contains(u)) { Failure::Usage(e.0) } else { Failure::Run(e.0) }
     })?;
     if args.json {
         match serde_json::to_string(&report) {
@@ -197,14 +255,16 @@ pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
         let share = if report.wall_s > 0.0 { 100.0 * report.busy_s / report.wall_s } else { 0.0 };
         println!(
             "work: worker {} {} after {} gradients in {:.2} s (computing {share:.0}% of the time; {} session{}, last \
-             model version {})",
+             model version {}; {} input{} refused)",
             id.0,
             if report.stopped { "stopped by the server" } else { "ended" },
             report.steps,
             report.wall_s,
             report.sessions,
             if report.sessions == 1 { "" } else { "s" },
-            report.last_version.map_or_else(|| "none".to_owned(), |v| v.to_string())
+            report.last_version.map_or_else(|| "none".to_owned(), |v| v.to_string()),
+            report.refused,
+            if report.refused == 1 { "" } else { "s" }
         );
     }
     Ok(())
@@ -213,6 +273,28 @@ pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn settings(batch_size: u32, data: DataSource) -> WorkloadSettings {
+        WorkloadSettings { model: "softmax".into(), data, batch_size, seed: 1 }
+    }
+
+    #[test]
+    fn sizes_and_files_named_by_the_server_are_bounded_before_anything_is_read() {
+        let file = |path: &str| DataSource::File { path: path.into(), format: "csv".into(), sha256: [0; 32] };
+        let e = workload(&settings(u32::MAX, DataSource::Digits), None).err().unwrap();
+        assert!(e.contains("batch size 4294967295"), "{e}");
+        let e = workload(&settings(0, DataSource::Digits), None).err().unwrap();
+        assert!(e.contains("batch size 0"), "{e}");
+        let e = workload(&settings(32, file("/dev/zero")), None).err().unwrap();
+        assert!(e.contains("/dev/zero") && e.contains("not a regular file"), "{e}");
+        let e = workload(&settings(32, file("/")), None).err().unwrap();
+        assert!(e.contains("not a regular file"), "{e}");
+        let e =
+            workload(&WorkloadSettings { model: "nqm:4000000000".into(), ..settings(32, DataSource::Digits) }, None)
+                .err()
+                .unwrap();
+        assert!(e.contains("the server's model"), "{e}");
+    }
 
     #[test]
     fn the_id_comes_from_the_flag_then_the_launcher() {

@@ -8,7 +8,9 @@
 //! - `markov`: each worker is a two-state Markov chain, normal (`m`, noise) or straggling
 //!   (`4 m`); it turns slow with probability 0.03 per step and recovers with 0.25 (about 11%
 //!   of steps are slow, in bursts of about 4).
-//! - `pareto`: independent heavy-tailed steps, `m · 0.75 · Pareto(1, 2.2)`.
+//! - `pareto`: independent heavy-tailed steps, `m · 0.75 · Pareto(1, α)`, shape `α` 2.2 by
+//!   default ([`PARETO_SHAPE`]; [`generate_shaped`] takes another: at 1.5 the mean is finite
+//!   and the variance infinite).
 //! - `dead-node`: one worker (chosen by the seed) is 10 times slower; the others `m`, noise.
 //! - `uniform`: independent steps uniform on `0.5..1.5 × m`.
 //! - `two-types`: a third of the workers (chosen by the seed, at least one) are a slower
@@ -42,6 +44,9 @@ pub enum Kind {
 /// All kinds, in the order above.
 pub const KINDS: [Kind; 7] =
     [Kind::Steady, Kind::Markov, Kind::Pareto, Kind::DeadNode, Kind::Uniform, Kind::TwoTypes, Kind::RegimeChange];
+
+/// The Pareto tail's shape `α` of [`generate`].
+pub const PARETO_SHAPE: f64 = 2.2;
 
 /// PRNG sub-stream of the generator.
 const GEN_STREAM: u64 = 0x7472_6163; // "trac"
@@ -87,6 +92,13 @@ fn chosen(rng: &mut Rng, workers: u32, count: u32) -> Vec<bool> {
 /// A trace of `kind`: `workers` workers with `steps` steps each around a median step of
 /// `median_s` seconds, from `seed` (the same arguments give the same trace).
 pub fn generate(kind: Kind, workers: u32, steps: u64, median_s: f64, seed: u64) -> Vec<Step> {
+    generate_shaped(kind, workers, steps, median_s, seed, PARETO_SHAPE)
+}
+
+/// [`generate`] with the Pareto tail's shape `pareto_shape` (used by `pareto` only; a shape
+/// that is not a positive number gives [`PARETO_SHAPE`]).
+pub fn generate_shaped(kind: Kind, workers: u32, steps: u64, median_s: f64, seed: u64, pareto_shape: f64) -> Vec<Step> {
+    let shape = if pareto_shape.is_finite() && pareto_shape > 0.0 { pareto_shape } else { PARETO_SHAPE };
     let mut rng = Rng::derive(seed, GEN_STREAM);
     let n = workers as usize;
     let m = median_s;
@@ -105,7 +117,7 @@ pub fn generate(kind: Kind, workers: u32, steps: u64, median_s: f64, seed: u64) 
                     slow_state[w] = if slow_state[w] { flip >= 0.25 } else { flip < 0.03 };
                     m * noise(&mut rng) * if slow_state[w] { 4.0 } else { 1.0 }
                 }
-                Kind::Pareto => m * 0.75 * rng.pareto(1.0, 2.2),
+                Kind::Pareto => m * 0.75 * rng.pareto(1.0, shape),
                 Kind::DeadNode => m * noise(&mut rng) * if w == dead { 10.0 } else { 1.0 },
                 Kind::Uniform => m * (0.5 + rng.next_f64()),
                 Kind::TwoTypes => m * noise(&mut rng) * if slow_type[w] { 2.0 } else { 1.0 },
@@ -145,6 +157,12 @@ mod tests {
         let mean = |w: u32| d.iter().filter(|s| s.worker == w).map(|s| s.seconds).sum::<f64>() / 50.0;
         let slow = (0..4).filter(|&w| mean(w) > 0.08).count();
         assert_eq!(slow, 1);
+        // A heavier tail: the default shape is the plain generator; 1.5 has a longer tail.
+        assert_eq!(generate_shaped(Kind::Pareto, 4, 50, 0.01, 2, PARETO_SHAPE), generate(Kind::Pareto, 4, 50, 0.01, 2));
+        let top = |shape: f64| {
+            generate_shaped(Kind::Pareto, 16, 500, 0.01, 2, shape).iter().map(|s| s.seconds).fold(0.0, f64::max)
+        };
+        assert!(top(1.5) > 2.0 * top(PARETO_SHAPE), "{} {}", top(1.5), top(PARETO_SHAPE));
         // The second half of a regime change is slower than the first.
         let r = generate(Kind::RegimeChange, 8, 100, 0.01, 1);
         let half = |second: bool| r.iter().filter(|s| (s.step >= 50) == second).map(|s| s.seconds).sum::<f64>();

@@ -9,6 +9,8 @@
 //! batch_size = 32
 //! learning_rate = 0.5           # of one averaged synchronous step (see ProtocolSpec::config)
 //! target_accuracy = 0.90        # "time to target": when the first model at or above it was published
+//! accuracy_ladder = [0.85, 0.9] # optional: more targets; with DBW and static backup runs, a
+//!                               # table of DBW against the best static b at each of them
 //! step_ms = 10.0                # virtual time of one gradient on an unhindered worker (0.01..=60000)
 //! max_time_s = 20.0             # virtual time budget of each run (at most 3600)
 //! eval_interval_ms = 50.0       # virtual time between points of the accuracy curve
@@ -47,7 +49,7 @@ pub mod reproduction;
 mod sweep;
 
 pub use sweep::Sweep;
-pub use syncopate_transport::protocol_spec::{GroupLrScaling, InterruptMode, ProtocolName, ProtocolSpec};
+pub use syncopate_transport::protocol_spec::{GroupLrScaling, InterruptMode, ProtocolKind, ProtocolSpec};
 
 use crate::sim::{ComputeModel, NetworkConfig, SimConfig, StopRule};
 use crate::workload::ModelKind;
@@ -93,7 +95,7 @@ struct StragglerFile {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ProtocolFile {
-    name: ProtocolName,
+    name: ProtocolKind,
     lr: Option<Sweep<f64>>,
     staleness: Option<Sweep<u64>>,
     iteration_timeout_ms: Option<Sweep<f64>>,
@@ -125,6 +127,8 @@ struct ScenarioFile {
     learning_rate: f64,
     #[serde(default = "target")]
     target_accuracy: f64,
+    #[serde(default)]
+    accuracy_ladder: Vec<f64>,
     #[serde(default = "step")]
     step_ms: f64,
     #[serde(default = "budget")]
@@ -190,6 +194,9 @@ pub struct Scenario {
     pub learning_rate: f64,
     /// Target test accuracy.
     pub target_accuracy: f64,
+    /// More accuracy targets (ascending; may be empty): `compare` reports DBW against the
+    /// best static `b` at each.
+    pub accuracy_ladder: Vec<f64>,
     /// Base step time.
     pub base_step: Duration,
     /// Virtual time budget per run.
@@ -345,8 +352,16 @@ fn line_of_key(text: &str, key: &str) -> Option<usize> {
 impl Scenario {
     /// Parses and validates scenario text; `source` names it in errors (a file name).
     pub fn parse(text: &str, source: &str) -> Result<Self, String> {
-        let file: ScenarioFile = toml::from_str(text)
-            .map_err(|e| format!("{source}:{}{}", position(text, e.span()), e.message().replace('\n', " ").trim()))?;
+        let file: ScenarioFile = toml::from_str(text).map_err(|e| {
+            let mut message = e.message().replace('\n', " ").trim().to_owned();
+            // The parser's "duplicate key" names no key: the span covers it.
+            if message == "duplicate key" {
+                if let Some(key) = e.span().and_then(|s| text.get(s)).map(str::trim).filter(|k| !k.is_empty()) {
+                    message = format!("duplicate key '{key}' (each key once per table)");
+                }
+            }
+            format!("{source}:{}{message}", position(text, e.span()))
+        })?;
         Self::validate(file).map_err(|e| match line_of_key(text, e.split(':').next().unwrap_or("")) {
             Some(line) => format!("{source}:{line}: {e}"),
             None => format!("{source}: {e}"),
@@ -399,6 +414,15 @@ impl Scenario {
         }
         if !(0.0..=1.0).contains(&file.target_accuracy) {
             return Err(format!("target_accuracy: {} is outside 0..1", file.target_accuracy));
+        }
+        if file.accuracy_ladder.len() > 16 {
+            return Err(format!("accuracy_ladder: {} targets; at most 16", file.accuracy_ladder.len()));
+        }
+        if let Some(bad) = file.accuracy_ladder.iter().find(|a| !(0.0..=1.0).contains(*a)) {
+            return Err(format!("accuracy_ladder: {bad} is outside 0..1"));
+        }
+        if file.accuracy_ladder.windows(2).any(|w| w[0] >= w[1]) {
+            return Err("accuracy_ladder: the targets must be in ascending order".into());
         }
         let network = match &file.network {
             None => NetworkConfig::default(),
@@ -475,6 +499,7 @@ impl Scenario {
             batch_size: file.batch_size as usize,
             learning_rate,
             target_accuracy: file.target_accuracy,
+            accuracy_ladder: file.accuracy_ladder,
             base_step: Duration::from_secs_f64(step_ms / 1000.0),
             max_time: Duration::from_secs_f64(max_time_s),
             eval_interval: Duration::from_secs_f64(eval_ms / 1000.0),
@@ -625,6 +650,14 @@ mod tests {
                 "workers = 4\n[network]\nlatency_ms = -1\n[[protocols]]\nname = \"bsp\"\n",
                 "t.toml:3: network.latency_ms",
             ),
+            (
+                "workers = 4\naccuracy_ladder = [0.9, 0.8]\n[[protocols]]\nname = \"bsp\"\n",
+                "t.toml:2: accuracy_ladder: the targets must be in ascending order",
+            ),
+            (
+                "workers = 4\naccuracy_ladder = [0.5, 1.5]\n[[protocols]]\nname = \"bsp\"\n",
+                "t.toml:2: accuracy_ladder: 1.5 is outside 0..1",
+            ),
             ("workers = 4\n", "missing field `protocols`"),
             ("workers = 4\nprotocols = []\n", "at least one"),
             ("workers = 4\nstep_ms = -1\n[[protocols]]\nname = \"bsp\"\n", "t.toml:2: step_ms: -1 is outside"),
@@ -637,6 +670,7 @@ mod tests {
                 "t.toml:2: protocols[0] (backup b=4): backup workers 4 must be fewer than the 4 workers",
             ),
             ("workers = 4\nmodel = \"cnn\"\n[[protocols]]\nname = \"bsp\"\n", "model:"),
+            ("workers = 4\nworkers = 5\n[[protocols]]\nname = \"bsp\"\n", "t.toml:2:1: duplicate key 'workers'"),
             ("workers = 4\n[[protocols]]\nname = \"bsp\"\nstaleness = \"x\"\n", "t.toml:4:"),
         ] {
             let e = Scenario::parse(text, "t.toml").unwrap_err();

@@ -49,7 +49,8 @@ pub enum ComputeModel {
     /// Replay of recorded step times in seconds, cycled; an empty trace means the base time.
     Trace(Vec<f64>),
     /// A regime change: `base`, except that steps `from_step..until_step` of this worker take
-    /// `factor` times as long (a cluster that turns slow for a while, then recovers).
+    /// `factor` times as long (a cluster that turns slow for a while, then recovers). A
+    /// `base` that is itself a phase adds another one (phases that overlap multiply).
     SlowPhase {
         /// The model outside (and, scaled, inside) the phase.
         base: Box<Self>,
@@ -140,9 +141,16 @@ impl ComputeSampler {
     /// infinite for a degenerate model, which [`Self::next_step`] saturates).
     pub fn next_seconds(&mut self) -> f64 {
         let (scale, model) = match &self.model {
-            ComputeModel::SlowPhase { base, factor, from_step, until_step } => {
-                let inside = (*from_step..*until_step).contains(&self.step);
-                (if inside { *factor } else { 1.0 }, &**base)
+            ComputeModel::SlowPhase { .. } => {
+                // Nested phases: each one the step lies in multiplies the time.
+                let (mut scale, mut model) = (1.0, &self.model);
+                while let ComputeModel::SlowPhase { base, factor, from_step, until_step } = model {
+                    if (*from_step..*until_step).contains(&self.step) {
+                        scale *= *factor;
+                    }
+                    model = &**base;
+                }
+                (scale, model)
             }
             other => (1.0, other),
         };
@@ -152,8 +160,8 @@ impl ComputeSampler {
     }
 }
 
-/// One draw of `model` at step `step` (a nested [`ComputeModel::SlowPhase`] counts as its
-/// base model).
+/// One draw of `model` at step `step` (a [`ComputeModel::SlowPhase`] counts as its base
+/// model: the caller applies the phases' factors).
 fn sample(model: &ComputeModel, base: f64, rng: &mut Rng, burst_left: &mut u32, step: u64) -> f64 {
     {
         match model {
@@ -277,6 +285,16 @@ mod tests {
         let got: Vec<f64> = (0..6).map(|_| s.next_seconds()).collect();
         assert_eq!(got, [0.01, 0.01, 0.05, 0.05, 0.01, 0.01]);
         assert_eq!(m.mean_seconds(0.01), Some(0.01));
+    }
+
+    #[test]
+    fn nested_slow_phases_each_scale_their_steps() {
+        let inner =
+            ComputeModel::SlowPhase { base: Box::new(ComputeModel::None), factor: 5.0, from_step: 1, until_step: 2 };
+        let m = ComputeModel::SlowPhase { base: Box::new(inner), factor: 3.0, from_step: 3, until_step: 5 };
+        let mut s = ComputeSampler::new(m, BASE, 1, 0);
+        let got: Vec<f64> = (0..6).map(|_| s.next_seconds()).collect();
+        assert_eq!(got, [0.01, 0.05, 0.01, 0.03, 0.03, 0.01]);
     }
 
     #[test]

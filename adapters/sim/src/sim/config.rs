@@ -272,9 +272,10 @@ impl SimConfig {
         self.compute.get(worker as usize).cloned().unwrap_or(ComputeModel::None)
     }
 
-    /// The built-in digits workload for this config's model and seed.
+    /// The built-in workload for this config's model and seed ([`Workload::builtin`]: the
+    /// digits data, or the noisy quadratic model's noise).
     pub fn digits_workload(&self) -> Workload {
-        Workload::digits(self.model, self.seed)
+        Workload::builtin(self.model, self.seed)
     }
 
     /// Builder: the seed.

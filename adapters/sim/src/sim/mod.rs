@@ -81,8 +81,8 @@ pub use config::{
 };
 pub use engine::FAULT_STREAM;
 pub use report::{
-    Bucket, CurvePoint, Fault, FaultStats, Node, Observation, ShardReport, SimReport, StalenessStats, Target,
-    TraceStep, WorkerReport,
+    Bucket, CurvePoint, DIVERGED_LOSS_GROWTH, Fault, FaultStats, Node, Observation, ShardReport, SimReport,
+    StalenessStats, Target, TraceStep, WorkerReport, divergence,
 };
 
 use crate::workload::Workload;

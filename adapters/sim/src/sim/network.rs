@@ -64,6 +64,7 @@ pub struct BufferPool {
     refs: Vec<u32>,
     free: Vec<usize>,
     allocated: usize,
+    bad_releases: u64,
 }
 
 impl BufferPool {
@@ -114,14 +115,26 @@ impl BufferPool {
         self.refs[slot] += n;
     }
 
-    /// Drops one reference; the buffer returns to the free list with the last one.
+    /// Drops one reference; the buffer returns to the free list with the last one. A
+    /// release of a buffer that holds no reference (released more often than taken) changes
+    /// nothing and is counted ([`Self::bad_releases`]): putting the slot on the free list a
+    /// second time would hand one buffer to two messages.
     pub fn release(&mut self, slot: usize) {
-        let r = &mut self.refs[slot];
-        debug_assert!(*r > 0, "buffer {slot} released more often than taken");
-        *r = r.saturating_sub(1);
-        if *r == 0 {
-            self.free.push(slot);
+        match self.refs.get_mut(slot) {
+            Some(r) if *r > 0 => {
+                *r -= 1;
+                if *r == 0 {
+                    self.free.push(slot);
+                }
+            }
+            _ => self.bad_releases += 1,
         }
+    }
+
+    /// Releases of a buffer that held no reference, or of no buffer: zero unless the caller
+    /// has a bug.
+    pub fn bad_releases(&self) -> u64 {
+        self.bad_releases
     }
 
     /// Buffers currently in use.
@@ -138,6 +151,19 @@ impl BufferPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_buffer_released_twice_is_counted_and_never_handed_out_twice() {
+        let mut pool = BufferPool::new(8);
+        let a = pool.take(8);
+        pool.release(a);
+        pool.release(a);
+        pool.release(99);
+        assert_eq!(pool.bad_releases(), 2);
+        let (b, c) = (pool.take(8), pool.take(8));
+        assert_ne!(b, c, "one slot on the free list once");
+        assert_eq!(pool.in_use(), 2);
+    }
 
     fn ms(x: u64) -> Instant {
         Instant::from_nanos(x * 1_000_000)

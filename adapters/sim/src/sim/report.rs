@@ -224,6 +224,34 @@ pub struct CurvePoint {
     pub loss: f64,
 }
 
+/// A test loss this many times the first evaluation's marks a diverged run.
+pub const DIVERGED_LOSS_GROWTH: f64 = 10.0;
+
+/// Why a run diverged, if it did, as one clause: its test loss became NaN or infinite, or
+/// grew past [`DIVERGED_LOSS_GROWTH`] times its first value, or `not_finite` inputs were
+/// refused because they held NaN or ±∞ or overflowed their norm (a diverging model's
+/// gradients).
+pub fn divergence(curve: &[CurvePoint], not_finite: u64) -> Option<String> {
+    let first = curve.first().map(|p| p.loss).filter(|l| l.is_finite() && *l > 0.0);
+    let not_finite_at = curve.iter().find(|p| !p.loss.is_finite());
+    let grown = first.and_then(|f| curve.iter().find(|p| p.loss > DIVERGED_LOSS_GROWTH * f).map(|p| (f, p)));
+    let mut why = match (not_finite_at, grown) {
+        (Some(p), _) => format!("the test loss was {} at {:.3} s (version {})", p.loss, p.time_s, p.version),
+        (None, Some((f, p))) => {
+            format!("the test loss grew from {f:.4} to {:.3e} by {:.3} s (version {})", p.loss, p.time_s, p.version)
+        }
+        (None, None) if not_finite > 0 => String::new(),
+        (None, None) => return None,
+    };
+    if not_finite > 0 {
+        if !why.is_empty() {
+            why.push_str("; ");
+        }
+        why.push_str(&format!("{not_finite} gradient(s) refused for holding NaN, ±∞ or an overflowing norm"));
+    }
+    Some(why)
+}
+
 /// What became of one worker.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct WorkerReport {
@@ -327,8 +355,10 @@ pub struct SimReport {
     pub seed: u64,
     /// Number of workers.
     pub workers: u32,
-    /// Why the run ended: `max_time`, `max_updates`, `target`, `idle` (nothing left to do)
-    /// or `max_events`.
+    /// Why the run ended: `max_time`, `max_updates`, `max_gradients`, `target`,
+    /// `target_loss`, `diverged` (an evaluation found the test loss not finite, or an input
+    /// was refused for holding NaN or ±∞ or overflowing its norm), `idle`
+    /// (nothing left to do) or `max_events`.
     pub stop_reason: &'static str,
     /// Test accuracy and loss over virtual time.
     pub curve: Vec<CurvePoint>,
@@ -359,6 +389,9 @@ pub struct SimReport {
     pub stalls: u64,
     /// Inputs workers refused (messages and gradients).
     pub worker_rejects: u64,
+    /// Inputs refused (by the server or a worker) because a tensor held NaN or ±∞ or its
+    /// norm overflowed: a diverging model's gradients.
+    pub not_finite: u64,
     /// Per-worker figures.
     pub per_worker: Vec<WorkerReport>,
     /// Mean of the workers' compute shares.

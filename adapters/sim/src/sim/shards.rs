@@ -135,6 +135,8 @@ struct Sim<'a, 'o> {
     bytes: u64,
     codec_errors: u64,
     worker_rejects: u64,
+    /// Contributions refused for holding NaN or ±∞ or overflowing their norm.
+    not_finite: u64,
     hash: Fnv,
 }
 
@@ -243,6 +245,7 @@ impl<'a, 'o> Sim<'a, 'o> {
             bytes: 0,
             codec_errors: 0,
             worker_rejects: 0,
+            not_finite: 0,
             hash: Fnv::new(),
         })
     }
@@ -398,6 +401,9 @@ impl<'a, 'o> Sim<'a, 'o> {
             if result.is_err() {
                 s.refused += 1;
             }
+            if matches!(result, Err(syncopate::Reject::NotFinite | syncopate::Reject::NormTooLarge)) {
+                self.not_finite += 1;
+            }
         }
         self.hash.u64(u64::from(result.is_ok()));
         self.drain_shard(shard);
@@ -430,9 +436,12 @@ impl<'a, 'o> Sim<'a, 'o> {
         h.busy = h.busy + (now - start);
         match h.worker.handle_gradient(now, id, &h.grad) {
             Ok(()) => h.report.gradients_computed += 1,
-            Err(_) => {
+            Err(e) => {
                 h.report.jobs_abandoned += 1;
                 self.worker_rejects += 1;
+                if matches!(e, syncopate::Reject::NotFinite | syncopate::Reject::NormTooLarge) {
+                    self.not_finite += 1;
+                }
             }
         }
         self.drain_worker(worker as usize);
@@ -679,6 +688,7 @@ impl<'a, 'o> Sim<'a, 'o> {
             bytes_moved: self.bytes,
             buffers_allocated: self.pool.allocations(),
             codec_errors: self.codec_errors,
+            not_finite: self.not_finite,
             trace_hash: trace.0,
             final_params_hash: h.0,
             compute_trace: Vec::new(),

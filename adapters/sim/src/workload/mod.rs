@@ -118,9 +118,23 @@ pub struct Workload {
 
 impl Workload {
     /// The built-in digits data set split 80/20 with `seed` (see [`Dataset::split`]), with a
-    /// model of `kind`.
+    /// model of `kind` (a classifier: the noisy quadratic model trains on its own noise, see
+    /// [`Workload::builtin`]).
+    ///
+    /// # Panics
+    ///
+    /// If `kind` is [`ModelKind::Nqm`] of a dimension other than 64 (see [`Model::new`]).
     pub fn digits(kind: ModelKind, seed: u64) -> Self {
         Self::new(Dataset::digits(), kind, 0.2, seed)
+    }
+
+    /// The built-in workload of a model kind: the noisy quadratic model's own noise pool
+    /// ([`nqm::DEFAULT_POOL`] vectors) for [`ModelKind::Nqm`], the digits data otherwise.
+    pub fn builtin(kind: ModelKind, seed: u64) -> Self {
+        match kind {
+            ModelKind::Nqm { dim } => Self::nqm(dim, nqm::DEFAULT_POOL, seed),
+            _ => Self::digits(kind, seed),
+        }
     }
 
     /// The built-in 5,000-image MNIST subset ([`Dataset::mnist5k`]) split 4,000/1,000 with
@@ -142,7 +156,8 @@ impl Workload {
     ///
     /// # Panics
     ///
-    /// If `data` has no features or no classes (see [`Model::new`]).
+    /// If `data` has no features or no classes, or `kind` is [`ModelKind::Nqm`] of a
+    /// dimension other than the data's features (see [`Model::new`]).
     pub fn new(data: Dataset, kind: ModelKind, test_fraction: f64, seed: u64) -> Self {
         let (train, test) = data.split(test_fraction, seed);
         let model = Model::new(kind, data.n_features, data.n_classes);

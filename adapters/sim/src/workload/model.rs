@@ -59,10 +59,20 @@ impl fmt::Display for ModelKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParseModelKindError {
     value: String,
+    /// Set when the kind is known but a size is not a positive whole number.
+    bad_size: bool,
 }
 
 impl fmt::Display for ParseModelKindError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.bad_size {
+            return write!(
+                f,
+                "invalid model '{}': every size must be a whole number of at least 1 (e.g. 'mlp:64', 'mlp2:64:32', \
+                 'nqm:100')",
+                self.value.escape_debug()
+            );
+        }
         write!(
             f,
             "unknown model '{}' (expected 'softmax', 'mlp', 'mlp:<hidden units>', 'mlp2:<units>:<units>' or \
@@ -96,7 +106,8 @@ impl FromStr for ModelKind {
                 }
             }
         };
-        kind.ok_or_else(|| ParseModelKindError { value: s.to_owned() })
+        let known = ["mlp:", "mlp2:", "nqm:"].iter().any(|p| lower.starts_with(p));
+        kind.ok_or_else(|| ParseModelKindError { value: s.to_owned(), bad_size: known })
     }
 }
 
@@ -452,9 +463,13 @@ mod tests {
         ] {
             assert_eq!(kind.to_string().parse(), Ok(kind));
         }
-        for bad in ["", "cnn", "mlp:", "mlp:0", "mlp:-3", "mlp:x", "softmax:3", "mlp2:3", "mlp2:0:3", "nqm:0", "nqm"] {
+        for bad in ["", "cnn", "softmax:3", "nqm"] {
             let e = bad.parse::<ModelKind>().unwrap_err().to_string();
             assert!(e.starts_with(&format!("unknown model '{bad}'")), "{e}");
+        }
+        for bad in ["mlp:", "mlp:0", "mlp:-3", "mlp:x", "mlp2:3", "mlp2:0:3", "nqm:0"] {
+            let e = bad.parse::<ModelKind>().unwrap_err().to_string();
+            assert!(e.starts_with(&format!("invalid model '{bad}': every size must be a whole number")), "{e}");
         }
     }
 

@@ -25,6 +25,9 @@
 use super::dataset::Dataset;
 use crate::rng::Rng;
 
+/// Noise vectors in the pool of [`super::Workload::builtin`].
+pub const DEFAULT_POOL: usize = 8192;
+
 /// PRNG sub-stream of the noise pool.
 const NOISE_STREAM: u64 = 0x4e51_4d00; // "NQM"
 

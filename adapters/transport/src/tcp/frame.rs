@@ -143,12 +143,12 @@ pub struct FrameReader {
 /// ones, the whole handshake included, at offset 0).
 ///
 /// Why: the kernel copies a received frame from its socket buffers into ours with
-/// `rep movsb`, which on some processors (measured here on AMD EPYC: 4x) crawls when the
-/// destination sits just after the source modulo the 4 KiB page (4K aliasing: every load
-/// seems to depend on a store just made). The sender's data lies in the kernel's pages at
-/// about its stream position modulo the page, and a large buffer from the allocator starts
-/// 16 bytes into a page, which put every large frame exactly in that bad spot. The reader
-/// knows its stream position, so it places the frame half a page away from it.
+/// `rep movsb`, which on some processors crawls when the destination sits just after the
+/// source modulo the 4 KiB page (4K aliasing: every load seems to depend on a store just
+/// made). The sender's data lies in the kernel's pages at about its stream position modulo
+/// the page, and a large buffer from the allocator starts a few bytes into a page, which
+/// would put every large frame in that spot. The reader knows its stream position, so it
+/// places the frame half a page away from it.
 pub const ALIGN_MIN_LEN: usize = 16 << 10;
 
 const PAGE: usize = 4096;
@@ -223,6 +223,17 @@ impl FrameReader {
                     _ => return Err(FrameError::Idle),
                 },
             };
+            if let Some(left) = timeout.filter(|d| *d <= COARSE_TIMEOUT_SLACK) {
+                // The last stretch of the wait: a socket read timeout would end up to a
+                // few scheduler ticks late, so poll instead.
+                match self.poll_first_byte(&mut len_bytes[..1], left) {
+                    Ok(true) => break Instant::now(),
+                    Ok(false) => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            // A long wait blocks on the socket until the slack before the deadline.
+            let timeout = timeout.map(|d| d - COARSE_TIMEOUT_SLACK);
             self.stream.set_read_timeout(timeout).map_err(FrameError::Io)?;
             match self.stream.read(&mut len_bytes[..1]) {
                 Ok(0) => return Err(FrameError::Closed),
@@ -308,6 +319,32 @@ impl FrameReader {
             }
         }
         Ok(())
+    }
+}
+
+/// How long before a first byte's deadline the reader stops blocking on a socket read
+/// timeout (the kernel rounds one up to its scheduler tick and may fire a tick or two late)
+/// and polls instead, sleeping at most [`POLL_INTERVAL`] between tries.
+const COARSE_TIMEOUT_SLACK: Duration = Duration::from_millis(12);
+/// The longest sleep between two polls of the last stretch of a wait.
+const POLL_INTERVAL: Duration = Duration::from_micros(100);
+
+impl FrameReader {
+    /// Tries to read the first byte of a frame without blocking; if none is there, sleeps
+    /// `left` or [`POLL_INTERVAL`], whichever is shorter. `Ok(true)`: the byte was read.
+    fn poll_first_byte(&mut self, byte: &mut [u8], left: Duration) -> Result<bool, FrameError> {
+        self.stream.set_nonblocking(true).map_err(FrameError::Io)?;
+        let read = self.stream.read(byte);
+        self.stream.set_nonblocking(false).map_err(FrameError::Io)?;
+        match read {
+            Ok(0) => Err(FrameError::Closed),
+            Ok(_) => Ok(true),
+            Err(e) if is_timeout(&e) || e.kind() == io::ErrorKind::Interrupted => {
+                std::thread::sleep(left.min(POLL_INTERVAL));
+                Ok(false)
+            }
+            Err(e) => Err(FrameError::Io(e)),
+        }
     }
 }
 
@@ -412,6 +449,22 @@ pub fn tune_stream(stream: &TcpStream, max_frame: usize) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The last stretch of a wait before a deadline polls instead of arming a socket read
+    /// timeout (which the kernel rounds up to its scheduler tick): the wait ends idle and
+    /// leaves the socket blocking, with no read timeout set.
+    #[test]
+    fn a_short_wait_polls_instead_of_arming_a_read_timeout() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (_server, _) = listener.accept().unwrap();
+        let mut reader = FrameReader::new(client, 64, FrameTimeout::default());
+        let mut buf = Vec::new();
+        let deadline = Instant::now() + COARSE_TIMEOUT_SLACK / 2;
+        assert!(matches!(reader.read_frame(&mut buf, Some(deadline)), Err(FrameError::Idle)));
+        assert!(Instant::now() >= deadline, "the wait lasts until its deadline");
+        assert_eq!(reader.stream().read_timeout().unwrap(), None, "no read timeout was armed");
+    }
     use std::io::BufWriter;
     use std::net::TcpListener;
 

@@ -63,6 +63,18 @@ impl fmt::Display for TcpError {
 
 impl core::error::Error for TcpError {}
 
+/// How long a peer may stay silent (no frame, no heartbeat) before its session counts as
+/// lost, unless the caller says otherwise (`--lost-after`).
+pub const DEFAULT_LOST_AFTER: core::time::Duration = core::time::Duration::from_secs(10);
+
+/// How often a session sends a heartbeat (a frame with an empty payload) when it has
+/// nothing else to send, for peers that declare it lost after `lost_after`: a tenth of it,
+/// between 10 ms and 1 s. Heartbeats go out from each connection's writer thread, so a long
+/// computation never delays them; a process that is stopped or gone sends none.
+pub fn heartbeat_interval(lost_after: core::time::Duration) -> core::time::Duration {
+    (lost_after / 10).clamp(core::time::Duration::from_millis(10), core::time::Duration::from_secs(1))
+}
+
 /// The largest frame `len` of a session for a model of `dim` `f32` parameters: the
 /// sequence number, the largest message the core's codec accepts, and the tag.
 pub fn session_max_len(dim: usize) -> usize {

@@ -13,7 +13,7 @@
 //! [`ProtocolSpec`] with the number of workers and the learning rate), and both sides build
 //! the core's [`ProtocolConfig`] from it with the same code, so they cannot disagree.
 
-use crate::protocol_spec::{GroupLrScaling, InterruptMode, ProtocolName, ProtocolSpec};
+use crate::protocol_spec::{GroupLrScaling, InterruptMode, ProtocolKind, ProtocolSpec};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use syncopate::ProtocolConfig;
@@ -22,6 +22,10 @@ use syncopate::ProtocolConfig;
 pub const MAX_SETTINGS_LEN: usize = 1024;
 /// The longest data file path the settings carry.
 pub const MAX_PATH_LEN: usize = 400;
+/// The largest model dimension a session carries: every model or gradient message of
+/// `dim` `f32`s, with its header, sequence number and tag, must fit a frame, whose length
+/// is a `u32`.
+pub const MAX_DIM: u64 = (u32::MAX as u64 - 4096) / 4;
 
 /// The protocol and its knobs, as `--protocol`, `--workers`, `--lr` and the knob flags give
 /// them (unset knobs take their defaults).
@@ -76,16 +80,13 @@ impl ProtocolSettings {
     }
 
     /// The protocol `name` with every knob at its default.
-    pub fn named(name: ProtocolName, workers: u32, lr: f64) -> Self {
+    pub fn named(name: ProtocolKind, workers: u32, lr: f64) -> Self {
         Self::new(&ProtocolSpec::new(name), workers, lr)
     }
 
     /// The spec these settings describe.
     pub fn spec(&self) -> Result<ProtocolSpec, String> {
-        let name = ProtocolName::ALL
-            .into_iter()
-            .find(|p| p.as_str() == self.name)
-            .ok_or_else(|| format!("unknown protocol '{}'", self.name))?;
+        let name = ProtocolKind::from_name(&self.name).ok_or_else(|| format!("unknown protocol '{}'", self.name))?;
         Ok(ProtocolSpec {
             name,
             lr: Some(self.lr),
@@ -193,12 +194,13 @@ impl RunSettings {
         Ok(digest(&self.encode()?))
     }
 
-    /// The model dimension as a `usize`.
+    /// The model dimension as a `usize`: from 1 to [`MAX_DIM`], checked before a peer's
+    /// settings size any buffer.
     pub fn dim(&self) -> Result<usize, String> {
         usize::try_from(self.dim)
             .ok()
-            .filter(|d| *d > 0)
-            .ok_or_else(|| format!("the model dimension {} is not usable here", self.dim))
+            .filter(|d| *d > 0 && self.dim <= MAX_DIM)
+            .ok_or_else(|| format!("the model dimension {} is not usable here (1 to {MAX_DIM})", self.dim))
     }
 
     /// The configuration every worker of the run uses.
@@ -246,8 +248,21 @@ pub fn digest(bytes: &[u8]) -> [u8; 32] {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_model_dimension_beyond_what_a_frame_carries_is_refused_before_any_buffer() {
+        let mut s = RunSettings::new(ProtocolSettings::named(ProtocolKind::Asp, 2, 0.5), 4);
+        assert_eq!(s.dim(), Ok(4));
+        for dim in [0, MAX_DIM + 1, u64::MAX] {
+            s.dim = dim;
+            assert!(s.dim().is_err_and(|e| e.contains("not usable")), "{dim}");
+        }
+        s.dim = MAX_DIM;
+        assert!(s.dim().is_ok());
+        assert!(crate::tcp::session_max_len(MAX_DIM as usize) <= u32::MAX as usize);
+    }
+
     fn sample() -> RunSettings {
-        let mut s = RunSettings::new(ProtocolSettings::named(ProtocolName::Dbw, 4, 0.5), 650);
+        let mut s = RunSettings::new(ProtocolSettings::named(ProtocolKind::Dbw, 4, 0.5), 650);
         s.protocol.k_min = Some(3);
         s.workload = Some(WorkloadSettings {
             model: "mlp:16".into(),
@@ -279,7 +294,7 @@ mod tests {
 
     #[test]
     fn every_protocol_survives_the_trip() {
-        for name in ProtocolName::ALL {
+        for name in ProtocolKind::ALL {
             let s = RunSettings::new(ProtocolSettings::named(name, 8, 0.5), 100);
             let back = RunSettings::decode(&s.encode().unwrap()).unwrap();
             assert_eq!(back.worker_config().unwrap(), ProtocolSpec::new(name).config(8, 0.5).unwrap());
@@ -288,12 +303,12 @@ mod tests {
 
     #[test]
     fn remote_groups_run_asp_over_the_groups_at_the_central_server() {
-        let mut s = RunSettings::new(ProtocolSettings::named(ProtocolName::Grouped, 4, 0.5), 10);
+        let mut s = RunSettings::new(ProtocolSettings::named(ProtocolKind::Grouped, 4, 0.5), 10);
         s.remote_groups = true;
         let ProtocolConfig::Grouped(g) = s.worker_config().unwrap() else { panic!() };
         assert_eq!(s.server_config().unwrap(), ProtocolConfig::Asp(g.central_config()));
         assert_eq!(s.peers().unwrap(), 2);
-        s.protocol = ProtocolSettings::named(ProtocolName::Bsp, 4, 0.5);
+        s.protocol = ProtocolSettings::named(ProtocolKind::Bsp, 4, 0.5);
         assert!(s.server_config().unwrap_err().contains("grouped"));
     }
 

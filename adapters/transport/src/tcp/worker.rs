@@ -82,6 +82,10 @@ pub struct WorkerOptions {
     pub rejoin_after: Option<Duration>,
     /// When set, the worker drops its connection and returns (tests of worker loss).
     pub kill: Option<Arc<AtomicBool>>,
+    /// A server silent this long (no frame, no heartbeat) is lost: the worker reconnects.
+    /// Heartbeats go out at [`heartbeat_interval`](super::heartbeat_interval) of it, from the
+    /// connection's writer thread, so a long computation does not delay them.
+    pub lost_after: Duration,
 }
 
 impl WorkerOptions {
@@ -98,6 +102,7 @@ impl WorkerOptions {
             backoff: Backoff::default(),
             rejoin_after: Some(Duration::from_secs(2)),
             kill: None,
+            lost_after: super::DEFAULT_LOST_AFTER,
         }
     }
 }
@@ -150,6 +155,12 @@ pub struct WorkerReport {
     /// are told from retransmissions by their sequence numbers).
     #[serde(skip)]
     pub stats: syncopate::WorkerStats,
+    /// Inputs the worker's state machine refused (server messages, finished gradients),
+    /// over every session; the first of each kind is logged.
+    pub refused: u64,
+    /// The same refusals by kind.
+    #[serde(skip)]
+    pub refusals: syncopate::Refusals,
 }
 
 enum SessionEnd {
@@ -302,7 +313,7 @@ fn session(
     let setup = WorkerSetup { id: options.id, epoch: s.epoch, rejoin_after: options.rejoin_after.map(core_duration) };
     let mut worker = AnyWorker::new(&config, setup, vec![0.0f32; dim], vec![0.0f32; config.worker_scratch_len(dim)])
         .map_err(|e| refused(e.to_string()))?;
-    let end = drive(&mut worker, &mut reader, &mut writer, dim, options, report, job);
+    let end = drive(&mut worker, &mut reader, &mut writer, dim, options, report, job, log);
     let _ = stream.shutdown(std::net::Shutdown::Both);
     Ok(end)
 }
@@ -311,6 +322,7 @@ fn session(
 /// worker instead of queueing without limit.
 const UPLOADS_IN_FLIGHT: usize = 2;
 
+#[allow(clippy::too_many_arguments)]
 fn drive(
     worker: &mut AnyWorker<f32, Vec<f32>>,
     reader: &mut FrameReader,
@@ -319,6 +331,7 @@ fn drive(
     options: &WorkerOptions,
     report: &mut WorkerReport,
     job: &mut dyn WorkerJob,
+    log: &mut dyn FnMut(&str),
 ) -> SessionEnd {
     // Uploads go through a writer thread, so sending a large gradient or delta overlaps the
     // next computation (the optimized WBSP worker relies on it); encoded buffers come back
@@ -330,8 +343,18 @@ fn drive(
     let (sent, resent) = (AtomicU64::new(0), AtomicU64::new(0));
     let end = thread::scope(|scope| {
         let (sent, resent) = (&sent, &resent);
+        let beat = super::heartbeat_interval(options.lost_after);
         let writing = scope.spawn(move || -> Result<(), String> {
-            for (frame, class) in frames {
+            loop {
+                let (frame, class) = match frames.recv_timeout(beat) {
+                    Ok(upload) => upload,
+                    // Nothing to send for a while: a heartbeat (an empty frame).
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                        writer.write_frame(&[]).map_err(|e| e.to_string())?;
+                        continue;
+                    }
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Ok(()),
+                };
                 writer.write_frame(&frame).map_err(|e| e.to_string())?;
                 match class {
                     Upload::New => sent.fetch_add(1, Ordering::SeqCst),
@@ -340,9 +363,8 @@ fn drive(
                 };
                 let _ = give_back.try_send(frame);
             }
-            Ok(())
         });
-        let end = drive_loop(worker, reader, &to_writer, &spare, dim, options, report, job);
+        let end = drive_loop(worker, reader, &to_writer, &spare, dim, options, report, job, log);
         drop(to_writer);
         match (writing.join(), end) {
             (Ok(Err(e)), SessionEnd::Lost(_)) => SessionEnd::Lost(e),
@@ -382,8 +404,20 @@ fn drive_loop(
     options: &WorkerOptions,
     report: &mut WorkerReport,
     job: &mut dyn WorkerJob,
+    log: &mut dyn FnMut(&str),
 ) -> SessionEnd {
     let epoch = StdInstant::now();
+    let me = options.id.0;
+    // Every refusal is counted; the first of each kind is logged.
+    let mut refused = |report: &mut WorkerReport, what: &str, e: &syncopate::Reject| {
+        if report.refusals.record(e) {
+            log(&format!(
+                "worker {me}: the protocol refused {what}: {e} (the first {}; more are counted)",
+                e.kind_name()
+            ));
+        }
+        report.refused = report.refusals.total();
+    };
     let limits = Limits::for_model(dim);
     let (mut inbuf, mut grad) = (Vec::new(), vec![0.0f32; dim]);
     // Set when an upload could not be handed to the writer (the connection broke while
@@ -391,6 +425,8 @@ fn drive_loop(
     // already sent: a `Stop` that crossed with the upload ends it as stopped instead.
     let mut upload_failed: Option<String> = None;
     let mut held: Option<Held> = None;
+    // When the server was last heard from (a frame or a heartbeat).
+    let mut heard = StdInstant::now();
     loop {
         while let Some(o) = worker.poll_output() {
             match o {
@@ -438,8 +474,9 @@ fn drive_loop(
         }
         if let Some(h) = held.take_if(|h| StdInstant::now() >= h.ready) {
             report.busy_s += h.started.elapsed().as_secs_f64();
-            if worker.handle_gradient(since(epoch), h.id, &grad).is_ok() {
-                report.steps += 1;
+            match worker.handle_gradient(since(epoch), h.id, &grad) {
+                Ok(()) => report.steps += 1,
+                Err(e) => refused(report, "a finished gradient", &e),
             }
             continue;
         }
@@ -459,16 +496,31 @@ fn drive_loop(
         if upload_failed.is_some() {
             wake = StdInstant::now() + Duration::from_millis(50);
         }
+        // Never a deadline already past: after a long computation the frames the server
+        // sent meanwhile are read before its silence is judged.
+        wake = wake.min(heard + options.lost_after).max(StdInstant::now() + Duration::from_millis(1));
         match reader.read_frame(&mut inbuf, Some(wake)) {
+            // A heartbeat: the server is there.
+            Ok(p) if p.start == p.end => heard = StdInstant::now(),
             Ok(p) => match wire::decode_to_worker::<f32>(p.of(&inbuf), &limits) {
                 Ok(msg) => {
-                    let _ = worker.handle(since(epoch), msg);
+                    heard = StdInstant::now();
+                    let kind = msg.kind_name();
+                    if let Err(e) = worker.handle(since(epoch), msg) {
+                        refused(report, &format!("the server's {kind} message"), &e);
+                    }
                 }
                 Err(e) => return SessionEnd::Lost(format!("server sent a bad message: {e}")),
             },
             Err(FrameError::Idle) => {
                 if let Some(e) = upload_failed.take() {
                     return SessionEnd::Lost(e);
+                }
+                if heard.elapsed() >= options.lost_after {
+                    return SessionEnd::Lost(format!(
+                        "the server was silent for {:.1} s (no frame, no heartbeat)",
+                        options.lost_after.as_secs_f64()
+                    ));
                 }
             }
             Err(e) => return SessionEnd::Lost(upload_failed.take().unwrap_or_else(|| e.to_string())),

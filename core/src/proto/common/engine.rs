@@ -247,6 +247,21 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
         Ok(())
     }
 
+    /// Applies the losses reported while the server could take no input, lowest worker id
+    /// first, as long as there is room for what each can queue; the rest wait for the next
+    /// drain.
+    #[cold]
+    #[inline(never)]
+    fn apply_pending_losses(&mut self) {
+        while self.core.roster.pending_losses() != 0 && self.core.queue.ensure_room(self.rules.burst()).is_ok() {
+            let Some((worker, at)) = self.core.roster.take_pending_loss() else {
+                break;
+            };
+            let _ = self.lose(at, worker);
+        }
+        self.core.stats.outputs_lost = self.core.queue.lost();
+    }
+
     /// The next output of the batches at the queue's front: walks the front batch's worker
     /// records from where it stopped to the next one the protocol's
     /// [`Rules::expand`] selects, taking out every batch it finishes; `None` when the
@@ -258,7 +273,10 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
     #[inline(always)]
     fn expand_front(&mut self) -> Option<ServerOutput<'_, T>> {
         loop {
-            let ServerItem::Batch(batch) = self.core.queue.front_mut()? else {
+            let Some(front) = self.core.queue.front_mut() else {
+                return self.after_drain();
+            };
+            let ServerItem::Batch(batch) = front else {
                 let item = *self.core.queue.front_mut()?;
                 self.core.queue.advance();
                 return self.output_of(&item);
@@ -274,6 +292,21 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
             }
             self.core.queue.finish_batch();
         }
+    }
+
+    /// The queue is empty: the losses that waited for the drain are applied now, and what
+    /// they queue is part of this drain (`None` if nothing).
+    #[cold]
+    #[inline(never)]
+    fn after_drain(&mut self) -> Option<ServerOutput<'_, T>> {
+        if self.core.roster.pending_losses() == 0 {
+            return None;
+        }
+        self.apply_pending_losses();
+        if self.core.queue.len() == 0 {
+            return None;
+        }
+        self.poll_output()
     }
 
     /// The output of a queued item other than a batch, its payload attached.
@@ -307,6 +340,11 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> Server<T> for Proto
     // every protocol's `handle` on every message.
     #[inline(never)]
     fn handle(&mut self, now: Instant, from: WorkerId, msg: ToServer<'_, T>) -> Result<(), Reject> {
+        // A loss reported before this message is applied before it (a caller that drains
+        // after every input finds none pending here).
+        if self.core.roster.pending_losses() != 0 {
+            self.apply_pending_losses();
+        }
         let result = self.core.queue.ensure_room(self.rules.burst()).and_then(|()| {
             self.core.roster.check_member(from)?;
             // The message by reference, where the caller put it: a copy made here would load
@@ -326,13 +364,22 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> Server<T> for Proto
 
     fn handle_worker_lost(&mut self, now: Instant, worker: WorkerId) -> Result<(), Reject> {
         self.core.roster.check_member(worker)?;
-        self.core.queue.ensure_room(self.rules.burst())?;
-        let result = self.lose(now, worker);
-        self.core.stats.outputs_lost = self.core.queue.lost();
-        result
+        if self.core.roster.pending_losses() == 0 && self.core.queue.ensure_room(self.rules.burst()).is_ok() {
+            let result = self.lose(now, worker);
+            self.core.stats.outputs_lost = self.core.queue.lost();
+            return result;
+        }
+        // No room now (a batch is being expanded): the loss is recorded and applied once
+        // the outputs have drained, never refused.
+        self.core.roster.defer_loss(worker, now);
+        self.apply_pending_losses();
+        Ok(())
     }
 
     fn handle_timeout(&mut self, now: Instant) {
+        if self.core.roster.pending_losses() != 0 {
+            self.apply_pending_losses();
+        }
         // A deadline met while a batch is still being expanded waits for the drain: the
         // deadline stays due, so the next `handle_timeout` after it acts on it.
         if self.core.queue.ensure_room(self.rules.burst()).is_ok() {
@@ -346,9 +393,11 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> Server<T> for Proto
         // Any other item is taken out of the queue first and then read where it lies (its
         // slot is not written before the next push), each kind only its own fields, never
         // copied out whole first and read back in pieces. The grouped server's poll is its
-        // own.
-        if let ServerItem::Batch(_) = self.core.queue.front_mut()? {
-            return self.expand_front();
+        // own. An empty queue is where the losses that waited for the drain are applied.
+        match self.core.queue.front_mut() {
+            Some(ServerItem::Batch(_)) => return self.expand_front(),
+            Some(_) => {}
+            None => return self.after_drain(),
         }
         let taken = self.core.queue.take_front()?;
         self.output_of(self.core.queue.taken(taken)?)

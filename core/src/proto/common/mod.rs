@@ -23,3 +23,5 @@ pub mod worker;
 
 #[cfg(test)]
 mod capacity_tests;
+#[cfg(test)]
+mod loss_tests;

@@ -5,17 +5,27 @@
 use super::table::{Storage, WorkerRecord, flag};
 use crate::error::{ConfigError, Reject};
 use crate::id::{MAX_WORKERS, WorkerId, first_seq};
+use crate::time::Instant;
 use core::fmt::Debug;
 
 /// Who the workers are, which session each is in, and the lowest sequence number each may
 /// still send. Deduplication is a per-worker high-water mark: a sequence number at or
 /// below the last accepted one is a duplicate or a replay (workers number their messages
 /// with strictly increasing `seq` within an epoch; gaps from lost messages are fine).
+///
+/// A loss is never refused for want of output room: one reported while a batch is being
+/// expanded is recorded in the worker's record ([`flag::LOSS_PENDING`], see
+/// [`Self::defer_loss`]) and applied by the server once its outputs have drained, so a
+/// driver that reports several losses back to back loses none of them.
 #[derive(Debug)]
 pub(crate) struct Roster<M: Storage, X: Copy + Debug> {
     records: M::Table<WorkerRecord<X>>,
     /// Workers whose [`flag::LIVE`] bit is set.
     live: usize,
+    /// Workers whose [`flag::LOSS_PENDING`] bit is set.
+    pending_losses: usize,
+    /// When the latest of the pending losses was reported.
+    reported_at: Instant,
 }
 
 impl<M: Storage, X: Copy + Debug> Roster<M, X> {
@@ -25,7 +35,12 @@ impl<M: Storage, X: Copy + Debug> Roster<M, X> {
         if n == 0 || n > MAX_WORKERS {
             return Err(ConfigError::WorkerCount(workers));
         }
-        Ok(Self { records: M::table(n, WorkerRecord::new(ext))?, live: n })
+        Ok(Self {
+            records: M::table(n, WorkerRecord::new(ext))?,
+            live: n,
+            pending_losses: 0,
+            reported_at: Instant::ZERO,
+        })
     }
 
     /// The number of workers, `n`.
@@ -136,6 +151,39 @@ impl<M: Storage, X: Copy + Debug> Roster<M, X> {
         }
     }
 
+    /// Records that `id` was reported lost at `now` while the server could not act on it;
+    /// a second report of the same pending loss is one loss. Returns whether `id` is a
+    /// member.
+    pub(crate) fn defer_loss(&mut self, id: WorkerId, now: Instant) -> bool {
+        let Some(r) = self.records.as_mut().get_mut(id.index()) else {
+            return false;
+        };
+        if !r.has(flag::LOSS_PENDING) {
+            r.set(flag::LOSS_PENDING, true);
+            self.pending_losses += 1;
+        }
+        self.reported_at = self.reported_at.max(now);
+        true
+    }
+
+    /// How many losses wait to be applied.
+    #[inline]
+    pub(crate) fn pending_losses(&self) -> usize {
+        self.pending_losses
+    }
+
+    /// Takes the pending loss of the lowest worker id, with the time the latest pending loss
+    /// was reported.
+    pub(crate) fn take_pending_loss(&mut self) -> Option<(WorkerId, Instant)> {
+        if self.pending_losses == 0 {
+            return None;
+        }
+        let (i, r) = self.records.as_mut().iter_mut().enumerate().find(|(_, r)| r.has(flag::LOSS_PENDING))?;
+        r.set(flag::LOSS_PENDING, false);
+        self.pending_losses -= 1;
+        Some((WorkerId(i as u32), self.reported_at))
+    }
+
     /// Whether `id` is live.
     pub(crate) fn is_live(&self, id: WorkerId) -> bool {
         self.record(id).is_some_and(|r| r.has(flag::LIVE))
@@ -191,6 +239,20 @@ mod tests {
         r.check_seq(WorkerId(0), first_seq(2)).unwrap();
         // The last number is reserved: accepting it would make its replay indistinguishable.
         assert!(r.check_seq(WorkerId(0), u64::MAX).is_err());
+    }
+
+    #[test]
+    fn deferred_losses_are_taken_once_each_in_id_order() {
+        let mut r = Roster::<Inline<4>, ()>::new(3, ()).unwrap();
+        assert!(r.defer_loss(WorkerId(2), Instant::from_nanos(5)));
+        assert!(r.defer_loss(WorkerId(0), Instant::from_nanos(3)));
+        assert!(r.defer_loss(WorkerId(2), Instant::from_nanos(4)));
+        assert!(!r.defer_loss(WorkerId(3), Instant::from_nanos(9)));
+        assert_eq!(r.pending_losses(), 2);
+        assert_eq!(r.take_pending_loss(), Some((WorkerId(0), Instant::from_nanos(5))));
+        assert_eq!(r.take_pending_loss(), Some((WorkerId(2), Instant::from_nanos(5))));
+        assert_eq!(r.take_pending_loss(), None);
+        assert_eq!(r.pending_losses(), 0);
     }
 
     #[test]

@@ -110,8 +110,11 @@ pub(crate) mod flag {
     pub(crate) const JOINED: u8 = 1;
     /// The worker was not declared lost since it last joined or sent.
     pub(crate) const LIVE: u8 = 2;
+    /// The worker was reported lost while the server could take no input; the loss is
+    /// applied once the outputs have drained (see `Roster::defer_loss`).
+    pub(crate) const LOSS_PENDING: u8 = 4;
     /// Protocol-specific bits start here.
-    pub(crate) const PROTOCOL: u8 = 4;
+    pub(crate) const PROTOCOL: u8 = 8;
 }
 
 /// One worker's state at a server: what every protocol keeps (its session, the

@@ -12,9 +12,10 @@
 //!
 //! Only the paper's abstract was readable, so the estimator is this project's
 //! reconstruction (docs/PROTOCOLS.md, "DBW"), implemented in [`crate::math::estimate`] and
-//! [`crate::math::dbw_policy`]. The paper's aim is `k_t = argmax_k` of the expected loss decrease per unit of wall-clock
-//! time. The default rules below (issue #15) are in [`crate::math::dbw_policy`], which
-//! justifies each; the earlier single-curvature rules remain selectable ([`LEta`]):
+//! [`crate::math::dbw_policy`], which states each rule; docs/DBW.md records what was tried,
+//! measured and dropped. The paper's aim is `k_t = argmax_k` of the expected loss decrease
+//! per unit of wall-clock time. The default rules (the earlier single-curvature rules
+//! remain selectable, [`LEta`]):
 //! * **Two bounds on `k`** (the default, [`LEta::Split`]): `k_t` is the smaller of the
 //!   greedy `argmax_{k ∈ [k_min, n_live]} D(k)/τ(k)` (the next iteration's decrease per
 //!   second) and the noise-scale choice `argmin_k τ(k)·(Ĝ + Ŝ/k)` (time per unit of
@@ -22,8 +23,8 @@
 //!   The greedy rule alone ratchets towards `k = n` once the gradient is mostly noise; the
 //!   noise-scale rule alone waits for too many gradients early. Within the noise-scale
 //!   rule's flat valley the largest `k` whose predicted cost is within
-//!   [`DbwConfig::flat_tolerance`] (2%) of the best is taken: the lower noise floor at
-//!   almost the same speed ([`crate::math::dbw_policy`], "Flat valleys").
+//!   [`DbwConfig::flat_tolerance`] of the best is taken: the lower noise floor at almost
+//!   the same speed ([`crate::math::dbw_policy`], "Flat valleys").
 //! * `D(k)/η = (1 − a/2)·G − b·S/(2k)` with **separate curvatures** for the signal (`a`)
 //!   and the noise (`b`), both times `η`, fitted online from the Rayleigh secant pair by
 //!   regularised least squares ([`LEta::Split`], the default). The single-curvature modes
@@ -36,9 +37,8 @@
 //! * `G` and `S` come from the `k` gradients of each iteration, streaming: the server keeps
 //!   `Σ‖g_i‖²` while it accumulates `Σ g_i`, then `Ŝ = (Σ‖g_i‖² − k‖ḡ‖²)/(k−1)`,
 //!   `Ĝ = ‖ḡ‖² − Ŝ/k`, each smoothed by an EMA with factor [`DbwConfig::ema_beta`]
-//!   (0.98: one iteration's `Ĝ` scatters by more than `Ĝ` once noise dominates, and a
-//!   shorter average moved `k` with that scatter; [`crate::math::dbw_policy`], "Smoothing"),
-//!   bias-corrected at start-up as in Adam ([`Ema`]). Under [`LEta::Split`] `Ĝ` is averaged
+//!   (one iteration's `Ĝ` scatters by more than `Ĝ` once noise dominates;
+//!   [`crate::math::dbw_policy`], "Smoothing"), bias-corrected at start-up as in Adam ([`Ema`]). Under [`LEta::Split`] `Ĝ` is averaged
 //!   before it is clipped at zero (per-iteration clipping biases it upwards where noise
 //!   dominates); the other modes clip each sample. The squared norms come from admission
 //!   ([`GradientPolicy::admit_measured`]): no second pass over a gradient.
@@ -49,7 +49,7 @@
 //!   [`RTT_TRACKED_WORKERS`] workers, from **per-worker windows** of the last
 //!   [`crate::math::dbw_policy::RTT_PER_WORKER`] round trips each (Kaplan–Meier per worker
 //!   with an exponential tail for censored mass, combined as a Poisson-binomial:
-//!   non-identical workers, and forgetting within 16 iterations after a regime change),
+//!   non-identical workers, and forgetting within that many iterations after a regime change),
 //!   re-estimated every iteration; with more workers, or while a live worker has no sample
 //!   yet, from the pooled window of the last [`DbwConfig::window`] iterations
 //!   ([`RttWindow`], identical workers assumed, re-estimated when a sixteenth of it is new).
@@ -59,7 +59,7 @@
 //! * **Warm-up**: the first [`DbwConfig::warmup_iterations`] iterations (at least the initial
 //!   one, which has no estimates yet) wait for [`DbwConfig::warmup_k`] gradients, `⌈n/4⌉`
 //!   (at least 2) by default rather than all `n` (the slowest round trip is the most
-//!   expensive one).
+//!   expensive one, [`crate::math::dbw_policy`], "Warm-up").
 //!
 //! Every iteration the server reports [`ServerEvent::BackupChosen`]: the `k` chosen for
 //! the next version, the estimates behind it, and the observed duration of the iteration
@@ -80,46 +80,19 @@
 //! Messages: those of [`super::backup`]: receives `Join`, `Grad`, `Leave`; sends `Model`
 //! and `Stop`. Workers are [`GradientWorker`](super::GradientWorker)s.
 //!
-//! Measured: REPRODUCTION.md, "DBW" (`syncopate reproduce dbw`: 16 workers on the noisy
-//! quadratic model with shifted-exponential, Pareto and regime-change clusters, a ladder
-//! of five loss targets, seeds 1–5, and `--seeds 6-10` held out). On seeds 1–5 DBW is
-//! 0.89–1.06× the best static `b` chosen in hindsight at every rung of every cluster (with
-//! the earlier smoothing `β = 0.9`: 0.97–1.12×; before the flat-valley tolerance up to 1.53×
-//! at the last rung of the regime change; the earlier greedy rule alone up to 2.1×); held
-//! out 0.78–1.13× (a second held-out set, `--seeds 11-15`: 0.91–1.15×, before 1.00–1.58×).
-//! It therefore **still misses the 1.05× goal at some rungs**: the first
-//! rung (1.06× on the Pareto cluster on seeds 1–5, 1.09–1.13× on every cluster held out)
-//! and the last rung of the regime change (1.03× on seeds 1–5, 1.12× held out), where it is
-//! not faster than every static `b`; on seeds 11–15 also the second and third rungs of the
-//! shifted-exponential and regime-change clusters (1.07–1.08×). Why: the first rung is reached within about ten
-//! iterations, mostly of the warm-up, before the estimates settle; at the deep rungs every
-//! gradient statistic is stationary once the high-curvature directions sit at their noise
-//! equilibrium, so the rule settles at a fixed `k` and cannot see how far the loss still is
-//! above that `k`'s noise floor (the loss is not identifiable from gradients there and
-//! workers do not report it), which matters most on the regime-change cluster, where only
-//! 11 fast workers remain and their throughput optimum is a smaller `k` than the deepest
-//! rung needs; and the best static `b` in hindsight is the minimum of 16 noisy means over 5
-//! seeds, biased low by about one standard error (5–10% at the deep rungs). Tried and
-//! dropped: planning with
-//! `Ĝ` raised to the stationary level of the current `k` (climbs to `k = n`); the
-//! single-curvature descent lemma with the hold rule (keeps `k ≈ 2–3`, 1.5–3× off at the
-//! deep rungs); the noise-scale rule alone (1.14–1.22× at the first two rungs); the
-//! noise-scale rule with the Hessian-weighted scale `(b/a)·Ŝ/Ĝ` (no better: the fitted
-//! `a` and `b` are close); a flat-valley tolerance above 2.5% (the third rung of every
-//! cluster 1.15–1.19× with `β = 0.9`); a warm-up of 3 gradients instead of `⌈n/4⌉ = 4`
-//! (seeds 1–5: largest ratio 1.06×, as with 4); growth by at most one per iteration instead
-//! of doubling (better on `reproduce dbw`, slower on `syncopate compare`:
-//! [`crate::math::dbw_policy`], "Growth"). Workers reporting their minibatch loss would
-//! let the rule see the floor; that is a message change (`ToServer::Grad` and every
-//! producer), not done.
-//! `tests/tests/dbw_sweep.rs` keeps the digits comparison.
-//! The online per-arrival rule of docs/PROTOCOLS.md, "DBW" is not implemented: for memoryless
-//! round trips the rate-optimal stopping rule is a fixed `k`.
+//! What the rule cannot see: once the high-curvature directions sit at the noise
+//! equilibrium of the current `k`, every gradient statistic is stationary while the loss
+//! still falls, so the rule settles at a fixed `k` ([`crate::math::dbw_policy`], "What the
+//! gradient statistics cannot see"). The ratios to the best static `b` it reaches, per
+//! scenario and seed set, are in docs/DBW.md and REPRODUCTION.md, "DBW". The online
+//! per-arrival rule of docs/PROTOCOLS.md, "DBW" is not implemented: for memoryless round
+//! trips the rate-optimal stopping rule is a fixed `k`.
 //!
-//! Knobs: `k_min` (2 keeps `Ŝ` defined), `window` (50–200 iterations: longer is smoother,
-//! shorter follows changes in the cluster), `ema_beta` (0.98), `warmup_iterations`, `l_eta`
-//! (the estimate is sensitive to it: a larger `Lη` weighs the noise more and picks larger
-//! `k`), `flat_tolerance` (0.02; 0 is the plain noise-scale rule), `interrupt`.
+//! Knobs: `k_min` (2 keeps `Ŝ` defined), `window` (longer is smoother, shorter follows
+//! changes in the cluster), `ema_beta` (closer to 1 is smoother and slower to follow),
+//! `warmup_iterations`, `warmup_k`, `l_eta` (the estimate is sensitive to it: a larger `Lη`
+//! weighs the noise more and picks larger `k`), `flat_tolerance` (0 is the plain
+//! noise-scale rule), `interrupt`.
 
 #[cfg(doc)]
 use crate::math::dbw_policy::RTT_TRACKED_WORKERS;
@@ -127,6 +100,8 @@ use crate::math::dbw_policy::RTT_TRACKED_WORKERS;
 use crate::math::estimate::Ema;
 #[cfg(doc)]
 use crate::math::estimate::MAX_RTT_SAMPLES;
+#[cfg(doc)]
+use crate::math::estimate::RTT_CHUNK;
 #[cfg(doc)]
 use crate::math::estimate::RttWindow;
 #[cfg(doc)]
@@ -138,6 +113,9 @@ pub use server::{DbwRules, DbwServer};
 pub use worker::DbwWorker;
 
 use crate::error::ConfigError;
+
+/// Bytes of one pooled-window entry (a chunk of round trips).
+const RTT_CHUNK_BYTES: usize = size_of::<[u32; crate::math::estimate::RTT_CHUNK]>();
 use crate::proto::GradientPolicy;
 use crate::proto::backup::Interrupt;
 use crate::time::Duration;
@@ -215,8 +193,9 @@ pub struct DbwConfig {
     pub learning_rate: f64,
     /// The smallest `k` DBW may choose, `1..=n` (2 keeps the variance estimate defined).
     pub k_min: u32,
-    /// Round-trip window length in iterations (≥ 1; at most
-    /// [`MAX_RTT_SAMPLES`] samples are kept).
+    /// Round-trip window length in iterations (≥ 1) of the pooled window: it keeps
+    /// `window · n` samples, at most [`MAX_RTT_SAMPLES`] and at most [`RTT_CHUNK`] per entry
+    /// of the caller's tables (`Inline<N>`: `RTT_CHUNK · N`).
     pub window: u32,
     /// EMA factor `β` for the `G`, `S` (and secant `Lη`) estimates and the forgetting factor
     /// of the curvature fit, in `[0, 1)`; 0.98 by default ([`crate::math::dbw_policy`],
@@ -250,16 +229,10 @@ impl DbwConfig {
     /// `[0.001, 1.9]`), a flat-valley tolerance of 2% on the noise-scale bound
     /// ([`DbwConfig::flat_tolerance`]), option A.
     ///
-    /// These differ from docs/PROTOCOLS.md, "DBW" (a fixed `Lη`) because of what the simulator
-    /// measured (`tests/tests/dbw_sweep.rs`, digits, 16 shifted-exponential workers): a fixed
-    /// `Lη = 1` keeps `k ≈ 14` and is about twice as slow as the best static `b`. The
-    /// secant and Rayleigh estimates bracket the best static `k` (the secant a little
-    /// above it, the Rayleigh quotient below); which is closer depends on the learning
-    /// rate and batch size. A long warm-up costs a lot when the target is reached in tens
-    /// of iterations. The split curvatures, the two bounds on `k`, the flat-valley
-    /// tolerance, the `⌈n/4⌉` warm-up and `β = 0.98` (docs/PROTOCOLS.md: 0.9) are the issue
-    /// #15 reconstruction
-    /// ([`crate::math::dbw_policy`]).
+    /// These differ from docs/PROTOCOLS.md, "DBW" (a fixed `Lη`, `β = 0.9`): the split
+    /// curvatures, the two bounds on `k`, the flat-valley tolerance, the `⌈n/4⌉` warm-up and
+    /// `β = 0.98` are this project's reconstruction ([`crate::math::dbw_policy`]), each
+    /// chosen on seeds 1–5 of `syncopate reproduce dbw` (docs/DBW.md).
     pub fn new(workers: u32, learning_rate: f64) -> Self {
         Self {
             workers,
@@ -284,6 +257,14 @@ impl DbwConfig {
             LEta::Fixed(_) => dim,
             LEta::Secant { .. } | LEta::Rayleigh { .. } | LEta::Split { .. } => dim.saturating_mul(2),
         }
+    }
+
+    /// Bytes of estimator state per worker beside the worker table: the per-worker round-trip
+    /// window and its fit, the pooled window's share, and the `f64` tables of `n` entries
+    /// (`τ̂(k)`, the last order statistics, the binomial and Poisson-binomial work space).
+    pub fn estimator_bytes_per_worker() -> usize {
+        use core::mem::size_of;
+        size_of::<crate::math::dbw_policy::WorkerWindow>() + 2 * RTT_CHUNK_BYTES + 5 * size_of::<f64>()
     }
 
     fn check(&self) -> Result<(), ConfigError> {

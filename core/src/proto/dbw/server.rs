@@ -23,9 +23,10 @@ pub type DbwServer<T, S, M = Inline<DEFAULT_INLINE_WORKERS>> = ProtocolServer<T,
 pub struct DbwRules<T, S, M: Storage> {
     config: DbwConfig,
     engine: Engine<T, S>,
-    window: RttWindow,
-    /// Per-worker round trips (used while `n ≤ RTT_TRACKED_WORKERS`).
-    rtts: WorkerRtts,
+    /// Pooled round trips (in the caller's storage `M`).
+    window: RttWindow<M>,
+    /// Per-worker round trips (used while `n ≤ RTT_TRACKED_WORKERS`; in `M`).
+    rtts: WorkerRtts<M>,
     /// Signal and noise curvature ([`LEta::Split`]).
     split: CurvatureSplit,
     /// `Ĝ` of the previous iteration ([`LEta::Split`]).
@@ -84,8 +85,8 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> DbwServer<T, S, M> {
         let rules = DbwRules {
             config,
             engine,
-            window: RttWindow::new(samples),
-            rtts: WorkerRtts::new(),
+            window: RttWindow::new(samples, (config.workers as usize).min(MAX_EXACT_ORDER))?,
+            rtts: WorkerRtts::new(config.workers as usize)?,
             split: CurvatureSplit::new(config.ema_beta),
             previous_signal: 0.0,
             g: Ema::new(config.ema_beta),

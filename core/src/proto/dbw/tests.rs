@@ -338,3 +338,17 @@ proptest! {
         prop_assert_eq!(as_bits(&got2), as_bits(&want));
     }
 }
+
+/// The estimator windows live in the caller's storage: a server for eight workers with
+/// inline tables (the firmware's) keeps its whole state beside the model within 8 KiB.
+#[test]
+fn an_inline_server_for_eight_workers_fits_in_8_kib() {
+    use crate::proto::Inline;
+    let size = size_of::<DbwServer<f32, &mut [f32], Inline<8>>>();
+    assert!(size <= 8 * 1024, "{size} bytes");
+    let mut params = [0.0f32; 4];
+    let mut scratch = [0.0f32; 8];
+    assert!(DbwServer::<f32, &mut [f32], Inline<8>>::new(DbwConfig::new(8, 0.1), &mut params, &mut scratch).is_ok());
+    let (mut params, mut scratch) = ([0.0f32; 4], [0.0f32; 8]);
+    assert!(DbwServer::<f32, &mut [f32], Inline<8>>::new(DbwConfig::new(9, 0.1), &mut params, &mut scratch).is_err());
+}

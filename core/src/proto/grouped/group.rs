@@ -179,6 +179,31 @@ impl<M: Storage> Shared<M> {
         Ok(())
     }
 
+    /// A loss reported by the transport: applied now if the server takes input, otherwise
+    /// recorded and applied once the outputs have drained ([`Self::apply_pending_losses`]),
+    /// never refused for want of room.
+    pub(super) fn report_lost(&mut self, now: Instant, worker: WorkerId) -> Result<(), Reject> {
+        self.roster.check_member(worker)?;
+        if self.roster.pending_losses() == 0 && self.ensure_room().is_ok() {
+            return self.on_lost(worker);
+        }
+        self.roster.defer_loss(worker, now);
+        self.apply_pending_losses();
+        Ok(())
+    }
+
+    /// Applies the recorded losses, lowest worker id first, while the server takes input.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn apply_pending_losses(&mut self) {
+        while self.roster.pending_losses() != 0 && self.ensure_room().is_ok() {
+            let Some((worker, _)) = self.roster.take_pending_loss() else {
+                break;
+            };
+            let _ = self.on_lost(worker);
+        }
+    }
+
     pub(super) fn on_lost(&mut self, worker: WorkerId) -> Result<(), Reject> {
         self.roster.check_member(worker)?;
         if self.roster.lose(worker) {
@@ -241,7 +266,19 @@ impl<M: Storage> Shared<M> {
             }
         };
         loop {
-            let (batch, next, end) = match self.queue.front_mut()? {
+            let Some(front) = self.queue.front_mut() else {
+                // Drained: the losses that waited for it are applied, and what they queue is
+                // part of this drain.
+                if self.roster.pending_losses() == 0 {
+                    return None;
+                }
+                self.apply_pending_losses();
+                if self.queue.len() == 0 {
+                    return None;
+                }
+                continue;
+            };
+            let (batch, next, end) = match front {
                 Item::Event(e) => {
                     // Built in the caller's slot straight from the queue before the queue
                     // moves on, never copied through the stack (a reload at other offsets

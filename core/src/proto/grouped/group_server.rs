@@ -89,6 +89,9 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupServer<T, S, M> {
 
 impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupServer<T, S, M> {
     fn handle(&mut self, now: Instant, from: WorkerId, msg: ToServer<'_, T>) -> Result<(), Reject> {
+        if self.shared.roster.pending_losses() != 0 {
+            self.shared.apply_pending_losses();
+        }
         let result = self.shared.ensure_room().and_then(|()| {
             if self.shared.group_of(from) != Some(self.group.id as usize) {
                 return Err(Reject::UnknownWorker(from));
@@ -147,15 +150,17 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupServer<T, S, M> {
         result
     }
 
-    fn handle_worker_lost(&mut self, _now: Instant, worker: WorkerId) -> Result<(), Reject> {
+    fn handle_worker_lost(&mut self, now: Instant, worker: WorkerId) -> Result<(), Reject> {
         if self.shared.group_of(worker) != Some(self.group.id as usize) {
             return Err(Reject::UnknownWorker(worker));
         }
-        self.shared.ensure_room()?;
-        self.shared.on_lost(worker)
+        self.shared.report_lost(now, worker)
     }
 
     fn handle_timeout(&mut self, now: Instant) {
+        if self.shared.roster.pending_losses() != 0 {
+            self.shared.apply_pending_losses();
+        }
         if self.shared.ensure_room().is_ok() {
             self.group.check_stall(&mut self.shared, now);
         }
@@ -169,6 +174,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupServer<T, S, M> {
         if let Some(out) = self.shared.poll(|_| version, |_| model) {
             return Some(out);
         }
+
         let item = self.up.pop_front()?;
         Some(ServerOutput::Upstream(match item {
             Up::Join => ToServer::Join { epoch: self.epoch },

@@ -205,6 +205,9 @@ fn model_of<'a, T, S: Buffer<T>>(scratch: &'a S, g: u32, dim: &usize, per: &usiz
 
 impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupedServer<T, S, M> {
     fn handle(&mut self, now: Instant, from: WorkerId, msg: ToServer<'_, T>) -> Result<(), Reject> {
+        if self.shared.roster.pending_losses() != 0 {
+            self.shared.apply_pending_losses();
+        }
         let result = self.shared.ensure_room().and_then(|()| {
             // Membership: only a worker of the roster has a group.
             let g = self.shared.group_of(from).ok_or(Reject::UnknownWorker(from))?;
@@ -228,12 +231,14 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupedServer<T, S, M> {
         result
     }
 
-    fn handle_worker_lost(&mut self, _now: Instant, worker: WorkerId) -> Result<(), Reject> {
-        self.shared.ensure_room()?;
-        self.shared.on_lost(worker)
+    fn handle_worker_lost(&mut self, now: Instant, worker: WorkerId) -> Result<(), Reject> {
+        self.shared.report_lost(now, worker)
     }
 
     fn handle_timeout(&mut self, now: Instant) {
+        if self.shared.roster.pending_losses() != 0 {
+            self.shared.apply_pending_losses();
+        }
         if self.shared.ensure_room().is_err() {
             return;
         }
@@ -246,10 +251,16 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupedServer<T, S, M> {
     fn poll_output(&mut self) -> Option<ServerOutput<'_, T>> {
         // Drained after every input: most calls find the queue empty or an event in front,
         // answered here without the setup (and saved registers) of the general case.
-        if let Item::Event(e) = self.shared.queue.front_mut()? {
-            let out = Some(ServerOutput::Event(*e));
-            self.shared.queue.advance();
-            return out;
+        match self.shared.queue.front_mut() {
+            Some(Item::Event(e)) => {
+                let out = Some(ServerOutput::Event(*e));
+                self.shared.queue.advance();
+                return out;
+            }
+            None if self.shared.roster.pending_losses() == 0 => return None,
+            // A batch, or the queue is empty with losses that waited for the drain (applied
+            // by the general case).
+            _ => {}
         }
         self.poll_items()
     }

@@ -252,7 +252,8 @@ impl WbspConfig {
 
     /// The protocol's short name: `"wbsp"`, or `"wbsp-overlap"` for the optimized variant.
     pub fn name(&self) -> &'static str {
-        if self.overlap { "wbsp-overlap" } else { "wbsp" }
+        let kind = if self.overlap { super::ProtocolKind::WbspOverlap } else { super::ProtocolKind::Wbsp };
+        kind.as_str()
     }
 
     pub(crate) fn check(&self) -> Result<(), ConfigError> {

@@ -15,278 +15,17 @@
 //! server), which the checks read: the reference model and the invariants of [`super::check`], or a test's own.
 //! [`Cluster::step`] handles one event, [`Cluster::run`] steps until the network is quiet.
 
+use super::log::{CopyLoss, Entry, NetCounts};
+use super::net::{Faults, GradientFn, Job, NetConfig, WorkerFactory};
 use super::{ToServerOwned, ToWorkerOwned};
 use crate::error::Reject;
 use crate::id::{ComputeId, Version, WorkerId};
 use crate::proto::{Recipient, Server, ServerEvent, ServerOutput, Worker, WorkerEvent, WorkerOutput};
 use crate::rng::Rng;
 use crate::time::{Duration, Instant};
-use std::boxed::Box;
 use std::collections::BTreeMap;
 use std::vec;
 use std::vec::Vec;
-
-/// A computation the host runs: what a [`GradientFn`] sees.
-#[derive(Clone, Debug)]
-pub struct Job<'a> {
-    /// The worker.
-    pub worker: usize,
-    /// Computations this worker finished before (its `k`-th job).
-    pub k: u64,
-    /// The model version the worker named.
-    pub version: u64,
-    /// The parameters it computes at.
-    pub params: &'a [f64],
-}
-
-/// The gradient of a job: a pure function, so a run replays and a reference can recompute it.
-pub type GradientFn = fn(&Job<'_>) -> Vec<f64>;
-
-/// Builds worker `id`'s state machine for session `epoch` (a restart after a crash).
-pub type WorkerFactory<W> = Box<dyn FnMut(u32, u32) -> W>;
-
-/// Which faults the network injects and how often. All zero: a reliable network.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Faults {
-    /// Probability a message is lost.
-    pub loss: f64,
-    /// Probability a message is delivered twice.
-    pub duplicate: f64,
-    /// Probability a message takes a delay spike of [`NetConfig::spike`] (reordering).
-    pub spike: f64,
-    /// Per-event probability of starting a one-way partition of one worker.
-    pub partition: f64,
-    /// Per-event probability of crashing a worker (it restarts after
-    /// [`NetConfig::restart_after`], through the worker factory).
-    pub crash: f64,
-    /// Per-event probability of asking for a server restart ([`Cluster::take_restart_request`]).
-    pub server_restart: f64,
-}
-
-impl Faults {
-    /// Swarm testing: each fault kind is on or off per seed (drawn from `rng`), then its
-    /// rate is drawn: loss ≤ 0.3, duplication ≤ 0.5, spikes ≤ 0.3, partitions ≤ 0.01,
-    /// crashes ≤ 0.01 and server restarts ≤ 0.002 per event.
-    pub fn swarm(rng: &mut Rng) -> Self {
-        let mut f = Self::default();
-        let mut draw = |p: f64, max: f64| if rng.next_f64() < p { rng.next_f64() * max } else { 0.0 };
-        f.loss = draw(0.6, 0.3);
-        f.duplicate = draw(0.6, 0.5);
-        f.spike = draw(0.6, 0.3);
-        f.partition = draw(0.4, 0.01);
-        f.crash = draw(0.5, 0.01);
-        f.server_restart = draw(0.3, 0.002);
-        f
-    }
-
-    /// Every fault kind off.
-    pub fn none() -> Self {
-        Self::default()
-    }
-}
-
-/// How long messages and computations take.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct NetConfig {
-    /// Latency of a message, uniform in `[min, max]`.
-    pub latency: (Duration, Duration),
-    /// Links deliver in order: what one drain of a node sends to one peer travels as one
-    /// batch, after everything sent on that link before.
-    pub fifo: bool,
-    /// A computation's time: uniform in `[min, max]`, or shifted-exponential (`min` plus an
-    /// exponential of mean `max`) when [`Self::exponential`] is set; divided by the worker's
-    /// speed.
-    pub compute: (Duration, Duration),
-    /// Draw compute times as `min + Exp(mean = max)`.
-    pub exponential: bool,
-    /// Probability a computation straggles, and the extra time then (uniform in the range).
-    pub straggle: (f64, Duration, Duration),
-    /// The extra delay of a spiked message, uniform in the range.
-    pub spike: (Duration, Duration),
-    /// A crashed worker restarts after a time uniform in the range.
-    pub restart_after: (Duration, Duration),
-    /// A partition lasts a time uniform in the range.
-    pub partition_for: (Duration, Duration),
-    /// Timers at or beyond this instant do not fire once nothing else is in flight.
-    pub horizon: Instant,
-}
-
-impl Default for NetConfig {
-    /// 1–4 ms latency, 1–8 ms computations, no stragglers, FIFO off, horizon one hour.
-    fn default() -> Self {
-        let ms = Duration::from_millis;
-        Self {
-            latency: (ms(1), ms(4)),
-            fifo: false,
-            compute: (ms(1), ms(8)),
-            exponential: false,
-            straggle: (0.0, Duration::ZERO, Duration::ZERO),
-            spike: (ms(20), ms(300)),
-            restart_after: (ms(10), ms(300)),
-            partition_for: (ms(20), ms(420)),
-            horizon: Instant::ZERO + Duration::from_secs(3600),
-        }
-    }
-}
-
-/// One thing that happened, in order.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Entry {
-    /// Worker `worker` was asked for its `k`-th gradient at `params` (model `version`).
-    Compute {
-        /// The worker.
-        worker: usize,
-        /// Computations it finished before.
-        k: u64,
-        /// The version it named.
-        version: u64,
-        /// The worker's iteration probe at that moment (see [`Cluster::with_probes`]).
-        iteration: u64,
-        /// The parameters.
-        params: Vec<f64>,
-        /// Per worker, the contributions applied in the last model this worker took
-        /// (`None` before its first model, or [`Cluster::without_snapshots`]).
-        snap: Option<Vec<u64>>,
-        /// Per worker, computations finished so far (empty with
-        /// [`Cluster::without_snapshots`]).
-        done: Vec<u64>,
-    },
-    /// Worker `worker` (session `epoch`) sent `msg` (before the network's faults).
-    Up {
-        /// The worker.
-        worker: usize,
-        /// Its session epoch.
-        epoch: u32,
-        /// The message.
-        msg: ToServerOwned,
-    },
-    /// The server handled `msg` from `worker` at version `before`.
-    ServerIn {
-        /// The sender.
-        worker: usize,
-        /// The sender's session epoch when it sent it.
-        epoch: u32,
-        /// The message.
-        msg: ToServerOwned,
-        /// The server's version before.
-        before: u64,
-        /// What `handle` answered.
-        result: Result<(), Reject>,
-    },
-    /// The server sent `msg` to `to`.
-    Sent {
-        /// The recipient.
-        to: Recipient,
-        /// The message.
-        msg: ToWorkerOwned,
-    },
-    /// The server reported an event.
-    Event(ServerEvent),
-    /// The server's probe (its version unless [`Cluster::with_probes`]) moved to `tick`;
-    /// the model at that moment.
-    Tick {
-        /// The new probe value.
-        tick: u64,
-        /// The model.
-        params: Vec<f64>,
-    },
-    /// A worker refused a message.
-    WorkerRefused {
-        /// The worker.
-        worker: usize,
-        /// The message.
-        msg: ToWorkerOwned,
-        /// Why.
-        reason: Reject,
-    },
-    /// The server was told `worker` is lost (a crash, or [`Cluster::lose`]).
-    Lost {
-        /// The worker.
-        worker: usize,
-    },
-    /// A new server replaced the old one ([`Cluster::restart_server`]).
-    ServerRestarted,
-    /// The network put one copy of `msg` (logged before as [`Entry::Up`]) on the wire to the
-    /// server; a duplicated message has two.
-    UpCopy {
-        /// The sender.
-        worker: usize,
-        /// The sender's session epoch.
-        epoch: u32,
-        /// The message.
-        msg: ToServerOwned,
-    },
-    /// The network lost `msg` (logged before as [`Entry::Up`]) before it left: no copy is on
-    /// the wire.
-    UpLost {
-        /// The sender.
-        worker: usize,
-        /// The sender's session epoch.
-        epoch: u32,
-        /// The message.
-        msg: ToServerOwned,
-        /// Why.
-        cause: CopyLoss,
-    },
-    /// The server sent `msg` to the server above it. The cluster has no upstream server:
-    /// the message is logged here and goes nowhere (a server with an upstream needs a
-    /// harness that wires one).
-    ToUpstream(ToServerOwned),
-    /// A copy of `msg` arrived after the server it was sent to was replaced
-    /// ([`Cluster::restart_server`]): no server handled it.
-    UpMissed {
-        /// The sender.
-        worker: usize,
-        /// The sender's session epoch.
-        epoch: u32,
-        /// The message.
-        msg: ToServerOwned,
-    },
-}
-
-/// Why the network lost a message ([`Entry::UpLost`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CopyLoss {
-    /// The loss fault ([`Faults::loss`]).
-    Dropped,
-    /// A one-way partition of the link ([`Faults::partition`]).
-    Partition,
-}
-
-/// What the network injected.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NetCounts {
-    /// Events handled.
-    pub steps: u64,
-    /// Messages sent.
-    pub sent: u64,
-    /// Messages lost (faults and partitions).
-    pub lost: u64,
-    /// Extra copies delivered.
-    pub duplicated: u64,
-    /// Messages given a delay spike.
-    pub delayed: u64,
-    /// One-way partitions started.
-    pub partitions: u64,
-    /// Worker crashes.
-    pub crashes: u64,
-    /// Server restarts.
-    pub server_restarts: u64,
-}
-
-impl NetCounts {
-    /// Adds `o` into `self` (totals over several runs).
-    pub fn add(&mut self, o: &Self) {
-        self.steps += o.steps;
-        self.sent += o.sent;
-        self.lost += o.lost;
-        self.duplicated += o.duplicated;
-        self.delayed += o.delayed;
-        self.partitions += o.partitions;
-        self.crashes += o.crashes;
-        self.server_restarts += o.server_restarts;
-    }
-}
 
 #[derive(Clone, Debug)]
 enum Ev {
@@ -868,6 +607,23 @@ impl<S: Server<f64>, W: Worker<f64>> Cluster<S, W> {
         let _ = self.server.handle_worker_lost(self.now, WorkerId(w as u32));
         self.log.push(Entry::Lost { worker: w });
         self.drain_server();
+    }
+
+    /// The transport loses every worker of `ws` at once: each loss is reported to the
+    /// server back to back, with no drain in between (as a driver that found several
+    /// connections dead in one pass does), then the server is drained once. Returns what
+    /// each report answered.
+    pub fn lose_all(&mut self, ws: &[usize]) -> Vec<Result<(), Reject>> {
+        let mut answers = Vec::new();
+        for &w in ws {
+            if let Some(d) = self.dead.get_mut(w) {
+                *d = true;
+            }
+            answers.push(self.server.handle_worker_lost(self.now, WorkerId(w as u32)));
+            self.log.push(Entry::Lost { worker: w });
+        }
+        self.drain_server();
+        answers
     }
 
     /// Crashes worker `w` (its state, messages to it and its jobs are gone; the server is

@@ -4,8 +4,12 @@
 //! the fault swarm (`tests/src/fault.rs`) and the benches.
 
 mod cluster;
+mod log;
+mod net;
 
-pub use cluster::{Cluster, CopyLoss, Entry, Faults, GradientFn, Job, NetConfig, NetCounts, Node, WorkerFactory};
+pub use cluster::{Cluster, Node};
+pub use log::{CopyLoss, Entry, NetCounts};
+pub use net::{Faults, GradientFn, Job, NetConfig, WorkerFactory};
 
 use crate::id::Version;
 use crate::math::Scalar;

@@ -10,6 +10,14 @@
 //! the core's: a node's [`ServerOutput::Upstream`] messages go up its link to the central
 //! node, the central node's messages to its worker `g` go down to node `g`'s
 //! [`Server::handle_upstream`]. The engine has no protocol-specific code.
+//!
+//! Here: the events, the nodes and the driving contract. Messages between the nodes are in
+//! `links`, the fault injector (message faults, partitions, crashes, server restarts) in
+//! `faults`, the time-to-target detection in `crossing`.
+
+mod crossing;
+mod faults;
+mod links;
 
 use super::GradientSource;
 use super::SimError;
@@ -17,12 +25,14 @@ use super::compute::ComputeSampler;
 use super::config::{Direction, SimConfig};
 use super::network::{BufferPool, Link};
 use super::report::{
-    CurvePoint, FastDebug, Fault, FaultStats, Fnv, Node, Observation, SimReport, StalenessStats, TraceStep,
-    WorkerReport,
+    CurvePoint, FastDebug, Fault, Fnv, Node, Observation, SimReport, StalenessStats, TraceStep, WorkerReport,
 };
 use crate::workload::{BatchSampler, Scratch, Workload};
 use core::cmp::Ordering;
 use core::fmt::Write as _;
+use crossing::Crossing;
+pub use faults::FAULT_STREAM;
+use faults::Faults;
 use std::collections::{BTreeMap, BinaryHeap};
 use syncopate::proto::Heap;
 use syncopate::rng::Rng;
@@ -31,11 +41,6 @@ use syncopate::{
     AnyServer, AnyWorker, ComputeId, DropReason, Duration, Instant, Recipient, Reject, Server, ServerEvent,
     ServerOutput, ServerStats, ToServer, ToWorker, Version, Worker, WorkerEvent, WorkerId, WorkerOutput, WorkerSetup,
 };
-
-/// The stream id of the fault injector's random numbers: `Rng::derive(seed, FAULT_STREAM)`
-/// draws the message faults; random partitions and crashes use sub-streams
-/// `FAULT_STREAM + 1 + link` and `FAULT_STREAM + 0x1_0000 + worker`.
-pub const FAULT_STREAM: u64 = 0xFA17_5EED_0000_0000;
 
 /// What happens at a scheduled instant.
 #[derive(Clone, Copy, Debug)]
@@ -118,65 +123,6 @@ struct Host {
     report: WorkerReport,
 }
 
-/// A random one-way partition process of one link: alternating up and cut periods; the
-/// current or next cut is `start..end`.
-#[derive(Clone, Debug)]
-struct CutProcess {
-    rng: Rng,
-    start: Instant,
-    end: Instant,
-}
-
-impl CutProcess {
-    fn new(seed: u64, link: u64, rate: f64, mean: Duration) -> Self {
-        let mut rng = Rng::derive(seed, FAULT_STREAM.wrapping_add(1 + link));
-        let start = Instant::ZERO + exp_secs(&mut rng, rate);
-        let end = start + exp_mean(&mut rng, mean);
-        Self { rng, start, end }
-    }
-
-    /// Whether the link is cut at `t` (`t` never decreases between calls).
-    fn cut_at(&mut self, t: Instant, rate: f64, mean: Duration) -> bool {
-        while self.end <= t {
-            self.start = self.end + exp_secs(&mut self.rng, rate);
-            self.end = self.start + exp_mean(&mut self.rng, mean);
-        }
-        self.start <= t
-    }
-}
-
-/// An exponential time with `rate` per second.
-fn exp_secs(rng: &mut Rng, rate: f64) -> Duration {
-    Duration::from_secs_f64(rng.exponential(rate))
-}
-
-/// An exponential time with mean `mean`.
-fn exp_mean(rng: &mut Rng, mean: Duration) -> Duration {
-    Duration::from_secs_f64(rng.exponential(1.0) * mean.as_secs_f64())
-}
-
-/// The fault injector's state.
-struct Faults {
-    /// Message faults configured (otherwise the send path skips all of this).
-    messages: bool,
-    /// The end of the fault phase.
-    quiet: Option<Instant>,
-    rng: Rng,
-    /// Random cut processes, two per worker (up, down), when random cuts are configured.
-    cuts: Vec<CutProcess>,
-    /// Random crash streams, one per worker, when random crashes are configured.
-    crash_rngs: Vec<Rng>,
-    stats: FaultStats,
-}
-
-/// What the network does with one message.
-#[derive(Clone, Copy, Debug)]
-struct Fate {
-    first: Option<Instant>,
-    replay: Option<Instant>,
-    faults: [Option<Fault>; 2],
-}
-
 /// A sub-server node of a two-level run (a server with an upstream: the central node).
 struct SubNode {
     /// Boxed, as the central server is.
@@ -212,6 +158,12 @@ struct Core<'a, 'o> {
     bytes: u64,
     codec_errors: u64,
     worker_rejects: u64,
+    /// Inputs refused anywhere because a tensor held NaN or ±∞, or its norm overflowed (no
+    /// adapter sets a refusing norm bound, so in the simulator that is an overflow).
+    not_finite: u64,
+    /// An evaluation found the model's test loss not finite, or an input was refused for
+    /// holding NaN or ±∞: the run has diverged.
+    diverged: bool,
     stalls: u64,
     target_reached: bool,
     /// An evaluation reached [`super::StopRule::stop_at_loss`].
@@ -286,6 +238,10 @@ impl Core<'_, '_> {
         self.hash.node(from);
         self.hash.result(&result);
         self.delivered += 1;
+        if matches!(result, Err(Reject::NotFinite | Reject::NormTooLarge)) {
+            self.not_finite += 1;
+            self.diverged = true;
+        }
         if result.is_err() && matches!(to, Node::Worker(_)) {
             self.worker_rejects += 1;
         }
@@ -303,151 +259,6 @@ impl Core<'_, '_> {
     fn codec_error(&mut self, what: &dyn core::fmt::Debug) {
         self.codec_errors += 1;
         debug_assert!(false, "simulator codec error (a bug in the wire codec or the simulator): {what:?}");
-    }
-
-    /// Encodes a worker's message into a pool buffer; `None` on a codec error.
-    fn encode_to_server(&mut self, msg: &ToServer<'_, f32>) -> Option<(usize, usize)> {
-        let len = wire::encoded_len_to_server(msg);
-        let slot = self.pool.take(len);
-        match wire::encode_to_server(msg, self.pool.bytes_mut(slot)) {
-            Ok(n) => {
-                self.pool.set_len(slot, n);
-                Some((slot, n))
-            }
-            Err(e) => {
-                self.pool.release(slot);
-                self.codec_error(&e);
-                None
-            }
-        }
-    }
-
-    fn encode_to_worker(&mut self, msg: &ToWorker<'_, f32>) -> Option<(usize, usize)> {
-        let len = wire::encoded_len_to_worker(msg);
-        let slot = self.pool.take(len);
-        match wire::encode_to_worker(msg, self.pool.bytes_mut(slot)) {
-            Ok(n) => {
-                self.pool.set_len(slot, n);
-                Some((slot, n))
-            }
-            Err(e) => {
-                self.pool.release(slot);
-                self.codec_error(&e);
-                None
-            }
-        }
-    }
-
-    /// Puts a server's (or a group node's) message on the downlinks of its recipients (every
-    /// live worker, or every live member of the sending group, for a broadcast; one encoding
-    /// shared by all copies).
-    fn send_to_workers(&mut self, hosts: &mut [Host], from: Node, to: Recipient, msg: &ToWorker<'_, f32>) {
-        let kind = msg.kind_name();
-        let Some((slot, len)) = self.encode_to_worker(msg) else { return };
-        let send = |core: &mut Self, i: usize, host: &mut Host| {
-            if host.worker.is_none() {
-                core.lost += 1;
-                return;
-            }
-            let worker = i as u32;
-            let arrival = host.downlink.send(core.now, len);
-            let fate = core.fate(worker, Direction::Down, arrival);
-            let event = Event::Deliver { slot, worker, to_server: false, incarnation: host.incarnation };
-            core.schedule_fate(&fate, slot, event);
-            core.sent(from, Node::Worker(worker), kind, len);
-            core.record_faults(from, Node::Worker(worker), kind, &fate);
-        };
-        match to {
-            Recipient::Worker(w) => match hosts.get_mut(w.index()) {
-                Some(host) if self.reaches(from, w.0) => send(self, w.index(), host),
-                _ => self.lost += 1,
-            },
-            Recipient::AllWorkers => {
-                for (i, host) in hosts.iter_mut().enumerate() {
-                    if self.reaches(from, i as u32) {
-                        send(self, i, host);
-                    }
-                }
-            }
-        }
-        self.pool.release(slot);
-    }
-
-    /// Whether `from` talks to `worker` directly (a group node only to its members).
-    fn reaches(&self, from: Node, worker: u32) -> bool {
-        match from {
-            Node::Group(g) => self.group_of.get(worker as usize) == Some(&g),
-            _ => true,
-        }
-    }
-
-    /// The node worker `worker` sends to.
-    fn server_node(&self, worker: u32) -> Node {
-        self.group_of.get(worker as usize).map_or(Node::Server, |&g| Node::Group(g))
-    }
-
-    /// What the network does with a message handed to worker `worker`'s link in direction
-    /// `dir` now, which would arrive at `arrival` (draws nothing without message faults, or
-    /// in the quiet phase).
-    fn fate(&mut self, worker: u32, dir: Direction, arrival: Instant) -> Fate {
-        let mut fate = Fate { first: Some(arrival), replay: None, faults: [None, None] };
-        let now = self.now;
-        if !self.faults.messages || self.faults.quiet.is_some_and(|q| now >= q) {
-            return fate;
-        }
-        let f = &self.config.faults;
-        let since = now - Instant::ZERO;
-        let scripted =
-            f.cuts.iter().any(|c| c.worker == worker && c.direction == dir && c.from <= since && since < c.until);
-        let link = 2 * worker as usize + usize::from(dir == Direction::Down);
-        let random = self.faults.cuts.get_mut(link).is_some_and(|p| p.cut_at(now, f.cut_rate, f.cut_mean));
-        let rng = &mut self.faults.rng;
-        if scripted || random {
-            fate.first = None;
-            fate.faults[0] = Some(Fault::Partitioned);
-            return fate;
-        }
-        if f.loss > 0.0 && rng.next_f64() < f.loss {
-            fate.first = None;
-            fate.faults[0] = Some(Fault::Dropped);
-            return fate;
-        }
-        if f.delay > 0.0 && rng.next_f64() < f.delay {
-            let extra = exp_mean(rng, f.delay_mean);
-            fate.first = Some(arrival + extra);
-            fate.faults[0] = Some(Fault::Delayed(extra));
-        }
-        if f.duplicate > 0.0 && rng.next_f64() < f.duplicate {
-            let later = exp_mean(rng, f.replay_delay);
-            fate.replay = fate.first.map(|t| t + later);
-            fate.faults[1] = Some(Fault::Duplicated(later));
-        }
-        fate
-    }
-
-    /// Schedules the deliveries of `fate` for the message in `slot` (one buffer reference
-    /// each; the sender releases its own).
-    fn schedule_fate(&mut self, fate: &Fate, slot: usize, event: Event) {
-        for at in [fate.first, fate.replay].into_iter().flatten() {
-            self.pool.share(slot, 1);
-            self.schedule(at, event);
-        }
-    }
-
-    fn record_faults(&mut self, from: Node, to: Node, kind: &'static str, fate: &Fate) {
-        for fault in fate.faults.into_iter().flatten() {
-            self.fault(from, to, kind, fault);
-        }
-    }
-
-    fn fault(&mut self, from: Node, to: Node, kind: &'static str, fault: Fault) {
-        self.faults.stats.count(fault, kind);
-        self.tag(10, from);
-        self.hash.node(to);
-        self.hash.bytes(kind.as_bytes());
-        let _ = write!(self.hash, "{fault:?}");
-        let at = self.now;
-        self.observe(&Observation::Fault { at, from, to, kind, fault });
     }
 
     /// Arms a node's timer for `deadline` (not before `floor`) unless an earlier one is armed.
@@ -489,72 +300,14 @@ impl Core<'_, '_> {
             self.target_reached = true;
             self.crossing.clear();
         }
+        if !point.loss.is_finite() {
+            self.diverged = true;
+        }
         if self.config.stop.stop_at_loss.is_some_and(|x| point.loss <= x) {
             self.loss_reached = true;
         }
         self.curve.push(point);
         self.observe(&Observation::Evaluated { point });
-    }
-}
-
-/// Finds the first published model that reaches the target: every model the server
-/// publishes (the model standing when virtual time moves on) is kept (a copy of its parameters) until the target is reached, and checked in
-/// publication order, in batches of [`Crossing::CAPACITY`] or at once when an evaluation
-/// reaches the target. The time to target is then the time of the first model at or above
-/// it, the same whatever the evaluation interval; each model is evaluated at most once, and
-/// none after the target is reached.
-#[derive(Debug, Default)]
-struct Crossing {
-    /// (virtual seconds, version, parameters) of each model since the last evaluation.
-    models: Vec<(f64, u64, Vec<f32>)>,
-    /// Parameter buffers for reuse.
-    spare: Vec<Vec<f32>>,
-    /// The version of the last model kept.
-    version: Option<u64>,
-}
-
-impl Crossing {
-    /// Models kept before they are checked in place.
-    const CAPACITY: usize = 32;
-
-    /// Keeps the server's model if its version is new; checks the kept models once there
-    /// are [`Self::CAPACITY`] of them, returning the first that reaches `target`.
-    fn record(
-        &mut self,
-        version: u64,
-        time_s: f64,
-        params: &[f32],
-        workload: &Workload,
-        target: f64,
-        scratch: &mut Scratch,
-    ) -> Option<(f64, u64)> {
-        if self.version == Some(version) {
-            return None;
-        }
-        self.version = Some(version);
-        let mut buffer = self.spare.pop().unwrap_or_default();
-        buffer.clear();
-        buffer.extend_from_slice(params);
-        self.models.push((time_s, version, buffer));
-        if self.models.len() < Self::CAPACITY {
-            return None;
-        }
-        let found = self.first_reaching(workload, target, scratch);
-        self.clear();
-        found
-    }
-
-    /// The first kept model whose test accuracy reaches `target`, as (seconds, version).
-    fn first_reaching(&self, workload: &Workload, target: f64, scratch: &mut Scratch) -> Option<(f64, u64)> {
-        self.models.iter().find_map(|(t, v, params)| {
-            let e = workload.model.evaluate_with(params, &workload.test, scratch);
-            (e.accuracy >= target).then_some((*t, *v))
-        })
-    }
-
-    /// Forgets the kept models (their buffers are reused).
-    fn clear(&mut self) {
-        self.spare.extend(self.models.drain(..).map(|(_, _, p)| p));
     }
 }
 
@@ -644,25 +397,6 @@ impl<'a, 'o> Engine<'a, 'o> {
                 report: WorkerReport { worker: i, ..WorkerReport::default() },
             });
         }
-        let f = &config.faults;
-        let cuts = if f.cut_rate > 0.0 && f.cut_mean > Duration::ZERO {
-            (0..2 * u64::from(n)).map(|link| CutProcess::new(config.seed, link, f.cut_rate, f.cut_mean)).collect()
-        } else {
-            Vec::new()
-        };
-        let crash_rngs = if f.crash_rate > 0.0 {
-            (0..n).map(|i| Rng::derive(config.seed, FAULT_STREAM.wrapping_add(0x1_0000 + u64::from(i)))).collect()
-        } else {
-            Vec::new()
-        };
-        let faults = Faults {
-            messages: f.message_faults(),
-            quiet: f.quiet_after.map(|q| Instant::ZERO + q),
-            rng: Rng::derive(config.seed, FAULT_STREAM),
-            cuts,
-            crash_rngs,
-            stats: FaultStats::default(),
-        };
         let core = Core {
             config,
             workload,
@@ -685,12 +419,14 @@ impl<'a, 'o> Engine<'a, 'o> {
             bytes: 0,
             codec_errors: 0,
             worker_rejects: 0,
+            not_finite: 0,
+            diverged: false,
             stalls: 0,
             target_reached: false,
             loss_reached: false,
             eval_scratch: model.scratch(),
             crossing: Crossing::default(),
-            faults,
+            faults: Faults::new(config, n),
             group_of,
             fast_debug: FastDebug::default(),
         };
@@ -774,6 +510,13 @@ impl<'a, 'o> Engine<'a, 'o> {
             }
             if self.core.loss_reached {
                 break "target_loss";
+            }
+            // A model with a NaN or infinite loss cannot recover, and a gradient or delta
+            // holding NaN or ±∞ (or overflowing its norm) comes only from a diverged model
+            // (its refusal leaves a synchronous round waiting for ever): the run ends
+            // instead of waiting out its budget.
+            if self.core.diverged {
+                break "diverged";
             }
             if stop.max_updates.is_some_and(|m| self.server.version().0 >= m) {
                 break "max_updates";
@@ -881,100 +624,6 @@ impl<'a, 'o> Engine<'a, 'o> {
         }
     }
 
-    fn deliver(&mut self, slot: usize, worker: u32, to_server: bool, incarnation: u32) {
-        let now = self.core.now;
-        let Some(host) = self.hosts.get_mut(worker as usize) else {
-            self.core.pool.release(slot);
-            return;
-        };
-        if host.incarnation != incarnation || host.worker.is_none() {
-            // The worker crashed while the message was in flight.
-            self.core.pool.release(slot);
-            self.core.lost += 1;
-            return;
-        }
-        let group = self.core.group_of.get(worker as usize).copied();
-        let bytes = self.core.pool.bytes(slot);
-        let len = bytes.len();
-        let id = WorkerId(worker);
-        if to_server && group.is_none() && self.server_down {
-            let kind = wire::decode_to_server::<f32>(bytes, &self.core.limits).map_or("", |m| m.kind_name());
-            self.core.pool.release(slot);
-            self.core.fault(Node::Worker(worker), Node::Server, kind, Fault::ServerDown);
-            return;
-        }
-        let outcome = if to_server {
-            match wire::decode_to_server::<f32>(bytes, &self.core.limits) {
-                Ok(msg) => {
-                    let kind = msg.kind_name();
-                    let result = match group.and_then(|g| self.groups.get_mut(g as usize)) {
-                        Some(node) => node.server.handle(now, id, msg),
-                        None => self.server.handle(now, id, msg),
-                    };
-                    Ok((kind, result))
-                }
-                Err(e) => Err(e),
-            }
-        } else {
-            match (wire::decode_to_worker::<f32>(bytes, &self.core.limits), host.worker.as_mut()) {
-                (Ok(msg), Some(w)) => Ok((msg.kind_name(), w.handle(now, msg))),
-                (Ok(_), None) => Ok(("", Err(Reject::Stopped))),
-                (Err(e), _) => Err(e),
-            }
-        };
-        self.core.pool.release(slot);
-        let (kind, result) = match outcome {
-            Ok(x) => x,
-            Err(e) => {
-                self.core.codec_error(&e);
-                return;
-            }
-        };
-        let server_node = self.core.server_node(worker);
-        let (from, to) =
-            if to_server { (Node::Worker(worker), server_node) } else { (server_node, Node::Worker(worker)) };
-        self.core.delivered(from, to, kind, len, result);
-        match (to_server, group) {
-            (true, Some(g)) => self.drain_group(g as usize, now),
-            (true, None) => self.drain_server(now),
-            (false, _) => self.drain_worker(worker as usize, now),
-        }
-    }
-
-    /// A message between group `group` and the central node arrives.
-    fn group_deliver(&mut self, slot: usize, group: u32, to_central: bool) {
-        let now = self.core.now;
-        let Some(node) = self.groups.get_mut(group as usize) else {
-            self.core.pool.release(slot);
-            return;
-        };
-        let bytes = self.core.pool.bytes(slot);
-        let len = bytes.len();
-        let outcome = if to_central {
-            wire::decode_to_server::<f32>(bytes, &self.core.limits)
-                .map(|msg| (msg.kind_name(), self.server.handle(now, WorkerId(group), msg)))
-        } else {
-            wire::decode_to_worker::<f32>(bytes, &self.core.limits)
-                .map(|msg| (msg.kind_name(), node.server.handle_upstream(now, msg)))
-        };
-        self.core.pool.release(slot);
-        let (kind, result) = match outcome {
-            Ok(x) => x,
-            Err(e) => {
-                self.core.codec_error(&e);
-                return;
-            }
-        };
-        let (from, to) =
-            if to_central { (Node::Group(group), Node::Server) } else { (Node::Server, Node::Group(group)) };
-        self.core.delivered(from, to, kind, len, result);
-        if to_central {
-            self.drain_server(now);
-        } else {
-            self.drain_group(group as usize, now);
-        }
-    }
-
     fn compute_done(&mut self, worker: u32, incarnation: u32, id: ComputeId) {
         let now = self.core.now;
         let Some(host) = self.hosts.get_mut(worker as usize) else { return };
@@ -992,131 +641,15 @@ impl<'a, 'o> Engine<'a, 'o> {
         } else {
             host.report.jobs_abandoned += 1;
             self.core.worker_rejects += 1;
+            if matches!(result, Err(Reject::NotFinite | Reject::NormTooLarge)) {
+                self.core.not_finite += 1;
+                self.core.diverged = true;
+            }
         }
         self.core.tag(5, Node::Worker(worker));
         self.core.hash.result(&result);
         self.core.observe(&Observation::GradientComputed { at: now, worker: WorkerId(worker), result });
         self.drain_worker(worker as usize, now);
-    }
-
-    /// Worker `worker` crashes (if it is up).
-    fn crash(&mut self, worker: u32, restart_after: Option<Duration>, notify_server: bool) -> bool {
-        let now = self.core.now;
-        let Some(host) = self.hosts.get_mut(worker as usize) else { return false };
-        if host.worker.is_none() {
-            return false;
-        }
-        host.worker = None;
-        host.incarnation += 1;
-        host.timer = None;
-        if let Some(job) = host.job.take() {
-            host.busy = host.busy + (now - job.start);
-            host.report.jobs_abandoned += 1;
-        }
-        host.uplink.reset(now);
-        host.downlink.reset(now);
-        host.report.crashes += 1;
-        self.core.tag(7, Node::Worker(worker));
-        self.core.observe(&Observation::Crashed { at: now, worker: WorkerId(worker) });
-        if notify_server {
-            match self.core.group_of.get(worker as usize).copied() {
-                Some(g) => {
-                    if let Some(node) = self.groups.get_mut(g as usize) {
-                        let result = node.server.handle_worker_lost(now, WorkerId(worker));
-                        let _ = write!(self.core.hash, "{result:?}");
-                        self.drain_group(g as usize, now);
-                    }
-                }
-                None if !self.server_down => {
-                    let result = self.server.handle_worker_lost(now, WorkerId(worker));
-                    let _ = write!(self.core.hash, "{result:?}");
-                    self.drain_server(now);
-                }
-                None => {}
-            }
-        }
-        if let Some(after) = restart_after {
-            self.core.schedule(now + after, Event::Restart(worker));
-        }
-        true
-    }
-
-    /// Schedules worker `worker`'s next random crash, if before the quiet phase.
-    fn schedule_random_crash(&mut self, worker: u32) {
-        let rate = self.core.config.faults.crash_rate;
-        let Some(rng) = self.core.faults.crash_rngs.get_mut(worker as usize) else { return };
-        let at = self.core.now + exp_secs(rng, rate);
-        if self.core.faults.quiet.is_none_or(|q| at < q) {
-            self.core.schedule(at, Event::RandomCrash(worker));
-        }
-    }
-
-    fn random_crash(&mut self, worker: u32) {
-        let f = &self.core.config.faults;
-        let (mean, notify) = (f.restart_mean, f.crash_notify_server);
-        let Some(rng) = self.core.faults.crash_rngs.get_mut(worker as usize) else { return };
-        let restart = exp_mean(rng, mean);
-        if self.crash(worker, Some(restart), notify) {
-            self.core.faults.stats.random_crashes += 1;
-        }
-        self.schedule_random_crash(worker);
-    }
-
-    fn restart(&mut self, worker: u32) {
-        let now = self.core.now;
-        let dim = self.core.workload.model.dim();
-        let Some(host) = self.hosts.get_mut(worker as usize) else { return };
-        if host.worker.is_some() {
-            return;
-        }
-        let epoch = host.epoch + 1;
-        // The configuration was valid for epoch 0, so it is for this one.
-        let Ok(w) = new_worker(self.core.config, dim, worker, epoch) else { return };
-        host.epoch = epoch;
-        host.worker = Some(w);
-        self.core.tag(8, Node::Worker(worker));
-        self.core.observe(&Observation::Restarted { at: now, worker: WorkerId(worker), epoch });
-        self.drain_worker(worker as usize, now);
-    }
-
-    /// The server crashes: everything but the checkpoint (model and version as of the last
-    /// update; the model only changes with the version) is lost.
-    fn server_crash(&mut self, i: usize) {
-        let now = self.core.now;
-        let Some(c) = self.core.config.faults.server_crashes.get(i).copied() else { return };
-        if self.server_down || !self.groups.is_empty() {
-            return;
-        }
-        let version = self.server.version();
-        self.checkpoint = Some((self.server.params().to_vec(), version));
-        add_stats(&mut self.dead_stats, self.server.stats());
-        self.server_down = true;
-        self.core.server_timer = None;
-        self.core.faults.stats.server_crashes += 1;
-        self.core.tag(11, Node::Server);
-        self.core.hash.u64(version.0);
-        self.core.observe(&Observation::ServerCrashed { at: now, version });
-        self.core.schedule(now + c.down_for, Event::ServerRestart);
-    }
-
-    /// A new server resumes from the checkpoint.
-    fn server_restart(&mut self) {
-        let now = self.core.now;
-        let Some((params, version)) = self.checkpoint.take() else { return };
-        let protocol = &self.core.config.protocol;
-        let scratch = vec![0.0; protocol.server_scratch_len(params.len())];
-        // The configuration was valid at the start, so it is for the resumed server.
-        let spare = vec![0.0; protocol.spare_accumulator_len(params.len())];
-        let server =
-            AnyServer::resume(protocol, params, scratch, version).and_then(|s| s.with_spare_accumulator(spare));
-        let Ok(server) = server else { return };
-        *self.server = server;
-        self.server_down = false;
-        self.core.faults.stats.server_restarts += 1;
-        self.core.tag(13, Node::Server);
-        self.core.hash.u64(version.0);
-        self.core.observe(&Observation::ServerRestarted { at: now });
-        self.drain_server(now);
     }
 
     /// Drains the server's outputs, then re-arms its timer (not before `floor`).
@@ -1300,6 +833,7 @@ impl<'a, 'o> Engine<'a, 'o> {
             dropped,
             rejected: stats.rejected,
             worker_rejects: core.worker_rejects,
+            not_finite: core.not_finite,
             stalls: core.stalls,
             per_worker,
             mean_compute_share,
@@ -1337,92 +871,4 @@ fn new_worker(config: &SimConfig, dim: usize, i: u32, epoch: u32) -> Result<AnyW
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn events_pop_in_time_then_insertion_order() {
-        let mut q = BinaryHeap::new();
-        let t = Instant::from_nanos;
-        for (seq, at) in [(0, 5), (1, 3), (2, 5), (3, 3), (4, 0)] {
-            q.push(Scheduled { at: t(at), seq, event: Event::Eval });
-        }
-        let order: Vec<(u64, u64)> = core::iter::from_fn(|| q.pop()).map(|s| (s.at.as_nanos(), s.seq)).collect();
-        assert_eq!(order, [(0, 4), (3, 1), (3, 3), (5, 0), (5, 2)]);
-    }
-
-    #[test]
-    fn time_to_target_does_not_depend_on_the_evaluation_interval() {
-        use crate::workload::ModelKind;
-        use syncopate::ProtocolConfig;
-        use syncopate::proto::asp::AspConfig;
-        use syncopate::proto::bsp::BspConfig;
-        for protocol in [ProtocolConfig::Bsp(BspConfig::new(4, 0.5)), ProtocolConfig::Asp(AspConfig::new(4, 0.125))] {
-            let mut config = SimConfig::new(protocol, ModelKind::Softmax)
-                .with_compute(super::super::ComputeModel::one_straggler(4, 0, 3.0))
-                .with_max_time(Duration::from_secs(3));
-            let w = config.digits_workload();
-            let mut times = Vec::new();
-            for eval_ms in [1, 10, 50, 400] {
-                config.eval_interval = Duration::from_millis(eval_ms);
-                let report = super::super::run(&config, &w);
-                times.push((report.time_to_target, report.updates_to_target));
-            }
-            assert!(times[0].0.is_some(), "{times:?}");
-            assert!(times.iter().all(|t| *t == times[0]), "{times:?}");
-        }
-    }
-
-    /// A run stopped at its target may end before any evaluation shows the target (the
-    /// crossing is found when the kept models are checked): the target's rung of a ladder is
-    /// still reached, at the exact crossing, and lower rungs no later.
-    #[test]
-    fn a_ladder_sees_the_target_a_stopped_run_reached_between_evaluations() {
-        use super::super::Target;
-        use crate::workload::ModelKind;
-        use syncopate::ProtocolConfig;
-        use syncopate::proto::bsp::BspConfig;
-        let mut config = SimConfig::new(ProtocolConfig::Bsp(BspConfig::new(4, 0.5)), ModelKind::Softmax)
-            .with_max_time(Duration::from_secs(3));
-        config.stop.stop_at_target = true;
-        config.eval_interval = Duration::from_millis(400);
-        let w = config.digits_workload();
-        let report = super::super::run(&config, &w);
-        let exact = report.time_to_target.expect("the target is reached");
-        let target = Target::Accuracy(report.target_accuracy);
-        // The case this test is about: the evaluations alone miss the crossing.
-        let evaluated = report.curve.iter().find(|p| target.reached(p)).map(|p| p.time_s);
-        assert_ne!(evaluated, Some(exact), "the evaluations saw the crossing: the case is not exercised");
-        assert_eq!(report.time_to(target), Some(exact));
-        let lower = report.time_to(Target::Accuracy(report.target_accuracy - 0.05)).expect("a lower rung");
-        assert!(lower <= exact, "{lower} > {exact}");
-    }
-
-    #[test]
-    fn a_run_stops_at_its_event_budget() {
-        use crate::workload::ModelKind;
-        use syncopate::ProtocolConfig;
-        use syncopate::proto::bsp::BspConfig;
-        let mut config = SimConfig::new(ProtocolConfig::Bsp(BspConfig::new(4, 0.5)), ModelKind::Softmax);
-        config.stop.max_events = 500;
-        let report = super::super::run(&config, &config.digits_workload());
-        assert_eq!(report.stop_reason, "max_events");
-        assert_eq!(report.events, 500);
-        assert!(report.virtual_time_s < 60.0);
-    }
-
-    #[test]
-    fn message_buffers_are_reused() {
-        use crate::workload::ModelKind;
-        use syncopate::ProtocolConfig;
-        use syncopate::proto::bsp::BspConfig;
-        let config = SimConfig::new(ProtocolConfig::Bsp(BspConfig::new(4, 0.5)), ModelKind::Softmax);
-        let w = config.digits_workload();
-        let short = super::super::run(&config.clone().with_max_updates(10), &w);
-        let long = super::super::run(&config.with_max_updates(200), &w);
-        assert!(long.messages_delivered > 10 * short.messages_delivered);
-        assert_eq!(long.buffers_allocated, short.buffers_allocated);
-        // Four gradients and four model copies (one shared buffer) in flight at most.
-        assert!(long.buffers_allocated <= 4 + 4 + 1, "{}", long.buffers_allocated);
-    }
-}
+mod tests;

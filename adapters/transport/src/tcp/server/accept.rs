@@ -1,0 +1,94 @@
+//! The listener and the accept thread: each new connection enters the unverified table and
+//! gets a thread of its own (see [`connection`](super::connection)).
+
+use super::connection::connection;
+use super::{Inbound, Shared, Slot};
+use core::net::SocketAddr;
+use core::sync::atomic::Ordering;
+use core::time::Duration;
+use crossbeam_channel::Sender;
+use std::net::{Shutdown, TcpListener};
+use std::sync::Arc;
+use std::thread;
+
+/// The kernel's queue of connections not yet accepted: deep, so a burst of attacker
+/// connections does not fill it and make the kernel drop a worker's connection attempt
+/// (which the worker's TCP stack would only retry after a second or more).
+const LISTEN_BACKLOG: i32 = 4096;
+
+/// A listener on the first of `addrs` that binds, with a deep backlog.
+pub(super) fn listen(addrs: &[SocketAddr]) -> std::io::Result<TcpListener> {
+    let mut last = std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, "no address to listen on");
+    for a in addrs {
+        let socket = socket2::Socket::new(socket2::Domain::for_address(*a), socket2::Type::STREAM, None)?;
+        #[cfg(unix)]
+        socket.set_reuse_address(true)?;
+        match socket.bind(&(*a).into()).and_then(|()| socket.listen(LISTEN_BACKLOG)) {
+            Ok(()) => return Ok(socket.into()),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+pub(super) fn is_loopback(addr: &SocketAddr) -> bool {
+    addr.ip().is_loopback()
+}
+
+/// How long the accept thread pauses when too many connection threads are alive; the
+/// kernel's backlog holds new connections meanwhile.
+const THREAD_PRESSURE_PAUSE: Duration = Duration::from_millis(2);
+
+/// Stack size of a connection thread: it holds buffers on the heap only.
+const CONNECTION_STACK: usize = 256 * 1024;
+
+pub(super) fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, in_tx: &Sender<Inbound>) {
+    let opts = &shared.options;
+    // Evicted connections' threads take a moment to notice; beyond this many live threads
+    // the accept thread waits for them rather than pile up more.
+    let max_threads = opts.max_unauthenticated.saturating_mul(2).saturating_add(opts.max_connections);
+    while !shared.closing.load(Ordering::SeqCst) {
+        if shared.threads.load(Ordering::SeqCst) >= max_threads {
+            thread::sleep(THREAD_PRESSURE_PAUSE);
+            continue;
+        }
+        match listener.accept() {
+            Ok((stream, addr)) => {
+                let Ok(handle) = stream.try_clone() else {
+                    continue;
+                };
+                let (pending, evicted) = shared
+                    .unverified
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .admit(addr.ip(), handle, opts.max_unauthenticated);
+                if let Some(victim) = evicted {
+                    let _ = victim.stream.shutdown(Shutdown::Both);
+                    let k = shared.evictions.fetch_add(1, Ordering::SeqCst);
+                    if k < 5 || k % 1000 == 0 {
+                        let _ = in_tx.send(Inbound::Log(format!(
+                            "unauthenticated connections table full: evicted the oldest from {} ({} evictions so far)",
+                            victim.source,
+                            k + 1
+                        )));
+                    }
+                }
+                shared.threads.fetch_add(1, Ordering::SeqCst);
+                let shared2 = Arc::clone(shared);
+                let tx = in_tx.clone();
+                let spawned = thread::Builder::new().name("syncopate-conn".into()).stack_size(CONNECTION_STACK).spawn(
+                    move || {
+                        let _alive = Slot(&shared2.threads);
+                        connection(stream, addr, pending, &shared2, &tx);
+                    },
+                );
+                if spawned.is_err() {
+                    shared.threads.fetch_sub(1, Ordering::SeqCst);
+                    shared.unverified.lock().unwrap_or_else(std::sync::PoisonError::into_inner).leave(pending);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(5)),
+            Err(_) => thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! One connection's threads: the handshake under its deadlines, then a reader that hands
+//! frames to the protocol thread and a writer that sends from a bounded queue; the same
+//! reader and writer for the upstream session of a group server.
+
+use super::admission::{ClaimGuard, LeaveTable, admit};
+use super::{Conn, Inbound, Shared, Slot, Uplink};
+use crate::tcp::TcpError;
+use crate::tcp::frame::{FrameError, FrameReader, FrameWriter};
+use crate::tcp::handshake::{self, Deadlines, HandshakeError, ServerSide};
+use core::net::SocketAddr;
+use core::sync::atomic::{AtomicBool, Ordering};
+use core::time::Duration;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
+use std::io::BufWriter;
+use std::net::{Shutdown, TcpStream};
+use std::sync::Arc;
+use std::thread;
+use std::time::Instant as StdInstant;
+
+fn log_failure(shared: &Shared, tx: &Sender<Inbound>, line: String) {
+    let k = shared.failures.fetch_add(1, Ordering::SeqCst);
+    let _ = tx.send(Inbound::HandshakeFailed);
+    // Rate limit: the first 20 failures, then every 100th.
+    if k < 20 || k % 100 == 0 {
+        let _ = tx.send(Inbound::Log(line));
+    }
+}
+
+pub(super) fn connection(
+    stream: TcpStream,
+    addr: SocketAddr,
+    pending: u64,
+    shared: &Arc<Shared>,
+    tx: &Sender<Inbound>,
+) {
+    let table = LeaveTable { shared, pending };
+    let opts = &shared.options;
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_write_timeout(Some(opts.write_timeout.min(opts.handshake_timeout)));
+    let (Ok(read_half), Ok(write_half)) = (stream.try_clone(), stream.try_clone()) else {
+        return;
+    };
+    let mut reader = FrameReader::new(read_half, handshake::HANDSHAKE_MAX_LEN, opts.frame_timeout);
+    let mut writer = FrameWriter::new(BufWriter::with_capacity(1 << 16, write_half), handshake::HANDSHAKE_MAX_LEN);
+    let a = &shared.announce;
+    let side = ServerSide {
+        settings: &a.bytes,
+        digest: a.digest,
+        label: &a.label,
+        peers: a.config.workers(),
+        role: a.role,
+        secret: opts.secret.as_ref(),
+        server_id: shared.server_id,
+        version: shared.version.load(Ordering::SeqCst),
+    };
+    let now = StdInstant::now();
+    let deadlines =
+        Deadlines { hello: now + opts.hello_timeout.min(opts.handshake_timeout), done: now + opts.handshake_timeout };
+    let admitted = core::cell::Cell::new(None);
+    let result = handshake::server_handshake(&mut reader, &mut writer, &side, deadlines, shared.session_max_len, |h| {
+        let epoch = admit(shared, pending, h)?;
+        admitted.set(Some(h.worker));
+        Ok(epoch)
+    });
+    drop(table);
+    let _verified = admitted.get().map(|worker| (Slot(&shared.connections), ClaimGuard { shared, worker }));
+    let session = match result {
+        Ok(s) => s,
+        Err(e) => {
+            let who = match &e {
+                HandshakeError::Refusing { worker: Some(w), .. } => format!(" (worker {})", w.0),
+                _ => String::new(),
+            };
+            log_failure(shared, tx, format!("handshake with {addr}{who} failed: {e}"));
+            let _ = stream.shutdown(Shutdown::Both);
+            return;
+        }
+    };
+    let _ = stream.set_write_timeout(Some(opts.write_timeout));
+    // Only now, for an authenticated session: large socket buffers for large frames.
+    if let Err(e) = crate::tcp::frame::tune_stream(&stream, shared.session_max_len) {
+        let _ = tx.send(Inbound::Log(format!("worker {}: cannot size the socket buffers: {e}", session.worker.0)));
+    }
+    let conn = shared.next_conn.fetch_add(1, Ordering::SeqCst);
+    let worker = session.worker;
+    let (out_tx, out_rx) = bounded::<Arc<Vec<u8>>>(opts.send_queue.max(1));
+    let Ok(stream2) = stream.try_clone() else {
+        return;
+    };
+    let writer_tx = tx.clone();
+    let done = Arc::new(AtomicBool::new(false));
+    let done2 = Arc::clone(&done);
+    let beat = crate::tcp::heartbeat_interval(opts.lost_after);
+    let spawned = thread::Builder::new().name(format!("syncopate-write-{}", worker.0)).spawn(move || {
+        if let Err(e) = write_with_heartbeats(&mut writer, &out_rx, beat) {
+            let _ = writer_tx.send(Inbound::Closed { conn, worker, reason: format!("write failed: {e}") });
+            let _ = stream2.shutdown(Shutdown::Both);
+            done2.store(true, Ordering::SeqCst);
+            return;
+        }
+        let _ = stream2.shutdown(Shutdown::Write);
+        done2.store(true, Ordering::SeqCst);
+    });
+    let Ok(writer_thread) = spawned else {
+        return;
+    };
+    let Ok(stream3) = stream.try_clone() else {
+        return;
+    };
+    let connected = Inbound::Connected { conn, worker, epoch: session.epoch, addr, tx: out_tx, stream: stream3, done };
+    if tx.send(connected).is_err() {
+        return;
+    }
+    // Read frames until the connection ends; buffers come back through `home`.
+    let (home, pool) = bounded::<Vec<u8>>(8);
+    let reason = loop {
+        let mut buf = pool.try_recv().unwrap_or_default();
+        match reader.read_frame(&mut buf, Some(StdInstant::now() + opts.lost_after)) {
+            // A heartbeat: the worker is there.
+            Ok(p) if p.start == p.end => {
+                let _ = home.try_send(buf);
+            }
+            Ok(p) => {
+                let frame = Inbound::Frame { conn, worker, buf, start: p.start, end: p.end, home: home.clone() };
+                if tx.send(frame).is_err() {
+                    break None;
+                }
+            }
+            Err(FrameError::Closed) => break Some("connection closed".to_owned()),
+            Err(FrameError::Idle) => break Some(silent(opts.lost_after)),
+            Err(e) => break Some(e.to_string()),
+        }
+    };
+    if let Some(reason) = reason {
+        let _ = tx.send(Inbound::Closed { conn, worker, reason });
+    }
+    // The writer ends once the protocol thread lets go of the connection; let it send what
+    // it has (a final Stop) before the socket closes.
+    let _ = writer_thread.join();
+    let _ = stream.shutdown(Shutdown::Both);
+}
+
+/// Starts the reader and writer threads of the upstream session: frames from upstream go to
+/// the protocol thread as [`Inbound::Upstream`], a closed or broken connection as
+/// [`Inbound::UpstreamClosed`].
+pub(super) fn start_uplink(
+    link: Uplink,
+    tx: &Sender<Inbound>,
+    queue: usize,
+    lost_after: Duration,
+) -> Result<Conn, TcpError> {
+    let Uplink { addr, stream, mut reader, mut writer } = link;
+    let clone = |s: &TcpStream| s.try_clone().map_err(|e| TcpError(format!("upstream connection: {e}")));
+    let (stream2, stream3) = (clone(&stream)?, clone(&stream)?);
+    let (out_tx, out_rx) = bounded::<Arc<Vec<u8>>>(queue);
+    let done = Arc::new(AtomicBool::new(false));
+    let (done2, writer_tx) = (Arc::clone(&done), tx.clone());
+    thread::Builder::new()
+        .name("syncopate-up-write".into())
+        .spawn(move || {
+            if let Err(e) = write_with_heartbeats(&mut writer, &out_rx, crate::tcp::heartbeat_interval(lost_after)) {
+                let _ = writer_tx.send(Inbound::UpstreamClosed { reason: format!("write failed: {e}") });
+                let _ = stream2.shutdown(Shutdown::Both);
+                done2.store(true, Ordering::SeqCst);
+                return;
+            }
+            let _ = stream2.shutdown(Shutdown::Write);
+            done2.store(true, Ordering::SeqCst);
+        })
+        .map_err(|e| TcpError(format!("cannot start the upstream writer: {e}")))?;
+    let reader_tx = tx.clone();
+    thread::Builder::new()
+        .name("syncopate-up-read".into())
+        .spawn(move || {
+            let reason = loop {
+                let mut buf = Vec::new();
+                match reader.read_frame(&mut buf, Some(StdInstant::now() + lost_after)) {
+                    // A heartbeat: the upstream server is there.
+                    Ok(p) if p.start == p.end => {}
+                    Ok(p) => {
+                        if reader_tx.send(Inbound::Upstream { buf, start: p.start, end: p.end }).is_err() {
+                            return;
+                        }
+                    }
+                    Err(FrameError::Closed) => break format!("{addr} closed the connection"),
+                    Err(FrameError::Idle) => break format!("{addr}: {}", silent(lost_after)),
+                    Err(e) => break format!("{addr}: {e}"),
+                }
+            };
+            let _ = reader_tx.send(Inbound::UpstreamClosed { reason });
+        })
+        .map_err(|e| TcpError(format!("cannot start the upstream reader: {e}")))?;
+    Ok(Conn { id: u64::MAX, tx: out_tx, stream: stream3, done })
+}
+
+/// Writes the frames queued on `frames` until the queue closes, and a heartbeat (a frame
+/// with an empty payload) whenever nothing was written for `beat`.
+pub(crate) fn write_with_heartbeats<W: std::io::Write>(
+    writer: &mut FrameWriter<W>,
+    frames: &Receiver<Arc<Vec<u8>>>,
+    beat: Duration,
+) -> std::io::Result<()> {
+    loop {
+        match frames.recv_timeout(beat) {
+            Ok(bytes) => writer.write_frame(&bytes)?,
+            Err(RecvTimeoutError::Timeout) => writer.write_frame(&[])?,
+            Err(RecvTimeoutError::Disconnected) => return Ok(()),
+        }
+    }
+}
+
+/// The reason a silent session is lost.
+fn silent(lost_after: Duration) -> String {
+    format!("silent for {:.1} s (no frame, no heartbeat)", lost_after.as_secs_f64())
+}

@@ -1,0 +1,134 @@
+//! Every protocol of `ProtocolKind::ALL` through every adapter: the command line's parser, the
+//! scenario parser, the TCP run settings, the C ABI's configuration, the simulator, the
+//! threads adapter (over the in-process channels) and TCP on loopback. A protocol added to
+//! `ALL` and not wired into one of them fails here (docs/ADDING_A_PROTOCOL.md); the
+//! exhaustive `match`es over `ProtocolKind` in the adapters fail to compile first.
+
+#[path = "tcp_common/mod.rs"]
+mod common;
+
+use clap::Parser;
+use common::*;
+use core::time::Duration;
+use std::sync::Arc;
+use syncopate::{ProtocolConfig, ProtocolKind};
+use syncopate_adapters::cli::{Cli, Command};
+use syncopate_adapters::scenario::{ProtocolSpec, Scenario};
+use syncopate_adapters::sim::{self, SimConfig};
+use syncopate_adapters::tcp::{ProtocolSettings, RunSettings, ServerOptions};
+use syncopate_adapters::thread::{self, ThreadConfig};
+use syncopate_adapters::workload::ModelKind;
+use syncopate_ffi::SyncopateConfig;
+
+const WORKERS: u32 = 4;
+const LR: f64 = 0.5;
+
+/// The configuration every adapter builds for `kind` (the adapters' one translation).
+fn config(kind: ProtocolKind) -> ProtocolConfig {
+    let config = ProtocolSpec::new(kind).config(WORKERS, LR).unwrap_or_else(|e| panic!("{kind}: {e}"));
+    assert_eq!(config.kind(), kind);
+    assert_eq!(config.name(), kind.as_str());
+    config
+}
+
+#[test]
+fn the_command_line_takes_every_name() {
+    for kind in ProtocolKind::ALL {
+        let cli = Cli::try_parse_from(["syncopate", "train", "--protocol", kind.as_str(), "--workers", "4"])
+            .unwrap_or_else(|e| panic!("{kind}: {e}"));
+        let Command::Train(args) = cli.command else { panic!("{kind}: not train") };
+        assert_eq!(args.protocol.protocol, kind);
+        assert_eq!(args.protocol.config().unwrap().kind(), kind);
+    }
+    let refused = Cli::try_parse_from(["syncopate", "train", "--protocol", "nope"]).unwrap_err().to_string();
+    for name in ProtocolKind::NAMES {
+        assert!(refused.contains(name), "{name} missing from {refused}");
+    }
+}
+
+#[test]
+fn scenario_files_take_every_name() {
+    for kind in ProtocolKind::ALL {
+        let text = format!("workers = {WORKERS}\n[[protocols]]\nname = \"{kind}\"\n");
+        let scenario = Scenario::parse(&text, "t.toml").unwrap_or_else(|e| panic!("{kind}: {e}"));
+        assert_eq!(scenario.runs.len(), 1);
+        assert_eq!(scenario.runs[0].spec.name, kind);
+    }
+    let refused = Scenario::parse("workers = 4\n[[protocols]]\nname = \"nope\"\n", "t.toml").unwrap_err();
+    assert!(refused.contains("unknown variant `nope`") && refused.contains("`wbsp-overlap`"), "{refused}");
+}
+
+#[test]
+fn tcp_run_settings_carry_every_name() {
+    for kind in ProtocolKind::ALL {
+        let settings = RunSettings::new(ProtocolSettings::named(kind, WORKERS, LR), 10);
+        let back = RunSettings::decode(&settings.encode().unwrap()).unwrap();
+        assert_eq!(back.protocol.name, kind.as_str());
+        assert_eq!(back.worker_config().unwrap(), config(kind));
+    }
+}
+
+#[test]
+fn the_c_abi_selects_every_protocol() {
+    for kind in ProtocolKind::ALL {
+        let c = SyncopateConfig::for_kind(kind, WORKERS, LR);
+        assert_eq!(c.kind(), Some(kind));
+        let (protocol, overlap) = syncopate_ffi::protocol_code(kind);
+        assert_eq!((c.protocol, c.wbsp_overlap), (protocol, overlap));
+    }
+}
+
+#[test]
+fn the_simulator_runs_every_protocol() {
+    for kind in ProtocolKind::ALL {
+        let c = SimConfig::new(config(kind), ModelKind::Softmax).with_max_updates(5);
+        let report = sim::try_run(&c, &c.digits_workload()).unwrap_or_else(|e| panic!("{kind}: {e}"));
+        assert_eq!(report.protocol, kind.as_str());
+        assert!(report.updates >= 5 && report.applied > 0, "{kind}: {report:?}");
+    }
+}
+
+#[test]
+fn threads_over_channels_run_every_protocol() {
+    let w = workload();
+    for kind in ProtocolKind::ALL {
+        let run = ThreadConfig {
+            protocol: config(kind),
+            batch_size: BATCH,
+            seed: SEED,
+            max_gradients: 10 * u64::from(WORKERS),
+            time_limit: Some(Duration::from_secs(20)),
+            eval_interval: Duration::from_secs(10),
+            rejoin_after: Some(Duration::from_millis(300)),
+            target_accuracy: 0.9,
+        };
+        let report =
+            thread::run(&run, Arc::clone(&w), Vec::new(), &mut |_| {}).unwrap_or_else(|e| panic!("{kind}: {e}"));
+        assert!(report.stats.applied > 0, "{kind}: {:?}", report.stats);
+    }
+}
+
+#[test]
+fn tcp_on_loopback_runs_every_protocol() {
+    let w = workload();
+    for kind in ProtocolKind::ALL {
+        let settings = run_settings(ProtocolSettings::named(kind, WORKERS, LR));
+        // A budget every worker joins well before (as in `tcp_train`): a worker that first
+        // connects as the run ends is not what this test is about.
+        let server = start_server(ServerOptions::new(settings), &w, plan(150 * u64::from(WORKERS), 30));
+        // Each step takes at least 1 ms, during which the worker reads the server: a TCP
+        // worker whose steps take no time never reads its socket under wbsp-overlap (its
+        // next step is always ready), so it would miss the `Stop`.
+        let step = Duration::from_millis(1);
+        let workers: Vec<_> =
+            (0..WORKERS).map(|i| spawn_worker_paced(worker_options(server.addr, i), Arc::clone(&w), step)).collect();
+        let report = server.finish();
+        let mut reports = Vec::new();
+        for h in workers {
+            let (r, logs) = h.join().unwrap();
+            reports.push(r.unwrap_or_else(|e| panic!("{kind}: worker failed: {e}; {logs:?}")));
+        }
+        check_ledger(&report, &reports);
+        assert!(report.stats.applied > 0, "{kind}: {:?}", report.stats);
+    }
+}
