@@ -96,6 +96,14 @@ pub enum ConfigError {
     /// A sub-server was asked of a protocol that runs as one server only
     /// ([`ProtocolConfig::tiers`](crate::proto::ProtocolConfig::tiers) is `None`).
     NoSubservers,
+    /// A model of `dim` elements does not split into `shards` slices of at least one
+    /// element each (or a sharded worker's inner workers do not match that split).
+    ShardLayout {
+        /// The model's length.
+        dim: usize,
+        /// The number of shards.
+        shards: u32,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -115,6 +123,9 @@ impl fmt::Display for ConfigError {
                 write!(f, "the per-worker table holds {capacity} workers, the run has {needed}")
             }
             Self::NoSubservers => f.write_str("the protocol runs as one server only: it has no sub-servers"),
+            Self::ShardLayout { dim, shards } => {
+                write!(f, "a model of {dim} elements does not split into {shards} shards of at least one element each")
+            }
         }
     }
 }

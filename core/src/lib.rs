@@ -44,6 +44,8 @@
 //!   `ProtocolServer`) in place (docs/DESIGN.md, "The grouped composite").
 //! - [`ProtocolKind`]: the one list of protocols, their names and knobs, from which every
 //!   adapter's list derives (docs/ADDING_A_PROTOCOL.md).
+//! - [`proto::sharded`]: the model split over `S` servers, each the protocol's server over
+//!   a contiguous slice, and a worker that talks to all of them.
 //! - [`error`]: [`Reject`] (an input was refused, nothing changed), [`Refusals`] (a
 //!   driver's count of them) and [`ConfigError`].
 //!

@@ -382,6 +382,23 @@ macro_rules! dispatch {
     };
 }
 
+impl<T: Scalar, S: Buffer<T>> AnyWorker<T, S> {
+    /// The model's length.
+    pub(crate) fn dim(&self) -> usize {
+        dispatch!(self, w => w.dim(), Gradient, Wbsp, Ssp, Bap)
+    }
+
+    /// Whether the next output is a message to the server (`None`: no output pending).
+    pub(crate) fn next_is_send(&self) -> Option<bool> {
+        dispatch!(self, w => w.next_is_send(), Gradient, Wbsp, Ssp, Bap)
+    }
+
+    /// Whether the output queue has room for `burst` more outputs.
+    pub(crate) fn has_room(&self, burst: usize) -> bool {
+        dispatch!(self, w => w.has_room(burst), Gradient, Wbsp, Ssp, Bap)
+    }
+}
+
 impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for AnyServer<T, S, M> {
     fn handle(&mut self, now: Instant, from: WorkerId, msg: ToServer<'_, T>) -> Result<(), Reject> {
         dispatch!(self, s => s.handle(now, from, msg), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Group, Ssp, Bap)

@@ -62,6 +62,7 @@ pub mod common;
 pub mod dbw;
 pub mod grouped;
 mod kind;
+pub mod sharded;
 pub mod ssp;
 pub mod wbsp;
 

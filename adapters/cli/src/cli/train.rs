@@ -36,6 +36,13 @@ pub struct TrainArgs {
     /// Run in the deterministic simulator (virtual time) instead of real threads.
     #[arg(long)]
     pub sim: bool,
+    /// With --sim: split the model over S server shards (contiguous slices, each shard the
+    /// protocol's server over its slice, each with its own network card).
+    #[arg(long, value_name = "S", default_value_t = 1)]
+    pub shards: u32,
+    /// With --shards: shard k runs on worker k's machine and shares its network card.
+    #[arg(long)]
+    pub colocate_shards: bool,
     /// Print the summary as one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
@@ -81,6 +88,16 @@ impl TrainArgs {
             if self.sim {
                 return Err("--time-limit applies to threaded runs; a --sim run stops after --steps".into());
             }
+        }
+        if self.shards == 0 || self.shards > crate::scenario::MAX_SHARDS {
+            return Err(format!(
+                "invalid value '{}' for '--shards': must be between 1 and {}",
+                self.shards,
+                crate::scenario::MAX_SHARDS
+            ));
+        }
+        if (self.shards != 1 || self.colocate_shards) && !self.sim {
+            return Err("--shards and --colocate-shards apply to --sim runs (threaded runs have one server)".into());
         }
         if self.sim {
             let gradients = self.steps as f64 * f64::from(self.protocol.workers);
@@ -191,6 +208,8 @@ fn run_sim(
     config.eval_interval = Duration::from_secs_f64((args.step_ms / 1000.0).max(length / MAX_CURVE_POINTS).max(1e-6));
     config.target_accuracy = args.target;
     config.record_trace = args.record_trace.is_some();
+    config.shards = args.shards;
+    config.colocate_shards = args.colocate_shards;
     let started = std::time::Instant::now();
     let report = sim::try_run(&config, workload).map_err(|e| Failure::Usage(e.to_string()))?;
     let wall_s = started.elapsed().as_secs_f64();
@@ -206,6 +225,19 @@ fn run_sim(
     let events_per_s = if wall_s > 0.0 { report.events as f64 / wall_s } else { 0.0 };
     summary.simulator = Some(super::summary::SimulatorCost { events: report.events, wall_s, events_per_s });
     summary.print(args.json);
+    if !args.json {
+        for s in &report.shards {
+            println!(
+                "shard {}: {} elements, {} updates, applied {}, dropped {}, ledger {}",
+                s.shard,
+                s.elements,
+                s.updates,
+                s.applied,
+                s.dropped,
+                if s.balanced() { "balanced" } else { "NOT balanced" }
+            );
+        }
+    }
     Ok(())
 }
 

@@ -138,6 +138,10 @@ struct ScenarioFile {
     #[serde(default)]
     stop_at_target: bool,
     network: Option<NetworkFile>,
+    #[serde(default = "one_u32")]
+    shards: u32,
+    #[serde(default)]
+    colocate_shards: bool,
     #[serde(default)]
     stragglers: Vec<StragglerFile>,
     protocols: Vec<ProtocolFile>,
@@ -203,6 +207,10 @@ pub struct Scenario {
     pub stop_at_target: bool,
     /// The network.
     pub network: NetworkConfig,
+    /// Server shards the model is split over (1: one server; see [`SimConfig::shards`]).
+    pub shards: u32,
+    /// Shard `k` runs on worker `k`'s machine ([`SimConfig::colocate_shards`]).
+    pub colocate_shards: bool,
     /// One compute model per worker.
     pub compute: Vec<ComputeModel>,
     /// The protocol runs, sweeps expanded, in file order.
@@ -251,6 +259,8 @@ const EVENTS_PER_GRADIENT: f64 = 6.0;
 pub const MAX_TIME_S: f64 = 3600.0;
 /// The most evaluations of a run (`max_time_s / eval_interval_ms`).
 pub const MAX_EVALUATIONS: f64 = 100_000.0;
+/// The most server shards of a run (`shards`, `--shards`).
+pub const MAX_SHARDS: u32 = 1024;
 /// The step time range in milliseconds (`step_ms`, `--step-ms`): 10 µs to one minute.
 pub const STEP_MS_RANGE: (f64, f64) = (0.01, 60_000.0);
 
@@ -427,6 +437,15 @@ impl Scenario {
                 bandwidth: positive("network.bandwidth_mb_s", n.bandwidth_mb_s)? * 1e6,
             },
         };
+        if file.shards == 0 || file.shards > MAX_SHARDS {
+            return Err(format!("shards: {} is outside 1..={MAX_SHARDS}", file.shards));
+        }
+        if file.colocate_shards && file.shards > file.workers {
+            return Err(format!(
+                "colocate_shards: {} shards cannot run on {} workers' machines",
+                file.shards, file.workers
+            ));
+        }
         let mut spec = String::new();
         for (i, s) in file.stragglers.iter().enumerate() {
             if s.workers.contains([',', ':']) || s.model.contains([',', ':']) {
@@ -486,6 +505,8 @@ impl Scenario {
             eval_interval: Duration::from_secs_f64(eval_ms / 1000.0),
             stop_at_target: file.stop_at_target,
             network,
+            shards: file.shards,
+            colocate_shards: file.colocate_shards,
             compute,
             runs,
         };
@@ -544,6 +565,8 @@ impl Scenario {
         c.base_step = self.base_step;
         c.compute = run.compute.clone().unwrap_or_else(|| self.compute.clone());
         c.network = self.network.clone();
+        c.shards = self.shards;
+        c.colocate_shards = self.colocate_shards;
         c.stop = StopRule { max_time: Some(self.max_time), stop_at_target: self.stop_at_target, ..StopRule::default() };
         c.eval_interval = self.eval_interval;
         c.target_accuracy = self.target_accuracy;
@@ -654,6 +677,27 @@ mod tests {
             assert!(e.contains(needle), "{text:?}: {e}");
             assert!(e.starts_with("t.toml"), "{e}");
             assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_shards_key_reaches_the_simulator_and_bad_counts_are_refused() {
+        let text = "workers = 4\nshards = 3\ncolocate_shards = true\n[[protocols]]\nname = \"bsp\"\n";
+        let s = Scenario::parse(text, "t.toml").unwrap();
+        assert_eq!((s.shards, s.colocate_shards), (3, true));
+        let c = s.sim_config(&s.runs[0], 0).unwrap();
+        assert_eq!((c.shards, c.colocate_shards), (3, true));
+        let one = Scenario::parse("workers = 4\n[[protocols]]\nname = \"bsp\"\n", "t.toml").unwrap();
+        assert_eq!((one.shards, one.colocate_shards), (1, false));
+        for (text, needle) in [
+            ("workers = 4\nshards = 0\n[[protocols]]\nname = \"bsp\"\n", "shards: 0 is outside 1..=1024"),
+            (
+                "workers = 4\nshards = 5\ncolocate_shards = true\n[[protocols]]\nname = \"bsp\"\n",
+                "colocate_shards: 5 shards cannot run on 4 workers' machines",
+            ),
+        ] {
+            let e = Scenario::parse(text, "t.toml").unwrap_err();
+            assert!(e.contains(needle), "{e}");
         }
     }
 }

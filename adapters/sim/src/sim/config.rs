@@ -228,6 +228,12 @@ pub struct SimConfig {
     /// the single-process server (instant group↔central exchanges). Ignored for protocols
     /// without sub-servers.
     pub group_link: Option<NetworkConfig>,
+    /// Sharded servers: the model split over this many server nodes, each running the
+    /// protocol over its slice (default 1: one server). See [`super::SimReport::shards`].
+    pub shards: u32,
+    /// With [`Self::shards`] > 1: shard `k` runs on worker `k`'s machine and shares its
+    /// network card (default `false`: every shard has a card of its own).
+    pub colocate_shards: bool,
 }
 
 impl SimConfig {
@@ -251,6 +257,8 @@ impl SimConfig {
             faults: FaultConfig::default(),
             gradient: GradientSource::Workload,
             group_link: None,
+            shards: 1,
+            colocate_shards: false,
         }
     }
 
@@ -309,6 +317,14 @@ impl SimConfig {
     /// Builder: run a grouped protocol on a two-level network with this group↔central link.
     pub fn with_group_link(mut self, link: NetworkConfig) -> Self {
         self.group_link = Some(link);
+        self
+    }
+
+    /// Builder: split the model over `shards` server nodes, co-located with the first
+    /// workers or on machines of their own.
+    pub fn with_shards(mut self, shards: u32, colocate: bool) -> Self {
+        self.shards = shards;
+        self.colocate_shards = colocate;
         self
     }
 

@@ -36,6 +36,9 @@
 //!   (`Server::handle_upstream`) cross the link; the engine has no protocol-specific code. The group links are reliable (no faults: they model TCP between
 //!   servers). With an instant group link this is the single-process `GroupedServer`, run for
 //!   run. The model evaluated and reported is the central one.
+//! - **Sharded servers**: with [`SimConfig::shards`] > 1 the model is split over that many
+//!   server nodes, each with its own network card (or sharing a worker's,
+//!   [`SimConfig::colocate_shards`]); see [`SimReport::shards`] and the `shards` module.
 //! - **Trivial workload**: [`GradientSource::Constant`] skips gradient evaluation, to measure
 //!   the engine and protocol throughput (`tests/tests/sim_throughput.rs`; BENCHMARKS.md,
 //!   "Simulator").
@@ -70,6 +73,7 @@ mod config;
 mod engine;
 pub mod network;
 mod report;
+mod shards;
 
 pub use compute::{ComputeModel, ComputeSampler};
 pub use config::{
@@ -77,8 +81,8 @@ pub use config::{
 };
 pub use engine::FAULT_STREAM;
 pub use report::{
-    Bucket, CurvePoint, DIVERGED_LOSS_GROWTH, Fault, FaultStats, Node, Observation, SimReport, StalenessStats, Target,
-    TraceStep, WorkerReport, divergence,
+    Bucket, CurvePoint, DIVERGED_LOSS_GROWTH, Fault, FaultStats, Node, Observation, ShardReport, SimReport,
+    StalenessStats, Target, TraceStep, WorkerReport, divergence,
 };
 
 use crate::workload::Workload;
@@ -130,6 +134,14 @@ pub fn run_observed(config: &SimConfig, workload: &Workload, observer: &mut dyn 
     }
 }
 
+/// Runs `config` on the sharded-server network model whatever [`SimConfig::shards`] is (at
+/// least 1): with one shard, a single server whose network card carries every worker's
+/// traffic (the engine [`try_run`] uses for one server gives the server no card of its own).
+/// For comparing server layouts over the same links.
+pub fn try_run_sharded(config: &SimConfig, workload: &Workload) -> Result<SimReport, SimError> {
+    shards::run(config, workload, &mut |_| {})
+}
+
 /// Runs `config` on `workload`, or says why it cannot.
 pub fn try_run(config: &SimConfig, workload: &Workload) -> Result<SimReport, SimError> {
     try_run_observed(config, workload, &mut |_| {})
@@ -141,5 +153,8 @@ pub fn try_run_observed(
     workload: &Workload,
     observer: &mut dyn FnMut(&Observation<'_>),
 ) -> Result<SimReport, SimError> {
+    if config.shards != 1 {
+        return shards::run(config, workload, observer);
+    }
     Ok(engine::Engine::new(config, workload, observer)?.run())
 }

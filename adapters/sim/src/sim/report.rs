@@ -424,6 +424,52 @@ pub struct SimReport {
     /// The final model; not serialized.
     #[serde(skip)]
     pub final_params: Vec<f32>,
+    /// Sharded servers ([`super::SimConfig::shards`] > 1): each shard's counters and ledger,
+    /// in shard order (empty for a run with one server). The counters above are then sums
+    /// over the shards (a gradient is one contribution to every shard), and `updates` is the
+    /// fewest any shard made.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<ShardReport>,
+}
+
+/// One shard of a sharded run: its slice, its counters and its ledger.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ShardReport {
+    /// The shard's index.
+    pub shard: u32,
+    /// Model elements it holds.
+    pub elements: usize,
+    /// Its model updates.
+    pub updates: u64,
+    /// Contributions (gradients, deltas, clock updates) workers sent it, resent copies
+    /// included.
+    pub contributions_sent: u64,
+    /// Of those, delivered to it.
+    pub delivered: u64,
+    /// Of those delivered, refused.
+    pub refused: u64,
+    /// Sent and not yet delivered when the run ended.
+    pub in_flight: u64,
+    /// Accepted by the shard.
+    pub accepted: u64,
+    /// Applied to its model.
+    pub applied: u64,
+    /// Dropped by its protocol's rules.
+    pub dropped: u64,
+    /// Virtual time of each of its model updates, seconds.
+    #[serde(skip)]
+    pub update_times_s: Vec<f64>,
+}
+
+impl ShardReport {
+    /// Whether the shard's ledger balances: every contribution sent was delivered or is in
+    /// flight, every delivered one accepted or refused, and every accepted one applied,
+    /// dropped or held (held: `accepted − applied − dropped`, never negative).
+    pub fn balanced(&self) -> bool {
+        self.contributions_sent == self.delivered + self.in_flight
+            && self.delivered == self.accepted + self.refused
+            && self.applied + self.dropped <= self.accepted
+    }
 }
 
 /// One rung of a ladder of targets: a test loss to get down to or a test accuracy to get

@@ -393,6 +393,11 @@ impl WorkerQueue {
         if WORKER_QUEUE - self.items.len() >= burst { Ok(()) } else { Err(Reject::Capacity) }
     }
 
+    /// Whether the next output is a message to the server (`None`: no output pending).
+    pub(crate) fn next_is_send(&self) -> Option<bool> {
+        self.items.front().map(|item| !matches!(item, WorkerItem::Compute { .. } | WorkerItem::Event(_)))
+    }
+
     /// Attaches payloads: `params` for `Compute`, `outgoing` for tensors sent to the server.
     pub(crate) fn poll<'a, T>(&mut self, params: &'a [T], outgoing: &'a [T]) -> Option<WorkerOutput<'a, T>> {
         let item = self.items.pop_front()?;

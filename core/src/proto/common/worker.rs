@@ -269,6 +269,21 @@ pub struct ProtocolWorker<T, S, P> {
 }
 
 impl<T: Scalar, S: Buffer<T>, P: WorkerRules<T, S>> ProtocolWorker<T, S, P> {
+    /// The model's length.
+    pub(crate) fn dim(&self) -> usize {
+        self.core.dim()
+    }
+
+    /// Whether the next output is a message to the server (`None`: no output pending).
+    pub(crate) fn next_is_send(&self) -> Option<bool> {
+        self.core.queue.next_is_send()
+    }
+
+    /// Whether the output queue has room for `burst` more outputs.
+    pub(crate) fn has_room(&self, burst: usize) -> bool {
+        self.core.queue.ensure_room(burst).is_ok()
+    }
+
     pub(crate) fn from_parts(core: WorkerCore<T, S>, rules: P) -> Self {
         Self { core, rules }
     }

@@ -849,6 +849,7 @@ impl<'a, 'o> Engine<'a, 'o> {
             final_params_hash: h.0,
             compute_trace: core.trace,
             final_params,
+            shards: Vec::new(),
         }
     }
 }
