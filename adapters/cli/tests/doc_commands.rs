@@ -22,7 +22,6 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use syncopate_adapters::cli::check_command_line;
 
-
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
