@@ -102,8 +102,36 @@ fn model_name(w: &WorkloadArgs) -> String {
 /// The shared secret from `file`, or from `$SYNCOPATE_SECRET`, or none.
 pub(super) fn load_secret(file: Option<&Path>) -> Result<Option<Secret>, String> {
     match file {
-        Some(path) => Secret::from_file(path).map(Some).map_err(|e| e.to_string()),
+        Some(path) => {
+            let secret = Secret::from_file(path).map_err(|e| e.to_string())?;
+            if let Some(warning) = exposed_secret_warning(path) {
+                eprintln!("{warning}");
+            }
+            Ok(Some(secret))
+        }
         None => Secret::from_env(tcp::auth::SECRET_ENV).map_err(|e| e.to_string()),
+    }
+}
+
+/// A warning when the secret file at `path` can be read or written by other users (any
+/// group or other permission bit): whoever reads it can join the run as any worker.
+pub(super) fn exposed_secret_warning(path: &Path) -> Option<String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+        (mode & 0o077 != 0).then(|| {
+            format!(
+                "warning: secret file {} is accessible to other users (mode {mode:o}); run: chmod 600 {}",
+                path.display(),
+                path.display()
+            )
+        })
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        None
     }
 }
 
@@ -326,4 +354,22 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     });
     summary.print(args.json);
     Ok(())
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::exposed_secret_warning;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_secret_file_others_can_read_is_warned_about_and_a_private_one_is_not() {
+        let path = std::env::temp_dir().join(format!("syncopate-secret-mode-{}", std::process::id()));
+        std::fs::write(&path, [7u8; 32]).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let warning = exposed_secret_warning(&path).unwrap();
+        assert!(warning.contains("mode 644") && warning.contains("chmod 600"), "{warning}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(exposed_secret_warning(&path), None);
+        std::fs::remove_file(&path).unwrap();
+    }
 }
