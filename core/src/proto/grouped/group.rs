@@ -172,7 +172,12 @@ impl<M: Storage> Shared<M> {
             self.event(ServerEvent::WorkerJoined { worker: from, epoch });
         }
         if group.phase == Phase::Collecting {
-            self.push(Item::Model { group: group.id, to: Recipient::Worker(from) });
+            // As in BSP: a retry of the worker's session whose gradient is already in the open
+            // step lost nothing, and the step's model brings it the next one.
+            let in_step = !fresh && self.roster.record(from).is_some_and(|r| r.mark == group.mark);
+            if !in_step {
+                self.push(Item::Model { group: group.id, to: Recipient::Worker(from) });
+            }
         } else if let Some(r) = self.roster.record_mut(from).filter(|r| !r.has(WAITING)) {
             r.set(WAITING, true);
             group.waiting += 1;
