@@ -43,7 +43,7 @@ fn serve(args: &[&str]) -> (Proc, String) {
 
 fn work(addr: &str, id: u32) -> Proc {
     let id = id.to_string();
-    Proc::spawn(&["work", "--connect", addr, "--id", &id, "--give-up-after", "20", "--json"])
+    Proc::spawn(&["work", "--connect", addr, "--id", &id, "--give-up-after", "20", "--step-ms", "20", "--json"])
 }
 
 fn json(s: &str) -> serde_json::Value {

@@ -36,7 +36,7 @@ pub struct TrainArgs {
     /// Run in the deterministic simulator (virtual time) instead of real threads.
     #[arg(long)]
     pub sim: bool,
-    /// With --sim: split the model over S server shards (contiguous slices, each shard the
+    /// In the simulator only: split the model over S server shards (contiguous slices, each shard the
     /// protocol's server over its slice, each with its own network card).
     #[arg(long, value_name = "S", default_value_t = 1)]
     pub shards: u32,
