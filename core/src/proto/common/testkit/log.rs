@@ -1,6 +1,8 @@
 //! What the test network records: every [`Entry`] of a run in order, why a message was lost
 //! ([`CopyLoss`]), and the totals of what it injected ([`NetCounts`]).
 
+#[cfg(doc)]
+use super::{Cluster, Faults};
 use super::{ToServerOwned, ToWorkerOwned};
 use crate::error::Reject;
 use crate::proto::{Recipient, ServerEvent};

@@ -2,6 +2,8 @@
 //! ([`GradientFn`]), how long messages and computations take ([`NetConfig`]) and which faults
 //! are injected ([`Faults`]).
 
+#[cfg(doc)]
+use super::Cluster;
 use crate::rng::Rng;
 use crate::time::{Duration, Instant};
 use std::boxed::Box;
