@@ -86,8 +86,13 @@ fn targeted(c: Canary) -> bool {
             // WBSP n = 2: worker 0 uploads, worker 1 is lost; the round must close.
             let mut s = server(&ProtocolConfig::Wbsp(WbspConfig::new(2, 0.25)));
             join_all(&mut s, 2);
-            let delta =
-                ToServer::Delta { round: Version(0), local_steps: 1, seq: seq(1, 0), values: Values::Slice(&G) };
+            let delta = ToServer::Delta {
+                round: Version(0),
+                local_steps: 1,
+                seq: seq(1, 0),
+                values: Values::Slice(&G),
+                loss: None,
+            };
             s.handle(at_ms(1), WorkerId(0), delta).expect("delta");
             s.handle_worker_lost(at_ms(2), WorkerId(1)).expect("lost");
             let _ = drain(&mut s);
