@@ -51,10 +51,15 @@ fn main() {
         })
     } else {
         let options = WorkerOptions { protocol: config, dim, lost_after, rejoin_after: None };
-        run_worker(world, &options, &mut |_, grad| {
-            grad.fill(1e-3);
-            Duration::ZERO
-        })
+        run_worker(
+            world,
+            &options,
+            &mut |_, grad| {
+                grad.fill(1e-3);
+                Duration::ZERO
+            },
+            &mut |line| eprintln!("mpi_rounds worker: {line}"),
+        )
         .map(|_| ())
     };
     if let Err(e) = result {
