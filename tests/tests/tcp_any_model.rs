@@ -1,19 +1,114 @@
 //! A TCP server for a model it knows nothing about: workers that compute a least-squares
 //! gradient through the Rust API report their minibatch loss, the server keeps the loss
-//! curve, and a worker whose model has another size is refused at the handshake.
+//! curve, and a worker whose model has another size is refused at the handshake. A server
+//! may also take its initial model from worker 0.
 
 mod tcp_common;
 
 use core::time::Duration;
 use syncopate::Version;
 use syncopate_adapters::scenario::ProtocolKind;
-use syncopate_adapters::tcp::{ProtocolSettings, RunSettings, ServerOptions, WorkerJob, run_worker};
+use syncopate_adapters::tcp::{ProtocolSettings, RunPlan, RunSettings, ServerOptions, WorkerJob, run_worker};
 use tcp_common::{bounded, plan, start_server_at, worker_options};
 
 /// `f(w) = ½‖w − target‖²`: gradient `w − target`, loss `f(w)`.
 struct LeastSquares {
     target: Vec<f32>,
     loss: Option<f32>,
+}
+
+/// [`LeastSquares`] that also has initial parameters to give (worker 0 of a server that
+/// takes its model from it).
+struct WithInitial(LeastSquares, Vec<f32>);
+
+impl WorkerJob for WithInitial {
+    fn gradient(&mut self, params: &[f32], grad: &mut [f32]) -> Duration {
+        self.0.gradient(params, grad)
+    }
+
+    fn loss(&mut self) -> Option<f32> {
+        self.0.loss()
+    }
+
+    fn initial_params(&mut self, params: &mut [f32]) -> Result<(), String> {
+        if params.len() != self.1.len() {
+            return Err(format!("{} parameters asked, {} held", params.len(), self.1.len()));
+        }
+        params.copy_from_slice(&self.1);
+        Ok(())
+    }
+}
+
+/// A server of [`settings`] that takes its initial model from worker 0.
+fn start_server_awaiting_initial(plan: RunPlan) -> tcp_common::Running {
+    use std::sync::{Arc, Mutex};
+    use syncopate_adapters::tcp::{Note, TcpServer};
+    let mut s = settings();
+    s.initial_from_worker = true;
+    let server = TcpServer::bind("127.0.0.1:0", ServerOptions::new(s)).expect("bind");
+    let addr = server.local_addr().unwrap();
+    let handle = server.handle();
+    let (logs, events) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
+    let (l2, e2) = (Arc::clone(&logs), Arc::clone(&events));
+    let join = std::thread::spawn(move || {
+        server.run_with_initial_from_worker(&plan, &mut |n| match n {
+            Note::Log(line) => l2.lock().unwrap().push(line.to_owned()),
+            Note::Event(ev) => e2.lock().unwrap().push(*ev),
+            Note::Model { .. } | Note::Started => {}
+        })
+    });
+    tcp_common::Running { addr, handle, logs, events, join }
+}
+
+#[test]
+fn bsp_waits_for_worker_0s_initial_parameters_and_trains_from_them() {
+    bounded(Duration::from_secs(60), || {
+        let updates = 10u64;
+        let server = start_server_awaiting_initial(plan(2 * updates, 30));
+        // Worker 1 connects first: its Join is held until worker 0 has sent the model.
+        let o1 = worker_options(server.addr, 1);
+        let w1 = std::thread::spawn(move || {
+            run_worker(&o1, &mut LeastSquares { target: TARGET.to_vec(), loss: None }, &mut |_| {})
+        });
+        server.wait_log("worker 1 connected", Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(300));
+        let initial = vec![9.0f32, -3.0, 5.0, 0.5];
+        let o0 = worker_options(server.addr, 0);
+        let mut job0 = WithInitial(LeastSquares { target: TARGET.to_vec(), loss: None }, initial.clone());
+        let r0 = run_worker(&o0, &mut job0, &mut |_| {}).unwrap();
+        assert!(server.logs_contain("the initial model (4 parameters) came from worker 0"));
+        let report = server.finish();
+        assert!(r0.stopped && w1.join().unwrap().unwrap().stopped);
+        assert!(report.initial_model_known);
+        // The first update reports the loss at the initial model, so it was worker 0's.
+        let first = report.loss_curve.first().expect("a loss curve");
+        let expect: f32 = initial.iter().zip(&TARGET).map(|(w, t)| 0.5 * (w - t) * (w - t)).sum();
+        assert_eq!(first.version, 1);
+        assert!((first.loss - expect).abs() < 1e-4, "first loss {} expected {expect}", first.loss);
+        assert_eq!(report.version.0, updates);
+        for (i, (w, t)) in report.params.iter().zip(&TARGET).enumerate() {
+            let x = f64::from(*t) + (1.0 - LR).powi(updates as i32) * f64::from(initial[i] - t);
+            assert!((f64::from(*w) - x).abs() < 1e-4, "parameter {i}: {w} vs {x}");
+        }
+    });
+}
+
+#[test]
+fn initial_parameters_that_are_not_finite_end_worker_0_and_the_server_never_has_a_model() {
+    bounded(Duration::from_secs(60), || {
+        let server = start_server_awaiting_initial(RunPlan { max_gradients: 10, time_limit: Some(Duration::from_secs(2)) });
+        let o0 = worker_options(server.addr, 0);
+        let mut job0 = WithInitial(LeastSquares { target: TARGET.to_vec(), loss: None }, vec![1.0, f32::NAN, 0.0, 0.0]);
+        let err = run_worker(&o0, &mut job0, &mut |_| {}).unwrap_err().to_string();
+        assert!(err.contains("the initial parameters: parameter 1 is NaN: the initial parameters must be finite"), "{err}");
+        // A worker 0 with nothing to give ends too, saying so.
+        let mut plain = LeastSquares { target: TARGET.to_vec(), loss: None };
+        let err = run_worker(&o0, &mut plain, &mut |_| {}).unwrap_err().to_string();
+        assert!(err.contains("this worker has no initial parameters to send"), "{err}");
+        let report = server.join.join().unwrap().unwrap();
+        assert!(!report.initial_model_known, "the run ended without a model");
+        assert_eq!(report.stats.accepted, 0);
+    });
 }
 
 impl WorkerJob for LeastSquares {

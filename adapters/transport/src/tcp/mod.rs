@@ -19,6 +19,8 @@
 //! - [`worker`]: the worker loop: connect, handshake, drive the protocol's
 //!   [`AnyWorker`](syncopate::AnyWorker), compute gradients, reconnect with backoff.
 //! - [`checkpoint`]: the model and its version in a file, written atomically.
+//! - [`initial`]: the initial parameters from worker 0, for a server that takes its model
+//!   from its first worker.
 //! - [`group`]: a group server of the grouped protocol as its own process: the server above
 //!   toward its member workers, and a worker-style session upstream to a central ASP server
 //!   (the generic [`TcpServer::drive`] with an [`Uplink`]).
@@ -34,6 +36,7 @@ pub mod checkpoint;
 pub mod frame;
 pub mod group;
 pub mod handshake;
+pub mod initial;
 pub mod server;
 pub mod settings;
 pub mod worker;

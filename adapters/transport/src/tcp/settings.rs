@@ -158,12 +158,15 @@ pub struct RunSettings {
     /// The grouped protocol with its groups as their own processes (`syncopate group`):
     /// the server is the central server, and only group servers may connect to it.
     pub remote_groups: bool,
+    /// The server has no model until worker 0 sends it: worker 0's first frame of every
+    /// session carries the initial parameters ([`initial`](super::initial)).
+    pub initial_from_worker: bool,
 }
 
 impl RunSettings {
     /// Settings for `protocol` on a model of `dim` parameters, without a workload.
     pub fn new(protocol: ProtocolSettings, dim: usize) -> Self {
-        Self { protocol, dim: dim as u64, workload: None, remote_groups: false }
+        Self { protocol, dim: dim as u64, workload: None, remote_groups: false, initial_from_worker: false }
     }
 
     /// The canonical bytes.
@@ -234,6 +237,9 @@ impl RunSettings {
         let mut label = format!("{protocol} with {} workers, {} params", self.protocol.workers, self.dim);
         if let Some(w) = &self.workload {
             label.push_str(&format!(", model {} batch {} seed {}", w.model, w.batch_size, w.seed));
+        }
+        if self.initial_from_worker {
+            label.push_str(", initial model from worker 0");
         }
         label
     }

@@ -133,6 +133,17 @@ pub trait WorkerJob {
     fn loss(&mut self) -> Option<f32> {
         None
     }
+
+    /// Worker 0 of a server that takes its initial model from it
+    /// ([`RunSettings::initial_from_worker`]): writes the initial parameters into `params`
+    /// (the model's length). Called at the start of every session; the server uses the first
+    /// it gets. An error, or parameters that are not all finite, end the worker. The default
+    /// has none to give.
+    fn initial_params(&mut self, params: &mut [f32]) -> Result<(), String> {
+        let _ = params;
+        Err("the server takes its initial model from worker 0, but this worker has no initial parameters to send"
+            .into())
+    }
 }
 
 impl<F: FnMut(&[f32], &mut [f32])> WorkerJob for F {
@@ -320,6 +331,14 @@ fn session(
     }
     // Socket buffers that hold a whole large frame, now that the model's size is known.
     super::frame::tune_stream(&stream, super::session_max_len(dim)).map_err(io)?;
+    if settings.initial_from_worker && options.id == WorkerId(0) {
+        // The initial model, before anything else (see `initial`).
+        let mut initial = vec![0.0f32; dim];
+        job.initial_params(&mut initial).map_err(ConnectError::Job)?;
+        let message = super::initial::encode(&initial, dim)
+            .map_err(|e| ConnectError::Job(format!("the initial parameters: {e}")))?;
+        writer.write_frame(&message).map_err(io)?;
+    }
     report.sessions += 1;
     log(&format!(
         "worker {}: connected to {} (epoch {}, server at version {}; {})",

@@ -43,6 +43,33 @@ pub(super) struct Core<S> {
     journal: Option<checkpoint::Journal>,
     /// Applied contributions per worker of versions not yet made (for the journal).
     applied_by_version: std::collections::BTreeMap<u64, Vec<u64>>,
+    /// Set while the server waits for worker 0's initial parameters (`server` is then a
+    /// placeholder nothing has been fed to).
+    awaiting: Option<AwaitingInitial<S>>,
+}
+
+/// Builds the protocol's server on the initial parameters from worker 0.
+pub(super) type BuildServer<S> = Box<dyn FnMut(Vec<f32>) -> Result<S, String>>;
+
+/// The most messages held per worker while the initial model is unknown; an older one is
+/// dropped for a newer (they are `Join`s, which a waiting worker repeats).
+const HELD_PER_WORKER: usize = 4;
+
+/// A frame held until the initial model is known.
+struct HeldFrame {
+    conn: u64,
+    worker: WorkerId,
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    home: crossbeam_channel::Sender<Vec<u8>>,
+}
+
+/// A server waiting for worker 0's initial parameters: how to build the real one, and the
+/// other workers' messages until then, in arrival order.
+pub(super) struct AwaitingInitial<S> {
+    build: BuildServer<S>,
+    held: Vec<std::collections::VecDeque<HeldFrame>>,
 }
 
 /// Buffers of encoded outgoing messages. Each message is encoded once into one of them and
@@ -135,10 +162,12 @@ impl<S: Server<f32>> Core<S> {
                 in_flight_at_stop: 0,
                 session_ledgers: Vec::new(),
                 loss_curve: Vec::new(),
+                initial_model_known: true,
             },
             session_index: HashMap::new(),
             journal: None,
             applied_by_version: std::collections::BTreeMap::new(),
+            awaiting: None,
             limits: Limits::for_model(dim),
             checkpoint_due: false,
             last_version: version,
@@ -156,8 +185,16 @@ impl<S: Server<f32>> Core<S> {
         core
     }
 
+    /// Makes the server wait for worker 0's initial parameters: nothing reaches the
+    /// protocol until they arrive and `build` has made the real server of them.
+    pub(super) fn await_initial(&mut self, build: BuildServer<S>) {
+        let n = self.conns.len();
+        self.awaiting = Some(AwaitingInitial { build, held: (0..n).map(|_| Default::default()).collect() });
+    }
+
     /// The report of the run that ended for `reason`, with `evicted` unverified connections.
     pub(super) fn into_report(mut self, reason: StopReason, evicted: u64) -> ServerReport {
+        self.report.initial_model_known = self.awaiting.is_none();
         self.report.reason = reason;
         self.report.version = self.server.version();
         self.report.params = self.server.params().to_vec();
@@ -194,7 +231,7 @@ impl<S: Server<f32>> Core<S> {
                 return StopReason::TimeLimit;
             }
             let mut wake = StdInstant::now() + tick;
-            if let Some(t) = self.server.poll_timeout() {
+            if let Some(t) = self.server.poll_timeout().filter(|_| self.awaiting.is_none()) {
                 wake = wake.min(at(self.epoch, t));
             }
             match in_rx.recv_deadline(wake) {
@@ -202,7 +239,9 @@ impl<S: Server<f32>> Core<S> {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return StopReason::Stopped,
             }
-            if self.server.poll_timeout().is_some_and(|t| at(self.epoch, t) <= StdInstant::now()) {
+            if self.awaiting.is_none()
+                && self.server.poll_timeout().is_some_and(|t| at(self.epoch, t) <= StdInstant::now())
+            {
                 self.server.handle_timeout(since(self.epoch));
             }
         }
@@ -224,10 +263,7 @@ impl<S: Server<f32>> Core<S> {
                 if let Some(seen) = self.seen_worker.get_mut(worker.index()) {
                     *seen = true;
                 }
-                if self.started.is_none() && self.seen_worker.iter().all(|s| *s) {
-                    self.started = Some(StdInstant::now());
-                    note(Note::Started);
-                }
+                self.maybe_start(note);
                 let new = Conn { id: conn, tx, stream, done };
                 let old = self.conns.get_mut(worker.index()).and_then(|slot| slot.replace(new));
                 if let Some(old) = old {
@@ -244,6 +280,15 @@ impl<S: Server<f32>> Core<S> {
                 }
             }
             Inbound::Frame { conn, worker, buf, start, end, home } => {
+                if crate::tcp::initial::is_initial(buf.get(start..end).unwrap_or_default()) {
+                    self.initial(conn, worker, buf.get(start..end).unwrap_or_default(), note);
+                    let _ = home.try_send(buf);
+                    return;
+                }
+                if self.awaiting.is_some() && self.current(worker, conn) {
+                    self.hold(HeldFrame { conn, worker, buf, start, end, home });
+                    return;
+                }
                 if !self.current(worker, conn) && self.is_contribution(buf.get(start..end).unwrap_or_default()) {
                     self.report.discarded += 1;
                     self.session(conn, |s| s.discarded += 1);
@@ -309,6 +354,78 @@ impl<S: Server<f32>> Core<S> {
         }
     }
 
+    /// Starts the run's clock once every worker has connected and the model is known.
+    fn maybe_start(&mut self, note: &mut dyn FnMut(Note<'_>)) {
+        if self.started.is_none() && self.awaiting.is_none() && self.seen_worker.iter().all(|s| *s) {
+            self.started = Some(StdInstant::now());
+            note(Note::Started);
+        }
+    }
+
+    /// Holds a frame of `worker` until the initial model is known, dropping the oldest held
+    /// one beyond [`HELD_PER_WORKER`] (a dropped contribution is counted as discarded).
+    fn hold(&mut self, frame: HeldFrame) {
+        let Some(queue) = self.awaiting.as_mut().and_then(|a| a.held.get_mut(frame.worker.index())) else {
+            return;
+        };
+        queue.push_back(frame);
+        if queue.len() <= HELD_PER_WORKER {
+            return;
+        }
+        if let Some(old) = queue.pop_front() {
+            if self.is_contribution(old.buf.get(old.start..old.end).unwrap_or_default()) {
+                self.report.discarded += 1;
+                self.session(old.conn, |s| s.discarded += 1);
+            }
+            let _ = old.home.try_send(old.buf);
+        }
+    }
+
+    /// Worker `worker`'s initial-parameters message on session `conn`: the server's model if
+    /// it waits for one and `worker` is worker 0; ignored from worker 0 once the model is
+    /// known (it sends one every session); refused otherwise.
+    fn initial(&mut self, conn: u64, worker: WorkerId, bytes: &[u8], note: &mut dyn FnMut(Note<'_>)) {
+        if !self.current(worker, conn) {
+            return;
+        }
+        if worker != WorkerId(0) || !self.shared.options.settings.initial_from_worker {
+            self.report.refused += 1;
+            let why = if worker == WorkerId(0) { "this server did not ask for them" } else { "only worker 0 sends them" };
+            Self::log(note, &format!("worker {} sent initial parameters, but {why}; disconnecting", worker.0));
+            self.drop_worker(worker, note);
+            return;
+        }
+        let Some(awaiting) = self.awaiting.as_mut() else {
+            return;
+        };
+        let built = crate::tcp::initial::decode(bytes, self.shared.announce.dim).and_then(|p| (awaiting.build)(p));
+        let server = match built {
+            Ok(server) => server,
+            Err(e) => {
+                self.report.refused += 1;
+                Self::log(note, &format!("worker 0's initial parameters refused: {e}; disconnecting"));
+                self.drop_worker(worker, note);
+                return;
+            }
+        };
+        self.server = server;
+        let held = self.awaiting.take().map(|a| a.held).unwrap_or_default();
+        Self::log(note, &format!("the initial model ({} parameters) came from worker 0", self.shared.announce.dim));
+        // Workers that left while the model was unknown are lost for the real server.
+        for w in 0..self.conns.len() {
+            let w = WorkerId(w as u32);
+            if self.seen_worker.get(w.index()).copied().unwrap_or(false) && !self.is_connected(w) {
+                self.lose(w, note);
+            }
+        }
+        self.maybe_start(note);
+        let mut frames: Vec<HeldFrame> = held.into_iter().flatten().collect();
+        frames.sort_by_key(|f| f.conn);
+        for HeldFrame { conn, worker, buf, start, end, home } in frames {
+            self.inbound(Inbound::Frame { conn, worker, buf, start, end, home }, note);
+        }
+    }
+
     fn lose_upstream(&mut self, reason: &str, note: &mut dyn FnMut(Note<'_>)) {
         if let Some(up) = self.up.take() {
             Self::log(note, &format!("upstream connection lost: {reason}"));
@@ -353,6 +470,11 @@ impl<S: Server<f32>> Core<S> {
     /// one pass are reported back to back; a refusal (an id outside the run) is counted
     /// and logged.
     fn lose(&mut self, worker: WorkerId, note: &mut dyn FnMut(Note<'_>)) {
+        if self.awaiting.is_some() {
+            // The placeholder server never saw the worker; the real one is told once it
+            // exists.
+            return;
+        }
         if let Err(e) = self.server.handle_worker_lost(since(self.epoch), worker) {
             self.report.refused += 1;
             Self::log(note, &format!("worker {}: the protocol refused its loss ({e})", worker.0));
@@ -502,6 +624,10 @@ impl<S: Server<f32>> Core<S> {
     }
 
     fn save_checkpoint(&mut self, note: &mut dyn FnMut(Note<'_>)) {
+        if self.awaiting.is_some() {
+            // No model yet: a checkpoint of the placeholder would be taken for one.
+            return;
+        }
         if let Some((path, _)) = &self.shared.options.checkpoint {
             let name = self.shared.announce.config.name();
             match checkpoint::save(path, name, self.server.version(), self.server.params()) {

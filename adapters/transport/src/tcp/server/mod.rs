@@ -233,6 +233,10 @@ pub struct ServerReport {
     /// the version it made, the seconds since the run's clock started, and the mean of those
     /// losses, in update order.
     pub loss_curve: Vec<LossPoint>,
+    /// False only for a server that waited for worker 0's initial parameters
+    /// ([`TcpServer::run_with_initial_from_worker`]) and never got them: its `params` are
+    /// then no model at all.
+    pub initial_model_known: bool,
 }
 
 /// One point of [`ServerReport::loss_curve`].
@@ -459,16 +463,29 @@ impl TcpServer {
         if params.len() != dim {
             return Err(TcpError(format!("the model has {} parameters, the server expects {dim}", params.len())));
         }
-        let config = self.announce.config;
-        let scratch = vec![0.0f32; config.server_scratch_len(dim)];
-        let spare = vec![0.0f32; config.spare_accumulator_len(dim)];
-        let momentum = self.options.momentum;
-        let prev = if momentum > 0.0 { vec![0.0f32; dim] } else { Vec::new() };
-        let server = AnyServer::<f32, Vec<f32>, Heap>::resume(&config, params, scratch, version)
-            .and_then(|s| s.with_spare_accumulator(spare))
-            .and_then(|s| if momentum > 0.0 { s.with_momentum(momentum, prev) } else { Ok(s) })
-            .map_err(|e| TcpError(format!("invalid protocol settings: {e}")))?;
+        let server = any_server(&self.announce.config, self.options.momentum, params, version)?;
         self.drive(server, None, plan, note)
+    }
+
+    /// Serves the protocol on the initial parameters worker 0 sends as its first message
+    /// (see [`initial`](super::initial); the settings must say
+    /// [`RunSettings::initial_from_worker`]), until the plan says stop. Until they arrive,
+    /// nothing reaches the protocol: the other workers' messages are held, and the run's
+    /// clock has not started. A run that ends before they arrive reports
+    /// [`ServerReport::initial_model_known`] false.
+    pub fn run_with_initial_from_worker(
+        self,
+        plan: &RunPlan,
+        note: &mut dyn FnMut(Note<'_>),
+    ) -> Result<ServerReport, TcpError> {
+        if !self.options.settings.initial_from_worker {
+            return Err(TcpError("the run's settings do not ask worker 0 for the initial parameters".into()));
+        }
+        let (config, momentum, dim) = (self.announce.config, self.options.momentum, self.announce.dim);
+        let placeholder = any_server(&config, momentum, vec![0.0; dim], Version::ZERO)?;
+        let build: driver::BuildServer<AnyServer<f32, Vec<f32>, Heap>> =
+            Box::new(move |params| any_server(&config, momentum, params, Version::ZERO).map_err(|e| e.0));
+        self.drive_inner(placeholder, None, plan, note, Some(build))
     }
 
     /// Serves `server` (built for [`config`](Self::config) on a model of [`dim`](Self::dim)) until the
@@ -485,6 +502,19 @@ impl TcpServer {
         uplink: Option<Uplink>,
         plan: &RunPlan,
         note: &mut dyn FnMut(Note<'_>),
+    ) -> Result<ServerReport, TcpError> {
+        self.drive_inner(server, uplink, plan, note, None)
+    }
+
+    /// [`drive`](Self::drive), with the server first waiting for worker 0's initial
+    /// parameters when `build` is given.
+    fn drive_inner<S: Server<f32>>(
+        self,
+        server: S,
+        uplink: Option<Uplink>,
+        plan: &RunPlan,
+        note: &mut dyn FnMut(Note<'_>),
+        build: Option<driver::BuildServer<S>>,
     ) -> Result<ServerReport, TcpError> {
         let Self { listener, options, announce, control } = self;
         let dim = announce.dim;
@@ -540,6 +570,9 @@ impl TcpServer {
             None => None,
         };
         let mut core = Core::new(server, up, Arc::clone(&shared), note);
+        if let Some(build) = build {
+            core.await_initial(build);
+        }
         let reason = core.run(&in_rx, plan, &control, note);
         core.finish(reason, &in_rx, note);
         shared.closing.store(true, Ordering::SeqCst);
@@ -547,6 +580,24 @@ impl TcpServer {
         let _ = accept.join();
         Ok(core.into_report(reason, shared.evictions.load(Ordering::SeqCst)))
     }
+}
+
+/// The protocol's server for `config` on `params` at `version`, with SGD momentum if
+/// `momentum` is above 0.
+fn any_server(
+    config: &ProtocolConfig,
+    momentum: f64,
+    params: Vec<f32>,
+    version: Version,
+) -> Result<AnyServer<f32, Vec<f32>, Heap>, TcpError> {
+    let dim = params.len();
+    let scratch = vec![0.0f32; config.server_scratch_len(dim)];
+    let spare = vec![0.0f32; config.spare_accumulator_len(dim)];
+    let prev = if momentum > 0.0 { vec![0.0f32; dim] } else { Vec::new() };
+    AnyServer::<f32, Vec<f32>, Heap>::resume(config, params, scratch, version)
+        .and_then(|s| s.with_spare_accumulator(spare))
+        .and_then(|s| if momentum > 0.0 { s.with_momentum(momentum, prev) } else { Ok(s) })
+        .map_err(|e| TcpError(format!("invalid protocol settings: {e}")))
 }
 
 fn options_send_queue(shared: &Shared) -> usize {
