@@ -299,3 +299,45 @@ fn a_momentum_outside_zero_to_one_is_refused() {
     }
     refused(&["serve", "--momentum", "-0.1"], &["--momentum", "'-0.1'", "negative"]);
 }
+
+/// A version-1 `.npy` file with `header` (the dict) and `data`.
+fn npy_file(dir: &std::path::Path, name: &str, header: &str, data: &[u8]) -> String {
+    let mut header = header.to_owned();
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(data);
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+#[test]
+fn serve_refuses_a_bad_init_file_naming_it_and_flags_a_vector_does_not_have() {
+    let dir = scratch("npy");
+    let floats = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let f4 = |n: usize| format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({n},), }}");
+    let f8 = npy_file(&dir, "f8.npy", "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }", &[0; 16]);
+    refused(&["serve", "--init", &f8], &["f8.npy: dtype '<f8': expected '<f4'"]);
+    let two = npy_file(&dir, "2d.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }", &[0; 16]);
+    refused(&["serve", "--init", &two], &["2d.npy: shape (2, 2): expected one dimension"]);
+    let nan = npy_file(&dir, "nan.npy", &f4(3), &floats(&[0.0, 1.0, f32::NAN]));
+    refused(&["serve", "--init", &nan], &["nan.npy: element 2 is NaN"]);
+    let inf = npy_file(&dir, "inf.npy", &f4(2), &floats(&[f32::INFINITY, 1.0]));
+    refused(&["serve", "--init", &inf], &["inf.npy: element 0 is inf"]);
+    let cut = npy_file(&dir, "cut.npy", &f4(3), &floats(&[0.0, 1.0]));
+    refused(&["serve", "--init", &cut], &["cut.npy: truncated: shape (3,) needs 12 bytes"]);
+    let junk = dir.join("junk.npy");
+    std::fs::write(&junk, b"not numpy").unwrap();
+    refused(&["serve", "--init", junk.to_str().unwrap()], &["junk.npy: not a NumPy .npy file"]);
+    let ok = npy_file(&dir, "ok.npy", &f4(2), &floats(&[0.5, 1.5]));
+    for flag in [["--model", "mlp"], ["--target", "0.5"], ["--batch-size", "8"], ["--seed", "3"]] {
+        refused(&["serve", "--init", &ok, flag[0], flag[1]], &["'--init <FILE.npy>' cannot be used with", flag[0]]);
+    }
+    refused(&["serve", "--init", &ok, "--init-from-worker", "--dim", "2"], &["cannot be used with"]);
+    refused(&["serve", "--init-from-worker"], &["--dim <N>"]);
+    refused(&["serve", "--dim", "4"], &["--init-from-worker"]);
+    refused(&["serve", "--init", &ok, "--target-loss", "nan"], &["the target loss must be a finite number"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

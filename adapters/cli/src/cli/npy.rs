@@ -25,14 +25,14 @@ const MAX_HEADER_LEN: usize = 10_000;
 
 /// Reads the flat float32 vector in the `.npy` file at `path`. The error is one line naming
 /// the file and the reason.
-pub fn read_vector(path: &Path) -> Result<Vec<f32>, String> {
+pub(super) fn read_vector(path: &Path) -> Result<Vec<f32>, String> {
     let bytes = fs::read(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
     decode_vector(&bytes).map_err(|why| format!("{}: {why}", path.display()))
 }
 
 /// Writes `values` to `path` as a version-1 `.npy` file of shape `(n,)` and dtype `<f4`,
 /// atomically (a temporary file next to it, then a rename).
-pub fn write_vector(path: &Path, values: &[f32]) -> Result<(), String> {
+pub(super) fn write_vector(path: &Path, values: &[f32]) -> Result<(), String> {
     let bytes = encode_vector(values);
     let name = path.file_name().ok_or_else(|| format!("{}: not a file name", path.display()))?;
     let mut tmp_name = std::ffi::OsString::from(".");
@@ -52,7 +52,7 @@ pub fn write_vector(path: &Path, values: &[f32]) -> Result<(), String> {
 }
 
 /// The bytes of a version-1 `.npy` file holding `values` (shape `(n,)`, dtype `<f4`).
-pub fn encode_vector(values: &[f32]) -> Vec<u8> {
+pub(super) fn encode_vector(values: &[f32]) -> Vec<u8> {
     let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}", values.len());
     // Magic (6), version (2), header length (2), header ending in '\n': a multiple of 64.
     let unpadded = MAGIC.len() + 2 + 2 + header.len() + 1;
@@ -71,7 +71,7 @@ pub fn encode_vector(values: &[f32]) -> Vec<u8> {
 }
 
 /// The flat float32 vector in the bytes of a `.npy` file, or why they are not one.
-pub fn decode_vector(bytes: &[u8]) -> Result<Vec<f32>, String> {
+pub(super) fn decode_vector(bytes: &[u8]) -> Result<Vec<f32>, String> {
     let rest = bytes.strip_prefix(MAGIC.as_slice()).ok_or("not a NumPy .npy file (no \\x93NUMPY magic)")?;
     let (&major, rest) = rest.split_first().ok_or("truncated .npy header (no version)")?;
     let (_minor, rest) = rest.split_first().ok_or("truncated .npy header (no version)")?;

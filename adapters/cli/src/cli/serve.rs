@@ -8,6 +8,8 @@
 //! (further signals within a grace period are noted and change nothing; a third one after it
 //! exits at once).
 
+use super::loss_curve::LossCurve;
+use super::model_source::{self, ModelSource};
 use super::summary::{Resumed, TcpLedger};
 use super::{Failure, ProtocolArgs, Summary, WorkloadArgs};
 use crate::tcp::{
@@ -85,6 +87,41 @@ pub struct ServeArgs {
     /// Heartbeats go out every tenth of it (between 10 ms and 1 s).
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub lost_after: f64,
+    /// Train the flat float32 vector in this NumPy file (dtype '<f4', one dimension) instead
+    /// of a built-in model, with workers of your own (Python `run_worker`,
+    /// `syncopate.torch.train_worker`). There is no built-in test set: progress is the
+    /// workers' reported training loss (--target-loss).
+    #[arg(long, value_name = "FILE.npy", conflicts_with_all = NOT_WITH_A_VECTOR)]
+    pub init: Option<PathBuf>,
+    /// Take the initial parameters from worker 0 (its first message after the handshake)
+    /// instead of a built-in model; needs --dim. No built-in test set, as with --init.
+    #[arg(long, requires = "dim", conflicts_with = "init", conflicts_with_all = NOT_WITH_A_VECTOR)]
+    pub init_from_worker: bool,
+    /// With --init-from-worker: the number of parameters (a worker whose model has another
+    /// size is refused at the handshake, both sizes named).
+    #[arg(long, value_name = "N", requires = "init_from_worker", value_parser = clap::value_parser!(u64).range(1..=crate::tcp::settings::MAX_DIM))]
+    pub dim: Option<u64>,
+    /// Write the final parameters to this NumPy .npy file (float32, one dimension),
+    /// atomically.
+    #[arg(long, value_name = "FILE.npy")]
+    pub save: Option<PathBuf>,
+    /// Report the time until the training loss reaches L: the mean, over 10 updates, of the
+    /// minibatch losses the workers reported (the first update whose 10-update mean is at
+    /// most L).
+    #[arg(long, value_name = "L", value_parser = parse_target_loss)]
+    pub target_loss: Option<f64>,
+}
+
+/// Flags of a built-in model, which a vector from --init or worker 0 does not have.
+const NOT_WITH_A_VECTOR: [&str; 7] =
+    ["model", "data", "data_format", "batch_size", "seed", "target", "remote_groups"];
+
+/// A target loss: a finite number.
+fn parse_target_loss(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(l) if l.is_finite() => Ok(l),
+        _ => Err(format!("the target loss must be a finite number, got '{s}'")),
+    }
 }
 
 /// A momentum coefficient: a number in `[0, 1)`.
@@ -158,10 +195,13 @@ pub(super) fn workload_settings(w: &WorkloadArgs) -> Result<WorkloadSettings, St
 }
 
 /// The run's settings from the command line.
-fn run_settings(args: &ServeArgs, dim: usize) -> Result<RunSettings, String> {
+fn run_settings(args: &ServeArgs, source: &ModelSource) -> Result<RunSettings, String> {
     let p = &args.protocol;
-    let mut settings = RunSettings::new(ProtocolSettings::new(&p.spec(), p.workers, p.lr), dim);
-    settings.workload = Some(workload_settings(&args.workload)?);
+    let mut settings = RunSettings::new(ProtocolSettings::new(&p.spec(), p.workers, p.lr), source.dim());
+    if source.workload().is_some() {
+        settings.workload = Some(workload_settings(&args.workload)?);
+    }
+    settings.initial_from_worker = matches!(source, ModelSource::Worker { .. });
     settings.remote_groups = args.remote_groups;
     settings.server_config().map_err(|e| format!("--remote-groups: {e}"))?;
     settings.encode()?;
@@ -219,9 +259,9 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         return Err(Failure::Usage(format!("invalid value '{}' for '--target': must be between 0 and 1", args.target)));
     }
     let time_limit = super::train::time_limit(args.time_limit).map_err(Failure::Usage)?;
-    let workload = args.workload.workload().map_err(Failure::Usage)?;
-    let dim = workload.model.dim();
-    let settings = run_settings(args, dim).map_err(Failure::Usage)?;
+    let source = ModelSource::from_args(args).map_err(Failure::Usage)?;
+    let dim = source.dim();
+    let settings = run_settings(args, &source).map_err(Failure::Usage)?;
     let protocol = settings.server_config().map_err(Failure::Usage)?;
     let n = protocol.workers();
     let secret = load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
@@ -243,11 +283,9 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
             at_checkpoint: t(&lost.at_checkpoint),
             at_last_update: t(&lost.at_last),
         });
-        (c.params, c.version)
+        (Some(c.params), c.version)
     } else {
-        let mut p = vec![0.0f32; dim];
-        workload.model.init(args.workload.seed, &mut p);
-        (p, Version::ZERO)
+        (source.initial_params(args.workload.seed), Version::ZERO)
     };
     let mut options = ServerOptions::new(settings);
     options.secret = secret;
@@ -262,10 +300,11 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     let addr = server.local_addr().map_err(|e| Failure::Run(e.0))?;
     stop_on_signals(&server.handle().stop_flag()).map_err(Failure::Run)?;
     let peers = if args.remote_groups { "group servers" } else { "workers" };
+    let model = source.name(model_name(&args.workload));
+    let workload = source.workload();
     eprintln!(
-        "serve: {} with {n} {peers}, {} ({dim} params), listening on {addr}{}",
+        "serve: {} with {n} {peers}, {model} ({dim} params), listening on {addr}{}",
         protocol.name(),
-        model_name(&args.workload),
         if authenticated { ", authenticated" } else { " (no shared secret)" }
     );
     let plan = RunPlan { max_gradients: args.steps.saturating_mul(u64::from(n)), time_limit };
@@ -276,7 +315,10 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     let mut time_to_target = None;
     let mut last_eval: Option<Instant> = None;
     let mut last_print: Option<Instant> = None;
-    let mut evaluate = |version: Version, params: &[f32], curve: &mut Vec<EvalPoint>| {
+    let mut evaluate = |workload: &crate::workload::Workload,
+                        version: Version,
+                        params: &[f32],
+                        curve: &mut Vec<EvalPoint>| {
         let e = workload.model.evaluate(params, &workload.test);
         let point = EvalPoint { time_s: clock(), version: version.0, accuracy: e.accuracy, loss: e.loss };
         if time_to_target.is_none() && e.accuracy >= args.target {
@@ -285,8 +327,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         curve.push(point);
         point
     };
-    let report = server
-        .run(params, version, &plan, &mut |note| match note {
+    let mut on_note = |note: Note<'_>| match note {
             Note::Log(line) => eprintln!("serve: {line}"),
             Note::Event(ServerEvent::Stalled { waiting_for, missing, .. }) => {
                 eprintln!("serve: stalled: waiting for worker {} ({missing} missing)", waiting_for.0);
@@ -298,19 +339,31 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
                 eprintln!("serve: all {n} {peers} connected after {wait:.2} s; the run's clock starts now");
             }
             Note::Model { version, params } => {
+                let Some(workload) = workload else {
+                    return;
+                };
                 if last_eval.is_none_or(|t| t.elapsed() >= Duration::from_millis(50)) {
                     last_eval = Some(Instant::now());
-                    let p = evaluate(version, params, &mut curve);
+                    let p = evaluate(workload, version, params, &mut curve);
                     if last_print.is_none_or(|t: Instant| t.elapsed() >= Duration::from_secs(1)) {
                         last_print = Some(Instant::now());
                         eprintln!("serve: version {} test accuracy {:.4} loss {:.4}", p.version, p.accuracy, p.loss);
                     }
                 }
             }
-        })
-        .map_err(|e| Failure::Run(e.0))?;
-    if curve.last().is_none_or(|p| p.version != report.version.0) {
-        evaluate(report.version, &report.params, &mut curve);
+    };
+    let report = match params {
+        Some(params) => server.run(params, version, &plan, &mut on_note),
+        None => server.run_with_initial_from_worker(&plan, &mut on_note),
+    }
+    .map_err(|e| Failure::Run(e.0))?;
+    if let Some(workload) = workload {
+        if curve.last().is_none_or(|p| p.version != report.version.0) {
+            evaluate(workload, report.version, &report.params, &mut curve);
+        }
+    }
+    if !report.initial_model_known {
+        eprintln!("serve: worker 0 never sent the initial parameters: the run trained nothing");
     }
     if report.reason == StopReason::Stopped {
         eprintln!("serve: interrupted: the workers were told to stop");
@@ -341,9 +394,12 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         params: Vec::new(),
         ledger: crate::thread::ThreadLedger::default(),
     };
-    let model = model_name(&args.workload);
     let mut summary = Summary::from_threads(&threads, protocol.name(), n, &model, dim, args.workload.seed, args.target);
     summary.mode = "tcp".into();
+    summary.test_set = workload.is_some();
+    if workload.is_none() || args.target_loss.is_some() || !report.loss_curve.is_empty() {
+        summary.loss_curve = Some(LossCurve::new(report.loss_curve.clone(), args.target_loss));
+    }
     summary.ledger = Some(TcpLedger {
         received: report.received,
         refused: report.refused_contributions,
@@ -352,8 +408,12 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         sessions: report.session_ledgers.clone(),
         resumed,
     });
+    let saved = args.save.as_deref().map(|path| model_source::save(path, &report.params, report.initial_model_known));
     summary.print(args.json);
-    Ok(())
+    match saved {
+        Some(Err(e)) => Err(Failure::Run(e)),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(all(test, unix))]

@@ -169,6 +169,14 @@ pub struct Summary {
     /// wall-clock time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub simulator: Option<SimulatorCost>,
+    /// TCP runs whose workers report their minibatch loss: the training-loss curve and the
+    /// time to `--target-loss`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_curve: Option<super::loss_curve::LossCurve>,
+    /// Whether the model has a built-in test set (a vector from `serve --init` or worker 0
+    /// has none: its accuracy fields mean nothing and are not printed).
+    #[serde(skip)]
+    pub test_set: bool,
 }
 
 /// What a simulated run cost to compute.
@@ -226,6 +234,8 @@ impl Summary {
             diverged: crate::sim::divergence(&report.curve, report.ledger.refused_not_finite),
             curve: report.curve.clone(),
             ledger: None,
+            loss_curve: None,
+            test_set: true,
         }
     }
 
@@ -266,6 +276,8 @@ impl Summary {
             diverged: crate::sim::divergence(&report.curve, report.not_finite),
             curve: report.curve.clone(),
             ledger: None,
+            loss_curve: None,
+            test_set: true,
         }
     }
 
@@ -284,7 +296,7 @@ impl Summary {
     /// Whether the model is a classifier (the noisy quadratic model has a loss only: its
     /// accuracy and time to an accuracy target mean nothing and are not printed).
     fn has_accuracy(&self) -> bool {
-        !self.model.starts_with("nqm")
+        self.test_set && !self.model.starts_with("nqm")
     }
 
     /// The summary as a short text block.
@@ -300,7 +312,9 @@ impl Summary {
         if let Some(why) = &self.diverged {
             let _ = writeln!(out, "  DIVERGED       {why}: lower --lr");
         }
-        if self.has_accuracy() {
+        if !self.test_set {
+            let _ = writeln!(out, "  no test set    (a vector of your own: progress is the training loss below)");
+        } else if self.has_accuracy() {
             let _ = writeln!(out, "  test accuracy  {:.4}   loss {:.4}", self.final_accuracy, self.final_loss);
         } else {
             let _ =
@@ -351,6 +365,9 @@ impl Summary {
             );
         }
         let _ = writeln!(out, "  compute share  {}", share.join(" "));
+        for line in self.loss_curve.iter().flat_map(super::loss_curve::LossCurve::lines) {
+            let _ = writeln!(out, "  {line}");
+        }
         out
     }
 }
