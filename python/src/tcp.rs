@@ -5,6 +5,10 @@
 //! connection is dropped (the server counts it as a lost worker) and `run_worker` raises a
 //! `WorkerError` naming the worker and what went wrong.
 //!
+//! Worker 0 of a server that takes its initial model from it (`syncopate serve
+//! --init-from-worker`) sends `initial=` (an array, or a function returning one) right after
+//! each handshake; the server uses the first.
+//!
 //! The arrays the callback sees are allocated once (or are the caller's own, `params=` and
 //! `grad=`, so a framework's parameter and gradient storage is written and read in place):
 //! the model is copied in before each call and the gradient copied out after it.
@@ -92,6 +96,9 @@ struct PythonJob<'a> {
     loss: f64,
     failure: Option<Failure>,
     kill: Arc<AtomicBool>,
+    /// `initial=`: the initial parameters (a float32 array, or a function returning one)
+    /// worker 0 sends to a server that asks for them (`syncopate serve --init-from-worker`).
+    initial: Option<&'a PyObject>,
 }
 
 impl PythonJob<'_> {
@@ -133,6 +140,32 @@ impl WorkerJob for PythonJob<'_> {
         self.arrays = Some(arrays);
         self.label = settings.label();
         Ok(())
+    }
+
+    fn initial_params(&mut self, out: &mut [f32]) -> Result<(), String> {
+        let Some(initial) = self.initial else {
+            return Err("the server takes its initial model from worker 0 (serve --init-from-worker): pass \
+                        initial= (the model's parameters, e.g. syncopate.torch.parameters_vector(model))"
+                .into());
+        };
+        Python::with_gil(|py| {
+            let given = initial.bind(py);
+            let array = if given.is_callable() {
+                given.call0().map_err(|e| format!("initial() raised {e}"))?
+            } else {
+                given.clone()
+            };
+            let buffer = PyBuffer::<f32>::get(&array)
+                .map_err(|e| format!("initial must be a float32 array (numpy.float32): {e}"))?;
+            if buffer.item_count() != out.len() {
+                return Err(format!(
+                    "initial has {} elements; the server's model has {} parameters",
+                    buffer.item_count(),
+                    out.len()
+                ));
+            }
+            buffer.copy_to_slice(py, out).map_err(|e| format!("initial: {e}"))
+        })
     }
 
     fn loss(&mut self) -> Option<f32> {
@@ -179,7 +212,7 @@ fn failure_error(py: Python<'_>, id: u32, failure: Failure) -> PyErr {
 /// Runs worker `id` of the server at `connect` until the server says stop.
 #[pyfunction]
 #[pyo3(signature = (connect, compute, *, id, secret_file = None, params = None, grad = None,
-    give_up_after_s = 30.0, log = None))]
+    give_up_after_s = 30.0, log = None, initial = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_worker<'py>(
     py: Python<'py>,
@@ -191,6 +224,7 @@ pub(crate) fn run_worker<'py>(
     grad: Option<PyObject>,
     give_up_after_s: f64,
     log: Option<PyObject>,
+    initial: Option<PyObject>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let mut options = options(connect, id, secret_file, give_up_after_s)?;
     // The size of the caller's own arrays travels in the hello: the server refuses another
@@ -205,7 +239,17 @@ pub(crate) fn run_worker<'py>(
             return Err(PyValueError::new_err(format!("params has {p} elements and grad {g}: they must be equal")));
         }
     }
-    options.dim = sizes.first().copied();
+    // Initial parameters given as an array also say the model's size.
+    let initial_size = initial
+        .as_ref()
+        .filter(|a| !a.bind(py).is_callable())
+        .and_then(|a| PyBuffer::<f32>::get(a.bind(py)).ok().map(|b| b.item_count()));
+    if let (Some(p), Some(i)) = (sizes.first(), initial_size) {
+        if *p != i {
+            return Err(PyValueError::new_err(format!("params has {p} elements and initial {i}: they must be equal")));
+        }
+    }
+    options.dim = sizes.first().copied().or(initial_size);
     let kill = Arc::new(AtomicBool::new(false));
     options.kill = Some(Arc::clone(&kill));
     let mut job = PythonJob {
@@ -217,6 +261,7 @@ pub(crate) fn run_worker<'py>(
         loss: f64::NAN,
         failure: None,
         kill: Arc::clone(&kill),
+        initial: initial.as_ref(),
     };
     let mut log_failure: Option<PyErr> = None;
     let result = py.allow_threads(|| {

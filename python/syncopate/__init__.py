@@ -92,7 +92,10 @@ def run_worker(
     returns the minibatch loss (a number). ``id`` defaults to the launcher's rank
     (:func:`worker_id_from_env`). Options: ``params=`` and ``grad=`` (your own float32 arrays,
     written and read in place), ``give_up_after_s=`` (how long an unreachable server is
-    retried), ``log=`` (a function of one line; default: standard error).
+    retried), ``log=`` (a function of one line; default: standard error), ``initial=`` (the
+    model's initial parameters, a float32 array or a function returning one: worker 0 sends
+    them to a server started with ``syncopate serve --init-from-worker``; other workers and
+    other servers never use them).
 
     A ``compute`` that raises or returns anything but a number ends this worker (the server
     counts it lost) with :class:`WorkerError` naming it. Returns the worker's report.

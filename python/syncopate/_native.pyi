@@ -118,6 +118,7 @@ def run_worker(
     grad: Optional[Float32Array] = None,
     give_up_after_s: float = 30.0,
     log: Optional[Callable[[str], object]] = None,
+    initial: Optional[Union[Float32Array, Callable[[], Float32Array]]] = None,
 ) -> dict[str, Any]:
     """Runs worker ``id`` of the server at ``connect`` until the server says stop; the protocol
     and the model's size come from the server. ``compute(params, grad)`` fills ``grad`` and

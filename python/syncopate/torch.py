@@ -115,7 +115,9 @@ def train_worker(
     runs out, so a ``DataLoader`` starts a new epoch), computes ``loss_fn(model(inputs),
     targets)`` at the server's current model, backpropagates, and hands the gradient and the
     loss to the server. ``id`` defaults to the launcher's rank (``RANK``, ``LOCAL_RANK``,
-    ``OMPI_COMM_WORLD_RANK``, ``SLURM_PROCID``). Other options go to
+    ``OMPI_COMM_WORLD_RANK``, ``SLURM_PROCID``). As worker 0 of a server started with
+    ``syncopate serve --init-from-worker``, it sends the model's parameters
+    (:func:`parameters_vector`'s layout) as the server's initial model. Other options go to
     :func:`syncopate.run_worker`. Returns the worker's report; raises
     :class:`syncopate.WorkerError` if the step raises (the worker leaves the server).
     """
@@ -156,5 +158,8 @@ def train_worker(
         secret_file=secret_file,
         params=flat.params.numpy(),
         grad=flat.grads.numpy(),
+        # Read when a server asks worker 0 for its initial model (at the start of a session);
+        # at the first session the buffer holds the model's own parameters.
+        initial=options.pop("initial", flat.params.numpy()),
         **options,
     )

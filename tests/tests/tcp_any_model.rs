@@ -96,11 +96,15 @@ fn bsp_waits_for_worker_0s_initial_parameters_and_trains_from_them() {
 #[test]
 fn initial_parameters_that_are_not_finite_end_worker_0_and_the_server_never_has_a_model() {
     bounded(Duration::from_secs(60), || {
-        let server = start_server_awaiting_initial(RunPlan { max_gradients: 10, time_limit: Some(Duration::from_secs(2)) });
+        let server =
+            start_server_awaiting_initial(RunPlan { max_gradients: 10, time_limit: Some(Duration::from_secs(2)) });
         let o0 = worker_options(server.addr, 0);
         let mut job0 = WithInitial(LeastSquares { target: TARGET.to_vec(), loss: None }, vec![1.0, f32::NAN, 0.0, 0.0]);
         let err = run_worker(&o0, &mut job0, &mut |_| {}).unwrap_err().to_string();
-        assert!(err.contains("the initial parameters: parameter 1 is NaN: the initial parameters must be finite"), "{err}");
+        assert!(
+            err.contains("the initial parameters: parameter 1 is NaN: the initial parameters must be finite"),
+            "{err}"
+        );
         // A worker 0 with nothing to give ends too, saying so.
         let mut plain = LeastSquares { target: TARGET.to_vec(), loss: None };
         let err = run_worker(&o0, &mut plain, &mut |_| {}).unwrap_err().to_string();

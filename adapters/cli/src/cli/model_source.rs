@@ -40,12 +40,18 @@ impl ModelSource {
         if let Some(path) = &args.init {
             let params = super::npy::read_vector(path)?;
             if params.len() as u64 > crate::tcp::settings::MAX_DIM {
-                return Err(format!("{}: {} parameters, at most {} fit a frame", path.display(), params.len(), crate::tcp::settings::MAX_DIM));
+                return Err(format!(
+                    "{}: {} parameters, at most {} fit a frame",
+                    path.display(),
+                    params.len(),
+                    crate::tcp::settings::MAX_DIM
+                ));
             }
             return Ok(Self::File { path: path.clone(), params });
         }
         if args.init_from_worker {
-            let dim = args.dim.ok_or("--init-from-worker needs --dim N (the number of parameters of worker 0's model)")?;
+            let dim =
+                args.dim.ok_or("--init-from-worker needs --dim N (the number of parameters of worker 0's model)")?;
             let dim = usize::try_from(dim).map_err(|_| format!("--dim {dim} is too large for this machine"))?;
             return Ok(Self::Worker { dim });
         }

@@ -90,8 +90,7 @@ pub(super) fn decode_vector(bytes: &[u8]) -> Result<Vec<f32>, String> {
     if header_len > MAX_HEADER_LEN {
         return Err(format!("the .npy header claims {header_len} bytes, more than {MAX_HEADER_LEN}"));
     }
-    let (header, data) =
-        rest.split_at_checked(header_len).ok_or("truncated .npy file (the header is cut short)")?;
+    let (header, data) = rest.split_at_checked(header_len).ok_or("truncated .npy file (the header is cut short)")?;
     let header = std::str::from_utf8(header).map_err(|_| "the .npy header is not text".to_owned())?;
     let n = parse_header(header)?;
     let expected = n.checked_mul(4).ok_or_else(|| format!("shape ({n},) is too large"))?;
@@ -149,8 +148,7 @@ fn parse_header(header: &str) -> Result<usize, String> {
             "shape" => {
                 let open = after.strip_prefix('(').ok_or("malformed .npy header ('shape' is not a tuple)")?;
                 let close = open.find(')').ok_or("malformed .npy header ('shape' is not closed)")?;
-                let dims: Vec<&str> =
-                    open[..close].split(',').map(str::trim).filter(|d| !d.is_empty()).collect();
+                let dims: Vec<&str> = open[..close].split(',').map(str::trim).filter(|d| !d.is_empty()).collect();
                 let dims: Vec<usize> = dims
                     .iter()
                     .map(|d| d.trim_end_matches('L').parse::<usize>())
@@ -235,7 +233,10 @@ mod tests {
         }
         let h = "{\"shape\": (3,), \"fortran_order\": True, \"descr\": \"<f4\"}\n";
         assert_eq!(decode_vector(&npy(1, h, &data)).unwrap(), vec![1.0, 2.0, 3.0], "any key order; 1-D Fortran = C");
-        assert_eq!(decode_vector(&npy(4, F4, &data)).unwrap_err(), ".npy format version 4 is not supported (1, 2 or 3 are)");
+        assert_eq!(
+            decode_vector(&npy(4, F4, &data)).unwrap_err(),
+            ".npy format version 4 is not supported (1, 2 or 3 are)"
+        );
     }
 
     #[test]

@@ -113,8 +113,7 @@ pub struct ServeArgs {
 }
 
 /// Flags of a built-in model, which a vector from --init or worker 0 does not have.
-const NOT_WITH_A_VECTOR: [&str; 7] =
-    ["model", "data", "data_format", "batch_size", "seed", "target", "remote_groups"];
+const NOT_WITH_A_VECTOR: [&str; 7] = ["model", "data", "data_format", "batch_size", "seed", "target", "remote_groups"];
 
 /// A target loss: a finite number.
 fn parse_target_loss(s: &str) -> Result<f64, String> {
@@ -315,42 +314,40 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     let mut time_to_target = None;
     let mut last_eval: Option<Instant> = None;
     let mut last_print: Option<Instant> = None;
-    let mut evaluate = |workload: &crate::workload::Workload,
-                        version: Version,
-                        params: &[f32],
-                        curve: &mut Vec<EvalPoint>| {
-        let e = workload.model.evaluate(params, &workload.test);
-        let point = EvalPoint { time_s: clock(), version: version.0, accuracy: e.accuracy, loss: e.loss };
-        if time_to_target.is_none() && e.accuracy >= args.target {
-            time_to_target = Some(point.time_s);
-        }
-        curve.push(point);
-        point
-    };
+    let mut evaluate =
+        |workload: &crate::workload::Workload, version: Version, params: &[f32], curve: &mut Vec<EvalPoint>| {
+            let e = workload.model.evaluate(params, &workload.test);
+            let point = EvalPoint { time_s: clock(), version: version.0, accuracy: e.accuracy, loss: e.loss };
+            if time_to_target.is_none() && e.accuracy >= args.target {
+                time_to_target = Some(point.time_s);
+            }
+            curve.push(point);
+            point
+        };
     let mut on_note = |note: Note<'_>| match note {
-            Note::Log(line) => eprintln!("serve: {line}"),
-            Note::Event(ServerEvent::Stalled { waiting_for, missing, .. }) => {
-                eprintln!("serve: stalled: waiting for worker {} ({missing} missing)", waiting_for.0);
-            }
-            Note::Event(_) => {}
-            Note::Started => {
-                start.set(Some(Instant::now()));
-                let wait = bound.elapsed().as_secs_f64();
-                eprintln!("serve: all {n} {peers} connected after {wait:.2} s; the run's clock starts now");
-            }
-            Note::Model { version, params } => {
-                let Some(workload) = workload else {
-                    return;
-                };
-                if last_eval.is_none_or(|t| t.elapsed() >= Duration::from_millis(50)) {
-                    last_eval = Some(Instant::now());
-                    let p = evaluate(workload, version, params, &mut curve);
-                    if last_print.is_none_or(|t: Instant| t.elapsed() >= Duration::from_secs(1)) {
-                        last_print = Some(Instant::now());
-                        eprintln!("serve: version {} test accuracy {:.4} loss {:.4}", p.version, p.accuracy, p.loss);
-                    }
+        Note::Log(line) => eprintln!("serve: {line}"),
+        Note::Event(ServerEvent::Stalled { waiting_for, missing, .. }) => {
+            eprintln!("serve: stalled: waiting for worker {} ({missing} missing)", waiting_for.0);
+        }
+        Note::Event(_) => {}
+        Note::Started => {
+            start.set(Some(Instant::now()));
+            let wait = bound.elapsed().as_secs_f64();
+            eprintln!("serve: all {n} {peers} connected after {wait:.2} s; the run's clock starts now");
+        }
+        Note::Model { version, params } => {
+            let Some(workload) = workload else {
+                return;
+            };
+            if last_eval.is_none_or(|t| t.elapsed() >= Duration::from_millis(50)) {
+                last_eval = Some(Instant::now());
+                let p = evaluate(workload, version, params, &mut curve);
+                if last_print.is_none_or(|t: Instant| t.elapsed() >= Duration::from_secs(1)) {
+                    last_print = Some(Instant::now());
+                    eprintln!("serve: version {} test accuracy {:.4} loss {:.4}", p.version, p.accuracy, p.loss);
                 }
             }
+        }
     };
     let report = match params {
         Some(params) => server.run(params, version, &plan, &mut on_note),

@@ -390,7 +390,8 @@ impl<S: Server<f32>> Core<S> {
         }
         if worker != WorkerId(0) || !self.shared.options.settings.initial_from_worker {
             self.report.refused += 1;
-            let why = if worker == WorkerId(0) { "this server did not ask for them" } else { "only worker 0 sends them" };
+            let why =
+                if worker == WorkerId(0) { "this server did not ask for them" } else { "only worker 0 sends them" };
             Self::log(note, &format!("worker {} sent initial parameters, but {why}; disconnecting", worker.0));
             self.drop_worker(worker, note);
             return;
