@@ -225,3 +225,50 @@ fn momentum_on_the_tcp_server_follows_the_heavy_ball_recurrence() {
         }
     });
 }
+
+#[test]
+fn a_run_resumed_from_a_checkpoint_goes_on_with_its_momentum() {
+    bounded(Duration::from_secs(60), || {
+        let (updates, beta) = (6u64, 0.5);
+        let path = std::env::temp_dir().join(format!("syncopate-momentum-resume-{}.ckpt", std::process::id()));
+        let run = |params: Vec<f32>, version: Version, buffer: Option<Vec<f32>>| {
+            let mut options = ServerOptions::new(settings());
+            options.momentum = beta;
+            options.momentum_buffer = buffer;
+            options.checkpoint = Some((path.clone(), 1));
+            let server = start_server_at("127.0.0.1:0", options, params, version, plan(2 * updates, 30));
+            let workers: Vec<_> = (0..2)
+                .map(|i| {
+                    let o = worker_options(server.addr, i);
+                    std::thread::spawn(move || {
+                        run_worker(&o, &mut LeastSquares { target: TARGET.to_vec(), loss: None }, &mut |_| {})
+                    })
+                })
+                .collect();
+            let report = server.finish();
+            for w in workers {
+                assert!(w.join().unwrap().unwrap().stopped);
+            }
+            report
+        };
+        let first = run(vec![0.0; 4], Version::ZERO, None);
+        assert_eq!(first.version.0, updates);
+        let saved = syncopate_adapters::tcp::checkpoint::load(&path, "bsp", 4).unwrap();
+        assert_eq!(saved.momentum, beta);
+        assert_eq!(saved.version, first.version);
+        let second = run(saved.params, saved.version, saved.momentum_buffer);
+        assert_eq!(second.version.0, 2 * updates);
+        // The same heavy-ball recurrence as a run that never stopped.
+        for (i, t) in TARGET.iter().enumerate() {
+            let (mut prev, mut x) = (0.0f64, 0.0f64);
+            for _ in 0..second.version.0 {
+                let next = x + beta * (x - prev) - LR * (x - f64::from(*t));
+                (prev, x) = (x, next);
+            }
+            let got = f64::from(second.params[i]);
+            assert!((got - x).abs() < 1e-4, "parameter {i}: {got} vs {x}");
+        }
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(syncopate_adapters::tcp::checkpoint::Journal::path_for(&path));
+    });
+}

@@ -341,3 +341,26 @@ fn serve_refuses_a_bad_init_file_naming_it_and_flags_a_vector_does_not_have() {
     refused(&["serve", "--init", &ok, "--target-loss", "nan"], &["the target loss must be a finite number"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn resume_refuses_a_checkpoint_made_with_another_momentum_naming_both() {
+    let dir = scratch("momentum");
+    let path = dir.join("m.ckpt");
+    let dim = 650; // the default model: softmax on the digits
+    let prev = vec![0.0f32; dim];
+    syncopate_adapters::tcp::checkpoint::save_with_momentum(
+        &path,
+        "bsp",
+        syncopate::Version(3),
+        &vec![0.0f32; dim],
+        Some((0.5, &prev)),
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    refused(
+        &["serve", "--resume", "--checkpoint", p],
+        &["was made with momentum 0.5, this server runs --momentum 0", "m.ckpt"],
+    );
+    refused(&["serve", "--resume", "--checkpoint", p, "--momentum", "0.9"], &["momentum 0.5", "--momentum 0.9"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

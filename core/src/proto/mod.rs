@@ -425,6 +425,11 @@ pub trait Server<T: Scalar> {
     fn params(&self) -> &[T];
     /// What the server received and what became of it.
     fn stats(&self) -> &ServerStats;
+    /// The momentum buffer (the model before the last update) of a server with SGD
+    /// momentum, for a checkpoint to save; `None` without momentum (the default).
+    fn momentum_buffer(&self) -> Option<&[T]> {
+        None
+    }
     /// Whether this server is a worker of a server above it: it emits
     /// [`ServerOutput::Upstream`] and takes [`Self::handle_upstream`], so its driver must
     /// give it an upstream link. False unless the server says otherwise.

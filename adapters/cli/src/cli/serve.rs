@@ -73,7 +73,7 @@ pub struct ServeArgs {
     #[arg(long, requires = "checkpoint")]
     pub resume: bool,
     /// SGD with momentum BETA on every update of the server's model (in [0, 1); 0: plain SGD).
-    /// A run resumed from a checkpoint starts with no velocity.
+    /// Checkpoints keep the momentum buffer; --resume needs the checkpoint's --momentum.
     #[arg(long, value_name = "BETA", default_value_t = 0.0, value_parser = parse_momentum)]
     pub momentum: f64,
     /// Absolute deadline of a connection's handshake, in milliseconds.
@@ -265,9 +265,20 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     let n = protocol.workers();
     let secret = load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
     let mut resumed = None;
+    let mut resumed_momentum = None;
     let (params, version) = if args.resume {
         let path = args.checkpoint.as_deref().unwrap_or_else(|| Path::new(""));
         let c = checkpoint::load(path, protocol.name(), dim).map_err(|e| Failure::Usage(e.to_string()))?;
+        if c.momentum != args.momentum {
+            return Err(Failure::Usage(format!(
+                "checkpoint {} was made with momentum {}, this server runs --momentum {}: resume with the same \
+                 --momentum",
+                path.display(),
+                c.momentum,
+                args.momentum
+            )));
+        }
+        resumed_momentum = c.momentum_buffer.clone();
         eprintln!("serve: resuming from {} at version {}", path.display(), c.version.0);
         // What the previous server applied after this checkpoint is lost: its journal says
         // exactly which versions.
@@ -293,6 +304,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     options.frame_timeout = FrameTimeout { base: Duration::from_millis(args.frame_timeout), ..FrameTimeout::default() };
     options.checkpoint = args.checkpoint.clone().map(|p| (p, args.checkpoint_every));
     options.momentum = args.momentum;
+    options.momentum_buffer = resumed_momentum;
     options.lost_after = super::train::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?;
     let authenticated = options.secret.is_some();
     let server = TcpServer::bind(&args.listen, options).map_err(|e| Failure::Usage(e.0))?;

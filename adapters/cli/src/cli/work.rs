@@ -120,7 +120,10 @@ struct Ready {
 
 impl Job {
     fn build(&self, settings: &RunSettings) -> Result<Ready, String> {
-        let w = settings.workload.as_ref().ok_or("the server announced no workload (it is not `syncopate serve`)")?;
+        let w = settings.workload.as_ref().ok_or(
+            "the server announced no built-in workload (it trains a vector of its own: `serve --init` or \
+             `--init-from-worker`, or it is not `syncopate serve`); its workers are your own (Python `run_worker`)",
+        )?;
         let workload = workload(w, self.data_override.as_ref())?;
         let dim = workload.model.dim();
         if dim as u64 != settings.dim {

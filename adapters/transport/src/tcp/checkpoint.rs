@@ -1,9 +1,14 @@
 //! Model checkpoints: the parameters and their version in one file, written atomically.
 //!
 //! ```text
-//! magic "SYNCKPT\0" (8) | format u32 LE = 1 | name_len u8 | protocol name | dim u64 LE
-//! | version u64 LE | dim × f32 LE | SHA-256 of everything before it (32)
+//! magic "SYNCKPT\0" (8) | format u32 LE = 2 | name_len u8 | protocol name | dim u64 LE
+//! | version u64 LE | dim × f32 LE | momentum f64 LE | (momentum > 0: dim × f32 LE, the model
+//! before the last update) | SHA-256 of everything before it (32)
 //! ```
+//!
+//! Format 1 (no momentum fields) is still read, as a run without momentum. A run resumed
+//! from a checkpoint must have the checkpoint's momentum setting (the caller checks it with
+//! [`Checkpoint::momentum`]), and goes on with its momentum buffer.
 //!
 //! A checkpoint is written to `FILE.tmp`, synced, then renamed over `FILE`, so a crash leaves
 //! the previous checkpoint or the new one, never a mix. Loading checks the magic, the format,
@@ -17,7 +22,7 @@ use std::path::{Path, PathBuf};
 use syncopate::Version;
 
 const MAGIC: [u8; 8] = *b"SYNCKPT\0";
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
 const SUM_LEN: usize = 32;
 
 /// A loaded checkpoint.
@@ -29,6 +34,10 @@ pub struct Checkpoint {
     pub version: Version,
     /// The parameters.
     pub params: Vec<f32>,
+    /// The run's SGD momentum coefficient (0: none, or a format-1 checkpoint).
+    pub momentum: f64,
+    /// With momentum: the model before the last update (the momentum buffer).
+    pub momentum_buffer: Option<Vec<f32>>,
 }
 
 /// Why a checkpoint could not be read or written; displays as one line naming the file.
@@ -52,8 +61,19 @@ fn err(path: &Path, problem: impl Into<String>) -> CheckpointError {
     CheckpointError { path: path.to_owned(), problem: problem.into() }
 }
 
-/// The bytes of a checkpoint.
+/// The bytes of a checkpoint without momentum.
 pub fn encode(protocol: &str, version: Version, params: &[f32]) -> Vec<u8> {
+    encode_with_momentum(protocol, version, params, None)
+}
+
+/// The bytes of a checkpoint; `momentum` is the coefficient and the momentum buffer (the
+/// model before the last update) of a run with momentum.
+pub fn encode_with_momentum(
+    protocol: &str,
+    version: Version,
+    params: &[f32],
+    momentum: Option<(f64, &[f32])>,
+) -> Vec<u8> {
     let name = protocol.as_bytes().get(..protocol.len().min(255)).unwrap_or_default();
     let mut out = Vec::with_capacity(8 + 4 + 1 + name.len() + 16 + params.len() * 4 + SUM_LEN);
     out.extend_from_slice(&MAGIC);
@@ -63,6 +83,11 @@ pub fn encode(protocol: &str, version: Version, params: &[f32]) -> Vec<u8> {
     out.extend_from_slice(&(params.len() as u64).to_le_bytes());
     out.extend_from_slice(&version.0.to_le_bytes());
     for p in params {
+        out.extend_from_slice(&p.to_le_bytes());
+    }
+    let (beta, prev) = momentum.filter(|(b, _)| *b > 0.0).unwrap_or((0.0, &[]));
+    out.extend_from_slice(&beta.to_le_bytes());
+    for p in prev {
         out.extend_from_slice(&p.to_le_bytes());
     }
     let sum = Sha256::digest(&out);
@@ -92,8 +117,8 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> 
         }
     };
     let format = u32::from_le_bytes(take(4)?.try_into().unwrap_or_default());
-    if format != FORMAT {
-        return Err(err(path, format!("format {format}, this build reads {FORMAT}")));
+    if format != FORMAT && format != 1 {
+        return Err(err(path, format!("format {format}, this build reads 1 and {FORMAT}")));
     }
     let name_len = usize::from(take(1)?.first().copied().unwrap_or(0));
     let protocol = String::from_utf8(take(name_len)?.to_vec()).map_err(|_| err(path, "protocol name is not UTF-8"))?;
@@ -101,17 +126,40 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> 
     let version = Version(u64::from_le_bytes(take(8)?.try_into().unwrap_or_default()));
     let data_len =
         usize::try_from(dim).ok().and_then(|d| d.checked_mul(4)).ok_or_else(|| err(path, "bad dimension"))?;
-    let data = take(data_len)?;
+    let floats = |data: &[u8]| {
+        data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or_default())).collect::<Vec<_>>()
+    };
+    let params = floats(take(data_len)?);
+    let (mut momentum, mut momentum_buffer) = (0.0, None);
+    if format >= 2 {
+        momentum = f64::from_le_bytes(take(8)?.try_into().unwrap_or_default());
+        if !(momentum.is_finite() && (0.0..1.0).contains(&momentum)) {
+            return Err(err(path, format!("momentum {momentum} is not in [0, 1)")));
+        }
+        if momentum > 0.0 {
+            momentum_buffer = Some(floats(take(data_len)?));
+        }
+    }
     if !rest.is_empty() {
         return Err(err(path, "trailing bytes after the parameters"));
     }
-    let params = data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or_default())).collect::<Vec<_>>();
-    Ok(Checkpoint { protocol, version, params })
+    Ok(Checkpoint { protocol, version, params, momentum, momentum_buffer })
 }
 
 /// Writes a checkpoint to `path` atomically (temporary file, sync, rename).
 pub fn save(path: &Path, protocol: &str, version: Version, params: &[f32]) -> Result<(), CheckpointError> {
-    let bytes = encode(protocol, version, params);
+    save_with_momentum(path, protocol, version, params, None)
+}
+
+/// [`save`] with the momentum coefficient and buffer of a run with momentum.
+pub fn save_with_momentum(
+    path: &Path,
+    protocol: &str,
+    version: Version,
+    params: &[f32],
+    momentum: Option<(f64, &[f32])>,
+) -> Result<(), CheckpointError> {
+    let bytes = encode_with_momentum(protocol, version, params, momentum);
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
@@ -319,7 +367,16 @@ mod tests {
         let params = vec![1.5f32, -0.0, f32::MIN_POSITIVE, 3.0];
         save(&path, "bsp", Version(42), &params).unwrap();
         let c = load(&path, "bsp", 4).unwrap();
-        assert_eq!(c, Checkpoint { protocol: "bsp".into(), version: Version(42), params: params.clone() });
+        assert_eq!(
+            c,
+            Checkpoint {
+                protocol: "bsp".into(),
+                version: Version(42),
+                params: params.clone(),
+                momentum: 0.0,
+                momentum_buffer: None
+            }
+        );
         assert!(load(&path, "asp", 4).unwrap_err().to_string().contains("made by protocol bsp"));
         assert!(load(&path, "bsp", 5).unwrap_err().to_string().contains("holds 4 parameters"));
         let mut bytes = fs::read(&path).unwrap();
@@ -333,6 +390,31 @@ mod tests {
         }
         assert!(load(&dir.join("missing"), "bsp", 4).unwrap_err().to_string().contains("cannot read"));
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn momentum_and_its_buffer_round_trip_and_format_1_reads_as_no_momentum() {
+        let path = Path::new("m.ckpt");
+        let (params, prev) = ([1.0f32, 2.0], [0.5f32, 1.5]);
+        let bytes = encode_with_momentum("asp", Version(7), &params, Some((0.9, &prev)));
+        let c = decode(path, &bytes).unwrap();
+        assert_eq!((c.momentum, c.momentum_buffer.as_deref()), (0.9, Some(&prev[..])));
+        assert_eq!(c.params, params);
+        for cut in 0..bytes.len() {
+            assert!(decode(path, &bytes[..cut]).is_err());
+        }
+        // A format-1 file (what earlier builds wrote): no momentum fields.
+        let mut old = MAGIC.to_vec();
+        old.extend_from_slice(&1u32.to_le_bytes());
+        old.push(3);
+        old.extend_from_slice(b"asp");
+        old.extend_from_slice(&2u64.to_le_bytes());
+        old.extend_from_slice(&7u64.to_le_bytes());
+        old.extend(params.iter().flat_map(|p| p.to_le_bytes()));
+        let sum = Sha256::digest(&old);
+        old.extend_from_slice(&sum);
+        let c = decode(path, &old).unwrap();
+        assert_eq!((c.version, c.momentum, c.momentum_buffer), (Version(7), 0.0, None));
     }
 
     #[test]

@@ -631,7 +631,8 @@ impl<S: Server<f32>> Core<S> {
         }
         if let Some((path, _)) = &self.shared.options.checkpoint {
             let name = self.shared.announce.config.name();
-            match checkpoint::save(path, name, self.server.version(), self.server.params()) {
+            let momentum = self.server.momentum_buffer().map(|prev| (self.shared.options.momentum, prev));
+            match checkpoint::save_with_momentum(path, name, self.server.version(), self.server.params(), momentum) {
                 Ok(()) => {
                     self.report.checkpoints += 1;
                     let totals = self.totals();

@@ -99,8 +99,12 @@ pub struct ServerOptions {
     /// Write a checkpoint here every `every` model updates (and at the end).
     pub checkpoint: Option<(PathBuf, u64)>,
     /// SGD with momentum on every update ([`run`](TcpServer::run)), in `[0, 1)`; 0 is plain
-    /// SGD. A resumed run starts with no velocity (checkpoints hold the model only).
+    /// SGD. Checkpoints hold the momentum buffer with the model.
     pub momentum: f64,
+    /// A resumed run with momentum: the momentum buffer from its checkpoint (the model
+    /// before the last update), so the run goes on with its velocity; `None` starts with
+    /// none.
+    pub momentum_buffer: Option<Vec<f32>>,
     /// A session (a worker's, or the upstream one) silent this long (no frame, no
     /// heartbeat) is lost; heartbeats go out at [`heartbeat_interval`](super::heartbeat_interval)
     /// of it.
@@ -125,6 +129,7 @@ impl ServerOptions {
             write_timeout: Duration::from_secs(10),
             checkpoint: None,
             momentum: 0.0,
+            momentum_buffer: None,
             lost_after: super::DEFAULT_LOST_AFTER,
         }
     }
@@ -453,7 +458,7 @@ impl TcpServer {
     /// Serves the protocol on the model `params` at `version` (0, or a checkpoint's) until
     /// the plan says stop. `note` sees logs, events and model changes.
     pub fn run(
-        self,
+        mut self,
         params: Vec<f32>,
         version: Version,
         plan: &RunPlan,
@@ -463,7 +468,11 @@ impl TcpServer {
         if params.len() != dim {
             return Err(TcpError(format!("the model has {} parameters, the server expects {dim}", params.len())));
         }
-        let server = any_server(&self.announce.config, self.options.momentum, params, version)?;
+        let prev = self.options.momentum_buffer.take();
+        if prev.as_ref().is_some_and(|p| p.len() != dim) {
+            return Err(TcpError(format!("the momentum buffer does not have the model's {dim} parameters")));
+        }
+        let server = any_server(&self.announce.config, self.options.momentum, params, version, prev)?;
         self.drive(server, None, plan, note)
     }
 
@@ -482,9 +491,9 @@ impl TcpServer {
             return Err(TcpError("the run's settings do not ask worker 0 for the initial parameters".into()));
         }
         let (config, momentum, dim) = (self.announce.config, self.options.momentum, self.announce.dim);
-        let placeholder = any_server(&config, momentum, vec![0.0; dim], Version::ZERO)?;
+        let placeholder = any_server(&config, momentum, vec![0.0; dim], Version::ZERO, None)?;
         let build: driver::BuildServer<AnyServer<f32, Vec<f32>, Heap>> =
-            Box::new(move |params| any_server(&config, momentum, params, Version::ZERO).map_err(|e| e.0));
+            Box::new(move |params| any_server(&config, momentum, params, Version::ZERO, None).map_err(|e| e.0));
         self.drive_inner(placeholder, None, plan, note, Some(build))
     }
 
@@ -583,20 +592,24 @@ impl TcpServer {
 }
 
 /// The protocol's server for `config` on `params` at `version`, with SGD momentum if
-/// `momentum` is above 0.
+/// `momentum` is above 0 (going on from the momentum buffer `resumed`, if given).
 fn any_server(
     config: &ProtocolConfig,
     momentum: f64,
     params: Vec<f32>,
     version: Version,
+    resumed: Option<Vec<f32>>,
 ) -> Result<AnyServer<f32, Vec<f32>, Heap>, TcpError> {
     let dim = params.len();
     let scratch = vec![0.0f32; config.server_scratch_len(dim)];
     let spare = vec![0.0f32; config.spare_accumulator_len(dim)];
-    let prev = if momentum > 0.0 { vec![0.0f32; dim] } else { Vec::new() };
     AnyServer::<f32, Vec<f32>, Heap>::resume(config, params, scratch, version)
         .and_then(|s| s.with_spare_accumulator(spare))
-        .and_then(|s| if momentum > 0.0 { s.with_momentum(momentum, prev) } else { Ok(s) })
+        .and_then(|s| match (momentum > 0.0, resumed) {
+            (false, _) => Ok(s),
+            (true, Some(prev)) => s.with_momentum_state(momentum, prev),
+            (true, None) => s.with_momentum(momentum, vec![0.0f32; dim]),
+        })
         .map_err(|e| TcpError(format!("invalid protocol settings: {e}")))
 }
 
