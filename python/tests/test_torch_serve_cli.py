@@ -104,14 +104,18 @@ def test_serve_init_from_worker_trains_a_torch_cnn_to_090_and_saves_it(syncopate
          "--dim", str(dim), "--save", str(saved), "--target-loss", "0.5", "--time-limit", "240", "--json"],
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # Run from elsewhere than python/, whose syncopate/ source folder would shadow the wheel.
     workers = [
-        subprocess.Popen([sys.executable, "-c", WORKER, address, str(rank)], env=env, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen([sys.executable, "-c", WORKER, address, str(rank)], env=env, cwd=tmp_path,
+                         stderr=subprocess.PIPE, text=True)
         for rank in range(2)
     ]
-    out, _ = server.communicate(timeout=300)
     for w in workers:
-        _, err = w.communicate(timeout=60)
+        _, err = w.communicate(timeout=300)
+        if w.returncode != 0:
+            server.kill()
         assert w.returncode == 0, err[-3000:]
+    out, _ = server.communicate(timeout=60)
     log = "\n".join(lines)
     assert server.returncode == 0, log[-3000:]
     assert "the initial model" in log and "came from worker 0" in log, log[-3000:]
@@ -128,6 +132,8 @@ def test_serve_init_from_worker_trains_a_torch_cnn_to_090_and_saves_it(syncopate
     x, y = torch.from_numpy(data["x_test"]).view(-1, 1, 28, 28), torch.from_numpy(data["y_test"])
     with torch.no_grad():
         accuracy = (model(x).argmax(1) == y).float().mean().item()
+    print(f"serve --init-from-worker: test accuracy {accuracy:.3f} after {summary['updates']} updates, "
+          f"{summary['time_s']:.1f} s; time to loss 0.5: {curve['time_to_target_loss_s']:.1f} s")
     assert accuracy >= 0.90, accuracy
 
 

@@ -406,6 +406,8 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     let mut summary = Summary::from_threads(&threads, protocol.name(), n, &model, dim, args.workload.seed, args.target);
     summary.mode = "tcp".into();
     summary.test_set = workload.is_some();
+    // Without a test set there is no evaluation to take the version from.
+    summary.updates = report.version.0;
     if workload.is_none() || args.target_loss.is_some() || !report.loss_curve.is_empty() {
         summary.loss_curve = Some(LossCurve::new(report.loss_curve.clone(), args.target_loss));
     }
