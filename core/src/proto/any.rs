@@ -425,7 +425,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for AnyServer<T, S, M> {
         dispatch!(self, s => s.params(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Group, Ssp, Bap)
     }
     fn momentum_buffer(&self) -> Option<&[T]> {
-        AnyServer::momentum_buffer(self)
+        Self::momentum_buffer(self)
     }
     fn stats(&self) -> &ServerStats {
         dispatch!(self, s => s.stats(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Group, Ssp, Bap)
