@@ -272,3 +272,47 @@ fn a_run_resumed_from_a_checkpoint_goes_on_with_its_momentum() {
         let _ = std::fs::remove_file(syncopate_adapters::tcp::checkpoint::Journal::path_for(&path));
     });
 }
+
+/// A hand-made worker session: the handshake, then `frames` as they are (no checks).
+fn send_raw(addr: std::net::SocketAddr, id: u32, frames: &[Vec<u8>]) {
+    use std::io::BufWriter;
+    use syncopate_adapters::tcp::frame::{FrameReader, FrameTimeout, FrameWriter};
+    use syncopate_adapters::tcp::handshake::{ClientSide, Role, client_handshake};
+    let stream = std::net::TcpStream::connect(addr).unwrap();
+    let mut reader = FrameReader::new(stream.try_clone().unwrap(), 0, FrameTimeout::default());
+    let mut writer = FrameWriter::new(BufWriter::new(stream.try_clone().unwrap()), 0);
+    let me = ClientSide { worker: syncopate::WorkerId(id), role: Role::Worker, key: None, want: None, dim: None };
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    client_handshake(&mut reader, &mut writer, &me, deadline).unwrap();
+    for f in frames {
+        writer.write_frame(f).unwrap();
+    }
+    // The server cuts the connection: reading ends.
+    let mut buf = Vec::new();
+    while reader.read_frame(&mut buf, Some(std::time::Instant::now() + Duration::from_secs(5))).is_ok() {}
+}
+
+#[test]
+fn the_server_refuses_initial_parameters_of_another_length_not_finite_or_not_from_worker_0() {
+    bounded(Duration::from_secs(60), || {
+        let server =
+            start_server_awaiting_initial(RunPlan { max_gradients: 10, time_limit: Some(Duration::from_secs(3)) });
+        let init = |v: &[f32]| {
+            let mut out = b"INIT".to_vec();
+            out.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+            out
+        };
+        send_raw(server.addr, 0, &[init(&[1.0, 2.0, 3.0])]);
+        server.wait_log(
+            "worker 0's initial parameters refused: 3 parameters, the server's model has 4; disconnecting",
+            Duration::from_secs(5),
+        );
+        send_raw(server.addr, 0, &[init(&[1.0, f32::INFINITY, 3.0, 4.0])]);
+        server.wait_log("parameter 1 is inf: the initial parameters must be finite", Duration::from_secs(5));
+        send_raw(server.addr, 1, &[init(&[1.0, 2.0, 3.0, 4.0])]);
+        server.wait_log("worker 1 sent initial parameters, but only worker 0 sends them", Duration::from_secs(5));
+        let report = server.join.join().unwrap().unwrap();
+        assert!(!report.initial_model_known);
+        assert_eq!(report.refused, 3);
+    });
+}
