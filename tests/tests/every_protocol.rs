@@ -101,6 +101,7 @@ fn threads_over_channels_run_every_protocol() {
             eval_interval: Duration::from_secs(10),
             rejoin_after: Some(Duration::from_millis(300)),
             target_accuracy: 0.9,
+            momentum: 0.0,
         };
         let report =
             thread::run(&run, Arc::clone(&w), Vec::new(), &mut |_| {}).unwrap_or_else(|e| panic!("{kind}: {e}"));

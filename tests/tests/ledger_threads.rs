@@ -34,6 +34,7 @@ fn every_thread_run_balances_its_ledger() {
             eval_interval: Duration::from_secs(10),
             rejoin_after: Some(Duration::from_millis(300)),
             target_accuracy: 0.9,
+            momentum: 0.0,
         };
         // A run that never ends fails (it did for wbsp-overlap: an overlap worker that asks for
         // its next job at once never read its inbox, nor its `Stop`); the bound only catches

@@ -56,6 +56,7 @@ fn threads_accuracy() -> f64 {
         eval_interval: Duration::from_millis(50),
         rejoin_after: Some(Duration::from_secs(1)),
         target_accuracy: 0.9,
+        momentum: 0.0,
     };
     let report = threads::run(&config, Arc::clone(&w), Vec::new(), &mut |_| {}).unwrap();
     accuracy(&w, &report.params)

@@ -25,6 +25,7 @@ fn threads_accuracy(settings: &RunSettings) -> f64 {
         eval_interval: Duration::from_millis(50),
         rejoin_after: Some(Duration::from_secs(1)),
         target_accuracy: 0.9,
+        momentum: 0.0,
     };
     let report = thread::run(&config, Arc::clone(&w), Vec::new(), &mut |_| {}).unwrap();
     accuracy(&w, &report.params)

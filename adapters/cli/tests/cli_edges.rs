@@ -364,3 +364,23 @@ fn resume_refuses_a_checkpoint_made_with_another_momentum_naming_both() {
     refused(&["serve", "--resume", "--checkpoint", p, "--momentum", "0.9"], &["momentum 0.5", "--momentum 0.9"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn train_momentum_reaches_the_server_in_the_simulator_and_in_threads() {
+    let final_loss = |extra: &[&str]| -> f64 {
+        let mut args = vec!["train", "--sim", "--json", "--workers", "4", "--lr", "0.05", "--steps", "50"];
+        args.extend_from_slice(extra);
+        let out = syncopate(&args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        summary["final_loss"].as_f64().unwrap()
+    };
+    let plain = final_loss(&[]);
+    assert_eq!(final_loss(&["--momentum", "0"]), plain, "momentum 0 is plain SGD, bit for bit");
+    let heavy = final_loss(&["--momentum", "0.9"]);
+    assert!(heavy < 0.8 * plain, "momentum 0.9 at a small step trains faster: {heavy} vs {plain}");
+    let out =
+        syncopate(&["train", "--json", "--workers", "2", "--steps", "20", "--step-ms", "0.1", "--momentum", "0.5"]);
+    assert!(out.status.success(), "threads: {}", String::from_utf8_lossy(&out.stderr));
+    refused(&["train", "--momentum", "1"], &["momentum must be a number in [0, 1), got '1'"]);
+}

@@ -48,6 +48,8 @@ pub struct ThreadConfig {
     pub rejoin_after: Option<StdDuration>,
     /// Test accuracy whose first crossing is reported as the time to target.
     pub target_accuracy: f64,
+    /// SGD with momentum on every update of the server's model, in `[0, 1)` (0: plain SGD).
+    pub momentum: f64,
 }
 
 /// One evaluation of the server's model (time in wall-clock seconds since the start).
@@ -161,6 +163,7 @@ pub fn run(
     let spare = vec![0.0f32; config.protocol.spare_accumulator_len(dim)];
     let server = AnyServer::new(&config.protocol, params, scratch)
         .and_then(|s| s.with_spare_accumulator(spare))
+        .and_then(|s| if config.momentum > 0.0 { s.with_momentum(config.momentum, vec![0.0; dim]) } else { Ok(s) })
         .map_err(|e| ThreadError(e.to_string()))?;
     if server.has_upstream() {
         return Err(ThreadError("the server needs an upstream link, which threaded runs do not have".into()));

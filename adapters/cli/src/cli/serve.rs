@@ -124,7 +124,7 @@ fn parse_target_loss(s: &str) -> Result<f64, String> {
 }
 
 /// A momentum coefficient: a number in `[0, 1)`.
-fn parse_momentum(s: &str) -> Result<f64, String> {
+pub(super) fn parse_momentum(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(b) if b.is_finite() && (0.0..1.0).contains(&b) => Ok(b),
         _ => Err(format!("momentum must be a number in [0, 1), got '{s}'")),

@@ -43,6 +43,10 @@ pub struct TrainArgs {
     /// With --shards: shard k runs on worker k's machine and shares its network card.
     #[arg(long)]
     pub colocate_shards: bool,
+    /// SGD with momentum BETA on every update of the server's model (in [0, 1); 0: plain SGD),
+    /// in threads and in the simulator.
+    #[arg(long, value_name = "BETA", default_value_t = 0.0, value_parser = super::serve::parse_momentum)]
+    pub momentum: f64,
     /// Print the summary as one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
@@ -158,6 +162,7 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
         eval_interval: StdDuration::from_millis(20),
         rejoin_after: Some(StdDuration::from_secs(2)),
         target_accuracy: args.target,
+        momentum: args.momentum,
     };
     let report = thread::run(&config, Arc::new(workload), delays, &mut |p| {
         bar.set_message(format!("v{} acc {:.3}", p.version, p.accuracy));
@@ -196,6 +201,7 @@ fn run_sim(
     let length = sim_length(&stragglers, args.step_ms / 1000.0, args.steps, &args.straggler).map_err(Failure::Usage)?;
     check_stall_reports(length, n * args.steps, args.protocol.stall_report, &args.straggler).map_err(Failure::Usage)?;
     let mut config = SimConfig::new(protocol, args.workload.model);
+    config.momentum = args.momentum;
     config.seed = args.workload.seed;
     config.batch_size = args.workload.batch_size as usize;
     config.base_step = args.base_step();

@@ -143,6 +143,8 @@ struct ScenarioFile {
     #[serde(default)]
     colocate_shards: bool,
     #[serde(default)]
+    momentum: f64,
+    #[serde(default)]
     stragglers: Vec<StragglerFile>,
     protocols: Vec<ProtocolFile>,
 }
@@ -211,6 +213,8 @@ pub struct Scenario {
     pub shards: u32,
     /// Shard `k` runs on worker `k`'s machine ([`SimConfig::colocate_shards`]).
     pub colocate_shards: bool,
+    /// SGD momentum on every update of the server's model ([`SimConfig::momentum`]).
+    pub momentum: f64,
     /// One compute model per worker.
     pub compute: Vec<ComputeModel>,
     /// The protocol runs, sweeps expanded, in file order.
@@ -440,6 +444,9 @@ impl Scenario {
         if file.shards == 0 || file.shards > MAX_SHARDS {
             return Err(format!("shards: {} is outside 1..={MAX_SHARDS}", file.shards));
         }
+        if !(file.momentum.is_finite() && (0.0..1.0).contains(&file.momentum)) {
+            return Err(format!("momentum: {} is outside [0, 1)", file.momentum));
+        }
         if file.colocate_shards && file.shards > file.workers {
             return Err(format!(
                 "colocate_shards: {} shards cannot run on {} workers' machines",
@@ -507,6 +514,7 @@ impl Scenario {
             network,
             shards: file.shards,
             colocate_shards: file.colocate_shards,
+            momentum: file.momentum,
             compute,
             runs,
         };
@@ -567,6 +575,7 @@ impl Scenario {
         c.network = self.network.clone();
         c.shards = self.shards;
         c.colocate_shards = self.colocate_shards;
+        c.momentum = self.momentum;
         c.stop = StopRule { max_time: Some(self.max_time), stop_at_target: self.stop_at_target, ..StopRule::default() };
         c.eval_interval = self.eval_interval;
         c.target_accuracy = self.target_accuracy;
@@ -677,6 +686,19 @@ mod tests {
             assert!(e.contains(needle), "{text:?}: {e}");
             assert!(e.starts_with("t.toml"), "{e}");
             assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_momentum_key_reaches_the_simulator_and_bad_values_are_refused() {
+        let s = Scenario::parse("workers = 4\nmomentum = 0.9\n[[protocols]]\nname = \"bsp\"\n", "t.toml").unwrap();
+        assert_eq!(s.sim_config(&s.runs[0], 0).unwrap().momentum, 0.9);
+        let plain = Scenario::parse("workers = 4\n[[protocols]]\nname = \"bsp\"\n", "t.toml").unwrap();
+        assert_eq!(plain.sim_config(&plain.runs[0], 0).unwrap().momentum, 0.0);
+        for (value, shown) in [("1.0", "1"), ("-0.5", "-0.5"), ("nan", "NaN")] {
+            let text = format!("workers = 4\nmomentum = {value}\n[[protocols]]\nname = \"bsp\"\n");
+            let e = Scenario::parse(&text, "t.toml").unwrap_err();
+            assert!(e.contains(&format!("momentum: {shown} is outside [0, 1)")), "{e}");
         }
     }
 

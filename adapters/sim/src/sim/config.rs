@@ -234,6 +234,10 @@ pub struct SimConfig {
     /// With [`Self::shards`] > 1: shard `k` runs on worker `k`'s machine and shares its
     /// network card (default `false`: every shard has a card of its own).
     pub colocate_shards: bool,
+    /// SGD with momentum on every update of the server's model (each shard's, or the
+    /// grouped protocol's central model), in `[0, 1)`; 0 (the default) is plain SGD. A
+    /// server restarted after an injected crash resumes without velocity.
+    pub momentum: f64,
 }
 
 impl SimConfig {
@@ -259,6 +263,7 @@ impl SimConfig {
             group_link: None,
             shards: 1,
             colocate_shards: false,
+            momentum: 0.0,
         }
     }
 

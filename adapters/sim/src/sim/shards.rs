@@ -184,7 +184,9 @@ impl<'a, 'o> Sim<'a, 'o> {
             let slice = params.get(range).unwrap_or_default().to_vec();
             let scratch = vec![0.0; protocol.server_scratch_len(len)];
             let spare = vec![0.0; protocol.spare_accumulator_len(len)];
-            let server = AnyServer::new(protocol, slice, scratch).and_then(|s| s.with_spare_accumulator(spare));
+            let server = AnyServer::new(protocol, slice, scratch)
+                .and_then(|s| s.with_spare_accumulator(spare))
+                .and_then(|s| super::engine::momentum(s, config.momentum, len));
             shards.push(Shard {
                 server: server.map_err(SimError::Config)?,
                 timer: None,

@@ -275,8 +275,10 @@ impl Engine<'_, '_> {
         let scratch = vec![0.0; protocol.server_scratch_len(params.len())];
         // The configuration was valid at the start, so it is for the resumed server.
         let spare = vec![0.0; protocol.spare_accumulator_len(params.len())];
-        let server =
-            AnyServer::resume(protocol, params, scratch, version).and_then(|s| s.with_spare_accumulator(spare));
+        let (beta, dim) = (self.core.config.momentum, params.len());
+        let server = AnyServer::resume(protocol, params, scratch, version)
+            .and_then(|s| s.with_spare_accumulator(spare))
+            .and_then(|s| super::momentum(s, beta, dim));
         let Ok(server) = server else { return };
         *self.server = server;
         self.server_down = false;

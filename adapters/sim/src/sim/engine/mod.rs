@@ -327,6 +327,16 @@ pub(crate) struct Engine<'a, 'o> {
     dead_stats: ServerStats,
 }
 
+/// `server` with SGD momentum `beta` on every update (a fresh momentum buffer of `dim`
+/// elements), or as it is when `beta` is 0.
+pub(super) fn momentum<M: syncopate::proto::Storage>(
+    server: AnyServer<f32, Vec<f32>, M>,
+    beta: f64,
+    dim: usize,
+) -> Result<AnyServer<f32, Vec<f32>, M>, syncopate::ConfigError> {
+    if beta > 0.0 { server.with_momentum(beta, vec![0.0; dim]) } else { Ok(server) }
+}
+
 impl<'a, 'o> Engine<'a, 'o> {
     pub(crate) fn new(
         config: &'a SimConfig,
@@ -350,7 +360,10 @@ impl<'a, 'o> Engine<'a, 'o> {
                 }
                 let central = tiers.central;
                 let scratch = vec![0.0; central.server_scratch_len(dim)];
-                let server = Box::new(AnyServer::new(&central, params, scratch).map_err(SimError::Config)?);
+                let server = AnyServer::new(&central, params, scratch)
+                    .and_then(|s| momentum(s, config.momentum, dim))
+                    .map_err(SimError::Config)?;
+                let server = Box::new(server);
                 for g in 0..tiers.subservers {
                     let scratch = vec![0.0; protocol.subserver_scratch_len(dim)];
                     let node =
@@ -368,7 +381,9 @@ impl<'a, 'o> Engine<'a, 'o> {
             _ => {
                 let scratch = vec![0.0; protocol.server_scratch_len(dim)];
                 let spare = vec![0.0; protocol.spare_accumulator_len(dim)];
-                let server = AnyServer::new(protocol, params, scratch).and_then(|s| s.with_spare_accumulator(spare));
+                let server = AnyServer::new(protocol, params, scratch)
+                    .and_then(|s| s.with_spare_accumulator(spare))
+                    .and_then(|s| momentum(s, config.momentum, dim));
                 Box::new(server.map_err(SimError::Config)?)
             }
         };
