@@ -494,7 +494,19 @@ fn drive_loop(
                 WorkerOutput::Event(_) => {}
             }
         }
-        if let Some(h) = held.take_if(|h| StdInstant::now() >= h.ready) {
+        // A finished step is handed over at once unless something else needs the loop first:
+        // frames the server sent (read before the next step, so a worker whose steps take no
+        // time still sees a `Stop` or a newer model), a due timeout, a kill, a broken upload
+        // or a silent server. The next step is only computed after that.
+        let due = held.as_ref().is_some_and(|h| StdInstant::now() >= h.ready);
+        let look_first = || {
+            killed(options)
+                || upload_failed.is_some()
+                || heard.elapsed() >= options.lost_after
+                || worker.poll_timeout().is_some_and(|t| at(epoch, t) <= StdInstant::now())
+                || server_has_sent(reader.stream())
+        };
+        if let Some(h) = held.take_if(|_| due && !look_first()) {
             report.busy_s += h.started.elapsed().as_secs_f64();
             match worker.handle_gradient_with_loss(since(epoch), h.id, &grad, h.loss) {
                 Ok(()) => report.steps += 1,
@@ -551,6 +563,24 @@ fn drive_loop(
             worker.handle_timeout(since(epoch));
         }
     }
+}
+
+/// Whether the server sent bytes not read yet (or closed the connection, or the socket has
+/// an error for the reader to report), without blocking and without switching the socket to
+/// non-blocking mode, which its clone in the writer thread shares.
+#[cfg(unix)]
+fn server_has_sent(stream: &TcpStream) -> bool {
+    let mut byte = [core::mem::MaybeUninit::<u8>::uninit()];
+    match socket2::SockRef::from(stream).recv_with_flags(&mut byte, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+        Ok(_) => true,
+        Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted),
+    }
+}
+
+/// Without a non-blocking peek, the loop reads (a short wait) between every two steps.
+#[cfg(not(unix))]
+fn server_has_sent(_: &TcpStream) -> bool {
+    true
 }
 
 #[cfg(test)]
