@@ -350,6 +350,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         discarded: report.discarded,
         in_flight_at_stop: report.in_flight_at_stop,
         sessions: report.session_ledgers.clone(),
+        workers_lost: report.lost,
         resumed,
     });
     summary.print(args.json);

@@ -87,6 +87,9 @@ pub struct TcpLedger {
     pub in_flight_at_stop: u64,
     /// The same counts per session (a worker's connection and epoch).
     pub sessions: Vec<crate::tcp::SessionLedger>,
+    /// Workers the protocol was told are lost (connection closed or silent past
+    /// `--lost-after`, or declared lost by the protocol itself), once per loss of a live worker.
+    pub workers_lost: u64,
     /// After `--resume`: what the previous server lost since its last checkpoint.
     pub resumed: Option<Resumed>,
 }

@@ -204,6 +204,7 @@ pub fn run_worker(
         if killed(options) {
             break;
         }
+        let written_before = report.sent + report.resent;
         let why = match session(options, &mut pinned, &mut prepared, &mut report, job, log) {
             Ok(SessionEnd::Stopped) => {
                 report.stopped = true;
@@ -214,7 +215,8 @@ pub fn run_worker(
                 attempt = 0;
                 unreachable_since = None;
                 let seen = report.last_version.map_or_else(|| "none".to_owned(), |v| v.to_string());
-                format!("connection lost ({why}; newest model computed on: version {seen})")
+                let written = report.sent + report.resent - written_before;
+                format!("connection lost after {written} contributions written ({why}; newest model computed on: version {seen})")
             }
             Err(ConnectError::Unreachable(e)) => {
                 let since = *unreachable_since.get_or_insert_with(StdInstant::now);
