@@ -181,9 +181,8 @@ fn schedule(kind: ProtocolKind, seed: u64, steps: u64, kill_server: bool) -> Str
     // A server to be killed never ends on its own: the resumed one runs the budget.
     let first_steps = if kill_server { "100000" } else { &steps_arg };
     let (mut server, addr) = serve(&[&["--listen", "127.0.0.1:0", "--steps", first_steps][..], &args].concat());
-    let mut live: Vec<Incarnation> = (0..N)
-        .map(|i| Incarnation { proc: work(&addr, i), killed_server_lines: 0, killed: false })
-        .collect();
+    let mut live: Vec<Incarnation> =
+        (0..N).map(|i| Incarnation { proc: work(&addr, i), killed_server_lines: 0, killed: false }).collect();
     let mut ended: Vec<Vec<Incarnation>> = (0..N).map(|_| Vec::new()).collect();
     server.wait_err("version", Duration::from_secs(20));
     // The server kill comes before worker event `kill_at` (2: after both); worker kills
@@ -268,7 +267,9 @@ fn schedule(kind: ProtocolKind, seed: u64, steps: u64, kill_server: bool) -> Str
         sessions
             .iter()
             .filter(|s| s["worker"] == w as u64 && s["epoch"].as_u64() == Some(u64::from(epoch)))
-            .map(|s| ["received", "discarded", "in_flight_at_stop"].iter().map(|k| s[*k].as_u64().unwrap()).sum::<u64>())
+            .map(|s| {
+                ["received", "discarded", "in_flight_at_stop"].iter().map(|k| s[*k].as_u64().unwrap()).sum::<u64>()
+            })
             .sum()
     };
     let whence = |w: usize| format!("{protocol} seed {seed} ({story:?}): worker {w}");
@@ -339,7 +340,11 @@ fn schedule(kind: ProtocolKind, seed: u64, steps: u64, kill_server: bool) -> Str
         let ckpt_v = r["checkpoint_version"].as_u64().unwrap();
         let last = r["lost_versions"].as_array().and_then(|v| v.get(1)?.as_u64()).unwrap_or(ckpt_v);
         assert!(last >= seen, "{protocol} seed {seed}: workers computed on version {seen}, lost up to {last}");
-        assert_eq!(rolled_back, at("at_last_update", 2) - at("at_checkpoint", 2), "lost = applied after the checkpoint");
+        assert_eq!(
+            rolled_back,
+            at("at_last_update", 2) - at("at_checkpoint", 2),
+            "lost = applied after the checkpoint"
+        );
         ledger.applied += at("at_checkpoint", 2);
         ledger.dropped[0] += at("at_last_update", 3);
         ledger.add_lost(Loss::Refused, at("at_last_update", 0) - at("at_last_update", 1));

@@ -216,7 +216,9 @@ pub fn run_worker(
                 unreachable_since = None;
                 let seen = report.last_version.map_or_else(|| "none".to_owned(), |v| v.to_string());
                 let written = report.sent + report.resent - written_before;
-                format!("connection lost after {written} contributions written ({why}; newest model computed on: version {seen})")
+                format!(
+                    "connection lost after {written} contributions written ({why}; newest model computed on: version {seen})"
+                )
             }
             Err(ConnectError::Unreachable(e)) => {
                 let since = *unreachable_since.get_or_insert_with(StdInstant::now);
