@@ -252,15 +252,11 @@ fn schedule(kind: ProtocolKind, seed: u64, steps: u64, kill_server: bool) -> Str
     assert!(started.elapsed() < Duration::from_secs(TIME_LIMIT + 20), "{protocol} seed {seed}: ran past its limit");
     // Every process ends: on the server's `Stop`, or (frozen past the end of the run) by
     // giving up on a server that is gone.
-    for (i, w) in live.into_iter().enumerate() {
-        let bound = Instant::now() + Duration::from_secs(40);
-        let mut w = w;
-        while w.proc.child.try_wait().unwrap().is_none() && Instant::now() < bound {
-            thread::sleep(Duration::from_millis(10));
-        }
+    for (i, mut w) in live.into_iter().enumerate() {
+        let exited = w.proc.wait_exit(Duration::from_secs(40));
+        assert!(exited, "{protocol} seed {seed} ({story:?}): work {i} still runs: {:#?}", w.proc.lines());
         ended[i].push(w);
     }
-    thread::sleep(Duration::from_millis(50));
     let summary = json(&out);
     let sessions = summary["ledger"]["sessions"].as_array().unwrap().clone();
     let read = |w: usize, epoch: u32| -> u64 {
@@ -281,10 +277,11 @@ fn schedule(kind: ProtocolKind, seed: u64, steps: u64, kill_server: bool) -> Str
             let (code, out) = inc.proc.finish(Duration::from_secs(5));
             let report = (code == 0).then(|| json(&out));
             if !inc.killed && report.is_none() {
-                // Frozen past the end of the run: it found no server when it woke up.
+                // Frozen past the end of the run, or restarted as it ended: it found no
+                // server and gave up (every session it had ended, and was logged).
                 let gave_up = lines.iter().any(|l| l.contains("gave up after"));
-                let frozen = story.iter().any(|e| e.starts_with(&format!("stop {w} ")));
-                assert!(gave_up && frozen, "{}: exited {code}: {lines:#?}", whence(w));
+                let faulted = story.iter().any(|e| e.starts_with(&format!("stop {w} ")) || *e == format!("kill {w}"));
+                assert!(gave_up && faulted, "{}: exited {code}: {lines:#?}", whence(w));
             }
             if let Some(r) = &report {
                 // The last session ended on the server's `Stop`: its writes are the rest.
