@@ -500,12 +500,13 @@ fn drive_loop(
         }
         // A finished step is handed over at once unless something else needs the loop first:
         // frames the server sent (read before the next step, so a worker whose steps take no
-        // time still sees a `Stop` or a newer model), a due timeout, a kill, a broken upload
-        // or a silent server. The next step is only computed after that.
+        // time still sees a `Stop` or a newer model, and, at the latest with the server's next
+        // heartbeat, its kill switch), a due timeout, a broken upload or a silent server. The
+        // next step is only computed after that. A step finished when the kill switch was set
+        // is handed over before the worker stops.
         let due = held.as_ref().is_some_and(|h| StdInstant::now() >= h.ready);
         let look_first = || {
-            killed(options)
-                || upload_failed.is_some()
+            upload_failed.is_some()
                 || heard.elapsed() >= options.lost_after
                 || worker.poll_timeout().is_some_and(|t| at(epoch, t) <= StdInstant::now())
                 || server_has_sent(reader.stream())
