@@ -53,6 +53,17 @@ impl Setup {
     }
 }
 
+/// This process's CPU time (all threads, user and system) in seconds, from `/proc/self/stat`
+/// (clock ticks of 10 ms).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which ends with ')'): utime and stime are the 12th
+    // and 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<f64> = rest.split_whitespace().filter_map(|f| f.parse().ok()).collect();
+    (fields.get(11).copied().unwrap_or(f64::NAN) + fields.get(12).copied().unwrap_or(f64::NAN)) / 100.0
+}
+
 fn load_average() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
@@ -60,8 +71,10 @@ fn load_average() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-/// Seconds per round after the first two, for one run of `setup`.
-fn run(setup: Setup, d: usize, n: u32, rounds: u64) -> f64 {
+/// Seconds per round after the first two, and CPU seconds per round over the whole run
+/// (every thread: workers, servers, their connections), for one run of `setup`.
+fn run(setup: Setup, d: usize, n: u32, rounds: u64) -> (f64, f64) {
+    let cpu = cpu_seconds();
     let count = setup.shards();
     let base = RunSettings::new(ProtocolSettings::named(ProtocolKind::Bsp, n, 1e-3), d);
     let times: Arc<Mutex<Vec<Vec<Instant>>>> = Arc::new(Mutex::new(vec![Vec::new(); count as usize]));
@@ -117,14 +130,15 @@ fn run(setup: Setup, d: usize, n: u32, rounds: u64) -> f64 {
     for w in workers {
         w.join().expect("worker thread");
     }
+    let cpu = (cpu_seconds() - cpu) / rounds as f64;
     let times = times.lock().expect("times");
     // Round r ends when every shard has published version r (the initial model is not
     // published by a Note::Model).
     let ends: Vec<Instant> = (0..rounds as usize)
         .filter_map(|r| times.iter().map(|t| t.get(r).copied()).collect::<Option<Vec<_>>>()?.into_iter().max())
         .collect();
-    let (Some(first), Some(last)) = (ends.get(1), ends.last()) else { return f64::NAN };
-    last.duration_since(*first).as_secs_f64() / (ends.len() - 2) as f64
+    let (Some(first), Some(last)) = (ends.get(1), ends.last()) else { return (f64::NAN, cpu) };
+    (last.duration_since(*first).as_secs_f64() / (ends.len() - 2) as f64, cpu)
 }
 
 fn main() {
@@ -135,28 +149,44 @@ fn main() {
     let repeats = args.get(3).copied().unwrap_or(3).max(1);
     let setups = [Setup::Single, Setup::ShardedOne, Setup::Shards(2)];
     let mut results: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
+    let mut cpus: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
     println!("d = {d}, n = {n}, BSP, {rounds} rounds per run, loopback TCP, {} cores", cores());
     for rep in 0..repeats {
         for (i, setup) in setups.iter().enumerate() {
             let load = load_average();
-            let t = run(*setup, d, n, rounds);
-            println!("repeat {rep}: {:<14} round {:8.1} ms   (load average {load:.2})", setup.name(), t * 1e3);
+            let (t, cpu) = run(*setup, d, n, rounds);
+            println!(
+                "repeat {rep}: {:<14} round {:8.1} ms   CPU per round {:8.1} ms   (load average {load:.2})",
+                setup.name(),
+                t * 1e3,
+                cpu * 1e3
+            );
             results[i].push(t);
+            cpus[i].push(cpu);
         }
     }
     println!();
-    println!("| setup | BSP round, median (ms) | min | max | vs S = 1 |");
-    println!("|---|---|---|---|---|");
+    println!("| setup | BSP round, median (ms) | min | max | vs S = 1 | CPU per round, median (ms) | vs S = 1 |");
+    println!("|---|---|---|---|---|---|---|");
     let median = |v: &[f64]| {
         let mut v = v.to_vec();
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let single = median(&results[0]);
-    for (setup, r) in setups.iter().zip(&results) {
-        let m = median(r);
+    let (single, single_cpu) = (median(&results[0]), median(&cpus[0]));
+    for ((setup, r), c) in setups.iter().zip(&results).zip(&cpus) {
+        let (m, mc) = (median(r), median(c));
         let (lo, hi) = r.iter().fold((f64::INFINITY, 0.0f64), |(a, b), x| (a.min(*x), b.max(*x)));
-        println!("| {} | {:.1} | {:.1} | {:.1} | {:.2}x |", setup.name(), m * 1e3, lo * 1e3, hi * 1e3, m / single);
+        println!(
+            "| {} | {:.1} | {:.1} | {:.1} | {:.2}x | {:.1} | {:.2}x |",
+            setup.name(),
+            m * 1e3,
+            lo * 1e3,
+            hi * 1e3,
+            m / single,
+            mc * 1e3,
+            mc / single_cpu
+        );
     }
     let gb = 2.0 * f64::from(n) * d as f64 * 4.0 / 1e9;
     println!();

@@ -428,6 +428,44 @@ mod tests {
     }
 
     #[test]
+    fn a_shard_serves_its_slice_and_is_checked_against_shard_0_of_its_run() {
+        let shard = |index: u32, count: u32, run: &str| {
+            let mut s = RunSettings::new(ProtocolSettings::named(ProtocolKind::Bsp, 2, 0.5), 10);
+            s.shard = Some(ShardSettings { index, count, run: run.into() });
+            s
+        };
+        assert_eq!(shard(0, 3, "r").served_range(), Ok(0..4));
+        assert_eq!(shard(2, 3, "r").served_range(), Ok(7..10));
+        assert_eq!(RunSettings::new(ProtocolSettings::named(ProtocolKind::Bsp, 2, 0.5), 10).served_range(), Ok(0..10));
+        assert!(shard(0, 11, "r").served_range().unwrap_err().contains("does not split into 11 shards"));
+        assert!(shard(3, 3, "r").shard_layout().unwrap_err().contains("outside 0..3"));
+        assert_eq!(shard(0, 2, "r").run_digest(), shard(1, 2, "r").run_digest());
+        assert_ne!(shard(0, 2, "r").digest(), shard(1, 2, "r").digest());
+        let first = shard(0, 2, "r");
+        assert_eq!(first.check_shard(0, 2, "a", None), Ok(()));
+        assert_eq!(shard(1, 2, "r").check_shard(1, 2, "b", Some(&first)), Ok(()));
+        let e = shard(1, 2, "r").check_shard(0, 2, "b", None).unwrap_err();
+        assert!(e.starts_with("shard 0 (b) is shard 1 of 2: list the shards' addresses in shard order"), "{e}");
+        let e = shard(1, 3, "r").check_shard(1, 2, "b", Some(&first)).unwrap_err();
+        assert_eq!(e, "shard 1 (b) is one of 3 shards, but --connect lists 2 addresses");
+        let e = shard(1, 2, "q").check_shard(1, 2, "b", Some(&first)).unwrap_err();
+        assert_eq!(e, "shard 1 (b) belongs to run 'q', shard 0 to run 'r'");
+        let mut other = shard(1, 2, "r");
+        other.protocol.lr = 0.25;
+        assert!(other.check_shard(1, 2, "b", Some(&first)).unwrap_err().contains("runs other settings than shard 0"));
+        let whole = RunSettings::new(ProtocolSettings::named(ProtocolKind::Bsp, 2, 0.5), 10);
+        assert!(whole.check_shard(0, 2, "a", None).unwrap_err().contains("is not a shard"));
+        // An unsharded worker is told to connect to every shard; a sharded one gets the config.
+        assert!(first.worker_config().unwrap_err().contains("connect to every shard"));
+        assert_eq!(first.shard_worker_config(), whole.worker_config());
+        let back = RunSettings::decode(&first.encode().unwrap()).unwrap();
+        assert_eq!(back, first);
+        let mut grouped = shard(0, 2, "r");
+        grouped.remote_groups = true;
+        assert!(grouped.shard_layout().unwrap_err().contains("no remote groups"));
+    }
+
+    #[test]
     fn oversized_settings_are_refused() {
         let mut s = sample();
         s.workload.as_mut().unwrap().data =
