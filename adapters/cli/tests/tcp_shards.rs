@@ -220,7 +220,11 @@ fn kill_a_shard_then_resume(protocol: &'static str, every: u64) {
     assert!(ckpt_v >= 4 && ckpt_v % every == 0, "{protocol}: checkpoint version {ckpt_v}");
     let at = |k: &str, i: usize| r[k][i].as_u64().unwrap();
     let lost = r["lost_contributions"].as_u64().unwrap();
-    assert_eq!(lost, at("at_last_update", 2) - at("at_checkpoint", 2), "{protocol}: lost = applied after the checkpoint");
+    assert_eq!(
+        lost,
+        at("at_last_update", 2) - at("at_checkpoint", 2),
+        "{protocol}: lost = applied after the checkpoint"
+    );
     if let Some(first) = r["lost_versions"][0].as_u64() {
         assert_eq!(first, ckpt_v + 1, "{protocol}: the lost versions start right after the checkpoint");
         if every == 1 {
@@ -244,8 +248,10 @@ fn kill_a_shard_then_resume(protocol: &'static str, every: u64) {
     // Shard 1's ledger across the kill: what the workers wrote to it is what the resumed
     // shard did, what the killed one applied before its checkpoint or after it (lost,
     // named by the journal), dropped, held or refused, and what it never read.
-    let sent: u64 =
-        reports.iter().map(|r| r["shards"][1]["sent"].as_u64().unwrap() + r["shards"][1]["resent"].as_u64().unwrap()).sum();
+    let sent: u64 = reports
+        .iter()
+        .map(|r| r["shards"][1]["sent"].as_u64().unwrap() + r["shards"][1]["resent"].as_u64().unwrap())
+        .sum();
     let l = &summary["ledger"];
     let mut ledger = Ledger::from_summary_json(&summary["gradients"]).unwrap();
     ledger.sent = sent;

@@ -135,7 +135,10 @@ pub(super) fn check_record(checkpoint: &Path, settings: &RunSettings) -> Result<
     let word = |k: &str| words.iter().position(|w| *w == k).and_then(|i| words.get(i + 1)).copied().unwrap_or("?");
     let (their_index, their_count) = (word("shard"), word("of"));
     let why = if their_index != me.index.to_string() || their_count != me.count.to_string() {
-        format!("it holds shard {their_index} of {their_count}'s slice, this server is shard {} of {}", me.index, me.count)
+        format!(
+            "it holds shard {their_index} of {their_count}'s slice, this server is shard {} of {}",
+            me.index, me.count
+        )
     } else if word("run") != format!("'{}'", me.run) {
         format!("it belongs to run {}, this server to run '{}'", word("run"), me.run)
     } else {
@@ -147,8 +150,8 @@ pub(super) fn check_record(checkpoint: &Path, settings: &RunSettings) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use syncopate::ProtocolKind;
     use crate::tcp::{ProtocolSettings, ShardSettings};
+    use syncopate::ProtocolKind;
 
     #[test]
     fn a_shard_is_i_of_s_with_i_below_s_and_at_least_two_shards() {

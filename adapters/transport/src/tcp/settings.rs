@@ -253,11 +253,7 @@ impl RunSettings {
             return Err(format!("{at} belongs to run '{}', shard 0 to run '{first_run}'", shard.run));
         }
         if self.run_digest()? != first.run_digest()? {
-            return Err(format!(
-                "{at} runs other settings than shard 0: {} against {}",
-                self.label(),
-                first.label()
-            ));
+            return Err(format!("{at} runs other settings than shard 0: {} against {}", self.label(), first.label()));
         }
         Ok(())
     }

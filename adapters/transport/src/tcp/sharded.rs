@@ -272,7 +272,9 @@ impl Run<'_> {
                 Err(ConnectError::Handshake(e)) => {
                     return Err(TcpError(format!("worker {me}: shard {shard} at {addr}: {e}")));
                 }
-                Err(ConnectError::Job(e)) => return Err(TcpError(format!("worker {me}: shard {shard} at {addr}: {e}"))),
+                Err(ConnectError::Job(e)) => {
+                    return Err(TcpError(format!("worker {me}: shard {shard} at {addr}: {e}")));
+                }
             };
             let wait = self.options.backoff.wait(attempt, self.jitter.next_f64());
             if attempt < 10 || attempt % 10 == 0 {
@@ -482,8 +484,7 @@ impl Run<'_> {
                 }
                 continue;
             }
-            let stopped: Vec<bool> =
-                (0..self.count).map(|k| worker.shard(k).is_some_and(|w| w.is_stopped())).collect();
+            let stopped: Vec<bool> = (0..self.count).map(|k| worker.shard(k).is_some_and(|w| w.is_stopped())).collect();
             for (t, s) in self.report.shards.iter_mut().zip(&stopped) {
                 t.stopped = *s;
             }
@@ -533,7 +534,13 @@ impl Run<'_> {
                             }
                             let kind = msg.kind_name();
                             if let Err(e) = worker.handle(since(epoch), shard as u32, msg) {
-                                refused(me, log, &mut self.report.total, &format!("shard {shard}'s {kind} message"), &e);
+                                refused(
+                                    me,
+                                    log,
+                                    &mut self.report.total,
+                                    &format!("shard {shard}'s {kind} message"),
+                                    &e,
+                                );
                             }
                         }
                         Err(e) => {
