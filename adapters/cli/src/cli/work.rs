@@ -35,7 +35,7 @@ pub(super) const RANK_VARIABLES: [&str; 4] = ["RANK", "OMPI_COMM_WORLD_RANK", "S
 pub struct WorkArgs {
     /// The server's address; the run's settings come from it. For a sharded run
     /// (`serve --shard I/S`), every shard's address, comma separated, in shard order.
-    #[arg(long, value_name = "ADDR[,ADDR...]")]
+    #[arg(long, value_name = "ADDR")]
     pub connect: String,
     /// This worker's id, in 0..workers; without it, the launcher's rank ($RANK,
     /// $OMPI_COMM_WORLD_RANK, $SLURM_PROCID or $PMI_RANK).
