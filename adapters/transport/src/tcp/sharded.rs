@@ -107,7 +107,7 @@ pub fn run_sharded_worker(
     };
     let result = run.start(job, log).and_then(|(worker, config)| run.drive(worker, &config, job, log));
     for k in 0..run.links.len() {
-        run.close(k);
+        run.close(k, true);
     }
     let mut report = run.report;
     report.total.wall_s = started.elapsed().as_secs_f64();
@@ -396,11 +396,16 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Ends shard `shard`'s session: its threads exit, its counts join the report.
-    fn close(&mut self, shard: usize) {
+    /// Ends shard `shard`'s session: its threads exit, its counts join the report. A
+    /// session that ended cleanly first lets its writer send what it holds; a lost one is cut
+    /// at once (a writer blocked on a dead peer would only delay the reconnection).
+    fn close(&mut self, shard: usize, clean: bool) {
         let Some(link) = self.links.get_mut(shard) else { return };
         if let Some(uploads) = link.uploads.take() {
             drop(uploads);
+            if !clean {
+                let _ = link.stream.shutdown(Shutdown::Both);
+            }
             // The writer drains what it holds (a bounded queue) before the socket closes.
             let end = StdInstant::now() + Duration::from_secs(2);
             while Arc::strong_count(&link.sent) > 1 && StdInstant::now() < end {
@@ -587,7 +592,7 @@ impl Run<'_> {
             self.addr(shard),
             seen.map_or_else(|| "none".to_owned(), |v| v.to_string())
         ));
-        self.close(shard);
+        self.close(shard, false);
         let (epoch, _) = self.connect_shard(shard, log)?;
         let inner = self.inner_worker(config, worker.layout(), shard, epoch)?;
         worker.restart_shard(shard as u32, inner).map_err(|e| TcpError(format!("worker {me}: shard {shard}: {e}")))
