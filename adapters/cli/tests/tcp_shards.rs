@@ -296,7 +296,7 @@ fn a_worker_whose_shard_list_disagrees_is_refused_naming_the_shard() {
     let args = ["--steps", "100000", "--time-limit", "30", "--run-id", "one"];
     let mut all = args.to_vec();
     all.extend(knobs("bsp"));
-    let (_servers, addrs, _) = shards(&dir, 2, &all);
+    let (servers, addrs, _) = shards(&dir, 2, &all);
     let expect = |list: String, needle: &str| {
         let (code, _) = {
             let w = work(&list, 0, &[]);
@@ -308,6 +308,9 @@ fn a_worker_whose_shard_list_disagrees_is_refused_naming_the_shard() {
     };
     let (a0, a1) = (addrs[0].clone(), addrs[1].clone());
     expect(format!("{a1},{a0}"), &format!("shard 0 ({a1}) is shard 1 of 2: list the shards' addresses in shard order"));
+    // The shard that was refused logs the same line.
+    let line = servers[1].wait_err("refused by peer: shard 0 (", Duration::from_secs(10));
+    assert!(line.contains("is shard 1 of 2"), "{line}");
     expect(format!("{a0},{a1},{a1}"), &format!("shard 0 ({a0}) is one of 2 shards, but --connect lists 3 addresses"));
     // An unsharded worker of a shard is told to connect to every shard.
     expect(a0.clone(), "the server is shard 0 of 2 of a sharded run: connect to every shard");
