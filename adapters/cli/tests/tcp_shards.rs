@@ -366,3 +366,35 @@ fn a_shard_gone_for_good_ends_the_workers_naming_it() {
     drop(others);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn every_shard_session_is_authenticated_with_the_run_secret() {
+    let dir = temp_dir("secret");
+    let secret = dir.join("secret");
+    std::fs::write(&secret, "a secret of at least sixteen bytes").unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let file = secret.to_str().unwrap();
+    let mut args = vec!["--steps", "30", "--json", "--time-limit", "60", "--secret-file", file];
+    args.extend(knobs("bsp"));
+    let (servers, addrs, _) = shards(&dir, 2, &args);
+    let list = addrs.join(",");
+    // A worker without the secret is refused by shard 0 and ends.
+    let stranger = work(&list, 0, &[]);
+    let line = stranger.wait_err("authentication", Duration::from_secs(20));
+    assert!(line.contains("shard 0 at"), "{line}");
+    assert_ne!(stranger.finish(Duration::from_secs(20)).0, 0);
+    let workers: Vec<Proc> = (0..N).map(|i| work(&list, i, &["--secret-file", file])).collect();
+    for (k, s) in servers.into_iter().enumerate() {
+        assert_eq!(s.finish(Duration::from_secs(60)).0, 0, "shard {k}");
+    }
+    for (i, w) in workers.into_iter().enumerate() {
+        let (code, out) = w.finish(Duration::from_secs(30));
+        assert_eq!(code, 0, "work {i}");
+        assert!(json(&out)["stopped"].as_bool().unwrap(), "worker {i}: {out}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
