@@ -438,6 +438,9 @@ impl Run<'_> {
         let mut first_stop: Option<StdInstant> = None;
         let inbound = self.inbound.1.clone();
         loop {
+            // A message that could not be encoded ends its shard's session (it would be
+            // lost unseen otherwise); the shard is reconnected once the outputs are drained.
+            let mut broken: Option<(usize, String)> = None;
             while let Some(o) = worker.poll_output() {
                 match o {
                     ShardedOutput::Send { shard, msg } => {
@@ -446,7 +449,13 @@ impl Run<'_> {
                         let Some(uploads) = &link.uploads else { continue };
                         let mut out = self.spare.1.try_recv().unwrap_or_default();
                         out.resize(wire::encoded_len_to_server(&msg), 0);
-                        let Ok(n) = wire::encode_to_server(&msg, &mut out) else { continue };
+                        let n = match wire::encode_to_server(&msg, &mut out) {
+                            Ok(n) => n,
+                            Err(e) => {
+                                broken = Some((k, format!("cannot encode {}: {e}", msg.kind_name())));
+                                continue;
+                            }
+                        };
                         out.truncate(n);
                         let Some(stats) = self.stats.get_mut(k) else { continue };
                         let before = *stats;
@@ -480,6 +489,10 @@ impl Run<'_> {
                     }
                     ShardedOutput::Event(_) => {}
                 }
+            }
+            if let Some((shard, why)) = broken {
+                self.reconnect(&mut worker, config, shard, &why, log)?;
+                continue;
             }
             if let Some(h) = held.take_if(|h| StdInstant::now() >= h.ready) {
                 self.report.total.busy_s += h.started.elapsed().as_secs_f64();
