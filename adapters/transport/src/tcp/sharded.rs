@@ -494,7 +494,9 @@ impl Run<'_> {
                 self.reconnect(&mut worker, config, shard, &why, log)?;
                 continue;
             }
-            if let Some(h) = held.take_if(|h| StdInstant::now() >= h.ready) {
+            // What the shards sent is read before a finished step is handed over: a worker whose
+            // steps take no time (its next step always ready under wbsp-overlap) still reads.
+            if let Some(h) = held.take_if(|h| StdInstant::now() >= h.ready && inbound.is_empty()) {
                 self.report.total.busy_s += h.started.elapsed().as_secs_f64();
                 match worker.handle_gradient(since(epoch), h.id, &grad) {
                     Ok(()) => self.report.total.steps += 1,
