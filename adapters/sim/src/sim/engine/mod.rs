@@ -25,7 +25,7 @@ use super::compute::ComputeSampler;
 use super::config::{Direction, SimConfig};
 use super::network::{BufferPool, Link};
 use super::report::{
-    CurvePoint, FastDebug, Fault, Fnv, Node, Observation, SimReport, StalenessStats, TraceStep, WorkerReport,
+    CurvePoint, FastDebug, Fault, Fnv, Node, Observation, SimReport, StalenessStats, TraceRecorder, WorkerReport,
 };
 use crate::workload::{BatchSampler, Scratch, Workload};
 use core::cmp::Ordering;
@@ -151,7 +151,7 @@ struct Core<'a, 'o> {
     curve: Vec<CurvePoint>,
     time_to_target: Option<(f64, u64)>,
     staleness: StalenessStats,
-    trace: Vec<TraceStep>,
+    trace: TraceRecorder,
     events: u64,
     delivered: u64,
     lost: u64,
@@ -412,7 +412,7 @@ impl<'a, 'o> Engine<'a, 'o> {
             curve: Vec::new(),
             time_to_target: None,
             staleness: StalenessStats::new(),
-            trace: Vec::new(),
+            trace: TraceRecorder::default(),
             events: 0,
             delivered: 0,
             lost: 0,
@@ -749,15 +749,17 @@ impl<'a, 'o> Engine<'a, 'o> {
                         *busy = *busy + (now - old.start);
                         report.jobs_abandoned += 1;
                     }
+                    let mut loss = None;
                     if core.config.gradient == GradientSource::Workload {
                         batches.next_batch(core.config.batch_size, batch);
                         let model = &core.workload.model;
-                        let _loss = model.gradient(params, &core.workload.train, batch, grad, scratch);
+                        loss = Some(f64::from(model.gradient(params, &core.workload.train, batch, grad, scratch)));
                     }
                     let step = sampler.steps();
                     let dt = sampler.next_step();
                     if core.config.record_trace {
-                        core.trace.push(TraceStep { worker: worker_index, step, seconds: dt.as_secs_f64() });
+                        let gradient = loss.map(|l| (&params[..], &grad[..], l));
+                        core.trace.record(worker_index, step, dt.as_secs_f64(), gradient);
                     }
                     *job = Some(Job { id, start: now });
                     core.schedule(now + dt, Event::ComputeDone { worker: worker_index, incarnation: *incarnation, id });
@@ -847,7 +849,7 @@ impl<'a, 'o> Engine<'a, 'o> {
             codec_errors: core.codec_errors,
             trace_hash: trace_hash.0,
             final_params_hash: h.0,
-            compute_trace: core.trace,
+            compute_trace: core.trace.finish(),
             final_params,
             shards: Vec::new(),
         }
