@@ -309,3 +309,32 @@ fn a_recorded_nqm_trace_gives_its_noise_scale_and_advise_uses_it() {
     assert!(v["measured_noise"].is_null() && v["noise_from_trace"] == false, "{v}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A threaded run (`train` without `--sim`) records the same gradient columns: under BSP
+/// every step's gradients are computed on one model, so each row's mean holds all workers'.
+#[test]
+fn a_threaded_recording_carries_the_gradient_columns() {
+    let dir = scratch("threads-noise");
+    let trace = dir.join("t.csv");
+    let t = trace.to_str().unwrap();
+    stdout(&syncopate(&[
+        "train",
+        "--protocol",
+        "bsp",
+        "--workers",
+        "4",
+        "--model",
+        "nqm:20",
+        "--steps",
+        "30",
+        "--step-ms",
+        "0.5",
+        "--record-trace",
+        t,
+    ]));
+    let rows = syncopate_adapters::trace::read_gradient_stats(&trace).unwrap();
+    assert!(rows.len() >= 4 * 25, "{}", rows.len());
+    let full = rows.iter().filter(|(_, g)| g.mean_of == 4 && g.grad_norm.is_some() && g.loss.is_some()).count();
+    assert!(full * 10 >= rows.len() * 9, "{full} of {} rows have a group of 4: {:?}", rows.len(), &rows[..4]);
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -447,6 +447,66 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// Gradient columns round-trip (empty fields are unknown), a trace without them reads
+    /// as before, and a wrong header or a negative norm is refused with the line.
+    #[test]
+    fn gradient_columns_round_trip_and_bad_ones_are_refused() {
+        let dir = std::env::temp_dir().join(format!("syncopate-trace-grad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("g.csv");
+        let steps = [Step { worker: 0, step: 0, seconds: 0.5 }, Step { worker: 1, step: 0, seconds: 0.25 }];
+        let stats = [
+            GradientStats { loss: Some(-1.5), grad_norm: Some(3.0), mean_norm: Some(2.0), mean_of: 2 },
+            GradientStats { loss: None, grad_norm: Some(0.125), mean_norm: None, mean_of: 0 },
+        ];
+        let file = create(&path).unwrap();
+        write_with_stats_to(file, &path, &steps, &stats).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with(HEADER_WITH_GRADIENTS), "{text}");
+        assert_eq!(read(&path).unwrap(), steps);
+        let back = read_gradient_stats(&path).unwrap();
+        assert_eq!(back, vec![(steps[0], stats[0]), (steps[1], stats[1])]);
+        write(&path, &steps).unwrap();
+        assert!(read_gradient_stats(&path).unwrap().is_empty());
+        for (text, needle) in [
+            ("worker,step,seconds,loss\n0,0,0.5,1\n", "line 1: the header 'worker,step,seconds,loss' is neither"),
+            (&format!("{HEADER_WITH_GRADIENTS}\n0,0,0.5,1,2\n"), "line 2: expected worker,step,seconds,loss"),
+            (&format!("{HEADER_WITH_GRADIENTS}\n0,0,0.5,1,-2,1,2\n"), "line 2: grad_norm '-2' is not a norm"),
+            (&format!("{HEADER_WITH_GRADIENTS}\n0,0,0.5,inf,2,1,2\n"), "line 2: loss 'inf' is not a finite number"),
+            (&format!("{HEADER_WITH_GRADIENTS}\n0,0,0.5,1,2,1,x\n"), "line 2: mean_of 'x' is not a whole number"),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let e = read(&path).unwrap_err();
+            assert!(e.contains(needle), "{text:?}: {e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Gradients on one model form a group whose mean norm every row gets; a model that
+    /// does not fit among the open groups closes the oldest.
+    #[test]
+    fn gradient_groups_give_each_row_its_models_mean() {
+        let (a, b) = (model_key(&[1.0, 2.0]), model_key(&[1.0, 2.5]));
+        assert_ne!(a, b);
+        let mut groups = GradientGroups::default();
+        groups.add(0, a, &[3.0, 0.0]);
+        groups.add(1, b, &[1.0, 1.0]);
+        groups.add(2, a, &[1.0, 0.0]);
+        let mut rows = groups.finish();
+        rows.sort_by_key(|r| r.0);
+        assert_eq!(rows, vec![(0, 2.0, 2), (1, 2f64.sqrt(), 1), (2, 2.0, 2)]);
+        let mut groups = GradientGroups::default();
+        for row in 0..=GradientGroups::<usize>::MAX_OPEN {
+            groups.add(row, row as u64, &[1.0]);
+        }
+        // Model 0's group was closed to make room: a later gradient on it starts a new one.
+        groups.add(100, 0, &[3.0]);
+        let rows = groups.finish();
+        assert_eq!(rows.iter().find(|r| r.0 == 0), Some(&(0, 1.0, 1)));
+        assert_eq!(rows.iter().find(|r| r.0 == 100), Some(&(100, 3.0, 1)));
+        assert_eq!(norm(&[3.0, 4.0]), 5.0);
+    }
+
     /// Each way a trace fails to be a full table is refused with the file, the line and the
     /// reason; `truncate` is the documented policy for unequal counts.
     #[test]
