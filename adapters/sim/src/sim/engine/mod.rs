@@ -758,7 +758,7 @@ impl<'a, 'o> Engine<'a, 'o> {
                     let step = sampler.steps();
                     let dt = sampler.next_step();
                     if core.config.record_trace {
-                        let gradient = loss.map(|l| (&params[..], &grad[..], l));
+                        let gradient = loss.map(|l| (params, &grad[..], l));
                         core.trace.record(worker_index, step, dt.as_secs_f64(), gradient);
                     }
                     *job = Some(Job { id, start: now });
