@@ -16,6 +16,10 @@
 //! - **Phases**: where the step-time distribution changes regime ([`phases::detect`]), each
 //!   phase is swept on its own; when the best choice differs between phases, the advice says
 //!   so and gives DBW's whole-trace time (it adapts `b` as it goes) next to the static pick.
+//! - **Gradient noise**: the NQM's noise is set so that its critical batch is the operator's
+//!   model's noise scale ([`noise`]): given ([`Options::noise_scale`]), or estimated from a
+//!   recorded trace's gradient columns ([`noise_estimate`], [`Options::measured_noise`]),
+//!   or else the built-in NQM's.
 //! - **Robustness**: every candidate runs with several run seeds (minibatches) and as many
 //!   data seeds (the NQM noise pool, or the train/test split), separate from each other; the
 //!   time to target is reported as the mean with its 95% interval, and the pick is made
