@@ -417,8 +417,10 @@ struct Job {
     id: syncopate::ComputeId,
     started: StdInstant,
     ready: StdInstant,
-    /// The minibatch loss and the model's key ([`crate::trace::model_key`]), when recording.
-    recorded: Option<(f32, u64)>,
+    /// The minibatch loss of its gradient (finite), reported with it.
+    loss: Option<f32>,
+    /// The model's key ([`crate::trace::model_key`]), when recording.
+    model_key: Option<u64>,
 }
 
 fn worker_loop(
@@ -459,10 +461,11 @@ fn worker_loop(
                     }
                     sampler.next_batch(batch_size, &mut batch);
                     let loss = workload.model.gradient(params, &workload.train, &batch, &mut grad, &mut scratch);
-                    let recorded = groups.is_some().then(|| (loss, crate::trace::model_key(params)));
+                    let model_key = groups.is_some().then(|| crate::trace::model_key(params));
                     tally.computed += 1;
                     let extra = delay(tally.computed - 1);
-                    job = Some(Job { id, started: now, ready: StdInstant::now() + extra, recorded });
+                    let loss = Some(loss).filter(|l| l.is_finite());
+                    job = Some(Job { id, started: now, ready: StdInstant::now() + extra, loss, model_key });
                 }
                 WorkerOutput::Event(WorkerEvent::Abandoned { id }) => {
                     if let Some(j) = job.take_if(|j| j.id == id) {
@@ -492,10 +495,9 @@ fn worker_loop(
         if let Some(j) = job.take_if(|j| StdInstant::now() >= j.ready) {
             let took = j.started.elapsed().as_secs_f64();
             tally.busy_s += took;
-            if let (Some(groups), Some((loss, key))) = (&groups, j.recorded) {
-                let loss = f64::from(loss);
+            if let (Some(groups), Some(key)) = (&groups, j.model_key) {
                 tally.step_gradients.push(crate::trace::GradientStats {
-                    loss: loss.is_finite().then_some(loss),
+                    loss: j.loss.map(f64::from),
                     grad_norm: Some(crate::trace::norm(&grad)),
                     ..Default::default()
                 });
@@ -503,7 +505,7 @@ fn worker_loop(
                 groups.add((me, tally.step_times.len()), key, &grad);
             }
             tally.step_times.push(took);
-            if let Err(e) = worker.handle_gradient(since(epoch), j.id, &grad) {
+            if let Err(e) = worker.handle_gradient_with_loss(since(epoch), j.id, &grad, j.loss) {
                 note_refusal(&mut refusals, &mut tally, "a finished gradient", &e);
             }
             continue;
