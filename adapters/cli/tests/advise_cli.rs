@@ -296,6 +296,30 @@ fn a_recorded_nqm_trace_gives_its_noise_scale_and_advise_uses_it() {
     let v: serde_json::Value = serde_json::from_str(stdout(&syncopate(&given)).trim()).unwrap();
     assert_eq!(v["noise_from_trace"], false);
     assert!((v["whole"]["setting"]["critical_batch"].as_f64().unwrap() - 50.0).abs() < 1e-6);
+    // ASP: every worker pulls its own version, so no gradient has a partner on its model.
+    let asp = dir.join("asp.csv");
+    let a = asp.to_str().unwrap();
+    stdout(&syncopate(&[
+        "train",
+        "--sim",
+        "--protocol",
+        "asp",
+        "--workers",
+        "4",
+        "--model",
+        "nqm:100",
+        "--steps",
+        "60",
+        "--straggler",
+        "all:exp=1/1",
+        "--record-trace",
+        a,
+    ]));
+    let report =
+        stdout(&syncopate(&["advise", "--trace", a, "--truncate", "--seeds", "2", "--no-noise-sweep", "--no-phases"]));
+    assert!(report.contains("noise scale from the trace: no estimate: "), "{report}");
+    assert!(report.contains("record a BSP or backup-workers run"), "{report}");
+    assert!(report.contains("(the built-in noise); set --noise-scale to your model's"), "{report}");
     // The step times alone (an older trace) still load, with no estimate.
     let plain: String = text
         .lines()

@@ -82,7 +82,7 @@ pub fn estimate(rows: &[(Step, GradientStats)], steps: u64) -> Result<NoiseEstim
         .collect();
     if used.len() < MIN_ROWS {
         return Err(format!(
-            "{} gradient(s) in the last {:.0}% of the steps have a partner computed on the same model; at least {MIN_ROWS} are needed",
+            "{} gradient(s) in the last {:.0}% of the steps have a partner computed on the same model; at least {MIN_ROWS} are needed (record a BSP or backup-workers run: their workers compute on one model per step)",
             used.len(),
             WINDOW_SHARE * 100.0
         ));

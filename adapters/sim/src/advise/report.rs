@@ -122,11 +122,15 @@ impl Advice {
             self.whole.split_seeds
         ));
         if let Some(b) = s.critical_batch {
-            let advice = match (&self.measured_noise, self.noise_from_trace) {
-                (_, true) => "from the trace's gradient norms; --noise-scale overrides",
-                (Some(_), false) => "--noise-scale, not the trace's estimate",
-                (None, false) if s.noise == 1.0 => "set --noise-scale to your model's",
-                (None, false) => "--noise-scale",
+            let estimated = matches!(self.measured_noise, Some(MeasuredNoise::Estimated(_)));
+            let advice = if self.noise_from_trace {
+                "from the trace's gradient norms; --noise-scale overrides"
+            } else if s.noise == 1.0 {
+                "set --noise-scale to your model's"
+            } else if estimated {
+                "--noise-scale, not the trace's estimate"
+            } else {
+                "--noise-scale"
             };
             out.push_str(&format!(
                 "gradient noise: the NQM's critical batch at the target is {} examples ({}); {advice}\n",
