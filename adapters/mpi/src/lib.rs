@@ -42,12 +42,17 @@
 #![allow(clippy::std_instead_of_core, clippy::alloc_instead_of_core)]
 #![deny(missing_docs)]
 
+pub mod ledger;
 pub mod settings;
 
 #[cfg(feature = "mpi")]
 mod agree;
 #[cfg(feature = "mpi")]
+mod compute;
+#[cfg(feature = "mpi")]
 mod link;
+#[cfg(feature = "mpi")]
+mod machine;
 #[cfg(feature = "mpi")]
 mod outbox;
 #[cfg(feature = "mpi")]
@@ -58,9 +63,11 @@ mod worker;
 #[cfg(feature = "mpi")]
 pub use agree::agree_on_settings;
 #[cfg(feature = "mpi")]
+pub use compute::ComputeFn;
+#[cfg(feature = "mpi")]
 pub use mpi;
 #[cfg(feature = "mpi")]
-pub use server::{ServerReport, StopReason, run_server};
+pub use server::{ServerReport, StopReason, run_server, run_shard};
 #[cfg(feature = "mpi")]
 pub use worker::{WorkerOptions, run_worker};
 
@@ -126,11 +133,14 @@ pub struct Tally {
     pub wall_s: f64,
     /// Inputs the worker's state machine refused (server messages, finished gradients).
     pub refused: u64,
+    /// Contributions (gradients, deltas, clock updates) the worker sent: to the server the
+    /// tally goes to (its ledger counts them), or, in [`run_worker`]'s result, to all.
+    pub sent: u64,
 }
 
 impl Tally {
     /// Encoded length.
-    pub const LEN: usize = 40;
+    pub const LEN: usize = 48;
 
     /// Little-endian encoding.
     pub fn to_bytes(&self) -> [u8; Self::LEN] {
@@ -141,6 +151,7 @@ impl Tally {
             self.busy_s.to_le_bytes(),
             self.wall_s.to_le_bytes(),
             self.refused.to_le_bytes(),
+            self.sent.to_le_bytes(),
         ];
         for (chunk, field) in out.chunks_exact_mut(8).zip(fields) {
             chunk.copy_from_slice(&field);
@@ -160,6 +171,7 @@ impl Tally {
             busy_s: f64::from_le_bytes(word(2)?),
             wall_s: f64::from_le_bytes(word(3)?),
             refused: u64::from_le_bytes(word(4)?),
+            sent: u64::from_le_bytes(word(5)?),
         })
     }
 }
@@ -192,19 +204,32 @@ impl AsMut<[f32]> for Shared {
     }
 }
 
-/// Checks that `link`'s world has a rank for the server and each of `n` workers.
+/// Checks that `link`'s world has a rank for each of `shards` servers and each of `n`
+/// workers.
 #[cfg(feature = "mpi")]
-fn check_world(link: &link::Link, n: u32) -> Result<(), MpiError> {
+fn check_world(link: &link::Link, n: u32, shards: u32) -> Result<(), MpiError> {
     let size = u32::try_from(link.size()).unwrap_or(0);
-    if size != n.saturating_add(1) {
+    let want = n.saturating_add(shards);
+    if size != want {
+        let servers =
+            if shards == 1 { "rank 0 the server".to_owned() } else { format!("ranks 0..{shards} the shards") };
         return Err(MpiError(format!(
-            "{size} MPI ranks for --workers {n}: launch {} ranks (rank 0 the server, ranks 1..={n} the workers), \
-             e.g. mpirun -n {}",
-            n + 1,
-            n + 1
+            "{size} MPI ranks for --workers {n}: launch {want} ranks ({servers}, ranks {shards}..{want} the workers), \
+             e.g. mpirun -n {want}"
         )));
     }
     Ok(())
+}
+
+/// How a model of `dim` parameters splits over `shards` server ranks; refused unless every
+/// shard gets at least one parameter.
+pub fn shard_layout(dim: usize, shards: u32) -> Result<syncopate::proto::sharded::ShardLayout, MpiError> {
+    syncopate::proto::sharded::ShardLayout::new(dim, shards).map_err(|_| {
+        MpiError(format!(
+            "--shards {shards} cannot split a model of {dim} parameters: every shard needs at least one \
+             (1 <= shards <= {dim})"
+        ))
+    })
 }
 
 /// The core's clock: nanoseconds since `epoch`.
@@ -225,10 +250,10 @@ mod tests {
 
     #[test]
     fn tally_round_trips_and_refuses_other_lengths() {
-        let t = Tally { computed: 7, abandoned: 2, busy_s: 1.5, wall_s: 3.25, refused: 4 };
+        let t = Tally { computed: 7, abandoned: 2, busy_s: 1.5, wall_s: 3.25, refused: 4, sent: 9 };
         assert_eq!(Tally::from_bytes(&t.to_bytes()), Some(t));
-        assert_eq!(Tally::from_bytes(&[0; 39]), None);
-        assert_eq!(Tally::from_bytes(&[0; 41]), None);
+        assert_eq!(Tally::from_bytes(&[0; 47]), None);
+        assert_eq!(Tally::from_bytes(&[0; 49]), None);
     }
 
     #[test]

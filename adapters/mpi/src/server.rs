@@ -1,6 +1,19 @@
-//! Rank 0: the parameter server. The loop is the core's driving contract: read the clock,
-//! feed one input, drain the outputs, wait until the next deadline or message.
+//! Server ranks: rank 0 the parameter server, or, with `S` shards, ranks `0..S`, each the
+//! protocol's unchanged server over its slice of the model (docs/PROTOCOLS.md, "Sharded
+//! servers": every shard decides alone). The loop is the core's driving contract: read the
+//! clock, feed one input, drain the outputs, wait until the next deadline or message.
+//!
+//! Liveness of workers: a worker rank silent for longer than the loss timeout is a lost
+//! worker; a lost rank heard again is told to rejoin with a new epoch ([`Kind::Rejoin`]),
+//! and counted back once its `Join` of that epoch arrives.
+//!
+//! Shards: rank 0 and every other shard send each other heartbeats (a star around rank 0);
+//! a shard silent for the loss timeout stops the run, naming it (rank 0 tells the other
+//! shards). A shard also stops once every live worker has sent its final tally (the
+//! workers stopped: nothing more will come). At the end every shard sends rank 0 its
+//! report ([`ShardSummary`]): rank 0 assembles the model and sums the counters.
 
+use crate::ledger::{ShardLedger, ShardSummary};
 use crate::link::set_payload_len;
 use crate::link::{Incoming, Kind, Link, SPLIT_MIN};
 use crate::{MpiError, RunPlan, Shared, Tally, since};
@@ -8,10 +21,11 @@ use mpi::topology::{Rank, SimpleCommunicator};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use syncopate::proto::Heap;
-use syncopate::wire::{self, Limits};
+use syncopate::proto::sharded::ShardLayout;
+use syncopate::wire::{self, Limits, MessageKind};
 use syncopate::{
-    AnyServer, ProtocolConfig, Recipient, Server, ServerEvent, ServerOutput, ServerStats, ToWorker, Values, Version,
-    WorkerId,
+    AnyServer, ProtocolConfig, Recipient, Server, ServerEvent, ServerOutput, ServerStats, ToServer, ToWorker, Values,
+    Version, WorkerId,
 };
 
 /// Why the server ended the run.
@@ -23,18 +37,23 @@ pub enum StopReason {
     TimeLimit,
     /// Every worker rank was lost.
     AllWorkersLost,
+    /// Every live worker stopped (it sent its final tally): another shard ended the run.
+    WorkersDone,
+    /// The shard of this index (its rank) fell silent: the run stops.
+    ShardLost(u32),
 }
 
-/// The outcome of a run at rank 0.
+/// The outcome of a run at a server rank.
 #[derive(Clone, Debug)]
 pub struct ServerReport {
     /// Why the run ended.
     pub reason: StopReason,
-    /// The final model version.
+    /// The final model version (with shards, the lowest of the shards').
     pub version: Version,
-    /// The final model.
+    /// The final model (at rank 0 of a sharded run, assembled from every shard's slice; at
+    /// another shard, its slice).
     pub params: Vec<f32>,
-    /// The server's counters.
+    /// The server's counters (at rank 0 of a sharded run, summed over the shards).
     pub stats: ServerStats,
     /// Staleness of each applied contribution: sum, count and maximum.
     pub staleness: (u64, u64, u64),
@@ -48,36 +67,77 @@ pub struct ServerReport {
     pub workers: Vec<Option<Tally>>,
     /// Workers declared lost, in the order they were.
     pub lost: Vec<WorkerId>,
+    /// Workers that rejoined after being declared lost, in the order they did.
+    pub rejoined: Vec<WorkerId>,
+    /// The ledger of every shard whose report arrived (one entry without shards), in
+    /// shard order.
+    pub shards: Vec<ShardLedger>,
 }
 
 /// What the loop knows about the worker ranks.
 struct Ranks {
+    /// The first worker rank (the number of shards).
+    first: Rank,
     last_heard: Vec<Instant>,
     lost: Vec<bool>,
     live: Vec<Rank>,
+    /// The epoch of each worker's last accepted `Join`.
+    epoch: Vec<u32>,
+    /// Whether a lost rank was told to rejoin.
+    told: Vec<bool>,
 }
 
 impl Ranks {
-    fn new(n: u32) -> Self {
+    fn new(n: u32, first: Rank) -> Self {
         let now = Instant::now();
-        Self { last_heard: vec![now; n as usize], lost: vec![false; n as usize], live: (1..=n as Rank).collect() }
+        let n_ = n as usize;
+        Self {
+            first,
+            last_heard: vec![now; n_],
+            lost: vec![false; n_],
+            live: (first..first + n as Rank).collect(),
+            epoch: vec![0; n_],
+            told: vec![false; n_],
+        }
     }
 
     /// The worker of `rank`, if it is a worker rank.
     fn worker(&self, rank: Rank) -> Option<WorkerId> {
-        let w = u32::try_from(rank.checked_sub(1)?).ok()?;
+        let w = u32::try_from(rank.checked_sub(self.first)?).ok()?;
         ((w as usize) < self.lost.len()).then_some(WorkerId(w))
+    }
+
+    fn rank(&self, w: WorkerId) -> Rank {
+        self.first + w.index() as Rank
     }
 
     fn is_lost(&self, w: WorkerId) -> bool {
         self.lost.get(w.index()).copied().unwrap_or(true)
     }
 
+    fn epoch(&self, w: WorkerId) -> u32 {
+        self.epoch.get(w.index()).copied().unwrap_or(0)
+    }
+
     fn mark_lost(&mut self, w: WorkerId) {
         if let Some(l) = self.lost.get_mut(w.index()) {
             *l = true;
         }
-        self.live.retain(|r| *r != w.index() as Rank + 1);
+        if let Some(t) = self.told.get_mut(w.index()) {
+            *t = false;
+        }
+        let rank = self.rank(w);
+        self.live.retain(|r| *r != rank);
+    }
+
+    fn revive(&mut self, w: WorkerId) {
+        if let Some(l) = self.lost.get_mut(w.index()) {
+            *l = false;
+        }
+        let rank = self.rank(w);
+        if let Err(at) = self.live.binary_search(&rank) {
+            self.live.insert(at, rank);
+        }
     }
 
     /// The live ranks a message to `to` goes to.
@@ -85,8 +145,38 @@ impl Ranks {
         match to {
             Recipient::AllWorkers => &self.live,
             Recipient::Worker(w) => {
-                let rank = w.index() as Rank + 1;
+                let rank = self.rank(w);
                 self.live.binary_search(&rank).map_or(&[], |i| &self.live[i..=i])
+            }
+        }
+    }
+}
+
+/// The other shards this shard watches: rank 0 watches every other shard, the others
+/// watch rank 0.
+struct Peers {
+    ranks: Vec<Rank>,
+    last_heard: Vec<Instant>,
+    next_heartbeat: Instant,
+    interval: Duration,
+}
+
+impl Peers {
+    fn new(shard: u32, shards: u32, lost_after: Duration) -> Self {
+        let ranks: Vec<Rank> = match shard {
+            _ if shards <= 1 => Vec::new(),
+            0 => (1..shards as Rank).collect(),
+            _ => vec![0],
+        };
+        let now = Instant::now();
+        let interval = crate::heartbeat_interval(lost_after);
+        Self { last_heard: vec![now; ranks.len()], ranks, next_heartbeat: now + interval, interval }
+    }
+
+    fn heard(&mut self, rank: Rank) {
+        if let Some(i) = self.ranks.iter().position(|r| *r == rank) {
+            if let Some(t) = self.last_heard.get_mut(i) {
+                *t = Instant::now();
             }
         }
     }
@@ -94,9 +184,23 @@ impl Ranks {
 
 struct Side<'a> {
     link: Link,
+    shard: u32,
+    layout: ShardLayout,
     ranks: Ranks,
+    peers: Peers,
     report: ServerReport,
+    ledger: ShardLedger,
+    /// A stop rank 0 asked for (another shard was lost).
+    stop: Option<StopReason>,
+    /// At rank 0 of a sharded run: the other shards' reports.
+    summaries: Vec<Option<ShardSummary>>,
     log: &'a mut dyn FnMut(&str),
+}
+
+/// Whether the encoded message `bytes` is a contribution (what the ledger counts).
+fn is_contribution(bytes: &[u8]) -> bool {
+    wire::peek_header(bytes)
+        .is_ok_and(|h| matches!(h.kind, MessageKind::Grad | MessageKind::Delta | MessageKind::Clock))
 }
 
 impl Side<'_> {
@@ -169,6 +273,10 @@ impl Side<'_> {
     }
 
     fn feed(&mut self, server: &mut AnyServer<f32, Shared, Heap>, m: &Incoming, limits: &Limits, epoch: Instant) {
+        if m.from < self.ranks.first {
+            self.feed_from_shard(m);
+            return;
+        }
         let Some(w) = self.ranks.worker(m.from) else {
             self.report.refused += 1;
             return;
@@ -177,24 +285,109 @@ impl Side<'_> {
             *t = Instant::now();
         }
         match m.kind {
-            Kind::Wire if self.ranks.is_lost(w) => self.report.refused += 1,
-            Kind::Wire => {
-                let ok = match wire::decode_to_server::<f32>(m.message(), limits) {
-                    Ok(msg) => server.handle(since(epoch), w, msg).is_ok(),
-                    Err(_) => false,
-                };
-                if !ok {
-                    self.report.refused += 1;
+            Kind::Wire => self.feed_wire(server, w, m.message(), limits, epoch),
+            Kind::Heartbeat => {
+                if self.ranks.is_lost(w) {
+                    self.tell_rejoin(w);
                 }
             }
-            Kind::Heartbeat => {}
-            // `Link` joins a head and its payload into one `Wire` message: never seen here.
-            Kind::Head | Kind::Payload => self.report.refused += 1,
             Kind::Tally => {
                 if let Some(slot) = self.report.workers.get_mut(w.index()) {
                     *slot = Tally::from_bytes(m.message());
                 }
             }
+            // `Link` joins a head and its payload into one `Wire` message: never seen here;
+            // the others come from servers only.
+            Kind::Head | Kind::Payload | Kind::Rejoin | Kind::ShardStop | Kind::ShardReport => {
+                self.report.refused += 1;
+            }
+        }
+    }
+
+    /// A protocol message from worker `w`. A lost rank's messages are refused, but for a
+    /// `Join` of a new epoch, which counts it back.
+    fn feed_wire(
+        &mut self,
+        server: &mut AnyServer<f32, Shared, Heap>,
+        w: WorkerId,
+        bytes: &[u8],
+        limits: &Limits,
+        epoch: Instant,
+    ) {
+        let contribution = is_contribution(bytes);
+        if contribution {
+            self.ledger.delivered += 1;
+        }
+        let lost = self.ranks.is_lost(w);
+        let decoded = wire::decode_to_server::<f32>(bytes, limits);
+        let join = match &decoded {
+            Ok(ToServer::Join { epoch }) => Some(*epoch),
+            _ => None,
+        };
+        let fed = match decoded {
+            Ok(msg) if !lost || join.is_some_and(|e| e > self.ranks.epoch(w)) => {
+                server.handle(since(epoch), w, msg).is_ok()
+            }
+            _ => false,
+        };
+        match (fed, join) {
+            (true, Some(e)) => {
+                if let Some(slot) = self.ranks.epoch.get_mut(w.index()) {
+                    *slot = (*slot).max(e);
+                }
+                if lost {
+                    self.ranks.revive(w);
+                    self.report.rejoined.push(w);
+                    (self.log)(&format!(
+                        "rank {} (worker {}) rejoined with epoch {e}: counted back",
+                        self.ranks.rank(w),
+                        w.0
+                    ));
+                }
+            }
+            (true, None) => {}
+            (false, _) => {
+                self.report.refused += 1;
+                if contribution {
+                    self.ledger.refused += 1;
+                }
+                if lost {
+                    self.tell_rejoin(w);
+                }
+            }
+        }
+    }
+
+    /// Tells lost worker `w` (once per loss) to rejoin with the epoch after its last.
+    fn tell_rejoin(&mut self, w: WorkerId) {
+        let Some(told) = self.ranks.told.get_mut(w.index()).filter(|t| !**t) else { return };
+        *told = true;
+        let next = self.ranks.epoch(w).saturating_add(1);
+        let rank = self.ranks.rank(w);
+        self.link.send(&[rank], Kind::Rejoin, next.to_le_bytes().to_vec());
+    }
+
+    /// A message from another shard rank.
+    fn feed_from_shard(&mut self, m: &Incoming) {
+        self.peers.heard(m.from);
+        match m.kind {
+            Kind::Heartbeat => {}
+            Kind::ShardStop => {
+                let lost = m.message().try_into().ok().map(u32::from_le_bytes);
+                if let Some(k) = lost.filter(|_| m.from == 0 && self.stop.is_none()) {
+                    (self.log)(&format!("shard {}: shard {k} was lost: the run stops", self.shard));
+                    self.stop = Some(StopReason::ShardLost(k));
+                }
+            }
+            Kind::ShardReport if self.shard == 0 => {
+                let k = u32::try_from(m.from).unwrap_or(u32::MAX);
+                let summary = ShardSummary::from_bytes(m.message(), self.layout.len(k));
+                match (summary, self.summaries.get_mut(k as usize)) {
+                    (Some(s), Some(slot)) => *slot = Some(s),
+                    _ => self.report.refused += 1,
+                }
+            }
+            _ => self.report.refused += 1,
         }
     }
 
@@ -205,13 +398,15 @@ impl Side<'_> {
             let w = WorkerId(i as u32);
             let silent = self.ranks.last_heard.get(i).map_or(Duration::ZERO, |t| now.duration_since(*t));
             if !self.ranks.is_lost(w) && silent > lost_after {
-                (self.log)(&format!(
-                    "rank {} (worker {i}) silent for {:.1} s: lost worker, the run goes on without it",
-                    i + 1,
+                let rank = self.ranks.rank(w);
+                let line = format!(
+                    "{}rank {rank} (worker {i}) silent for {:.1} s: lost worker, the run goes on without it",
+                    self.prefix(),
                     silent.as_secs_f64()
-                ));
+                );
+                (self.log)(&line);
                 self.ranks.mark_lost(w);
-                self.link.abandon(i as Rank + 1);
+                self.link.abandon(rank);
                 self.report.lost.push(w);
                 // Never refused for want of room (the core applies a loss reported during a
                 // batch once it has drained); a refusal is counted and logged.
@@ -222,12 +417,54 @@ impl Side<'_> {
             }
         }
     }
+
+    /// Sends the other shards their heartbeats when due; returns the shard silent for
+    /// longer than `lost_after`, if any (logged; rank 0 tells the other shards).
+    fn check_peers(&mut self, lost_after: Duration) -> Option<u32> {
+        let now = Instant::now();
+        if now >= self.peers.next_heartbeat && !self.peers.ranks.is_empty() {
+            self.link.send(&self.peers.ranks, Kind::Heartbeat, Vec::new());
+            self.peers.next_heartbeat = now + self.peers.interval;
+        }
+        let (rank, silent) = self
+            .peers
+            .ranks
+            .iter()
+            .zip(&self.peers.last_heard)
+            .map(|(r, t)| (*r, now.duration_since(*t)))
+            .find(|(_, silent)| *silent > lost_after)?;
+        let k = u32::try_from(rank).unwrap_or(u32::MAX);
+        (self.log)(&format!(
+            "shard {}: shard {k} (rank {rank}) silent for {:.1} s: lost shard, the run stops",
+            self.shard,
+            silent.as_secs_f64()
+        ));
+        if self.shard == 0 {
+            let others: Vec<Rank> = self.peers.ranks.iter().copied().filter(|r| *r != rank).collect();
+            self.link.send(&others, Kind::ShardStop, k.to_le_bytes().to_vec());
+        }
+        self.link.abandon(rank);
+        Some(k)
+    }
+
+    /// Whether every live worker sent its final tally (with shards: the workers stopped).
+    fn workers_done(&self) -> bool {
+        !self.ranks.live.is_empty()
+            && self.ranks.live.iter().all(|r| {
+                self.ranks.worker(*r).and_then(|w| self.report.workers.get(w.index())).is_some_and(Option::is_some)
+            })
+    }
+
+    /// `shard k: ` in a sharded run, else nothing.
+    fn prefix(&self) -> String {
+        if self.layout.shards() > 1 { format!("shard {}: ", self.shard) } else { String::new() }
+    }
 }
 
 /// Runs the server of `protocol` at rank 0 of `world` (ranks `1..=n` must run
 /// [`crate::run_worker`]) from `params` until `plan` ends the run. `on_model` sees the model
 /// after every drained input that changed its version; `log` gets one line per event worth
-/// telling (a lost rank).
+/// telling (a lost rank, a rejoin).
 pub fn run_server(
     world: SimpleCommunicator,
     protocol: &ProtocolConfig,
@@ -236,14 +473,39 @@ pub fn run_server(
     on_model: &mut dyn FnMut(Version, &[f32]),
     log: &mut dyn FnMut(&str),
 ) -> Result<ServerReport, MpiError> {
+    run_shard(world, protocol, 1, params, plan, on_model, log)
+}
+
+/// Runs shard `rank` of `shards` of `protocol` at this rank of `world` (ranks `0..shards`
+/// run this, ranks `shards..shards + n` run [`crate::run_worker`] with the same `shards`):
+/// `params` is the whole initial model; this rank holds its slice
+/// ([`crate::shard_layout`]) and `on_model` sees that slice. Each shard ends on its own
+/// budget or time limit, when every worker stopped, or when a shard is lost; then rank 0
+/// gathers every shard's report and returns the assembled model and the summed counters.
+/// With `shards` 1, [`run_server`].
+pub fn run_shard(
+    world: SimpleCommunicator,
+    protocol: &ProtocolConfig,
+    shards: u32,
+    params: Vec<f32>,
+    plan: &RunPlan,
+    on_model: &mut dyn FnMut(Version, &[f32]),
+    log: &mut dyn FnMut(&str),
+) -> Result<ServerReport, MpiError> {
     let n = protocol.workers();
-    crate::check_message_size(params.len())?;
+    let layout = crate::shard_layout(params.len(), shards)?;
+    crate::check_message_size(layout.len(0))?;
     let link = Link::new(world);
-    crate::check_world(&link, n)?;
-    let dim = params.len();
+    crate::check_world(&link, n, shards)?;
+    let shard = u32::try_from(link.rank()).unwrap_or(u32::MAX);
+    let range = layout.range(shard).ok_or_else(|| {
+        MpiError(format!("rank {shard} is a worker (ranks {shards}..): run_shard needs a shard rank"))
+    })?;
+    let slice = params.get(range.clone()).unwrap_or_default().to_vec();
+    let dim = slice.len();
     let scratch = Shared::zeroed(protocol.server_scratch_len(dim));
     let spare = Shared::zeroed(protocol.spare_accumulator_len(dim));
-    let mut server = AnyServer::new(protocol, Shared(Arc::new(params)), scratch)
+    let mut server = AnyServer::new(protocol, Shared(Arc::new(slice)), scratch)
         .and_then(|s| s.with_spare_accumulator(spare))
         .map_err(|e| MpiError(format!("cannot start the server: {e}")))?;
     if server.has_upstream() {
@@ -261,8 +523,22 @@ pub fn run_server(
         wall_s: 0.0,
         workers: vec![None; n as usize],
         lost: Vec::new(),
+        rejoined: Vec::new(),
+        shards: Vec::new(),
     };
-    let mut side = Side { link, ranks: Ranks::new(n), report, log };
+    let first = Rank::try_from(shards).unwrap_or(Rank::MAX);
+    let mut side = Side {
+        link,
+        shard,
+        layout,
+        ranks: Ranks::new(n, first),
+        peers: Peers::new(shard, shards, plan.lost_after),
+        report,
+        ledger: ShardLedger { shard, elements: dim as u64, ..ShardLedger::default() },
+        stop: None,
+        summaries: vec![None; shards as usize],
+        log,
+    };
     let epoch = Instant::now();
     let tick = Duration::from_millis(50);
     let mut seen: Option<Version> = None;
@@ -278,13 +554,25 @@ pub fn run_server(
         if plan.time_limit.is_some_and(|t| epoch.elapsed() >= t) {
             break StopReason::TimeLimit;
         }
+        if let Some(reason) = side.stop {
+            break reason;
+        }
         side.check_silence(&mut server, plan.lost_after, epoch);
         if side.ranks.live.is_empty() {
             break StopReason::AllWorkersLost;
         }
+        if shards > 1 && side.workers_done() {
+            break StopReason::WorkersDone;
+        }
+        if let Some(k) = side.check_peers(plan.lost_after) {
+            break StopReason::ShardLost(k);
+        }
         let now = Instant::now();
-        let wait = server.poll_timeout().map_or(tick, |at| crate::until(epoch, at).min(tick));
-        match side.link.recv_until(now + wait, None) {
+        let mut wait = server.poll_timeout().map_or(tick, |at| crate::until(epoch, at).min(tick));
+        if !side.peers.ranks.is_empty() {
+            wait = wait.min(side.peers.next_heartbeat.saturating_duration_since(now));
+        }
+        match side.link.recv_until(now + wait, None, None) {
             Some(m) => {
                 side.feed(&mut server, &m, &limits, epoch);
                 side.link.recycle(m);
@@ -296,7 +584,7 @@ pub fn run_server(
     side.drain(&mut server);
     let wall_s = epoch.elapsed().as_secs_f64();
     // A lost rank that comes back must stop too.
-    let lost: Vec<Rank> = side.report.lost.iter().map(|w| w.index() as Rank + 1).collect();
+    let lost: Vec<Rank> = (0..n).map(WorkerId).filter(|w| side.ranks.is_lost(*w)).map(|w| side.ranks.rank(w)).collect();
     if !lost.is_empty() {
         let mut stop = side.link.buffer();
         stop.resize(wire::encoded_len_to_worker(&ToWorker::<f32>::Stop), 0);
@@ -305,23 +593,119 @@ pub fn run_server(
             side.link.send(&lost, Kind::Wire, stop);
         }
     }
-    let patience = plan.lost_after.max(Duration::from_secs(5));
+    // With shards, a worker waits up to the loss timeout for a shard's `Stop` after
+    // another's, so its tally may come that much later.
+    let patience =
+        plan.lost_after.max(Duration::from_secs(5)) + if shards > 1 { plan.lost_after } else { Duration::ZERO };
     collect_tallies(&mut side, &mut server, &limits, epoch, patience);
     // Sends to live ranks complete (they are reading); those to lost ranks may never.
     for rank in &lost {
         side.link.abandon(*rank);
     }
+    let mut report = finish(&mut side, &server, reason, wall_s, patience);
     side.link.flush(Instant::now() + patience);
-    let mut report = side.report;
-    report.reason = reason;
-    report.wall_s = wall_s;
-    report.version = server.version();
-    report.stats = *server.stats();
-    report.params = server.params().to_vec();
+    if shard == 0 && shards > 1 {
+        assemble(&mut side, &mut report, &params);
+    }
     Ok(report)
 }
 
-/// Waits up to `patience` for the tally of every live worker.
+/// This shard's report; a shard other than rank 0 sends it to rank 0 too.
+fn finish(
+    side: &mut Side<'_>,
+    server: &AnyServer<f32, Shared, Heap>,
+    reason: StopReason,
+    wall_s: f64,
+    patience: Duration,
+) -> ServerReport {
+    let stats = *server.stats();
+    let tallies = side.report.workers.iter().flatten();
+    side.ledger.live = side.ranks.live.len() as u32;
+    side.ledger.tallies = tallies.clone().count() as u32;
+    side.ledger.sent = tallies.map(|t| t.sent).sum();
+    side.ledger.accepted = stats.accepted;
+    side.ledger.applied = stats.applied;
+    side.ledger.dropped = stats.dropped_total();
+    side.ledger.updates = stats.updates;
+    let mut report = side.report.clone();
+    report.reason = reason;
+    report.wall_s = wall_s;
+    report.version = server.version();
+    report.stats = stats;
+    report.params = server.params().to_vec();
+    report.shards = vec![side.ledger];
+    if side.shard > 0 && !matches!(reason, StopReason::ShardLost(0)) {
+        let summary = ShardSummary {
+            ledger: side.ledger,
+            stats,
+            version: server.version().0,
+            staleness: report.staleness,
+            stalls: report.stalls,
+            refused: report.refused,
+            params: report.params.clone(),
+        };
+        side.link.send(&[0], Kind::ShardReport, summary.to_bytes());
+    }
+    if side.shard == 0 && side.layout.shards() > 1 {
+        // The other shards' reports (a lost shard's never comes).
+        let deadline = Instant::now() + patience;
+        let lost = match reason {
+            StopReason::ShardLost(k) => Some(k as usize),
+            _ => None,
+        };
+        let missing =
+            |side: &Side<'_>| side.summaries.iter().enumerate().skip(1).any(|(k, s)| s.is_none() && Some(k) != lost);
+        while missing(side) {
+            let Some(m) = side.link.recv_until(deadline, None, None) else { break };
+            if m.from < side.ranks.first {
+                side.feed_from_shard(&m);
+            }
+            side.link.recycle(m);
+        }
+    }
+    report
+}
+
+/// At rank 0 of a sharded run: the model assembled from every shard's slice (a shard whose
+/// report did not arrive keeps its initial slice, logged), the counters summed over the
+/// shards, and every shard's ledger.
+fn assemble(side: &mut Side<'_>, report: &mut ServerReport, initial: &[f32]) {
+    let mut params = initial.to_vec();
+    if let Some(dst) = side.layout.range(0).and_then(|r| params.get_mut(r)) {
+        dst.copy_from_slice(&report.params);
+    }
+    for k in 1..side.layout.shards() {
+        let Some(s) = side.summaries.get(k as usize).and_then(Option::as_ref) else {
+            (side.log)(&format!("shard {k}: its report did not arrive; the model keeps its initial slice"));
+            continue;
+        };
+        if let Some(dst) = side.layout.range(k).and_then(|r| params.get_mut(r)) {
+            if dst.len() == s.params.len() {
+                dst.copy_from_slice(&s.params);
+            }
+        }
+        let t = &mut report.stats;
+        t.accepted += s.stats.accepted;
+        t.applied += s.stats.applied;
+        for (a, b) in t.dropped.iter_mut().zip(s.stats.dropped) {
+            *a += b;
+        }
+        t.rejected += s.stats.rejected;
+        t.updates = t.updates.min(s.stats.updates);
+        t.outputs_lost += s.stats.outputs_lost;
+        report.version = Version(report.version.0.min(s.version));
+        report.staleness.0 += s.staleness.0;
+        report.staleness.1 += s.staleness.1;
+        report.staleness.2 = report.staleness.2.max(s.staleness.2);
+        report.stalls += s.stalls;
+        report.refused += s.refused;
+        report.shards.push(s.ledger);
+    }
+    report.params = params;
+}
+
+/// Waits up to `patience` for the tally of every live worker; contributions that arrive
+/// meanwhile are counted late.
 fn collect_tallies(
     side: &mut Side<'_>,
     server: &mut AnyServer<f32, Shared, Heap>,
@@ -331,12 +715,19 @@ fn collect_tallies(
 ) {
     let deadline = Instant::now() + patience;
     let missing = |side: &Side<'_>| {
-        side.ranks.live.iter().any(|r| side.report.workers.get(*r as usize - 1).is_some_and(Option::is_none))
+        side.ranks.live.iter().any(|r| {
+            side.ranks.worker(*r).and_then(|w| side.report.workers.get(w.index())).is_some_and(Option::is_none)
+        })
     };
     while missing(side) {
-        let Some(m) = side.link.recv_until(deadline, None) else { break };
-        if m.kind == Kind::Tally {
-            side.feed(server, &m, limits, epoch);
+        let Some(m) = side.link.recv_until(deadline, None, None) else { break };
+        match m.kind {
+            Kind::Tally => side.feed(server, &m, limits, epoch),
+            Kind::Wire if m.from >= side.ranks.first && is_contribution(m.message()) => side.ledger.late += 1,
+            Kind::ShardReport | Kind::ShardStop | Kind::Heartbeat if m.from < side.ranks.first => {
+                side.feed_from_shard(&m);
+            }
+            _ => {}
         }
         side.link.recycle(m);
     }
