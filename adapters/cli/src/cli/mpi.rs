@@ -191,6 +191,10 @@ mod server {
                 protocol.name(),
                 n + shards
             );
+        } else {
+            // One write of the whole line (see the workers').
+            let line = format!("mpi: rank {rank} (shard {rank}) pid {}\n", std::process::id());
+            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
         }
         let mut params = vec![0.0f32; dim];
         workload.model.init(args.workload.seed, &mut params);
@@ -237,13 +241,17 @@ mod server {
         if curve.last().is_none_or(|p| p.version != report.version.0) {
             evaluate(report.version, &report.params, &mut curve);
         }
-        let lost: Vec<String> = report.lost.iter().map(|w| format!("rank {}", w.0 + 1)).collect();
-        eprintln!(
-            "mpi: finished ({:?}) at version {}{}",
-            report.reason,
-            report.version.0,
-            if lost.is_empty() { String::new() } else { format!(", lost {}", lost.join(", ")) }
-        );
+        let ranks = |ws: &[syncopate::WorkerId]| {
+            ws.iter().map(|w| format!("rank {}", w.0 + shards)).collect::<Vec<_>>().join(", ")
+        };
+        let mut line = format!("mpi: finished ({:?}) at version {}", report.reason, report.version.0);
+        if !report.lost.is_empty() {
+            line += &format!(", lost {}", ranks(&report.lost));
+        }
+        if !report.rejoined.is_empty() {
+            line += &format!(", rejoined {}", ranks(&report.rejoined));
+        }
+        eprintln!("{line}");
         let threads = ThreadReport {
             curve,
             time_to_target_s: time_to_target,
