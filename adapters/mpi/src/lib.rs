@@ -1,7 +1,9 @@
 //! # syncopate-mpi
 //!
 //! An MPI transport for syncopate's protocols, for jobs launched by `mpirun` or `srun`:
-//! rank 0 runs the parameter server, ranks `1..=n` run workers `0..n`.
+//! rank 0 runs the parameter server, ranks `1..=n` run workers `0..n`. With `S` shards
+//! (the core's `proto::sharded`), ranks `0..S` each run the protocol's server over one slice
+//! of the model and ranks `S..S + n` run the workers, each a `ShardedWorker`.
 //!
 //! Every protocol message crosses as the core's wire format ([`syncopate::wire`]), sent with
 //! MPI point-to-point calls: non-blocking sends (`MPI_Isend`; a broadcast is one encode and
@@ -25,16 +27,21 @@
 //! length, a non-finite value, a stale or replayed message gets the core's typed refusal.
 //!
 //! - [`settings`]: the hash every rank takes of its own settings (MPI-free).
-//! - `run_server` / `run_worker` (feature `mpi`): the server and worker loops, the same
-//!   driving contract as the threaded adapter.
+//! - `run_server`, `run_shard` / `run_worker` (feature `mpi`): the server (or shard) and
+//!   worker loops, the same driving contract as the threaded adapter. A worker computes on a
+//!   thread of its own (`MPI_THREAD_FUNNELED`: that thread makes no MPI call) while its main
+//!   thread drives MPI.
+//! - [`ledger`]: a server rank's conservation ledger and a shard's final report.
 //! - `agree_on_settings` (feature `mpi`): every rank checks its settings hash against rank
 //!   0's.
 //!
 //! Liveness: MPI has no notion of a lost peer, and OpenMPI ends the whole job when a rank
-//! dies. Workers therefore send a tiny heartbeat; a worker rank silent for longer than
-//! [`RunPlan::lost_after`] (hung, stopped, cut off) becomes a lost worker for the protocol
-//! and the run goes on without it. A rank that *dies* ends the job in OpenMPI: `mpirun`
-//! then exits non-zero with a line naming the rank.
+//! dies. Workers therefore send a tiny heartbeat, from the main thread, whatever the
+//! computation does; a worker rank silent for longer than [`RunPlan::lost_after`] (hung,
+//! stopped, cut off) becomes a lost worker for the protocol and the run goes on without it.
+//! Heard again, it is told to rejoin with a new epoch and counted back once it has. Shards
+//! watch each other the same way; a lost shard stops the run. A rank that *dies* ends the
+//! job in OpenMPI: `mpirun` then exits non-zero with a line naming the rank.
 //!
 //! Without the `mpi` feature the crate holds only the MPI-free parts, so a machine without
 //! an MPI library still builds the workspace.
