@@ -37,16 +37,23 @@ pub struct MpiArgs {
 }
 
 impl MpiArgs {
-    fn check(&self) -> Result<(), String> {
+    /// `train`'s flags with one shard: `--shards` is `mpi`'s own (shard ranks), which
+    /// `train` takes for the simulator only.
+    pub(super) fn train_without_shards(&self) -> TrainArgs {
+        let mut train = self.train.clone();
+        train.shards = 1;
+        train
+    }
+
+    /// Refuses what `mpi` refuses before MPI starts (the one-line reason).
+    pub(super) fn check(&self) -> Result<(), String> {
         // Shards: checked here, since `train` takes `--shards` for the simulator only.
         if self.train.colocate_shards {
             return Err(
                 "--colocate-shards applies to `syncopate train --sim`: each MPI shard is a rank of its own".into()
             );
         }
-        let mut train = self.train.clone();
-        train.shards = 1;
-        train.check()?;
+        self.train_without_shards().check()?;
         check_shards(self.train.shards)?;
         if self.train.sim {
             return Err("--sim runs the simulator in one process: use `syncopate train --sim`".into());
