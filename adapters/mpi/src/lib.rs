@@ -272,6 +272,14 @@ mod tests {
     }
 
     #[test]
+    fn a_model_that_does_not_split_into_the_shards_is_refused_naming_both() {
+        assert_eq!(shard_layout(650, 3).map(|l| (l.len(0), l.len(2))), Ok((217, 216)));
+        let e = shard_layout(2, 3).unwrap_err();
+        assert!(e.0.contains("--shards 3 cannot split a model of 2 parameters"), "{e}");
+        assert!(shard_layout(650, 0).is_err());
+    }
+
+    #[test]
     fn heartbeat_is_a_tenth_of_the_loss_timeout_within_bounds() {
         assert_eq!(heartbeat_interval(Duration::from_secs(2)), Duration::from_millis(200));
         assert_eq!(heartbeat_interval(Duration::from_millis(5)), Duration::from_millis(10));
