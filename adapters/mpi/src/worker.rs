@@ -293,9 +293,11 @@ impl<'a> WorkerRank<'a> {
     /// Acts on every output of the state machine.
     fn drain(&mut self, computer: &mut Computer<'_, '_>) -> Result<(), MpiError> {
         let Self { link, machine, bufs, lent, sent, job, tally, setup, .. } = self;
-        // The buffer a `Compute`'s params are in: handed to the compute thread as is (polling
-        // outputs writes nothing, so it is the same buffer throughout).
-        let model = Arc::clone(&machine.params_buffer().0);
+        // The buffer a `Compute`'s params are in, handed to the compute thread as is: one
+        // server's worker writes nothing while its outputs are polled, so it is the same
+        // buffer throughout. A sharded worker assembles the model while polled (a write, which
+        // a clone held here would turn into a copy): its params are copied once instead.
+        let model = matches!(machine, Machine::One(_)).then(|| Arc::clone(&machine.params_buffer().0));
         while let Some(out) = machine.poll_output() {
             match out {
                 Out::Send { shard, msg } => {
@@ -308,10 +310,9 @@ impl<'a> WorkerRank<'a> {
                     send(link, to, &msg, lent.take_if(|_| matches!(msg, ToServer::Grad { .. })), setup.id)?;
                 }
                 Out::Compute { id, params } => {
-                    let params = if params.as_ptr() == model.as_ptr() && params.len() == model.len() {
-                        Arc::clone(&model)
-                    } else {
-                        Arc::new(params.to_vec())
+                    let params = match &model {
+                        Some(m) if params.as_ptr() == m.as_ptr() && params.len() == m.len() => Arc::clone(m),
+                        _ => Arc::new(params.to_vec()),
                     };
                     if let Some(old) = job.take() {
                         abandon(tally, bufs, computer, old);
