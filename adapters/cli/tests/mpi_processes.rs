@@ -132,6 +132,11 @@ mod with_mpi {
             self.pid_from(&format!("mpi: rank {rank} (worker {}) pid ", rank - 1))
         }
 
+        /// The pid of the worker on rank `rank` (after the shards), from its start-up line.
+        fn pid_of_rank(&self, rank: u32) -> u32 {
+            self.pid_from(&format!("mpi: rank {rank} (worker "))
+        }
+
         /// The pid at the end of the first stderr line with `needle`.
         fn pid_from(&self, needle: &str) -> u32 {
             let line = self.wait_err(needle, Duration::from_secs(60));
@@ -352,6 +357,37 @@ mod with_mpi {
                 }
             }
         }
+    }
+
+    /// A worker rank of a sharded run frozen past `--lost-after`: every shard declares it
+    /// lost; resumed, it rejoins every shard with epoch 1 (the shards agree on it), BSP
+    /// finishes its budget and both ledgers balance (the stale session's contributions
+    /// counted refused).
+    #[test]
+    fn a_frozen_worker_rank_of_a_sharded_run_rejoins_every_shard() {
+        let _job = one_job();
+        let args = ["--protocol", "bsp", "--shards", "2", "--steps", "150", "--step-ms", "20", "--lost-after", "1"];
+        let job = Job::spawn(4, &[&args[..], &["--json"]].concat());
+        let pid = job.pid_of_rank(3);
+        thread::sleep(Duration::from_millis(500));
+        signal(pid, "-STOP");
+        job.wait_err("shard 0: rank 3 (worker 1) silent", Duration::from_secs(60));
+        job.wait_err("shard 1: rank 3 (worker 1) silent", Duration::from_secs(60));
+        signal(pid, "-CONT");
+        job.wait_err("shard 0: rank 3 (worker 1) rejoined with epoch 1: counted back", Duration::from_secs(60));
+        job.wait_err("shard 1: rank 3 (worker 1) rejoined with epoch 1: counted back", Duration::from_secs(60));
+        let line = job.wait_err("mpi: finished (", Duration::from_secs(180));
+        assert!(line.contains("finished (Budget)"), "{line}");
+        let err = Arc::clone(&job.err);
+        let (code, out) = job.finish(Duration::from_secs(60));
+        assert_eq!(code, 0, "{out}");
+        let err = err.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let ledgers: Vec<&String> = err.iter().filter(|l| l.contains(": ledger ")).collect();
+        assert_eq!(ledgers.len(), 2, "{err:#?}");
+        assert!(ledgers.iter().all(|l| l.ends_with("ledger balanced")), "{ledgers:#?}");
+        let s = summary(&out);
+        assert!(s["final_accuracy"].as_f64().expect("accuracy") >= 0.90, "{s}");
+        assert!(per_worker_steps(&s)[1] > 0, "the rejoined rank's tally is counted: {s}");
     }
 
     /// A shard rank frozen past `--lost-after`: rank 0 names it and the run stops with an

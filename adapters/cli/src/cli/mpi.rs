@@ -117,6 +117,14 @@ fn blocked_step(spec: Option<&str>, rank: i32) -> Option<core::time::Duration> {
     (r.trim().parse::<i32>().ok()? == rank).then(|| core::time::Duration::from_millis(ms))
 }
 
+/// Writes `line` and a newline to stderr in one write: the ranks share `mpirun`'s stderr,
+/// and `eprintln!` writes a formatted line in pieces, which interleave across processes.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code, reason = "the MPI build uses it"))]
+fn say(line: &str) {
+    let line = format!("{line}\n");
+    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+}
+
 #[cfg(not(feature = "mpi"))]
 pub(super) fn run(args: &MpiArgs) -> Result<(), Failure> {
     args.check().map_err(Failure::Usage)?;
@@ -190,18 +198,19 @@ mod server {
         let shards = args.shards;
         let rank = world.rank();
         if shards == 1 {
-            eprintln!("mpi: {} with {n} workers on ranks 1..={n}, {model_name} ({dim} params)", protocol.name());
+            super::say(&format!(
+                "mpi: {} with {n} workers on ranks 1..={n}, {model_name} ({dim} params)",
+                protocol.name()
+            ));
         } else if rank == 0 {
-            eprintln!(
+            super::say(&format!(
                 "mpi: {} with {shards} shards on ranks 0..{shards} and {n} workers on ranks {shards}..{}, {model_name} \
                  ({dim} params)",
                 protocol.name(),
                 n + shards
-            );
+            ));
         } else {
-            // One write of the whole line (see the workers').
-            let line = format!("mpi: rank {rank} (shard {rank}) pid {}\n", std::process::id());
-            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+            super::say(&format!("mpi: rank {rank} (shard {rank}) pid {}", std::process::id()));
         }
         let mut params = vec![0.0f32; dim];
         workload.model.init(args.workload.seed, &mut params);
@@ -236,7 +245,7 @@ mod server {
                     evaluate(version, params, &mut curve);
                 }
             },
-            &mut |line| eprintln!("mpi: {line}"),
+            &mut |line| super::say(&format!("mpi: {line}")),
         )
         .map_err(|e| Failure::Run(e.0))?;
         if rank > 0 {
@@ -258,7 +267,7 @@ mod server {
         if !report.rejoined.is_empty() {
             line += &format!(", rejoined {}", ranks(&report.rejoined));
         }
-        eprintln!("{line}");
+        super::say(&line);
         let threads = ThreadReport {
             curve,
             time_to_target_s: time_to_target,
@@ -289,7 +298,7 @@ mod server {
         // Shards: every shard's ledger.
         if shards > 1 {
             for l in &report.shards {
-                eprintln!(
+                super::say(&format!(
                     "mpi: shard {}: {} params, {} updates, sent {}, delivered {}, refused {}, late {}, accepted {}, \
                      applied {}, dropped {}, held {}: ledger {}",
                     l.shard,
@@ -304,7 +313,7 @@ mod server {
                     l.dropped,
                     l.held(),
                     if l.balanced() { "balanced" } else { "open (a tally missing, or contributions unaccounted for)" }
-                );
+                ));
             }
         }
         let mut summary =
@@ -363,10 +372,7 @@ mod worker {
             rejoin_after: Some(Duration::from_secs(2)),
             shards: args.shards,
         };
-        // One write of the whole line: the ranks start together and share mpirun's stderr, and
-        // `eprintln!` writes a formatted line in pieces, which interleave across processes.
-        let line = format!("mpi: rank {} (worker {id}) pid {}\n", world.rank(), std::process::id());
-        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+        super::say(&format!("mpi: rank {} (worker {id}) pid {}", world.rank(), std::process::id()));
         run_worker(
             world,
             &options,
@@ -378,10 +384,7 @@ mod worker {
                 workload.model.gradient(params, &workload.train, &batch, grad, &mut scratch);
                 Duration::from_nanos(delays.next_step().as_nanos())
             },
-            &mut |line| {
-                let line = format!("mpi: {line}\n");
-                let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
-            },
+            &mut |line| super::say(&format!("mpi: {line}")),
         )
         .map_err(|e| Failure::Run(e.0))?;
         Ok(())

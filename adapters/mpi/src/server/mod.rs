@@ -238,11 +238,13 @@ impl Side<'_> {
                 if lost {
                     self.ranks.revive(w);
                     self.report.rejoined.push(w);
-                    (self.log)(&format!(
-                        "rank {} (worker {}) rejoined with epoch {e}: counted back",
+                    let line = format!(
+                        "{}rank {} (worker {}) rejoined with epoch {e}: counted back",
+                        self.prefix(),
                         self.ranks.rank(w),
                         w.0
-                    ));
+                    );
+                    (self.log)(&line);
                 }
             }
             (true, None) => {}
