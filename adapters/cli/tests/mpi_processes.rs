@@ -469,6 +469,24 @@ mod with_mpi {
         assert!(line.contains("rank 1 was started with other settings than rank 0"), "{line}");
     }
 
+    /// A rank started with another `--shards` (another split of the model) is refused before
+    /// anything starts, naming the rank.
+    #[test]
+    fn a_rank_with_another_shard_count_is_refused() {
+        let _job = one_job();
+        // MPMD: ranks 0 and 1 split the model in two, rank 2 thinks it is one server.
+        let mut cmd = mpirun_base();
+        let same = ["mpi", "--workers", "1", "--shards", "2"];
+        cmd.args(["-n", "2", BIN]).args(same).args([":", "-n", "1", BIN, "mpi", "--workers", "1", "--shards", "1"]);
+        let job = Job::start(cmd);
+        let err = Arc::clone(&job.err);
+        let (code, _) = job.finish(Duration::from_secs(60));
+        assert_ne!(code, 0);
+        let err = err.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let line = err.iter().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("{err:#?}"));
+        assert!(line.contains("rank 2 was started with other settings than rank 0"), "{line}");
+    }
+
     #[test]
     fn a_wrong_number_of_ranks_is_refused() {
         let _job = one_job();

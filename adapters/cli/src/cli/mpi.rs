@@ -26,8 +26,8 @@ use clap::Args;
     mut_arg("colocate_shards", |a| a.hide(true))
 )]
 pub struct MpiArgs {
-    /// The protocol, workload and straggler flags of `train` (`--workers N` needs N+1 ranks;
-    /// without `--workers`, every rank but rank 0 is a worker).
+    /// The protocol, workload and straggler flags of `train` (`--workers N` needs N+S ranks
+    /// with `--shards S`; without `--workers`, every rank but the shards' is a worker).
     #[command(flatten)]
     pub train: TrainArgs,
     /// A worker rank silent this many seconds (no message, no heartbeat: hung, stopped or cut
