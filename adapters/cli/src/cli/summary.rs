@@ -122,7 +122,7 @@ pub struct WorkerSummary {
 /// The end-of-run summary of `train`, `serve` and the simulator.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Summary {
-    /// `threads`, `sim`, `tcp` or `mpi`.
+    /// `threads`, `sim`, `tcp`, `tcp-shard` (one shard of a sharded run) or `mpi`.
     pub mode: String,
     /// The protocol's name.
     pub protocol: String,
@@ -284,7 +284,7 @@ impl Summary {
     /// Whether the model is a classifier (the noisy quadratic model has a loss only: its
     /// accuracy and time to an accuracy target mean nothing and are not printed).
     fn has_accuracy(&self) -> bool {
-        !self.model.starts_with("nqm")
+        !self.model.starts_with("nqm") && self.mode != "tcp-shard"
     }
 
     /// The summary as a short text block.
@@ -300,7 +300,9 @@ impl Summary {
         if let Some(why) = &self.diverged {
             let _ = writeln!(out, "  DIVERGED       {why}: lower --lr");
         }
-        if self.has_accuracy() {
+        if self.mode == "tcp-shard" {
+            let _ = writeln!(out, "  model          a slice (this shard's): the workers assemble the whole model");
+        } else if self.has_accuracy() {
             let _ = writeln!(out, "  test accuracy  {:.4}   loss {:.4}", self.final_accuracy, self.final_loss);
         } else {
             let _ =

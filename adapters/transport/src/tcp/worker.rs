@@ -246,7 +246,7 @@ pub fn run_worker(
 }
 
 /// Bits that differ between processes, so restarted workers do not share a jitter stream.
-fn jitter_seed() -> u64 {
+pub(super) fn jitter_seed() -> u64 {
     super::auth::nonce().map_or(u64::from(std::process::id()), |n| {
         u64::from_le_bytes(n.get(..8).and_then(|b| b.try_into().ok()).unwrap_or_default())
     })
@@ -257,7 +257,7 @@ fn killed(options: &WorkerOptions) -> bool {
 }
 
 /// Why a session could not start.
-enum ConnectError {
+pub(super) enum ConnectError {
     /// No connection: nobody listens, or the network does not get there.
     Unreachable(String),
     /// Connected, but the handshake failed or was refused.
@@ -266,7 +266,7 @@ enum ConnectError {
     Job(String),
 }
 
-fn connect(addr: &str, timeout: Duration) -> Result<TcpStream, ConnectError> {
+pub(super) fn connect(addr: &str, timeout: Duration) -> Result<TcpStream, ConnectError> {
     let addrs: Vec<SocketAddr> = addr
         .to_socket_addrs()
         .map_err(|e| ConnectError::Handshake(refusal(format!("invalid server address '{addr}': {e}"))))?

@@ -455,3 +455,35 @@ fn a_computes_params_are_the_params_buffer() {
     let buf = w.params_buffer();
     assert_eq!(seen, Some((buf.as_ptr(), buf.len(), model.to_vec())));
 }
+
+#[test]
+fn a_restarted_shard_abandons_the_assembled_computation_and_joins_again() {
+    let config = ProtocolConfig::Bsp(BspConfig::new(1, 0.5));
+    let layout = ShardLayout::new(3, 2).unwrap();
+    let mut w = ShardedWorker::allocated(&config, setup(4), layout).unwrap();
+    let _ = drain(&mut w);
+    let now = Instant::ZERO;
+    w.handle(now, 0, model(0, &[1.0, 2.0])).unwrap();
+    w.handle(now, 1, model(0, &[3.0])).unwrap();
+    assert_eq!(drain(&mut w), [Out::Compute(0, 0, vec![1.0, 2.0, 3.0])]);
+    let fresh = |id: u32, epoch: u32, len: usize| {
+        let setup = WorkerSetup { id: WorkerId(id), epoch, rejoin_after: None };
+        AnyWorker::new(&config, setup, vec![0.0; len], vec![0.0; len]).unwrap()
+    };
+    assert_eq!(w.restart_shard(1, fresh(4, 1, 2)).err(), Some(ConfigError::ShardLayout { dim: 3, shards: 2 }));
+    assert_eq!(w.restart_shard(2, fresh(4, 1, 1)).err(), Some(ConfigError::ShardLayout { dim: 3, shards: 2 }));
+    assert_eq!(w.restart_shard(1, fresh(5, 1, 1)).err(), Some(ConfigError::Knob("shard worker id")));
+    w.restart_shard(1, fresh(4, 1, 1)).unwrap();
+    assert_eq!(
+        drain(&mut w),
+        [Out::Event(WorkerEvent::Abandoned { id: ComputeId(0) }), Out::Send(1, ToServerOwned::Join { epoch: 1 })]
+    );
+    assert_eq!(w.handle_gradient(now, ComputeId(0), &[0.0; 3]), Err(Reject::NoSuchComputation));
+    // Shard 0's computation stands; the new session's model completes the next one.
+    w.handle(now, 1, model(5, &[9.0])).unwrap();
+    assert_eq!(drain(&mut w), [Out::Compute(1, 0, vec![1.0, 2.0, 9.0])]);
+    w.handle_gradient(now, ComputeId(1), &[1.0, 1.0, 1.0]).unwrap();
+    // The new session's sequence numbers carry its epoch.
+    let grad = |base: u64, seq: u64, v: &[f64]| ToServerOwned::Grad { base, iteration: 0, seq, values: v.to_vec() };
+    assert_eq!(drain(&mut w), [Out::Send(0, grad(0, 0, &[1.0, 1.0])), Out::Send(1, grad(5, 1 << 32, &[1.0]))]);
+}
