@@ -192,6 +192,13 @@ impl<T: Scalar, S: Buffer<T>, W: AsRef<[ShardSlot<T, S>]> + AsMut<[ShardSlot<T, 
         self.layout
     }
 
+    /// The buffer holding the assembled model: a `Compute` output's `params` are its
+    /// contents. Written only through `AsMut` (a copy-on-write buffer thus keeps a
+    /// computation's input unchanged while the host reads it).
+    pub fn params_buffer(&self) -> &S {
+        &self.assembled
+    }
+
     /// The inner worker of shard `shard`.
     pub fn shard(&self, shard: u32) -> Option<&AnyWorker<T, S>> {
         self.slots.as_ref().get(shard as usize).map(|s| &s.worker)

@@ -408,6 +408,54 @@ proptest::proptest! {
     }
 }
 
+/// A `Compute`'s params are the contents of `params_buffer`, for one server's worker of
+/// every protocol and for a sharded worker: a transport may hand the buffer to another
+/// thread instead of a copy.
+#[test]
+fn a_computes_params_are_the_params_buffer() {
+    use crate::msg::Values;
+    use crate::proto::{Worker, WorkerOutput};
+    let model = [0.25f64; 5];
+    let configs = [
+        ProtocolConfig::Bsp(BspConfig::new(2, 0.5)),
+        ProtocolConfig::Asp(AspConfig::new(2, 0.5)),
+        ProtocolConfig::Ssp(SspConfig::new(2, 0.5, 3)),
+        ProtocolConfig::Bap(BapConfig::new(2, 0.5, 1)),
+        ProtocolConfig::Wbsp(WbspConfig::new(2, 0.5)),
+    ];
+    for config in configs {
+        let mut w = AnyWorker::new(&config, setup(0), vec![0.0; 5], vec![0.0; config.worker_scratch_len(5)]).unwrap();
+        while w.poll_output().is_some() {}
+        w.handle(Instant::ZERO, ToWorker::Model { version: Version(1), clock: 1, values: Values::Slice(&model) })
+            .unwrap();
+        let mut seen = None;
+        while let Some(out) = w.poll_output() {
+            if let WorkerOutput::Compute { params, .. } = out {
+                seen = Some((params.as_ptr(), params.len()));
+            }
+        }
+        let buf = w.params_buffer();
+        assert_eq!(seen, Some((buf.as_ptr(), buf.len())), "{}", config.name());
+    }
+    let config = ProtocolConfig::Bsp(BspConfig::new(2, 0.5));
+    let layout = ShardLayout::new(5, 2).unwrap();
+    let slots = vec![inner(&config, 0, 3), inner(&config, 0, 2)];
+    let mut w = ShardedWorker::new(layout, slots, vec![0.0; 5]).unwrap();
+    while w.poll_output().is_some() {}
+    for (k, part) in [(0u32, &model[..3]), (1, &model[3..])] {
+        w.handle(Instant::ZERO, k, ToWorker::Model { version: Version(1), clock: 1, values: Values::Slice(part) })
+            .unwrap();
+    }
+    let mut seen = None;
+    while let Some(out) = w.poll_output() {
+        if let ShardedOutput::Compute { params, .. } = out {
+            seen = Some((params.as_ptr(), params.len(), params.to_vec()));
+        }
+    }
+    let buf = w.params_buffer();
+    assert_eq!(seen, Some((buf.as_ptr(), buf.len(), model.to_vec())));
+}
+
 #[test]
 fn a_restarted_shard_abandons_the_assembled_computation_and_joins_again() {
     let config = ProtocolConfig::Bsp(BspConfig::new(1, 0.5));
