@@ -16,7 +16,7 @@ pub(crate) mod output;
 mod protocol;
 mod reproduce;
 mod serve;
-
+mod shard;
 mod summary;
 mod train;
 mod work;

@@ -110,6 +110,9 @@ pub struct ServeArgs {
     /// most L).
     #[arg(long, value_name = "L", value_parser = parse_target_loss)]
     pub target_loss: Option<f64>,
+    /// A sharded run: which shard this server is, and the run's id.
+    #[command(flatten)]
+    pub shard: super::shard::ShardArgs,
 }
 
 /// Flags of a built-in model, which a vector from --init or worker 0 does not have.
@@ -203,6 +206,7 @@ fn run_settings(args: &ServeArgs, source: &ModelSource) -> Result<RunSettings, S
     settings.initial_from_worker = matches!(source, ModelSource::Worker { .. });
     settings.remote_groups = args.remote_groups;
     settings.server_config().map_err(|e| format!("--remote-groups: {e}"))?;
+    super::shard::apply(&args.shard, &mut settings)?;
     settings.encode()?;
     Ok(settings)
 }
@@ -263,12 +267,23 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     let settings = run_settings(args, &source).map_err(Failure::Usage)?;
     let protocol = settings.server_config().map_err(Failure::Usage)?;
     let n = protocol.workers();
+    // A shard serves its slice of the model; it sees no whole model to evaluate.
+    let served = settings.served_range().map_err(Failure::Usage)?;
+    let whole = settings.shard.is_none();
+    if !whole && (args.init_from_worker || args.save.is_some()) {
+        return Err(Failure::Usage(
+            "a shard holds a slice of the model: --init-from-worker and --save need the whole model (give every \
+             shard the same --init FILE.npy)"
+                .into(),
+        ));
+    }
     let secret = load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
     let mut resumed = None;
     let mut resumed_momentum = None;
     let (params, version) = if args.resume {
         let path = args.checkpoint.as_deref().unwrap_or_else(|| Path::new(""));
-        let c = checkpoint::load(path, protocol.name(), dim).map_err(|e| Failure::Usage(e.to_string()))?;
+        super::shard::check_record(path, &settings).map_err(Failure::Usage)?;
+        let c = checkpoint::load(path, protocol.name(), served.len()).map_err(|e| Failure::Usage(e.to_string()))?;
         if c.momentum != args.momentum {
             return Err(Failure::Usage(format!(
                 "checkpoint {} was made with momentum {}, this server runs --momentum {}: resume with the same \
@@ -295,7 +310,13 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         });
         (Some(c.params), c.version)
     } else {
-        (source.initial_params(args.workload.seed), Version::ZERO)
+        if let Some(path) = &args.checkpoint {
+            super::shard::write_record(path, &settings).map_err(Failure::Usage)?;
+        }
+        (
+            source.initial_params(args.workload.seed).map(|p| p.get(served.clone()).unwrap_or_default().to_vec()),
+            Version::ZERO,
+        )
     };
     let mut options = ServerOptions::new(settings);
     options.secret = secret;
@@ -314,8 +335,9 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     let model = source.name(model_name(&args.workload));
     let workload = source.workload();
     eprintln!(
-        "serve: {} with {n} {peers}, {model} ({dim} params), listening on {addr}{}",
+        "serve: {} with {n} {peers}, {model} ({dim} params){}, listening on {addr}{}",
         protocol.name(),
+        super::shard::describe(&server.options().settings),
         if authenticated { ", authenticated" } else { " (no shared secret)" }
     );
     let plan = RunPlan { max_gradients: args.steps.saturating_mul(u64::from(n)), time_limit };
@@ -347,7 +369,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
             let wait = bound.elapsed().as_secs_f64();
             eprintln!("serve: all {n} {peers} connected after {wait:.2} s; the run's clock starts now");
         }
-        Note::Model { version, params } => {
+        Note::Model { version, params } if whole => {
             let Some(workload) = workload else {
                 return;
             };
@@ -360,13 +382,19 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
                 }
             }
         }
+        Note::Model { version, .. } => {
+            if last_print.is_none_or(|t: Instant| t.elapsed() >= Duration::from_secs(1)) {
+                last_print = Some(Instant::now());
+                eprintln!("serve: version {} (this shard's slice)", version.0);
+            }
+        }
     };
     let report = match params {
         Some(params) => server.run(params, version, &plan, &mut on_note),
         None => server.run_with_initial_from_worker(&plan, &mut on_note),
     }
     .map_err(|e| Failure::Run(e.0))?;
-    if let Some(workload) = workload {
+    if let Some(workload) = workload.filter(|_| whole) {
         if curve.last().is_none_or(|p| p.version != report.version.0) {
             evaluate(workload, report.version, &report.params, &mut curve);
         }
@@ -404,7 +432,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         ledger: crate::thread::ThreadLedger::default(),
     };
     let mut summary = Summary::from_threads(&threads, protocol.name(), n, &model, dim, args.workload.seed, args.target);
-    summary.mode = "tcp".into();
+    summary.mode = if whole { "tcp" } else { "tcp-shard" }.into();
     summary.test_set = workload.is_some();
     // Without a test set there is no evaluation to take the version from.
     summary.updates = report.version.0;
@@ -417,6 +445,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         discarded: report.discarded,
         in_flight_at_stop: report.in_flight_at_stop,
         sessions: report.session_ledgers.clone(),
+        workers_lost: report.lost,
         resumed,
     });
     let saved = args.save.as_deref().map(|path| model_source::save(path, &report.params, report.initial_model_known));
