@@ -93,8 +93,8 @@ impl fmt::Display for MpiError {
 
 impl core::error::Error for MpiError {}
 
-/// When the server ends a run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// When the server ends a run, and how it steps.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RunPlan {
     /// Stop once the server has accepted this many gradients.
     pub max_gradients: u64,
@@ -102,6 +102,9 @@ pub struct RunPlan {
     pub time_limit: Option<Duration>,
     /// A worker rank silent (no message, no heartbeat) for this long is a lost worker.
     pub lost_after: Duration,
+    /// SGD with momentum `β` (in `[0, 1)`) on every update of each shard's model; 0 is
+    /// plain SGD.
+    pub momentum: f64,
 }
 
 /// The heartbeat interval of workers for a server that declares a rank lost after

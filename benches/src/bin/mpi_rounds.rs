@@ -35,7 +35,7 @@ fn main() {
     let config = ProtocolConfig::Bsp(BspConfig::new(workers, 1e-6));
     let lost_after = Duration::from_secs(600);
     let result = if world.rank() == 0 {
-        let plan = RunPlan { max_gradients: rounds * u64::from(workers), time_limit: None, lost_after };
+        let plan = RunPlan { max_gradients: rounds * u64::from(workers), time_limit: None, lost_after, momentum: 0.0 };
         let mut stamps: Vec<Instant> = Vec::new();
         run_server(world, &config, vec![0.5f32; dim], &plan, &mut |_, _| stamps.push(Instant::now()), &mut |line| {
             eprintln!("mpi_rounds: {line}");

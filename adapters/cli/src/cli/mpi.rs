@@ -164,6 +164,7 @@ pub(super) fn run(args: &MpiArgs) -> Result<(), Failure> {
         max_gradients: train.steps.saturating_mul(u64::from(protocol.workers())),
         time_limit: super::train::time_limit(train.time_limit).map_err(Failure::Usage)?,
         lost_after: super::train::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?,
+        momentum: train.momentum,
     };
     if world.rank() < i32::try_from(shards).unwrap_or(i32::MAX) {
         server::run(train, protocol, &workload, &plan, world)

@@ -409,6 +409,7 @@ pub fn run_shard(
     let spare = Shared::zeroed(protocol.spare_accumulator_len(dim));
     let mut server = AnyServer::new(protocol, Shared(Arc::new(slice)), scratch)
         .and_then(|s| s.with_spare_accumulator(spare))
+        .and_then(|s| if plan.momentum == 0.0 { Ok(s) } else { s.with_momentum(plan.momentum, Shared::zeroed(dim)) })
         .map_err(|e| MpiError(format!("cannot start the server: {e}")))?;
     if server.has_upstream() {
         return Err(MpiError("the server needs an upstream link, which the MPI adapter does not have".into()));
