@@ -255,16 +255,24 @@ def main() -> int:
     p.add_argument("--link", action="store_true", help="time one update's communication, no computation")
     p.add_argument("--link-updates", type=int, default=100)
     p.add_argument("--out", default="torch-results.jsonl")
+    p.add_argument("--allow-debug", action="store_true", help="run with a debug build of syncopate (smoke tests)")
     args = p.parse_args()
     systems = [s for s in args.systems.split(",") if s]
     for s in systems:
         if s not in SYSTEMS:
             p.error(f"unknown system {s!r}: one of {', '.join(SYSTEMS)}")
+    build = getattr(syncopate._native, "BUILD", "unknown")
+    if build != "release" and not args.allow_debug:
+        p.error(f"the syncopate module is a {build} build ({syncopate.__file__}): its timings mean nothing; "
+                "build it with `maturin build --release` (or pass --allow-debug for a smoke test)")
     with open(args.out, "a") as out:
+        # The systems take turns within each repetition, so a change in the machine's load
+        # (other processes) falls on every system alike; the load average is recorded.
         for run in range(args.runs):
             for system in systems:
                 row: dict[str, Any] = {"system": system, "model": args.model, "workers": args.workers, "run": run,
-                                       "lr": args.lr, "momentum": args.momentum}
+                                       "lr": args.lr, "momentum": args.momentum, "cores": os.cpu_count(),
+                                       "build": build, "load_before": os.getloadavg()[0]}
                 if args.link:
                     row.update(kind="link", **run_link(system, args))
                     print(f"{system:7} link {row['per_update_ms']:.2f} ms/update (dim {row['dim']})", flush=True)
@@ -277,7 +285,8 @@ def main() -> int:
                     ttt = row["time_to_target_s"]
                     print(f"{system:7} {args.case:8} run {run}: to {args.target}: "
                           f"{'-' if ttt is None else f'{ttt:.2f} s'}, final {row['final_accuracy']:.3f}, "
-                          f"{row['wall_s']:.2f} s", flush=True)
+                          f"{row['wall_s']:.2f} s (load {row['load_before']:.1f})", flush=True)
+                row["load_after"] = os.getloadavg()[0]
                 out.write(json.dumps(row) + "\n")
                 out.flush()
     return 0
