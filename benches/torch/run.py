@@ -20,6 +20,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import resource
 import socket
 import sys
 import time
@@ -36,6 +37,23 @@ import syncopate  # noqa: E402
 import syncopate.torch as st  # noqa: E402
 
 SYSTEMS = ("ddp", "bsp", "backup", "dbw", "ssp", "asp")
+
+
+def context() -> Any:
+    """Worker processes come from a fork server that has imported torch once: a fresh
+    interpreter per worker would import it again for every run (seconds per process on a
+    loaded machine), and forking the harness itself would copy its threads' state.
+    `torch._dynamo` is what DistributedDataParallel's constructor imports on first use."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "numpy", "syncopate",
+                                "syncopate.torch", "common"])
+    return ctx
+
+
+def process_cpu_s() -> float:
+    """CPU seconds (user and system) this process has used, all its threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def free_port() -> int:
@@ -99,7 +117,7 @@ def ddp_worker(rank: int, args: argparse.Namespace, port: int, out: Any) -> None
 
 
 def run_ddp(args: argparse.Namespace) -> dict[str, Any]:
-    ctx = mp.get_context("spawn")
+    ctx = context()
     out = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=ddp_worker, args=(r, args, port, out)) for r in range(args.workers)]
@@ -150,7 +168,7 @@ def start_workers(target: Any, args: argparse.Namespace, *extra: Any) -> tuple[l
     """Starts the worker processes and waits until each has set up (imports, model, data,
     straggler calibration), so every worker connects within moments of the server's start.
     Returns the processes and the `on_listen` that hands them the address."""
-    ctx = mp.get_context("spawn")
+    ctx = context()
     ready = ctx.Queue()
     addresses = [ctx.Queue() for _ in range(args.workers)]
     procs = [ctx.Process(target=target, args=(r, *extra, ready, addresses[r])) for r in range(args.workers)]
@@ -197,12 +215,13 @@ def ddp_link_worker(rank: int, args: argparse.Namespace, port: int, out: Any) ->
     for _ in range(5):
         dist.all_reduce(flat)
     dist.barrier()
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), process_cpu_s()
     for _ in range(args.link_updates):
         dist.all_reduce(flat)
-    elapsed = time.perf_counter() - t
+    elapsed, cpu = time.perf_counter() - t, process_cpu_s() - cpu
     if rank == 0:
-        out.put({"per_update_ms": 1e3 * elapsed / args.link_updates, "dim": dim})
+        out.put({"per_update_ms": 1e3 * elapsed / args.link_updates, "dim": dim,
+                 "rank_cpu_ms": 1e3 * cpu / args.link_updates})
     dist.destroy_process_group()
 
 
@@ -218,7 +237,7 @@ def link_worker(rank: int, ready: Any, address: Any) -> None:
 
 
 def run_link(system: str, args: argparse.Namespace) -> dict[str, Any]:
-    ctx = mp.get_context("spawn")
+    ctx = context()
     if system == "ddp":
         out = ctx.Queue()
         port = free_port()
@@ -232,11 +251,17 @@ def run_link(system: str, args: argparse.Namespace) -> dict[str, Any]:
     params = st.parameters_vector(common.make_model(args.model))
     procs, start = start_workers(link_worker, args)
 
+    # `serve` drives the protocol on this thread; the connections' readers and writers are
+    # threads of this process.
+    thread_cpu, cpu = time.thread_time(), process_cpu_s()
     report = syncopate.serve(params, protocol(system, args), updates=args.link_updates, on_listen=start,
                              log=lambda _: None)
+    thread_cpu, cpu = time.thread_time() - thread_cpu, process_cpu_s() - cpu
     for p in procs:
         p.join()
-    return {"per_update_ms": 1e3 * report["wall_s"] / report["updates"], "dim": len(params)}
+    updates = report["updates"]
+    return {"per_update_ms": 1e3 * report["wall_s"] / updates, "dim": len(params),
+            "server_cpu_ms": 1e3 * cpu / updates, "protocol_thread_cpu_ms": 1e3 * thread_cpu / updates}
 
 
 def main() -> int:
@@ -273,6 +298,7 @@ def main() -> int:
                 row: dict[str, Any] = {"system": system, "model": args.model, "workers": args.workers, "run": run,
                                        "lr": args.lr, "momentum": args.momentum, "cores": os.cpu_count(),
                                        "build": build, "load_before": os.getloadavg()[0]}
+                began = time.perf_counter()
                 if args.link:
                     row.update(kind="link", **run_link(system, args))
                     print(f"{system:7} link {row['per_update_ms']:.2f} ms/update (dim {row['dim']})", flush=True)
@@ -287,6 +313,7 @@ def main() -> int:
                           f"{'-' if ttt is None else f'{ttt:.2f} s'}, final {row['final_accuracy']:.3f}, "
                           f"{row['wall_s']:.2f} s (load {row['load_before']:.1f})", flush=True)
                 row["load_after"] = os.getloadavg()[0]
+                row["run_s"] = time.perf_counter() - began  # with start-up and evaluations
                 out.write(json.dumps(row) + "\n")
                 out.flush()
     return 0

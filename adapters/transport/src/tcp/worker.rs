@@ -665,7 +665,8 @@ mod tests {
         fn accept(listener: &TcpListener, settings: &RunSettings) -> Self {
             let (stream, _) = listener.accept().unwrap();
             let dim = settings.dim().unwrap();
-            let mut reader = FrameReader::new(stream.try_clone().unwrap(), handshake::HANDSHAKE_MAX_LEN, FrameTimeout::default());
+            let mut reader =
+                FrameReader::new(stream.try_clone().unwrap(), handshake::HANDSHAKE_MAX_LEN, FrameTimeout::default());
             let mut writer = FrameWriter::new(stream, handshake::HANDSHAKE_MAX_LEN);
             let bytes = settings.encode().unwrap();
             let label = settings.label();
@@ -682,9 +683,14 @@ mod tests {
             };
             let now = StdInstant::now();
             let deadlines = Deadlines { hello: now + Duration::from_secs(5), done: now + Duration::from_secs(5) };
-            handshake::server_handshake(&mut reader, &mut writer, &side, deadlines, crate::tcp::session_max_len(dim), |_| {
-                Ok(0)
-            })
+            handshake::server_handshake(
+                &mut reader,
+                &mut writer,
+                &side,
+                deadlines,
+                crate::tcp::session_max_len(dim),
+                |_| Ok(0),
+            )
             .unwrap();
             Self { reader, writer, buf: Vec::new(), limits: Limits::for_model(dim) }
         }
