@@ -22,6 +22,7 @@ import multiprocessing as mp
 import os
 import resource
 import socket
+import statistics
 import sys
 import time
 from typing import Any
@@ -225,15 +226,20 @@ def ddp_link_worker(rank: int, args: argparse.Namespace, port: int, out: Any) ->
     dist.destroy_process_group()
 
 
-def link_worker(rank: int, ready: Any, address: Any) -> None:
+def link_worker(rank: int, cpu_out: Any, ready: Any, address: Any) -> None:
     torch.set_num_threads(1)
     ready.put(rank)
     address = address.get()
+    updates = 0
 
     def compute(params: np.ndarray, grad: np.ndarray) -> float:
+        nonlocal updates
+        updates += 1
         return 0.0  # `grad` stays zero
 
+    cpu = process_cpu_s()
     finish(lambda: syncopate.run_worker(address, compute, id=rank, log=lambda _: None, give_up_after_s=5.0))
+    cpu_out.put((process_cpu_s() - cpu) / max(updates, 1))
 
 
 def run_link(system: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -249,7 +255,8 @@ def run_link(system: str, args: argparse.Namespace) -> dict[str, Any]:
             p.join()
         return result
     params = st.parameters_vector(common.make_model(args.model))
-    procs, start = start_workers(link_worker, args)
+    cpu_out = ctx.Queue()
+    procs, start = start_workers(link_worker, args, cpu_out)
 
     # `serve` drives the protocol on this thread; the connections' readers and writers are
     # threads of this process.
@@ -257,11 +264,13 @@ def run_link(system: str, args: argparse.Namespace) -> dict[str, Any]:
     report = syncopate.serve(params, protocol(system, args), updates=args.link_updates, on_listen=start,
                              log=lambda _: None)
     thread_cpu, cpu = time.thread_time() - thread_cpu, process_cpu_s() - cpu
+    worker_cpu = [cpu_out.get(timeout=60) for _ in procs]
     for p in procs:
         p.join()
     updates = report["updates"]
     return {"per_update_ms": 1e3 * report["wall_s"] / updates, "dim": len(params),
-            "server_cpu_ms": 1e3 * cpu / updates, "protocol_thread_cpu_ms": 1e3 * thread_cpu / updates}
+            "server_cpu_ms": 1e3 * cpu / updates, "protocol_thread_cpu_ms": 1e3 * thread_cpu / updates,
+            "worker_cpu_ms": 1e3 * statistics.median(worker_cpu)}
 
 
 def main() -> int:

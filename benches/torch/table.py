@@ -36,10 +36,13 @@ def loads(rows: list[dict[str, Any]]) -> str:
     return f"{min(values):.0f}-{max(values):.0f}" if values else "-"
 
 
+def median_of(rows: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(r[key] for r in rows if key in r)
+
+
 def cpu(rows: list[dict[str, Any]], key: str) -> str:
     """The median of a CPU-time field in ms (empty if the runs predate it)."""
-    values = [r[key] for r in rows if key in r]
-    return f"{statistics.median(values):.1f} ms" if values else ""
+    return f"{median_of(rows, key):.1f} ms" if any(key in r for r in rows) else ""
 
 
 def megabytes(floats: float) -> str:
@@ -52,15 +55,16 @@ def main(paths: list[str]) -> int:
     link: dict[tuple, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         if r["kind"] == "train":
-            train[(r["model"], r["case"], r["workers"], r["target"])][r["system"]].append(r)
+            train[(r["model"], r["case"], r["workers"], r["target"], r["gradients"])][r["system"]].append(r)
         else:
             link[(r["model"], r["dim"], r["workers"])][r["system"]].append(r)
     if train:
         print("Time to the test-accuracy target (training time, evaluations excluded; median of the runs) "
               "and final accuracy (median)\n")
-        print("| model | case | workers | target | " + " | ".join(LABELS[s] for s in SYSTEMS) + " | runs | load |")
-        print("|---|---|---|---|" + "---|" * len(SYSTEMS) + "---|---|")
-        for (model, case, workers, target), by in sorted(train.items()):
+        print("| model | case | workers | target | gradients | " + " | ".join(LABELS[s] for s in SYSTEMS)
+              + " | runs | load |")
+        print("|---|---|---|---|---|" + "---|" * len(SYSTEMS) + "---|---|")
+        for (model, case, workers, target, gradients), by in sorted(train.items()):
             cells = []
             for s in SYSTEMS:
                 if s not in by:
@@ -70,9 +74,10 @@ def main(paths: list[str]) -> int:
                 cells.append(f"{median_time(by[s])}, {acc:.3f}")
             runs = min(len(v) for v in by.values())
             every = [r for v in by.values() for r in v]
-            print(f"| {model} | {case} | {workers} | {target} | " + " | ".join(cells) + f" | {runs} | {loads(every)} |")
+            print(f"| {model} | {case} | {workers} | {target} | {gradients:,} | " + " | ".join(cells)
+                  + f" | {runs} | {loads(every)} |")
         print()
-        for (model, case, workers, target), by in sorted(train.items()):
+        for (model, case, workers, target, _), by in sorted(train.items()):
             if "ddp" not in by:
                 continue
             ddp = statistics.median(r["time_to_target_s"] or float("inf") for r in by["ddp"])
@@ -92,9 +97,9 @@ def main(paths: list[str]) -> int:
     if link:
         print("Cost of one update's communication (no computation; median ms per update)\n")
         print("| model | parameters | workers | DDP allreduce | syncopate BSP over TCP | BSP / DDP | "
-              "CPU per update: DDP rank 0 | BSP server (protocol thread) | "
+              "CPU per update: DDP rank 0 | BSP server (protocol thread) | BSP worker | all processes: DDP, BSP | "
               "bytes moved per update: server | ring allreduce | runs | load |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for (model, dim, workers), by in sorted(link.items()):
             med = {s: statistics.median(r["per_update_ms"] for r in by[s]) for s in ("ddp", "bsp") if s in by}
             ddp = f"{med['ddp']:.1f} ms" if "ddp" in med else ""
@@ -108,9 +113,18 @@ def main(paths: list[str]) -> int:
             server_cpu = cpu(by.get("bsp", []), "server_cpu_ms")
             thread_cpu = cpu(by.get("bsp", []), "protocol_thread_cpu_ms")
             server_cpu += f" ({thread_cpu})" if thread_cpu else ""
+            worker_cpu = cpu(by.get("bsp", []), "worker_cpu_ms")
+            # Every rank of the allreduce does the same work; the server's and the workers'
+            # medians add up to a BSP round's.
+            totals = ""
+            if rank_cpu and worker_cpu:
+                ddp_all = workers * median_of(by["ddp"], "rank_cpu_ms")
+                bsp_all = median_of(by["bsp"], "server_cpu_ms") + workers * median_of(by["bsp"], "worker_cpu_ms")
+                totals = f"{ddp_all:.1f} ms, {bsp_all:.1f} ms"
             runs = min(len(v) for v in by.values())
             every = [r for v in by.values() for r in v]
             print(f"| {model} | {dim:,} | {workers} | {ddp} | {bsp} | {ratio_text} | {rank_cpu} | {server_cpu} "
+                  f"| {worker_cpu} | {totals} "
                   f"| {server} | {ring} | {runs} | {loads(every)} |")
     return 0
 
