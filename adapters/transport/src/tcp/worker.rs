@@ -207,6 +207,7 @@ pub fn run_worker(
         if killed(options) {
             break;
         }
+        let written_before = report.sent + report.resent;
         let why = match session(options, &mut pinned, &mut prepared, &mut report, job, log) {
             Ok(SessionEnd::Stopped) => {
                 report.stopped = true;
@@ -217,7 +218,10 @@ pub fn run_worker(
                 attempt = 0;
                 unreachable_since = None;
                 let seen = report.last_version.map_or_else(|| "none".to_owned(), |v| v.to_string());
-                format!("connection lost ({why}; newest model computed on: version {seen})")
+                let written = report.sent + report.resent - written_before;
+                format!(
+                    "connection lost after {written} contributions written ({why}; newest model computed on: version {seen})"
+                )
             }
             Err(ConnectError::Unreachable(e)) => {
                 let since = *unreachable_since.get_or_insert_with(StdInstant::now);
@@ -249,7 +253,7 @@ pub fn run_worker(
 }
 
 /// Bits that differ between processes, so restarted workers do not share a jitter stream.
-fn jitter_seed() -> u64 {
+pub(super) fn jitter_seed() -> u64 {
     super::auth::nonce().map_or(u64::from(std::process::id()), |n| {
         u64::from_le_bytes(n.get(..8).and_then(|b| b.try_into().ok()).unwrap_or_default())
     })
@@ -260,7 +264,7 @@ fn killed(options: &WorkerOptions) -> bool {
 }
 
 /// Why a session could not start.
-enum ConnectError {
+pub(super) enum ConnectError {
     /// No connection: nobody listens, or the network does not get there.
     Unreachable(String),
     /// Connected, but the handshake failed or was refused.
@@ -269,7 +273,7 @@ enum ConnectError {
     Job(String),
 }
 
-fn connect(addr: &str, timeout: Duration) -> Result<TcpStream, ConnectError> {
+pub(super) fn connect(addr: &str, timeout: Duration) -> Result<TcpStream, ConnectError> {
     let addrs: Vec<SocketAddr> = addr
         .to_socket_addrs()
         .map_err(|e| ConnectError::Handshake(refusal(format!("invalid server address '{addr}': {e}"))))?
@@ -417,23 +421,6 @@ struct Deferred {
     version: syncopate::Version,
 }
 
-/// Whether bytes from the server are readable now (or the connection has ended), without
-/// waiting: the next read returns at once.
-fn server_sent_more(reader: &FrameReader) -> bool {
-    let stream = reader.stream();
-    if stream.set_nonblocking(true).is_err() {
-        return false;
-    }
-    let peeked = stream.peek(&mut [0u8; 1]);
-    // A socket left non-blocking would turn the reader's timed waits into busy ones; if
-    // switching back fails, reading is what reports the broken socket.
-    let _ = stream.set_nonblocking(false);
-    match peeked {
-        Ok(_) => true,
-        Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted),
-    }
-}
-
 /// A computed gradient waiting for its emulated step time to pass.
 struct Held {
     id: ComputeId,
@@ -514,7 +501,7 @@ fn drive_loop(
                     if deferred.take().is_some() {
                         report.superseded += 1;
                     }
-                    if server_sent_more(reader) {
+                    if server_has_sent(reader.stream()) {
                         deferred_params.clear();
                         deferred_params.extend_from_slice(params);
                         deferred = Some(Deferred { id, version });
@@ -534,7 +521,20 @@ fn drive_loop(
                 WorkerOutput::Event(_) => {}
             }
         }
-        if let Some(h) = held.take_if(|h| StdInstant::now() >= h.ready) {
+        // A finished step is handed over at once unless something else needs the loop first:
+        // frames the server sent (read before the next step, so a worker whose steps take no
+        // time still sees a `Stop` or a newer model, and, at the latest with the server's next
+        // heartbeat, its kill switch), a due timeout, a broken upload or a silent server. The
+        // next step is only computed after that. A step finished when the kill switch was set
+        // is handed over before the worker stops.
+        let due = held.as_ref().is_some_and(|h| StdInstant::now() >= h.ready);
+        let look_first = || {
+            upload_failed.is_some()
+                || heard.elapsed() >= options.lost_after
+                || worker.poll_timeout().is_some_and(|t| at(epoch, t) <= StdInstant::now())
+                || server_has_sent(reader.stream())
+        };
+        if let Some(h) = held.take_if(|_| due && !look_first()) {
             report.busy_s += h.started.elapsed().as_secs_f64();
             match worker.handle_gradient_with_loss(since(epoch), h.id, &grad, h.loss) {
                 Ok(()) => report.steps += 1,
@@ -548,7 +548,7 @@ fn drive_loop(
         if killed(options) {
             return SessionEnd::Killed;
         }
-        if deferred.is_some() && !server_sent_more(reader) {
+        if deferred.is_some() && !server_has_sent(reader.stream()) {
             if let Some(Deferred { id, version }) = deferred.take() {
                 compute(job, report, &mut held, &mut grad, id, version, &deferred_params);
             }
@@ -620,6 +620,24 @@ fn compute(
     let loss = job.loss();
     report.last_version = Some(report.last_version.unwrap_or(0).max(version.0));
     *held = Some(Held { id, started: now, ready: StdInstant::now() + extra, loss });
+}
+
+/// Whether the server sent bytes not read yet (or closed the connection, or the socket has
+/// an error for the reader to report), without blocking and without switching the socket to
+/// non-blocking mode, which its clone in the writer thread shares.
+#[cfg(unix)]
+fn server_has_sent(stream: &TcpStream) -> bool {
+    let mut byte = [core::mem::MaybeUninit::<u8>::uninit()];
+    match socket2::SockRef::from(stream).recv_with_flags(&mut byte, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+        Ok(_) => true,
+        Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted),
+    }
+}
+
+/// Without a non-blocking peek, the loop reads (a short wait) between every two steps.
+#[cfg(not(unix))]
+fn server_has_sent(_: &TcpStream) -> bool {
+    true
 }
 
 #[cfg(test)]
@@ -748,12 +766,13 @@ mod tests {
         }
         thread::sleep(Duration::from_millis(50));
         release_tx.send(()).unwrap();
-        assert_eq!(server.next(), ("Grad", Some(0)));
+        // The gradient on version 0 is abandoned for the newer models (option A); the next
+        // one sent is computed on the newest.
         assert_eq!(server.next(), ("Grad", Some(5)), "the next gradient is computed on the newest model");
         server.send(&ToWorker::Stop);
         let (report, models) = worker.join().unwrap();
         assert_eq!(models, [0.0, 5.0], "computed on version 0, then straight on version 5");
-        assert_eq!((report.steps, report.superseded, report.stopped), (2, 4, true));
+        assert_eq!((report.steps, report.superseded, report.stopped), (1, 4, true));
     }
 
     #[test]
