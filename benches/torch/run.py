@@ -20,7 +20,9 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import resource
 import socket
+import statistics
 import sys
 import time
 from typing import Any
@@ -36,6 +38,23 @@ import syncopate  # noqa: E402
 import syncopate.torch as st  # noqa: E402
 
 SYSTEMS = ("ddp", "bsp", "backup", "dbw", "ssp", "asp")
+
+
+def context() -> Any:
+    """Worker processes come from a fork server that has imported torch once: a fresh
+    interpreter per worker would import it again for every run (seconds per process on a
+    loaded machine), and forking the harness itself would copy its threads' state.
+    `torch._dynamo` is what DistributedDataParallel's constructor imports on first use."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "numpy", "syncopate",
+                                "syncopate.torch", "common"])
+    return ctx
+
+
+def process_cpu_s() -> float:
+    """CPU seconds (user and system) this process has used, all its threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def free_port() -> int:
@@ -99,7 +118,7 @@ def ddp_worker(rank: int, args: argparse.Namespace, port: int, out: Any) -> None
 
 
 def run_ddp(args: argparse.Namespace) -> dict[str, Any]:
-    ctx = mp.get_context("spawn")
+    ctx = context()
     out = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=ddp_worker, args=(r, args, port, out)) for r in range(args.workers)]
@@ -150,7 +169,7 @@ def start_workers(target: Any, args: argparse.Namespace, *extra: Any) -> tuple[l
     """Starts the worker processes and waits until each has set up (imports, model, data,
     straggler calibration), so every worker connects within moments of the server's start.
     Returns the processes and the `on_listen` that hands them the address."""
-    ctx = mp.get_context("spawn")
+    ctx = context()
     ready = ctx.Queue()
     addresses = [ctx.Queue() for _ in range(args.workers)]
     procs = [ctx.Process(target=target, args=(r, *extra, ready, addresses[r])) for r in range(args.workers)]
@@ -197,28 +216,34 @@ def ddp_link_worker(rank: int, args: argparse.Namespace, port: int, out: Any) ->
     for _ in range(5):
         dist.all_reduce(flat)
     dist.barrier()
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), process_cpu_s()
     for _ in range(args.link_updates):
         dist.all_reduce(flat)
-    elapsed = time.perf_counter() - t
+    elapsed, cpu = time.perf_counter() - t, process_cpu_s() - cpu
     if rank == 0:
-        out.put({"per_update_ms": 1e3 * elapsed / args.link_updates, "dim": dim})
+        out.put({"per_update_ms": 1e3 * elapsed / args.link_updates, "dim": dim,
+                 "rank_cpu_ms": 1e3 * cpu / args.link_updates})
     dist.destroy_process_group()
 
 
-def link_worker(rank: int, ready: Any, address: Any) -> None:
+def link_worker(rank: int, cpu_out: Any, ready: Any, address: Any) -> None:
     torch.set_num_threads(1)
     ready.put(rank)
     address = address.get()
+    updates = 0
 
     def compute(params: np.ndarray, grad: np.ndarray) -> float:
+        nonlocal updates
+        updates += 1
         return 0.0  # `grad` stays zero
 
+    cpu = process_cpu_s()
     finish(lambda: syncopate.run_worker(address, compute, id=rank, log=lambda _: None, give_up_after_s=5.0))
+    cpu_out.put((process_cpu_s() - cpu) / max(updates, 1))
 
 
 def run_link(system: str, args: argparse.Namespace) -> dict[str, Any]:
-    ctx = mp.get_context("spawn")
+    ctx = context()
     if system == "ddp":
         out = ctx.Queue()
         port = free_port()
@@ -230,13 +255,22 @@ def run_link(system: str, args: argparse.Namespace) -> dict[str, Any]:
             p.join()
         return result
     params = st.parameters_vector(common.make_model(args.model))
-    procs, start = start_workers(link_worker, args)
+    cpu_out = ctx.Queue()
+    procs, start = start_workers(link_worker, args, cpu_out)
 
+    # `serve` drives the protocol on this thread; the connections' readers and writers are
+    # threads of this process.
+    thread_cpu, cpu = time.thread_time(), process_cpu_s()
     report = syncopate.serve(params, protocol(system, args), updates=args.link_updates, on_listen=start,
                              log=lambda _: None)
+    thread_cpu, cpu = time.thread_time() - thread_cpu, process_cpu_s() - cpu
+    worker_cpu = [cpu_out.get(timeout=60) for _ in procs]
     for p in procs:
         p.join()
-    return {"per_update_ms": 1e3 * report["wall_s"] / report["updates"], "dim": len(params)}
+    updates = report["updates"]
+    return {"per_update_ms": 1e3 * report["wall_s"] / updates, "dim": len(params),
+            "server_cpu_ms": 1e3 * cpu / updates, "protocol_thread_cpu_ms": 1e3 * thread_cpu / updates,
+            "worker_cpu_ms": 1e3 * statistics.median(worker_cpu)}
 
 
 def main() -> int:
@@ -255,16 +289,25 @@ def main() -> int:
     p.add_argument("--link", action="store_true", help="time one update's communication, no computation")
     p.add_argument("--link-updates", type=int, default=100)
     p.add_argument("--out", default="torch-results.jsonl")
+    p.add_argument("--allow-debug", action="store_true", help="run with a debug build of syncopate (smoke tests)")
     args = p.parse_args()
     systems = [s for s in args.systems.split(",") if s]
     for s in systems:
         if s not in SYSTEMS:
             p.error(f"unknown system {s!r}: one of {', '.join(SYSTEMS)}")
+    build = getattr(syncopate._native, "BUILD", "unknown")
+    if build != "release" and not args.allow_debug:
+        p.error(f"the syncopate module is a {build} build ({syncopate.__file__}): its timings mean nothing; "
+                "build it with `maturin build --release` (or pass --allow-debug for a smoke test)")
     with open(args.out, "a") as out:
+        # The systems take turns within each repetition, so a change in the machine's load
+        # (other processes) falls on every system alike; the load average is recorded.
         for run in range(args.runs):
             for system in systems:
                 row: dict[str, Any] = {"system": system, "model": args.model, "workers": args.workers, "run": run,
-                                       "lr": args.lr, "momentum": args.momentum}
+                                       "lr": args.lr, "momentum": args.momentum, "cores": os.cpu_count(),
+                                       "build": build, "load_before": os.getloadavg()[0]}
+                began = time.perf_counter()
                 if args.link:
                     row.update(kind="link", **run_link(system, args))
                     print(f"{system:7} link {row['per_update_ms']:.2f} ms/update (dim {row['dim']})", flush=True)
@@ -277,7 +320,9 @@ def main() -> int:
                     ttt = row["time_to_target_s"]
                     print(f"{system:7} {args.case:8} run {run}: to {args.target}: "
                           f"{'-' if ttt is None else f'{ttt:.2f} s'}, final {row['final_accuracy']:.3f}, "
-                          f"{row['wall_s']:.2f} s", flush=True)
+                          f"{row['wall_s']:.2f} s (load {row['load_before']:.1f})", flush=True)
+                row["load_after"] = os.getloadavg()[0]
+                row["run_s"] = time.perf_counter() - began  # with start-up and evaluations
                 out.write(json.dumps(row) + "\n")
                 out.flush()
     return 0

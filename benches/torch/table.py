@@ -30,21 +30,41 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}"
 
 
+def loads(rows: list[dict[str, Any]]) -> str:
+    """The range of the 1-minute load average at the start of the runs (older results have none)."""
+    values = [r["load_before"] for r in rows if "load_before" in r]
+    return f"{min(values):.0f}-{max(values):.0f}" if values else "-"
+
+
+def median_of(rows: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(r[key] for r in rows if key in r)
+
+
+def cpu(rows: list[dict[str, Any]], key: str) -> str:
+    """The median of a CPU-time field in ms (empty if the runs predate it)."""
+    return f"{median_of(rows, key):.1f} ms" if any(key in r for r in rows) else ""
+
+
+def megabytes(floats: float) -> str:
+    return f"{4 * floats / 1e6:.1f} MB"
+
+
 def main(paths: list[str]) -> int:
     rows = [json.loads(line) for path in paths for line in open(path) if line.strip()]
     train: dict[tuple, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    link: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    link: dict[tuple, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         if r["kind"] == "train":
-            train[(r["model"], r["case"], r["workers"], r["target"])][r["system"]].append(r)
+            train[(r["model"], r["case"], r["workers"], r["target"], r["gradients"])][r["system"]].append(r)
         else:
-            link[(r["model"], r["dim"], r["workers"])][r["system"]].append(r["per_update_ms"])
+            link[(r["model"], r["dim"], r["workers"])][r["system"]].append(r)
     if train:
         print("Time to the test-accuracy target (training time, evaluations excluded; median of the runs) "
               "and final accuracy (median)\n")
-        print("| model | case | workers | target | " + " | ".join(LABELS[s] for s in SYSTEMS) + " | runs |")
-        print("|---|---|---|---|" + "---|" * len(SYSTEMS) + "---|")
-        for (model, case, workers, target), by in sorted(train.items()):
+        print("| model | case | workers | target | gradients | " + " | ".join(LABELS[s] for s in SYSTEMS)
+              + " | runs | load |")
+        print("|---|---|---|---|---|" + "---|" * len(SYSTEMS) + "---|---|")
+        for (model, case, workers, target, gradients), by in sorted(train.items()):
             cells = []
             for s in SYSTEMS:
                 if s not in by:
@@ -53,9 +73,11 @@ def main(paths: list[str]) -> int:
                 acc = statistics.median(r["final_accuracy"] for r in by[s])
                 cells.append(f"{median_time(by[s])}, {acc:.3f}")
             runs = min(len(v) for v in by.values())
-            print(f"| {model} | {case} | {workers} | {target} | " + " | ".join(cells) + f" | {runs} |")
+            every = [r for v in by.values() for r in v]
+            print(f"| {model} | {case} | {workers} | {target} | {gradients:,} | " + " | ".join(cells)
+                  + f" | {runs} | {loads(every)} |")
         print()
-        for (model, case, workers, target), by in sorted(train.items()):
+        for (model, case, workers, target, _), by in sorted(train.items()):
             if "ddp" not in by:
                 continue
             ddp = statistics.median(r["time_to_target_s"] or float("inf") for r in by["ddp"])
@@ -74,12 +96,36 @@ def main(paths: list[str]) -> int:
         print()
     if link:
         print("Cost of one update's communication (no computation; median ms per update)\n")
-        print("| model | parameters | workers | DDP allreduce | syncopate BSP over TCP |")
-        print("|---|---|---|---|---|")
+        print("| model | parameters | workers | DDP allreduce | syncopate BSP over TCP | BSP / DDP | "
+              "CPU per update: DDP rank 0 | BSP server (protocol thread) | BSP worker | all processes: DDP, BSP | "
+              "bytes moved per update: server | ring allreduce | runs | load |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for (model, dim, workers), by in sorted(link.items()):
-            ddp = f"{statistics.median(by['ddp']):.2f}" if "ddp" in by else ""
-            bsp = f"{statistics.median(by['bsp']):.2f}" if "bsp" in by else ""
-            print(f"| {model} | {dim:,} | {workers} | {ddp} | {bsp} |")
+            med = {s: statistics.median(r["per_update_ms"] for r in by[s]) for s in ("ddp", "bsp") if s in by}
+            ddp = f"{med['ddp']:.1f} ms" if "ddp" in med else ""
+            bsp = f"{med['bsp']:.1f} ms" if "bsp" in med else ""
+            ratio_text = f"{med['bsp'] / med['ddp']:.2f}" if len(med) == 2 else ""
+            # The server receives n gradients and sends n models of d floats; a ring
+            # allreduce sends (and receives) 2 (n - 1) / n d floats per worker.
+            server = f"{megabytes(2 * workers * dim)} (2 n d)"
+            ring = f"{megabytes(2 * (workers - 1) * dim)} (2 (n-1) d)"
+            rank_cpu = cpu(by.get("ddp", []), "rank_cpu_ms")
+            server_cpu = cpu(by.get("bsp", []), "server_cpu_ms")
+            thread_cpu = cpu(by.get("bsp", []), "protocol_thread_cpu_ms")
+            server_cpu += f" ({thread_cpu})" if thread_cpu else ""
+            worker_cpu = cpu(by.get("bsp", []), "worker_cpu_ms")
+            # Every rank of the allreduce does the same work; the server's and the workers'
+            # medians add up to a BSP round's.
+            totals = ""
+            if rank_cpu and worker_cpu:
+                ddp_all = workers * median_of(by["ddp"], "rank_cpu_ms")
+                bsp_all = median_of(by["bsp"], "server_cpu_ms") + workers * median_of(by["bsp"], "worker_cpu_ms")
+                totals = f"{ddp_all:.1f} ms, {bsp_all:.1f} ms"
+            runs = min(len(v) for v in by.values())
+            every = [r for v in by.values() for r in v]
+            print(f"| {model} | {dim:,} | {workers} | {ddp} | {bsp} | {ratio_text} | {rank_cpu} | {server_cpu} "
+                  f"| {worker_cpu} | {totals} "
+                  f"| {server} | {ring} | {runs} | {loads(every)} |")
     return 0
 
 

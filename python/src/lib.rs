@@ -26,6 +26,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sim::digits_split, m)?)?;
     m.add("PROTOCOLS", pyo3::types::PyTuple::new(m.py(), syncopate::ProtocolKind::NAMES)?)?;
     m.add_function(wrap_pyfunction!(sim::mnist5k_split, m)?)?;
+    // Timings are only meaningful from an optimised build; benchmarks check this first.
+    m.add("BUILD", if cfg!(debug_assertions) { "debug" } else { "release" })?;
     m.add("RejectedError", m.py().get_type::<RejectedError>())?;
     m.add("WorkerError", m.py().get_type::<WorkerError>())?;
     Ok(())

@@ -301,6 +301,7 @@ pub(crate) fn run_worker<'py>(
     d.set_item("busy_s", report.busy_s)?;
     d.set_item("wall_s", report.wall_s)?;
     d.set_item("refused", report.refused)?;
+    d.set_item("superseded", report.superseded)?;
     d.set_item("run", job.label)?;
     d.set_item("last_loss", job.loss)?;
     Ok(d)

@@ -12,6 +12,9 @@ ProtocolName = Literal["bsp", "asp", "ssp", "bap", "backup", "dbw", "wbsp", "wbs
 PROTOCOLS: tuple[ProtocolName, ...]
 """Every protocol's name, in the order tables list them (the core's ``ProtocolKind::ALL``)."""
 
+BUILD: Literal["debug", "release"]
+"""How the native module was compiled: timings mean something only from ``release``."""
+
 class RejectedError(ValueError):
     """A state machine refused an input; nothing changed."""
 

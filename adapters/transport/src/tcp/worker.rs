@@ -160,6 +160,9 @@ pub struct WorkerReport {
     pub steps: u64,
     /// Steps abandoned (aborted by the protocol) before they were handed over.
     pub abandoned: u64,
+    /// Computations never started: the server had already sent what made the protocol
+    /// abandon them (a newer model) when they were due, so the worker went to the newest.
+    pub superseded: u64,
     /// Sessions established (more than one after reconnections).
     pub sessions: u32,
     /// The newest model version received.
@@ -429,6 +432,14 @@ enum Upload {
     Other,
 }
 
+/// A computation the protocol asked for while more of the server's frames were already
+/// readable: it starts only once those are handed to the protocol (which may abandon it for
+/// a newer model), with the model it was asked on.
+struct Deferred {
+    id: ComputeId,
+    version: syncopate::Version,
+}
+
 /// A computed gradient waiting for its emulated step time to pass.
 struct Held {
     id: ComputeId,
@@ -469,6 +480,10 @@ fn drive_loop(
     // already sent: a `Stop` that crossed with the upload ends it as stopped instead.
     let mut upload_failed: Option<String> = None;
     let mut held: Option<Held> = None;
+    // A computation waiting for the frames already readable (see `Deferred`), and a copy of
+    // the model it was asked on (the worker's buffer is overwritten by the next model).
+    let mut deferred: Option<Deferred> = None;
+    let mut deferred_params: Vec<f32> = Vec::new();
     // When the server was last heard from (a frame or a heartbeat).
     let mut heard = StdInstant::now();
     loop {
@@ -498,17 +513,25 @@ fn drive_loop(
                 }
                 WorkerOutput::Send(_) => {}
                 WorkerOutput::Compute { id, version, params } => {
-                    let now = StdInstant::now();
-                    if let Some(old) = held.take() {
-                        report.busy_s += now.duration_since(old.started).as_secs_f64();
-                        report.abandoned += 1;
+                    // What the server sent while the job was busy (a computation the worker
+                    // cannot interrupt) goes to the protocol first: when it holds a newer
+                    // model the protocol abandons this computation, and the worker computes
+                    // on the newest model instead of on every queued one in turn.
+                    if deferred.take().is_some() {
+                        report.superseded += 1;
                     }
-                    let extra = job.gradient(params, &mut grad);
-                    let loss = job.loss();
-                    report.last_version = Some(report.last_version.unwrap_or(0).max(version.0));
-                    held = Some(Held { id, started: now, ready: StdInstant::now() + extra, loss });
+                    if server_has_sent(reader.stream()) {
+                        deferred_params.clear();
+                        deferred_params.extend_from_slice(params);
+                        deferred = Some(Deferred { id, version });
+                        continue;
+                    }
+                    compute(job, report, &mut held, &mut grad, id, version, params);
                 }
                 WorkerOutput::Event(WorkerEvent::Abandoned { id }) => {
+                    if deferred.take_if(|d| d.id == id).is_some() {
+                        report.superseded += 1;
+                    }
                     if let Some(h) = held.take_if(|h| h.id == id) {
                         report.busy_s += h.started.elapsed().as_secs_f64();
                         report.abandoned += 1;
@@ -543,6 +566,12 @@ fn drive_loop(
         }
         if killed(options) {
             return SessionEnd::Killed;
+        }
+        if deferred.is_some() && !server_has_sent(reader.stream()) {
+            if let Some(Deferred { id, version }) = deferred.take() {
+                compute(job, report, &mut held, &mut grad, id, version, &deferred_params);
+            }
+            continue;
         }
         let mut wake = StdInstant::now() + Duration::from_millis(100);
         if let Some(t) = worker.poll_timeout() {
@@ -589,6 +618,29 @@ fn drive_loop(
     }
 }
 
+/// Runs the job on `params` for computation `id` on model `version`; its gradient is held
+/// in `grad` until the job's emulated step time has passed. A gradient still held is
+/// abandoned (a newer computation replaces it).
+fn compute(
+    job: &mut dyn WorkerJob,
+    report: &mut WorkerReport,
+    held: &mut Option<Held>,
+    grad: &mut [f32],
+    id: ComputeId,
+    version: syncopate::Version,
+    params: &[f32],
+) {
+    let now = StdInstant::now();
+    if let Some(old) = held.take() {
+        report.busy_s += now.duration_since(old.started).as_secs_f64();
+        report.abandoned += 1;
+    }
+    let extra = job.gradient(params, grad);
+    let loss = job.loss();
+    report.last_version = Some(report.last_version.unwrap_or(0).max(version.0));
+    *held = Some(Held { id, started: now, ready: StdInstant::now() + extra, loss });
+}
+
 /// Whether the server sent bytes not read yet (or closed the connection, or the socket has
 /// an error for the reader to report), without blocking and without switching the socket to
 /// non-blocking mode, which its clone in the writer thread shares.
@@ -610,6 +662,164 @@ fn server_has_sent(_: &TcpStream) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol_spec::ProtocolKind;
+    use crate::tcp::handshake::{Deadlines, ServerSide};
+    use crate::tcp::settings::ProtocolSettings;
+    use std::net::TcpListener;
+    use std::sync::mpsc;
+    use syncopate::{ToServer, ToWorker, Version, msg::Values};
+
+    /// A job whose first computation blocks (as a Python computation does, deaf to the
+    /// server) until the test releases it, and which records the model it was given.
+    struct Uninterruptible {
+        models: Vec<f32>,
+        busy: mpsc::Sender<()>,
+        release: mpsc::Receiver<()>,
+    }
+
+    impl WorkerJob for Uninterruptible {
+        fn gradient(&mut self, params: &[f32], grad: &mut [f32]) -> Duration {
+            self.models.push(params[0]);
+            if self.models.len() == 1 {
+                self.busy.send(()).unwrap();
+                self.release.recv().unwrap();
+            }
+            grad.fill(0.5);
+            Duration::ZERO
+        }
+    }
+
+    /// The server's side of a session with a backup-workers run of `dim` parameters, by
+    /// hand: the test decides what the worker finds in its socket.
+    struct FakeServer {
+        reader: FrameReader,
+        writer: FrameWriter<TcpStream>,
+        buf: Vec<u8>,
+        limits: Limits,
+    }
+
+    impl FakeServer {
+        fn accept(listener: &TcpListener, settings: &RunSettings) -> Self {
+            let (stream, _) = listener.accept().unwrap();
+            let dim = settings.dim().unwrap();
+            let mut reader =
+                FrameReader::new(stream.try_clone().unwrap(), handshake::HANDSHAKE_MAX_LEN, FrameTimeout::default());
+            let mut writer = FrameWriter::new(stream, handshake::HANDSHAKE_MAX_LEN);
+            let bytes = settings.encode().unwrap();
+            let label = settings.label();
+            let side = ServerSide {
+                settings: &bytes,
+                digest: settings.digest().unwrap(),
+                label: &label,
+                peers: settings.peers().unwrap(),
+                role: Role::Worker,
+                secret: None,
+                server_id: 1,
+                version: 0,
+                dim: dim as u64,
+            };
+            let now = StdInstant::now();
+            let deadlines = Deadlines { hello: now + Duration::from_secs(5), done: now + Duration::from_secs(5) };
+            handshake::server_handshake(
+                &mut reader,
+                &mut writer,
+                &side,
+                deadlines,
+                crate::tcp::session_max_len(dim),
+                |_| Ok(0),
+            )
+            .unwrap();
+            Self { reader, writer, buf: Vec::new(), limits: Limits::for_model(dim) }
+        }
+
+        fn send(&mut self, msg: &ToWorker<'_, f32>) {
+            let mut out = vec![0u8; wire::encoded_len_to_worker(msg)];
+            let n = wire::encode_to_worker(msg, &mut out).unwrap();
+            self.writer.write_frame(&out[..n]).unwrap();
+        }
+
+        fn model(&mut self, version: u64, dim: usize) {
+            let values = vec![version as f32; dim];
+            self.send(&ToWorker::Model { version: Version(version), clock: version, values: Values::Slice(&values) });
+        }
+
+        /// The next message from the worker that is not a heartbeat: its kind and, for a
+        /// gradient, the model version it was computed on.
+        fn next(&mut self) -> (&'static str, Option<u64>) {
+            loop {
+                let deadline = StdInstant::now() + Duration::from_secs(10);
+                let p = self.reader.read_frame(&mut self.buf, Some(deadline)).unwrap();
+                if p.start == p.end {
+                    continue;
+                }
+                let msg = wire::decode_to_server::<f32>(p.of(&self.buf), &self.limits).unwrap();
+                let base = match msg {
+                    ToServer::Grad { base, .. } => Some(base.0),
+                    _ => None,
+                };
+                return (msg.kind_name(), base);
+            }
+        }
+    }
+
+    #[test]
+    fn a_worker_back_from_a_long_computation_skips_to_the_newest_model_sent_meanwhile() {
+        let dim = 8;
+        let settings = RunSettings::new(ProtocolSettings::named(ProtocolKind::Backup, 3, 0.1), dim);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (busy, busy_rx) = mpsc::channel();
+        let (release_tx, release) = mpsc::channel();
+        let worker = thread::spawn(move || {
+            let mut job = Uninterruptible { models: Vec::new(), busy, release };
+            let report = run_worker(&WorkerOptions::new(addr, WorkerId(0)), &mut job, &mut |_| {}).unwrap();
+            (report, job.models)
+        });
+        let mut server = FakeServer::accept(&listener, &settings);
+        assert_eq!(server.next().0, "Join");
+        server.model(0, dim);
+        busy_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        // The rounds go on without the busy worker: every new model reaches its socket.
+        for version in 1..=5 {
+            server.model(version, dim);
+        }
+        thread::sleep(Duration::from_millis(50));
+        release_tx.send(()).unwrap();
+        // The gradient on version 0 is abandoned for the newer models (option A); the next
+        // one sent is computed on the newest.
+        assert_eq!(server.next(), ("Grad", Some(5)), "the next gradient is computed on the newest model");
+        server.send(&ToWorker::Stop);
+        let (report, models) = worker.join().unwrap();
+        assert_eq!(models, [0.0, 5.0], "computed on version 0, then straight on version 5");
+        assert_eq!((report.steps, report.superseded, report.stopped), (1, 4, true));
+    }
+
+    #[test]
+    fn a_worker_back_from_a_long_computation_still_obeys_a_stop_sent_meanwhile() {
+        let dim = 4;
+        let settings = RunSettings::new(ProtocolSettings::named(ProtocolKind::Backup, 3, 0.1), dim);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (busy, busy_rx) = mpsc::channel();
+        let (release_tx, release) = mpsc::channel();
+        let worker = thread::spawn(move || {
+            let mut job = Uninterruptible { models: Vec::new(), busy, release };
+            let report = run_worker(&WorkerOptions::new(addr, WorkerId(0)), &mut job, &mut |_| {}).unwrap();
+            (report, job.models)
+        });
+        let mut server = FakeServer::accept(&listener, &settings);
+        assert_eq!(server.next().0, "Join");
+        server.model(0, dim);
+        busy_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        server.model(1, dim);
+        server.model(2, dim);
+        server.send(&ToWorker::Stop);
+        thread::sleep(Duration::from_millis(50));
+        release_tx.send(()).unwrap();
+        let (report, models) = worker.join().unwrap();
+        assert_eq!(models, [0.0], "no computation after the stop");
+        assert!(report.stopped);
+    }
 
     #[test]
     fn backoff_doubles_to_its_cap_with_jitter_in_the_upper_half() {
