@@ -281,6 +281,10 @@ typedef struct SyncopateConfig {
   // BAP: the time limit runs from 0 the later of first gradient and publication, 1 the
   // first gradient, 2 the publication.
   uint32_t bap_timeout_from;
+  // Server: SGD with momentum `β` in `[0, 1)` on every update (PyTorch's `v ← βv + g;
+  // x ← x − ηv`); 0 is plain SGD. Not 0: the server's memory holds one more model-sized
+  // buffer (`syncopate_server_size` counts it). Workers ignore it.
+  double momentum;
 } SyncopateConfig;
 
 // One message of either direction; `kind` is the wire's kind byte (`SYNCOPATE_MSG_*`) and

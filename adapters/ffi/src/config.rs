@@ -152,6 +152,10 @@ pub struct SyncopateConfig {
     /// BAP: the time limit runs from 0 the later of first gradient and publication, 1 the
     /// first gradient, 2 the publication.
     pub bap_timeout_from: u32,
+    /// Server: SGD with momentum `β` in `[0, 1)` on every update (PyTorch's `v ← βv + g;
+    /// x ← x − ηv`); 0 is plain SGD. Not 0: the server's memory holds one more model-sized
+    /// buffer (`syncopate_server_size` counts it). Workers ignore it.
+    pub momentum: f64,
 }
 
 fn knob(name: &'static str, value: u64) -> Failure {
@@ -235,6 +239,7 @@ impl SyncopateConfig {
             bap_bound_below: 0,
             bap_iteration_timeout_ns: 0,
             bap_timeout_from: 0,
+            momentum: 0.0,
         }
     }
 

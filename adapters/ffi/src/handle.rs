@@ -44,6 +44,16 @@ pub(crate) unsafe fn protocol(config: *const SyncopateConfig) -> Result<Protocol
     unsafe { raw::ref_in(config, "`config`") }?.protocol_config()
 }
 
+/// A server's configuration behind a C pointer: the protocol and the momentum coefficient.
+///
+/// # Safety
+/// `config` is null or points at an initialised `SyncopateConfig`.
+pub(crate) unsafe fn server_config(config: *const SyncopateConfig) -> Result<(ProtocolConfig, f64), Failure> {
+    // SAFETY: forwarded.
+    let c = unsafe { raw::ref_in(config, "`config`") }?;
+    Ok((c.protocol_config()?, c.momentum))
+}
+
 /// The model buffer the caller lends a handle.
 ///
 /// # Safety

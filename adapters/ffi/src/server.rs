@@ -86,8 +86,8 @@ pub unsafe extern "C" fn syncopate_server_size(
 ) -> SyncopateStatus {
     guard(|| {
         // SAFETY: the caller's contract.
-        let c = unsafe { handle::protocol(config) }?;
-        let l = engine::server_layout::<SyncopateServer>(&c, dim)
+        let (c, momentum) = unsafe { handle::server_config(config) }?;
+        let l = engine::server_layout::<SyncopateServer>(&c, dim, momentum)
             .ok_or(Failure::new(crate::error::SYNCOPATE_ERR_CONFIG, "the model is too large to address"))?;
         // SAFETY: the caller's contract.
         unsafe { raw::write_out(out, l.bytes, "`out`") }
@@ -120,14 +120,14 @@ pub unsafe extern "C" fn syncopate_server_init(
     guard(|| {
         raw::checked(out.cast_const(), "`out`")?;
         // SAFETY: the caller's contract.
-        let c = unsafe { handle::protocol(config) }?;
+        let (c, momentum) = unsafe { handle::server_config(config) }?;
         // SAFETY: the caller's contract.
         let params = unsafe { handle::params(params, dim) }?;
-        let (base, l) =
-            handle::block::<SyncopateServer>(mem, mem_len, engine::server_layout::<SyncopateServer>(&c, dim), &params)?;
+        let layout = engine::server_layout::<SyncopateServer>(&c, dim, momentum);
+        let (base, l) = handle::block::<SyncopateServer>(mem, mem_len, layout, &params)?;
         let owned = handle::Owned::new(&params, base, l.bytes);
         // SAFETY: `block` checked the memory; the caller lends it until `fini`.
-        let machine = unsafe { engine::new_server(&c, params, base, &l) }
+        let machine = unsafe { engine::new_server(&c, momentum, params, base, &l) }
             .map_err(|e| Failure::config("the core refused the configuration", e))?;
         // SAFETY: `base` was checked by `block` for this type; `out` was checked above.
         unsafe { handle::place(base, SyncopateServer { tag: SyncopateServer::LIVE, dim, owned, machine }, out) }

@@ -110,6 +110,12 @@ unsafe fn drain_server(k: &Cluster, now: u64, buf: &mut [u8]) {
 
 /// Runs the cluster until every worker stopped (the server stops at version 200).
 fn train(k: &mut Cluster) -> u64 {
+    train_until(k, 200)
+}
+
+/// Runs the cluster until every worker stopped; the server stops at version `until` (BSP
+/// makes at most one update per tick, so it stops exactly there).
+fn train_until(k: &mut Cluster, until: u64) -> u64 {
     let mut buf = vec![0u8; k.max_len];
     let mut server_buf = vec![0u8; k.max_len];
     let mut grad = [0.0f32; DIM];
@@ -146,7 +152,7 @@ fn train(k: &mut Cluster) -> u64 {
             }
             drain_server(k, now, &mut server_buf);
             assert_eq!(syncopate_server_stats(k.server, &mut stats), SYNCOPATE_OK);
-            if stats.version >= 200 {
+            if stats.version >= until {
                 assert_eq!(syncopate_server_stop(k.server), SYNCOPATE_OK);
                 drain_server(k, now, &mut server_buf);
             }
@@ -162,6 +168,49 @@ fn train(k: &mut Cluster) -> u64 {
         }
     }
     panic!("the workers did not stop; server at version {}", stats.version);
+}
+
+/// `momentum` in the config: the server's memory grows by one model, and its second update
+/// adds `β(x₁ − x₀)` to plain SGD's. From 0 with the mean target `t`, step 0.2 and β = 0.5,
+/// plain SGD gives `x₂ = 0.36 t` and momentum `x₂ = 0.46 t`.
+#[test]
+fn momentum_in_the_config_steps_the_server_with_momentum() {
+    let plain = config(SYNCOPATE_PROTOCOL_BSP, 4);
+    let heavy = SyncopateConfig { momentum: 0.5, ..plain };
+    let (mut plain_size, mut heavy_size) = (0, 0);
+    // SAFETY: valid pointers.
+    unsafe {
+        assert_eq!(syncopate_server_size(&plain, DIM, &mut plain_size), SYNCOPATE_OK);
+        assert_eq!(syncopate_server_size(&heavy, DIM, &mut heavy_size), SYNCOPATE_OK);
+    }
+    assert_eq!(heavy_size, plain_size + DIM * size_of::<f32>());
+    for (c, factor) in [(plain, 0.36f32), (heavy, 0.46)] {
+        let mut k = cluster(&c, 4);
+        assert_eq!(train_until(&mut k, 2), 2);
+        for (j, w) in k.model.iter().enumerate() {
+            let want = factor * (j + 1) as f32;
+            assert!((w - want).abs() < 1e-5, "momentum {}: model {:?}, want {want} at {j}", c.momentum, k.model);
+        }
+        // SAFETY: live handles.
+        unsafe {
+            assert_eq!(syncopate_server_fini(k.server), SYNCOPATE_OK);
+            for &w in &k.workers {
+                assert_eq!(syncopate_worker_fini(w), SYNCOPATE_OK);
+            }
+        }
+    }
+    // Outside [0, 1): refused when the handle is built.
+    let bad = SyncopateConfig { momentum: 1.0, ..plain };
+    let mut size = 0;
+    // SAFETY: valid pointers; the memory outlives the call.
+    unsafe {
+        assert_eq!(syncopate_server_size(&bad, DIM, &mut size), SYNCOPATE_OK);
+        let mut mem = block(size, syncopate_server_align());
+        let mut model = [0.0f32; DIM];
+        let mut server = null_mut();
+        let st = syncopate_server_init(mem.as_mut_ptr().cast(), size, &bad, model.as_mut_ptr(), DIM, &mut server);
+        assert_eq!(st, SYNCOPATE_ERR_CONFIG, "{}", last_error());
+    }
 }
 
 #[test]
