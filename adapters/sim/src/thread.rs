@@ -384,6 +384,8 @@ struct Job {
     id: syncopate::ComputeId,
     started: StdInstant,
     ready: StdInstant,
+    /// The minibatch loss of its gradient (finite), reported with it.
+    loss: Option<f32>,
 }
 
 fn worker_loop(
@@ -422,10 +424,11 @@ fn worker_loop(
                         tally.abandoned += 1;
                     }
                     sampler.next_batch(batch_size, &mut batch);
-                    workload.model.gradient(params, &workload.train, &batch, &mut grad, &mut scratch);
+                    let loss = workload.model.gradient(params, &workload.train, &batch, &mut grad, &mut scratch);
                     tally.computed += 1;
                     let extra = delay(tally.computed - 1);
-                    job = Some(Job { id, started: now, ready: StdInstant::now() + extra });
+                    let loss = Some(loss).filter(|l| l.is_finite());
+                    job = Some(Job { id, started: now, ready: StdInstant::now() + extra, loss });
                 }
                 WorkerOutput::Event(WorkerEvent::Abandoned { id }) => {
                     if let Some(j) = job.take_if(|j| j.id == id) {
@@ -456,7 +459,7 @@ fn worker_loop(
             let took = j.started.elapsed().as_secs_f64();
             tally.busy_s += took;
             tally.step_times.push(took);
-            if let Err(e) = worker.handle_gradient(since(epoch), j.id, &grad) {
+            if let Err(e) = worker.handle_gradient_with_loss(since(epoch), j.id, &grad, j.loss) {
                 note_refusal(&mut refusals, &mut tally, "a finished gradient", &e);
             }
             continue;

@@ -14,7 +14,9 @@
 //! The metric is the exact loss `F(x)` of the model being evaluated (the expected loss
 //! over the noise is the loss of the mean iterate plus its variance term; the evaluation
 //! sees one iterate, whose loss is exact, no sampling). Accuracy is not defined and is
-//! reported as 0: use loss targets.
+//! reported as 0: use loss targets. A worker's minibatch loss is the loss whose gradient
+//! its batch gradient is, `F(x) + Σ_i √h_i z̄_i x_i`: unbiased for `F(x)`, with variance
+//! `2F(x)/B` over batches.
 //!
 //! Why it matters for backup workers: with learning rate `α` and `k` gradients averaged per
 //! step, coordinate `i` contracts by `1 − α h_i` per step and settles at variance
@@ -53,8 +55,10 @@ pub fn noise_dataset(dim: usize, rows: usize, seed: u64) -> Dataset {
     Dataset { features, labels: vec![0; rows], n_features: dim, n_classes: 1 }
 }
 
-/// Writes the batch gradient `h ∘ x + √h ∘ mean(rows)` (already divided by the batch size)
-/// into `grad` and returns the exact loss at `params`.
+/// Writes the batch gradient `h ∘ x + √h ∘ z̄` (`z̄` the mean of the batch rows) into `grad`
+/// and returns the minibatch loss `½ Σ h_i x_i² + Σ √h_i z̄_i x_i`: the loss whose gradient
+/// that is, whose expectation over batches is the exact loss (the pool is centred), as a
+/// worker computing on a sample of the data would report it.
 pub(super) fn gradient(params: &[f32], data: &Dataset, batch: &[usize], grad: &mut [f32]) -> f32 {
     grad.fill(0.0);
     for &r in batch {
@@ -63,11 +67,14 @@ pub(super) fn gradient(params: &[f32], data: &Dataset, batch: &[usize], grad: &m
         }
     }
     let inv = 1.0 / batch.len().max(1) as f32;
+    let mut noise = 0.0f64;
     for (i, (g, &x)) in grad.iter_mut().zip(params).enumerate() {
         let h = curvature(i);
-        *g = h * x + h.sqrt() * *g * inv;
+        let z = h.sqrt() * *g * inv;
+        noise += f64::from(z) * f64::from(x);
+        *g = h * x + z;
     }
-    loss(params) as f32
+    (loss(params) + noise) as f32
 }
 
 /// The exact loss `½ Σ h_i x_i²`.
@@ -125,5 +132,22 @@ mod tests {
         let measured = tail / (steps / 2) as f64;
         let floor = noise_floor(dim, lr, 1, batch);
         assert!((measured - floor).abs() / floor < 0.15, "measured {measured} vs closed form {floor}");
+    }
+
+    #[test]
+    fn the_minibatch_loss_is_the_loss_whose_gradient_is_reported() {
+        let (dim, rows) = (10, 64);
+        let data = noise_dataset(dim, rows, 4);
+        let x: Vec<f32> = (0..dim).map(|i| 1.0 - 0.15 * i as f32).collect();
+        let mut g = vec![0.0; dim];
+        // One row: the loss exceeds the exact one by ⟨g − h∘x, x⟩.
+        let one = gradient(&x, &data, &[3], &mut g);
+        let excess: f64 = (0..dim).map(|i| f64::from(g[i] - curvature(i) * x[i]) * f64::from(x[i])).sum();
+        assert!((f64::from(one) - (loss(&x) + excess)).abs() < 1e-5, "{one} vs {} + {excess}", loss(&x));
+        assert!(excess.abs() > 1e-3, "the noise term is not empty: {excess}");
+        // The whole (centred) pool: the exact loss.
+        let all: Vec<usize> = (0..rows).collect();
+        let mean = gradient(&x, &data, &all, &mut g);
+        assert!((f64::from(mean) - loss(&x)).abs() < 1e-5, "{mean} vs {}", loss(&x));
     }
 }

@@ -103,6 +103,9 @@ impl Ord for Scheduled {
 struct Job {
     id: ComputeId,
     start: Instant,
+    /// The minibatch loss of the gradient being computed (none for a constant gradient),
+    /// reported with it.
+    loss: Option<f32>,
 }
 
 /// A worker and everything around it: its machine (compute, data), its links and counters.
@@ -635,7 +638,7 @@ impl<'a, 'o> Engine<'a, 'o> {
         host.job = None;
         host.busy = host.busy + (now - job.start);
         let Some(w) = host.worker.as_mut() else { return };
-        let result = w.handle_gradient(now, id, &host.grad);
+        let result = w.handle_gradient_with_loss(now, id, &host.grad, job.loss);
         if result.is_ok() {
             host.report.gradients_computed += 1;
         } else {
@@ -749,17 +752,21 @@ impl<'a, 'o> Engine<'a, 'o> {
                         *busy = *busy + (now - old.start);
                         report.jobs_abandoned += 1;
                     }
+                    let mut loss = None;
                     if core.config.gradient == GradientSource::Workload {
                         batches.next_batch(core.config.batch_size, batch);
                         let model = &core.workload.model;
-                        let _loss = model.gradient(params, &core.workload.train, batch, grad, scratch);
+                        // A loss that overflowed is not reported (the core would refuse the
+                        // gradient for it); a diverging gradient is caught as before.
+                        loss = Some(model.gradient(params, &core.workload.train, batch, grad, scratch))
+                            .filter(|l| l.is_finite());
                     }
                     let step = sampler.steps();
                     let dt = sampler.next_step();
                     if core.config.record_trace {
                         core.trace.push(TraceStep { worker: worker_index, step, seconds: dt.as_secs_f64() });
                     }
-                    *job = Some(Job { id, start: now });
+                    *job = Some(Job { id, start: now, loss });
                     core.schedule(now + dt, Event::ComputeDone { worker: worker_index, incarnation: *incarnation, id });
                     core.tag(9, node);
                     core.hash.u64(id.0);

@@ -85,3 +85,30 @@ fn message_buffers_are_reused() {
     // Four gradients and four model copies (one shared buffer) in flight at most.
     assert!(long.buffers_allocated <= 4 + 4 + 1, "{}", long.buffers_allocated);
 }
+
+/// Workers report their minibatch loss with each gradient: every update's event carries the
+/// mean of its contributions' losses, close to the evaluated loss of the model they were
+/// computed on.
+#[test]
+fn workers_report_their_minibatch_loss_with_each_gradient() {
+    use super::super::Observation;
+    use crate::workload::ModelKind;
+    use syncopate::ProtocolConfig;
+    use syncopate::proto::bsp::BspConfig;
+    let config = SimConfig::new(ProtocolConfig::Bsp(BspConfig::new(4, 0.5)), ModelKind::Softmax)
+        .with_max_time(Duration::from_millis(300));
+    let w = config.digits_workload();
+    let mut losses = Vec::new();
+    super::super::run_observed(&config, &w, &mut |o| {
+        if let Observation::Server { event: ServerEvent::ModelUpdated { mean_loss, .. }, .. } = o {
+            losses.push(*mean_loss);
+        }
+    });
+    assert!(losses.len() > 5, "{losses:?}");
+    assert!(losses.iter().all(|l| l.is_some_and(|l| l.is_finite() && l > 0.0)), "{losses:?}");
+    // The first update's gradients were computed at the initial model: uniform prediction.
+    let first = losses[0].unwrap_or(0.0);
+    assert!((f64::from(first) - 10f64.ln()).abs() < 0.05, "{first}");
+    let last = losses[losses.len() - 1].unwrap_or(f32::MAX);
+    assert!(last < first, "{first} then {last}");
+}
