@@ -29,7 +29,7 @@
 //!   and the noise (`b`), both times `η`, fitted online from the Rayleigh secant pair by
 //!   regularised least squares ([`LEta::Split`], the default). The single-curvature modes
 //!   use `a = b = Lη` (the descent lemma).
-//! * **Reported losses** ([`DbwConfig::use_reported_losses`], on by default): when the
+//! * **Reported losses** ([`DbwConfig::use_reported_losses`], off by default): when the
 //!   workers report their minibatch losses, `k_t` is at most the `k` maximising
 //!   `(L̂ − η·Ŝ/(4k))/τ(k)`, the loss above the noise floor of `k` per second, with `L̂`
 //!   the level of a line fitted to the reported losses ([`crate::math::dbw_policy`], "The
@@ -221,7 +221,9 @@ pub struct DbwConfig {
     pub flat_tolerance: f64,
     /// Whether the choice uses the workers' reported minibatch losses (a trend fitted with
     /// forgetting factor [`Self::ema_beta`]; [`crate::math::dbw_policy`], "The loss above
-    /// the noise floor"). On by default; without reports the rule is the same either way.
+    /// the noise floor"). Off by default: the rule takes the loss as its excess over the
+    /// optimum, right where the optimum is 0 (the NQM) and biased towards small `k` where
+    /// it is not (cross-entropy). Without reports the rule is the same either way.
     pub use_reported_losses: bool,
     /// What stragglers do when their iteration closes.
     pub interrupt: Interrupt,
@@ -237,7 +239,7 @@ impl DbwConfig {
     /// least `k_min`),
     /// separate signal and noise curvatures ([`LEta::Split`], from 1.0, clipped to
     /// `[0.001, 1.9]`), a flat-valley tolerance of 2% on the noise-scale bound
-    /// ([`DbwConfig::flat_tolerance`]), the reported losses used
+    /// ([`DbwConfig::flat_tolerance`]), the reported losses not used
     /// ([`DbwConfig::use_reported_losses`]), option A.
     ///
     /// These differ from docs/PROTOCOLS.md, "DBW" (a fixed `Lη`, `β = 0.9`): the split
@@ -255,7 +257,7 @@ impl DbwConfig {
             warmup_k: Some(workers.div_ceil(4).max(workers.clamp(1, 2))),
             l_eta: LEta::Split { initial: 1.0, min: 0.001, max: 1.9 },
             flat_tolerance: 0.02,
-            use_reported_losses: true,
+            use_reported_losses: false,
             interrupt: Interrupt::Abort,
             gradient_policy: GradientPolicy::default(),
             stall_report: None,

@@ -166,6 +166,7 @@ fn reported_losses_bound_k_by_the_loss_above_the_noise_floor() {
     config.warmup_iterations = 5;
     config.warmup_k = None;
     config.l_eta = LEta::Fixed(1.0);
+    config.use_reported_losses = true;
     let gradient_rule = noisy_run(config, None);
     let mean = |ks: &[u32]| ks[10..].iter().map(|k| f64::from(*k)).sum::<f64>() / (ks.len() - 10) as f64;
     assert!(mean(&gradient_rule) > 12.0, "{gradient_rule:?}");
@@ -174,6 +175,7 @@ fn reported_losses_bound_k_by_the_loss_above_the_noise_floor() {
     assert!(high[5..].iter().all(|k| *k == 2), "{high:?}");
     assert_eq!(noisy_run(config, Some(1.0)), gradient_rule, "a loss below every floor");
     assert_eq!(noisy_run(DbwConfig { use_reported_losses: false, ..config }, Some(1.0e6)), gradient_rule);
+    assert!(!DbwConfig::new(n, 0.1).use_reported_losses, "off by default");
     // The warm-up is the same either way.
     assert_eq!(high[..4], gradient_rule[..4]);
 }
