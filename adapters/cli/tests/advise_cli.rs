@@ -235,3 +235,130 @@ fn a_larger_noise_scale_makes_the_pick_aggregate_more_gradients() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--noise-scale"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A BSP run of the noisy quadratic model recorded by `train --sim --record-trace` carries
+/// each step's loss and gradient norms; from them the trace's noise scale comes within 1.3x
+/// of the model's true simple noise scale, `tr(Σ)/|G|²` with `|G|²` the closed-form expected
+/// full-batch gradient over the same steps (every run of 8 workers x 200 steps, batch 16,
+/// lr 0.05, where the true scale is about 6.7 worker gradients); `advise` uses it and says so,
+/// and `--noise-scale` overrides it. An older trace without the columns still loads.
+#[test]
+fn a_recorded_nqm_trace_gives_its_noise_scale_and_advise_uses_it() {
+    use syncopate_adapters::advise::{self, noise};
+    let dir = scratch("measured-noise");
+    let trace = dir.join("nqm.csv");
+    let t = trace.to_str().unwrap();
+    let (workers, steps, batch, lr) = (8usize, 200u64, 16usize, 0.05);
+    stdout(&syncopate(&[
+        "train",
+        "--sim",
+        "--protocol",
+        "bsp",
+        "--workers",
+        "8",
+        "--model",
+        "nqm:100",
+        "--batch-size",
+        "16",
+        "--lr",
+        "0.05",
+        "--steps",
+        "200",
+        "--record-trace",
+        t,
+    ]));
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert!(text.starts_with("worker,step,seconds,loss,grad_norm,mean_norm,mean_of\n"), "{}", &text[..200]);
+    let rows = syncopate_adapters::trace::read_gradient_stats(&trace).unwrap();
+    assert_eq!(rows.len(), workers * steps as usize);
+    // BSP: every step's gradients are computed on one model, so each mean holds all 8.
+    assert!(rows.iter().all(|(_, g)| g.mean_of == 8 && g.loss.is_some()), "{:?}", rows[0]);
+    let e = advise::noise_estimate::estimate(&rows, steps).unwrap();
+    let window: Vec<f64> = (e.from_step..e.until_step).map(|s| s as f64).collect();
+    let signal = window.iter().map(|&s| noise::nqm_expected_gradient_sq(100, lr, workers, batch, s, 1.0)).sum::<f64>()
+        / window.len() as f64;
+    let truth = noise::nqm_noise_trace(100, 1.0) / batch as f64 / signal;
+    assert!((5.0..9.0).contains(&truth), "{truth}");
+    let ratio = e.gradients / truth;
+    assert!((1.0 / 1.3..1.3).contains(&ratio), "estimate {} vs true {truth}: {e:?}", e.gradients);
+    // advise sets the NQM's critical batch from it (in gradients with --worker-batch 1).
+    let advise_args = ["advise", "--trace", t, "--seeds", "2", "--no-noise-sweep", "--no-phases", "--json"];
+    let v: serde_json::Value = serde_json::from_str(stdout(&syncopate(&advise_args)).trim()).unwrap();
+    assert_eq!(v["noise_from_trace"], true, "{v}");
+    let critical = v["whole"]["setting"]["critical_batch"].as_f64().unwrap();
+    let estimated = v["measured_noise"]["estimated"]["gradients"].as_f64().unwrap();
+    assert!((critical - estimated).abs() < 1e-6 * critical, "{critical} {estimated}");
+    let report = stdout(&syncopate(&advise_args[..advise_args.len() - 1]));
+    assert!(report.contains("noise scale from the trace: B = "), "{report}");
+    assert!(report.contains("from the trace's gradient norms; --noise-scale overrides"), "{report}");
+    let mut given = advise_args.to_vec();
+    given.extend(["--noise-scale", "50"]);
+    let v: serde_json::Value = serde_json::from_str(stdout(&syncopate(&given)).trim()).unwrap();
+    assert_eq!(v["noise_from_trace"], false);
+    assert!((v["whole"]["setting"]["critical_batch"].as_f64().unwrap() - 50.0).abs() < 1e-6);
+    // ASP: every worker pulls its own version, so no gradient has a partner on its model.
+    let asp = dir.join("asp.csv");
+    let a = asp.to_str().unwrap();
+    stdout(&syncopate(&[
+        "train",
+        "--sim",
+        "--protocol",
+        "asp",
+        "--workers",
+        "4",
+        "--model",
+        "nqm:100",
+        "--steps",
+        "60",
+        "--straggler",
+        "all:exp=1/1",
+        "--record-trace",
+        a,
+    ]));
+    let report =
+        stdout(&syncopate(&["advise", "--trace", a, "--truncate", "--seeds", "2", "--no-noise-sweep", "--no-phases"]));
+    assert!(report.contains("noise scale from the trace: no estimate: "), "{report}");
+    assert!(report.contains("record a BSP or backup-workers run"), "{report}");
+    assert!(report.contains("(the built-in noise); set --noise-scale to your model's"), "{report}");
+    // The step times alone (an older trace) still load, with no estimate.
+    let plain: String = text
+        .lines()
+        .map(|l| l.split(',').take(3).collect::<Vec<_>>().join(","))
+        .map(|l| if l.starts_with("worker") { "worker,step,seconds".to_string() } else { l })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n";
+    std::fs::write(&trace, plain).unwrap();
+    let v: serde_json::Value = serde_json::from_str(stdout(&syncopate(&advise_args)).trim()).unwrap();
+    assert!(v["measured_noise"].is_null() && v["noise_from_trace"] == false, "{v}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A threaded run (`train` without `--sim`) records the same gradient columns: under BSP
+/// every step's gradients are computed on one model, so each row's mean holds all workers'.
+#[test]
+fn a_threaded_recording_carries_the_gradient_columns() {
+    let dir = scratch("threads-noise");
+    let trace = dir.join("t.csv");
+    let t = trace.to_str().unwrap();
+    stdout(&syncopate(&[
+        "train",
+        "--protocol",
+        "bsp",
+        "--workers",
+        "4",
+        "--model",
+        "nqm:20",
+        "--steps",
+        "30",
+        "--step-ms",
+        "0.5",
+        "--record-trace",
+        t,
+    ]));
+    let rows = syncopate_adapters::trace::read_gradient_stats(&trace).unwrap();
+    assert!(rows.len() >= 4 * 25, "{}", rows.len());
+    let full = rows.iter().filter(|(_, g)| g.mean_of == 4 && g.grad_norm.is_some() && g.loss.is_some()).count();
+    assert!(full * 10 >= rows.len() * 9, "{full} of {} rows have a group of 4: {:?}", rows.len(), &rows[..4]);
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -1,7 +1,9 @@
 //! # syncopate-mpi
 //!
 //! An MPI transport for syncopate's protocols, for jobs launched by `mpirun` or `srun`:
-//! rank 0 runs the parameter server, ranks `1..=n` run workers `0..n`.
+//! rank 0 runs the parameter server, ranks `1..=n` run workers `0..n`. With `S` shards
+//! (the core's `proto::sharded`), ranks `0..S` each run the protocol's server over one slice
+//! of the model and ranks `S..S + n` run the workers, each a `ShardedWorker`.
 //!
 //! Every protocol message crosses as the core's wire format ([`syncopate::wire`]), sent with
 //! MPI point-to-point calls: non-blocking sends (`MPI_Isend`; a broadcast is one encode and
@@ -25,16 +27,21 @@
 //! length, a non-finite value, a stale or replayed message gets the core's typed refusal.
 //!
 //! - [`settings`]: the hash every rank takes of its own settings (MPI-free).
-//! - `run_server` / `run_worker` (feature `mpi`): the server and worker loops, the same
-//!   driving contract as the threaded adapter.
+//! - `run_server`, `run_shard` / `run_worker` (feature `mpi`): the server (or shard) and
+//!   worker loops, the same driving contract as the threaded adapter. A worker computes on a
+//!   thread of its own (`MPI_THREAD_FUNNELED`: that thread makes no MPI call) while its main
+//!   thread drives MPI.
+//! - [`ledger`]: a server rank's conservation ledger and a shard's final report.
 //! - `agree_on_settings` (feature `mpi`): every rank checks its settings hash against rank
 //!   0's.
 //!
 //! Liveness: MPI has no notion of a lost peer, and OpenMPI ends the whole job when a rank
-//! dies. Workers therefore send a tiny heartbeat; a worker rank silent for longer than
-//! [`RunPlan::lost_after`] (hung, stopped, cut off) becomes a lost worker for the protocol
-//! and the run goes on without it. A rank that *dies* ends the job in OpenMPI: `mpirun`
-//! then exits non-zero with a line naming the rank.
+//! dies. Workers therefore send a tiny heartbeat, from the main thread, whatever the
+//! computation does; a worker rank silent for longer than [`RunPlan::lost_after`] (hung,
+//! stopped, cut off) becomes a lost worker for the protocol and the run goes on without it.
+//! Heard again, it is told to rejoin with a new epoch and counted back once it has. Shards
+//! watch each other the same way; a lost shard stops the run. A rank that *dies* ends the
+//! job in OpenMPI: `mpirun` then exits non-zero with a line naming the rank.
 //!
 //! Without the `mpi` feature the crate holds only the MPI-free parts, so a machine without
 //! an MPI library still builds the workspace.
@@ -42,12 +49,17 @@
 #![allow(clippy::std_instead_of_core, clippy::alloc_instead_of_core)]
 #![deny(missing_docs)]
 
+pub mod ledger;
 pub mod settings;
 
 #[cfg(feature = "mpi")]
 mod agree;
 #[cfg(feature = "mpi")]
+mod compute;
+#[cfg(feature = "mpi")]
 mod link;
+#[cfg(feature = "mpi")]
+mod machine;
 #[cfg(feature = "mpi")]
 mod outbox;
 #[cfg(feature = "mpi")]
@@ -58,9 +70,11 @@ mod worker;
 #[cfg(feature = "mpi")]
 pub use agree::agree_on_settings;
 #[cfg(feature = "mpi")]
+pub use compute::ComputeFn;
+#[cfg(feature = "mpi")]
 pub use mpi;
 #[cfg(feature = "mpi")]
-pub use server::{ServerReport, StopReason, run_server};
+pub use server::{ServerReport, StopReason, run_server, run_shard};
 #[cfg(feature = "mpi")]
 pub use worker::{WorkerOptions, run_worker};
 
@@ -126,11 +140,14 @@ pub struct Tally {
     pub wall_s: f64,
     /// Inputs the worker's state machine refused (server messages, finished gradients).
     pub refused: u64,
+    /// Contributions (gradients, deltas, clock updates) the worker sent: to the server the
+    /// tally goes to (its ledger counts them), or, in [`run_worker`]'s result, to all.
+    pub sent: u64,
 }
 
 impl Tally {
     /// Encoded length.
-    pub const LEN: usize = 40;
+    pub const LEN: usize = 48;
 
     /// Little-endian encoding.
     pub fn to_bytes(&self) -> [u8; Self::LEN] {
@@ -141,6 +158,7 @@ impl Tally {
             self.busy_s.to_le_bytes(),
             self.wall_s.to_le_bytes(),
             self.refused.to_le_bytes(),
+            self.sent.to_le_bytes(),
         ];
         for (chunk, field) in out.chunks_exact_mut(8).zip(fields) {
             chunk.copy_from_slice(&field);
@@ -160,6 +178,7 @@ impl Tally {
             busy_s: f64::from_le_bytes(word(2)?),
             wall_s: f64::from_le_bytes(word(3)?),
             refused: u64::from_le_bytes(word(4)?),
+            sent: u64::from_le_bytes(word(5)?),
         })
     }
 }
@@ -192,19 +211,32 @@ impl AsMut<[f32]> for Shared {
     }
 }
 
-/// Checks that `link`'s world has a rank for the server and each of `n` workers.
+/// Checks that `link`'s world has a rank for each of `shards` servers and each of `n`
+/// workers.
 #[cfg(feature = "mpi")]
-fn check_world(link: &link::Link, n: u32) -> Result<(), MpiError> {
+fn check_world(link: &link::Link, n: u32, shards: u32) -> Result<(), MpiError> {
     let size = u32::try_from(link.size()).unwrap_or(0);
-    if size != n.saturating_add(1) {
+    let want = n.saturating_add(shards);
+    if size != want {
+        let servers =
+            if shards == 1 { "rank 0 the server".to_owned() } else { format!("ranks 0..{shards} the shards") };
         return Err(MpiError(format!(
-            "{size} MPI ranks for --workers {n}: launch {} ranks (rank 0 the server, ranks 1..={n} the workers), \
-             e.g. mpirun -n {}",
-            n + 1,
-            n + 1
+            "{size} MPI ranks for --workers {n}: launch {want} ranks ({servers}, ranks {shards}..{want} the workers), \
+             e.g. mpirun -n {want}"
         )));
     }
     Ok(())
+}
+
+/// How a model of `dim` parameters splits over `shards` server ranks; refused unless every
+/// shard gets at least one parameter.
+pub fn shard_layout(dim: usize, shards: u32) -> Result<syncopate::proto::sharded::ShardLayout, MpiError> {
+    syncopate::proto::sharded::ShardLayout::new(dim, shards).map_err(|_| {
+        MpiError(format!(
+            "--shards {shards} cannot split a model of {dim} parameters: every shard needs at least one \
+             (1 <= shards <= {dim})"
+        ))
+    })
 }
 
 /// The core's clock: nanoseconds since `epoch`.
@@ -225,10 +257,10 @@ mod tests {
 
     #[test]
     fn tally_round_trips_and_refuses_other_lengths() {
-        let t = Tally { computed: 7, abandoned: 2, busy_s: 1.5, wall_s: 3.25, refused: 4 };
+        let t = Tally { computed: 7, abandoned: 2, busy_s: 1.5, wall_s: 3.25, refused: 4, sent: 9 };
         assert_eq!(Tally::from_bytes(&t.to_bytes()), Some(t));
-        assert_eq!(Tally::from_bytes(&[0; 39]), None);
-        assert_eq!(Tally::from_bytes(&[0; 41]), None);
+        assert_eq!(Tally::from_bytes(&[0; 47]), None);
+        assert_eq!(Tally::from_bytes(&[0; 49]), None);
     }
 
     #[test]
@@ -237,6 +269,14 @@ mod tests {
         let e = check_message_size(600_000_000).unwrap_err();
         assert!(e.0.contains("2147483647 bytes (2 GiB)"), "{e}");
         assert!(check_message_size(usize::MAX / 8).is_err());
+    }
+
+    #[test]
+    fn a_model_that_does_not_split_into_the_shards_is_refused_naming_both() {
+        assert_eq!(shard_layout(650, 3).map(|l| (l.len(0), l.len(2))), Ok((217, 216)));
+        let e = shard_layout(2, 3).unwrap_err();
+        assert!(e.0.contains("--shards 3 cannot split a model of 2 parameters"), "{e}");
+        assert!(shard_layout(650, 0).is_err());
     }
 
     #[test]

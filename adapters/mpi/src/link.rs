@@ -16,6 +16,7 @@ use crate::outbox::{Outbox, receive_floats};
 use mpi::datatype::Equivalence;
 use mpi::point_to_point::{Message, Source, Status};
 use mpi::topology::{Communicator, Rank, SimpleCommunicator};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use syncopate::wire::{self, MessageKind};
 
@@ -52,6 +53,14 @@ pub(crate) enum Kind {
     Head,
     /// The payload of the previous [`Kind::Head`] from the same sender.
     Payload,
+    /// A server's word to a rank it declared lost: start a new session with the epoch it
+    /// carries (a `u32`, little-endian).
+    Rejoin,
+    /// Rank 0's word to the other shards: the shard it carries (a `u32`, little-endian) was
+    /// lost, the run stops.
+    ShardStop,
+    /// A shard's final report to rank 0 ([`crate::ledger::ShardSummary`]).
+    ShardReport,
 }
 
 impl Kind {
@@ -62,11 +71,25 @@ impl Kind {
             Self::Tally => 3,
             Self::Head => 4,
             Self::Payload => 5,
+            Self::Rejoin => 6,
+            Self::ShardStop => 7,
+            Self::ShardReport => 8,
         }
     }
 
     fn from_tag(tag: mpi::Tag) -> Option<Self> {
-        [Self::Wire, Self::Heartbeat, Self::Tally, Self::Head, Self::Payload].into_iter().find(|k| k.tag() == tag)
+        [
+            Self::Wire,
+            Self::Heartbeat,
+            Self::Tally,
+            Self::Head,
+            Self::Payload,
+            Self::Rejoin,
+            Self::ShardStop,
+            Self::ShardReport,
+        ]
+        .into_iter()
+        .find(|k| k.tag() == tag)
     }
 }
 
@@ -180,7 +203,10 @@ impl Link {
                 let (start, landed) = self.receive_payload(from, &mut bytes, len, landing);
                 Some(Incoming { from, kind: Kind::Wire, bytes, start, landed })
             }
-            Some(kind @ (Kind::Wire | Kind::Heartbeat | Kind::Tally)) => {
+            Some(
+                kind
+                @ (Kind::Wire | Kind::Heartbeat | Kind::Tally | Kind::Rejoin | Kind::ShardStop | Kind::ShardReport),
+            ) => {
                 bytes.truncate(len);
                 Some(Incoming { from, kind, bytes, start: 0, landed: false })
             }
@@ -272,8 +298,14 @@ impl Link {
     /// latency per message. A rank with a core of its own polls for [`POLL_FOR_ALONE`] first.
     ///
     /// A `Model` payload of exactly `landing`'s length is received into `landing` (see
-    /// [`Incoming::landed`]).
-    pub(crate) fn recv_until(&mut self, deadline: Instant, mut landing: Option<&mut [f32]>) -> Option<Incoming> {
+    /// [`Incoming::landed`]). Returns `None` early, too, once `wake` is set (another thread
+    /// of the rank has something for the loop).
+    pub(crate) fn recv_until(
+        &mut self,
+        deadline: Instant,
+        mut landing: Option<&mut [f32]>,
+        wake: Option<&AtomicBool>,
+    ) -> Option<Incoming> {
         let start = Instant::now();
         loop {
             self.outbox.progress();
@@ -281,7 +313,7 @@ impl Link {
                 return Some(m);
             }
             let now = Instant::now();
-            if now >= deadline {
+            if now >= deadline || wake.is_some_and(|w| w.load(Ordering::Acquire)) {
                 return None;
             }
             if now.duration_since(start) < self.poll_for {

@@ -67,6 +67,10 @@ pub struct WorkerTally {
     /// Seconds each completed step took (real compute plus injected delay), in order.
     #[serde(skip)]
     pub step_times: Vec<f64>,
+    /// What each completed step's gradient measured, in order (empty unless the run records
+    /// gradients: [`run_recording`]).
+    #[serde(skip)]
+    pub step_gradients: Vec<crate::trace::GradientStats>,
     /// Conservation ledger: distinct contributions sent to the server.
     pub sent: u64,
     /// Contributions sent again with a sequence number already sent (retransmissions).
@@ -153,6 +157,25 @@ pub fn run(
     delays: Vec<StepDelay>,
     progress: &mut dyn FnMut(&EvalPoint),
 ) -> Result<ThreadReport, ThreadError> {
+    run_recording(config, workload, delays, progress, false)
+}
+
+/// Worker and step index of a completed step.
+type StepId = (usize, usize);
+/// The gradient groups every worker of a recording run adds to.
+type SharedGroups = Arc<std::sync::Mutex<crate::trace::GradientGroups<StepId>>>;
+
+/// [`run`]; with `record_gradients`, every completed step's minibatch loss and gradient
+/// norm, and the norm of the mean of the gradients computed on the same model
+/// ([`crate::trace::GradientGroups`]), are in [`WorkerTally::step_gradients`].
+pub fn run_recording(
+    config: &ThreadConfig,
+    workload: Arc<Workload>,
+    delays: Vec<StepDelay>,
+    progress: &mut dyn FnMut(&EvalPoint),
+    record_gradients: bool,
+) -> Result<ThreadReport, ThreadError> {
+    let groups: Option<SharedGroups> = record_gradients.then(SharedGroups::default);
     let n = config.protocol.workers() as usize;
     let dim = workload.model.dim();
     let mut params = vec![0.0f32; dim];
@@ -187,10 +210,11 @@ pub fn run(
         let workload = Arc::clone(&workload);
         let seed = config.seed ^ (u64::from(id.0) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let batch = config.batch_size;
+        let groups = groups.clone();
         handles.push(
             thread::Builder::new()
                 .name(format!("worker-{}", id.0))
-                .spawn(move || worker_loop(worker, worker_port, &workload, batch, seed, delay, epoch))
+                .spawn(move || worker_loop(worker, worker_port, &workload, (batch, seed), delay, epoch, groups))
                 .map_err(|e| ThreadError(format!("cannot start a worker thread: {e}")))?,
         );
     }
@@ -217,6 +241,15 @@ pub fn run(
     drop(port);
     for h in handles {
         report.workers.push(h.join().unwrap_or_default());
+    }
+    if let Some(groups) = groups {
+        let groups = std::mem::take(&mut *groups.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        for ((w, i), mean_norm, count) in groups.finish() {
+            if let Some(g) = report.workers.get_mut(w).and_then(|t| t.step_gradients.get_mut(i)) {
+                g.mean_norm = mean_norm.is_finite().then_some(mean_norm);
+                g.mean_of = count;
+            }
+        }
     }
     Ok(report)
 }
@@ -386,17 +419,20 @@ struct Job {
     ready: StdInstant,
     /// The minibatch loss of its gradient (finite), reported with it.
     loss: Option<f32>,
+    /// The model's key ([`crate::trace::model_key`]), when recording.
+    model_key: Option<u64>,
 }
 
 fn worker_loop(
     mut worker: AnyWorker<f32, Vec<f32>>,
     port: WorkerPort,
     workload: &Workload,
-    batch_size: usize,
-    seed: u64,
+    (batch_size, seed): (usize, u64),
     mut delay: StepDelay,
     epoch: StdInstant,
+    groups: Option<SharedGroups>,
 ) -> WorkerTally {
+    let me = port.id().0 as usize;
     let started = StdInstant::now();
     let dim = workload.model.dim();
     let limits = Limits::for_model(dim);
@@ -425,10 +461,11 @@ fn worker_loop(
                     }
                     sampler.next_batch(batch_size, &mut batch);
                     let loss = workload.model.gradient(params, &workload.train, &batch, &mut grad, &mut scratch);
+                    let model_key = groups.is_some().then(|| crate::trace::model_key(params));
                     tally.computed += 1;
                     let extra = delay(tally.computed - 1);
                     let loss = Some(loss).filter(|l| l.is_finite());
-                    job = Some(Job { id, started: now, ready: StdInstant::now() + extra, loss });
+                    job = Some(Job { id, started: now, ready: StdInstant::now() + extra, loss, model_key });
                 }
                 WorkerOutput::Event(WorkerEvent::Abandoned { id }) => {
                     if let Some(j) = job.take_if(|j| j.id == id) {
@@ -458,6 +495,15 @@ fn worker_loop(
         if let Some(j) = job.take_if(|j| StdInstant::now() >= j.ready) {
             let took = j.started.elapsed().as_secs_f64();
             tally.busy_s += took;
+            if let (Some(groups), Some(key)) = (&groups, j.model_key) {
+                tally.step_gradients.push(crate::trace::GradientStats {
+                    loss: j.loss.map(f64::from),
+                    grad_norm: Some(crate::trace::norm(&grad)),
+                    ..Default::default()
+                });
+                let mut groups = groups.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                groups.add((me, tally.step_times.len()), key, &grad);
+            }
             tally.step_times.push(took);
             if let Err(e) = worker.handle_gradient_with_loss(since(epoch), j.id, &grad, j.loss) {
                 note_refusal(&mut refusals, &mut tally, "a finished gradient", &e);

@@ -1,5 +1,12 @@
 //! Step-time traces: what `train --record-trace` writes and `compare --trace` / `advise`
 //! replay. A CSV file with the header `worker,step,seconds`, one line per gradient step.
+//!
+//! A recorded run may add four columns, `loss,grad_norm,mean_norm,mean_of` (the header
+//! names them; any of them may be empty on a line): the worker's minibatch loss, the L2 norm
+//! of its gradient, and the L2 norm of the mean of the `mean_of` gradients computed on the
+//! same model as this one (this one included). Gradients at two batch sizes on the same
+//! model are what [`crate::advise::noise_estimate`] needs to estimate the model's gradient
+//! noise scale. A trace without those columns reads as before.
 
 use crate::sim::ComputeModel;
 use std::io::{BufRead, BufReader, Write};
@@ -14,6 +21,108 @@ pub struct Step {
     pub step: u64,
     /// How long it took.
     pub seconds: f64,
+}
+
+/// What a recorded step's gradient measured: a trace's optional columns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct GradientStats {
+    /// The worker's loss on the step's minibatch, if known.
+    pub loss: Option<f64>,
+    /// The L2 norm of the worker's gradient, if known.
+    pub grad_norm: Option<f64>,
+    /// The L2 norm of the mean of the [`GradientStats::mean_of`] gradients computed on the
+    /// same model as this one (this one included), if known.
+    pub mean_norm: Option<f64>,
+    /// How many gradients [`GradientStats::mean_norm`] averages (0: unknown).
+    pub mean_of: u32,
+}
+
+impl GradientStats {
+    /// Whether no column is known.
+    pub fn is_empty(&self) -> bool {
+        self.loss.is_none() && self.grad_norm.is_none() && self.mean_norm.is_none() && self.mean_of == 0
+    }
+}
+
+/// The header of a trace with gradient columns.
+pub const HEADER_WITH_GRADIENTS: &str = "worker,step,seconds,loss,grad_norm,mean_norm,mean_of";
+
+/// The L2 norm of `values`, summed in `f64`.
+pub fn norm(values: &[f32]) -> f64 {
+    values.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>().sqrt()
+}
+
+/// A key naming the model `params` bit for bit (FNV-1a of the bits): gradients with equal
+/// keys were computed on the same model.
+pub fn model_key(params: &[f32]) -> u64 {
+    params.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, p| {
+        p.to_bits().to_le_bytes().iter().fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    })
+}
+
+/// Groups the gradients a run records by the model they were computed on (its
+/// [`model_key`]) and gives each recorded row (named by an `R` of the recorder's choice) the
+/// norm of its group's mean: the gradient at a larger batch on the same model. At most
+/// [`GradientGroups::MAX_OPEN`] groups are open at once; a gradient on a new model then
+/// closes the oldest group (later gradients on that model start a new one), so memory stays
+/// bounded by that many model-sized sums.
+#[derive(Debug)]
+pub struct GradientGroups<R = usize> {
+    open: std::collections::VecDeque<OpenGroup<R>>,
+    closed: Vec<(R, f64, u32)>,
+}
+
+impl<R> Default for GradientGroups<R> {
+    fn default() -> Self {
+        Self { open: std::collections::VecDeque::new(), closed: Vec::new() }
+    }
+}
+
+#[derive(Debug)]
+struct OpenGroup<R> {
+    key: u64,
+    sum: Vec<f64>,
+    rows: Vec<R>,
+}
+
+impl<R> GradientGroups<R> {
+    /// The most groups open at once.
+    pub const MAX_OPEN: usize = 64;
+
+    /// Adds the gradient `grad` of recorded row `row`, computed on the model with key `key`.
+    pub fn add(&mut self, row: R, key: u64, grad: &[f32]) {
+        let at = match self.open.iter().position(|g| g.key == key) {
+            Some(at) => at,
+            None => {
+                if self.open.len() >= Self::MAX_OPEN {
+                    if let Some(oldest) = self.open.pop_front() {
+                        self.close(oldest);
+                    }
+                }
+                self.open.push_back(OpenGroup { key, sum: vec![0.0; grad.len()], rows: Vec::new() });
+                self.open.len() - 1
+            }
+        };
+        if let Some(g) = self.open.get_mut(at) {
+            g.sum.iter_mut().zip(grad).for_each(|(s, &v)| *s += f64::from(v));
+            g.rows.push(row);
+        }
+    }
+
+    fn close(&mut self, g: OpenGroup<R>) {
+        let k = g.rows.len().max(1) as f64;
+        let mean_norm = g.sum.iter().map(|s| (s / k) * (s / k)).sum::<f64>().sqrt();
+        let count = g.rows.len() as u32;
+        self.closed.extend(g.rows.into_iter().map(|r| (r, mean_norm, count)));
+    }
+
+    /// Closes every group: each recorded row with its group's mean norm and size.
+    pub fn finish(mut self) -> Vec<(R, f64, u32)> {
+        while let Some(g) = self.open.pop_front() {
+            self.close(g);
+        }
+        self.closed
+    }
 }
 
 /// The shortest step a trace may hold: 1 µs. Shorter (or zero) steps are not measurements,
@@ -42,12 +151,47 @@ pub fn write_to(file: std::fs::File, path: &Path, steps: &[Step]) -> Result<(), 
 /// Writes `steps` as trace CSV (a header, then `worker,step,seconds` lines) to `out`,
 /// buffered, and flushes it.
 pub fn write_csv(out: impl Write, steps: &[Step]) -> std::io::Result<()> {
+    write_csv_with(out, steps, &[])
+}
+
+/// [`write_csv`] with the gradient columns of `stats` (row for row with `steps`) when it is
+/// not empty.
+pub fn write_csv_with(out: impl Write, steps: &[Step], stats: &[GradientStats]) -> std::io::Result<()> {
     let mut out = std::io::BufWriter::new(out);
-    writeln!(out, "worker,step,seconds")?;
-    for s in steps {
-        writeln!(out, "{},{},{:.9}", s.worker, s.step, s.seconds)?;
+    if stats.is_empty() {
+        writeln!(out, "worker,step,seconds")?;
+        for s in steps {
+            writeln!(out, "{},{},{:.9}", s.worker, s.step, s.seconds)?;
+        }
+        return out.flush();
+    }
+    writeln!(out, "{HEADER_WITH_GRADIENTS}")?;
+    let field = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:e}"));
+    for (s, g) in steps.iter().zip(stats.iter().copied().chain(std::iter::repeat(GradientStats::default()))) {
+        let of = if g.mean_of > 0 { g.mean_of.to_string() } else { String::new() };
+        writeln!(
+            out,
+            "{},{},{:.9},{},{},{},{of}",
+            s.worker,
+            s.step,
+            s.seconds,
+            field(g.loss),
+            field(g.grad_norm),
+            field(g.mean_norm)
+        )?;
     }
     out.flush()
+}
+
+/// Writes `steps` with their gradient columns `stats` as a trace into `file` (opened with
+/// [`create`]); `path` names it in errors.
+pub fn write_with_stats_to(
+    file: std::fs::File,
+    path: &Path,
+    steps: &[Step],
+    stats: &[GradientStats],
+) -> Result<(), String> {
+    write_csv_with(file, steps, stats).map_err(|e| format!("{}: cannot write the trace: {e}", path.display()))
 }
 
 /// Whether `text` is a whole decimal number with digits on both sides of any point and
@@ -78,9 +222,38 @@ pub fn read(path: &Path) -> Result<Vec<Step>, String> {
 /// Reads a trace file line by line: every step with its line number (1-based), checking
 /// each line on its own (fields, numbers, step times) but not the table they form.
 pub fn read_lines(path: &Path) -> Result<Vec<(usize, Step)>, String> {
+    Ok(read_lines_with_stats(path)?.into_iter().map(|(line, step, _)| (line, step)).collect())
+}
+
+/// Reads a trace's gradient columns: `(step, stats)` for every line that has any (none for
+/// a trace without them).
+pub fn read_gradient_stats(path: &Path) -> Result<Vec<(Step, GradientStats)>, String> {
+    Ok(read_lines_with_stats(path)?
+        .into_iter()
+        .filter(|(_, _, g)| !g.is_empty())
+        .map(|(_, step, g)| (step, g))
+        .collect())
+}
+
+/// An optional finite number of a gradient column (a norm: also non-negative); empty is
+/// unknown.
+fn optional_column(text: &str, name: &str, norm: bool) -> Result<Option<f64>, String> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && (v >= 0.0 || !norm) => Ok(Some(v)),
+        _ if norm => Err(format!("{name} '{text}' is not a norm (a finite non-negative number)")),
+        _ => Err(format!("{name} '{text}' is not a finite number")),
+    }
+}
+
+/// [`read_lines`] with each line's gradient columns (all unknown in a trace without them).
+pub fn read_lines_with_stats(path: &Path) -> Result<Vec<(usize, Step, GradientStats)>, String> {
     let text = std::fs::read(path).map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
     let mut steps = Vec::new();
     let line_count = text.split(|b| *b == b'\n').count();
+    let mut with_gradients = false;
     for (i, line) in BufReader::new(text.as_slice()).lines().enumerate() {
         let at = |what: String| format!("{} line {}: {what}", path.display(), i + 1);
         let line = line.map_err(|e| at(format!("cannot read: {e}")))?;
@@ -89,12 +262,29 @@ pub fn read_lines(path: &Path) -> Result<Vec<(usize, Step)>, String> {
             return Err(at("the line has no end (the file looks truncated)".into()));
         }
         let line = line.trim();
-        if line.is_empty() || (i == 0 && line.starts_with("worker")) {
+        if i == 0 && line.starts_with("worker") {
+            let header: Vec<&str> = line.split(',').map(str::trim).collect();
+            with_gradients = header.len() > 3;
+            if with_gradients && header.join(",") != HEADER_WITH_GRADIENTS {
+                return Err(at(format!(
+                    "the header '{line}' is neither worker,step,seconds nor {HEADER_WITH_GRADIENTS}"
+                )));
+            }
+            continue;
+        }
+        if line.is_empty() {
             continue;
         }
         let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-        let [w, s, t] = fields[..] else {
-            return Err(at(format!("expected worker,step,seconds, got {} fields", fields.len())));
+        let (w, s, t, rest) = match (with_gradients, &fields[..]) {
+            (false, &[w, s, t]) => (w, s, t, None),
+            (true, &[w, s, t, loss, norm, mean, of]) => (w, s, t, Some([loss, norm, mean, of])),
+            (false, _) => {
+                return Err(at(format!("expected worker,step,seconds, got {} fields", fields.len())));
+            }
+            (true, _) => {
+                return Err(at(format!("expected {HEADER_WITH_GRADIENTS}, got {} fields", fields.len())));
+            }
         };
         let worker = w.parse().map_err(|_| at(format!("worker '{w}' is not a whole number")))?;
         let step = s.parse().map_err(|_| at(format!("step '{s}' is not a whole number")))?;
@@ -107,7 +297,20 @@ pub fn read_lines(path: &Path) -> Result<Vec<(usize, Step)>, String> {
                 "seconds '{t}' is not a step time: each step must take from {MIN_STEP_SECONDS} s (1 µs) to {MAX_STEP_SECONDS} s (a day)"
             )));
         }
-        steps.push((i + 1, Step { worker, step, seconds }));
+        let stats = match rest {
+            None => GradientStats::default(),
+            Some([loss, norm, mean, of]) => GradientStats {
+                loss: optional_column(loss, "loss", false).map_err(at)?,
+                grad_norm: optional_column(norm, "grad_norm", true).map_err(at)?,
+                mean_norm: optional_column(mean, "mean_norm", true).map_err(at)?,
+                mean_of: if of.is_empty() {
+                    0
+                } else {
+                    of.parse().map_err(|_| at(format!("mean_of '{of}' is not a whole number")))?
+                },
+            },
+        };
+        steps.push((i + 1, Step { worker, step, seconds }, stats));
     }
     if steps.is_empty() {
         return Err(format!("{}: the trace has no steps", path.display()));
@@ -242,6 +445,66 @@ mod tests {
         std::fs::write(&path, "worker,step,seconds\n0,0,2.5e-3\n0,1,3\n").unwrap();
         assert_eq!(read(&path).unwrap().len(), 2);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Gradient columns round-trip (empty fields are unknown), a trace without them reads
+    /// as before, and a wrong header or a negative norm is refused with the line.
+    #[test]
+    fn gradient_columns_round_trip_and_bad_ones_are_refused() {
+        let dir = std::env::temp_dir().join(format!("syncopate-trace-grad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("g.csv");
+        let steps = [Step { worker: 0, step: 0, seconds: 0.5 }, Step { worker: 1, step: 0, seconds: 0.25 }];
+        let stats = [
+            GradientStats { loss: Some(-1.5), grad_norm: Some(3.0), mean_norm: Some(2.0), mean_of: 2 },
+            GradientStats { loss: None, grad_norm: Some(0.125), mean_norm: None, mean_of: 0 },
+        ];
+        let file = create(&path).unwrap();
+        write_with_stats_to(file, &path, &steps, &stats).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with(HEADER_WITH_GRADIENTS), "{text}");
+        assert_eq!(read(&path).unwrap(), steps);
+        let back = read_gradient_stats(&path).unwrap();
+        assert_eq!(back, vec![(steps[0], stats[0]), (steps[1], stats[1])]);
+        write(&path, &steps).unwrap();
+        assert!(read_gradient_stats(&path).unwrap().is_empty());
+        for (text, needle) in [
+            ("worker,step,seconds,loss\n0,0,0.5,1\n", "line 1: the header 'worker,step,seconds,loss' is neither"),
+            (&format!("{HEADER_WITH_GRADIENTS}\n0,0,0.5,1,2\n"), "line 2: expected worker,step,seconds,loss"),
+            (&format!("{HEADER_WITH_GRADIENTS}\n0,0,0.5,1,-2,1,2\n"), "line 2: grad_norm '-2' is not a norm"),
+            (&format!("{HEADER_WITH_GRADIENTS}\n0,0,0.5,inf,2,1,2\n"), "line 2: loss 'inf' is not a finite number"),
+            (&format!("{HEADER_WITH_GRADIENTS}\n0,0,0.5,1,2,1,x\n"), "line 2: mean_of 'x' is not a whole number"),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let e = read(&path).unwrap_err();
+            assert!(e.contains(needle), "{text:?}: {e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Gradients on one model form a group whose mean norm every row gets; a model that
+    /// does not fit among the open groups closes the oldest.
+    #[test]
+    fn gradient_groups_give_each_row_its_models_mean() {
+        let (a, b) = (model_key(&[1.0, 2.0]), model_key(&[1.0, 2.5]));
+        assert_ne!(a, b);
+        let mut groups = GradientGroups::default();
+        groups.add(0, a, &[3.0, 0.0]);
+        groups.add(1, b, &[1.0, 1.0]);
+        groups.add(2, a, &[1.0, 0.0]);
+        let mut rows = groups.finish();
+        rows.sort_by_key(|r| r.0);
+        assert_eq!(rows, vec![(0, 2.0, 2), (1, 2f64.sqrt(), 1), (2, 2.0, 2)]);
+        let mut groups = GradientGroups::default();
+        for row in 0..=GradientGroups::<usize>::MAX_OPEN {
+            groups.add(row, row as u64, &[1.0]);
+        }
+        // Model 0's group was closed to make room: a later gradient on it starts a new one.
+        groups.add(100, 0, &[3.0]);
+        let rows = groups.finish();
+        assert_eq!(rows.iter().find(|r| r.0 == 0), Some(&(0, 1.0, 1)));
+        assert_eq!(rows.iter().find(|r| r.0 == 100), Some(&(100, 3.0, 1)));
+        assert_eq!(norm(&[3.0, 4.0]), 5.0);
     }
 
     /// Each way a trace fails to be a full table is refused with the file, the line and the

@@ -23,7 +23,10 @@ fn main() {
         std::process::exit(2);
     };
     let (dim, rounds) = (dim as usize, rounds as u64 + WARMUP as u64);
-    let Some(universe) = syncopate_mpi::mpi::initialize() else {
+    // The workers compute on a thread of their own: MPI_THREAD_FUNNELED.
+    let Some((universe, _)) =
+        syncopate_mpi::mpi::initialize_with_threading(syncopate_mpi::mpi::environment::Threading::Funneled)
+    else {
         eprintln!("mpi_rounds: MPI could not be initialised");
         std::process::exit(1);
     };
@@ -50,7 +53,7 @@ fn main() {
             );
         })
     } else {
-        let options = WorkerOptions { protocol: config, dim, lost_after, rejoin_after: None };
+        let options = WorkerOptions { protocol: config, dim, lost_after, rejoin_after: None, shards: 1 };
         run_worker(
             world,
             &options,

@@ -383,6 +383,14 @@ macro_rules! dispatch {
 }
 
 impl<T: Scalar, S: Buffer<T>> AnyWorker<T, S> {
+    /// The buffer holding the model (or cache) the host computes on: a `Compute` output's
+    /// `params` are its contents. For a transport that hands them to another thread rather
+    /// than a copy; the worker writes it only through `AsMut` (a copy-on-write buffer thus
+    /// keeps a computation's input unchanged while the host reads it).
+    pub fn params_buffer(&self) -> &S {
+        dispatch!(self, w => &w.core.params, Gradient, Wbsp, Ssp, Bap)
+    }
+
     /// The model's length.
     pub(crate) fn dim(&self) -> usize {
         dispatch!(self, w => w.dim(), Gradient, Wbsp, Ssp, Bap)

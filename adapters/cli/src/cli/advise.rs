@@ -14,7 +14,8 @@ use syncopate_sim::advise::{self, Advice, Candidate, Options, TraceTable, Worklo
 #[derive(Clone, Debug, Args)]
 pub struct AdviseArgs {
     /// The recorded per-worker step times (CSV worker,step,seconds, as `train --record-trace`
-    /// writes): a full table, workers 0..n each with steps 0..S, every pair once.
+    /// writes): a full table, workers 0..n each with steps 0..S, every pair once. Gradient
+    /// columns (loss,grad_norm,mean_norm,mean_of) give the noise scale.
     #[arg(long, value_name = "FILE")]
     pub trace: PathBuf,
     /// The protocols and knobs to try, as written in a scenario file (its stragglers and
@@ -34,7 +35,8 @@ pub struct AdviseArgs {
     pub budget: Option<f64>,
     /// Your model's critical batch in examples: its gradient noise scale B = tr(Σ)/|G|²
     /// (McCandlish et al. 2018), measured near the target loss. Sets the NQM's noise so that
-    /// its critical batch is B (default: the built-in NQM's noise, whose B the report gives).
+    /// its critical batch is B (default: estimated from the trace's gradient columns when it
+    /// has them, otherwise the built-in NQM's noise; the report gives B either way).
     #[arg(long, value_name = "EXAMPLES")]
     pub noise_scale: Option<f64>,
     /// Examples per worker gradient on your cluster (converts --noise-scale to gradients).
@@ -115,12 +117,25 @@ fn parse_kind(s: &str) -> Result<tracegen::Kind, String> {
     tracegen::Kind::from_name(s)
 }
 
-/// Reads `path` as a full table (or, with `truncate`, cut to the shortest worker).
-pub(super) fn read_table(path: &std::path::Path, truncate: bool) -> Result<TraceTable, Failure> {
-    let lines = trace::read_lines(path).map_err(Failure::Usage)?;
+/// Reads `path` as a full table (or, with `truncate`, cut to the shortest worker) and, when
+/// the trace has gradient columns, what they tell about the noise scale (over the steps the
+/// table keeps).
+fn read_table_and_noise(
+    path: &std::path::Path,
+    truncate: bool,
+) -> Result<(TraceTable, Option<advise::MeasuredNoise>), Failure> {
+    let rows = trace::read_lines_with_stats(path).map_err(Failure::Usage)?;
+    let lines: Vec<(usize, trace::Step)> = rows.iter().map(|(line, s, _)| (*line, *s)).collect();
     let (_, steps) = trace::check_table(&lines, &path.display().to_string(), truncate).map_err(Failure::Usage)?;
+    let gradients: Vec<(trace::Step, trace::GradientStats)> =
+        rows.iter().filter(|(_, s, g)| !g.is_empty() && s.step < steps).map(|(_, s, g)| (*s, *g)).collect();
+    let measured = (!gradients.is_empty()).then(|| match advise::noise_estimate::estimate(&gradients, steps) {
+        Ok(e) => advise::MeasuredNoise::Estimated(e),
+        Err(why) => advise::MeasuredNoise::NotEstimated(why),
+    });
     let steps = trace::truncate_to_shortest(lines, steps);
-    TraceTable::from_steps(&steps).map_err(|e| Failure::Usage(format!("{}: {e}", path.display())))
+    let table = TraceTable::from_steps(&steps).map_err(|e| Failure::Usage(format!("{}: {e}", path.display())))?;
+    Ok((table, measured))
 }
 
 #[derive(Serialize)]
@@ -135,7 +150,7 @@ pub(super) fn advise(args: &AdviseArgs) -> Result<(), Failure> {
     if !(args.latency_ms.is_finite() && args.latency_ms >= 0.0) {
         return Err(Failure::Usage(format!("invalid value '{}' for '--latency-ms': not a latency", args.latency_ms)));
     }
-    let table = read_table(&args.trace, args.truncate)?;
+    let (table, measured_noise) = read_table_and_noise(&args.trace, args.truncate)?;
     for (flag, v) in args
         .noise_scale
         .iter()
@@ -208,6 +223,7 @@ pub(super) fn advise(args: &AdviseArgs) -> Result<(), Failure> {
                 vec![gradients / 10.0, gradients, gradients * 10.0]
             }
         },
+        measured_noise,
     };
     let jobs = args.jobs.map_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()), |j| j as usize);
     // The phases found in the trace add sweeps as they are found: the total is not known.

@@ -19,7 +19,7 @@ where
     let cli = Cli::try_parse_from(args).map_err(|e| one_line_error(&e.render().to_string()))?;
     match &cli.command {
         Command::Train(train) => check_train(train),
-        Command::Mpi(mpi) => check_train(&mpi.train),
+        Command::Mpi(mpi) => mpi.check().and_then(|()| check_train(&mpi.train_without_shards())),
         Command::Serve(serve) => serve.protocol.config().map(drop),
         Command::Work(work) => super::parse_stragglers(&work.straggler, syncopate::MAX_WORKERS as u32).map(drop),
         Command::Compare(compare) => check_scenario(compare.scenario.as_deref(), compare.preset.as_deref()),

@@ -13,7 +13,7 @@ pub(crate) mod output;
 mod protocol;
 mod reproduce;
 mod serve;
-
+mod shard;
 mod summary;
 mod train;
 mod work;

@@ -1,7 +1,9 @@
 //! `syncopate mpi`: one training run as an MPI job, `mpirun -n N+1 syncopate mpi ...` (or
 //! `srun`): rank 0 runs the parameter server and prints the summary, ranks `1..=N` run the
-//! workers. Every rank gets the same command line and derives the run's settings from it;
-//! rank 0 checks that every rank hashed the same settings before anything starts.
+//! workers. With `--shards S` (`mpirun -n N+S`), ranks `0..S` run the shards, each the
+//! protocol's server over its slice of the model, and ranks `S..` the workers. Every rank
+//! gets the same command line and derives the run's settings from it; rank 0 checks that
+//! every rank hashed the same settings before anything starts.
 //!
 //! The transport is the `syncopate-mpi` crate, built only with this crate's `mpi` feature;
 //! without it the subcommand says how to enable it and exits with 2.
@@ -14,9 +16,18 @@ use clap::Args;
 /// it refuses and its help does not list), plus the MPI ones.
 #[derive(Clone, Debug, Args)]
 #[command(mut_arg("sim", |a| a.hide(true)), mut_arg("record_trace", |a| a.hide(true)))]
+// Shards: `--shards` is this command's own (shards on ranks 0..S); the simulator's
+// `--colocate-shards` does not apply.
+#[command(
+    mut_arg("shards", |a| a.help(
+        "Split the model over S shards on ranks 0..S-1 (contiguous slices, each shard the protocol's server \
+         over its slice); the workers are the ranks after them"
+    )),
+    mut_arg("colocate_shards", |a| a.hide(true))
+)]
 pub struct MpiArgs {
-    /// The protocol, workload and straggler flags of `train` (`--workers N` needs N+1 ranks;
-    /// without `--workers`, every rank but rank 0 is a worker).
+    /// The protocol, workload and straggler flags of `train` (`--workers N` needs N+S ranks
+    /// with `--shards S`; without `--workers`, every rank but the shards' is a worker).
     #[command(flatten)]
     pub train: TrainArgs,
     /// A worker rank silent this many seconds (no message, no heartbeat: hung, stopped or cut
@@ -26,8 +37,24 @@ pub struct MpiArgs {
 }
 
 impl MpiArgs {
-    fn check(&self) -> Result<(), String> {
-        self.train.check()?;
+    /// `train`'s flags with one shard: `--shards` is `mpi`'s own (shard ranks), which
+    /// `train` takes for the simulator only.
+    pub(super) fn train_without_shards(&self) -> TrainArgs {
+        let mut train = self.train.clone();
+        train.shards = 1;
+        train
+    }
+
+    /// Refuses what `mpi` refuses before MPI starts (the one-line reason).
+    pub(super) fn check(&self) -> Result<(), String> {
+        // Shards: checked here, since `train` takes `--shards` for the simulator only.
+        if self.train.colocate_shards {
+            return Err(
+                "--colocate-shards applies to `syncopate train --sim`: each MPI shard is a rank of its own".into()
+            );
+        }
+        self.train_without_shards().check()?;
+        check_shards(self.train.shards)?;
         if self.train.sim {
             return Err("--sim runs the simulator in one process: use `syncopate train --sim`".into());
         }
@@ -39,22 +66,63 @@ impl MpiArgs {
     }
 }
 
+/// Refuses a shard count outside `1..=MAX_SHARDS`.
+fn check_shards(shards: u32) -> Result<(), String> {
+    if shards == 0 || shards > crate::scenario::MAX_SHARDS {
+        return Err(format!(
+            "invalid value '{shards}' for '--shards': must be between 1 and {}",
+            crate::scenario::MAX_SHARDS
+        ));
+    }
+    Ok(())
+}
+
 /// Whether the command line names `--workers` (otherwise the world size decides).
 #[cfg_attr(not(feature = "mpi"), allow(dead_code, reason = "the MPI build uses it"))]
 fn workers_given(mut args: impl Iterator<Item = String>) -> bool {
     args.any(|a| a == "--workers" || a.starts_with("--workers="))
 }
 
-/// The workers of an MPI world of `size` ranks: one rank is the server.
+/// The workers of an MPI world of `size` ranks: `shards` ranks are the servers.
 #[cfg_attr(not(feature = "mpi"), allow(dead_code, reason = "the MPI build uses it"))]
-fn workers_of_world(size: i32) -> Result<u32, String> {
+fn workers_of_world(size: i32, shards: u32) -> Result<u32, String> {
     match u32::try_from(size) {
-        Ok(size) if size >= 2 && (size - 1) as usize <= syncopate::MAX_WORKERS => Ok(size - 1),
+        Ok(size) if size > shards && (size - shards) as usize <= syncopate::MAX_WORKERS => Ok(size - shards),
+        _ if shards > 1 => Err(format!(
+            "{size} MPI ranks for --shards {shards}: a run needs ranks 0..{shards} for the shards and 1 to {} more \
+             for the workers (e.g. mpirun -n {} for 4 workers)",
+            syncopate::MAX_WORKERS,
+            shards + 4
+        )),
         _ => Err(format!(
             "{size} MPI ranks: a run needs rank 0 for the server and 1 to {} more for the workers (e.g. mpirun -n 5 for 4 workers)",
             syncopate::MAX_WORKERS
         )),
     }
+}
+
+/// A test hook: `SYNCOPATE_MPI_BLOCK_STEP=RANK:MS` makes every computation of worker rank
+/// `RANK` hold the computing thread `MS` milliseconds, as a long real step does (the
+/// straggler models wait outside the computation instead). The MPI tests use it for a step
+/// longer than `--lost-after`.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code, reason = "the MPI build uses it"))]
+const BLOCK_STEP_VAR: &str = "SYNCOPATE_MPI_BLOCK_STEP";
+
+/// The hold of [`BLOCK_STEP_VAR`]'s value `spec` for rank `rank` (`None`: none, or a value
+/// that is not `RANK:MS`).
+#[cfg_attr(not(feature = "mpi"), allow(dead_code, reason = "the MPI build uses it"))]
+fn blocked_step(spec: Option<&str>, rank: i32) -> Option<core::time::Duration> {
+    let (r, ms) = spec?.split_once(':')?;
+    let ms: u64 = ms.trim().parse().ok()?;
+    (r.trim().parse::<i32>().ok()? == rank).then(|| core::time::Duration::from_millis(ms))
+}
+
+/// Writes `line` and a newline to stderr in one write: the ranks share `mpirun`'s stderr,
+/// and `eprintln!` writes a formatted line in pieces, which interleave across processes.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code, reason = "the MPI build uses it"))]
+fn say(line: &str) {
+    let line = format!("{line}\n");
+    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
 }
 
 #[cfg(not(feature = "mpi"))]
@@ -71,18 +139,25 @@ pub(super) fn run(args: &MpiArgs) -> Result<(), Failure> {
 pub(super) fn run(args: &MpiArgs) -> Result<(), Failure> {
     use syncopate_mpi::mpi::topology::Communicator;
     args.check().map_err(Failure::Usage)?;
-    let Some(universe) = syncopate_mpi::mpi::initialize() else {
+    // The workers compute on a thread of their own, which makes no MPI call: FUNNELED. A
+    // library that gives less makes them compute inline (`run_worker` says so).
+    let Some((universe, _)) =
+        syncopate_mpi::mpi::initialize_with_threading(syncopate_mpi::mpi::environment::Threading::Funneled)
+    else {
         return Err(Failure::Run("MPI could not be initialised (or was already)".into()));
     };
     let world = universe.world();
+    let shards = args.train.shards;
     let mut train = args.train.clone();
     if !workers_given(std::env::args()) {
-        train.protocol.workers = workers_of_world(world.size()).map_err(Failure::Usage)?;
+        train.protocol.workers = workers_of_world(world.size(), shards).map_err(Failure::Usage)?;
     }
     let train = &train;
     let protocol = train.protocol.config().map_err(Failure::Usage)?;
     let stragglers = super::parse_stragglers(&train.straggler, protocol.workers()).map_err(Failure::Usage)?;
     let workload = train.workload.workload().map_err(Failure::Usage)?;
+    // Shards: a model that does not split into S slices of at least one parameter.
+    syncopate_mpi::shard_layout(workload.model.dim(), shards).map_err(|e| Failure::Usage(e.0))?;
     let hash = syncopate_mpi::settings::settings_hash(std::env::args_os().skip(1).map(|a| a.into_encoded_bytes()));
     syncopate_mpi::agree_on_settings(&world, hash).map_err(|e| Failure::Usage(e.0))?;
     let plan = syncopate_mpi::RunPlan {
@@ -90,7 +165,7 @@ pub(super) fn run(args: &MpiArgs) -> Result<(), Failure> {
         time_limit: super::train::time_limit(train.time_limit).map_err(Failure::Usage)?,
         lost_after: super::train::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?,
     };
-    if world.rank() == 0 {
+    if world.rank() < i32::try_from(shards).unwrap_or(i32::MAX) {
         server::run(train, protocol, &workload, &plan, world)
     } else {
         worker::run(train, protocol, stragglers, &workload, &plan, world)
@@ -105,10 +180,11 @@ mod server {
     use crate::workload::Workload;
     use std::time::{Duration, Instant};
     use syncopate::{ProtocolConfig, Version};
-    use syncopate_mpi::mpi::topology::SimpleCommunicator;
-    use syncopate_mpi::{RunPlan, StopReason, run_server};
+    use syncopate_mpi::mpi::topology::{Communicator, SimpleCommunicator};
+    use syncopate_mpi::{RunPlan, StopReason, run_shard};
 
-    /// Rank 0: the server, the evaluations and the summary.
+    /// Rank 0: the server, the evaluations and the summary. With shards, ranks `0..S`: each
+    /// a shard; rank 0 evaluates the model assembled at the end and prints the summary.
     pub(super) fn run(
         args: &TrainArgs,
         protocol: ProtocolConfig,
@@ -119,7 +195,23 @@ mod server {
         let n = protocol.workers();
         let dim = workload.model.dim();
         let model_name = format!("{:?}", args.workload.model).to_lowercase();
-        eprintln!("mpi: {} with {n} workers on ranks 1..={n}, {model_name} ({dim} params)", protocol.name());
+        let shards = args.shards;
+        let rank = world.rank();
+        if shards == 1 {
+            super::say(&format!(
+                "mpi: {} with {n} workers on ranks 1..={n}, {model_name} ({dim} params)",
+                protocol.name()
+            ));
+        } else if rank == 0 {
+            super::say(&format!(
+                "mpi: {} with {shards} shards on ranks 0..{shards} and {n} workers on ranks {shards}..{}, {model_name} \
+                 ({dim} params)",
+                protocol.name(),
+                n + shards
+            ));
+        } else {
+            super::say(&format!("mpi: rank {rank} (shard {rank}) pid {}", std::process::id()));
+        }
         let mut params = vec![0.0f32; dim];
         workload.model.init(args.workload.seed, &mut params);
         let start = Instant::now();
@@ -140,30 +232,42 @@ mod server {
             curve.push(point);
         };
         let eval_interval = Duration::from_millis(20);
-        let report = run_server(
+        let report = run_shard(
             world,
             &protocol,
+            shards,
             params,
             plan,
             &mut |version, params| {
-                if last_eval.is_none_or(|t| t.elapsed() >= eval_interval) {
+                // A shard holds a slice: the model is evaluated once assembled, at the end.
+                if shards == 1 && last_eval.is_none_or(|t| t.elapsed() >= eval_interval) {
                     last_eval = Some(Instant::now());
                     evaluate(version, params, &mut curve);
                 }
             },
-            &mut |line| eprintln!("mpi: {line}"),
+            &mut |line| super::say(&format!("mpi: {line}")),
         )
         .map_err(|e| Failure::Run(e.0))?;
+        if rank > 0 {
+            return match report.reason {
+                StopReason::ShardLost(k) => Err(Failure::Run(lost_shard(k))),
+                _ => Ok(()),
+            };
+        }
         if curve.last().is_none_or(|p| p.version != report.version.0) {
             evaluate(report.version, &report.params, &mut curve);
         }
-        let lost: Vec<String> = report.lost.iter().map(|w| format!("rank {}", w.0 + 1)).collect();
-        eprintln!(
-            "mpi: finished ({:?}) at version {}{}",
-            report.reason,
-            report.version.0,
-            if lost.is_empty() { String::new() } else { format!(", lost {}", lost.join(", ")) }
-        );
+        let ranks = |ws: &[syncopate::WorkerId]| {
+            ws.iter().map(|w| format!("rank {}", w.0 + shards)).collect::<Vec<_>>().join(", ")
+        };
+        let mut line = format!("mpi: finished ({:?}) at version {}", report.reason, report.version.0);
+        if !report.lost.is_empty() {
+            line += &format!(", lost {}", ranks(&report.lost));
+        }
+        if !report.rejoined.is_empty() {
+            line += &format!(", rejoined {}", ranks(&report.rejoined));
+        }
+        super::say(&line);
         let threads = ThreadReport {
             curve,
             time_to_target_s: time_to_target,
@@ -191,14 +295,43 @@ mod server {
             params: Vec::new(),
             ledger: crate::thread::ThreadLedger::default(),
         };
+        // Shards: every shard's ledger.
+        if shards > 1 {
+            for l in &report.shards {
+                super::say(&format!(
+                    "mpi: shard {}: {} params, {} updates, sent {}, delivered {}, refused {}, late {}, accepted {}, \
+                     applied {}, dropped {}, held {}: ledger {}",
+                    l.shard,
+                    l.elements,
+                    l.updates,
+                    l.sent,
+                    l.delivered,
+                    l.refused,
+                    l.late,
+                    l.accepted,
+                    l.applied,
+                    l.dropped,
+                    l.held(),
+                    if l.balanced() { "balanced" } else { "open (a tally missing, or contributions unaccounted for)" }
+                ));
+            }
+        }
         let mut summary =
             Summary::from_threads(&threads, protocol.name(), n, &model_name, dim, args.workload.seed, args.target);
         summary.mode = "mpi".into();
         summary.print(args.json);
-        if report.reason == StopReason::AllWorkersLost {
-            return Err(Failure::Run("every worker rank was lost before the run's budget was spent".into()));
+        match report.reason {
+            StopReason::AllWorkersLost => {
+                Err(Failure::Run("every worker rank was lost before the run's budget was spent".into()))
+            }
+            StopReason::ShardLost(k) => Err(Failure::Run(lost_shard(k))),
+            _ => Ok(()),
         }
-        Ok(())
+    }
+
+    /// The error of a run stopped by a lost shard.
+    fn lost_shard(k: u32) -> String {
+        format!("shard {k} (rank {k}) was lost: the run stopped before its budget was spent")
     }
 }
 
@@ -222,7 +355,7 @@ mod worker {
         plan: &RunPlan,
         world: SimpleCommunicator,
     ) -> Result<(), Failure> {
-        let id = u32::try_from(world.rank() - 1).unwrap_or(u32::MAX);
+        let id = u32::try_from(world.rank() - i32::try_from(args.shards).unwrap_or(1)).unwrap_or(u32::MAX);
         let dim = workload.model.dim();
         let seed = args.workload.seed ^ (u64::from(id) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let model = stragglers.get(id as usize).cloned().unwrap_or(ComputeModel::None);
@@ -231,24 +364,27 @@ mod worker {
         let mut scratch = workload.model.scratch();
         let mut batch = Vec::new();
         let batch_size = args.workload.batch_size as usize;
-        let options =
-            WorkerOptions { protocol, dim, lost_after: plan.lost_after, rejoin_after: Some(Duration::from_secs(2)) };
-        // One write of the whole line: the ranks start together and share mpirun's stderr, and
-        // `eprintln!` writes a formatted line in pieces, which interleave across processes.
-        let line = format!("mpi: rank {} (worker {id}) pid {}\n", id + 1, std::process::id());
-        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+        let block = super::blocked_step(std::env::var(super::BLOCK_STEP_VAR).ok().as_deref(), world.rank());
+        let options = WorkerOptions {
+            protocol,
+            dim,
+            lost_after: plan.lost_after,
+            rejoin_after: Some(Duration::from_secs(2)),
+            shards: args.shards,
+        };
+        super::say(&format!("mpi: rank {} (worker {id}) pid {}", world.rank(), std::process::id()));
         run_worker(
             world,
             &options,
             &mut |params, grad| {
+                if let Some(hold) = block {
+                    std::thread::sleep(hold);
+                }
                 sampler.next_batch(batch_size, &mut batch);
                 workload.model.gradient(params, &workload.train, &batch, grad, &mut scratch);
                 Duration::from_nanos(delays.next_step().as_nanos())
             },
-            &mut |line| {
-                let line = format!("mpi: {line}\n");
-                let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
-            },
+            &mut |line| super::say(&format!("mpi: {line}")),
         )
         .map_err(|e| Failure::Run(e.0))?;
         Ok(())
@@ -265,7 +401,20 @@ mod tests {
         assert!(workers_given(args(&["syncopate", "mpi", "--workers", "4"])));
         assert!(workers_given(args(&["syncopate", "mpi", "--workers=4"])));
         assert!(!workers_given(args(&["syncopate", "mpi", "--steps", "4"])));
-        assert_eq!(workers_of_world(5), Ok(4));
-        assert!(workers_of_world(1).unwrap_err().contains("1 MPI ranks"));
+        assert_eq!(workers_of_world(5, 1), Ok(4));
+        assert!(workers_of_world(1, 1).unwrap_err().contains("1 MPI ranks"));
+        assert_eq!(workers_of_world(5, 2), Ok(3));
+        let e = workers_of_world(3, 3).unwrap_err();
+        assert!(e.contains("3 MPI ranks for --shards 3") && e.contains("ranks 0..3 for the shards"), "{e}");
+        assert!(check_shards(0).is_err() && check_shards(2).is_ok());
+    }
+
+    #[test]
+    fn the_block_step_hook_names_one_rank_and_its_hold() {
+        use core::time::Duration;
+        assert_eq!(blocked_step(Some("2:2500"), 2), Some(Duration::from_millis(2500)));
+        assert_eq!(blocked_step(Some("2:2500"), 1), None);
+        assert_eq!(blocked_step(Some("2"), 2), None);
+        assert_eq!(blocked_step(None, 2), None);
     }
 }

@@ -85,6 +85,9 @@ pub struct ServeArgs {
     /// Heartbeats go out every tenth of it (between 10 ms and 1 s).
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub lost_after: f64,
+    /// A sharded run: which shard this server is, and the run's id.
+    #[command(flatten)]
+    pub shard: super::shard::ShardArgs,
 }
 
 /// A momentum coefficient: a number in `[0, 1)`.
@@ -164,6 +167,7 @@ fn run_settings(args: &ServeArgs, dim: usize) -> Result<RunSettings, String> {
     settings.workload = Some(workload_settings(&args.workload)?);
     settings.remote_groups = args.remote_groups;
     settings.server_config().map_err(|e| format!("--remote-groups: {e}"))?;
+    super::shard::apply(&args.shard, &mut settings)?;
     settings.encode()?;
     Ok(settings)
 }
@@ -224,11 +228,15 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     let settings = run_settings(args, dim).map_err(Failure::Usage)?;
     let protocol = settings.server_config().map_err(Failure::Usage)?;
     let n = protocol.workers();
+    // A shard serves its slice of the model; it sees no whole model to evaluate.
+    let served = settings.served_range().map_err(Failure::Usage)?;
+    let whole = settings.shard.is_none();
     let secret = load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
     let mut resumed = None;
     let (params, version) = if args.resume {
         let path = args.checkpoint.as_deref().unwrap_or_else(|| Path::new(""));
-        let c = checkpoint::load(path, protocol.name(), dim).map_err(|e| Failure::Usage(e.to_string()))?;
+        super::shard::check_record(path, &settings).map_err(Failure::Usage)?;
+        let c = checkpoint::load(path, protocol.name(), served.len()).map_err(|e| Failure::Usage(e.to_string()))?;
         eprintln!("serve: resuming from {} at version {}", path.display(), c.version.0);
         // What the previous server applied after this checkpoint is lost: its journal says
         // exactly which versions.
@@ -247,7 +255,10 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     } else {
         let mut p = vec![0.0f32; dim];
         workload.model.init(args.workload.seed, &mut p);
-        (p, Version::ZERO)
+        if let Some(path) = &args.checkpoint {
+            super::shard::write_record(path, &settings).map_err(Failure::Usage)?;
+        }
+        (p.get(served.clone()).unwrap_or_default().to_vec(), Version::ZERO)
     };
     let mut options = ServerOptions::new(settings);
     options.secret = secret;
@@ -263,9 +274,10 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     stop_on_signals(&server.handle().stop_flag()).map_err(Failure::Run)?;
     let peers = if args.remote_groups { "group servers" } else { "workers" };
     eprintln!(
-        "serve: {} with {n} {peers}, {} ({dim} params), listening on {addr}{}",
+        "serve: {} with {n} {peers}, {} ({dim} params){}, listening on {addr}{}",
         protocol.name(),
         model_name(&args.workload),
+        super::shard::describe(&server.options().settings),
         if authenticated { ", authenticated" } else { " (no shared secret)" }
     );
     let plan = RunPlan { max_gradients: args.steps.saturating_mul(u64::from(n)), time_limit };
@@ -297,7 +309,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
                 let wait = bound.elapsed().as_secs_f64();
                 eprintln!("serve: all {n} {peers} connected after {wait:.2} s; the run's clock starts now");
             }
-            Note::Model { version, params } => {
+            Note::Model { version, params } if whole => {
                 if last_eval.is_none_or(|t| t.elapsed() >= Duration::from_millis(50)) {
                     last_eval = Some(Instant::now());
                     let p = evaluate(version, params, &mut curve);
@@ -307,9 +319,15 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
                     }
                 }
             }
+            Note::Model { version, .. } => {
+                if last_print.is_none_or(|t: Instant| t.elapsed() >= Duration::from_secs(1)) {
+                    last_print = Some(Instant::now());
+                    eprintln!("serve: version {} (this shard's slice)", version.0);
+                }
+            }
         })
         .map_err(|e| Failure::Run(e.0))?;
-    if curve.last().is_none_or(|p| p.version != report.version.0) {
+    if whole && curve.last().is_none_or(|p| p.version != report.version.0) {
         evaluate(report.version, &report.params, &mut curve);
     }
     if report.reason == StopReason::Stopped {
@@ -343,13 +361,14 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     };
     let model = model_name(&args.workload);
     let mut summary = Summary::from_threads(&threads, protocol.name(), n, &model, dim, args.workload.seed, args.target);
-    summary.mode = "tcp".into();
+    summary.mode = if whole { "tcp" } else { "tcp-shard" }.into();
     summary.ledger = Some(TcpLedger {
         received: report.received,
         refused: report.refused_contributions,
         discarded: report.discarded,
         in_flight_at_stop: report.in_flight_at_stop,
         sessions: report.session_ledgers.clone(),
+        workers_lost: report.lost,
         resumed,
     });
     summary.print(args.json);

@@ -87,6 +87,9 @@ pub struct TcpLedger {
     pub in_flight_at_stop: u64,
     /// The same counts per session (a worker's connection and epoch).
     pub sessions: Vec<crate::tcp::SessionLedger>,
+    /// Workers the protocol was told are lost (connection closed or silent past
+    /// `--lost-after`, or declared lost by the protocol itself), once per loss of a live worker.
+    pub workers_lost: u64,
     /// After `--resume`: what the previous server lost since its last checkpoint.
     pub resumed: Option<Resumed>,
 }
@@ -122,7 +125,7 @@ pub struct WorkerSummary {
 /// The end-of-run summary of `train`, `serve` and the simulator.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Summary {
-    /// `threads`, `sim`, `tcp` or `mpi`.
+    /// `threads`, `sim`, `tcp`, `tcp-shard` (one shard of a sharded run) or `mpi`.
     pub mode: String,
     /// The protocol's name.
     pub protocol: String,
@@ -284,7 +287,7 @@ impl Summary {
     /// Whether the model is a classifier (the noisy quadratic model has a loss only: its
     /// accuracy and time to an accuracy target mean nothing and are not printed).
     fn has_accuracy(&self) -> bool {
-        !self.model.starts_with("nqm")
+        !self.model.starts_with("nqm") && self.mode != "tcp-shard"
     }
 
     /// The summary as a short text block.
@@ -300,7 +303,9 @@ impl Summary {
         if let Some(why) = &self.diverged {
             let _ = writeln!(out, "  DIVERGED       {why}: lower --lr");
         }
-        if self.has_accuracy() {
+        if self.mode == "tcp-shard" {
+            let _ = writeln!(out, "  model          a slice (this shard's): the workers assemble the whole model");
+        } else if self.has_accuracy() {
             let _ = writeln!(out, "  test accuracy  {:.4}   loss {:.4}", self.final_accuracy, self.final_loss);
         } else {
             let _ =

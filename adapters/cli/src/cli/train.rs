@@ -50,7 +50,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "SECS", allow_negative_numbers = true)]
     pub time_limit: Option<f64>,
     /// Write every worker's step times to FILE (CSV worker,step,seconds) for
-    /// `syncopate advise --trace FILE`.
+    /// `syncopate advise --trace FILE`, with each step's minibatch loss and gradient norms
+    /// (loss,grad_norm,mean_norm,mean_of), from which advise estimates the noise scale.
     #[arg(long, value_name = "FILE")]
     pub record_trace: Option<std::path::PathBuf>,
 }
@@ -159,9 +160,16 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
         rejoin_after: Some(StdDuration::from_secs(2)),
         target_accuracy: args.target,
     };
-    let report = thread::run(&config, Arc::new(workload), delays, &mut |p| {
-        bar.set_message(format!("v{} acc {:.3}", p.version, p.accuracy));
-    })
+    let record = args.record_trace.is_some();
+    let report = thread::run_recording(
+        &config,
+        Arc::new(workload),
+        delays,
+        &mut |p| {
+            bar.set_message(format!("v{} acc {:.3}", p.version, p.accuracy));
+        },
+        record,
+    )
     .map_err(|e| Failure::Run(e.to_string()))?;
     bar.finish_and_clear();
     if let (Some(path), Some(file)) = (&args.record_trace, trace_file) {
@@ -177,7 +185,17 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
                 })
             })
             .collect();
-        trace::write_to(file, path, &steps).map_err(Failure::Run)?;
+        // One gradient record per completed step, in the same order.
+        let stats: Vec<trace::GradientStats> = report
+            .workers
+            .iter()
+            .flat_map(|t| {
+                let unknown = std::iter::repeat(trace::GradientStats::default());
+                t.step_gradients.iter().copied().chain(unknown).take(t.step_times.len())
+            })
+            .collect();
+        let stats = if stats.iter().all(trace::GradientStats::is_empty) { Vec::new() } else { stats };
+        trace::write_with_stats_to(file, path, &steps, &stats).map_err(Failure::Run)?;
     }
     let summary = Summary::from_threads(&report, protocol.name(), n, &model_name, dim, args.workload.seed, args.target);
     summary.print(args.json);
@@ -219,7 +237,9 @@ fn run_sim(
             .iter()
             .map(|s| trace::Step { worker: s.worker, step: s.step, seconds: s.seconds })
             .collect();
-        trace::write_to(file, path, &steps).map_err(Failure::Run)?;
+        let stats: Vec<trace::GradientStats> = report.compute_trace.iter().map(|s| s.gradient).collect();
+        let stats = if stats.iter().all(trace::GradientStats::is_empty) { Vec::new() } else { stats };
+        trace::write_with_stats_to(file, path, &steps, &stats).map_err(Failure::Run)?;
     }
     let mut summary = Summary::from_sim(&report, model_name, workload.model.dim());
     let events_per_s = if wall_s > 0.0 { report.events as f64 / wall_s } else { 0.0 };

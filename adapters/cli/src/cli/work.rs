@@ -18,7 +18,9 @@
 
 use super::{DataFormat, Failure, WorkloadArgs};
 use crate::sim::{ComputeModel, ComputeSampler};
-use crate::tcp::{DataSource, FrameTimeout, RunSettings, WorkerJob, WorkerOptions, WorkloadSettings, run_worker};
+use crate::tcp::{
+    DataSource, FrameTimeout, RunSettings, WorkerJob, WorkerOptions, WorkloadSettings, run_sharded_worker, run_worker,
+};
 use crate::workload::{BatchSampler, ModelKind, Workload};
 use clap::Args;
 use core::time::Duration;
@@ -31,7 +33,8 @@ pub(super) const RANK_VARIABLES: [&str; 4] = ["RANK", "OMPI_COMM_WORLD_RANK", "S
 /// Flags of `syncopate work`.
 #[derive(Clone, Debug, Args)]
 pub struct WorkArgs {
-    /// The server's address; the run's settings come from it.
+    /// The server's address; the run's settings come from it. For a sharded run
+    /// (`serve --shard I/S`), every shard's address, comma separated, in shard order.
     #[arg(long, value_name = "ADDR")]
     pub connect: String,
     /// This worker's id, in 0..workers; without it, the launcher's rank ($RANK,
@@ -224,7 +227,10 @@ pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
     }
     // Checked for syntax now; worker ids in it are checked against the server's count.
     super::parse_stragglers(&args.straggler, syncopate::MAX_WORKERS as u32).map_err(Failure::Usage)?;
-    check_address(&args.connect).map_err(Failure::Usage)?;
+    let shards = crate::tcp::sharded::shard_addresses(&args.connect);
+    for addr in &shards {
+        check_address(addr).map_err(Failure::Usage)?;
+    }
     let id = worker_id(args.id, |v| std::env::var(v).ok()).map_err(Failure::Usage)?;
     let secret = super::serve::load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
     let id = WorkerId(id);
@@ -240,14 +246,36 @@ pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
         step: syncopate::Duration::from_secs_f64(args.step_ms / 1000.0),
         state: None,
     };
-    let report = run_worker(&options, &mut job, &mut |line| eprintln!("work: {line}")).map_err(|e| {
-        // A worker id out of range or claimed by another process, an address that does not
-        // resolve, or settings this worker cannot use are the operator's to fix.
-        let usage = ["out of range", "--straggler", "data file", "claim this worker id", "invalid server address"];
+    // A worker id out of range or claimed by another process, an address that does not
+    // resolve, or settings this worker cannot use are the operator's to fix.
+    let failure = |e: crate::tcp::TcpError| {
+        let usage = [
+            "out of range",
+            "--straggler",
+            "data file",
+            "claim this worker id",
+            "invalid server address",
+            // A --connect list that does not name the run's shards in order.
+            "list the shards",
+            "--connect lists",
+            "belongs to run",
+            "connect to every shard",
+            "is not a shard",
+            "runs other settings than shard 0",
+        ];
         if usage.iter().any(|u| e.0.contains(u)) { Failure::Usage(e.0) } else { Failure::Run(e.0) }
-    })?;
+    };
+    let mut log = |line: &str| eprintln!("work: {line}");
+    let (report, json) = if shards.len() > 1 {
+        let sharded = run_sharded_worker(&options, &mut job, &mut log).map_err(failure)?;
+        let json = serde_json::to_string(&sharded);
+        (sharded.total, json)
+    } else {
+        let report = run_worker(&options, &mut job, &mut log).map_err(failure)?;
+        (report, serde_json::to_string(&report))
+    };
     if args.json {
-        match serde_json::to_string(&report) {
+        match json {
             Ok(s) => println!("{s}"),
             Err(e) => return Err(Failure::Run(format!("cannot encode the report as JSON: {e}"))),
         }

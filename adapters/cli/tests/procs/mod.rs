@@ -16,6 +16,7 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_syncopate");
 pub struct Proc {
     pub child: Child,
     err: Arc<Mutex<Vec<String>>>,
+    err_reader: Option<thread::JoinHandle<()>>,
     out: Option<thread::JoinHandle<String>>,
 }
 
@@ -40,7 +41,7 @@ impl Proc {
         let err = Arc::new(Mutex::new(Vec::new()));
         let e2 = Arc::clone(&err);
         let stderr = child.stderr.take().unwrap();
-        thread::spawn(move || {
+        let err_reader = thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 e2.lock().unwrap().push(line);
             }
@@ -51,7 +52,7 @@ impl Proc {
             let _ = std::io::Read::read_to_string(&mut stdout, &mut s);
             s
         });
-        Self { child, err, out: Some(out) }
+        Self { child, err, err_reader: Some(err_reader), out: Some(out) }
     }
 
     pub fn wait_err(&self, needle: &str, within: Duration) -> String {
@@ -93,10 +94,32 @@ impl Proc {
         self.err.lock().unwrap().clone()
     }
 
-    /// SIGKILL, and wait for the process to be gone.
+    /// SIGKILL, and wait for the process to be gone (and every stderr line it wrote read).
     pub fn kill9(&mut self) {
         self.child.kill().unwrap();
         let _ = self.child.wait();
+        self.read_all_of_stderr();
+    }
+
+    /// Waits (bounded) for the process to exit on its own, then until every stderr line it
+    /// wrote is read; true if it exited.
+    pub fn wait_exit(&mut self, within: Duration) -> bool {
+        let end = Instant::now() + within;
+        while self.child.try_wait().unwrap().is_none() {
+            if Instant::now() >= end {
+                return false;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        self.read_all_of_stderr();
+        true
+    }
+
+    /// Once the process is gone: waits until its stderr reader has read the last line.
+    fn read_all_of_stderr(&mut self) {
+        if let Some(reader) = self.err_reader.take() {
+            let _ = reader.join();
+        }
     }
 
     /// The session epochs a `work` process logged.

@@ -16,6 +16,10 @@
 //! - **Phases**: where the step-time distribution changes regime ([`phases::detect`]), each
 //!   phase is swept on its own; when the best choice differs between phases, the advice says
 //!   so and gives DBW's whole-trace time (it adapts `b` as it goes) next to the static pick.
+//! - **Gradient noise**: the NQM's noise is set so that its critical batch is the operator's
+//!   model's noise scale ([`noise`]): given ([`Options::noise_scale`]), or estimated from a
+//!   recorded trace's gradient columns ([`noise_estimate`], [`Options::measured_noise`]),
+//!   or else the built-in NQM's.
 //! - **Robustness**: every candidate runs with several run seeds (minibatches) and as many
 //!   data seeds (the NQM noise pool, or the train/test split), separate from each other; the
 //!   time to target is reported as the mean with its 95% interval, and the pick is made
@@ -26,6 +30,7 @@
 mod candidates;
 pub mod extend;
 pub mod noise;
+pub mod noise_estimate;
 pub mod phases;
 mod race;
 mod report;
@@ -36,6 +41,7 @@ pub mod tracegen;
 
 pub use candidates::{Candidate, candidates, simplicity};
 pub use noise::nqm_expected_loss;
+pub use noise_estimate::NoiseEstimate;
 pub use race::{Measured, STOP_BEYOND, StoppedEarly, SweepResult, effective_batch, pick, sweep};
 pub use setting::{BUDGET_FACTOR, FIRST_HORIZON, NQM_DIM, Setting, TARGET_SHARE};
 pub use table::{TraceSummary, TraceTable};
@@ -102,6 +108,20 @@ pub struct Options {
     /// The critical batches (examples) to re-sweep the whole trace with, to show how the pick
     /// depends on it (NQM only; empty: none).
     pub sensitivity: Vec<f64>,
+    /// The noise scale measured from the trace's gradient columns, if it has them: used as
+    /// the critical batch (in gradients, × [`Options::worker_batch`]) when
+    /// [`Options::noise_scale`] is not given.
+    pub measured_noise: Option<MeasuredNoise>,
+}
+
+/// What a trace's gradient columns told about the model's noise scale.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MeasuredNoise {
+    /// An estimate ([`noise_estimate::estimate`]).
+    Estimated(NoiseEstimate),
+    /// Why there is none.
+    NotEstimated(String),
 }
 
 impl Default for Options {
@@ -119,6 +139,7 @@ impl Default for Options {
             worker_batch: 1,
             extend: true,
             sensitivity: Vec::new(),
+            measured_noise: None,
         }
     }
 }
@@ -151,6 +172,10 @@ pub struct Advice {
     pub switch: Option<String>,
     /// The whole trace swept again at other critical batches ([`Options::sensitivity`]).
     pub sensitivity: Vec<NoiseSweep>,
+    /// What the trace's gradient columns told about the noise scale ([`Options::measured_noise`]).
+    pub measured_noise: Option<MeasuredNoise>,
+    /// Whether the runs' noise was set from that estimate.
+    pub noise_from_trace: bool,
 }
 
 /// The whole trace swept with the NQM's noise set to another critical batch.
@@ -216,6 +241,14 @@ pub fn advise(
     done: &(dyn Fn() + Sync),
 ) -> Result<Advice, String> {
     let (run_seeds, split_seeds) = seeds(options);
+    let measured = match &options.measured_noise {
+        Some(MeasuredNoise::Estimated(e)) if options.noise_scale.is_none() && options.workload == WorkloadKind::Nqm => {
+            Some(e.gradients * f64::from(options.worker_batch.max(1)))
+        }
+        _ => None,
+    };
+    let with_measured = Options { noise_scale: options.noise_scale.or(measured), ..options.clone() };
+    let options = &with_measured;
     let setting = Setting::for_trace(trace, options)?;
     let whole = extended_sweep(trace, candidates, &setting, (&run_seeds, &split_seeds), options.extend, jobs, done)?;
     let mut sensitivity = Vec::new();
@@ -273,5 +306,13 @@ pub fn advise(
             steps.join("; ")
         )
     });
-    Ok(Advice { trace: TraceSummary::of(trace), whole, phases, switch, sensitivity })
+    Ok(Advice {
+        trace: TraceSummary::of(trace),
+        whole,
+        phases,
+        switch,
+        sensitivity,
+        measured_noise: options.measured_noise.clone(),
+        noise_from_trace: measured.is_some(),
+    })
 }

@@ -44,6 +44,29 @@ pub fn nqm_loss_parts(dim: usize, lr: f64, t: f64) -> (f64, f64) {
         .fold((0.0, 0.0), |(s, n), (a, b)| (s + a, n + b))
 }
 
+/// The expected squared norm of the NQM's full-batch gradient `|G(x(t))|² = Σ_i h_i² x_i(t)²`
+/// after `t` steps of SGD with learning rate `lr` averaging `k` gradients of batch `batch`,
+/// from `x = 1`, noise covariance scaled by `noise` (`E[x_i(t)²]` as in the module docs).
+/// With `tr(Σ) = noise · Σ_i h_i` per example, `tr(Σ)` over it is the model's simple noise
+/// scale at step `t`.
+pub fn nqm_expected_gradient_sq(dim: usize, lr: f64, k: usize, batch: usize, t: f64, noise: f64) -> f64 {
+    let kb = (k * batch).max(1) as f64;
+    (0..dim)
+        .map(|i| {
+            let h = 1.0 / (i as f64 + 1.0);
+            let rho = 1.0 - lr * h;
+            let decay = rho.abs().powf(2.0 * t);
+            let x2 = decay + noise * lr * lr * h / kb * (1.0 - decay) / (1.0 - rho * rho).max(1e-12);
+            h * h * x2
+        })
+        .sum()
+}
+
+/// The trace of the NQM's per-example gradient covariance, `noise · Σ_i h_i`.
+pub fn nqm_noise_trace(dim: usize, noise: f64) -> f64 {
+    noise * (1..=dim).map(|i| 1.0 / i as f64).sum::<f64>()
+}
+
 /// The expected NQM loss after `t` steps of SGD with learning rate `lr` averaging `k`
 /// gradients of batch `batch` per step, from `x = 1`, with the noise covariance scaled by
 /// `noise`: `S(t) + noise · N(t) / (k b)` (module docs).

@@ -1,6 +1,6 @@
 //! The report for people: the trace, the setting, the table, the pick and the phases.
 
-use super::{Advice, STOP_BEYOND, SweepResult, TIE_WITHIN, WorkloadKind};
+use super::{Advice, MeasuredNoise, STOP_BEYOND, SweepResult, TIE_WITHIN, WorkloadKind};
 
 /// A number of seconds with three significant figures' worth of decimals.
 fn secs(x: f64) -> String {
@@ -122,11 +122,43 @@ impl Advice {
             self.whole.split_seeds
         ));
         if let Some(b) = s.critical_batch {
+            let estimated = matches!(self.measured_noise, Some(MeasuredNoise::Estimated(_)));
+            let advice = if self.noise_from_trace {
+                "from the trace's gradient norms; --noise-scale overrides"
+            } else if s.noise == 1.0 {
+                "set --noise-scale to your model's"
+            } else if estimated {
+                "--noise-scale, not the trace's estimate"
+            } else {
+                "--noise-scale"
+            };
             out.push_str(&format!(
-                "gradient noise: the NQM's critical batch at the target is {} examples ({}); set --noise-scale to your model's\n",
+                "gradient noise: the NQM's critical batch at the target is {} examples ({}); {advice}\n",
                 round3(b),
-                if s.noise == 1.0 { "the built-in noise".to_string() } else { format!("noise covariance x{}", round3(s.noise)) }
+                if s.noise == 1.0 {
+                    "the built-in noise".to_string()
+                } else {
+                    format!("noise covariance x{}", round3(s.noise))
+                }
             ));
+        }
+        match &self.measured_noise {
+            Some(MeasuredNoise::Estimated(e)) => out.push_str(&format!(
+                "noise scale from the trace: B = {} worker gradients (95%: {} to {}; x the examples per worker gradient for examples), tr(Σ)/b {} and |G|² {} from {} gradients of steps {}..{}{}\n",
+                round3(e.gradients),
+                round3(e.low),
+                if e.high.is_finite() { round3(e.high) } else { "unbounded".into() },
+                round3(e.noise.mean),
+                round3(e.signal.mean),
+                e.rows,
+                e.from_step,
+                e.until_step,
+                e.loss.map_or(String::new(), |l| format!(", mean minibatch loss {}", round3(l)))
+            )),
+            Some(MeasuredNoise::NotEstimated(why)) => {
+                out.push_str(&format!("noise scale from the trace: no estimate: {why}\n"));
+            }
+            None => {}
         }
         out.push_str(&self.whole.table());
         out.push_str("time: mean time to target over the seed pairs with its 95% interval (t); a miss counts as the end of its run (\">\": a lower bound); eff batch: gradients averaged per step of the reference learning rate\n");

@@ -343,6 +343,43 @@ pub struct TraceStep {
     pub step: u64,
     /// The sampled compute time in seconds.
     pub seconds: f64,
+    /// What the step's gradient measured (loss, norms), when the run computed gradients.
+    pub gradient: crate::trace::GradientStats,
+}
+
+/// Records a run's step times and, when gradients are computed, their loss, norm and the
+/// norm of the mean of the gradients computed on the same model
+/// ([`crate::trace::GradientGroups`]).
+#[derive(Debug, Default)]
+pub(crate) struct TraceRecorder {
+    steps: Vec<TraceStep>,
+    groups: crate::trace::GradientGroups,
+}
+
+impl TraceRecorder {
+    /// Records worker `worker`'s step `step` of `seconds`; with `gradient`, the model it was
+    /// computed on, the gradient and its minibatch loss.
+    pub(crate) fn record(&mut self, worker: u32, step: u64, seconds: f64, gradient: Option<(&[f32], &[f32], f64)>) {
+        let mut stats = crate::trace::GradientStats::default();
+        if let Some((params, grad, loss)) = gradient {
+            stats.loss = loss.is_finite().then_some(loss);
+            stats.grad_norm = Some(crate::trace::norm(grad));
+            self.groups.add(self.steps.len(), crate::trace::model_key(params), grad);
+        }
+        self.steps.push(TraceStep { worker, step, seconds, gradient: stats });
+    }
+
+    /// Every recorded step, with its group's mean norm.
+    pub(crate) fn finish(self) -> Vec<TraceStep> {
+        let Self { mut steps, groups } = self;
+        for (row, mean_norm, count) in groups.finish() {
+            if let Some(s) = steps.get_mut(row) {
+                s.gradient.mean_norm = mean_norm.is_finite().then_some(mean_norm);
+                s.gradient.mean_of = count;
+            }
+        }
+        steps
+    }
 }
 
 /// Everything a run measured. Two runs with the same config and workload produce equal

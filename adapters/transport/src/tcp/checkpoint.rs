@@ -300,7 +300,13 @@ pub fn lost_since(checkpoint: &Path, version: Version) -> Result<Lost, Checkpoin
                 }
                 lost.at_last = parse_totals(&words);
             }
-            (Some("update"), Some(_)) => lost.at_last = parse_totals(&words),
+            // An update the checkpoint holds: the server was killed after writing the
+            // checkpoint and before restarting the journal. The checkpoint's totals are this
+            // update's.
+            (Some("update"), Some(_)) => {
+                lost.at_checkpoint = parse_totals(&words);
+                lost.at_last = lost.at_checkpoint;
+            }
             _ => {}
         }
     }
@@ -356,8 +362,11 @@ mod tests {
             lost.line(),
             "versions 3..=4 (3 contributions: worker 0: 1, worker 1: 2) lost since the checkpoint at version 2"
         );
-        // The checkpoint of version 4 was written but the journal not yet restarted: nothing lost.
-        assert_eq!(lost_since(&path, Version(4)).unwrap().versions, None);
+        // The checkpoint of version 4 was written but the journal not yet restarted: nothing
+        // lost, and the checkpoint holds everything applied up to version 4.
+        let held = lost_since(&path, Version(4)).unwrap();
+        assert_eq!((held.versions, held.contributions), (None, 0));
+        assert_eq!((held.at_checkpoint, held.at_last), (t(7), t(7)));
         // A torn last line is ignored.
         fs::OpenOptions::new()
             .append(true)

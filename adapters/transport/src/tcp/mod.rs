@@ -18,6 +18,9 @@
 //!   new epoch and gets the current model.
 //! - [`worker`]: the worker loop: connect, handshake, drive the protocol's
 //!   [`AnyWorker`](syncopate::AnyWorker), compute gradients, reconnect with backoff.
+//! - [`sharded`]: the worker of a sharded run: one session per shard (`serve --shard I/S`),
+//!   each shard's identity checked in its handshake, driving a
+//!   [`ShardedWorker`](syncopate::proto::sharded::ShardedWorker).
 //! - [`checkpoint`]: the model and its version in a file, written atomically.
 //! - [`group`]: a group server of the grouped protocol as its own process: the server above
 //!   toward its member workers, and a worker-style session upstream to a central ASP server
@@ -36,6 +39,7 @@ pub mod group;
 pub mod handshake;
 pub mod server;
 pub mod settings;
+pub mod sharded;
 pub mod worker;
 
 pub use auth::{Secret, WorkerKey};
@@ -44,7 +48,8 @@ pub use group::{GroupOptions, run_group};
 pub use server::{
     LossPoint, Note, RunPlan, ServerHandle, ServerOptions, ServerReport, SessionLedger, StopReason, TcpServer, Uplink,
 };
-pub use settings::{DataSource, ProtocolSettings, RunSettings, WorkloadSettings};
+pub use settings::{DataSource, ProtocolSettings, RunSettings, ShardSettings, WorkloadSettings};
+pub use sharded::{ShardTally, ShardedReport, run_sharded_worker};
 pub use worker::{Backoff, WorkerJob, WorkerOptions, WorkerReport, run_worker};
 
 use core::fmt;

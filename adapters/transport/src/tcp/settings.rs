@@ -145,6 +145,24 @@ pub struct WorkloadSettings {
     pub seed: u64,
 }
 
+/// Which shard of a sharded run a server is (`serve --shard I/S`): it holds the `index`-th
+/// of `count` contiguous slices of the model ([`ShardLayout`](syncopate::proto::sharded::ShardLayout)).
+/// Every shard of a run announces the same settings but for `index`; a worker connected to
+/// all of them checks that (see [`RunSettings::check_shard`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardSettings {
+    /// This shard, in `0..count`.
+    pub index: u32,
+    /// The number of shards.
+    pub count: u32,
+    /// The run's name as the operator gave it (`--run-id`; empty when none was given), so
+    /// that shards of two runs with the same settings are told apart.
+    pub run: String,
+}
+
+/// The longest run name a shard announces.
+pub const MAX_RUN_ID_LEN: usize = 64;
+
 /// Everything a server tells its workers about the run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunSettings {
@@ -158,12 +176,86 @@ pub struct RunSettings {
     /// The grouped protocol with its groups as their own processes (`syncopate group`):
     /// the server is the central server, and only group servers may connect to it.
     pub remote_groups: bool,
+    /// The shard this server is, when the model is split over several servers; `None`:
+    /// the server holds the whole model.
+    pub shard: Option<ShardSettings>,
 }
 
 impl RunSettings {
     /// Settings for `protocol` on a model of `dim` parameters, without a workload.
     pub fn new(protocol: ProtocolSettings, dim: usize) -> Self {
-        Self { protocol, dim: dim as u64, workload: None, remote_groups: false }
+        Self { protocol, dim: dim as u64, workload: None, remote_groups: false, shard: None }
+    }
+
+    /// The layout of a sharded run's model ([`Self::dim`] over the shards); refused for a
+    /// model that does not split into slices of at least one element. `None` for a run
+    /// with one server.
+    pub fn shard_layout(&self) -> Result<Option<syncopate::proto::sharded::ShardLayout>, String> {
+        let Some(shard) = &self.shard else { return Ok(None) };
+        if self.remote_groups {
+            return Err("a sharded run has no remote groups (run groups inside each shard)".into());
+        }
+        let dim = self.dim()?;
+        let layout = syncopate::proto::sharded::ShardLayout::new(dim, shard.count).map_err(|e| e.to_string())?;
+        if shard.index >= shard.count {
+            return Err(format!("shard {} is outside 0..{}", shard.index, shard.count));
+        }
+        if shard.run.len() > MAX_RUN_ID_LEN {
+            return Err(format!("the run id is longer than {MAX_RUN_ID_LEN} bytes"));
+        }
+        Ok(Some(layout))
+    }
+
+    /// The elements of the model this server holds: all of them, or its shard's slice.
+    pub fn served_range(&self) -> Result<core::ops::Range<usize>, String> {
+        match (self.shard_layout()?, &self.shard) {
+            (Some(layout), Some(shard)) => {
+                layout.range(shard.index).ok_or_else(|| format!("shard {} is outside the layout", shard.index))
+            }
+            _ => Ok(0..self.dim()?),
+        }
+    }
+
+    /// The digest of the run a shard belongs to: the settings' with the shard index set to
+    /// 0, the same on every shard of one run.
+    pub fn run_digest(&self) -> Result<[u8; 32], String> {
+        let mut common = self.clone();
+        if let Some(shard) = &mut common.shard {
+            shard.index = 0;
+        }
+        common.digest()
+    }
+
+    /// Checks that these settings, announced by the server at `addr`, are those of shard
+    /// `index` of the `count` a worker connects to, in the run of `first` (shard 0's
+    /// settings; `None` when these are shard 0's). The error names the shard and says what
+    /// differs: not a shard, another number of shards, another position, another run.
+    pub fn check_shard(&self, index: u32, count: u32, addr: &str, first: Option<&Self>) -> Result<(), String> {
+        let at = format!("shard {index} ({addr})");
+        let Some(shard) = &self.shard else {
+            return Err(format!(
+                "{at} is not a shard: it serves the whole model, so connect to it alone (`--connect {addr}`)"
+            ));
+        };
+        self.shard_layout().map_err(|e| format!("{at}: {e}"))?;
+        if shard.count != count {
+            return Err(format!("{at} is one of {} shards, but --connect lists {count} addresses", shard.count));
+        }
+        if shard.index != index {
+            return Err(format!(
+                "{at} is shard {} of {count}: list the shards' addresses in shard order (shard {} at position {})",
+                shard.index, shard.index, shard.index
+            ));
+        }
+        let Some(first) = first else { return Ok(()) };
+        let first_run = first.shard.as_ref().map(|s| s.run.as_str()).unwrap_or_default();
+        if shard.run != first_run {
+            return Err(format!("{at} belongs to run '{}', shard 0 to run '{first_run}'", shard.run));
+        }
+        if self.run_digest()? != first.run_digest()? {
+            return Err(format!("{at} runs other settings than shard 0: {} against {}", self.label(), first.label()));
+        }
+        Ok(())
     }
 
     /// The canonical bytes.
@@ -203,8 +295,21 @@ impl RunSettings {
             .ok_or_else(|| format!("the model dimension {} is not usable here (1 to {MAX_DIM})", self.dim))
     }
 
-    /// The configuration every worker of the run uses.
+    /// The configuration every worker of the run uses. Refused for a shard's settings: a
+    /// worker of a sharded run connects to every shard ([`Self::shard_worker_config`]).
     pub fn worker_config(&self) -> Result<ProtocolConfig, String> {
+        if let Some(shard) = &self.shard {
+            return Err(format!(
+                "the server is shard {} of {} of a sharded run: connect to every shard, in order (`--connect \
+                 A0,A1,...`)",
+                shard.index, shard.count
+            ));
+        }
+        self.protocol.config()
+    }
+
+    /// The configuration of each inner worker of a sharded run's worker (one per shard).
+    pub fn shard_worker_config(&self) -> Result<ProtocolConfig, String> {
         self.protocol.config()
     }
 
@@ -232,6 +337,12 @@ impl RunSettings {
     pub fn label(&self) -> String {
         let protocol = self.protocol.spec().map_or_else(|_| self.protocol.name.clone(), |s| s.label());
         let mut label = format!("{protocol} with {} workers, {} params", self.protocol.workers, self.dim);
+        if let Some(shard) = &self.shard {
+            label.push_str(&format!(", shard {} of {}", shard.index, shard.count));
+            if !shard.run.is_empty() {
+                label.push_str(&format!(" of run '{}'", shard.run));
+            }
+        }
         if let Some(w) = &self.workload {
             label.push_str(&format!(", model {} batch {} seed {}", w.model, w.batch_size, w.seed));
         }
@@ -310,6 +421,44 @@ mod tests {
         assert_eq!(s.peers().unwrap(), 2);
         s.protocol = ProtocolSettings::named(ProtocolKind::Bsp, 4, 0.5);
         assert!(s.server_config().unwrap_err().contains("grouped"));
+    }
+
+    #[test]
+    fn a_shard_serves_its_slice_and_is_checked_against_shard_0_of_its_run() {
+        let shard = |index: u32, count: u32, run: &str| {
+            let mut s = RunSettings::new(ProtocolSettings::named(ProtocolKind::Bsp, 2, 0.5), 10);
+            s.shard = Some(ShardSettings { index, count, run: run.into() });
+            s
+        };
+        assert_eq!(shard(0, 3, "r").served_range(), Ok(0..4));
+        assert_eq!(shard(2, 3, "r").served_range(), Ok(7..10));
+        assert_eq!(RunSettings::new(ProtocolSettings::named(ProtocolKind::Bsp, 2, 0.5), 10).served_range(), Ok(0..10));
+        assert!(shard(0, 11, "r").served_range().unwrap_err().contains("does not split into 11 shards"));
+        assert!(shard(3, 3, "r").shard_layout().unwrap_err().contains("outside 0..3"));
+        assert_eq!(shard(0, 2, "r").run_digest(), shard(1, 2, "r").run_digest());
+        assert_ne!(shard(0, 2, "r").digest(), shard(1, 2, "r").digest());
+        let first = shard(0, 2, "r");
+        assert_eq!(first.check_shard(0, 2, "a", None), Ok(()));
+        assert_eq!(shard(1, 2, "r").check_shard(1, 2, "b", Some(&first)), Ok(()));
+        let e = shard(1, 2, "r").check_shard(0, 2, "b", None).unwrap_err();
+        assert!(e.starts_with("shard 0 (b) is shard 1 of 2: list the shards' addresses in shard order"), "{e}");
+        let e = shard(1, 3, "r").check_shard(1, 2, "b", Some(&first)).unwrap_err();
+        assert_eq!(e, "shard 1 (b) is one of 3 shards, but --connect lists 2 addresses");
+        let e = shard(1, 2, "q").check_shard(1, 2, "b", Some(&first)).unwrap_err();
+        assert_eq!(e, "shard 1 (b) belongs to run 'q', shard 0 to run 'r'");
+        let mut other = shard(1, 2, "r");
+        other.protocol.lr = 0.25;
+        assert!(other.check_shard(1, 2, "b", Some(&first)).unwrap_err().contains("runs other settings than shard 0"));
+        let whole = RunSettings::new(ProtocolSettings::named(ProtocolKind::Bsp, 2, 0.5), 10);
+        assert!(whole.check_shard(0, 2, "a", None).unwrap_err().contains("is not a shard"));
+        // An unsharded worker is told to connect to every shard; a sharded one gets the config.
+        assert!(first.worker_config().unwrap_err().contains("connect to every shard"));
+        assert_eq!(first.shard_worker_config(), whole.worker_config());
+        let back = RunSettings::decode(&first.encode().unwrap()).unwrap();
+        assert_eq!(back, first);
+        let mut grouped = shard(0, 2, "r");
+        grouped.remote_groups = true;
+        assert!(grouped.shard_layout().unwrap_err().contains("no remote groups"));
     }
 
     #[test]

@@ -204,6 +204,7 @@ pub fn run_worker(
         if killed(options) {
             break;
         }
+        let written_before = report.sent + report.resent;
         let why = match session(options, &mut pinned, &mut prepared, &mut report, job, log) {
             Ok(SessionEnd::Stopped) => {
                 report.stopped = true;
@@ -214,7 +215,10 @@ pub fn run_worker(
                 attempt = 0;
                 unreachable_since = None;
                 let seen = report.last_version.map_or_else(|| "none".to_owned(), |v| v.to_string());
-                format!("connection lost ({why}; newest model computed on: version {seen})")
+                let written = report.sent + report.resent - written_before;
+                format!(
+                    "connection lost after {written} contributions written ({why}; newest model computed on: version {seen})"
+                )
             }
             Err(ConnectError::Unreachable(e)) => {
                 let since = *unreachable_since.get_or_insert_with(StdInstant::now);
@@ -246,7 +250,7 @@ pub fn run_worker(
 }
 
 /// Bits that differ between processes, so restarted workers do not share a jitter stream.
-fn jitter_seed() -> u64 {
+pub(super) fn jitter_seed() -> u64 {
     super::auth::nonce().map_or(u64::from(std::process::id()), |n| {
         u64::from_le_bytes(n.get(..8).and_then(|b| b.try_into().ok()).unwrap_or_default())
     })
@@ -257,7 +261,7 @@ fn killed(options: &WorkerOptions) -> bool {
 }
 
 /// Why a session could not start.
-enum ConnectError {
+pub(super) enum ConnectError {
     /// No connection: nobody listens, or the network does not get there.
     Unreachable(String),
     /// Connected, but the handshake failed or was refused.
@@ -266,7 +270,7 @@ enum ConnectError {
     Job(String),
 }
 
-fn connect(addr: &str, timeout: Duration) -> Result<TcpStream, ConnectError> {
+pub(super) fn connect(addr: &str, timeout: Duration) -> Result<TcpStream, ConnectError> {
     let addrs: Vec<SocketAddr> = addr
         .to_socket_addrs()
         .map_err(|e| ConnectError::Handshake(refusal(format!("invalid server address '{addr}': {e}"))))?
@@ -494,7 +498,20 @@ fn drive_loop(
                 WorkerOutput::Event(_) => {}
             }
         }
-        if let Some(h) = held.take_if(|h| StdInstant::now() >= h.ready) {
+        // A finished step is handed over at once unless something else needs the loop first:
+        // frames the server sent (read before the next step, so a worker whose steps take no
+        // time still sees a `Stop` or a newer model, and, at the latest with the server's next
+        // heartbeat, its kill switch), a due timeout, a broken upload or a silent server. The
+        // next step is only computed after that. A step finished when the kill switch was set
+        // is handed over before the worker stops.
+        let due = held.as_ref().is_some_and(|h| StdInstant::now() >= h.ready);
+        let look_first = || {
+            upload_failed.is_some()
+                || heard.elapsed() >= options.lost_after
+                || worker.poll_timeout().is_some_and(|t| at(epoch, t) <= StdInstant::now())
+                || server_has_sent(reader.stream())
+        };
+        if let Some(h) = held.take_if(|_| due && !look_first()) {
             report.busy_s += h.started.elapsed().as_secs_f64();
             match worker.handle_gradient_with_loss(since(epoch), h.id, &grad, h.loss) {
                 Ok(()) => report.steps += 1,
@@ -551,6 +568,24 @@ fn drive_loop(
             worker.handle_timeout(since(epoch));
         }
     }
+}
+
+/// Whether the server sent bytes not read yet (or closed the connection, or the socket has
+/// an error for the reader to report), without blocking and without switching the socket to
+/// non-blocking mode, which its clone in the writer thread shares.
+#[cfg(unix)]
+fn server_has_sent(stream: &TcpStream) -> bool {
+    let mut byte = [core::mem::MaybeUninit::<u8>::uninit()];
+    match socket2::SockRef::from(stream).recv_with_flags(&mut byte, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+        Ok(_) => true,
+        Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted),
+    }
+}
+
+/// Without a non-blocking peek, the loop reads (a short wait) between every two steps.
+#[cfg(not(unix))]
+fn server_has_sent(_: &TcpStream) -> bool {
+    true
 }
 
 #[cfg(test)]

@@ -192,6 +192,13 @@ impl<T: Scalar, S: Buffer<T>, W: AsRef<[ShardSlot<T, S>]> + AsMut<[ShardSlot<T, 
         self.layout
     }
 
+    /// The buffer holding the assembled model: a `Compute` output's `params` are its
+    /// contents. Written only through `AsMut` (a copy-on-write buffer thus keeps a
+    /// computation's input unchanged while the host reads it).
+    pub fn params_buffer(&self) -> &S {
+        &self.assembled
+    }
+
     /// The inner worker of shard `shard`.
     pub fn shard(&self, shard: u32) -> Option<&AnyWorker<T, S>> {
         self.slots.as_ref().get(shard as usize).map(|s| &s.worker)
@@ -218,6 +225,28 @@ impl<T: Scalar, S: Buffer<T>, W: AsRef<[ShardSlot<T, S>]> + AsMut<[ShardSlot<T, 
     pub fn handle(&mut self, now: Instant, shard: u32, msg: ToWorker<'_, T>) -> Result<(), Reject> {
         let slot = self.slots.as_mut().get_mut(shard as usize).ok_or(Reject::Unexpected { kind: "shard" })?;
         slot.worker.handle(now, msg)
+    }
+
+    /// Shard `shard`'s inner worker is replaced by `worker` (a new session with that shard:
+    /// a reconnection, a restarted shard). The old inner worker's computation, if any, is
+    /// forgotten, and with it the assembled one (reported abandoned if it was output); the
+    /// new worker starts as any worker does. Refused with [`ConfigError::ShardLayout`] for a
+    /// shard outside the layout or a worker over another slice length, and with
+    /// [`ConfigError::Knob`]`("shard worker id")` for a worker of another id.
+    pub fn restart_shard(&mut self, shard: u32, worker: AnyWorker<T, S>) -> Result<(), ConfigError> {
+        let id = self.id();
+        let mismatch = ConfigError::ShardLayout { dim: self.layout.dim(), shards: self.layout.shards() };
+        if worker.dim() != self.layout.len(shard) || shard >= self.layout.shards() {
+            return Err(mismatch);
+        }
+        if worker.id() != id {
+            return Err(ConfigError::Knob("shard worker id"));
+        }
+        let slot = self.slots.as_mut().get_mut(shard as usize).ok_or(mismatch)?;
+        *slot = ShardSlot::new(worker);
+        self.drop_job();
+        self.stopped_reported = false;
+        Ok(())
     }
 
     /// The host finished the assembled computation `id`: its gradient is split into the

@@ -407,3 +407,83 @@ proptest::proptest! {
         }
     }
 }
+
+/// A `Compute`'s params are the contents of `params_buffer`, for one server's worker of
+/// every protocol and for a sharded worker: a transport may hand the buffer to another
+/// thread instead of a copy.
+#[test]
+fn a_computes_params_are_the_params_buffer() {
+    use crate::msg::Values;
+    use crate::proto::{Worker, WorkerOutput};
+    let model = [0.25f64; 5];
+    let configs = [
+        ProtocolConfig::Bsp(BspConfig::new(2, 0.5)),
+        ProtocolConfig::Asp(AspConfig::new(2, 0.5)),
+        ProtocolConfig::Ssp(SspConfig::new(2, 0.5, 3)),
+        ProtocolConfig::Bap(BapConfig::new(2, 0.5, 1)),
+        ProtocolConfig::Wbsp(WbspConfig::new(2, 0.5)),
+    ];
+    for config in configs {
+        let mut w = AnyWorker::new(&config, setup(0), vec![0.0; 5], vec![0.0; config.worker_scratch_len(5)]).unwrap();
+        while w.poll_output().is_some() {}
+        w.handle(Instant::ZERO, ToWorker::Model { version: Version(1), clock: 1, values: Values::Slice(&model) })
+            .unwrap();
+        let mut seen = None;
+        while let Some(out) = w.poll_output() {
+            if let WorkerOutput::Compute { params, .. } = out {
+                seen = Some((params.as_ptr(), params.len()));
+            }
+        }
+        let buf = w.params_buffer();
+        assert_eq!(seen, Some((buf.as_ptr(), buf.len())), "{}", config.name());
+    }
+    let config = ProtocolConfig::Bsp(BspConfig::new(2, 0.5));
+    let layout = ShardLayout::new(5, 2).unwrap();
+    let slots = vec![inner(&config, 0, 3), inner(&config, 0, 2)];
+    let mut w = ShardedWorker::new(layout, slots, vec![0.0; 5]).unwrap();
+    while w.poll_output().is_some() {}
+    for (k, part) in [(0u32, &model[..3]), (1, &model[3..])] {
+        w.handle(Instant::ZERO, k, ToWorker::Model { version: Version(1), clock: 1, values: Values::Slice(part) })
+            .unwrap();
+    }
+    let mut seen = None;
+    while let Some(out) = w.poll_output() {
+        if let ShardedOutput::Compute { params, .. } = out {
+            seen = Some((params.as_ptr(), params.len(), params.to_vec()));
+        }
+    }
+    let buf = w.params_buffer();
+    assert_eq!(seen, Some((buf.as_ptr(), buf.len(), model.to_vec())));
+}
+
+#[test]
+fn a_restarted_shard_abandons_the_assembled_computation_and_joins_again() {
+    let config = ProtocolConfig::Bsp(BspConfig::new(1, 0.5));
+    let layout = ShardLayout::new(3, 2).unwrap();
+    let mut w = ShardedWorker::allocated(&config, setup(4), layout).unwrap();
+    let _ = drain(&mut w);
+    let now = Instant::ZERO;
+    w.handle(now, 0, model(0, &[1.0, 2.0])).unwrap();
+    w.handle(now, 1, model(0, &[3.0])).unwrap();
+    assert_eq!(drain(&mut w), [Out::Compute(0, 0, vec![1.0, 2.0, 3.0])]);
+    let fresh = |id: u32, epoch: u32, len: usize| {
+        let setup = WorkerSetup { id: WorkerId(id), epoch, rejoin_after: None };
+        AnyWorker::new(&config, setup, vec![0.0; len], vec![0.0; len]).unwrap()
+    };
+    assert_eq!(w.restart_shard(1, fresh(4, 1, 2)).err(), Some(ConfigError::ShardLayout { dim: 3, shards: 2 }));
+    assert_eq!(w.restart_shard(2, fresh(4, 1, 1)).err(), Some(ConfigError::ShardLayout { dim: 3, shards: 2 }));
+    assert_eq!(w.restart_shard(1, fresh(5, 1, 1)).err(), Some(ConfigError::Knob("shard worker id")));
+    w.restart_shard(1, fresh(4, 1, 1)).unwrap();
+    assert_eq!(
+        drain(&mut w),
+        [Out::Event(WorkerEvent::Abandoned { id: ComputeId(0) }), Out::Send(1, ToServerOwned::Join { epoch: 1 })]
+    );
+    assert_eq!(w.handle_gradient(now, ComputeId(0), &[0.0; 3]), Err(Reject::NoSuchComputation));
+    // Shard 0's computation stands; the new session's model completes the next one.
+    w.handle(now, 1, model(5, &[9.0])).unwrap();
+    assert_eq!(drain(&mut w), [Out::Compute(1, 0, vec![1.0, 2.0, 9.0])]);
+    w.handle_gradient(now, ComputeId(1), &[1.0, 1.0, 1.0]).unwrap();
+    // The new session's sequence numbers carry its epoch.
+    let grad = |base: u64, seq: u64, v: &[f64]| ToServerOwned::Grad { base, iteration: 0, seq, values: v.to_vec() };
+    assert_eq!(drain(&mut w), [Out::Send(0, grad(0, 0, &[1.0, 1.0])), Out::Send(1, grad(5, 1 << 32, &[1.0]))]);
+}

@@ -25,7 +25,7 @@ use super::compute::ComputeSampler;
 use super::config::{Direction, SimConfig};
 use super::network::{BufferPool, Link};
 use super::report::{
-    CurvePoint, FastDebug, Fault, Fnv, Node, Observation, SimReport, StalenessStats, TraceStep, WorkerReport,
+    CurvePoint, FastDebug, Fault, Fnv, Node, Observation, SimReport, StalenessStats, TraceRecorder, WorkerReport,
 };
 use crate::workload::{BatchSampler, Scratch, Workload};
 use core::cmp::Ordering;
@@ -154,7 +154,7 @@ struct Core<'a, 'o> {
     curve: Vec<CurvePoint>,
     time_to_target: Option<(f64, u64)>,
     staleness: StalenessStats,
-    trace: Vec<TraceStep>,
+    trace: TraceRecorder,
     events: u64,
     delivered: u64,
     lost: u64,
@@ -415,7 +415,7 @@ impl<'a, 'o> Engine<'a, 'o> {
             curve: Vec::new(),
             time_to_target: None,
             staleness: StalenessStats::new(),
-            trace: Vec::new(),
+            trace: TraceRecorder::default(),
             events: 0,
             delivered: 0,
             lost: 0,
@@ -752,7 +752,7 @@ impl<'a, 'o> Engine<'a, 'o> {
                         *busy = *busy + (now - old.start);
                         report.jobs_abandoned += 1;
                     }
-                    let mut loss = None;
+                    let (mut loss, mut computed) = (None, false);
                     if core.config.gradient == GradientSource::Workload {
                         batches.next_batch(core.config.batch_size, batch);
                         let model = &core.workload.model;
@@ -760,11 +760,13 @@ impl<'a, 'o> Engine<'a, 'o> {
                         // gradient for it); a diverging gradient is caught as before.
                         loss = Some(model.gradient(params, &core.workload.train, batch, grad, scratch))
                             .filter(|l| l.is_finite());
+                        computed = true;
                     }
                     let step = sampler.steps();
                     let dt = sampler.next_step();
                     if core.config.record_trace {
-                        core.trace.push(TraceStep { worker: worker_index, step, seconds: dt.as_secs_f64() });
+                        let gradient = computed.then(|| (params, &grad[..], loss.map_or(f64::NAN, f64::from)));
+                        core.trace.record(worker_index, step, dt.as_secs_f64(), gradient);
                     }
                     *job = Some(Job { id, start: now, loss });
                     core.schedule(now + dt, Event::ComputeDone { worker: worker_index, incarnation: *incarnation, id });
@@ -854,7 +856,7 @@ impl<'a, 'o> Engine<'a, 'o> {
             codec_errors: core.codec_errors,
             trace_hash: trace_hash.0,
             final_params_hash: h.0,
-            compute_trace: core.trace,
+            compute_trace: core.trace.finish(),
             final_params,
             shards: Vec::new(),
         }

@@ -395,6 +395,20 @@ pub fn client_handshake<W: Write>(
     me: &ClientSide<'_>,
     deadline: Instant,
 ) -> Result<(Session, RunSettings), HandshakeError> {
+    client_handshake_checked(reader, writer, me, deadline, &|_| Ok(()))
+}
+
+/// [`client_handshake`], with `check` judging the server's (authenticated) settings before
+/// the worker answers: an error is sent to the server as a refusal (code
+/// [`RefuseCode::Knobs`]) and returned, so both sides log the same line. A sharded worker
+/// checks each shard's identity this way.
+pub fn client_handshake_checked<W: Write>(
+    reader: &mut FrameReader,
+    writer: &mut FrameWriter<W>,
+    me: &ClientSide<'_>,
+    deadline: Instant,
+    check: &dyn Fn(&RunSettings) -> Result<(), String>,
+) -> Result<(Session, RunSettings), HandshakeError> {
     let (worker, key) = (me.worker, me.key);
     reader.set_hard_deadline(Some(deadline));
     reader.set_max_len(SERVER_HANDSHAKE_MAX_LEN);
@@ -450,6 +464,9 @@ pub fn client_handshake<W: Write>(
     };
     if me.want.is_some_and(|w| w != super::settings::digest(&sh.settings)) {
         let message = format!("the server runs other settings than this worker expects: {}", settings.label());
+        return Err(refuse(writer, RefuseCode::Knobs, message, Some(worker)));
+    }
+    if let Err(message) = check(&settings) {
         return Err(refuse(writer, RefuseCode::Knobs, message, Some(worker)));
     }
     let session_max_len = match settings.dim() {

@@ -321,7 +321,8 @@ impl Announce {
     fn new(settings: &RunSettings) -> Result<Self, String> {
         let bytes = settings.encode()?;
         let config = settings.server_config()?;
-        let dim = settings.dim()?;
+        // A shard serves its slice of the model.
+        let dim = settings.served_range()?.len();
         let role = if settings.remote_groups { Role::Group } else { Role::Worker };
         Ok(Self { digest: super::settings::digest(&bytes), bytes, label: settings.label(), config, dim, role })
     }

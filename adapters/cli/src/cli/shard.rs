@@ -1,0 +1,202 @@
+//! `syncopate serve --shard I/S`: one server of a sharded run, holding the `I`-th of `S`
+//! contiguous slices of the model ([`ShardLayout`](syncopate::proto::sharded::ShardLayout)),
+//! and its checkpoints.
+//!
+//! Every shard is started with the run's flags and its own `--shard I/S` and `--listen`;
+//! workers list every shard's address in shard order (`work --connect A0,A1,...`). A shard
+//! is the protocol's unchanged server over its slice, announcing the run's settings with
+//! its index, count and the run's id (`--run-id`), which each worker checks in every
+//! shard's handshake.
+//!
+//! **Checkpoints.** A shard's checkpoint holds its slice. Next to it, `FILE.shard` records
+//! whose slice it is (shard, count, elements, run id and the digest of the run's settings),
+//! written when the shard starts; `--resume` refuses a checkpoint whose record is missing
+//! or names another shard, count, model or run, naming what differs. Each shard resumes
+//! from its own checkpoint at its own version: the shards keep no common history, so what
+//! a resumed shard lost (named by its journal) is lost from its slice only.
+
+use crate::tcp::RunSettings;
+use clap::Args;
+use std::path::{Path, PathBuf};
+
+/// The most shards of one run.
+const MAX_SHARDS: u32 = 1024;
+
+/// Flags of `syncopate serve` for a sharded run.
+#[derive(Clone, Debug, Default, Args)]
+pub struct ShardArgs {
+    /// Serve shard I of S (0 <= I < S, S >= 2): the I-th of S contiguous slices of the model.
+    /// Start one `serve` per shard with the same flags; workers give every shard's address
+    /// in shard order (`work --connect A0,A1,...`).
+    #[arg(long, value_name = "I/S", value_parser = parse_shard)]
+    pub shard: Option<(u32, u32)>,
+    /// The run's name, the same on every shard (at most 64 letters, digits, '-', '_', '.'):
+    /// workers refuse a shard
+    /// of another run. Without it, shards with the same settings count as one run.
+    #[arg(long, value_name = "NAME", requires = "shard", default_value = "", value_parser = parse_run_id)]
+    pub run_id: String,
+}
+
+/// `I/S` with `0 <= I < S` and `2 <= S <= MAX_SHARDS`.
+fn parse_shard(s: &str) -> Result<(u32, u32), String> {
+    let bad = |why: &str| format!("'{s}' is not a shard: {why} (expected I/S, e.g. 0/2 for the first of two)");
+    let (i, n) = s.split_once('/').ok_or_else(|| bad("no '/'"))?;
+    let i: u32 = i.trim().parse().map_err(|_| bad("I is not a whole number"))?;
+    let n: u32 = n.trim().parse().map_err(|_| bad("S is not a whole number"))?;
+    if !(2..=MAX_SHARDS).contains(&n) {
+        return Err(bad(&format!("S must be from 2 to {MAX_SHARDS} (without --shard one server holds the model)")));
+    }
+    if i >= n {
+        return Err(bad(&format!("I must be below S ({n})")));
+    }
+    Ok((i, n))
+}
+
+fn parse_run_id(s: &str) -> Result<String, String> {
+    if s.len() > crate::tcp::settings::MAX_RUN_ID_LEN {
+        return Err(format!("the run id is longer than {} bytes", crate::tcp::settings::MAX_RUN_ID_LEN));
+    }
+    if !s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')) {
+        return Err(format!("the run id '{}' may hold only letters, digits, '-', '_' and '.'", s.escape_default()));
+    }
+    Ok(s.to_owned())
+}
+
+/// Makes `settings` those of the shard `args` names (nothing without `--shard`); refused
+/// for a model that does not split into `S` slices of at least one element.
+pub(super) fn apply(args: &ShardArgs, settings: &mut RunSettings) -> Result<(), String> {
+    let Some((index, count)) = args.shard else { return Ok(()) };
+    settings.shard = Some(crate::tcp::ShardSettings { index, count, run: args.run_id.clone() });
+    settings.shard_layout().map_err(|e| format!("--shard {index}/{count}: {e}"))?;
+    Ok(())
+}
+
+/// `, shard I of S (elements A..B)` for a shard's start line; empty for a whole model.
+pub(super) fn describe(settings: &RunSettings) -> String {
+    match (&settings.shard, settings.served_range()) {
+        (Some(s), Ok(r)) => format!(", shard {} of {} (elements {}..{})", s.index, s.count, r.start, r.end),
+        _ => String::new(),
+    }
+}
+
+/// The record of whose slice a checkpoint holds: `FILE.shard`.
+pub(super) fn record_path(checkpoint: &Path) -> PathBuf {
+    let mut p = checkpoint.as_os_str().to_owned();
+    p.push(".shard");
+    PathBuf::from(p)
+}
+
+/// The record's text for `settings` (one line).
+fn record(settings: &RunSettings) -> Result<String, String> {
+    let Some(s) = &settings.shard else { return Ok(String::new()) };
+    let r = settings.served_range()?;
+    let digest: String = settings.run_digest()?.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!(
+        "shard {} of {} elements {}..{} of {} run '{}' settings {digest}\n",
+        s.index, s.count, r.start, r.end, settings.dim, s.run
+    ))
+}
+
+/// Writes the record of a shard's checkpoint `checkpoint` (nothing for a whole model).
+pub(super) fn write_record(checkpoint: &Path, settings: &RunSettings) -> Result<(), String> {
+    if settings.shard.is_none() {
+        return Ok(());
+    }
+    let path = record_path(checkpoint);
+    let mut tmp = path.clone().into_os_string();
+    tmp.push(".tmp");
+    let write = || -> std::io::Result<()> {
+        std::fs::write(&tmp, record(settings).map_err(std::io::Error::other)?)?;
+        std::fs::rename(&tmp, &path)
+    };
+    write().map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// Checks that the checkpoint `checkpoint` a shard resumes from holds its own slice of this
+/// run (a whole model's server checks nothing here).
+pub(super) fn check_record(checkpoint: &Path, settings: &RunSettings) -> Result<(), String> {
+    let Some(me) = &settings.shard else { return Ok(()) };
+    let path = record_path(checkpoint);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        format!(
+            "checkpoint {}: cannot read its shard record {} ({e}): it was not written by a shard, so it cannot \
+             resume shard {} of {}",
+            checkpoint.display(),
+            path.display(),
+            me.index,
+            me.count
+        )
+    })?;
+    let want = record(settings)?;
+    if text == want {
+        return Ok(());
+    }
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let word = |k: &str| words.iter().position(|w| *w == k).and_then(|i| words.get(i + 1)).copied().unwrap_or("?");
+    let (their_index, their_count) = (word("shard"), word("of"));
+    let why = if their_index != me.index.to_string() || their_count != me.count.to_string() {
+        format!(
+            "it holds shard {their_index} of {their_count}'s slice, this server is shard {} of {}",
+            me.index, me.count
+        )
+    } else if word("run") != format!("'{}'", me.run) {
+        format!("it belongs to run {}, this server to run '{}'", word("run"), me.run)
+    } else {
+        "it was written by a run of other settings (protocol, knobs, model or workload differ)".to_owned()
+    };
+    Err(format!("checkpoint {}: {why} (record {})", checkpoint.display(), path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tcp::{ProtocolSettings, ShardSettings};
+    use syncopate::ProtocolKind;
+
+    #[test]
+    fn a_shard_is_i_of_s_with_i_below_s_and_at_least_two_shards() {
+        assert_eq!(parse_shard("1/3"), Ok((1, 3)));
+        for bad in ["3/3", "0/1", "0/0", "1", "a/2", "1/b", "-1/2", "0/4096"] {
+            assert!(parse_shard(bad).is_err(), "{bad}");
+        }
+        assert!(parse_shard("2/2").unwrap_err().contains("I must be below S (2)"));
+        assert!(parse_run_id(&"x".repeat(65)).is_err());
+        assert!(parse_run_id("a\nb").is_err() && parse_run_id("a b").is_err());
+        assert_eq!(parse_run_id("exp-3.b_1"), Ok("exp-3.b_1".into()));
+    }
+
+    fn settings(index: u32, count: u32, run: &str) -> RunSettings {
+        let mut s = RunSettings::new(ProtocolSettings::named(ProtocolKind::Bsp, 2, 0.5), 10);
+        s.shard = Some(ShardSettings { index, count, run: run.into() });
+        s
+    }
+
+    #[test]
+    fn a_model_that_does_not_split_is_refused_at_start() {
+        let mut s = RunSettings::new(ProtocolSettings::named(ProtocolKind::Bsp, 2, 0.5), 3);
+        let e = apply(&ShardArgs { shard: Some((0, 4)), run_id: String::new() }, &mut s).unwrap_err();
+        assert_eq!(e, "--shard 0/4: a model of 3 elements does not split into 4 shards of at least one element each");
+    }
+
+    #[test]
+    fn a_checkpoint_resumes_only_its_own_shard_of_its_own_run() {
+        let dir = std::env::temp_dir().join(format!("syncopate-shard-record-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ckpt = dir.join("s.ckpt");
+        let e = check_record(&ckpt, &settings(1, 2, "a")).unwrap_err();
+        assert!(e.contains("cannot read its shard record") && e.contains("shard 1 of 2"), "{e}");
+        write_record(&ckpt, &settings(1, 2, "a")).unwrap();
+        check_record(&ckpt, &settings(1, 2, "a")).unwrap();
+        let e = check_record(&ckpt, &settings(0, 2, "a")).unwrap_err();
+        assert!(e.contains("it holds shard 1 of 2's slice, this server is shard 0 of 2"), "{e}");
+        let e = check_record(&ckpt, &settings(1, 3, "a")).unwrap_err();
+        assert!(e.contains("it holds shard 1 of 2's slice, this server is shard 1 of 3"), "{e}");
+        let e = check_record(&ckpt, &settings(1, 2, "b")).unwrap_err();
+        assert!(e.contains("it belongs to run 'a', this server to run 'b'"), "{e}");
+        let mut other = settings(1, 2, "a");
+        other.protocol.lr = 0.25;
+        let e = check_record(&ckpt, &other).unwrap_err();
+        assert!(e.contains("other settings"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

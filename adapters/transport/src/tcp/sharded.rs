@@ -1,0 +1,623 @@
+//! The worker of a sharded run: one TCP session per shard (`serve --shard I/S`), driving a
+//! [`ShardedWorker`] that splits each gradient into the shards' slices and assembles the
+//! model from their replies.
+//!
+//! **Connecting.** The shards are reached in the order their addresses are given, each with
+//! the unsharded worker's retrying ([`Backoff`](super::Backoff)). Shard 0's settings name
+//! the run; every other shard must announce the same settings but for its index (same
+//! protocol, knobs, model, workload, shard count and run id): the worker checks each
+//! shard's settings inside the handshake, before it answers, so a shard listed at the wrong
+//! position, a list of the wrong length or a shard of another run is refused with a line
+//! naming the shard, on both sides. Once connected, a shard's settings are pinned by their
+//! digest: a restarted shard must announce them again.
+//!
+//! **Sessions.** Each shard's session has a reader thread (frames into one channel, the
+//! shard's silence judged against `lost_after`) and a writer thread (uploads from a small
+//! bounded queue, heartbeats when idle). One thread, the caller's, owns the
+//! [`ShardedWorker`] and computes the gradients. A lost session (closed, silent, a bad
+//! frame) is reconnected while the others stay up; the shard's inner worker is replaced by
+//! a fresh one with the new epoch ([`ShardedWorker::restart_shard`]), which joins and gets
+//! the shard's current model. A shard unreachable for `give_up_after` in a row ends the
+//! worker with an error naming it. A session that ends after its shard said stop is not
+//! reconnected.
+//!
+//! **Stopping.** The worker ends once every shard said stop, or, once one has, when the
+//! others have not within `lost_after` (a shard whose budget was met counts its own
+//! slices; the others normally follow at once).
+
+use super::auth::WorkerKey;
+use super::frame::{FrameError, FrameReader, FrameWriter};
+use super::handshake::{self, ClientSide, HandshakeError, RefuseCode, Role};
+use super::settings::RunSettings;
+use super::worker::{ConnectError, connect, jitter_seed};
+use super::{TcpError, WorkerJob, WorkerOptions, WorkerReport, at, core_duration, since};
+use core::sync::atomic::{AtomicU64, Ordering};
+use core::time::Duration;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded, unbounded};
+use std::io::BufWriter;
+use std::net::{Shutdown, TcpStream};
+use std::sync::Arc;
+use std::thread;
+use std::time::Instant as StdInstant;
+use syncopate::proto::sharded::{HeapShardedWorker, ShardLayout, ShardSlot, ShardedOutput, ShardedWorker};
+use syncopate::wire::{self, Limits};
+use syncopate::{AnyWorker, ComputeId, ProtocolConfig, Worker, WorkerEvent, WorkerSetup, WorkerStats};
+
+/// One shard's part of a [`ShardedReport`].
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct ShardTally {
+    /// The shard's address.
+    pub addr: String,
+    /// Sessions established with it.
+    pub sessions: u32,
+    /// Distinct contributions (slices) written whole to its connections.
+    pub sent: u64,
+    /// Contributions written again with a sequence number already sent.
+    pub resent: u64,
+    /// The newest version of its slice received.
+    pub last_version: Option<u64>,
+    /// Whether it said stop.
+    pub stopped: bool,
+}
+
+/// What a sharded worker did: the totals (as an unsharded worker reports them, `sent`
+/// and `resent` summed over the shards) and each shard's part.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct ShardedReport {
+    /// The totals.
+    #[serde(flatten)]
+    pub total: WorkerReport,
+    /// Per shard, in shard order.
+    pub shards: Vec<ShardTally>,
+}
+
+/// The shards' addresses in `list` (comma separated, in shard order).
+pub fn shard_addresses(list: &str) -> Vec<String> {
+    list.split(',').map(|a| a.trim().to_owned()).collect()
+}
+
+/// Runs a worker of a sharded run: `options.addr` lists the shards' addresses, comma
+/// separated, in shard order (see the [module docs](self)). `job` computes gradients of
+/// the whole model; `log` sees one line per connection event.
+pub fn run_sharded_worker(
+    options: &WorkerOptions,
+    job: &mut dyn WorkerJob,
+    log: &mut dyn FnMut(&str),
+) -> Result<ShardedReport, TcpError> {
+    let started = StdInstant::now();
+    let me = options.id.0;
+    let addrs = shard_addresses(&options.addr);
+    let count = u32::try_from(addrs.len()).map_err(|_| TcpError(format!("worker {me}: too many shards")))?;
+    let mut run = Run {
+        options,
+        addrs: &addrs,
+        count,
+        first: None,
+        pinned: vec![None; addrs.len()],
+        links: Vec::new(),
+        inbound: unbounded(),
+        spare: bounded(2 * addrs.len() + 1),
+        report: ShardedReport {
+            shards: addrs.iter().map(|a| ShardTally { addr: a.clone(), ..ShardTally::default() }).collect(),
+            ..ShardedReport::default()
+        },
+        stats: vec![WorkerStats::default(); addrs.len()],
+        jitter: syncopate::rng::Rng::derive(u64::from(me), jitter_seed()),
+        generation: 0,
+    };
+    let result = run.start(job, log).and_then(|(worker, config)| run.drive(worker, &config, job, log));
+    for k in 0..run.links.len() {
+        run.close(k, true);
+    }
+    let mut report = run.report;
+    report.total.wall_s = started.elapsed().as_secs_f64();
+    result.map(|()| report)
+}
+
+/// A live session with one shard.
+struct Link {
+    generation: u64,
+    stream: TcpStream,
+    uploads: Option<Sender<(Vec<u8>, Upload)>>,
+    sent: Arc<AtomicU64>,
+    resent: Arc<AtomicU64>,
+    /// Buffers the main thread gives back to this session's reader.
+    home: Sender<Vec<u8>>,
+    /// Whether the session ended (its reader reported it).
+    lost: bool,
+}
+
+/// What a frame uploaded to a shard is, for the ledger.
+#[derive(Clone, Copy, Debug)]
+enum Upload {
+    New,
+    Again,
+    Other,
+}
+
+/// What a session's reader hands the main thread.
+enum Inbound {
+    Frame { shard: usize, generation: u64, buf: Vec<u8>, start: usize, end: usize },
+    Lost { shard: usize, generation: u64, why: String },
+}
+
+struct Run<'a> {
+    options: &'a WorkerOptions,
+    addrs: &'a [String],
+    count: u32,
+    /// Shard 0's settings: the run.
+    first: Option<RunSettings>,
+    /// Each shard's settings digest, once connected.
+    pinned: Vec<Option<[u8; 32]>>,
+    links: Vec<Link>,
+    inbound: (Sender<Inbound>, Receiver<Inbound>),
+    /// Encoding buffers the writers give back.
+    spare: (Sender<Vec<u8>>, Receiver<Vec<u8>>),
+    report: ShardedReport,
+    /// Per shard: what was handed to its connections (sequence numbers are per shard).
+    stats: Vec<WorkerStats>,
+    jitter: syncopate::rng::Rng,
+    generation: u64,
+}
+
+/// Frames waiting for a shard's writer thread.
+const UPLOADS_IN_FLIGHT: usize = 2;
+
+/// A computed gradient waiting for its emulated step time to pass (a sharded worker
+/// reports no minibatch loss: no shard sees the whole gradient).
+struct Held {
+    id: ComputeId,
+    started: StdInstant,
+    ready: StdInstant,
+}
+
+impl Run<'_> {
+    fn me(&self) -> u32 {
+        self.options.id.0
+    }
+
+    fn addr(&self, shard: usize) -> &str {
+        self.addrs.get(shard).map_or("", String::as_str)
+    }
+
+    /// Connects to every shard in order, checks they form one run and builds the worker.
+    fn start(
+        &mut self,
+        job: &mut dyn WorkerJob,
+        log: &mut dyn FnMut(&str),
+    ) -> Result<(HeapShardedWorker<f32>, ProtocolConfig), TcpError> {
+        let mut slots = Vec::with_capacity(self.addrs.len());
+        let mut layout = None;
+        let mut config = None;
+        for k in 0..self.addrs.len() {
+            let (epoch, settings) = self.connect_shard(k, log)?;
+            if k == 0 {
+                let refused = |e: String| TcpError(format!("worker {}: shard 0 ({}): {e}", self.me(), self.addr(0)));
+                let c = settings.shard_worker_config().map_err(refused)?;
+                let l = settings.shard_layout().map_err(refused)?.ok_or_else(|| refused("not a shard".into()))?;
+                job.prepare(&settings).map_err(|e| TcpError(format!("worker {}: {e}", self.me())))?;
+                layout = Some(l);
+                config = Some(c);
+                self.first = Some(settings);
+            }
+            let (Some(l), Some(c)) = (layout, config.as_ref()) else {
+                return Err(TcpError(format!("worker {}: no shard 0", self.me())));
+            };
+            slots.push(ShardSlot::new(self.inner_worker(c, l, k, epoch)?));
+        }
+        let (Some(layout), Some(config)) = (layout, config) else {
+            return Err(TcpError(format!("worker {}: --connect lists no shard", self.me())));
+        };
+        let worker = ShardedWorker::new(layout, slots, vec![0.0f32; layout.dim()])
+            .map_err(|e| TcpError(format!("worker {}: {e}", self.me())))?;
+        Ok((worker, config))
+    }
+
+    fn inner_worker(
+        &self,
+        config: &ProtocolConfig,
+        layout: ShardLayout,
+        shard: usize,
+        epoch: u32,
+    ) -> Result<AnyWorker<f32, Vec<f32>>, TcpError> {
+        let len = layout.len(shard as u32);
+        let setup =
+            WorkerSetup { id: self.options.id, epoch, rejoin_after: self.options.rejoin_after.map(core_duration) };
+        AnyWorker::new(config, setup, vec![0.0f32; len], vec![0.0f32; config.worker_scratch_len(len)])
+            .map_err(|e| TcpError(format!("worker {}: shard {shard}: {e}", self.me())))
+    }
+
+    /// Connects to shard `shard` (retrying as an unsharded worker does) and starts its
+    /// session's threads; returns the session's epoch and the shard's settings.
+    fn connect_shard(&mut self, shard: usize, log: &mut dyn FnMut(&str)) -> Result<(u32, RunSettings), TcpError> {
+        let me = self.me();
+        let addr = self.addr(shard).to_owned();
+        let mut attempt = 0u32;
+        let mut unreachable_since: Option<StdInstant> = None;
+        loop {
+            let why = match self.handshake(shard, &addr) {
+                Ok((stream, reader, writer, epoch, version, settings)) => {
+                    if let Some(t) = self.report.shards.get_mut(shard) {
+                        t.sessions += 1;
+                    }
+                    self.report.total.sessions += 1;
+                    self.pinned[shard] = Some(settings.digest().map_err(|e| TcpError(format!("worker {me}: {e}")))?);
+                    log(&format!(
+                        "worker {me}: connected to shard {shard} at {addr} (epoch {epoch}, shard at version \
+                         {version}; {})",
+                        settings.label()
+                    ));
+                    self.start_link(shard, stream, reader, writer)?;
+                    return Ok((epoch, settings));
+                }
+                Err(ConnectError::Unreachable(e)) => {
+                    let since = *unreachable_since.get_or_insert_with(StdInstant::now);
+                    if since.elapsed() >= self.options.backoff.give_up_after {
+                        return Err(TcpError(format!(
+                            "worker {me}: shard {shard} at {addr} is lost: cannot reach it: {e} (gave up after {:.0} \
+                             s unreachable)",
+                            self.options.backoff.give_up_after.as_secs_f64()
+                        )));
+                    }
+                    format!("shard {shard} at {addr} unreachable ({e})")
+                }
+                Err(ConnectError::Handshake(e)) if e.is_transient() => {
+                    unreachable_since = None;
+                    format!("shard {shard} at {addr}: {e}")
+                }
+                // This worker's own refusal of the shard's settings names the shard already.
+                Err(ConnectError::Handshake(e @ HandshakeError::Refusing { code: RefuseCode::Knobs, .. })) => {
+                    return Err(TcpError(format!("worker {me}: {e}")));
+                }
+                Err(ConnectError::Handshake(e)) => {
+                    return Err(TcpError(format!("worker {me}: shard {shard} at {addr}: {e}")));
+                }
+                Err(ConnectError::Job(e)) => {
+                    return Err(TcpError(format!("worker {me}: shard {shard} at {addr}: {e}")));
+                }
+            };
+            let wait = self.options.backoff.wait(attempt, self.jitter.next_f64());
+            if attempt < 10 || attempt % 10 == 0 {
+                log(&format!("worker {me}: {why}; retrying in {:.2} s (attempt {})", wait.as_secs_f64(), attempt + 1));
+            }
+            attempt = attempt.saturating_add(1);
+            thread::sleep(wait);
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn handshake(
+        &self,
+        shard: usize,
+        addr: &str,
+    ) -> Result<(TcpStream, FrameReader, FrameWriter<BufWriter<TcpStream>>, u32, u64, RunSettings), ConnectError> {
+        let options = self.options;
+        let stream = connect(addr, options.handshake_timeout)?;
+        let io = |e: std::io::Error| ConnectError::Handshake(HandshakeError::Frame(FrameError::Io(e)));
+        stream.set_nodelay(true).map_err(io)?;
+        stream.set_write_timeout(Some(options.write_timeout)).map_err(io)?;
+        let mut reader = FrameReader::new(stream.try_clone().map_err(io)?, 0, options.frame_timeout);
+        let mut writer = FrameWriter::new(BufWriter::with_capacity(1 << 16, stream.try_clone().map_err(io)?), 0);
+        let deadline = StdInstant::now() + options.handshake_timeout;
+        let key: Option<&WorkerKey> = options.key.as_ref();
+        let me = ClientSide { worker: options.id, role: Role::Worker, key, want: self.pinned[shard], dim: None };
+        let (index, count, first) = (shard as u32, self.count, self.first.as_ref());
+        let check = |s: &RunSettings| s.check_shard(index, count, addr, first);
+        let (session, settings) = handshake::client_handshake_checked(&mut reader, &mut writer, &me, deadline, &check)
+            .map_err(ConnectError::Handshake)?;
+        let max = settings.dim().map(super::session_max_len).map_err(ConnectError::Job)?;
+        super::frame::tune_stream(&stream, max).map_err(io)?;
+        Ok((stream, reader, writer, session.epoch, session.version, settings))
+    }
+
+    /// Starts the reader and writer threads of a new session with `shard`.
+    fn start_link(
+        &mut self,
+        shard: usize,
+        stream: TcpStream,
+        mut reader: FrameReader,
+        mut writer: FrameWriter<BufWriter<TcpStream>>,
+    ) -> Result<(), TcpError> {
+        self.generation += 1;
+        let generation = self.generation;
+        let lost_after = self.options.lost_after;
+        let (uploads, frames) = bounded::<(Vec<u8>, Upload)>(UPLOADS_IN_FLIGHT);
+        let (home, pool) = bounded::<Vec<u8>>(4);
+        let (sent, resent) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let give_back = self.spare.0.clone();
+        let (w_sent, w_resent) = (Arc::clone(&sent), Arc::clone(&resent));
+        let beat = super::heartbeat_interval(lost_after);
+        let w_stream = stream.try_clone().map_err(|e| TcpError(e.to_string()))?;
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+            thread::Builder::new().name(name).spawn(f).map(|_| ()).map_err(|e| TcpError(format!("thread: {e}")))
+        };
+        spawn(
+            format!("shard-{shard}-write"),
+            Box::new(move || {
+                loop {
+                    let (frame, class) = match frames.recv_timeout(beat) {
+                        Ok(upload) => upload,
+                        Err(RecvTimeoutError::Timeout) => {
+                            if writer.write_frame(&[]).is_err() {
+                                break;
+                            }
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Disconnected) => break,
+                    };
+                    if writer.write_frame(&frame).is_err() {
+                        break;
+                    }
+                    match class {
+                        Upload::New => w_sent.fetch_add(1, Ordering::SeqCst),
+                        Upload::Again => w_resent.fetch_add(1, Ordering::SeqCst),
+                        Upload::Other => 0,
+                    };
+                    let _ = give_back.try_send(frame);
+                }
+                // A write that failed ends the session: the reader then sees it closed.
+                let _ = w_stream.shutdown(Shutdown::Both);
+            }),
+        )?;
+        let to_main = self.inbound.0.clone();
+        spawn(
+            format!("shard-{shard}-read"),
+            Box::new(move || {
+                loop {
+                    let mut buf = pool.try_recv().unwrap_or_default();
+                    match reader.read_frame(&mut buf, Some(StdInstant::now() + lost_after)) {
+                        Ok(p) if p.start == p.end => {}
+                        Ok(p) => {
+                            let frame = Inbound::Frame { shard, generation, buf, start: p.start, end: p.end };
+                            if to_main.send(frame).is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            let why = match e {
+                                FrameError::Idle => format!(
+                                    "the shard was silent for {:.1} s (no frame, no heartbeat)",
+                                    lost_after.as_secs_f64()
+                                ),
+                                e => e.to_string(),
+                            };
+                            let _ = to_main.send(Inbound::Lost { shard, generation, why });
+                            return;
+                        }
+                    }
+                }
+            }),
+        )?;
+        let link = Link { generation, stream, uploads: Some(uploads), sent, resent, home, lost: false };
+        match self.links.get_mut(shard) {
+            Some(old) => *old = link,
+            None => self.links.push(link),
+        }
+        Ok(())
+    }
+
+    /// Ends shard `shard`'s session: its threads exit, its counts join the report. A
+    /// session that ended cleanly first lets its writer send what it holds; a lost one is cut
+    /// at once (a writer blocked on a dead peer would only delay the reconnection).
+    fn close(&mut self, shard: usize, clean: bool) {
+        let Some(link) = self.links.get_mut(shard) else { return };
+        if let Some(uploads) = link.uploads.take() {
+            drop(uploads);
+            if !clean {
+                let _ = link.stream.shutdown(Shutdown::Both);
+            }
+            // The writer drains what it holds (a bounded queue) before the socket closes.
+            let end = StdInstant::now() + Duration::from_secs(2);
+            while Arc::strong_count(&link.sent) > 1 && StdInstant::now() < end {
+                thread::sleep(Duration::from_millis(1));
+            }
+            let _ = link.stream.shutdown(Shutdown::Both);
+            let (sent, resent) = (link.sent.load(Ordering::SeqCst), link.resent.load(Ordering::SeqCst));
+            self.report.total.sent += sent;
+            self.report.total.resent += resent;
+            if let Some(t) = self.report.shards.get_mut(shard) {
+                t.sent += sent;
+                t.resent += resent;
+            }
+        }
+    }
+
+    fn drive(
+        &mut self,
+        mut worker: HeapShardedWorker<f32>,
+        config: &ProtocolConfig,
+        job: &mut dyn WorkerJob,
+        log: &mut dyn FnMut(&str),
+    ) -> Result<(), TcpError> {
+        let me = self.me();
+        let epoch = StdInstant::now();
+        let layout = worker.layout();
+        let limits: Vec<Limits> = (0..self.count).map(|k| Limits::for_model(layout.len(k))).collect();
+        let mut grad = vec![0.0f32; layout.dim()];
+        let mut held: Option<Held> = None;
+        let mut first_stop: Option<StdInstant> = None;
+        let inbound = self.inbound.1.clone();
+        loop {
+            // A message that could not be encoded ends its shard's session (it would be
+            // lost unseen otherwise); the shard is reconnected once the outputs are drained.
+            let mut broken: Option<(usize, String)> = None;
+            while let Some(o) = worker.poll_output() {
+                match o {
+                    ShardedOutput::Send { shard, msg } => {
+                        let k = shard as usize;
+                        let Some(link) = self.links.get(k).filter(|l| !l.lost) else { continue };
+                        let Some(uploads) = &link.uploads else { continue };
+                        let mut out = self.spare.1.try_recv().unwrap_or_default();
+                        out.resize(wire::encoded_len_to_server(&msg), 0);
+                        let n = match wire::encode_to_server(&msg, &mut out) {
+                            Ok(n) => n,
+                            Err(e) => {
+                                broken = Some((k, format!("cannot encode {}: {e}", msg.kind_name())));
+                                continue;
+                            }
+                        };
+                        out.truncate(n);
+                        let Some(stats) = self.stats.get_mut(k) else { continue };
+                        let before = *stats;
+                        stats.record(&msg);
+                        let class = if stats.contributions > before.contributions {
+                            Upload::New
+                        } else if stats.resent > before.resent {
+                            Upload::Again
+                        } else {
+                            Upload::Other
+                        };
+                        // A session whose writer is gone is lost; its reader reports it.
+                        let _ = uploads.send((out, class));
+                    }
+                    ShardedOutput::Compute { id, version, params } => {
+                        let now = StdInstant::now();
+                        if let Some(old) = held.take() {
+                            self.report.total.busy_s += now.duration_since(old.started).as_secs_f64();
+                            self.report.total.abandoned += 1;
+                        }
+                        let extra = job.gradient(params, &mut grad);
+                        let last = &mut self.report.total.last_version;
+                        *last = Some(last.unwrap_or(0).max(version.0));
+                        held = Some(Held { id, started: now, ready: StdInstant::now() + extra });
+                    }
+                    ShardedOutput::Event(WorkerEvent::Abandoned { id }) => {
+                        if let Some(h) = held.take_if(|h| h.id == id) {
+                            self.report.total.busy_s += h.started.elapsed().as_secs_f64();
+                            self.report.total.abandoned += 1;
+                        }
+                    }
+                    ShardedOutput::Event(_) => {}
+                }
+            }
+            if let Some((shard, why)) = broken {
+                self.reconnect(&mut worker, config, shard, &why, log)?;
+                continue;
+            }
+            // What the shards sent is read before a finished step is handed over: a worker whose
+            // steps take no time (its next step always ready under wbsp-overlap) still reads.
+            if let Some(h) = held.take_if(|h| StdInstant::now() >= h.ready && inbound.is_empty()) {
+                self.report.total.busy_s += h.started.elapsed().as_secs_f64();
+                match worker.handle_gradient(since(epoch), h.id, &grad) {
+                    Ok(()) => self.report.total.steps += 1,
+                    Err(e) => refused(me, log, &mut self.report.total, "a finished gradient", &e),
+                }
+                continue;
+            }
+            let stopped: Vec<bool> = (0..self.count).map(|k| worker.shard(k).is_some_and(|w| w.is_stopped())).collect();
+            for (t, s) in self.report.shards.iter_mut().zip(&stopped) {
+                t.stopped = *s;
+            }
+            if stopped.iter().all(|s| *s) {
+                self.report.total.stopped = true;
+                return Ok(());
+            }
+            if stopped.iter().any(|s| *s) {
+                let t = *first_stop.get_or_insert_with(StdInstant::now);
+                if t.elapsed() >= self.options.lost_after {
+                    let waiting: Vec<String> =
+                        stopped.iter().enumerate().filter(|(_, s)| !**s).map(|(k, _)| k.to_string()).collect();
+                    log(&format!(
+                        "worker {me}: shard(s) {} did not say stop within {:.1} s of the first that did; ending",
+                        waiting.join(", "),
+                        self.options.lost_after.as_secs_f64()
+                    ));
+                    self.report.total.stopped = true;
+                    return Ok(());
+                }
+            }
+            if self.options.kill.as_ref().is_some_and(|k| k.load(Ordering::SeqCst)) {
+                return Ok(());
+            }
+            let mut wake = StdInstant::now() + Duration::from_millis(100);
+            if let Some(t) = worker.poll_timeout() {
+                wake = wake.min(at(epoch, t));
+            }
+            if let Some(h) = &held {
+                wake = wake.min(h.ready);
+            }
+            let wait = wake.saturating_duration_since(StdInstant::now()).max(Duration::from_millis(1));
+            match inbound.recv_timeout(wait) {
+                Ok(Inbound::Frame { shard, generation, buf, start, end }) => {
+                    let Some(link) = self.links.get(shard).filter(|l| l.generation == generation) else {
+                        continue;
+                    };
+                    let home = link.home.clone();
+                    let payload = buf.get(start..end).unwrap_or_default();
+                    let limits = limits.get(shard).copied().unwrap_or_else(|| Limits::for_model(1));
+                    match wire::decode_to_worker::<f32>(payload, &limits) {
+                        Ok(msg) => {
+                            if let syncopate::ToWorker::Model { version, .. } = &msg {
+                                if let Some(t) = self.report.shards.get_mut(shard) {
+                                    t.last_version = Some(t.last_version.unwrap_or(0).max(version.0));
+                                }
+                            }
+                            let kind = msg.kind_name();
+                            if let Err(e) = worker.handle(since(epoch), shard as u32, msg) {
+                                refused(
+                                    me,
+                                    log,
+                                    &mut self.report.total,
+                                    &format!("shard {shard}'s {kind} message"),
+                                    &e,
+                                );
+                            }
+                        }
+                        Err(e) => {
+                            let why = format!("the shard sent a bad message: {e}");
+                            self.reconnect(&mut worker, config, shard, &why, log)?;
+                        }
+                    }
+                    let _ = home.try_send(buf);
+                }
+                Ok(Inbound::Lost { shard, generation, why }) => {
+                    if self.links.get(shard).is_some_and(|l| l.generation == generation) {
+                        let done = worker.shard(shard as u32).is_some_and(|w| w.is_stopped());
+                        if done {
+                            if let Some(l) = self.links.get_mut(shard) {
+                                l.lost = true;
+                            }
+                        } else {
+                            self.reconnect(&mut worker, config, shard, &why, log)?;
+                        }
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return Err(TcpError(format!("worker {me}: no session left"))),
+            }
+            if worker.poll_timeout().is_some_and(|t| at(epoch, t) <= StdInstant::now()) {
+                worker.handle_timeout(since(epoch));
+            }
+        }
+    }
+
+    /// Shard `shard`'s session was lost: a new one replaces it, with a fresh inner worker.
+    fn reconnect(
+        &mut self,
+        worker: &mut HeapShardedWorker<f32>,
+        config: &ProtocolConfig,
+        shard: usize,
+        why: &str,
+        log: &mut dyn FnMut(&str),
+    ) -> Result<(), TcpError> {
+        let me = self.me();
+        let seen = self.report.shards.get(shard).and_then(|t| t.last_version);
+        log(&format!(
+            "worker {me}: shard {shard} at {} lost ({why}; newest slice received: version {}); reconnecting",
+            self.addr(shard),
+            seen.map_or_else(|| "none".to_owned(), |v| v.to_string())
+        ));
+        self.close(shard, false);
+        let (epoch, _) = self.connect_shard(shard, log)?;
+        let inner = self.inner_worker(config, worker.layout(), shard, epoch)?;
+        worker.restart_shard(shard as u32, inner).map_err(|e| TcpError(format!("worker {me}: shard {shard}: {e}")))
+    }
+}
+
+/// Counts a refusal; the first of each kind is logged.
+fn refused(me: u32, log: &mut dyn FnMut(&str), report: &mut WorkerReport, what: &str, e: &syncopate::Reject) {
+    if report.refusals.record(e) {
+        log(&format!("worker {me}: the protocol refused {what}: {e} (the first {}; more are counted)", e.kind_name()));
+    }
+    report.refused = report.refusals.total();
+}
