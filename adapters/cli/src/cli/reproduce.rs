@@ -386,7 +386,7 @@ fn dbw(quick: bool, jobs: usize, seed_range: SeedRange, plot: Option<&Path>) -> 
             command: format!("syncopate reproduce dbw{}", if quick { " --quick" } else { "" }),
             settings: format!(
                 "16 workers, noisy quadratic model (d = {NQM_DIM}, h_i = 1/i, batch {DBW_BATCH}, noise pool {NQM_POOL}), \
-                 constant lr {DBW_LR}, static b via backup workers (option A), DBW defaults, {} s virtual budget, \
+                 constant lr {DBW_LR}, static b via backup workers (option A), DBW defaults with the workers' loss reports used, {} s virtual budget, \
                  evaluation every 10 ms, seeds {}{}. Times: mean ± s.e. over the seeds that reached the rung \
                  (r/s when not all did; — none).",
                 budget.as_secs_f64(),

@@ -100,9 +100,10 @@ pub fn dbw_static(b: u32) -> ProtocolConfig {
     ProtocolConfig::Backup(syncopate::proto::backup::BackupConfig::new(DBW_N, DBW_LR, b))
 }
 
-/// DBW with its defaults on the DBW cluster.
+/// DBW with its defaults on the DBW cluster, using the workers' reported losses (the NQM's
+/// optimum is 0, as the loss rule assumes).
 pub fn dbw_adaptive() -> ProtocolConfig {
-    ProtocolConfig::Dbw(DbwConfig::new(DBW_N, DBW_LR))
+    ProtocolConfig::Dbw(DbwConfig { use_reported_losses: true, ..DbwConfig::new(DBW_N, DBW_LR) })
 }
 
 /// One DBW-experiment run: NQM, evaluation every 10 ms, no accuracy target.

@@ -2,7 +2,9 @@
 //! separate curvatures for the signal and the noise ([`CurvatureSplit`]), a choice bounded
 //! by that model and by the gradient noise scale ([`choose_k_bounded`]), and expected order
 //! statistics of *non-identical* workers from per-worker round-trip windows
-//! ([`WorkerRtts`], Poisson-binomial). Fixed buffers, no allocation, no panics.
+//! ([`WorkerRtts`], Poisson-binomial), bounded by the workers' reported losses when they
+//! report them ([`LossTrend`], [`choose_k_loss_rate`]). Fixed buffers, no allocation, no
+//! panics.
 //!
 //! Everything here is this project's reconstruction \[RECON\]: the paper's estimator
 //! equations were not available (only its abstract). What each rule replaced, the
@@ -88,6 +90,36 @@
 //! rule again. A rule on these statistics therefore settles at a fixed `k` and a fixed
 //! floor `≈ ηS/(4k)`, while each lower target needs a lower floor, hence a larger `k`.
 //!
+//! # The loss above the noise floor ([`LossTrend`], [`choose_k_loss_rate`])
+//!
+//! Workers may report their minibatch loss with each gradient. The server averages the
+//! reports of each closed iteration and fits a straight line to them, exponentially
+//! weighted with the same `β` as `Ĝ` and `Ŝ` ([`LossTrend`]: the level at the latest
+//! iteration, the slope, the scatter of the reports about the line and the level's
+//! standard error). The line's level rather than an average of the reports: an average of
+//! a falling loss lags it by about `β/(1 − β)` iterations.
+//!
+//! With a constant step `η` and `k` gradients per step, SGD on a locally quadratic loss
+//! settles at a noise floor `≈ η·S/(4k)` above the optimum, whatever the curvature (each
+//! direction's stationary excess is `η σ_i²/(2k(2 − η h_i)) ≈ η σ_i²/(4k)`). Taking each
+//! iteration's expected decrease as proportional to the loss above the floor of its `k`
+//! (linear convergence towards the floor, at a rate per iteration that does not depend on
+//! `k`), the decrease per second is `(L − η·S/(4k))/τ(k)`, maximised by
+//! [`choose_k_loss_rate`]. Far above every floor it picks the fastest `k`; as the loss
+//! approaches the floor of small `k`, larger `k` win. The loss is taken as the excess over
+//! the optimum, that is the optimum as 0 (true of the NQM, a lower bound for
+//! cross-entropy): where the optimum is above 0 the rule sees more loss above the floor than
+//! there is and errs towards smaller `k`.
+//!
+//! The default takes the **smaller** of this `k` and the gradient-statistics choice (the two
+//! bounds above). Larger `k` from the loss rule were measured and dropped (docs/DBW.md): its
+//! model over-values a lower floor at the deep targets, while early, where the gradient rule
+//! waits for more gradients than the signal-dominated steps need, it is right. A worker
+//! that reports no loss, a level whose standard error exceeds the level itself, or a loss
+//! at or below every floor leave the gradient-statistics choice unchanged. This is a
+//! reconstruction \[RECON\]: the paper's abstract says `b_t` is chosen to maximise the
+//! convergence speed per iteration; the floor model and the rule are this project's.
+//!
 //! # Growth
 //!
 //! `k` at most doubles from one iteration to the next. `τ(k)` above the current `k` rests
@@ -132,12 +164,14 @@
 
 mod choice;
 mod curvature;
+mod loss_trend;
 mod worker_rtts;
 
 pub use choice::{
     choose_k_bounded, choose_k_noise_scale, choose_k_noise_scale_within, choose_k_split, expected_decrease_split,
 };
 pub use curvature::CurvatureSplit;
+pub use loss_trend::{LossFit, LossTrend, choose_k_loss_rate};
 pub use worker_rtts::{RTT_PER_WORKER, RTT_TRACKED_WORKERS, WorkerRtts, WorkerWindow, poisson_binomial};
 
 #[cfg(test)]

@@ -29,6 +29,11 @@
 //!   and the noise (`b`), both times `η`, fitted online from the Rayleigh secant pair by
 //!   regularised least squares ([`LEta::Split`], the default). The single-curvature modes
 //!   use `a = b = Lη` (the descent lemma).
+//! * **Reported losses** ([`DbwConfig::use_reported_losses`], off by default): when the
+//!   workers report their minibatch losses, `k_t` is at most the `k` maximising
+//!   `(L̂ − η·Ŝ/(4k))/τ(k)`, the loss above the noise floor of `k` per second, with `L̂`
+//!   the level of a line fitted to the reported losses ([`crate::math::dbw_policy`], "The
+//!   loss above the noise floor"). Without reports the rule is the one above.
 //! * `k` at most **doubles** per iteration (the default; `τ(k)` above the current `k` is
 //!   extrapolated from censored round trips).
 //! * If **no `k` has `D(k) > 0`** the default takes the noise-scale `k`; the
@@ -80,11 +85,12 @@
 //! Messages: those of [`super::backup`]: receives `Join`, `Grad`, `Leave`; sends `Model`
 //! and `Stop`. Workers are [`GradientWorker`](super::GradientWorker)s.
 //!
-//! What the rule cannot see: once the high-curvature directions sit at the noise
-//! equilibrium of the current `k`, every gradient statistic is stationary while the loss
-//! still falls, so the rule settles at a fixed `k` ([`crate::math::dbw_policy`], "What the
-//! gradient statistics cannot see"). The ratios to the best static `b` it reaches, per
-//! scenario and seed set, are in docs/DBW.md and REPRODUCTION.md, "DBW". The online
+//! What the gradient statistics cannot see: once the high-curvature directions sit at the
+//! noise equilibrium of the current `k`, every gradient statistic is stationary while the
+//! loss still falls, so without loss reports the rule settles at a fixed `k`
+//! ([`crate::math::dbw_policy`], "What the gradient statistics cannot see"). The ratios to
+//! the best static `b` it reaches, per scenario and seed set, are in docs/DBW.md and
+//! REPRODUCTION.md, "DBW". The online
 //! per-arrival rule of docs/PROTOCOLS.md, "DBW" is not implemented: for memoryless round
 //! trips the rate-optimal stopping rule is a fixed `k`.
 //!
@@ -213,6 +219,12 @@ pub struct DbwConfig {
     /// `k` whose predicted time per unit of progress is within `1 + flat_tolerance` of the
     /// smallest is taken ([`crate::math::dbw_policy`], "Flat valleys"); finite, `≥ 0`.
     pub flat_tolerance: f64,
+    /// Whether the choice uses the workers' reported minibatch losses (a trend fitted with
+    /// forgetting factor [`Self::ema_beta`]; [`crate::math::dbw_policy`], "The loss above
+    /// the noise floor"). Off by default: the rule takes the loss as its excess over the
+    /// optimum, right where the optimum is 0 (the NQM) and biased towards small `k` where
+    /// it is not (cross-entropy). Without reports the rule is the same either way.
+    pub use_reported_losses: bool,
     /// What stragglers do when their iteration closes.
     pub interrupt: Interrupt,
     /// Screening of incoming gradients.
@@ -227,11 +239,12 @@ impl DbwConfig {
     /// least `k_min`),
     /// separate signal and noise curvatures ([`LEta::Split`], from 1.0, clipped to
     /// `[0.001, 1.9]`), a flat-valley tolerance of 2% on the noise-scale bound
-    /// ([`DbwConfig::flat_tolerance`]), option A.
+    /// ([`DbwConfig::flat_tolerance`]), the reported losses not used
+    /// ([`DbwConfig::use_reported_losses`]), option A.
     ///
     /// These differ from docs/PROTOCOLS.md, "DBW" (a fixed `Lη`, `β = 0.9`): the split
-    /// curvatures, the two bounds on `k`, the flat-valley tolerance, the `⌈n/4⌉` warm-up and
-    /// `β = 0.98` are this project's reconstruction ([`crate::math::dbw_policy`]), each
+    /// curvatures, the two bounds on `k`, the flat-valley tolerance, the loss bound, the
+    /// `⌈n/4⌉` warm-up and `β = 0.98` are this project's reconstruction ([`crate::math::dbw_policy`]), each
     /// chosen on seeds 1–5 of `syncopate reproduce dbw` (docs/DBW.md).
     pub fn new(workers: u32, learning_rate: f64) -> Self {
         Self {
@@ -244,6 +257,7 @@ impl DbwConfig {
             warmup_k: Some(workers.div_ceil(4).max(workers.clamp(1, 2))),
             l_eta: LEta::Split { initial: 1.0, min: 0.001, max: 1.9 },
             flat_tolerance: 0.02,
+            use_reported_losses: false,
             interrupt: Interrupt::Abort,
             gradient_policy: GradientPolicy::default(),
             stall_report: None,
@@ -283,6 +297,7 @@ impl DbwConfig {
         if !(self.flat_tolerance >= 0.0 && self.flat_tolerance.is_finite()) {
             return Err(ConfigError::Knob("flat_tolerance"));
         }
+
         Ok(())
     }
 }

@@ -4,7 +4,9 @@
 use super::{DbwConfig, LEta};
 use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
-use crate::math::dbw_policy::{CurvatureSplit, RTT_TRACKED_WORKERS, WorkerRtts, choose_k_bounded};
+use crate::math::dbw_policy::{
+    CurvatureSplit, LossTrend, RTT_TRACKED_WORKERS, WorkerRtts, choose_k_bounded, choose_k_loss_rate,
+};
 use crate::math::estimate::{Ema, MAX_EXACT_ORDER, MAX_RTT_SAMPLES, RttWindow, choose_k, noise_estimate};
 use crate::math::{self, Scalar};
 use crate::msg::Values;
@@ -29,6 +31,9 @@ pub struct DbwRules<T, S, M: Storage> {
     rtts: WorkerRtts<M>,
     /// Signal and noise curvature ([`LEta::Split`]).
     split: CurvatureSplit,
+    /// The reported losses of the closed iterations, against time.
+    losses: LossTrend,
+
     /// `Ĝ` of the previous iteration ([`LEta::Split`]).
     previous_signal: f64,
     g: Ema,
@@ -88,6 +93,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> DbwServer<T, S, M> {
             window: RttWindow::new(samples, (config.workers as usize).min(MAX_EXACT_ORDER))?,
             rtts: WorkerRtts::new(config.workers as usize)?,
             split: CurvatureSplit::new(config.ema_beta),
+            losses: LossTrend::new(),
             previous_signal: 0.0,
             g: Ema::new(config.ema_beta),
             s: Ema::new(config.ema_beta),
@@ -133,6 +139,22 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> DbwRules<T, S, M> {
             (LEta::Fixed(x), None) => x,
             _ => 1.0,
         }
+    }
+
+    /// The choice with the workers' reported losses ([`crate::math::dbw_policy`], "The loss
+    /// above the noise floor"): the smaller of `gradient_k` and the loss-rate `k` for the
+    /// fitted loss level and the noise floor `η·Ŝ/(4k)`; `gradient_k` alone without reports,
+    /// while the level is not measured (its standard error above the level itself), when no `k`
+    /// has the loss above its floor, or with [`DbwConfig::use_reported_losses`] off.
+    fn loss_choice(&self, gradient_k: u32, s: f64, tau: &[f64], k_range: (u32, u32)) -> u32 {
+        let Some(fit) = self.losses.fit(self.config.ema_beta).filter(|_| self.config.use_reported_losses) else {
+            return gradient_k;
+        };
+        if fit.level_error > fit.level {
+            return gradient_k;
+        }
+        let floor = self.config.learning_rate * s / 4.0;
+        choose_k_loss_rate(fit.level, floor, tau, k_range).map_or(gradient_k, |k| k.min(gradient_k))
     }
 
     fn on_grad(
@@ -218,6 +240,11 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> DbwRules<T, S, M> {
         self.previous = Some((mean_sq, k));
         self.previous_signal = g_now.unwrap_or(0.0);
         self.sum_sq = 0.0;
+        // The mean of the losses the round's contributions reported (finite: the core refuses
+        // others), read before the update takes it.
+        if let Some(loss) = core.loss.mean() {
+            self.losses.update(self.config.ema_beta, f64::from(loss));
+        }
 
         let (contributors, elapsed) = self.engine.close(core, now);
         let closed_version = Version(core.version.0.saturating_sub(1));
@@ -267,6 +294,10 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> DbwRules<T, S, M> {
                 _ => choose_k(g, s, l_eta, tau, k_lo, k_max).map_or(hold, |c| c.0),
             },
             _ => warmup,
+        };
+        let next_k = match (self.closed >= u64::from(self.config.warmup_iterations), have_tau, s) {
+            (true, true, Some(s)) => self.loss_choice(next_k, s, tau, (k_lo, k_max)),
+            _ => next_k,
         };
         self.engine.k = next_k as usize;
         let tau_estimate =

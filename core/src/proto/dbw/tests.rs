@@ -32,8 +32,20 @@ fn drive(
     s: &mut DbwServer<f64, Vec<f64>>,
     n: u32,
     iterations: usize,
+    rtt: impl FnMut(u32) -> f64,
+    grad: impl FnMut(u32, &[f64]) -> Vec<f64>,
+) -> Vec<ServerEvent> {
+    drive_reporting(s, n, iterations, rtt, grad, |_| None)
+}
+
+/// [`drive`] with every gradient reporting the minibatch loss `loss(worker)`.
+fn drive_reporting(
+    s: &mut DbwServer<f64, Vec<f64>>,
+    n: u32,
+    iterations: usize,
     mut rtt: impl FnMut(u32) -> f64,
     mut grad: impl FnMut(u32, &[f64]) -> Vec<f64>,
+    mut loss: impl FnMut(u32) -> Option<f32>,
 ) -> Vec<ServerEvent> {
     let mut now = Instant::ZERO;
     for w in 0..n {
@@ -55,8 +67,8 @@ fn drive(
         for (t, w) in arrivals {
             let g = grad(w, &params);
             now = start + Duration::from_secs_f64(t);
-            let msg =
-                ToServer::Grad { base: v, iteration: 0, seq: seq[w as usize], values: Values::Slice(&g), loss: None };
+            let loss = loss(w);
+            let msg = ToServer::Grad { base: v, iteration: 0, seq: seq[w as usize], values: Values::Slice(&g), loss };
             s.handle(now, WorkerId(w), msg).unwrap();
             seq[w as usize] += 1;
             if s.version() != v {
@@ -119,6 +131,53 @@ fn clean_gradients_pick_k_min_noisy_ones_wait_for_more() {
     let ks: Vec<u32> = noisy.iter().map(|e| if let ServerEvent::BackupChosen { k, .. } = e { *k } else { 0 }).collect();
     let mean = ks[10..].iter().map(|k| f64::from(*k)).sum::<f64>() / (ks.len() - 10) as f64;
     assert!(mean > 12.0, "{ks:?}");
+}
+
+fn ks_of(events: &[ServerEvent]) -> Vec<u32> {
+    events.iter().map(|e| if let ServerEvent::BackupChosen { k, .. } = e { *k } else { 0 }).collect()
+}
+
+/// The noisy run of `clean_gradients_pick_k_min_noisy_ones_wait_for_more` (S ≫ G: the
+/// gradient rule waits for nearly everyone), with the workers reporting `loss`.
+fn noisy_run(config: DbwConfig, loss: Option<f32>) -> Vec<u32> {
+    let n = config.workers;
+    let (mut rng, mut noise) = (Rng::new(8), Rng::new(9));
+    let mut s = server(config, 4);
+    let events = drive_reporting(
+        &mut s,
+        n,
+        60,
+        |_| shifted_exp(&mut rng),
+        |_, p| p.iter().map(|x| x + 50.0 * (noise.next_f64() - 0.5)).collect(),
+        |_| loss,
+    );
+    ks_of(&events)
+}
+
+/// The loss rule: a loss far above the noise floor `η·Ŝ/(4k)` of every `k` makes the
+/// fastest `k` win (the decrease is the loss above the floor, the same for every `k`), below
+/// the gradient rule's choice; a loss at or below every floor leaves the gradient rule's
+/// choice; without reports, or with the reports switched off, the choice is the gradient
+/// rule's, iteration by iteration.
+#[test]
+fn reported_losses_bound_k_by_the_loss_above_the_noise_floor() {
+    let n = 16;
+    let mut config = DbwConfig::new(n, 0.1);
+    config.warmup_iterations = 5;
+    config.warmup_k = None;
+    config.l_eta = LEta::Fixed(1.0);
+    config.use_reported_losses = true;
+    let gradient_rule = noisy_run(config, None);
+    let mean = |ks: &[u32]| ks[10..].iter().map(|k| f64::from(*k)).sum::<f64>() / (ks.len() - 10) as f64;
+    assert!(mean(&gradient_rule) > 12.0, "{gradient_rule:?}");
+    // Ŝ ≈ 4·50²/12 ≈ 833 per gradient: floor η·Ŝ/4 ≈ 21, so 21/k for k = 1..16 is above 1.3.
+    let high = noisy_run(config, Some(1.0e6));
+    assert!(high[5..].iter().all(|k| *k == 2), "{high:?}");
+    assert_eq!(noisy_run(config, Some(1.0)), gradient_rule, "a loss below every floor");
+    assert_eq!(noisy_run(DbwConfig { use_reported_losses: false, ..config }, Some(1.0e6)), gradient_rule);
+    assert!(!DbwConfig::new(n, 0.1).use_reported_losses, "off by default");
+    // The warm-up is the same either way.
+    assert_eq!(high[..4], gradient_rule[..4]);
 }
 
 /// On `F(w) = (c/2)‖w‖²` with noiseless gradients `c·w`, both estimates are exactly
