@@ -320,6 +320,18 @@ impl SyncModel {
     }
 }
 
+impl SyncModel {
+    /// Applies the round's gradients into the next version.
+    fn close(&mut self, out: &mut Step) {
+        let count = self.got.len() as u32;
+        for w in std::mem::take(&mut self.got) {
+            out.events.push(Ev::Applied(w, self.version, self.version + 1));
+        }
+        out.events.push(Ev::Updated(self.version + 1, count));
+        self.version += 1;
+    }
+}
+
 impl Model for SyncModel {
     fn version(&self) -> u64 {
         self.version
@@ -339,19 +351,29 @@ impl Model for SyncModel {
                 }
                 self.got.insert(from);
                 if self.got.len() >= self.k {
-                    let count = self.got.len() as u32;
-                    for w in std::mem::take(&mut self.got) {
-                        out.events.push(Ev::Applied(w, self.version, self.version + 1));
-                    }
-                    out.events.push(Ev::Updated(self.version + 1, count));
-                    self.version += 1;
+                    self.close(out);
                 }
                 Ok(())
             }
             _ => Err(unexpected("")),
         }
     }
-    fn lost(&mut self, _now: u64, _w: u32, _was_live: bool, _out: &mut Step) {}
+    /// DBW: a loss lowers the open round's `k` to what it holds plus one gradient from each
+    /// live worker not in it, and closes it if it holds them (static `b` keeps its `k`).
+    fn lost(&mut self, _now: u64, _w: u32, _was_live: bool, out: &mut Step) {
+        if !self.dbw {
+            return;
+        }
+        let open = (0..self.roster.n).filter(|w| self.roster.live(*w) && !self.got.contains(w)).count();
+        let reachable = self.got.len() + open;
+        if reachable == 0 || reachable >= self.k {
+            return;
+        }
+        self.k = reachable;
+        if self.got.len() >= self.k {
+            self.close(out);
+        }
+    }
     fn roster(&mut self) -> &mut Roster {
         &mut self.roster
     }

@@ -3,12 +3,9 @@
 //! finds their connections closed together), or frozen with one `kill -STOP` past
 //! `--lost-after` (their silence runs out together). Every one of them is logged lost and
 //! counted (`ledger.workers_lost`); a protocol that goes on without them finishes its budget
-//! (ASP, SSP, BAP, WBSP, backup while at most `b` are lost, grouped while one group keeps all
-//! its members), the others report a stall naming a lost worker and end at their time limit.
-//! DBW, with at least `k_min` workers live, goes on unless the round open at the losses
-//! awaits a lost worker (its `k` was chosen before them; the next one is bounded by the live
-//! workers), and then stalls so. The surviving workers end on the
-//! server's `Stop`. Every process is bounded by a deadline and killed on failure.
+//! (ASP, SSP, BAP, WBSP, DBW, backup while at most `b` are lost, grouped while one group keeps
+//! all its members), the others report a stall naming a lost worker and end at their time
+//! limit. The surviving workers end on the server's `Stop`. Every process is bounded by a deadline and killed on failure.
 //!
 //! The CI version runs every protocol once, the ways taking turns (two workers of four
 //! killed, three frozen); `every_protocol_loses_many_workers_at_once` (`--ignored`) loses
@@ -67,10 +64,6 @@ enum Promise {
     GoesOn,
     /// It waits for them: it reports a stall naming one and ends at its time limit.
     Stalls,
-    /// DBW: its next `k` is bounded by the live workers, but the round open at the losses
-    /// keeps the `k` chosen before them (`dbw::tests::lost_workers_bound_the_next_k`): it
-    /// goes on unless that round awaits a lost worker, and then stalls as above.
-    GoesOnUnlessTheOpenRoundAwaitsThem,
 }
 
 fn promise(kind: ProtocolKind, n: u32, lost: &[u32]) -> Promise {
@@ -78,12 +71,13 @@ fn promise(kind: ProtocolKind, n: u32, lost: &[u32]) -> Promise {
     let goes_on = match kind {
         ProtocolKind::Bsp => false,
         ProtocolKind::Backup => lost.len() as u32 <= BACKUP_WORKERS,
-        ProtocolKind::Dbw if live >= DBW_K_MIN => return Promise::GoesOnUnlessTheOpenRoundAwaitsThem,
-        ProtocolKind::Dbw => false,
         ProtocolKind::Grouped => (0..GROUPS).any(|g| !lost.iter().any(|w| group_of(*w, n, GROUPS) == g)),
-        ProtocolKind::Asp | ProtocolKind::Ssp | ProtocolKind::Bap | ProtocolKind::Wbsp | ProtocolKind::WbspOverlap => {
-            live > 0
-        }
+        ProtocolKind::Asp
+        | ProtocolKind::Ssp
+        | ProtocolKind::Bap
+        | ProtocolKind::Wbsp
+        | ProtocolKind::WbspOverlap
+        | ProtocolKind::Dbw => live > 0,
     };
     if goes_on { Promise::GoesOn } else { Promise::Stalls }
 }
@@ -108,7 +102,6 @@ fn lose_together(kind: ProtocolKind, n: u32, lost: &[u32], how: Loss) -> String 
     let limit = match promise {
         Promise::GoesOn => "40",
         Promise::Stalls => "4",
-        Promise::GoesOnUnlessTheOpenRoundAwaitsThem => "10",
     };
     let workers = n.to_string();
     let mut args = vec!["--protocol", name, "--workers", &workers, "--steps", "150", "--json", "--time-limit", limit];
@@ -148,12 +141,8 @@ fn lose_together(kind: ProtocolKind, n: u32, lost: &[u32], how: Loss) -> String 
     let want = match promise {
         Promise::GoesOn => went_on,
         Promise::Stalls => end.contains("finished (TimeLimit)"),
-        Promise::GoesOnUnlessTheOpenRoundAwaitsThem => went_on || end.contains("finished (TimeLimit)"),
     };
     assert!(want, "{name}, {how:?} {lost:?} of {n}: {end}, expected {promise:?}: {:#?}", server.lines());
-    if !went_on && promise != Promise::Stalls {
-        named_stall(&server);
-    }
     let (code, out) = server.finish(Duration::from_secs(30));
     assert_eq!(code, 0, "{name}: serve");
     let summary: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));

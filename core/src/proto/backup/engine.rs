@@ -274,6 +274,14 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
         }
     }
 
+    /// How many gradients the open round can hold at most: those it holds plus one from
+    /// each live worker not yet in it.
+    pub(crate) fn reachable<M: Storage>(&self, core: &BackupCore<T, S, M>) -> usize {
+        let version = core.version;
+        let open = core.roster.live().filter(|(id, _)| !Round::contains(&core.roster, *id, version)).count();
+        self.round.len() + open
+    }
+
     /// Forgets a lost worker: it is no longer expected to deliver a round trip.
     pub(crate) fn forget<M: Storage>(core: &mut BackupCore<T, S, M>, worker: WorkerId) {
         if let Some(r) = core.roster.record_mut(worker) {
@@ -298,8 +306,9 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
 
 /// The [`Rules`](crate::proto::Rules) of a backup-family protocol, written once for static `b`
 /// and DBW: `$rules` (a type over `T`, `S` and possibly `M`, with `Slot = BackupSlot`) has an
-/// `engine: Engine<T, S>` field and an
-/// `on_grad(core, now, from, base, seq, &values)` method; one input may queue `$extra` outputs
+/// `engine: Engine<T, S>` field, an
+/// `on_grad(core, now, from, base, seq, &values)` method and an `after_loss(core, now)`
+/// method (what a loss does to the open round beyond forgetting the worker); one input may queue `$extra` outputs
 /// beyond a close.
 macro_rules! backup_family_rules {
     ($rules:ty, $extra:expr) => {
@@ -330,11 +339,12 @@ macro_rules! backup_family_rules {
             fn on_lost(
                 &mut self,
                 core: &mut $crate::proto::backup::BackupCore<T, S, M>,
-                _now: $crate::time::Instant,
+                now: $crate::time::Instant,
                 worker: $crate::id::WorkerId,
                 _was_live: bool,
             ) {
                 $crate::proto::backup::Engine::<T, S>::forget(core, worker);
+                self.after_loss(core, now);
             }
 
             fn on_timeout(

@@ -64,6 +64,13 @@ impl<T: Scalar, S: Buffer<T>> BackupRules<T, S> {
     }
 }
 
+impl<T, S> BackupRules<T, S> {
+    /// A loss leaves the round's `n − b` unchanged: with more than `b` workers lost, the
+    /// round waits for them as BSP does (static `b` is the user's promise of how many may
+    /// be missing).
+    fn after_loss<M: Storage>(&mut self, _core: &mut BackupCore<T, S, M>, _now: Instant) {}
+}
+
 impl<T, S> crate::proto::HasSlot for BackupRules<T, S> {
     type Slot = super::BackupSlot;
 }

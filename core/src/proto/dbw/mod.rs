@@ -72,14 +72,15 @@
 //!
 //! Invariants (tested, docs/RELIABILITY.md, "Invariants", K1–K4): each update averages exactly `k_v`
 //! gradients from `k_v` distinct workers, all computed at version `v` (K1); later ones are
-//! dropped with an event and never counted in another version (K2); `k` changes only when
-//! an iteration closes and stays within `[max(1, min(k_min, live)), live]` (K3); the
-//! server progresses while `k_v` workers are live (K4). With `k_min = n` the model trace is
-//! BSP's.
+//! dropped with an event and never counted in another version (K2); `k` changes when an
+//! iteration closes, staying within `[max(1, min(k_min, live)), live]`, or when a loss
+//! makes the open iteration's `k` unreachable (K3); the server progresses while a worker is
+//! live (K4). With `k_min = n` and no loss the model trace is BSP's.
 //!
-//! Liveness when a worker dies: the next choice is bounded by the live count, so DBW
-//! adapts at the next iteration boundary; within an iteration that needs more gradients
-//! than live workers remain, the server waits (reported by [`ServerEvent::Stalled`] with
+//! Liveness when a worker dies: the next choice is bounded by the live count; an open
+//! iteration that needs more gradients than it holds plus one from each live worker not yet
+//! in it lowers its `k` to that count, and closes at once if it already holds them. Only
+//! with no live worker left does the server wait (reported by [`ServerEvent::Stalled`] with
 //! [`DbwConfig::stall_report`]).
 //!
 //! Messages: those of [`super::backup`]: receives `Join`, `Grad`, `Leave`; sends `Model`

@@ -181,6 +181,21 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> DbwRules<T, S, M> {
         Ok(())
     }
 
+    /// A loss that leaves the open iteration waiting for more gradients than it holds plus
+    /// one from each live worker not yet in it lowers that iteration's `k` to this count,
+    /// and closes it if it already holds them: an iteration never waits for a lost worker.
+    /// With no live worker left and nothing received, it waits for a rejoin.
+    fn after_loss(&mut self, core: &mut BackupCore<T, S, M>, now: Instant) {
+        let reachable = self.engine.reachable(core);
+        if reachable == 0 || reachable >= self.engine.k {
+            return;
+        }
+        self.engine.k = reachable;
+        if self.engine.round.len() >= reachable {
+            self.close(core, now);
+        }
+    }
+
     /// Updates the estimators from the full round, applies the update, chooses the next
     /// `k`, reports it and publishes the model.
     fn close(&mut self, core: &mut BackupCore<T, S, M>, now: Instant) {

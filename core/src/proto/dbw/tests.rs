@@ -252,38 +252,45 @@ fn config_errors_and_refusals() {
     assert_eq!(DbwConfig::new(3, 0.1).warmup_k, Some(2));
 }
 
-/// K3: after a worker is lost, the next choice is bounded by the live count.
+/// K3 and liveness: a loss lowers the open iteration's `k` to the gradients it holds plus
+/// one from each live worker not yet in it (closing it if it holds them already), and the
+/// next choice is bounded by the live count.
 #[test]
-fn lost_workers_bound_the_next_k() {
+fn lost_workers_bound_the_open_and_the_next_k() {
     let mut config = DbwConfig::new(4, 0.5);
     config.warmup_iterations = 100;
     config.warmup_k = None;
     let mut s = server(config, 1);
+    let grad = |base: u64, seq: u64| ToServer::Grad {
+        base: Version(base),
+        iteration: 0,
+        seq,
+        values: Values::Slice(&[1.0]),
+        loss: None,
+    };
+    let drain = |s: &mut DbwServer<f64, Vec<f64>>| {
+        let mut events = Vec::new();
+        while let Some(o) = s.poll_output() {
+            if let ServerOutput::Event(e) = o {
+                events.push(e);
+            }
+        }
+        events
+    };
+    // Iteration 0 waits for all 4; worker 3 is lost before sending: 3 suffice.
     s.handle_worker_lost(Instant::ZERO, WorkerId(3)).unwrap();
     for w in 0..3 {
-        let msg = ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::Slice(&[1.0]), loss: None };
-        s.handle(Instant::ZERO, WorkerId(w), msg).unwrap();
+        s.handle(Instant::ZERO, WorkerId(w), grad(0, 0)).unwrap();
     }
-    // Iteration 0 needed 4 (chosen before the loss): it waits; the stall is the
-    // protocol's, and the next choice adapts once it closes.
-    assert_eq!(s.version(), Version(0));
-    let msg = ToServer::Grad { base: Version(0), iteration: 0, seq: 0, values: Values::Slice(&[1.0]), loss: None };
-    s.handle(Instant::ZERO, WorkerId(3), msg).unwrap();
-    assert_eq!(s.version(), Version(1));
-    let mut events = Vec::new();
-    while let Some(o) = s.poll_output() {
-        if let ServerOutput::Event(e) = o {
-            events.push(e);
-        }
-    }
-    // The late message proved worker 3 alive again: k = 4.
-    assert_eq!(chosen(&events), [(1, 4)]);
+    assert_eq!(s.version(), Version(1), "iteration 0 closed on the 3 live workers");
+    assert_eq!(chosen(&drain(&mut s)), [(1, 3)], "the next k is bounded by the live count");
+    // Worker 0 contributes to iteration 1; workers 1 and 2 are lost together: the round
+    // holds all it can still get, so it closes at once with the one gradient.
+    s.handle(Instant::ZERO, WorkerId(0), grad(1, 1)).unwrap();
+    s.handle_worker_lost(Instant::ZERO, WorkerId(1)).unwrap();
     s.handle_worker_lost(Instant::ZERO, WorkerId(2)).unwrap();
-    for w in [0, 1, 3] {
-        let msg = ToServer::Grad { base: Version(1), iteration: 0, seq: 1, values: Values::Slice(&[1.0]), loss: None };
-        s.handle(Instant::ZERO, WorkerId(w), msg).unwrap();
-    }
-    assert_eq!(s.version(), Version(1), "k = 4 chosen before the loss holds for this iteration");
+    assert_eq!(s.version(), Version(2), "no iteration waits for a lost worker");
+    assert_eq!(chosen(&drain(&mut s)), [(2, 1)]);
 }
 
 proptest! {
