@@ -14,8 +14,7 @@ fn serve(args: &[&str]) -> (Proc, String) {
     let mut all = vec!["serve", "--listen", "127.0.0.1:0"];
     all.extend_from_slice(args);
     let p = Proc::spawn(&all);
-    let line = p.wait_err("listening on ", Duration::from_secs(20));
-    let addr = line.split("listening on ").nth(1).unwrap().split([' ', ',']).next().unwrap().to_owned();
+    let addr = p.listening_addr();
     (p, addr)
 }
 

@@ -47,8 +47,7 @@ const CHECKPOINT_EVERY: &str = "4";
 
 fn serve(args: &[&str]) -> (Proc, String) {
     let p = Proc::spawn(&[&["serve"][..], args].concat());
-    let line = p.wait_err("listening on ", Duration::from_secs(20));
-    let addr = line.split("listening on ").nth(1).unwrap().split([' ', ',']).next().unwrap().to_owned();
+    let addr = p.listening_addr();
     (p, addr)
 }
 

@@ -32,8 +32,7 @@ enum Loss {
 
 fn serve(args: &[&str]) -> (Proc, String) {
     let p = Proc::spawn(&[&["serve", "--listen", "127.0.0.1:0"][..], args].concat());
-    let line = p.wait_err("listening on ", Duration::from_secs(20));
-    let addr = line.split("listening on ").nth(1).unwrap().split([' ', ',']).next().unwrap().to_owned();
+    let addr = p.listening_addr();
     (p, addr)
 }
 

@@ -19,8 +19,7 @@ fn serve(args: &[&str]) -> (Proc, String) {
     let mut all = vec!["serve", "--listen", "127.0.0.1:0"];
     all.extend_from_slice(args);
     let p = Proc::spawn(&all);
-    let line = p.wait_err("listening on ", Duration::from_secs(20));
-    let addr = line.split("listening on ").nth(1).unwrap().split([' ', ',']).next().unwrap().to_owned();
+    let addr = p.listening_addr();
     (p, addr)
 }
 
@@ -164,8 +163,7 @@ fn group_server_processes_train_like_in_process_grouped() {
             let g = g.to_string();
             let all = ["group", "--listen", "127.0.0.1:0", "--connect", &central_addr, "--group", &g];
             let p = Proc::spawn(&all);
-            let line = p.wait_err("listening on ", Duration::from_secs(20));
-            let addr = line.split("listening on ").nth(1).unwrap().split([' ', ',']).next().unwrap().to_owned();
+            let addr = p.listening_addr();
             (p, addr)
         })
         .collect();

@@ -55,6 +55,14 @@ impl Proc {
         Self { child, err, err_reader: Some(err_reader), out: Some(out) }
     }
 
+    /// The address a `serve` or `group` process listens on, from its `listening on ADDR`
+    /// line (waited for up to 30 s).
+    pub fn listening_addr(&self) -> String {
+        let line = self.wait_err("listening on ", Duration::from_secs(30));
+        let after = line.split("listening on ").nth(1).unwrap_or_default();
+        after.split([' ', ',']).next().unwrap_or_default().to_owned()
+    }
+
     pub fn wait_err(&self, needle: &str, within: Duration) -> String {
         let end = Instant::now() + within;
         while Instant::now() < end {

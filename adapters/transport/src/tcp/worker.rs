@@ -762,9 +762,11 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_worker_back_from_a_long_computation_skips_to_the_newest_model_sent_meanwhile() {
-        let dim = 8;
+    /// A backup-workers worker of a model of `dim` whose computation blocks until released,
+    /// joined to a fake server that has sent it version 0 and seen it start computing: the
+    /// server, the release, and the worker's thread (its report and the models it computed on).
+    #[allow(clippy::type_complexity)]
+    fn busy_worker(dim: usize) -> (FakeServer, mpsc::Sender<()>, thread::JoinHandle<(WorkerReport, Vec<f32>)>) {
         let settings = RunSettings::new(ProtocolSettings::named(ProtocolKind::Backup, 3, 0.1), dim);
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
@@ -779,6 +781,13 @@ mod tests {
         assert_eq!(server.next().0, "Join");
         server.model(0, dim);
         busy_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        (server, release_tx, worker)
+    }
+
+    #[test]
+    fn a_worker_back_from_a_long_computation_skips_to_the_newest_model_sent_meanwhile() {
+        let dim = 8;
+        let (mut server, release_tx, worker) = busy_worker(dim);
         // The rounds go on without the busy worker: every new model reaches its socket.
         for version in 1..=5 {
             server.model(version, dim);
@@ -797,20 +806,7 @@ mod tests {
     #[test]
     fn a_worker_back_from_a_long_computation_still_obeys_a_stop_sent_meanwhile() {
         let dim = 4;
-        let settings = RunSettings::new(ProtocolSettings::named(ProtocolKind::Backup, 3, 0.1), dim);
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let (busy, busy_rx) = mpsc::channel();
-        let (release_tx, release) = mpsc::channel();
-        let worker = thread::spawn(move || {
-            let mut job = Uninterruptible { models: Vec::new(), busy, release };
-            let report = run_worker(&WorkerOptions::new(addr, WorkerId(0)), &mut job, &mut |_| {}).unwrap();
-            (report, job.models)
-        });
-        let mut server = FakeServer::accept(&listener, &settings);
-        assert_eq!(server.next().0, "Join");
-        server.model(0, dim);
-        busy_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let (mut server, release_tx, worker) = busy_worker(dim);
         server.model(1, dim);
         server.model(2, dim);
         server.send(&ToWorker::Stop);
