@@ -144,7 +144,7 @@ pub struct Tally {
     /// Inputs the worker's state machine refused (server messages, finished gradients).
     pub refused: u64,
     /// Contributions (gradients, deltas, clock updates) the worker sent: to the server the
-    /// tally goes to (its ledger counts them), or, in [`run_worker`]'s result, to all.
+    /// tally goes to (its ledger counts them), or, in `run_worker`'s result, to all.
     pub sent: u64,
 }
 
