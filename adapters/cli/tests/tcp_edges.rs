@@ -7,23 +7,7 @@
 mod procs;
 
 use core::time::Duration;
-use procs::Proc;
-
-/// Starts `serve` on an ephemeral port; returns it and its address.
-fn serve(args: &[&str]) -> (Proc, String) {
-    let mut all = vec!["serve", "--listen", "127.0.0.1:0"];
-    all.extend_from_slice(args);
-    let p = Proc::spawn(&all);
-    let addr = p.listening_addr();
-    (p, addr)
-}
-
-fn work(addr: &str, id: u32, args: &[&str]) -> Proc {
-    let id = id.to_string();
-    let mut all = vec!["work", "--connect", addr, "--id", &id, "--give-up-after", "10"];
-    all.extend_from_slice(args);
-    Proc::spawn(&all)
-}
+use procs::{Proc, serve, work};
 
 fn json(out: &str) -> serde_json::Value {
     serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))

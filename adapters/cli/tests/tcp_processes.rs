@@ -10,25 +10,9 @@
 mod procs;
 
 use core::time::Duration;
-use procs::Proc;
+use procs::{Proc, serve, work};
 use std::thread;
 use std::time::Instant;
-
-/// Starts `serve` on an ephemeral port; returns it and its address.
-fn serve(args: &[&str]) -> (Proc, String) {
-    let mut all = vec!["serve", "--listen", "127.0.0.1:0"];
-    all.extend_from_slice(args);
-    let p = Proc::spawn(&all);
-    let addr = p.listening_addr();
-    (p, addr)
-}
-
-fn work(addr: &str, id: u32, args: &[&str]) -> Proc {
-    let id = id.to_string();
-    let mut all = vec!["work", "--connect", addr, "--id", &id, "--give-up-after", "10"];
-    all.extend_from_slice(args);
-    Proc::spawn(&all)
-}
 
 fn json_field(json: &str, key: &str) -> f64 {
     let v: serde_json::Value = serde_json::from_str(json.trim()).unwrap_or_else(|e| panic!("{e}: {json}"));

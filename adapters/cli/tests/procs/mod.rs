@@ -146,3 +146,21 @@ impl Drop for Proc {
         let _ = self.child.wait();
     }
 }
+
+/// Starts `serve` on an ephemeral port with `args`; returns it and its address.
+pub fn serve(args: &[&str]) -> (Proc, String) {
+    let mut all = vec!["serve", "--listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    let p = Proc::spawn(&all);
+    let addr = p.listening_addr();
+    (p, addr)
+}
+
+/// Starts `work` as worker `id` of the server at `addr` with `args` (giving up after 10 s
+/// without a server).
+pub fn work(addr: &str, id: u32, args: &[&str]) -> Proc {
+    let id = id.to_string();
+    let mut all = vec!["work", "--connect", addr, "--id", &id, "--give-up-after", "10"];
+    all.extend_from_slice(args);
+    Proc::spawn(&all)
+}
