@@ -88,6 +88,7 @@ impl Watch<'_> {
             Note::Event(ServerEvent::WorkerLost { worker }) => self.lost.push(worker.0),
             Note::Event(_) => {}
             Note::Model { version, .. } => self.model(version),
+            Note::Contribution { .. } => {}
         }
     }
 
