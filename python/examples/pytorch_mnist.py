@@ -27,7 +27,8 @@ def mnist(split: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 def worker(address: str, rank: int) -> None:
     torch.set_num_threads(1)
-    batches = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*mnist("train")), batch_size=32, shuffle=True)
+    batches = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*mnist("train")), batch_size=32, shuffle=True,
+                                          generator=torch.Generator().manual_seed(rank))  # a shuffle per worker
     st.train_worker(make_model(), torch.nn.functional.cross_entropy, batches, connect=address, id=rank)
 
 

@@ -17,6 +17,7 @@ use std::path::Path;
 use std::time::Instant as StdInstant;
 use syncopate::proto::Heap;
 use syncopate::{AnyServer, ServerEvent, Version};
+use syncopate_adapters::trace::{self, served::ServedTrace};
 use syncopate_adapters::tcp::{
     Note, RunPlan, RunSettings, Secret, ServerHandle, ServerOptions, ServerReport, StopReason, TcpServer,
 };
@@ -73,6 +74,8 @@ struct Watch<'a> {
     /// The first exception `evaluate` or `log` raised; the run stops at it.
     failure: Option<PyErr>,
     lost: Vec<u32>,
+    /// The step-time trace being recorded (`record_trace`).
+    trace: Option<ServedTrace>,
 }
 
 impl Watch<'_> {
@@ -88,6 +91,11 @@ impl Watch<'_> {
             Note::Event(ServerEvent::WorkerLost { worker }) => self.lost.push(worker.0),
             Note::Event(_) => {}
             Note::Model { version, .. } => self.model(version),
+            Note::Contribution { worker, msg, step_seconds } => {
+                if let Some(t) = self.trace.as_mut() {
+                    t.record(worker, msg, step_seconds);
+                }
+            }
         }
     }
 
@@ -241,7 +249,7 @@ fn report_dict<'py>(py: Python<'py>, report: &ServerReport, watch: &Watch<'_>) -
 #[pyfunction]
 #[pyo3(signature = (params, protocol, *, listen = "127.0.0.1:0", secret_file = None, insecure = false,
     momentum = 0.0, evaluate = None, every = 1, target = None, updates = None, gradients = None,
-    time_limit_s = None, on_listen = None, log = None))]
+    time_limit_s = None, on_listen = None, log = None, record_trace = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve<'py>(
     py: Python<'py>,
@@ -259,6 +267,7 @@ pub(crate) fn serve<'py>(
     time_limit_s: Option<f64>,
     on_listen: Option<PyObject>,
     log: Option<PyObject>,
+    record_trace: Option<std::path::PathBuf>,
 ) -> PyResult<Bound<'py, PyDict>> {
     if every == 0 {
         return Err(PyValueError::new_err("every must be at least 1"));
@@ -291,7 +300,10 @@ pub(crate) fn serve<'py>(
             .with_momentum(momentum, previous)
             .map_err(|e| PyValueError::new_err(format!("momentum {momentum}: {e}")))?;
     }
-    let mut options = ServerOptions::new(RunSettings::new(protocol.settings.clone(), dim));
+    let trace_file = record_trace.as_deref().map(trace::create).transpose().map_err(PyValueError::new_err)?;
+    let mut settings = RunSettings::new(protocol.settings.clone(), dim);
+    settings.report_step_times = record_trace.is_some();
+    let mut options = ServerOptions::new(settings);
     options.insecure = insecure;
     if let Some(path) = secret_file {
         options.secret = Some(Secret::from_file(Path::new(path)).map_err(|e| PyValueError::new_err(e.to_string()))?);
@@ -320,11 +332,17 @@ pub(crate) fn serve<'py>(
         time_to_target_s: None,
         failure: None,
         lost: Vec::new(),
+        trace: trace_file.as_ref().map(|_| ServedTrace::new(config.workers(), dim)),
     };
     let result = py.allow_threads(|| tcp.drive(server, None, &plan, &mut |n| watch.note(n)));
     if let Some(e) = watch.failure.take() {
         return Err(e);
     }
     let report = result.map_err(|e| PyValueError::new_err(e.0))?;
-    report_dict(py, &report, &watch)
+    let d = report_dict(py, &report, &watch)?;
+    if let (Some(path), Some(file), Some(t)) = (record_trace.as_deref(), trace_file, watch.trace.take()) {
+        d.set_item("trace_steps", t.len())?;
+        t.write_to(file, path).map_err(PyValueError::new_err)?;
+    }
+    Ok(d)
 }

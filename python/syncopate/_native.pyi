@@ -145,12 +145,16 @@ def serve(
     time_limit_s: Optional[float] = None,
     on_listen: Optional[Callable[[str], object]] = None,
     log: Optional[Callable[[str], object]] = None,
+    record_trace: Optional[str] = None,
 ) -> dict[str, Any]:
     """Runs the TCP parameter server of ``protocol`` on ``params`` (float32, updated in place)
     until ``updates`` model updates, ``gradients`` accepted gradients, ``time_limit_s`` or
     ``evaluate``'s result reaching ``target``. ``momentum``: SGD with momentum (beta in
     [0, 1)) on every update. ``evaluate(params)`` runs on the server's thread every
-    ``every`` updates; its time is excluded from the report's times."""
+    ``every`` updates; its time is excluded from the report's times. ``record_trace``: a
+    path; the workers send their step times and the server writes them, with each step's
+    loss and gradient norms, as a trace for ``syncopate advise --trace`` (the report's
+    ``trace_steps`` counts its rows)."""
 
 def compare(
     path: Optional[str] = None,

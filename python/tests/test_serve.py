@@ -123,6 +123,24 @@ def test_workers_learn_the_run_from_the_server_and_train_the_live_array(name: st
         assert f"{name}" in result["run"] and np.isfinite(result["last_loss"])
 
 
+def test_record_trace_writes_each_workers_step_times_and_gradient_columns(tmp_path) -> None:
+    """`serve(record_trace=)`: one row per step, the slow worker's 2 ms wait in its times."""
+    path = tmp_path / "trace.csv"
+    params = np.zeros(DIM, dtype=np.float32)
+    cluster = Cluster([least_squares(1), slowly(least_squares(2))])
+    report = serve(syncopate.Protocol("bsp", workers=2, lr=0.2), cluster, params, updates=30,
+                   record_trace=str(path))
+    lines = path.read_text().splitlines()
+    assert lines[0] == "worker,step,seconds,loss,grad_norm,mean_norm,mean_of"
+    rows = [line.split(",") for line in lines[1:]]
+    assert report["trace_steps"] == len(rows) >= 60
+    assert all(float(r[2]) >= 0.002 for r in rows if r[0] == "1")
+    assert all(r[3] and r[4] and r[6] == "2" for r in rows), rows[0]
+    with pytest.raises(ValueError, match="cannot create the trace file"):
+        syncopate.serve(params, syncopate.Protocol("bsp", workers=1, lr=0.2), updates=1,
+                        record_trace=str(tmp_path / "no" / "such" / "dir.csv"))
+
+
 def test_a_target_stops_the_run_and_times_exclude_evaluations() -> None:
     protocol = syncopate.Protocol("bsp", workers=2, lr=0.2)
     params = np.zeros(DIM, dtype=np.float32)

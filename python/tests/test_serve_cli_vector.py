@@ -94,3 +94,45 @@ def test_worker_0_with_initial_parameters_of_another_size_or_not_finite_ends_wit
     with pytest.raises(syncopate.WorkerError, match="pass initial="):
         syncopate.run_worker(address, least_squares, id=0, log=lambda _: None)
     server.communicate(timeout=30)
+
+
+def test_serve_records_a_trace_of_the_python_workers_step_times_and_losses(syncopate_bin, tmp_path) -> None:
+    """`serve --record-trace`: each Python worker's measured step time (worker 1 sleeps
+    20 ms in its compute), its reported loss and its gradient's norms, one row per step."""
+    import time
+
+    np.save(tmp_path / "init.npy", np.zeros(4, dtype=np.float32))
+    trace = tmp_path / "trace.csv"
+    server, address = serve(syncopate_bin, ["--workers", "2", "--lr", str(LR), "--steps", "10",
+                                            "--init", str(tmp_path / "init.npy"), "--record-trace", str(trace)])
+    results: list[Any] = [None, None]
+
+    def run(rank: int) -> None:
+        def compute(p: np.ndarray, g: np.ndarray) -> float:
+            if rank == 1:
+                time.sleep(0.02)
+            return least_squares(p, g)
+
+        results[rank] = syncopate.run_worker(address, compute, id=rank, log=lambda line: None)
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    out, _ = server.communicate(timeout=60)
+    assert server.returncode == 0, out
+    lines = trace.read_text().splitlines()
+    assert lines[0] == "worker,step,seconds,loss,grad_norm,mean_norm,mean_of"
+    rows = [line.split(",") for line in lines[1:]]
+    assert len(rows) == json.loads(out)["ledger"]["received"]
+    for rank in (0, 1):
+        mine = [r for r in rows if r[0] == str(rank)]
+        assert [int(r[1]) for r in mine] == list(range(len(mine))) and len(mine) >= 10
+        assert all(float(r[2]) > 0 for r in mine)
+    assert all(float(r[2]) >= 0.02 for r in rows if r[0] == "1"), "worker 1's sleep is in its step time"
+    # BSP: both gradients of a version are on one model; the loss is 0.5 |g|^2 here.
+    for r in rows:
+        loss, norm = float(r[3]), float(r[4])
+        assert loss == pytest.approx(0.5 * norm * norm, rel=1e-4)
+        assert r[6] == "2"

@@ -50,8 +50,10 @@ import syncopate, syncopate.torch as st
 torch.set_num_threads(1)
 data = syncopate.load_mnist5k()
 x, y = torch.from_numpy(data["x_train"]).view(-1, 1, 28, 28), torch.from_numpy(data["y_train"])
-torch.manual_seed(int(sys.argv[2]))
-batches = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32, shuffle=True)
+# Each worker its own minibatches (make_model() resets the global seed before they are drawn).
+shuffle = torch.Generator().manual_seed(int(sys.argv[2]))
+batches = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32, shuffle=True,
+                                      generator=shuffle)
 report = st.train_worker(make_model(), torch.nn.functional.cross_entropy, batches, connect=sys.argv[1],
                          id=int(sys.argv[2]), log=lambda line: None)
 assert report["stopped"], report

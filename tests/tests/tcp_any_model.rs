@@ -54,7 +54,7 @@ fn start_server_awaiting_initial(plan: RunPlan) -> tcp_common::Running {
         server.run_with_initial_from_worker(&plan, &mut |n| match n {
             Note::Log(line) => l2.lock().unwrap().push(line.to_owned()),
             Note::Event(ev) => e2.lock().unwrap().push(*ev),
-            Note::Model { .. } | Note::Started => {}
+            Note::Model { .. } | Note::Started | Note::Contribution { .. } => {}
         })
     });
     tcp_common::Running { addr, handle, logs, events, join }
@@ -314,5 +314,40 @@ fn the_server_refuses_initial_parameters_of_another_length_not_finite_or_not_fro
         let report = server.join.join().unwrap().unwrap();
         assert!(!report.initial_model_known);
         assert_eq!(report.refused, 3);
+    });
+}
+
+/// Step times are refused, naming why, from a worker of a server that did not ask for them
+/// and when they are not a list of finite positive `f32` seconds; the connection is cut.
+#[test]
+fn the_server_refuses_step_times_it_did_not_ask_for_or_that_are_not_times() {
+    bounded(Duration::from_secs(60), || {
+        let steps = |v: &[f32]| {
+            let mut out = b"STEP".to_vec();
+            out.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+            out
+        };
+        let short = RunPlan { max_gradients: 10, time_limit: Some(Duration::from_secs(3)) };
+        let plain = start_server_at("127.0.0.1:0", ServerOptions::new(settings()), vec![0.0; 4], Version::ZERO, short);
+        send_raw(plain.addr, 0, &[steps(&[0.01])]);
+        plain.wait_log(
+            "worker 0 sent step times, but this server did not ask for them; disconnecting",
+            Duration::from_secs(5),
+        );
+        let mut asking = settings();
+        asking.report_step_times = true;
+        let asking = start_server_at("127.0.0.1:0", ServerOptions::new(asking), vec![0.0; 4], Version::ZERO, short);
+        send_raw(asking.addr, 0, &[steps(&[0.01, f32::NAN])]);
+        asking.wait_log(
+            "worker 0 sent bad step times (step time 1 is NaN: a step time must be a finite number of seconds above 0)",
+            Duration::from_secs(5),
+        );
+        send_raw(asking.addr, 1, &[b"STEP\x01".to_vec()]);
+        asking.wait_log(
+            "worker 1 sent bad step times (1 bytes of step times, not a whole number",
+            Duration::from_secs(5),
+        );
+        assert_eq!(plain.join.join().unwrap().unwrap().refused, 1);
+        assert_eq!(asking.join.join().unwrap().unwrap().refused, 2);
     });
 }

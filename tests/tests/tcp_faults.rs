@@ -60,9 +60,12 @@ fn bsp_stalls_naming_the_lost_worker_then_a_rejoin_resumes() {
         }
         wait_version(&server, 10, Duration::from_secs(20));
         kill.store(true, Ordering::SeqCst);
-        let stalled = wait_event(&server, Duration::from_secs(10), |e| matches!(e, ServerEvent::Stalled { .. }));
-        let ServerEvent::Stalled { waiting_for, missing, .. } = stalled else { unreachable!() };
-        assert_eq!((waiting_for, missing), (WorkerId(1), 1), "BSP names the worker it waits for");
+        // BSP names the worker it waits for. The report repeats once per interval: on a
+        // loaded machine an earlier one may still count a survivor that is late with its
+        // gradient, so the test waits for the report that names worker 1 alone.
+        wait_event(&server, Duration::from_secs(20), |e| {
+            matches!(e, ServerEvent::Stalled { waiting_for: WorkerId(1), missing: 1, .. })
+        });
         server.wait_log("worker 1 lost", Duration::from_secs(5));
         // While worker 1 is away the model does not move.
         let frozen = server.events.lock().unwrap().iter().rev().find_map(|e| match e {

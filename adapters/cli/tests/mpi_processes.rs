@@ -200,6 +200,18 @@ mod with_mpi {
         let steps: Vec<u64> =
             s["per_worker"].as_array().expect("per_worker").iter().map(|w| w["steps"].as_u64().unwrap_or(0)).collect();
         assert!(steps.iter().all(|n| *n > 0), "every worker rank reported its steps: {steps:?}");
+        assert_loss_curve_falls(s);
+    }
+
+    /// The worker ranks report their minibatch losses: the summary's loss curve has a point
+    /// per update and its final 10-update mean is below the first update's loss.
+    fn assert_loss_curve_falls(s: &serde_json::Value) {
+        let curve = &s["loss_curve"];
+        let points = curve["points"].as_array().expect("a loss curve from the reported losses");
+        assert!(points.len() >= 10, "{curve}");
+        let first = points[0]["loss"].as_f64().expect("a loss");
+        let last = curve["final_mean_loss"].as_f64().expect("a final mean loss");
+        assert!(last < first, "the reported loss fell from {first} to {last}");
     }
 
     #[test]
@@ -383,6 +395,7 @@ mod with_mpi {
                     assert!(line.ends_with("ledger balanced"), "{protocol} S={shards}: {line}");
                     assert!(!line.contains(" applied 0,"), "{protocol} S={shards}: {line}");
                 }
+                assert_loss_curve_falls(&s);
             }
         }
     }

@@ -151,6 +151,9 @@ fn every_protocol_trains_over(count: u32) {
         for (k, summary) in summaries.iter().enumerate() {
             assert_eq!(summary["mode"], "tcp-shard");
             check_shard_ledger(protocol, k, summary, &reports);
+            // The sharded worker sends its minibatch loss with every shard's slice.
+            let points = summary["loss_curve"]["points"].as_array().map_or(0, Vec::len);
+            assert!(points > 0, "{protocol}: shard {k} kept no loss curve: {summary}");
         }
         let accuracy = assembled_accuracy(protocol, &ckpts);
         eprintln!("{protocol} over {count} shards: assembled model's test accuracy {accuracy:.4}");

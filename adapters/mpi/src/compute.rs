@@ -24,8 +24,24 @@ use std::time::Duration;
 use syncopate::ComputeId;
 
 /// The host's gradient computation: writes a gradient of `params` into `grad` and returns
-/// the extra time the step should take (the straggler model; zero for none).
-pub type ComputeFn<'f> = dyn FnMut(&[f32], &mut [f32]) -> Duration + Send + 'f;
+/// what else the step produced ([`Computed`]).
+pub type ComputeFn<'f> = dyn FnMut(&[f32], &mut [f32]) -> Computed + Send + 'f;
+
+/// What one computation returns besides its gradient.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Computed {
+    /// The extra time the step should take (the straggler model; zero for none).
+    pub extra: Duration,
+    /// The minibatch loss of the gradient, if the host reports one: it travels to the
+    /// server with the gradient. A NaN or infinite loss is refused with the gradient.
+    pub loss: Option<f32>,
+}
+
+impl From<Duration> for Computed {
+    fn from(extra: Duration) -> Self {
+        Self { extra, loss: None }
+    }
+}
 
 /// Which computation: the session (epoch) of the state machine that asked and its token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,8 +62,8 @@ pub(crate) struct Input {
 pub(crate) struct Output {
     pub(crate) token: Token,
     pub(crate) grad: Shared,
-    /// The straggler delay the host asked for on top of the computation.
-    pub(crate) extra: Duration,
+    /// The straggler delay the host asked for on top of the computation, and the loss.
+    pub(crate) computed: Computed,
 }
 
 /// What a compute thread sends back: a result, or the message of a panic in `compute`.
@@ -69,10 +85,10 @@ pub(crate) struct Computer<'s, 'f> {
 
 fn run(compute: &mut ComputeFn<'_>, input: Input) -> Reply {
     let Input { token, params, mut grad } = input;
-    let extra = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| compute(&params, grad.as_mut())));
+    let computed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| compute(&params, grad.as_mut())));
     drop(params);
-    match extra {
-        Ok(extra) => Ok(Output { token, grad, extra }),
+    match computed {
+        Ok(computed) => Ok(Output { token, grad, computed }),
         Err(panic) => Err(panic
             .downcast_ref::<&str>()
             .map(|s| (*s).to_owned())

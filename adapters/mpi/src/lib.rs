@@ -70,7 +70,7 @@ mod worker;
 #[cfg(feature = "mpi")]
 pub use agree::agree_on_settings;
 #[cfg(feature = "mpi")]
-pub use compute::ComputeFn;
+pub use compute::{ComputeFn, Computed};
 #[cfg(feature = "mpi")]
 pub use mpi;
 #[cfg(feature = "mpi")]

@@ -91,10 +91,16 @@ impl Machine {
         }
     }
 
-    pub(crate) fn handle_gradient(&mut self, now: Instant, id: ComputeId, grad: &[f32]) -> Result<(), Reject> {
+    pub(crate) fn handle_gradient(
+        &mut self,
+        now: Instant,
+        id: ComputeId,
+        grad: &[f32],
+        loss: Option<f32>,
+    ) -> Result<(), Reject> {
         match self {
-            Self::One(w) => w.handle_gradient(now, id, grad),
-            Self::Sharded(w) => w.handle_gradient(now, id, grad),
+            Self::One(w) => w.handle_gradient_with_loss(now, id, grad, loss),
+            Self::Sharded(w) => w.handle_gradient_with_loss(now, id, grad, loss),
         }
     }
 

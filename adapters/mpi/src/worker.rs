@@ -45,7 +45,8 @@ pub struct WorkerOptions {
 struct Job {
     token: Token,
     started: Instant,
-    done: Option<(Instant, Shared)>,
+    /// Once computed: when its straggler delay is over, its gradient and its loss.
+    done: Option<(Instant, Shared, Option<f32>)>,
 }
 
 /// The worker rank's model-sized buffers besides the state machine's: where the next model
@@ -111,7 +112,8 @@ fn is_contribution(msg: &ToServer<'_, f32>) -> bool {
 /// Runs worker `rank - shards` of `options.protocol` at this rank of `world` until every
 /// server stops it; then sends each server its tally and returns the tally. `compute(params,
 /// grad)` writes a gradient of `params` into `grad` and returns the extra time the step
-/// should take (the straggler model; zero for none); it runs on a thread of its own when
+/// should take (the straggler model; zero for none) and the minibatch loss, if it reports
+/// one ([`Computed`](crate::Computed); a bare `Duration` converts with `.into()`); it runs on a thread of its own when
 /// MPI gives the process at least `MPI_THREAD_FUNNELED` (initialise MPI with
 /// `mpi::initialize_with_threading(Threading::Funneled)`), else inline, with a line to
 /// `log` saying what that costs.
@@ -253,7 +255,7 @@ impl<'a> WorkerRank<'a> {
             while let Some(out) = computer.poll()? {
                 self.tally.computed += 1;
                 match self.job.as_mut().filter(|j| j.token == out.token && j.done.is_none()) {
-                    Some(j) => j.done = Some((Instant::now() + out.extra, out.grad)),
+                    Some(j) => j.done = Some((Instant::now() + out.computed.extra, out.grad, out.computed.loss)),
                     None => self.bufs.give(out.grad),
                 }
             }
@@ -266,7 +268,7 @@ impl<'a> WorkerRank<'a> {
                 next_heartbeat = now + heartbeat;
             }
             let mut deadline = next_heartbeat;
-            if let Some((at, _)) = self.job.as_ref().and_then(|j| j.done.as_ref()) {
+            if let Some((at, _, _)) = self.job.as_ref().and_then(|j| j.done.as_ref()) {
                 deadline = deadline.min(*at);
             }
             if let Some(at) = self.machine.poll_timeout() {
@@ -337,8 +339,8 @@ impl<'a> WorkerRank<'a> {
     /// Hands the state machine the gradient of the job whose straggler delay is over, if
     /// any; true if it did.
     fn hand_in_ready_gradient(&mut self) -> bool {
-        let ready = |j: &Job| j.done.as_ref().is_some_and(|(at, _)| Instant::now() >= *at);
-        let Some(Job { token, started, done: Some((_, mut grad)) }) = self.job.take_if(|j| ready(j)) else {
+        let ready = |j: &Job| j.done.as_ref().is_some_and(|(at, _, _)| Instant::now() >= *at);
+        let Some(Job { token, started, done: Some((_, mut grad, loss)) }) = self.job.take_if(|j| ready(j)) else {
             return false;
         };
         self.tally.busy_s += started.elapsed().as_secs_f64();
@@ -347,13 +349,13 @@ impl<'a> WorkerRank<'a> {
         let result = match self.machine.gradient() {
             Some(gw) if lend => {
                 let payload = Arc::clone(&grad.0);
-                let r = gw.handle_gradient_in(now, token.id, &mut grad, None);
+                let r = gw.handle_gradient_in(now, token.id, &mut grad, loss);
                 if r.is_ok() {
                     self.lent = Some(payload);
                 }
                 r
             }
-            _ => self.machine.handle_gradient(now, token.id, grad.as_ref()),
+            _ => self.machine.handle_gradient(now, token.id, grad.as_ref(), loss),
         };
         // After a trade, `grad` holds the state machine's previous buffer.
         self.bufs.give(grad);
@@ -440,7 +442,7 @@ impl<'a> WorkerRank<'a> {
 fn abandon(tally: &mut Tally, bufs: &mut Buffers, computer: &mut Computer<'_, '_>, old: Job) {
     tally.busy_s += old.started.elapsed().as_secs_f64();
     tally.abandoned += 1;
-    if let Some((_, grad)) = old.done {
+    if let Some((_, grad, _)) = old.done {
         bufs.give(grad);
     }
     if let Some(waiting) = computer.forget(old.token) {

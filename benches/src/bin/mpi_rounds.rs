@@ -59,7 +59,7 @@ fn main() {
             &options,
             &mut |_, grad| {
                 grad.fill(1e-3);
-                Duration::ZERO
+                Duration::ZERO.into()
             },
             &mut |line| eprintln!("mpi_rounds worker: {line}"),
         )

@@ -320,6 +320,11 @@ mod server {
         let mut summary =
             Summary::from_threads(&threads, protocol.name(), n, &model_name, dim, args.workload.seed, args.target);
         summary.mode = "mpi".into();
+        if !report.loss_curve.is_empty() {
+            let points =
+                report.loss_curve.iter().map(|&(version, t_s, loss)| crate::tcp::LossPoint { version, t_s, loss });
+            summary.loss_curve = Some(crate::cli::loss_curve::LossCurve::new(points.collect(), None));
+        }
         summary.print(args.json);
         match report.reason {
             StopReason::AllWorkersLost => {
@@ -345,7 +350,7 @@ mod worker {
     use core::time::Duration;
     use syncopate::ProtocolConfig;
     use syncopate_mpi::mpi::topology::{Communicator, SimpleCommunicator};
-    use syncopate_mpi::{RunPlan, WorkerOptions, run_worker};
+    use syncopate_mpi::{Computed, RunPlan, WorkerOptions, run_worker};
 
     /// Ranks 1..=n: worker `rank - 1`, with its straggler model.
     pub(super) fn run(
@@ -382,8 +387,11 @@ mod worker {
                     std::thread::sleep(hold);
                 }
                 sampler.next_batch(batch_size, &mut batch);
-                workload.model.gradient(params, &workload.train, &batch, grad, &mut scratch);
-                Duration::from_nanos(delays.next_step().as_nanos())
+                let loss = workload.model.gradient(params, &workload.train, &batch, grad, &mut scratch);
+                Computed {
+                    extra: Duration::from_nanos(delays.next_step().as_nanos()),
+                    loss: Some(loss).filter(|l| l.is_finite()),
+                }
             },
             &mut |line| super::say(&format!("mpi: {line}")),
         )

@@ -17,6 +17,7 @@ use crate::tcp::{
     TcpServer, WorkloadSettings, checkpoint,
 };
 use crate::thread::{EvalPoint, ThreadReport, WorkerTally};
+use crate::trace::{self, served::ServedTrace};
 use clap::Args;
 use core::time::Duration;
 use std::path::{Path, PathBuf};
@@ -110,6 +111,12 @@ pub struct ServeArgs {
     /// most L).
     #[arg(long, value_name = "L", value_parser = parse_target_loss)]
     pub target_loss: Option<f64>,
+    /// Record a step-time trace for `advise --trace` and `compare --trace`: every worker
+    /// measures its gradient steps and sends their times with its contributions; each row
+    /// also has the step's reported loss and, for a gradient, its norm and the norm of the
+    /// mean of the gradients computed on the same model. Not with --shard or --remote-groups.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["shard", "remote_groups"])]
+    pub record_trace: Option<PathBuf>,
     /// A sharded run: which shard this server is, and the run's id.
     #[command(flatten)]
     pub shard: super::shard::ShardArgs,
@@ -205,6 +212,7 @@ fn run_settings(args: &ServeArgs, source: &ModelSource) -> Result<RunSettings, S
     }
     settings.initial_from_worker = matches!(source, ModelSource::Worker { .. });
     settings.remote_groups = args.remote_groups;
+    settings.report_step_times = args.record_trace.is_some();
     settings.server_config().map_err(|e| format!("--remote-groups: {e}"))?;
     super::shard::apply(&args.shard, &mut settings)?;
     settings.encode()?;
@@ -278,6 +286,8 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         ));
     }
     let secret = load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
+    let trace_file = args.record_trace.as_deref().map(trace::create).transpose().map_err(Failure::Usage)?;
+    let mut recorded = trace_file.as_ref().map(|_| ServedTrace::new(n, dim));
     let mut resumed = None;
     let mut resumed_momentum = None;
     let (params, version) = if args.resume {
@@ -388,6 +398,11 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
                 eprintln!("serve: version {} (this shard's slice)", version.0);
             }
         }
+        Note::Contribution { worker, msg, step_seconds } => {
+            if let Some(t) = recorded.as_mut() {
+                t.record(worker, msg, step_seconds);
+            }
+        }
     };
     let report = match params {
         Some(params) => server.run(params, version, &plan, &mut on_note),
@@ -449,11 +464,29 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         resumed,
     });
     let saved = args.save.as_deref().map(|path| model_source::save(path, &report.params, report.initial_model_known));
+    let traced = match (args.record_trace.as_deref(), trace_file, recorded) {
+        (Some(path), Some(file), Some(t)) => Some(write_trace(path, file, t)),
+        _ => None,
+    };
     summary.print(args.json);
-    match saved {
-        Some(Err(e)) => Err(Failure::Run(e)),
+    match (saved, traced) {
+        (Some(Err(e)), _) | (_, Some(Err(e))) => Err(Failure::Run(e)),
         _ => Ok(()),
     }
+}
+
+/// Writes the recorded trace to `path`, saying on stderr how many steps it holds and how
+/// many contributions came without step times.
+fn write_trace(path: &Path, file: std::fs::File, t: ServedTrace) -> Result<(), String> {
+    let (rows, without) = (t.len(), t.without_times);
+    if rows == 0 {
+        eprintln!("serve: no worker sent step times: {} holds no steps", path.display());
+    }
+    t.write_to(file, path)?;
+    let missing =
+        if without > 0 { format!(" ({without} contributions came without step times)") } else { String::new() };
+    eprintln!("serve: wrote {rows} steps to the trace {}{missing}", path.display());
+    Ok(())
 }
 
 #[cfg(all(test, unix))]

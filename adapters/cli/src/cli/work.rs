@@ -119,6 +119,8 @@ struct Ready {
     scratch: crate::workload::Scratch,
     batch: Vec<usize>,
     batch_size: usize,
+    /// The minibatch loss of the last gradient, reported with it when finite.
+    loss: Option<f32>,
 }
 
 impl Job {
@@ -142,6 +144,7 @@ impl Job {
             scratch: workload.model.scratch(),
             batch: Vec::new(),
             batch_size: w.batch_size as usize,
+            loss: None,
             workload,
         })
     }
@@ -158,8 +161,13 @@ impl WorkerJob for Job {
             return Duration::ZERO;
         };
         r.sampler.next_batch(r.batch_size, &mut r.batch);
-        r.workload.model.gradient(params, &r.workload.train, &r.batch, grad, &mut r.scratch);
+        let loss = r.workload.model.gradient(params, &r.workload.train, &r.batch, grad, &mut r.scratch);
+        r.loss = Some(loss).filter(|l| l.is_finite());
         Duration::from_nanos(r.delay.next_step().as_nanos())
+    }
+
+    fn loss(&mut self) -> Option<f32> {
+        self.state.as_ref().and_then(|r| r.loss)
     }
 }
 

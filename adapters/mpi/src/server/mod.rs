@@ -72,6 +72,10 @@ pub struct ServerReport {
     /// The ledger of every shard whose report arrived (one entry without shards), in
     /// shard order.
     pub shards: Vec<ShardLedger>,
+    /// Per model update whose contributions reported losses: the version, the seconds since
+    /// the loop started and the mean reported loss (this shard's updates; every shard's
+    /// workers report the whole model's loss).
+    pub loss_curve: Vec<(u64, f64, f32)>,
 }
 
 mod end;
@@ -94,6 +98,8 @@ struct Side<'a> {
     stop: Option<StopReason>,
     /// At rank 0 of a sharded run: the other shards' reports.
     summaries: Vec<Option<ShardSummary>>,
+    /// When the loop started (the loss curve's clock).
+    started: Instant,
     log: &'a mut dyn FnMut(&str),
 }
 
@@ -118,6 +124,10 @@ impl Side<'_> {
                     s.2 = s.2.max(staleness);
                 }
                 ServerOutput::Event(ServerEvent::Stalled { .. }) => self.report.stalls += 1,
+                ServerOutput::Event(ServerEvent::ModelUpdated { version, mean_loss: Some(loss), .. }) => {
+                    let t = self.started.elapsed().as_secs_f64();
+                    self.report.loss_curve.push((version.0, t, loss));
+                }
                 ServerOutput::Event(_) => {}
                 // No upstream link here: a server with an upstream is refused before the run,
                 // and one without never sends upstream; logged, should it ever happen.
@@ -428,6 +438,7 @@ pub fn run_shard(
         lost: Vec::new(),
         rejoined: Vec::new(),
         shards: Vec::new(),
+        loss_curve: Vec::new(),
     };
     let first = Rank::try_from(shards).unwrap_or(Rank::MAX);
     let mut side = Side {
@@ -440,9 +451,10 @@ pub fn run_shard(
         ledger: ShardLedger { shard, elements: dim as u64, ..ShardLedger::default() },
         stop: None,
         summaries: vec![None; shards as usize],
+        started: Instant::now(),
         log,
     };
-    let epoch = Instant::now();
+    let epoch = side.started;
     let tick = Duration::from_millis(50);
     let mut seen: Option<Version> = None;
     let reason = loop {

@@ -67,6 +67,7 @@ fn several_silent_ranks_in_one_pass_are_all_lost_and_counted_for_every_protocol(
             lost: Vec::new(),
             rejoined: Vec::new(),
             shards: Vec::new(),
+            loss_curve: Vec::new(),
         };
         let mut side = Side {
             link: link.take().expect("the link"),
@@ -78,6 +79,7 @@ fn several_silent_ranks_in_one_pass_are_all_lost_and_counted_for_every_protocol(
             ledger: ShardLedger::default(),
             stop: None,
             summaries: Vec::new(),
+            started: Instant::now(),
             log: &mut log,
         };
         let long_ago = Instant::now().checked_sub(Duration::from_secs(10)).expect("an instant");

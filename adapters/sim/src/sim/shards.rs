@@ -88,6 +88,8 @@ struct Host {
     grad: Vec<f32>,
     scratch: Scratch,
     job: Option<(ComputeId, Instant)>,
+    /// The minibatch loss of the job's gradient (finite), reported with it.
+    loss: Option<f32>,
     timer: Option<Instant>,
     busy: Duration,
     report: WorkerReport,
@@ -213,6 +215,7 @@ impl<'a, 'o> Sim<'a, 'o> {
                 grad,
                 scratch: model.scratch(),
                 job: None,
+                loss: None,
                 timer: None,
                 busy: Duration::ZERO,
                 report: WorkerReport { worker: i, ..WorkerReport::default() },
@@ -436,7 +439,7 @@ impl<'a, 'o> Sim<'a, 'o> {
         let Some((_, start)) = h.job.filter(|j| j.0 == id) else { return };
         h.job = None;
         h.busy = h.busy + (now - start);
-        match h.worker.handle_gradient(now, id, &h.grad) {
+        match h.worker.handle_gradient_with_loss(now, id, &h.grad, h.loss) {
             Ok(()) => h.report.gradients_computed += 1,
             Err(e) => {
                 h.report.jobs_abandoned += 1;
@@ -452,7 +455,7 @@ impl<'a, 'o> Sim<'a, 'o> {
     fn drain_worker(&mut self, i: usize) {
         let now = self.now;
         let Some(h) = self.hosts.get_mut(i) else { return };
-        let Host { worker, sampler, batches, batch, grad, scratch, job, report, busy, sent, .. } = h;
+        let Host { worker, sampler, batches, batch, grad, scratch, job, loss, report, busy, sent, .. } = h;
         let mut compute = None;
         while let Some(out) = worker.poll_output() {
             match out {
@@ -483,9 +486,11 @@ impl<'a, 'o> Sim<'a, 'o> {
                         *busy = *busy + (now - start);
                         report.jobs_abandoned += 1;
                     }
+                    *loss = None;
                     if self.config.gradient == GradientSource::Workload {
                         batches.next_batch(self.config.batch_size, batch);
-                        let _loss = self.workload.model.gradient(params, &self.workload.train, batch, grad, scratch);
+                        let l = self.workload.model.gradient(params, &self.workload.train, batch, grad, scratch);
+                        *loss = Some(l).filter(|l| l.is_finite());
                     }
                     let dt = sampler.next_step();
                     *job = Some((id, now));

@@ -24,6 +24,7 @@
 //! - [`checkpoint`]: the model and its version in a file, written atomically.
 //! - [`initial`]: the initial parameters from worker 0, for a server that takes its model
 //!   from its first worker.
+//! - [`step_times`]: the workers' step times, for a server that records a step-time trace.
 //! - [`group`]: a group server of the grouped protocol as its own process: the server above
 //!   toward its member workers, and a worker-style session upstream to a central ASP server
 //!   (the generic [`TcpServer::drive`] with an [`Uplink`]).
@@ -43,6 +44,7 @@ pub mod initial;
 pub mod server;
 pub mod settings;
 pub mod sharded;
+pub mod step_times;
 pub mod worker;
 
 pub use auth::{Secret, WorkerKey};

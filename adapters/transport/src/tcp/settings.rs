@@ -182,6 +182,9 @@ pub struct RunSettings {
     /// The server has no model until worker 0 sends it: worker 0's first frame of every
     /// session carries the initial parameters ([`initial`](super::initial)).
     pub initial_from_worker: bool,
+    /// Every worker sends the times of its gradient steps before each contribution
+    /// ([`step_times`](super::step_times)), for a server that records a step-time trace.
+    pub report_step_times: bool,
 }
 
 impl RunSettings {
@@ -194,6 +197,7 @@ impl RunSettings {
             remote_groups: false,
             shard: None,
             initial_from_worker: false,
+            report_step_times: false,
         }
     }
 
@@ -204,6 +208,11 @@ impl RunSettings {
         let Some(shard) = &self.shard else { return Ok(None) };
         if self.remote_groups {
             return Err("a sharded run has no remote groups (run groups inside each shard)".into());
+        }
+        if self.report_step_times {
+            return Err(
+                "a shard records no step times (its workers send them to no shard; record an unsharded run)".into()
+            );
         }
         let dim = self.dim()?;
         let layout = syncopate::proto::sharded::ShardLayout::new(dim, shard.count).map_err(|e| e.to_string())?;
@@ -331,6 +340,11 @@ impl RunSettings {
         if !self.remote_groups {
             return Ok(config);
         }
+        if self.report_step_times {
+            return Err("a central server of remote groups records no step times: its peers are group servers, \
+                        not workers"
+                .into());
+        }
         config
             .tiers()
             .map(|t| t.central)
@@ -358,6 +372,9 @@ impl RunSettings {
         }
         if self.initial_from_worker {
             label.push_str(", initial model from worker 0");
+        }
+        if self.report_step_times {
+            label.push_str(", step times recorded");
         }
         label
     }

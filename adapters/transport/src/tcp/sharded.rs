@@ -163,12 +163,13 @@ struct Run<'a> {
 /// Frames waiting for a shard's writer thread.
 const UPLOADS_IN_FLIGHT: usize = 2;
 
-/// A computed gradient waiting for its emulated step time to pass (a sharded worker
-/// reports no minibatch loss: no shard sees the whole gradient).
+/// A computed gradient waiting for its emulated step time to pass.
 struct Held {
     id: ComputeId,
     started: StdInstant,
     ready: StdInstant,
+    /// The job's minibatch loss for this gradient, if it reports one (every shard gets it).
+    loss: Option<f32>,
 }
 
 impl Run<'_> {
@@ -477,9 +478,10 @@ impl Run<'_> {
                             self.report.total.abandoned += 1;
                         }
                         let extra = job.gradient(params, &mut grad);
+                        let loss = job.loss();
                         let last = &mut self.report.total.last_version;
                         *last = Some(last.unwrap_or(0).max(version.0));
-                        held = Some(Held { id, started: now, ready: StdInstant::now() + extra });
+                        held = Some(Held { id, started: now, ready: StdInstant::now() + extra, loss });
                     }
                     ShardedOutput::Event(WorkerEvent::Abandoned { id }) => {
                         if let Some(h) = held.take_if(|h| h.id == id) {
@@ -498,7 +500,7 @@ impl Run<'_> {
             // steps take no time (its next step always ready under wbsp-overlap) still reads.
             if let Some(h) = held.take_if(|h| StdInstant::now() >= h.ready && inbound.is_empty()) {
                 self.report.total.busy_s += h.started.elapsed().as_secs_f64();
-                match worker.handle_gradient(since(epoch), h.id, &grad) {
+                match worker.handle_gradient_with_loss(since(epoch), h.id, &grad, h.loss) {
                     Ok(()) => self.report.total.steps += 1,
                     Err(e) => refused(me, log, &mut self.report.total, "a finished gradient", &e),
                 }

@@ -358,7 +358,8 @@ fn session(
     let setup = WorkerSetup { id: options.id, epoch: s.epoch, rejoin_after: options.rejoin_after.map(core_duration) };
     let mut worker = AnyWorker::new(&config, setup, vec![0.0f32; dim], vec![0.0f32; config.worker_scratch_len(dim)])
         .map_err(|e| refused(e.to_string()))?;
-    let end = drive(&mut worker, &mut reader, &mut writer, dim, options, report, job, log);
+    let shape = SessionShape { dim, report_step_times: settings.report_step_times };
+    let end = drive(&mut worker, &mut reader, &mut writer, shape, options, report, job, log);
     let _ = stream.shutdown(std::net::Shutdown::Both);
     Ok(end)
 }
@@ -367,12 +368,22 @@ fn session(
 /// worker instead of queueing without limit.
 const UPLOADS_IN_FLIGHT: usize = 2;
 
+/// What a session's settings fix for its loop.
+#[derive(Clone, Copy, Debug)]
+struct SessionShape {
+    /// The model's number of parameters.
+    dim: usize,
+    /// Whether each new contribution is preceded by its steps' times
+    /// ([`step_times`](super::step_times)).
+    report_step_times: bool,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn drive(
     worker: &mut AnyWorker<f32, Vec<f32>>,
     reader: &mut FrameReader,
     writer: &mut FrameWriter<BufWriter<TcpStream>>,
-    dim: usize,
+    shape: SessionShape,
     options: &WorkerOptions,
     report: &mut WorkerReport,
     job: &mut dyn WorkerJob,
@@ -409,7 +420,7 @@ fn drive(
                 let _ = give_back.try_send(frame);
             }
         });
-        let end = drive_loop(worker, reader, &to_writer, &spare, dim, options, report, job, log);
+        let end = drive_loop(worker, reader, &to_writer, &spare, shape, options, report, job, log);
         drop(to_writer);
         match (writing.join(), end) {
             (Ok(Err(e)), SessionEnd::Lost(_)) => SessionEnd::Lost(e),
@@ -455,7 +466,7 @@ fn drive_loop(
     reader: &mut FrameReader,
     uploads: &crossbeam_channel::Sender<(Vec<u8>, Upload)>,
     spare: &crossbeam_channel::Receiver<Vec<u8>>,
-    dim: usize,
+    shape: SessionShape,
     options: &WorkerOptions,
     report: &mut WorkerReport,
     job: &mut dyn WorkerJob,
@@ -473,8 +484,11 @@ fn drive_loop(
         }
         report.refused = report.refusals.total();
     };
-    let limits = Limits::for_model(dim);
-    let (mut inbuf, mut grad) = (Vec::new(), vec![0.0f32; dim]);
+    let limits = Limits::for_model(shape.dim);
+    let (mut inbuf, mut grad) = (Vec::new(), vec![0.0f32; shape.dim]);
+    // The times of the steps handed over since the last contribution (sent only when the
+    // run asks for them).
+    let mut steps = super::step_times::PendingSteps::new(shape.dim);
     // Set when an upload could not be handed to the writer (the connection broke while
     // sending). The session then ends as lost, but only after reading what the server
     // already sent: a `Stop` that crossed with the upload ends it as stopped instead.
@@ -504,6 +518,12 @@ fn drive_loop(
                             } else {
                                 Upload::Other
                             };
+                            let new = matches!(class, Upload::New) && shape.report_step_times;
+                            if let Some(times) = new.then(|| steps.take_message()).flatten() {
+                                if uploads.send((times, Upload::Other)).is_err() {
+                                    upload_failed = Some("the connection broke while sending".to_string());
+                                }
+                            }
                             if uploads.send((out, class)).is_err() {
                                 upload_failed = Some("the connection broke while sending".to_string());
                             }
@@ -554,9 +574,15 @@ fn drive_loop(
                 || server_has_sent(reader.stream())
         };
         if let Some(h) = held.take_if(|_| due && !look_first()) {
-            report.busy_s += h.started.elapsed().as_secs_f64();
+            let took = h.started.elapsed().as_secs_f64();
+            report.busy_s += took;
             match worker.handle_gradient_with_loss(since(epoch), h.id, &grad, h.loss) {
-                Ok(()) => report.steps += 1,
+                Ok(()) => {
+                    report.steps += 1;
+                    if shape.report_step_times {
+                        steps.push(took);
+                    }
+                }
                 Err(e) => refused(report, "a finished gradient", &e),
             }
             continue;

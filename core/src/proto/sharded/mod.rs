@@ -254,6 +254,20 @@ impl<T: Scalar, S: Buffer<T>, W: AsRef<[ShardSlot<T, S>]> + AsMut<[ShardSlot<T, 
     /// computation named, the model's length, every element finite, room in every inner
     /// worker's queue), so a refused gradient reaches no shard.
     pub fn handle_gradient(&mut self, now: Instant, id: ComputeId, grad: &[T]) -> Result<(), Reject> {
+        self.handle_gradient_with_loss(now, id, grad, None)
+    }
+
+    /// [`Self::handle_gradient`] with the minibatch loss the gradient was computed on: every
+    /// shard's slice carries it (each shard's server keeps the whole model's loss). A loss
+    /// that is NaN or infinite is refused with [`Reject::LossNotFinite`] before any shard
+    /// sees the gradient.
+    pub fn handle_gradient_with_loss(
+        &mut self,
+        now: Instant,
+        id: ComputeId,
+        grad: &[T],
+        loss: Option<f32>,
+    ) -> Result<(), Reject> {
         if self.job != Some(id) || self.job_due {
             return Err(Reject::NoSuchComputation);
         }
@@ -262,6 +276,9 @@ impl<T: Scalar, S: Buffer<T>, W: AsRef<[ShardSlot<T, S>]> + AsMut<[ShardSlot<T, 
         }
         if !math::all_finite(grad) {
             return Err(Reject::NotFinite);
+        }
+        if loss.is_some_and(|l| !l.is_finite()) {
+            return Err(Reject::LossNotFinite);
         }
         if self.slots.as_ref().iter().any(|s| !s.worker.has_room(3)) {
             return Err(Reject::Capacity);
@@ -273,7 +290,7 @@ impl<T: Scalar, S: Buffer<T>, W: AsRef<[ShardSlot<T, S>]> + AsMut<[ShardSlot<T, 
             let (Some((inner, _)), Some(range)) = (slot.computing.take(), layout.range(k as u32)) else { continue };
             let part = grad.get(range).unwrap_or_default();
             // Every check an inner worker makes passed above: it refuses only on a bug.
-            if let Err(e) = slot.worker.handle_gradient(now, inner, part) {
+            if let Err(e) = slot.worker.handle_gradient_with_loss(now, inner, part, loss) {
                 result = result.and(Err(e));
             }
         }

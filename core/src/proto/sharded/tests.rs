@@ -141,6 +141,29 @@ fn the_host_computes_once_every_shard_sent_its_slice_and_the_gradient_is_split_b
 }
 
 #[test]
+fn a_reported_loss_goes_with_every_shard_slice_and_a_non_finite_one_reaches_none() {
+    let config = ProtocolConfig::Bsp(BspConfig::new(1, 0.5));
+    let layout = ShardLayout::new(3, 2).unwrap();
+    let mut w = ShardedWorker::allocated(&config, setup(0), layout).unwrap();
+    drain(&mut w);
+    let now = Instant::ZERO;
+    w.handle(now, 0, model(0, &[1.0, 2.0])).unwrap();
+    w.handle(now, 1, model(0, &[3.0])).unwrap();
+    assert_eq!(drain(&mut w), [Out::Compute(0, 0, vec![1.0, 2.0, 3.0])]);
+    let grad = [7.0, 8.0, 9.0];
+    assert_eq!(w.handle_gradient_with_loss(now, ComputeId(0), &grad, Some(f32::NAN)), Err(Reject::LossNotFinite));
+    assert_eq!(drain(&mut w), [], "a refused gradient reaches no shard");
+    w.handle_gradient_with_loss(now, ComputeId(0), &grad, Some(0.75)).unwrap();
+    let mut losses = Vec::new();
+    while let Some(o) = w.poll_output() {
+        if let ShardedOutput::Send { shard, msg } = o {
+            losses.push((shard, msg.loss()));
+        }
+    }
+    assert_eq!(losses, [(0, Some(0.75)), (1, Some(0.75))]);
+}
+
+#[test]
 fn timeouts_reach_every_inner_worker() {
     let config = ProtocolConfig::Bsp(BspConfig::new(1, 0.5));
     let mut s = setup(0);

@@ -46,6 +46,8 @@ pub(super) struct Core<S> {
     /// Set while the server waits for worker 0's initial parameters (`server` is then a
     /// placeholder nothing has been fed to).
     awaiting: Option<AwaitingInitial<S>>,
+    /// Per worker: the step times its current session sent for its next contribution.
+    pending_steps: Vec<Vec<f32>>,
 }
 
 /// Builds the protocol's server on the initial parameters from worker 0.
@@ -168,6 +170,7 @@ impl<S: Server<f32>> Core<S> {
             journal: None,
             applied_by_version: std::collections::BTreeMap::new(),
             awaiting: None,
+            pending_steps: vec![Vec::new(); n],
             limits: Limits::for_model(dim),
             checkpoint_due: false,
             last_version: version,
@@ -263,6 +266,9 @@ impl<S: Server<f32>> Core<S> {
                 if let Some(seen) = self.seen_worker.get_mut(worker.index()) {
                     *seen = true;
                 }
+                if let Some(steps) = self.pending_steps.get_mut(worker.index()) {
+                    steps.clear();
+                }
                 self.maybe_start(note);
                 let new = Conn { id: conn, tx, stream, done };
                 let old = self.conns.get_mut(worker.index()).and_then(|slot| slot.replace(new));
@@ -285,6 +291,11 @@ impl<S: Server<f32>> Core<S> {
                     let _ = home.try_send(buf);
                     return;
                 }
+                if crate::tcp::step_times::is_step_times(buf.get(start..end).unwrap_or_default()) {
+                    self.step_times(conn, worker, buf.get(start..end).unwrap_or_default(), note);
+                    let _ = home.try_send(buf);
+                    return;
+                }
                 if self.awaiting.is_some() && self.current(worker, conn) {
                     self.hold(HeldFrame { conn, worker, buf, start, end, home });
                     return;
@@ -303,6 +314,14 @@ impl<S: Server<f32>> Core<S> {
                             if contribution {
                                 self.report.received += 1;
                                 self.session(conn, |s| s.received += 1);
+                                let steps = self.pending_steps.get_mut(worker.index()).map(core::mem::take);
+                                let steps = steps.unwrap_or_default();
+                                note(Note::Contribution { worker, msg: &msg, step_seconds: &steps });
+                                if let Some(slot) = self.pending_steps.get_mut(worker.index()) {
+                                    // The buffer is kept for the next contribution.
+                                    *slot = steps;
+                                    slot.clear();
+                                }
                             }
                             if matches!(msg, ToServer::Grad { .. } | ToServer::Delta { .. }) {
                                 let sent = self.dispatched.get_mut(worker.index()).and_then(Option::take);
@@ -427,6 +446,33 @@ impl<S: Server<f32>> Core<S> {
         }
     }
 
+    /// Worker `worker`'s step times on session `conn`, kept for its next contribution;
+    /// refused (the connection cut) when the run did not ask for them or they do not
+    /// decode.
+    fn step_times(&mut self, conn: u64, worker: WorkerId, bytes: &[u8], note: &mut dyn FnMut(Note<'_>)) {
+        if !self.current(worker, conn) {
+            return;
+        }
+        let refusal = if self.shared.options.settings.report_step_times {
+            match crate::tcp::step_times::decode(bytes) {
+                Ok(seconds) => {
+                    if let Some(pending) = self.pending_steps.get_mut(worker.index()) {
+                        pending.extend_from_slice(&seconds);
+                        let excess = pending.len().saturating_sub(crate::tcp::step_times::MAX_STEPS);
+                        pending.drain(..excess);
+                    }
+                    return;
+                }
+                Err(e) => format!("bad step times ({e})"),
+            }
+        } else {
+            "step times, but this server did not ask for them".to_string()
+        };
+        self.report.refused += 1;
+        Self::log(note, &format!("worker {} sent {refusal}; disconnecting", worker.0));
+        self.drop_worker(worker, note);
+    }
+
     fn lose_upstream(&mut self, reason: &str, note: &mut dyn FnMut(Note<'_>)) {
         if let Some(up) = self.up.take() {
             Self::log(note, &format!("upstream connection lost: {reason}"));
@@ -482,6 +528,9 @@ impl<S: Server<f32>> Core<S> {
         }
         if let Some(d) = self.dispatched.get_mut(worker.index()) {
             *d = None;
+        }
+        if let Some(steps) = self.pending_steps.get_mut(worker.index()) {
+            steps.clear();
         }
     }
 

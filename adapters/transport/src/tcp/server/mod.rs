@@ -54,7 +54,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use syncopate::proto::Heap;
-use syncopate::{AnyServer, ProtocolConfig, Server, ServerEvent, ServerStats, Version, WorkerId};
+use syncopate::{AnyServer, ProtocolConfig, Server, ServerEvent, ServerStats, ToServer, Version, WorkerId};
 
 /// An established session with an upstream server (see [`TcpServer::drive`]): the streams
 /// after a successful client handshake.
@@ -179,6 +179,17 @@ pub enum Note<'a> {
         version: Version,
         /// The parameters.
         params: &'a [f32],
+    },
+    /// A worker's contribution (gradient, delta or clock update), before the protocol
+    /// handles it, with the seconds of the gradient steps it holds when the run asks the
+    /// workers for them ([`RunSettings::report_step_times`]; empty otherwise).
+    Contribution {
+        /// The worker.
+        worker: WorkerId,
+        /// The contribution.
+        msg: &'a ToServer<'a, f32>,
+        /// Its steps' times, oldest first.
+        step_seconds: &'a [f32],
     },
 }
 

@@ -7,6 +7,11 @@
 //! same model as this one (this one included). Gradients at two batch sizes on the same
 //! model are what [`crate::advise::noise_estimate`] needs to estimate the model's gradient
 //! noise scale. A trace without those columns reads as before.
+//!
+//! [`served`] records such a trace from what a TCP server's workers send
+//! (`serve --record-trace`).
+
+pub mod served;
 
 use crate::sim::ComputeModel;
 use std::io::{BufRead, BufReader, Write};
@@ -65,16 +70,18 @@ pub fn model_key(params: &[f32]) -> u64 {
 /// norm of its group's mean: the gradient at a larger batch on the same model. At most
 /// [`GradientGroups::MAX_OPEN`] groups are open at once; a gradient on a new model then
 /// closes the oldest group (later gradients on that model start a new one), so memory stays
-/// bounded by that many model-sized sums.
+/// bounded by that many model-sized sums ([`GradientGroups::with_max_open`] sets another
+/// bound).
 #[derive(Debug)]
 pub struct GradientGroups<R = usize> {
     open: std::collections::VecDeque<OpenGroup<R>>,
     closed: Vec<(R, f64, u32)>,
+    max_open: usize,
 }
 
 impl<R> Default for GradientGroups<R> {
     fn default() -> Self {
-        Self { open: std::collections::VecDeque::new(), closed: Vec::new() }
+        Self::with_max_open(Self::MAX_OPEN)
     }
 }
 
@@ -86,15 +93,21 @@ struct OpenGroup<R> {
 }
 
 impl<R> GradientGroups<R> {
-    /// The most groups open at once.
+    /// The most groups open at once by default.
     pub const MAX_OPEN: usize = 64;
+
+    /// Groups of which at most `max_open` (at least 1) are open at once: the memory bound is
+    /// that many model-sized `f64` sums.
+    pub fn with_max_open(max_open: usize) -> Self {
+        Self { open: std::collections::VecDeque::new(), closed: Vec::new(), max_open: max_open.max(1) }
+    }
 
     /// Adds the gradient `grad` of recorded row `row`, computed on the model with key `key`.
     pub fn add(&mut self, row: R, key: u64, grad: &[f32]) {
         let at = match self.open.iter().position(|g| g.key == key) {
             Some(at) => at,
             None => {
-                if self.open.len() >= Self::MAX_OPEN {
+                if self.open.len() >= self.max_open {
                     if let Some(oldest) = self.open.pop_front() {
                         self.close(oldest);
                     }
