@@ -25,18 +25,19 @@
 
 use super::compute::ComputeSampler;
 use super::network::{BufferPool, Link};
+use super::report::closing;
 use super::report::{CurvePoint, FaultStats, Fnv, Observation, ShardReport, SimReport, StalenessStats, WorkerReport};
 use super::{GradientSource, SimConfig, SimError};
 use crate::workload::{BatchSampler, Scratch, Workload};
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BinaryHeap;
 use syncopate::proto::Heap;
 use syncopate::proto::sharded::{HeapShardedWorker, ShardLayout, ShardedOutput};
 use syncopate::rng::Rng;
 use syncopate::wire::{self, Limits};
 use syncopate::{
-    AnyServer, ComputeId, DropReason, Duration, Instant, Recipient, Server, ServerOutput, ServerStats, ToServer,
-    WorkerEvent, WorkerId, WorkerSetup, WorkerStats,
+    AnyServer, ComputeId, Duration, Instant, Recipient, Server, ServerOutput, ServerStats, ToServer, WorkerEvent,
+    WorkerId, WorkerSetup, WorkerStats,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -622,12 +623,7 @@ impl<'a, 'o> Sim<'a, 'o> {
         let mut shards = Vec::new();
         for (k, s) in self.shards.iter().enumerate() {
             let st = *s.server.stats();
-            stats.accepted += st.accepted;
-            stats.applied += st.applied;
-            for (t, d) in stats.dropped.iter_mut().zip(st.dropped) {
-                *t += d;
-            }
-            stats.rejected += st.rejected;
+            closing::add_stats(&mut stats, &st);
             let sent: u64 = self.hosts.iter().filter_map(|h| h.sent.get(k)).map(|w| w.contributions + w.resent).sum();
             shards.push(ShardReport {
                 shard: k as u32,
@@ -643,29 +639,16 @@ impl<'a, 'o> Sim<'a, 'o> {
                 update_times_s: s.update_times.clone(),
             });
         }
-        let per_worker: Vec<WorkerReport> = self
-            .hosts
-            .iter()
-            .map(|h| {
-                let busy = (h.busy + h.job.map_or(Duration::ZERO, |j| self.now - j.1)).as_secs_f64();
-                WorkerReport {
-                    compute_time_s: busy,
-                    compute_share: if total > 0.0 { busy / total } else { 0.0 },
-                    ..h.report
-                }
-            })
-            .collect();
-        let mean_compute_share =
-            per_worker.iter().map(|w| w.compute_share).sum::<f64>() / per_worker.len().max(1) as f64;
-        let dropped = DropReason::ALL.iter().map(|&r| (r.name(), stats.dropped_for(r))).collect::<BTreeMap<_, _>>();
+        let now = self.now;
+        let (per_worker, mean_compute_share) = closing::workers(
+            total,
+            self.hosts
+                .iter()
+                .map(|h| (h.report.clone(), (h.busy + h.job.map_or(Duration::ZERO, |j| now - j.1)).as_secs_f64())),
+        );
         let last = self.curve.last().copied();
         let final_params = self.eval_model.clone();
-        let mut h = Fnv::new();
-        for p in &final_params {
-            h.bytes(&p.to_bits().to_le_bytes());
-        }
-        let mut trace = self.hash;
-        trace.u64(h.0);
+        let (trace_hash, final_params_hash) = closing::hashes(self.hash, &final_params);
         SimReport {
             protocol: self.config.protocol.name().to_string(),
             seed: self.config.seed,
@@ -681,7 +664,7 @@ impl<'a, 'o> Sim<'a, 'o> {
             updates: self.shards.iter().map(|s| s.server.stats().updates).min().unwrap_or(0),
             accepted: stats.accepted,
             applied: stats.applied,
-            dropped,
+            dropped: closing::dropped(&stats),
             rejected: stats.rejected,
             stalls: 0,
             worker_rejects: self.worker_rejects,
@@ -696,8 +679,8 @@ impl<'a, 'o> Sim<'a, 'o> {
             buffers_allocated: self.pool.allocations(),
             codec_errors: self.codec_errors,
             not_finite: self.not_finite,
-            trace_hash: trace.0,
-            final_params_hash: h.0,
+            trace_hash,
+            final_params_hash,
             compute_trace: Vec::new(),
             final_params,
             shards,

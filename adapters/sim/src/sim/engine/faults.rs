@@ -4,8 +4,9 @@
 //! comes from a stream derived from the run's seed ([`FAULT_STREAM`]), so a run with faults
 //! is as deterministic as one without; in the quiet phase nothing more is injected.
 
-use super::{Core, Engine, Event, add_stats, new_worker};
+use super::{Core, Engine, Event, new_worker};
 use crate::sim::config::{Direction, SimConfig};
+use crate::sim::report::closing::add_stats;
 use crate::sim::report::{Fault, FaultStats, Node, Observation};
 use core::fmt::Write as _;
 use syncopate::rng::Rng;

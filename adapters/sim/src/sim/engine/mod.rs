@@ -24,6 +24,7 @@ use super::SimError;
 use super::compute::ComputeSampler;
 use super::config::{Direction, SimConfig};
 use super::network::{BufferPool, Link};
+use super::report::closing::{self, add_stats};
 use super::report::{
     CurvePoint, FastDebug, Fault, Fnv, Node, Observation, SimReport, StalenessStats, TraceRecorder, WorkerReport,
 };
@@ -33,13 +34,13 @@ use core::fmt::Write as _;
 use crossing::Crossing;
 pub use faults::FAULT_STREAM;
 use faults::Faults;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BinaryHeap;
 use syncopate::proto::Heap;
 use syncopate::rng::Rng;
 use syncopate::wire::{self, Limits};
 use syncopate::{
-    AnyServer, AnyWorker, ComputeId, DropReason, Duration, Instant, Recipient, Reject, Server, ServerEvent,
-    ServerOutput, ServerStats, ToServer, ToWorker, Version, Worker, WorkerEvent, WorkerId, WorkerOutput, WorkerSetup,
+    AnyServer, AnyWorker, ComputeId, Duration, Instant, Recipient, Reject, Server, ServerEvent, ServerOutput,
+    ServerStats, ToServer, ToWorker, Version, Worker, WorkerEvent, WorkerId, WorkerOutput, WorkerSetup,
 };
 
 /// What happens at a scheduled instant.
@@ -810,35 +811,18 @@ impl<'a, 'o> Engine<'a, 'o> {
         let Self { core, server, hosts, .. } = self;
         let now = core.now;
         let total = now.as_secs_f64();
-        let per_worker: Vec<WorkerReport> = hosts
-            .into_iter()
-            .map(|h| {
+        let (per_worker, mean_compute_share) = closing::workers(
+            total,
+            hosts.into_iter().map(|h| {
                 let running = h.job.map_or(Duration::ZERO, |j| now - j.start);
-                let busy = (h.busy + running).as_secs_f64();
-                WorkerReport {
-                    compute_time_s: busy,
-                    compute_share: if total > 0.0 { busy / total } else { 0.0 },
-                    ..h.report
-                }
-            })
-            .collect();
-        let mean_compute_share = if per_worker.is_empty() {
-            0.0
-        } else {
-            per_worker.iter().map(|w| w.compute_share).sum::<f64>() / per_worker.len() as f64
-        };
-        let dropped: BTreeMap<&'static str, u64> =
-            DropReason::ALL.iter().map(|&r| (r.name(), stats.dropped_for(r))).collect();
+                (h.report, (h.busy + running).as_secs_f64())
+            }),
+        );
         let mut staleness = core.staleness;
         staleness.finish();
         let last = core.curve.last().copied();
         let final_params = server.params().to_vec();
-        let mut h = Fnv::new();
-        for p in &final_params {
-            h.bytes(&p.to_bits().to_le_bytes());
-        }
-        let mut trace_hash = core.hash;
-        trace_hash.u64(h.0);
+        let (trace_hash, final_params_hash) = closing::hashes(core.hash, &final_params);
         SimReport {
             protocol: core.config.protocol.name().to_string(),
             seed: core.config.seed,
@@ -854,7 +838,7 @@ impl<'a, 'o> Engine<'a, 'o> {
             updates: stats.updates,
             accepted: stats.accepted,
             applied: stats.applied,
-            dropped,
+            dropped: closing::dropped(&stats),
             rejected: stats.rejected,
             worker_rejects: core.worker_rejects,
             not_finite: core.not_finite,
@@ -869,23 +853,13 @@ impl<'a, 'o> Engine<'a, 'o> {
             bytes_moved: core.bytes,
             buffers_allocated: core.pool.allocations(),
             codec_errors: core.codec_errors,
-            trace_hash: trace_hash.0,
-            final_params_hash: h.0,
+            trace_hash,
+            final_params_hash,
             compute_trace: core.trace.finish(),
             final_params,
             shards: Vec::new(),
         }
     }
-}
-
-fn add_stats(total: &mut ServerStats, s: &ServerStats) {
-    total.accepted += s.accepted;
-    total.applied += s.applied;
-    for (t, d) in total.dropped.iter_mut().zip(s.dropped) {
-        *t += d;
-    }
-    total.rejected += s.rejected;
-    total.updates += s.updates;
 }
 
 fn new_worker(config: &SimConfig, dim: usize, i: u32, epoch: u32) -> Result<AnyWorker<f32, Vec<f32>>, SimError> {
