@@ -7,11 +7,7 @@
 mod procs;
 
 use core::time::Duration;
-use procs::{Proc, serve, work};
-
-fn json(out: &str) -> serde_json::Value {
-    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
-}
+use procs::{Proc, json, serve, work};
 
 /// `timeout` sends SIGTERM to `serve` and then to its process group at once: the second
 /// signal, within the grace period, changes nothing. A third one after it exits at once.

@@ -32,7 +32,7 @@ mod procs;
 
 use core::time::Duration;
 use ledger::{Ledger, Loss};
-use procs::Proc;
+use procs::{Proc, json, serve_as_given};
 use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::Instant;
@@ -45,19 +45,9 @@ const TIME_LIMIT: u64 = 40;
 /// Model updates between checkpoints when the schedule kills the server.
 const CHECKPOINT_EVERY: &str = "4";
 
-fn serve(args: &[&str]) -> (Proc, String) {
-    let p = Proc::spawn(&[&["serve"][..], args].concat());
-    let addr = p.listening_addr();
-    (p, addr)
-}
-
 fn work(addr: &str, id: u32) -> Proc {
     let id = id.to_string();
     Proc::spawn(&["work", "--connect", addr, "--id", &id, "--give-up-after", "5", "--lost-after", "1", "--json"])
-}
-
-fn json(s: &str) -> serde_json::Value {
-    serde_json::from_str(s.trim()).unwrap_or_else(|e| panic!("{e}: {s}"))
 }
 
 fn knobs(kind: ProtocolKind) -> Vec<&'static str> {
@@ -179,7 +169,8 @@ fn schedule(kind: ProtocolKind, seed: u64, steps: u64, kill_server: bool) -> Str
     }
     // A server to be killed never ends on its own: the resumed one runs the budget.
     let first_steps = if kill_server { "100000" } else { &steps_arg };
-    let (mut server, addr) = serve(&[&["--listen", "127.0.0.1:0", "--steps", first_steps][..], &args].concat());
+    let (mut server, addr) =
+        serve_as_given(&[&["--listen", "127.0.0.1:0", "--steps", first_steps][..], &args].concat());
     let mut live: Vec<Incarnation> =
         (0..N).map(|i| Incarnation { proc: work(&addr, i), killed_server_lines: 0, killed: false }).collect();
     let mut ended: Vec<Vec<Incarnation>> = (0..N).map(|_| Vec::new()).collect();
@@ -216,7 +207,7 @@ fn schedule(kind: ProtocolKind, seed: u64, steps: u64, kill_server: bool) -> Str
             kill_the_server(&mut server, &mut live);
             seen = live.iter().map(newest_seen).max().unwrap_or(0);
             let resume = ["--listen", &addr, "--steps", &steps_arg, "--resume"];
-            let (resumed, _) = serve(&[&resume[..], &args].concat());
+            let (resumed, _) = serve_as_given(&[&resume[..], &args].concat());
             server = resumed;
             story.push("server killed".to_owned());
         }

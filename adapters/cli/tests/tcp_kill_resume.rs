@@ -27,26 +27,16 @@ mod procs;
 
 use core::time::Duration;
 use ledger::{Ledger, Loss};
-use procs::Proc;
+use procs::{Proc, json, serve_as_given};
 use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::Instant;
 
 const N: u32 = 3;
 
-fn serve(args: &[&str]) -> (Proc, String) {
-    let p = Proc::spawn(&[&["serve"][..], args].concat());
-    let addr = p.listening_addr();
-    (p, addr)
-}
-
 fn work(addr: &str, id: u32) -> Proc {
     let id = id.to_string();
     Proc::spawn(&["work", "--connect", addr, "--id", &id, "--give-up-after", "20", "--step-ms", "20", "--json"])
-}
-
-fn json(s: &str) -> serde_json::Value {
-    serde_json::from_str(s.trim()).unwrap_or_else(|e| panic!("{e}: {s}"))
 }
 
 fn knobs(protocol: &'static str) -> Vec<&'static str> {
@@ -72,7 +62,7 @@ fn written(report: &serde_json::Value) -> u64 {
 fn kill_a_worker_then_restart_it(protocol: &'static str) {
     let mut args = vec!["--listen", "127.0.0.1:0", "--steps", "80", "--json", "--time-limit", "60"];
     args.extend(knobs(protocol));
-    let (server, addr) = serve(&args);
+    let (server, addr) = serve_as_given(&args);
     let mut workers: Vec<Option<Proc>> = (0..N).map(|i| Some(work(&addr, i))).collect();
     server.wait_err("version", Duration::from_secs(20));
     thread::sleep(Duration::from_millis(200));
@@ -134,7 +124,7 @@ fn kill_the_server_then_resume(protocol: &'static str) {
     let mut args = vec!["--steps", "100000", "--json", "--time-limit", "60", "--checkpoint", ck];
     args.extend(["--checkpoint-every", "4"]);
     args.extend(knobs(protocol));
-    let (mut server, addr) = serve(&[&["--listen", "127.0.0.1:0"][..], &args].concat());
+    let (mut server, addr) = serve_as_given(&[&["--listen", "127.0.0.1:0"][..], &args].concat());
     let workers: Vec<Proc> = (0..N).map(|i| work(&addr, i)).collect();
     // Kill it between two checkpoints: once a checkpoint was written and updates followed.
     let end = Instant::now() + Duration::from_secs(30);
@@ -159,7 +149,7 @@ fn kill_the_server_then_resume(protocol: &'static str) {
     let mut resume = vec!["--listen", addr.as_str(), "--resume", "--steps", "40", "--json", "--time-limit", "60"];
     resume.extend(["--checkpoint", ck, "--checkpoint-every", "4"]);
     resume.extend(knobs(protocol));
-    let (resumed, _) = serve(&resume);
+    let (resumed, _) = serve_as_given(&resume);
     let line = resumed.wait_err("serve: resumed: ", Duration::from_secs(5));
     let (code, out) = resumed.finish(Duration::from_secs(90));
     assert_eq!(code, 0, "{protocol}: resumed serve");

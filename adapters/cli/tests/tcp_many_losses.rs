@@ -15,7 +15,7 @@
 mod procs;
 
 use core::time::Duration;
-use procs::Proc;
+use procs::{Proc, serve};
 use std::process::Command;
 use std::thread;
 use std::time::Instant;
@@ -28,12 +28,6 @@ enum Loss {
     Kill,
     /// One `kill -STOP` for all of them: silent together past `--lost-after`.
     Freeze,
-}
-
-fn serve(args: &[&str]) -> (Proc, String) {
-    let p = Proc::spawn(&[&["serve", "--listen", "127.0.0.1:0"][..], args].concat());
-    let addr = p.listening_addr();
-    (p, addr)
 }
 
 fn work(addr: &str, id: u32) -> Proc {

@@ -25,7 +25,7 @@ mod procs;
 
 use core::time::Duration;
 use ledger::{Ledger, Loss};
-use procs::Proc;
+use procs::{Proc, json, serve_as_given};
 use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::Instant;
@@ -35,12 +35,6 @@ use syncopate_adapters::workload::{ModelKind, Workload};
 
 const N: u32 = 3;
 
-fn serve(args: &[&str]) -> (Proc, String) {
-    let p = Proc::spawn(&[&["serve"][..], args].concat());
-    let addr = p.listening_addr();
-    (p, addr)
-}
-
 fn work(addrs: &str, id: u32, extra: &[&str]) -> Proc {
     let id = id.to_string();
     let mut args = vec!["work", "--connect", addrs, "--id", &id, "--json"];
@@ -49,10 +43,6 @@ fn work(addrs: &str, id: u32, extra: &[&str]) -> Proc {
     }
     args.extend_from_slice(extra);
     Proc::spawn(&args)
-}
-
-fn json(s: &str) -> serde_json::Value {
-    serde_json::from_str(s.trim()).unwrap_or_else(|e| panic!("{e}: {s}"))
 }
 
 fn knobs(protocol: &'static str) -> Vec<&'static str> {
@@ -80,7 +70,7 @@ fn shards(dir: &Path, shards: u32, args: &[&str]) -> (Vec<Proc>, Vec<String>, Ve
         let shard = format!("{k}/{shards}");
         let mut all = vec!["--listen", "127.0.0.1:0", "--shard", &shard, "--checkpoint", ckpt.to_str().unwrap()];
         all.extend_from_slice(args);
-        let (p, addr) = serve(&all);
+        let (p, addr) = serve_as_given(&all);
         procs.push(p);
         addrs.push(addr);
         ckpts.push(ckpt);
@@ -210,7 +200,7 @@ fn kill_a_shard_then_resume(protocol: &'static str, every: u64) {
     let mut resume = vec!["--listen", addrs[1].as_str(), "--shard", "1/2", "--resume", "--checkpoint", ck];
     resume.extend(["--steps", "40", "--json", "--time-limit", "60"]);
     resume.extend(knobs(protocol));
-    let (resumed, _) = serve(&resume);
+    let (resumed, _) = serve_as_given(&resume);
     let line = resumed.wait_err("serve: resumed: ", Duration::from_secs(10));
     eprintln!("{protocol}: {line}");
     let (code, out) = resumed.finish(Duration::from_secs(90));
@@ -321,7 +311,7 @@ fn a_worker_whose_shard_list_disagrees_is_refused_naming_the_shard() {
     let mut other = vec!["--listen", "127.0.0.1:0", "--shard", "1/2", "--checkpoint", ckpt.to_str().unwrap()];
     other.extend(["--steps", "100000", "--time-limit", "30", "--run-id", "two"]);
     other.extend(knobs("bsp"));
-    let (_other, b1) = serve(&other);
+    let (_other, b1) = serve_as_given(&other);
     expect(format!("{a0},{b1}"), &format!("shard 1 ({b1}) belongs to run 'two', shard 0 to run 'one'"));
     let _ = std::fs::remove_dir_all(&dir);
 }

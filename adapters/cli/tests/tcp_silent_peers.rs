@@ -7,23 +7,11 @@
 mod procs;
 
 use core::time::Duration;
-use procs::Proc;
-
-fn serve(args: &[&str]) -> (Proc, String) {
-    let mut all = vec!["serve", "--listen", "127.0.0.1:0"];
-    all.extend_from_slice(args);
-    let p = Proc::spawn(&all);
-    let addr = p.listening_addr();
-    (p, addr)
-}
+use procs::{Proc, json, serve};
 
 fn work(addr: &str, id: u32) -> Proc {
     let id = id.to_string();
     Proc::spawn(&["work", "--connect", addr, "--id", &id, "--give-up-after", "10", "--lost-after", "1"])
-}
-
-fn json(out: &str) -> serde_json::Value {
-    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
 
 #[test]

@@ -149,11 +149,20 @@ impl Drop for Proc {
 
 /// Starts `serve` on an ephemeral port with `args`; returns it and its address.
 pub fn serve(args: &[&str]) -> (Proc, String) {
-    let mut all = vec!["serve", "--listen", "127.0.0.1:0"];
-    all.extend_from_slice(args);
-    let p = Proc::spawn(&all);
+    serve_as_given(&[&["--listen", "127.0.0.1:0"][..], args].concat())
+}
+
+/// Starts `serve` with exactly `args` (which name its `--listen` address); returns it and
+/// the address it listens on.
+pub fn serve_as_given(args: &[&str]) -> (Proc, String) {
+    let p = Proc::spawn(&[&["serve"][..], args].concat());
     let addr = p.listening_addr();
     (p, addr)
+}
+
+/// A summary printed with `--json`.
+pub fn json(out: &str) -> serde_json::Value {
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
 
 /// Starts `work` as worker `id` of the server at `addr` with `args` (giving up after 10 s
