@@ -78,6 +78,27 @@ pub struct ServerReport {
     pub loss_curve: Vec<(u64, f64, f32)>,
 }
 
+impl ServerReport {
+    /// The report of a run of `workers` workers before it starts: nothing counted yet.
+    pub(crate) fn empty(workers: usize) -> Self {
+        Self {
+            reason: StopReason::Budget,
+            version: Version::ZERO,
+            params: Vec::new(),
+            stats: ServerStats::default(),
+            staleness: (0, 0, 0),
+            stalls: 0,
+            refused: 0,
+            wall_s: 0.0,
+            workers: vec![None; workers],
+            lost: Vec::new(),
+            rejoined: Vec::new(),
+            shards: Vec::new(),
+            loss_curve: Vec::new(),
+        }
+    }
+}
+
 mod end;
 mod ranks;
 #[cfg(test)]
@@ -425,21 +446,7 @@ pub fn run_shard(
         return Err(MpiError("the server needs an upstream link, which the MPI adapter does not have".into()));
     }
     let limits = Limits::for_model(dim);
-    let report = ServerReport {
-        reason: StopReason::Budget,
-        version: Version::ZERO,
-        params: Vec::new(),
-        stats: ServerStats::default(),
-        staleness: (0, 0, 0),
-        stalls: 0,
-        refused: 0,
-        wall_s: 0.0,
-        workers: vec![None; n as usize],
-        lost: Vec::new(),
-        rejoined: Vec::new(),
-        shards: Vec::new(),
-        loss_curve: Vec::new(),
-    };
+    let report = ServerReport::empty(n as usize);
     let first = Rank::try_from(shards).unwrap_or(Rank::MAX);
     let mut side = Side {
         link,

@@ -16,7 +16,7 @@ use syncopate::proto::grouped::GroupedConfig;
 use syncopate::proto::sharded::ShardLayout;
 use syncopate::proto::ssp::SspConfig;
 use syncopate::proto::wbsp::WbspConfig;
-use syncopate::{AnyServer, ProtocolConfig, Server, ServerStats, ToServer, Version, WorkerId};
+use syncopate::{AnyServer, ProtocolConfig, Server, ToServer, WorkerId};
 
 const N: u32 = 4;
 
@@ -54,21 +54,7 @@ fn several_silent_ranks_in_one_pass_are_all_lost_and_counted_for_every_protocol(
         }
         let mut lines = Vec::new();
         let mut log = |l: &str| lines.push(l.to_owned());
-        let report = ServerReport {
-            reason: StopReason::Budget,
-            version: Version::ZERO,
-            params: Vec::new(),
-            stats: ServerStats::default(),
-            staleness: (0, 0, 0),
-            stalls: 0,
-            refused: 0,
-            wall_s: 0.0,
-            workers: vec![None; N as usize],
-            lost: Vec::new(),
-            rejoined: Vec::new(),
-            shards: Vec::new(),
-            loss_curve: Vec::new(),
-        };
+        let report = ServerReport::empty(N as usize);
         let mut side = Side {
             link: link.take().expect("the link"),
             shard: 0,

@@ -314,13 +314,10 @@ impl<S: Server<f32>> Core<S> {
                             if contribution {
                                 self.report.received += 1;
                                 self.session(conn, |s| s.received += 1);
-                                let steps = self.pending_steps.get_mut(worker.index()).map(core::mem::take);
-                                let steps = steps.unwrap_or_default();
-                                note(Note::Contribution { worker, msg: &msg, step_seconds: &steps });
-                                if let Some(slot) = self.pending_steps.get_mut(worker.index()) {
-                                    // The buffer is kept for the next contribution.
-                                    *slot = steps;
-                                    slot.clear();
+                                let steps = self.pending_steps.get(worker.index()).map_or(&[][..], Vec::as_slice);
+                                note(Note::Contribution { worker, msg: &msg, step_seconds: steps });
+                                if let Some(steps) = self.pending_steps.get_mut(worker.index()) {
+                                    steps.clear();
                                 }
                             }
                             if matches!(msg, ToServer::Grad { .. } | ToServer::Delta { .. }) {
