@@ -96,11 +96,9 @@ pub(crate) fn sum_lanes<T: Scalar>(lanes: &[T; LANES]) -> T {
     sum_quad((a0 + a4) + (a8 + a12), (a1 + a5) + (a9 + a13), (a2 + a6) + (a10 + a14), (a3 + a7) + (a11 + a15))
 }
 
-/// The last two levels of [`sum_lanes`]: `(s0 + s2) + (s1 + s3)`. Not inlined, so the
-/// callers' main loops stay vectorised four lanes wide (inlined, this two-wide step makes the
-/// compiler vectorise them two wide). The four sums come in registers, not as an array: an
-/// array would be stored as one 16-byte vector and read back in 8-byte halves, a load the
-/// CPU cannot forward from the store.
+/// The last two levels of [`sum_lanes`]: `(s0 + s2) + (s1 + s3)`. Out of line, and taking
+/// the four sums as four arguments rather than an array, so that the callers' main loops
+/// stay four lanes wide (docs/perf-log.md, "Hot-path shapes").
 #[inline(never)]
 fn sum_quad<T: Scalar>(s0: T, s1: T, s2: T, s3: T) -> T {
     (s0 + s2) + (s1 + s3)

@@ -54,9 +54,8 @@ pub(crate) struct Admitted {
     pub(crate) rtt: Option<Duration>,
     /// The squared L2 norm of the gradient as added to the round: its norm as received,
     /// from admission, times the square of the clipping factor (`sq_norm · f · f`); 0 when
-    /// the gradient was dropped. One field rather than the norm and the factor, so the
-    /// caller never reads two adjacent `f64`s the callee stored separately with one 16-byte
-    /// load, which the CPU cannot forward from the two stores.
+    /// the gradient was dropped. One field rather than the norm and the factor
+    /// (docs/perf-log.md, "Hot-path shapes").
     pub(crate) sq_norm: f64,
     /// The round now holds `k` gradients: the caller closes it.
     pub(crate) full: bool,
@@ -329,8 +328,7 @@ macro_rules! backup_family_rules {
                 use $crate::msg::ToServer;
                 match *msg {
                     ToServer::Join { epoch } => self.engine.on_join(core, now, from, epoch),
-                    // By reference: a copy of `values` out of the caller's message would wait on
-                    // its stores (they cannot be forwarded to the copy's wider loads).
+                    // By reference: `values` is read where the caller put it, never copied.
                     ToServer::Grad { base, seq, ref values, .. } => self.on_grad(core, now, from, base, seq, values),
                     _ => Err($crate::error::Reject::Unexpected { kind: msg.kind_name() }),
                 }

@@ -1,6 +1,6 @@
 //! The output queues' capacity, proven at the largest worker count: every protocol runs
-//! through joins, full rounds, stragglers, parked pulls and lost workers with more workers
-//! than the old fixed tables held, and the synchronous ones with `n = MAX_WORKERS`, and no
+//! through joins, full rounds, stragglers, parked pulls and lost workers with hundreds of
+//! workers (more than the default inline table holds), and the synchronous ones with `n = MAX_WORKERS`, and no
 //! output ever finds its queue (of a constant depth) full; a caller that does not drain is
 //! refused with `Capacity` before anything changes, and still nothing is lost.
 
@@ -22,7 +22,7 @@ use std::vec::Vec;
 
 const DIM: usize = 4;
 
-/// More workers than the tables of the fixed-size design (256) held.
+/// More workers than the default inline table (`DEFAULT_INLINE_WORKERS`, 256) holds.
 const SOME: u32 = 300;
 
 type Srv = AnyServer<f64, Vec<f64>, Heap>;
@@ -103,7 +103,7 @@ fn run(config: &ProtocolConfig, inputs: usize) -> (usize, u64) {
     (widest, net.version().0)
 }
 
-/// Every protocol, with more workers than the old fixed tables held.
+/// Every protocol, with more workers than the default inline table holds.
 #[test]
 fn no_output_is_lost_with_hundreds_of_workers() {
     check_no_output_is_lost(configs(SOME), 12 * SOME as usize);

@@ -309,8 +309,8 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
         self.core.momentum.as_ref().and_then(|(_, p)| p.as_ref().get(..dim))
     }
 
-    /// Out of line: inlined into `handle`, its path made `handle` save six registers on every
-    /// message instead of three.
+    /// Out of line: a rare path, kept out of `handle`'s body so that the common message pays
+    /// nothing for it (docs/perf-log.md, "Hot-path shapes").
     #[inline(never)]
     fn lose(&mut self, now: Instant, worker: WorkerId) -> Result<(), Reject> {
         let was_live = self.core.roster.lose(worker);
@@ -410,8 +410,8 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
 }
 
 impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> Server<T> for ProtocolServer<T, S, R, M> {
-    // Out of line, so `AnyServer`'s dispatch does not inline it and save the registers of
-    // every protocol's `handle` on every message.
+    // Out of line: `AnyServer`'s dispatch calls one `handle` per protocol and never inlines
+    // them all into its match.
     #[inline(never)]
     fn handle(&mut self, now: Instant, from: WorkerId, msg: ToServer<'_, T>) -> Result<(), Reject> {
         // A loss reported before this message is applied before it (a caller that drains
@@ -421,9 +421,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> Server<T> for Proto
         }
         let result = self.core.queue.ensure_room(self.rules.burst()).and_then(|()| {
             self.core.roster.check_member(from)?;
-            // The message by reference, where the caller put it: a copy made here would load
-            // it in 16-byte pieces right after the caller's narrower stores, which the CPU
-            // cannot forward.
+            // The message is read by reference where the caller put it, never copied.
             match msg {
                 ToServer::Leave => self.lose(now, from),
                 ToServer::Grad { loss: Some(l), .. }

@@ -148,8 +148,7 @@ impl<I: Copy, const N: usize> FrontQueue<I, N> {
     }
 
     /// [`Self::push`] of the item `make` builds, built straight into its slot, never built on
-    /// the stack and copied in (a copy reads the item back with wide loads right after its
-    /// fields were stored with narrow ones, which the CPU cannot forward).
+    /// the stack and copied in.
     #[inline(always)]
     #[must_use]
     pub(crate) fn push_with(&mut self, make: impl FnOnce() -> I) -> bool {

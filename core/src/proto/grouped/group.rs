@@ -287,8 +287,7 @@ impl<M: Storage> Shared<M> {
             let (batch, next, end) = match front {
                 Item::Event(e) => {
                     // Built in the caller's slot straight from the queue before the queue
-                    // moves on, never copied through the stack (a reload at other offsets
-                    // than the stores would stall store forwarding).
+                    // moves on, never copied through the stack.
                     let out = Some(ServerOutput::Event(*e));
                     self.queue.advance();
                     return out;
@@ -807,7 +806,7 @@ fn fused_measured<T: Scalar>(y: &mut [T], x: &[T], each: impl Fn(&mut T, T) -> T
 /// [`math::squared_norm`]`(x)`: a gradient's admission measure and its accumulation in one
 /// pass. `acc` and `x` have the same length.
 // Not inlined: as a function of its own its slices keep their no-alias guarantee, so
-// the loop vectorises (inlined, the stores to one slice made it reload the other).
+// the loop vectorises.
 #[inline(never)]
 pub(super) fn add_measured<T: Scalar>(acc: &mut [T], x: &[T]) -> T {
     fused_measured(acc, x, |a, v| {
@@ -821,7 +820,7 @@ pub(super) fn add_measured<T: Scalar>(acc: &mut [T], x: &[T]) -> T {
 /// scaling in [`scale_measured`]), returning the squared norm of the result with the bits
 /// [`scale_measured`] gives. `acc` and `x` have the same length.
 // Not inlined: as a function of its own its slices keep their no-alias guarantee, so
-// the loop vectorises (inlined, the stores to one slice made it reload the other).
+// the loop vectorises.
 #[inline(never)]
 pub(super) fn add_scale_measured<T: Scalar>(acc: &mut [T], x: &[T], factor: T, w: T) -> T {
     if factor == T::one() {
@@ -841,7 +840,7 @@ pub(super) fn add_scale_measured<T: Scalar>(acc: &mut [T], x: &[T], factor: T, w
 /// `params += scale · agg` (the bits of [`math::scaled_add`]), `model = params`, `agg = 0`.
 /// The three have the same length (extra elements are not visited).
 // Not inlined: as a function of its own its slices keep their no-alias guarantee, so
-// the loop vectorises (inlined, the stores to one slice made it reload the other).
+// the loop vectorises.
 #[inline(never)]
 pub(super) fn apply_copy_clear<T: Scalar>(params: &mut [T], scale: T, agg: &mut [T], model: &mut [T]) {
     for ((p, a), m) in params.iter_mut().zip(agg.iter_mut()).zip(model.iter_mut()) {

@@ -185,8 +185,8 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
     fn poll_items(&mut self) -> Option<ServerOutput<'_, T>> {
         let Self { scratch, groups, shared, dim, per, .. } = self;
         let (scratch, groups, dim, per) = (&*scratch, &*groups, &*dim, &*per);
-        // The payload is looked up out of line: inlined, its state was loaded (and spilled)
-        // on every call, though most outputs are events.
+        // The payload is looked up out of line, so the common output (an event) pays
+        // nothing for it.
         shared
             .poll(|g| groups.get(g as usize).map_or(Version::ZERO, |gr| gr.version), |g| model_of(scratch, g, dim, per))
     }
@@ -235,8 +235,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupedServer<T, S, M> {
                     let group = self.groups.get_mut(g).ok_or(Reject::UnknownWorker(from))?;
                     self.shared.on_join(group, from, epoch)
                 }
-                // By reference: copying `values` out of the caller's message loads it in one
-                // 16-byte piece right after the caller's 8-byte stores (a store-forwarding stall).
+                // By reference: `values` is read where the caller put it, never copied.
                 ToServer::Grad { base, seq, ref values, loss, .. } => {
                     self.on_grad(now, g, from, base, seq, values, loss)
                 }
@@ -269,7 +268,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupedServer<T, S, M> {
 
     fn poll_output(&mut self) -> Option<ServerOutput<'_, T>> {
         // Drained after every input: most calls find the queue empty or an event in front,
-        // answered here without the setup (and saved registers) of the general case.
+        // answered here; everything else goes to the out-of-line general case.
         match self.shared.queue.front_mut() {
             Some(Item::Event(e)) => {
                 let out = Some(ServerOutput::Event(*e));
