@@ -10,6 +10,7 @@ use core::marker::PhantomData;
 use heapless::Deque;
 
 use super::group::*;
+use super::items::*;
 use super::*;
 
 /// An upstream message before its payload is attached.

@@ -134,6 +134,8 @@ use crate::proto::ServerEvent;
 use crate::proto::asp::AspServer;
 mod group;
 mod group_server;
+mod items;
+mod kernels;
 mod server;
 #[cfg(test)]
 mod tests;
@@ -147,8 +149,8 @@ use crate::proto::GradientPolicy;
 use crate::proto::asp::AspConfig;
 use crate::proto::common::round::check_learning_rate;
 use crate::time::Duration;
-pub use group::GroupedSlot;
-use group::Layout;
+pub use items::GroupedSlot;
+use items::Layout;
 use num_traits::Float;
 
 /// The most groups one configuration may have.

@@ -12,6 +12,8 @@ use crate::time::Instant;
 use core::marker::PhantomData;
 
 use super::group::*;
+use super::items::*;
+use super::kernels::*;
 use super::*;
 
 /// The grouped protocol in one state machine: the central [`AspServer`] and the `G` group
