@@ -57,8 +57,7 @@ fn scenario(file: Option<&PathBuf>, preset: Option<&str>) -> Result<Scenario, Fa
 }
 
 fn with_trace(mut s: Scenario, trace: &std::path::Path, steps: &[crate::trace::Step]) -> Result<Scenario, Failure> {
-    let models =
-        crate::trace::compute_models(steps, s.workers, &trace.display().to_string()).map_err(Failure::Usage)?;
+    let models = crate::sim::compute_models(steps, s.workers, &trace.display().to_string()).map_err(Failure::Usage)?;
     let mean_ms = steps.iter().map(|x| x.seconds).sum::<f64>() / steps.len().max(1) as f64 * 1000.0;
     let slowest_ms = steps.iter().map(|x| x.seconds).fold(0.0f64, f64::max) * 1000.0;
     s.name = format!(

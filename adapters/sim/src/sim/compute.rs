@@ -7,6 +7,7 @@
 //! (an absolute extra, the WBSP paper's H1/H2/H3 setting) and [`ComputeModel::Trace`] (a
 //! recorded trace in seconds).
 
+use crate::trace::Step;
 use syncopate::Duration;
 use syncopate::rng::Rng;
 
@@ -216,11 +217,46 @@ fn seconds_to_duration(s: f64) -> Duration {
     }
 }
 
+/// One replay model per worker (`Trace` of its step times in step order).
+pub fn compute_models(steps: &[Step], workers: u32, source: &str) -> Result<Vec<ComputeModel>, String> {
+    let mut per: Vec<Vec<(u64, f64)>> = vec![Vec::new(); workers as usize];
+    for s in steps {
+        let slot = per
+            .get_mut(s.worker as usize)
+            .ok_or_else(|| format!("{source}: worker {} is outside the scenario's {workers} workers", s.worker))?;
+        slot.push((s.step, s.seconds));
+    }
+    per.into_iter()
+        .enumerate()
+        .map(|(i, mut v)| {
+            if v.is_empty() {
+                return Err(format!("{source}: no steps for worker {i} (the scenario has {workers} workers)"));
+            }
+            v.sort_by_key(|(step, _)| *step);
+            Ok(ComputeModel::Trace(v.into_iter().map(|(_, t)| t).collect()))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const BASE: Duration = Duration::from_millis(10);
+
+    #[test]
+    fn a_recorded_trace_replays_per_worker() {
+        let back = [
+            Step { worker: 1, step: 1, seconds: 0.5 },
+            Step { worker: 0, step: 0, seconds: 0.25 },
+            Step { worker: 1, step: 0, seconds: 0.125 },
+            Step { worker: 0, step: 1, seconds: 0.75 },
+        ];
+        let models = compute_models(&back, 2, "t").unwrap();
+        assert_eq!(models[1], ComputeModel::Trace(vec![0.125, 0.5]));
+        assert!(compute_models(&back, 3, "t").unwrap_err().contains("no steps for worker 2"));
+        assert!(compute_models(&back, 1, "t").unwrap_err().contains("outside"));
+    }
 
     fn mean_of(model: &ComputeModel, steps: usize) -> f64 {
         let mut s = ComputeSampler::new(model.clone(), BASE, 42, 3);

@@ -75,7 +75,7 @@ pub mod network;
 mod report;
 mod shards;
 
-pub use compute::{ComputeModel, ComputeSampler};
+pub use compute::{ComputeModel, ComputeSampler, compute_models};
 pub use config::{
     Crash, Direction, FaultConfig, GradientSource, LinkCut, NetworkConfig, ServerCrash, SimConfig, StopRule,
 };

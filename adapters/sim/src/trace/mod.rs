@@ -13,7 +13,6 @@
 
 pub mod served;
 
-use crate::sim::ComputeModel;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 
@@ -393,27 +392,6 @@ pub fn truncate_to_shortest(lines: Vec<(usize, Step)>, steps: u64) -> Vec<Step> 
     lines.into_iter().map(|(_, s)| s).filter(|s| s.step < steps).collect()
 }
 
-/// One replay model per worker (`Trace` of its step times in step order).
-pub fn compute_models(steps: &[Step], workers: u32, source: &str) -> Result<Vec<ComputeModel>, String> {
-    let mut per: Vec<Vec<(u64, f64)>> = vec![Vec::new(); workers as usize];
-    for s in steps {
-        let slot = per
-            .get_mut(s.worker as usize)
-            .ok_or_else(|| format!("{source}: worker {} is outside the scenario's {workers} workers", s.worker))?;
-        slot.push((s.step, s.seconds));
-    }
-    per.into_iter()
-        .enumerate()
-        .map(|(i, mut v)| {
-            if v.is_empty() {
-                return Err(format!("{source}: no steps for worker {i} (the scenario has {workers} workers)"));
-            }
-            v.sort_by_key(|(step, _)| *step);
-            Ok(ComputeModel::Trace(v.into_iter().map(|(_, t)| t).collect()))
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -432,10 +410,6 @@ mod tests {
         write(&path, &steps).unwrap();
         let back = read(&path).unwrap();
         assert_eq!(back, steps);
-        let models = compute_models(&back, 2, "t").unwrap();
-        assert_eq!(models[1], ComputeModel::Trace(vec![0.125, 0.5]));
-        assert!(compute_models(&back, 3, "t").unwrap_err().contains("no steps for worker 2"));
-        assert!(compute_models(&back, 1, "t").unwrap_err().contains("outside"));
         std::fs::write(&path, "worker,step,seconds\n0,0,abc\n").unwrap();
         let e = read(&path).unwrap_err();
         assert!(e.contains("line 2: seconds 'abc'"), "{e}");

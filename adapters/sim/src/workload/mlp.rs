@@ -10,7 +10,7 @@
 //! `hidden` rather than many short ones.
 
 use super::dataset::Dataset;
-use super::model::{Scratch, axpy, dot, nonzeros, softmax_cross_entropy};
+use super::numeric::{Scratch, axpy, dot, nonzeros, softmax_cross_entropy};
 
 /// The four parameter blocks `(W1, b1, W2, b2)` of a flat parameter slice.
 fn blocks(n_features: usize, hidden: usize, n_classes: usize, params: &[f32]) -> (&[f32], &[f32], &[f32], &[f32]) {

@@ -6,7 +6,7 @@
 //! weights into unit `j` of the second layer), `b2` (`h2`), `W3` as `n_classes x h2`, `b3`.
 
 use super::dataset::Dataset;
-use super::model::{Scratch, axpy, dot, nonzeros, softmax_cross_entropy};
+use super::numeric::{Scratch, axpy, dot, nonzeros, softmax_cross_entropy};
 
 /// Lengths of the six parameter blocks.
 fn sizes(n_features: usize, h1: usize, h2: usize, n_classes: usize) -> [usize; 6] {

@@ -90,6 +90,7 @@
 //! assert!(w.model.evaluate(&params, &w.test).accuracy > 0.85);
 //! ```
 
+mod builtin;
 mod dataset;
 pub mod limits;
 mod loaders;
@@ -97,12 +98,14 @@ mod mlp;
 mod mlp2;
 mod model;
 pub mod nqm;
+mod numeric;
 mod sampler;
 mod softmax;
 
 pub use dataset::{Dataset, Scaling};
 pub use loaders::{CsvOptions, LoadError};
-pub use model::{Evaluation, Model, ModelKind, ParseModelKindError, Scratch};
+pub use model::{Evaluation, Model, ModelKind, ParseModelKindError};
+pub use numeric::Scratch;
 pub use sampler::BatchSampler;
 
 /// A model together with the train and test halves of its data set.

@@ -1,10 +1,11 @@
 //! Models: the kind, the flat parameter layout, initialization, the minibatch gradient and
-//! evaluation, plus the small numeric kernels the model implementations share.
+//! evaluation.
 
 use core::fmt;
 use core::str::FromStr;
 
 use super::dataset::Dataset;
+use super::numeric::{Scratch, argmax, log_sum_exp, softmax_cross_entropy};
 use super::{mlp, mlp2, nqm, softmax};
 use syncopate::rng::Rng;
 
@@ -119,36 +120,6 @@ pub struct Evaluation {
     /// Fraction of rows whose highest logit is their label (ties go to the lower class);
     /// 0 for an empty data set.
     pub accuracy: f64,
-}
-
-/// Work buffers for [`Model::gradient`] and [`Model::evaluate_with`], so that neither
-/// allocates. Get one from [`Model::scratch`]; one per thread.
-#[derive(Clone, Debug, Default)]
-pub struct Scratch {
-    /// Logits, then softmax probabilities minus the one-hot label (`n_classes`).
-    pub(super) logits: Vec<f32>,
-    /// Hidden activations (`hidden`, MLP only).
-    pub(super) hidden: Vec<f32>,
-    /// Gradient of the loss with respect to the hidden pre-activations (`hidden`, MLP only).
-    pub(super) d_hidden: Vec<f32>,
-    /// Indices of the non-zero inputs of the current row (`n_features`, MLP only).
-    pub(super) nz_inputs: Vec<usize>,
-    /// Second hidden layer's activations (two-layer MLP only).
-    pub(super) hidden2: Vec<f32>,
-    /// Gradient with respect to the second layer's pre-activations (two-layer MLP only).
-    pub(super) d_hidden2: Vec<f32>,
-}
-
-impl Scratch {
-    /// Makes the buffers the right size (allocates only when a size changes).
-    fn fit(&mut self, n_features: usize, n_classes: usize, (hidden, hidden2): (usize, usize)) {
-        self.logits.resize(n_classes, 0.0);
-        self.hidden.resize(hidden, 0.0);
-        self.d_hidden.resize(hidden, 0.0);
-        self.nz_inputs.resize(if hidden > 0 { n_features } else { 0 }, 0);
-        self.hidden2.resize(hidden2, 0.0);
-        self.d_hidden2.resize(hidden2, 0.0);
-    }
 }
 
 /// A classifier of a given [`ModelKind`] and shape. Holds no parameters: those are a flat
@@ -357,96 +328,11 @@ impl Model {
     }
 }
 
-/// `sum(a[i] * b[i])` over the common length, with eight independent accumulators so the
-/// compiler can vectorize it.
-#[inline]
-pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    const LANES: usize = 8;
-    let mut acc = [0.0f32; LANES];
-    let (mut ca, mut cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        // chunks_exact yields slices of exactly LANES elements, so these conversions always
-        // succeed; fixed-size arrays let the compiler drop bounds checks and vectorize.
-        if let (Ok(x), Ok(y)) = (<&[f32; LANES]>::try_from(x), <&[f32; LANES]>::try_from(y)) {
-            for k in 0..LANES {
-                acc[k] += x[k] * y[k];
-            }
-        }
-    }
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
-    let s: [f32; 4] = core::array::from_fn(|k| acc[k] + acc[k + 4]);
-    (s[0] + s[2]) + (s[1] + s[3]) + tail
-}
-
-/// Writes the indices of the non-zero values of `x` to the front of `out` and returns how
-/// many there are. Branch-free, so the data-dependent sparsity pattern costs no branch
-/// mispredictions.
-///
-/// # Panics
-///
-/// If `out` is shorter than `x`.
-#[inline]
-pub(super) fn nonzeros(x: &[f32], out: &mut [usize]) -> usize {
-    let out = &mut out[..x.len()];
-    let mut n = 0;
-    for (j, &v) in x.iter().enumerate() {
-        out[n] = j;
-        n += usize::from(v != 0.0);
-    }
-    n
-}
-
-/// `y += a * x` over the common length.
-#[inline]
-pub(super) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y += a * x;
-    }
-}
-
-/// `log(sum(exp(z)))`, computed stably by factoring out the max.
-fn log_sum_exp(z: &[f32]) -> f32 {
-    let m = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    m + z.iter().map(|&v| (v - m).exp()).sum::<f32>().ln()
-}
-
-/// Index of the first largest value.
-fn argmax(z: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in z.iter().enumerate() {
-        if v > z[best] {
-            best = i;
-        }
-    }
-    best
-}
-
-/// Turns `logits` into `softmax(logits) - onehot(y)` (the gradient of the cross-entropy with
-/// respect to the logits) and returns the cross-entropy `logsumexp(logits) - logits[y]`.
-/// Subtracts the max logit before exponentiating, so large logits cannot overflow.
-///
-/// # Panics
-///
-/// If `y >= logits.len()`.
-#[inline]
-pub(super) fn softmax_cross_entropy(logits: &mut [f32], y: usize) -> f32 {
-    let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let shifted_y = logits[y] - m;
-    let mut sum = 0.0f32;
-    for l in logits.iter_mut() {
-        *l = (*l - m).exp();
-        sum += *l;
-    }
-    let inv = 1.0 / sum;
-    logits.iter_mut().for_each(|l| *l *= inv);
-    logits[y] -= 1.0;
-    sum.ln() - shifted_y
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::workload::BatchSampler;
+    use crate::workload::numeric::{axpy, dot};
 
     #[test]
     fn model_kind_parses_and_displays() {

@@ -6,7 +6,7 @@
 //! rows of length `n_features`.
 
 use super::dataset::Dataset;
-use super::model::{Scratch, axpy, dot, softmax_cross_entropy};
+use super::numeric::{Scratch, axpy, dot, softmax_cross_entropy};
 
 /// Writes the logits of row `x` into `scratch.logits` (already sized `n_classes`).
 pub(super) fn forward(n_features: usize, params: &[f32], x: &[f32], scratch: &mut Scratch) {
