@@ -10,7 +10,10 @@
 //! `hidden` rather than many short ones.
 
 use super::dataset::Dataset;
-use super::numeric::{Scratch, axpy, dot, nonzeros, softmax_cross_entropy};
+use super::numeric::{
+    Scratch, dense_layer_backward, dot, nonzeros, relu_backward, softmax_cross_entropy, sparse_layer_backward,
+    sparse_relu_layer,
+};
 
 /// The four parameter blocks `(W1, b1, W2, b2)` of a flat parameter slice.
 fn blocks(n_features: usize, hidden: usize, n_classes: usize, params: &[f32]) -> (&[f32], &[f32], &[f32], &[f32]) {
@@ -28,11 +31,7 @@ pub(super) fn forward(n_features: usize, hidden: usize, params: &[f32], x: &[f32
     let (w1, b1, w2, b2) = blocks(n_features, hidden, n_classes, params);
     let n_inputs = nonzeros(x, &mut scratch.nz_inputs);
     let a = &mut scratch.hidden;
-    a.copy_from_slice(b1);
-    for &j in &scratch.nz_inputs[..n_inputs] {
-        axpy(x[j], &w1[j * hidden..(j + 1) * hidden], a);
-    }
-    a.iter_mut().for_each(|v| *v = v.max(0.0));
+    sparse_relu_layer(x, &scratch.nz_inputs[..n_inputs], w1, b1, a);
     for ((z, w_row), &b) in scratch.logits.iter_mut().zip(w2.chunks_exact(hidden)).zip(b2) {
         *z = b + dot(w_row, a);
     }
@@ -62,21 +61,11 @@ pub(super) fn accumulate(
         total += softmax_cross_entropy(&mut scratch.logits, data.labels[i] as usize);
         let Scratch { logits: d_logits, hidden: a, d_hidden, nz_inputs, .. } = &mut *scratch;
         // Output layer: dW2[k] = dL/dz[k] a, db2 = dL/dz, dL/da = W2^T dL/dz.
-        d_hidden.fill(0.0);
-        for ((gw_row, w_row), &d) in gw2.chunks_exact_mut(hidden).zip(w2.chunks_exact(hidden)).zip(d_logits.iter()) {
-            axpy(d, a, gw_row);
-            axpy(d, w_row, d_hidden);
-        }
-        axpy(1.0, d_logits, gb2);
+        dense_layer_backward(w2, a, d_logits, false, gw2, gb2, d_hidden);
         // Through the ReLU (derivative 1 where the unit is active, else 0), then the hidden
         // layer: dW1[j] = x[j] dL/d(pre-activation), db1 = dL/d(pre-activation).
-        for (dh, &a) in d_hidden.iter_mut().zip(a.iter()) {
-            *dh = if a > 0.0 { *dh } else { 0.0 };
-        }
-        for &j in &nz_inputs[..n_inputs] {
-            axpy(x[j], d_hidden, &mut gw1[j * hidden..(j + 1) * hidden]);
-        }
-        axpy(1.0, d_hidden, gb1);
+        relu_backward(d_hidden, a);
+        sparse_layer_backward(x, &nz_inputs[..n_inputs], d_hidden, gw1, gb1);
     }
     total
 }

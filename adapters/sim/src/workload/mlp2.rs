@@ -6,7 +6,10 @@
 //! weights into unit `j` of the second layer), `b2` (`h2`), `W3` as `n_classes x h2`, `b3`.
 
 use super::dataset::Dataset;
-use super::numeric::{Scratch, axpy, dot, nonzeros, softmax_cross_entropy};
+use super::numeric::{
+    Scratch, dense_layer_backward, dot, nonzeros, relu_backward, softmax_cross_entropy, sparse_layer_backward,
+    sparse_relu_layer,
+};
 
 /// Lengths of the six parameter blocks.
 fn sizes(n_features: usize, h1: usize, h2: usize, n_classes: usize) -> [usize; 6] {
@@ -42,12 +45,7 @@ pub(super) fn forward(
     let n_classes = scratch.logits.len();
     let [w1, b1, w2, b2, w3, b3] = blocks(n_features, h1, h2, n_classes, params);
     let n_inputs = nonzeros(x, &mut scratch.nz_inputs);
-    let a1 = &mut scratch.hidden;
-    a1.copy_from_slice(b1);
-    for &j in &scratch.nz_inputs[..n_inputs] {
-        axpy(x[j], &w1[j * h1..(j + 1) * h1], a1);
-    }
-    a1.iter_mut().for_each(|v| *v = v.max(0.0));
+    sparse_relu_layer(x, &scratch.nz_inputs[..n_inputs], w1, b1, &mut scratch.hidden);
     for ((a, w_row), &b) in scratch.hidden2.iter_mut().zip(w2.chunks_exact(h1)).zip(b2) {
         *a = (b + dot(w_row, &scratch.hidden)).max(0.0);
     }
@@ -86,32 +84,13 @@ pub(super) fn accumulate(
         let Scratch { logits: d_logits, hidden: a1, d_hidden: d1, nz_inputs, hidden2: a2, d_hidden2: d2 } =
             &mut *scratch;
         // Output layer.
-        d2.fill(0.0);
-        for ((gw_row, w_row), &d) in gw3.chunks_exact_mut(h2).zip(w3.chunks_exact(h2)).zip(d_logits.iter()) {
-            axpy(d, a2, gw_row);
-            axpy(d, w_row, d2);
-        }
-        axpy(1.0, d_logits, gb3);
-        // Second hidden layer (through its ReLU).
-        for (d, &a) in d2.iter_mut().zip(a2.iter()) {
-            *d = if a > 0.0 { *d } else { 0.0 };
-        }
-        d1.fill(0.0);
-        for ((gw_row, w_row), &d) in gw2.chunks_exact_mut(h1).zip(w2.chunks_exact(h1)).zip(d2.iter()) {
-            if d != 0.0 {
-                axpy(d, a1, gw_row);
-                axpy(d, w_row, d1);
-            }
-        }
-        axpy(1.0, d2, gb2);
+        dense_layer_backward(w3, a2, d_logits, false, gw3, gb3, d2);
+        // Second hidden layer (through its ReLU; a unit that is off adds nothing).
+        relu_backward(d2, a2);
+        dense_layer_backward(w2, a1, d2, true, gw2, gb2, d1);
         // First hidden layer.
-        for (d, &a) in d1.iter_mut().zip(a1.iter()) {
-            *d = if a > 0.0 { *d } else { 0.0 };
-        }
-        for &j in &nz_inputs[..n_inputs] {
-            axpy(x[j], d1, &mut gw1[j * h1..(j + 1) * h1]);
-        }
-        axpy(1.0, d1, gb1);
+        relu_backward(d1, a1);
+        sparse_layer_backward(x, &nz_inputs[..n_inputs], d1, gw1, gb1);
     }
     total
 }

@@ -115,3 +115,60 @@ pub(super) fn softmax_cross_entropy(logits: &mut [f32], y: usize) -> f32 {
     logits[y] -= 1.0;
     sum.ln() - shifted_y
 }
+
+/// The input layer of the MLPs, over the non-zero inputs only: `a = relu(b + Σ_j x[j] W[j])`
+/// with `W` input-major (row `j` holds the weights out of input `j`, `a.len()` long) and
+/// `nz` the indices of the non-zero inputs.
+#[inline]
+pub(super) fn sparse_relu_layer(x: &[f32], nz: &[usize], w: &[f32], b: &[f32], a: &mut [f32]) {
+    let width = a.len();
+    a.copy_from_slice(b);
+    for &j in nz {
+        axpy(x[j], &w[j * width..(j + 1) * width], a);
+    }
+    a.iter_mut().for_each(|v| *v = v.max(0.0));
+}
+
+/// The input layer's gradient for one row: `gw[j] += x[j] d` for each non-zero input `j`
+/// (`gw` input-major, rows `d.len()` long) and `gb += d`.
+#[inline]
+pub(super) fn sparse_layer_backward(x: &[f32], nz: &[usize], d: &[f32], gw: &mut [f32], gb: &mut [f32]) {
+    let width = d.len();
+    for &j in nz {
+        axpy(x[j], d, &mut gw[j * width..(j + 1) * width]);
+    }
+    axpy(1.0, d, gb);
+}
+
+/// A dense layer's gradient for one row: with `w` row-major (row `k` holds the weights into
+/// output `k`, `a.len()` long), adds `d_out[k] a` to row `k` of `gw` and `d_out` to `gb`, and
+/// writes `d_in = Wᵀ d_out`. With `skip_zero`, an output whose `d_out[k]` is 0 adds nothing
+/// to `gw` and `d_in`.
+#[inline]
+pub(super) fn dense_layer_backward(
+    w: &[f32],
+    a: &[f32],
+    d_out: &[f32],
+    skip_zero: bool,
+    gw: &mut [f32],
+    gb: &mut [f32],
+    d_in: &mut [f32],
+) {
+    let width = a.len();
+    d_in.fill(0.0);
+    for ((gw_row, w_row), &d) in gw.chunks_exact_mut(width).zip(w.chunks_exact(width)).zip(d_out) {
+        if !skip_zero || d != 0.0 {
+            axpy(d, a, gw_row);
+            axpy(d, w_row, d_in);
+        }
+    }
+    axpy(1.0, d_out, gb);
+}
+
+/// Through a ReLU backwards: `d` where the unit's activation `a` is positive, else 0.
+#[inline]
+pub(super) fn relu_backward(d: &mut [f32], a: &[f32]) {
+    for (d, &a) in d.iter_mut().zip(a) {
+        *d = if a > 0.0 { *d } else { 0.0 };
+    }
+}
