@@ -1,7 +1,7 @@
 //! What a run produced: [`SimReport`] (serializable), and the [`Observation`]s a test or a
 //! tool can watch while it runs.
 
-use core::fmt::{self, Write as _};
+use core::fmt;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use syncopate::proto::Heap;
@@ -581,6 +581,7 @@ pub(crate) use hash::{FastDebug, Fnv};
 #[cfg(test)]
 mod tests {
     use super::*;
+    use core::fmt::Write as _;
 
     #[test]
     fn fnv_matches_reference_vectors() {

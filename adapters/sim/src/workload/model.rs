@@ -5,7 +5,7 @@ use core::fmt;
 use core::str::FromStr;
 
 use super::dataset::Dataset;
-use super::numeric::{Scratch, argmax, log_sum_exp, softmax_cross_entropy};
+use super::numeric::{Scratch, argmax, log_sum_exp};
 use super::{mlp, mlp2, nqm, softmax};
 use syncopate::rng::Rng;
 
@@ -332,7 +332,7 @@ impl Model {
 mod tests {
     use super::*;
     use crate::workload::BatchSampler;
-    use crate::workload::numeric::{axpy, dot};
+    use crate::workload::numeric::{axpy, dot, softmax_cross_entropy};
 
     #[test]
     fn model_kind_parses_and_displays() {
