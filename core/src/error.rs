@@ -1,7 +1,6 @@
 //! Typed refusals. A `handle_*` call that returns `Err` changed nothing.
 
 use crate::id::{Version, WorkerId};
-use crate::math::LengthMismatch;
 use core::fmt;
 
 /// Why an input was refused. The state machine's state is unchanged after a refusal; the
@@ -235,6 +234,23 @@ impl From<LengthMismatch> for Reject {
         Self::WrongLength(m)
     }
 }
+
+/// Two slices that must have the same length did not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LengthMismatch {
+    /// The length the operation expected (the destination's).
+    pub expected: usize,
+    /// The length it got.
+    pub actual: usize,
+}
+
+impl fmt::Display for LengthMismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "length mismatch: expected {} elements, got {}", self.expected, self.actual)
+    }
+}
+
+impl core::error::Error for LengthMismatch {}
 
 #[cfg(test)]
 mod tests {

@@ -124,6 +124,7 @@ pub mod math;
 pub mod msg;
 pub mod proto;
 pub mod rng;
+pub mod storage;
 pub mod time;
 pub mod wire;
 

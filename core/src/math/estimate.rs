@@ -25,7 +25,7 @@
 //! §3.3 leaves the censoring method open).
 
 use crate::error::ConfigError;
-use crate::proto::Storage;
+use crate::storage::Storage;
 use crate::time::Duration;
 
 /// The largest `n` for which [`RttWindow::expected_order_statistics`] integrates the exact

@@ -3,24 +3,7 @@
 //! into a second buffer).
 
 use super::Scalar;
-use core::fmt;
-
-/// Two slices that must have the same length did not.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LengthMismatch {
-    /// The length the operation expected (the destination's).
-    pub expected: usize,
-    /// The length it got.
-    pub actual: usize,
-}
-
-impl fmt::Display for LengthMismatch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "length mismatch: expected {} elements, got {}", self.expected, self.actual)
-    }
-}
-
-impl core::error::Error for LengthMismatch {}
+use crate::error::LengthMismatch;
 
 #[inline]
 fn check(expected: usize, actual: usize) -> Result<(), LengthMismatch> {

@@ -11,13 +11,13 @@ use super::ssp::{SspConfig, SspServer, SspWorker};
 use super::wbsp::{WbspConfig, WbspServer, WbspWorker};
 use super::{
     Buffer, DEFAULT_INLINE_WORKERS, GradientWorker, GradientWorkerConfig, Inline, ProtocolKind, Server, ServerOutput,
-    ServerStats, Storage, Worker, WorkerOutput,
+    ServerStats, Storage, Worker, WorkerOutput, WorkerSetup,
 };
 use crate::error::{ConfigError, Reject};
 use crate::id::{ComputeId, Version, WorkerId};
 use crate::math::Scalar;
 use crate::msg::{ToServer, ToWorker};
-use crate::time::{Duration, Instant};
+use crate::time::Instant;
 
 /// A protocol and its settings.
 // `Grouped` carries an explicit partition table inline (256 bytes) so that a configuration
@@ -219,17 +219,6 @@ pub enum AnyWorker<T, S> {
     Ssp(SspWorker<T, S>),
     /// The BAP worker (runs ahead on its cache up to `s_bap` versions).
     Bap(BapWorker<T, S>),
-}
-
-/// Settings every worker takes whatever the protocol.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WorkerSetup {
-    /// The worker's id.
-    pub id: WorkerId,
-    /// Its session epoch (increase on every restart).
-    pub epoch: u32,
-    /// Re-send `Join` after waiting this long for the server; `None` never retries.
-    pub rejoin_after: Option<Duration>,
 }
 
 impl<T: Scalar, S: Buffer<T>, M: Storage> AnyServer<T, S, M> {

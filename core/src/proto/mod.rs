@@ -66,7 +66,7 @@ pub mod sharded;
 pub mod ssp;
 pub mod wbsp;
 
-pub use any::{AnyServer, AnyWorker, ProtocolConfig, Tiers, WorkerSetup};
+pub use any::{AnyServer, AnyWorker, ProtocolConfig, Tiers};
 pub use common::engine::{CoreOf, HasSlot, ProtocolServer, Rules, ServerCore};
 pub use common::gradient_worker::{GradientRules, GradientWorker, GradientWorkerConfig};
 #[cfg(any(feature = "alloc", test))]
@@ -76,7 +76,7 @@ pub use common::table::{DEFAULT_INLINE_WORKERS, Inline, Slot, Storage, WorkerRec
 #[allow(unused_imports)]
 pub(crate) use common::testkit::{ToServerOwned, ToWorkerOwned};
 pub use common::validate::{GradientPolicy, LargeGradient};
-pub use common::worker::{ProtocolWorker, WorkerCore, WorkerRules};
+pub use common::worker::{ProtocolWorker, WorkerCore, WorkerRules, WorkerSetup};
 pub use kind::{Knob, ProtocolKind};
 
 use crate::error::Reject;

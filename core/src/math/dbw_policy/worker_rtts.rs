@@ -3,7 +3,7 @@
 
 use crate::error::ConfigError;
 use crate::math::estimate::rtt_key;
-use crate::proto::Storage;
+use crate::storage::Storage;
 use crate::time::Duration;
 
 /// Workers tracked by a [`WorkerRtts`]; larger clusters use the pooled

@@ -77,7 +77,7 @@ impl<T, S> crate::proto::HasSlot for BackupRules<T, S> {
 
 crate::proto::backup::backup_family_rules!(BackupRules<T, S>, 0);
 
-impl<T, S> crate::proto::common::round::HasRound for BackupRules<T, S> {
+impl<T, S> crate::proto::common::round_server::HasRound for BackupRules<T, S> {
     fn round_len(&self) -> usize {
         self.engine.round.len()
     }

@@ -221,7 +221,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BspRules<T, S> {
     }
 }
 
-impl<T, S> crate::proto::common::round::HasRound for BspRules<T, S> {
+impl<T, S> crate::proto::common::round_server::HasRound for BspRules<T, S> {
     fn round_len(&self) -> usize {
         self.round.len()
     }

@@ -7,7 +7,7 @@
 use super::testkit::prelude::*;
 use super::testkit::{Cluster, Entry, Job, NetConfig};
 use crate::id::MAX_WORKERS;
-use crate::proto::any::WorkerSetup;
+use crate::proto::WorkerSetup;
 use crate::proto::asp::AspConfig;
 use crate::proto::backup::{BackupConfig, Interrupt};
 use crate::proto::bap::BapConfig;

@@ -5,7 +5,7 @@
 
 use super::testkit::prelude::*;
 use super::testkit::{Cluster, Entry, Job, NetConfig};
-use crate::proto::any::WorkerSetup;
+use crate::proto::WorkerSetup;
 use crate::proto::asp::AspConfig;
 use crate::proto::backup::BackupConfig;
 use crate::proto::bap::BapConfig;

@@ -2,7 +2,8 @@
 //! version, roster, counters, output queue, stall watch and the one implementation of the
 //! server verbs), caller-sized per-worker storage ([`table`]), membership and
 //! deduplication (`roster`), the output queues (`queue`),
-//! the aggregation round of the synchronous protocols (`round`), the reported minibatch
+//! the aggregation round of the synchronous protocols (`round`, and the verbs of their
+//! servers in `round_server`), the reported minibatch
 //! losses on their way into the updates ([`loss`]), gradient admission
 //! (`validate`), the stall watchdog (`stall`), the worker engine ([`worker`]: id, epoch,
 //! sequence and job numbering, buffers, output queue, stop flag and the one implementation
@@ -17,6 +18,7 @@ pub(crate) mod momentum;
 pub mod queue;
 pub(crate) mod roster;
 pub(crate) mod round;
+pub(crate) mod round_server;
 pub(crate) mod stall;
 pub mod table;
 #[cfg(any(test, feature = "testkit"))]

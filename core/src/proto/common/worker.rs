@@ -13,9 +13,20 @@ use crate::error::{ConfigError, Reject};
 use crate::id::{ComputeId, Version, WorkerId};
 use crate::math::{self, Scalar};
 use crate::msg::{ToWorker, Values};
-use crate::proto::{Buffer, Worker, WorkerEvent, WorkerOutput, WorkerSetup};
-use crate::time::Instant;
+use crate::proto::{Buffer, Worker, WorkerEvent, WorkerOutput};
+use crate::time::{Duration, Instant};
 use core::marker::PhantomData;
+
+/// Settings every worker takes whatever the protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkerSetup {
+    /// The worker's id.
+    pub id: WorkerId,
+    /// Its session epoch (increase on every restart).
+    pub epoch: u32,
+    /// Re-send `Join` after waiting this long for the server; `None` never retries.
+    pub rejoin_after: Option<Duration>,
+}
 
 /// The state every worker keeps, whatever its protocol.
 #[derive(Debug)]

@@ -395,7 +395,7 @@ fn mean_pass<T: Scalar, const DIFF: bool>(prev: &mut [T], acc: &[T], inv_k: T) -
 // A close, plus the `BackupChosen` report.
 crate::proto::backup::backup_family_rules!(DbwRules<T, S, M>, 1);
 
-impl<T, S, M: Storage> crate::proto::common::round::HasRound for DbwRules<T, S, M> {
+impl<T, S, M: Storage> crate::proto::common::round_server::HasRound for DbwRules<T, S, M> {
     fn round_len(&self) -> usize {
         self.engine.round.len()
     }

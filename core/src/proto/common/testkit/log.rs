@@ -1,8 +1,6 @@
 //! What the test network records: every [`Entry`] of a run in order, why a message was lost
 //! ([`CopyLoss`]), and the totals of what it injected ([`NetCounts`]).
 
-#[cfg(doc)]
-use super::{Cluster, Faults};
 use super::{ToServerOwned, ToWorkerOwned};
 use crate::error::Reject;
 use crate::proto::{Recipient, ServerEvent};
@@ -19,15 +17,17 @@ pub enum Entry {
         k: u64,
         /// The version it named.
         version: u64,
-        /// The worker's iteration probe at that moment (see [`Cluster::with_probes`]).
+        /// The worker's iteration probe at that moment (see
+        /// [`Cluster::with_probes`](super::Cluster::with_probes)).
         iteration: u64,
         /// The parameters.
         params: Vec<f64>,
         /// Per worker, the contributions applied in the last model this worker took
-        /// (`None` before its first model, or [`Cluster::without_snapshots`]).
+        /// (`None` before its first model, or
+        /// [`Cluster::without_snapshots`](super::Cluster::without_snapshots)).
         snap: Option<Vec<u64>>,
         /// Per worker, computations finished so far (empty with
-        /// [`Cluster::without_snapshots`]).
+        /// [`Cluster::without_snapshots`](super::Cluster::without_snapshots)).
         done: Vec<u64>,
     },
     /// Worker `worker` (session `epoch`) sent `msg` (before the network's faults).
@@ -61,8 +61,9 @@ pub enum Entry {
     },
     /// The server reported an event.
     Event(ServerEvent),
-    /// The server's probe (its version unless [`Cluster::with_probes`]) moved to `tick`;
-    /// the model at that moment.
+    /// The server's probe (its version unless
+    /// [`Cluster::with_probes`](super::Cluster::with_probes)) moved to `tick`; the model at
+    /// that moment.
     Tick {
         /// The new probe value.
         tick: u64,
@@ -78,12 +79,13 @@ pub enum Entry {
         /// Why.
         reason: Reject,
     },
-    /// The server was told `worker` is lost (a crash, or [`Cluster::lose`]).
+    /// The server was told `worker` is lost (a crash, or [`Cluster::lose`](super::Cluster::lose)).
     Lost {
         /// The worker.
         worker: usize,
     },
-    /// A new server replaced the old one ([`Cluster::restart_server`]).
+    /// A new server replaced the old one
+    /// ([`Cluster::restart_server`](super::Cluster::restart_server)).
     ServerRestarted,
     /// The network put one copy of `msg` (logged before as [`Entry::Up`]) on the wire to the
     /// server; a duplicated message has two.
@@ -112,7 +114,7 @@ pub enum Entry {
     /// harness that wires one).
     ToUpstream(ToServerOwned),
     /// A copy of `msg` arrived after the server it was sent to was replaced
-    /// ([`Cluster::restart_server`]): no server handled it.
+    /// ([`Cluster::restart_server`](super::Cluster::restart_server)): no server handled it.
     UpMissed {
         /// The sender.
         worker: usize,
@@ -126,9 +128,9 @@ pub enum Entry {
 /// Why the network lost a message ([`Entry::UpLost`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CopyLoss {
-    /// The loss fault ([`Faults::loss`]).
+    /// The loss fault ([`Faults::loss`](super::Faults::loss)).
     Dropped,
-    /// A one-way partition of the link ([`Faults::partition`]).
+    /// A one-way partition of the link ([`Faults::partition`](super::Faults::partition)).
     Partition,
 }
 

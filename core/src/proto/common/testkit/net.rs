@@ -2,8 +2,6 @@
 //! ([`GradientFn`]), how long messages and computations take ([`NetConfig`]) and which faults
 //! are injected ([`Faults`]).
 
-#[cfg(doc)]
-use super::Cluster;
 use crate::rng::Rng;
 use crate::time::{Duration, Instant};
 use std::boxed::Box;
@@ -42,7 +40,8 @@ pub struct Faults {
     /// Per-event probability of crashing a worker (it restarts after
     /// [`NetConfig::restart_after`], through the worker factory).
     pub crash: f64,
-    /// Per-event probability of asking for a server restart ([`Cluster::take_restart_request`]).
+    /// Per-event probability of asking for a server restart
+    /// ([`Cluster::take_restart_request`](super::Cluster::take_restart_request)).
     pub server_restart: f64,
 }
 
