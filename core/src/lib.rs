@@ -48,6 +48,12 @@
 //!   a contiguous slice, and a worker that talks to all of them.
 //! - [`error`]: [`Reject`] (an input was refused, nothing changed), [`Refusals`] (a
 //!   driver's count of them) and [`ConfigError`].
+//! - [`storage`]: where a server keeps its per-worker table ([`Inline`](storage::Inline)
+//!   or `Heap`).
+//!
+//! Layering (no module imports one after it): [`id`], [`time`], [`rng`], [`canary`], then
+//! [`error`], [`storage`], [`math`], [`msg`], [`wire`]; [`proto`] imports every module but
+//! [`wire`], and none imports it.
 //!
 //! ## Driving a protocol
 //!

@@ -8,6 +8,9 @@
 //! - `syncopate-sim`: [`sim`] (the deterministic simulator), [`workload`], [`thread`], [`advise`],
 //!   [`scenario`], [`compare`], [`trace`], [`rng`].
 //! - this crate: [`cli`] (the `syncopate` binary's subcommands) and [`plot`] (SVG plots).
+//!
+//! Layering: [`plot`] imports nothing of this crate; [`cli`] imports [`plot`] and the
+//! adapter crates.
 
 #![forbid(unsafe_code)]
 // This crate is the std side by design; the workspace lint that steers the core to `core::`

@@ -30,6 +30,10 @@
 //!
 //! Every `unsafe` block is small and carries a SAFETY comment; the invariants come from
 //! the contracts documented on each function and summarised above.
+//!
+//! Layering: `error`, then `raw`, then `config`, `engine` and `wire`, then `handle`, then
+//! `server`, then `worker`; `event` imports nothing of this crate. No module imports one
+//! after it.
 
 #![cfg_attr(not(feature = "std"), no_std)]
 #![deny(unsafe_op_in_unsafe_fn)]

@@ -45,6 +45,10 @@
 //!
 //! Without the `mpi` feature the crate holds only the MPI-free parts, so a machine without
 //! an MPI library still builds the workspace.
+//!
+//! Layering: `agree`, `compute`, [`ledger`], `machine`, `outbox` and [`settings`] import
+//! nothing of this crate; `link` imports `outbox`; the server and worker loops (top) import
+//! `link` and the modules below it.
 
 #![allow(clippy::std_instead_of_core, clippy::alloc_instead_of_core)]
 #![deny(missing_docs)]

@@ -13,6 +13,9 @@
 //! - [`advise`]: which protocol and knobs to run on a recorded step-time trace.
 //! - [`scenario`], [`compare`], [`trace`]: scenario files, comparisons of protocols on one
 //!   scenario, and recorded step-time traces.
+//!
+//! Layering (no module imports one after it): [`workload`] and [`trace`], then [`sim`],
+//! [`straggler`], [`scenario`] and [`thread`], then [`compare`] and [`advise`].
 
 #![forbid(unsafe_code)]
 // This crate is the std side by design; the workspace lint that steers the core to `core::`

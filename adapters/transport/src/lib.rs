@@ -12,6 +12,9 @@
 //!
 //! Each is a thin loop: read the clock, feed an input, drain the outputs, sleep until the
 //! next deadline. Anything about protocol state lives in the core.
+//!
+//! Layering: [`channel`] and [`protocol_spec`] import nothing of this crate; [`tcp`]
+//! imports [`protocol_spec`].
 
 #![forbid(unsafe_code)]
 // This crate is the std side by design; the workspace lint that steers the core to `core::`
