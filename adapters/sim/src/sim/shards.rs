@@ -26,7 +26,7 @@
 use super::compute::ComputeSampler;
 use super::network::{BufferPool, Link};
 use super::report::closing;
-use super::report::{CurvePoint, FaultStats, Fnv, Observation, ShardReport, SimReport, StalenessStats, WorkerReport};
+use super::report::{CurvePoint, Fnv, Observation, ShardReport, SimReport, WorkerReport};
 use super::{GradientSource, SimConfig, SimError};
 use crate::workload::{BatchSampler, Scratch, Workload};
 use std::cmp::Reverse;
@@ -618,7 +618,6 @@ impl<'a, 'o> Sim<'a, 'o> {
         if self.curve.last().is_none_or(|p| p.time_s < self.now.as_secs_f64()) {
             self.evaluate();
         }
-        let total = self.now.as_secs_f64();
         let mut stats = ServerStats::default();
         let mut shards = Vec::new();
         for (k, s) in self.shards.iter().enumerate() {
@@ -640,50 +639,32 @@ impl<'a, 'o> Sim<'a, 'o> {
             });
         }
         let now = self.now;
-        let (per_worker, mean_compute_share) = closing::workers(
-            total,
-            self.hosts
-                .iter()
-                .map(|h| (h.report.clone(), (h.busy + h.job.map_or(Duration::ZERO, |j| now - j.1)).as_secs_f64())),
-        );
-        let last = self.curve.last().copied();
-        let final_params = self.eval_model.clone();
-        let (trace_hash, final_params_hash) = closing::hashes(self.hash, &final_params);
+        let updates = self.shards.iter().map(|s| s.server.stats().updates).min().unwrap_or(0);
+        let hosts = self
+            .hosts
+            .iter()
+            .map(|h| (h.report.clone(), (h.busy + h.job.map_or(Duration::ZERO, |j| now - j.1)).as_secs_f64()));
         SimReport {
-            protocol: self.config.protocol.name().to_string(),
-            seed: self.config.seed,
-            workers: self.config.workers(),
-            stop_reason,
-            target_accuracy: self.config.target_accuracy,
-            time_to_target: self.time_to_target.map(|t| t.0),
-            updates_to_target: self.time_to_target.map(|t| t.1),
-            final_accuracy: last.map_or(0.0, |p| p.accuracy),
-            final_loss: last.map_or(f64::NAN, |p| p.loss),
-            curve: self.curve,
-            virtual_time_s: total,
-            updates: self.shards.iter().map(|s| s.server.stats().updates).min().unwrap_or(0),
-            accepted: stats.accepted,
-            applied: stats.applied,
-            dropped: closing::dropped(&stats),
-            rejected: stats.rejected,
-            stalls: 0,
+            updates,
             worker_rejects: self.worker_rejects,
-            per_worker,
-            mean_compute_share,
-            staleness: StalenessStats::new(),
             events: self.events,
             messages_delivered: self.delivered,
-            messages_lost: 0,
-            faults: FaultStats::default(),
             bytes_moved: self.bytes,
             buffers_allocated: self.pool.allocations(),
             codec_errors: self.codec_errors,
             not_finite: self.not_finite,
-            trace_hash,
-            final_params_hash,
-            compute_trace: Vec::new(),
-            final_params,
             shards,
+            ..closing::report(closing::Ending {
+                config: self.config,
+                stop_reason,
+                now,
+                curve: self.curve,
+                time_to_target: self.time_to_target,
+                stats,
+                hosts,
+                hash: self.hash,
+                final_params: self.eval_model.clone(),
+            })
         }
     }
 }

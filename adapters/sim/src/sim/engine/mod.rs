@@ -542,41 +542,12 @@ impl<'a, 'o> Engine<'a, 'o> {
         let stats = self.stats();
         let Self { core, server, hosts, .. } = self;
         let now = core.now;
-        let total = now.as_secs_f64();
-        let (per_worker, mean_compute_share) = closing::workers(
-            total,
-            hosts.into_iter().map(|h| {
-                let running = h.job.map_or(Duration::ZERO, |j| now - j.start);
-                (h.report, (h.busy + running).as_secs_f64())
-            }),
-        );
         let mut staleness = core.staleness;
         staleness.finish();
-        let last = core.curve.last().copied();
-        let final_params = server.params().to_vec();
-        let (trace_hash, final_params_hash) = closing::hashes(core.hash, &final_params);
         SimReport {
-            protocol: core.config.protocol.name().to_string(),
-            seed: core.config.seed,
-            workers: core.config.workers(),
-            stop_reason,
-            target_accuracy: core.config.target_accuracy,
-            time_to_target: core.time_to_target.map(|t| t.0),
-            updates_to_target: core.time_to_target.map(|t| t.1),
-            final_accuracy: last.map_or(0.0, |p| p.accuracy),
-            final_loss: last.map_or(f64::NAN, |p| p.loss),
-            curve: core.curve,
-            virtual_time_s: total,
-            updates: stats.updates,
-            accepted: stats.accepted,
-            applied: stats.applied,
-            dropped: closing::dropped(&stats),
-            rejected: stats.rejected,
+            stalls: core.stalls,
             worker_rejects: core.worker_rejects,
             not_finite: core.not_finite,
-            stalls: core.stalls,
-            per_worker,
-            mean_compute_share,
             staleness,
             events: core.events,
             messages_delivered: core.delivered,
@@ -585,11 +556,21 @@ impl<'a, 'o> Engine<'a, 'o> {
             bytes_moved: core.bytes,
             buffers_allocated: core.pool.allocations(),
             codec_errors: core.codec_errors,
-            trace_hash,
-            final_params_hash,
             compute_trace: core.trace.finish(),
-            final_params,
-            shards: Vec::new(),
+            ..closing::report(closing::Ending {
+                config: core.config,
+                stop_reason,
+                now,
+                curve: core.curve,
+                time_to_target: core.time_to_target,
+                stats,
+                hosts: hosts.into_iter().map(|h| {
+                    let running = h.job.map_or(Duration::ZERO, |j| now - j.start);
+                    (h.report, (h.busy + running).as_secs_f64())
+                }),
+                hash: core.hash,
+                final_params: server.params().to_vec(),
+            })
         }
     }
 }
