@@ -73,6 +73,7 @@ mod config;
 mod engine;
 pub mod network;
 mod report;
+mod run_loop;
 mod shards;
 
 pub use compute::{ComputeModel, ComputeSampler, compute_models};

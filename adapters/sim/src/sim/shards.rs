@@ -27,6 +27,7 @@ use super::compute::ComputeSampler;
 use super::network::{BufferPool, Link};
 use super::report::closing;
 use super::report::{CurvePoint, Fnv, Observation, ShardReport, SimReport, WorkerReport};
+use super::run_loop;
 use super::{GradientSource, SimConfig, SimError};
 use crate::workload::{BatchSampler, Scratch, Workload};
 use std::cmp::Reverse;
@@ -41,7 +42,7 @@ use syncopate::{
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Event {
+pub(super) enum Event {
     /// A message from `worker` to shard `shard` left the worker's card (its bytes in pool
     /// slot `slot`): it queues for the shard's incoming link.
     ShardInbound {
@@ -300,23 +301,8 @@ impl<'a, 'o> Sim<'a, 'o> {
             self.evaluate();
             self.schedule(Instant::ZERO + self.config.eval_interval, Event::Evaluate);
         }
-        let stop = self.config.stop;
-        loop {
-            if let Some(reason) = self.stop_reason() {
-                return reason;
-            }
-            if self.events >= stop.max_events {
-                return "max_events";
-            }
-            let Some(Reverse((at, _, event))) = self.queue.pop() else { return "idle" };
-            if stop.max_time.is_some_and(|t| at > Instant::ZERO + t) {
-                self.now = Instant::ZERO + stop.max_time.unwrap_or(Duration::ZERO);
-                return "max_time";
-            }
-            self.now = at;
-            self.events += 1;
-            self.step(event);
-        }
+        let max_time = self.config.stop.max_time;
+        run_loop::drive(self, max_time)
     }
 
     fn updates(&self) -> u64 {
@@ -666,5 +652,30 @@ impl<'a, 'o> Sim<'a, 'o> {
                 final_params: self.eval_model.clone(),
             })
         }
+    }
+}
+
+impl run_loop::Driven for Sim<'_, '_> {
+    type Event = Event;
+
+    fn stop_before(&mut self) -> Option<&'static str> {
+        self.stop_reason().or((self.events >= self.config.stop.max_events).then_some("max_events"))
+    }
+
+    fn next_event(&mut self) -> Option<(Instant, Event)> {
+        self.queue.pop().map(|Reverse((at, _, event))| (at, event))
+    }
+
+    fn set_now(&mut self, at: Instant) {
+        self.now = at;
+    }
+
+    fn handle(&mut self, event: Event) {
+        self.events += 1;
+        self.step(event);
+    }
+
+    fn stop_after(&mut self) -> Option<&'static str> {
+        None
     }
 }

@@ -5,11 +5,12 @@
 use super::Interrupt;
 use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
-use crate::math::{self, Scalar};
+use crate::math::Scalar;
 use crate::msg::Values;
 use crate::proto::common::queue::BatchKind;
 use crate::proto::common::round::{Round, mark_of};
 use crate::proto::common::table::{Slot, flag};
+use crate::proto::common::validate::zero_scratch;
 use crate::proto::{Buffer, DropReason, GradientPolicy, Recipient, ServerCore, ServerEvent, Storage};
 use crate::time::{Duration, Instant};
 use core::marker::PhantomData;
@@ -93,11 +94,7 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
     ) -> Result<Self, ConfigError> {
         let dim = core.dim();
         let needed = scratch_len(dim).max(dim);
-        let given = scratch.as_ref().len();
-        let Some(s) = scratch.as_mut().get_mut(..needed) else {
-            return Err(ConfigError::ScratchTooSmall { needed, given });
-        };
-        math::fill_zero(s);
+        zero_scratch(scratch.as_mut(), needed)?;
         Ok(Self {
             learning_rate,
             policy,

@@ -12,6 +12,7 @@ use crate::msg::{ToServer, Values};
 use crate::proto::common::loss::LossTally;
 use crate::proto::common::queue::{BatchKind, ServerItem};
 use crate::proto::common::table::Slot;
+use crate::proto::common::validate::zero_scratch;
 use crate::proto::{
     Buffer, CoreOf, DEFAULT_INLINE_WORKERS, DropReason, HasSlot, Inline, ProtocolServer, Recipient, Rules, ServerCore,
     ServerEvent, Storage, WorkerRecord,
@@ -132,11 +133,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapServer<T, S, M> {
             ServerCore::new(config.workers, config.learning_rate, config.stall_report, params, version)?;
         let dim = core.dim();
         let needed = dim.saturating_mul(s as usize + 1);
-        let given = accs.as_ref().len();
-        let Some(acc_slice) = accs.as_mut().get_mut(..needed) else {
-            return Err(ConfigError::ScratchTooSmall { needed, given });
-        };
-        math::fill_zero(acc_slice);
+        zero_scratch(accs.as_mut(), needed)?;
         let rules = BapRules {
             config,
             s,

@@ -4,10 +4,11 @@
 use super::BspConfig;
 use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
-use crate::math::{self, Scalar};
+use crate::math::Scalar;
 use crate::msg::{ToServer, Values};
 use crate::proto::common::round::Round;
 use crate::proto::common::table::RoundSlot;
+use crate::proto::common::validate::zero_scratch;
 use crate::proto::{
     Buffer, CoreOf, DEFAULT_INLINE_WORKERS, DropReason, HasSlot, Inline, ProtocolServer, Recipient, Rules, ServerCore,
     ServerEvent, Storage,
@@ -46,11 +47,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BspServer<T, S, M> {
     pub fn resume(config: BspConfig, params: S, mut acc: S, version: Version) -> Result<Self, ConfigError> {
         let core = ServerCore::new(config.workers, config.learning_rate, config.stall_report, params, version)?;
         let dim = core.dim();
-        let given = acc.as_ref().len();
-        let Some(acc_slice) = acc.as_mut().get_mut(..dim) else {
-            return Err(ConfigError::ScratchTooSmall { needed: dim, given });
-        };
-        math::fill_zero(acc_slice);
+        zero_scratch(acc.as_mut(), dim)?;
         Ok(Self::from_parts(core, BspRules { config, acc, spare: None, round: Round::new(), _t: PhantomData }))
     }
 

@@ -1,8 +1,19 @@
 //! Admission checks shared by every server: length, finiteness, norm bound.
 
-use crate::error::Reject;
+use crate::error::{ConfigError, Reject};
+use crate::math;
 use crate::math::Scalar;
 use crate::msg::Values;
+
+/// Zeroes the first `needed` elements of a server's scratch, or refuses a scratch shorter
+/// than that with [`ConfigError::ScratchTooSmall`] (every server checks its scratch this way
+/// when it is built).
+pub(crate) fn zero_scratch<T: Scalar>(scratch: &mut [T], needed: usize) -> Result<(), ConfigError> {
+    let given = scratch.len();
+    let area = scratch.get_mut(..needed).ok_or(ConfigError::ScratchTooSmall { needed, given })?;
+    math::fill_zero(area);
+    Ok(())
+}
 
 /// What to do with a finite gradient whose L2 norm exceeds [`GradientPolicy::max_norm`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

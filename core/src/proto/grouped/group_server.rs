@@ -2,8 +2,9 @@
 
 use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
-use crate::math::{self, Scalar};
+use crate::math::Scalar;
 use crate::msg::{ToServer, ToWorker, Values};
+use crate::proto::common::validate::zero_scratch;
 use crate::proto::{Buffer, DEFAULT_INLINE_WORKERS, Inline, Server, ServerOutput, ServerStats, Storage};
 use crate::time::Instant;
 use core::marker::PhantomData;
@@ -52,11 +53,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupServer<T, S, M> {
             return Err(ConfigError::EmptyModel);
         }
         let needed = config.group_scratch_len(dim);
-        let given = scratch.as_ref().len();
-        let Some(area) = scratch.as_mut().get_mut(..needed) else {
-            return Err(ConfigError::ScratchTooSmall { needed, given });
-        };
-        math::fill_zero(area);
+        zero_scratch(scratch.as_mut(), needed)?;
         let mut up = Deque::new();
         // The first item of an empty queue: cannot fail, and is counted if it does.
         if up.push_back(Up::Join).is_err() {

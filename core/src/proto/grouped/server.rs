@@ -5,6 +5,7 @@ use crate::id::{Version, WorkerId};
 use crate::math::{self, Scalar};
 use crate::msg::{ToServer, ToWorker, Values};
 use crate::proto::asp::AspServer;
+use crate::proto::common::validate::zero_scratch;
 use crate::proto::{
     Buffer, DEFAULT_INLINE_WORKERS, Inline, Recipient, Server, ServerEvent, ServerOutput, ServerStats, Storage,
 };
@@ -62,11 +63,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
         let dim = params.as_ref().len();
         let central = AspServer::resume(config.central_config(), params, version)?;
         let needed = config.scratch_len(dim);
-        let given = scratch.as_ref().len();
-        let Some(area) = scratch.as_mut().get_mut(..needed) else {
-            return Err(ConfigError::ScratchTooSmall { needed, given });
-        };
-        math::fill_zero(area);
+        zero_scratch(scratch.as_mut(), needed)?;
         let mut groups = [Group::new(0, &mut shared); MAX_GROUPS];
         for (g, group) in groups.iter_mut().enumerate().take(config.groups as usize) {
             *group = Group::new(g as u32, &mut shared);

@@ -9,6 +9,7 @@ use crate::msg::{ToServer, Values};
 use crate::proto::common::queue::{BatchKind, ServerItem};
 use crate::proto::common::round::mark_of;
 use crate::proto::common::table::flag;
+use crate::proto::common::validate::zero_scratch;
 use crate::proto::{
     Buffer, CoreOf, DEFAULT_INLINE_WORKERS, HasSlot, Inline, ProtocolServer, Recipient, Rules, ServerCore, ServerEvent,
     Storage, WorkerRecord,
@@ -60,11 +61,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> WbspServer<T, S, M> {
         config.check()?;
         let core: Core<T, S, M> = ServerCore::new(config.workers, config.learning_rate, None, params, version)?;
         let dim = core.dim();
-        let given = acc.as_ref().len();
-        let Some(acc_slice) = acc.as_mut().get_mut(..dim) else {
-            return Err(ConfigError::ScratchTooSmall { needed: dim, given });
-        };
-        math::fill_zero(acc_slice);
+        zero_scratch(acc.as_mut(), dim)?;
         let rules = WbspRules { config, acc, uploaders: 0, deltas: 0, round_started: None, _t: PhantomData };
         Ok(Self::from_parts(core, rules))
     }

@@ -30,6 +30,7 @@ use super::report::closing::{self, add_stats};
 use super::report::{
     CurvePoint, FastDebug, Fault, Fnv, Node, Observation, SimReport, StalenessStats, TraceRecorder, WorkerReport,
 };
+use super::run_loop;
 use crate::workload::{BatchSampler, Scratch, Workload};
 use core::cmp::Ordering;
 use core::fmt::Write as _;
@@ -47,7 +48,7 @@ use syncopate::{
 
 /// What happens at a scheduled instant.
 #[derive(Clone, Copy, Debug)]
-enum Event {
+pub(super) enum Event {
     /// An encoded message (in pool slot `slot`) reaches `to`. `incarnation` is the worker
     /// end's incarnation when it was sent: a crash in between makes it vanish.
     Deliver { slot: usize, worker: u32, to_server: bool, incarnation: u32 },
@@ -365,55 +366,7 @@ impl<'a, 'o> Engine<'a, 'o> {
         for i in 0..self.hosts.len() {
             self.drain_worker(i, start);
         }
-        let stop = &config.stop;
-        let reason = loop {
-            if self.core.pending_work == 0 {
-                break "idle";
-            }
-            let Some(next) = self.core.queue.pop() else { break "idle" };
-            if next.at > self.core.now {
-                // Time moves on: the model standing now was published (models that only
-                // existed within one instant were never observable).
-                self.keep_model();
-            }
-            if let Some(max) = stop.max_time {
-                let end = start + max;
-                if next.at > end {
-                    self.core.now = end;
-                    break "max_time";
-                }
-            }
-            self.core.now = next.at;
-            if !matches!(next.event, Event::Eval) {
-                self.core.pending_work -= 1;
-            }
-            self.step(next.event);
-            self.core.events += 1;
-            let at = self.core.now;
-            (self.core.observer)(&Observation::Step { at, server: &self.server });
-            if stop.stop_at_target && self.core.target_reached {
-                break "target";
-            }
-            if self.core.loss_reached {
-                break "target_loss";
-            }
-            // A model with a NaN or infinite loss cannot recover, and a gradient or delta
-            // holding NaN or ±∞ (or overflowing its norm) comes only from a diverged model
-            // (its refusal leaves a synchronous round waiting for ever): the run ends
-            // instead of waiting out its budget.
-            if self.core.diverged {
-                break "diverged";
-            }
-            if stop.max_updates.is_some_and(|m| self.server.version().0 >= m) {
-                break "max_updates";
-            }
-            if stop.max_gradients.is_some_and(|m| self.stats().accepted >= m) {
-                break "max_gradients";
-            }
-            if self.core.events >= stop.max_events {
-                break "max_events";
-            }
-        };
+        let reason = run_loop::drive(&mut self, config.stop.max_time);
         self.keep_model();
         if self.core.time_to_target.is_none() {
             let core = &mut self.core;
@@ -572,6 +525,64 @@ impl<'a, 'o> Engine<'a, 'o> {
                 final_params: server.params().to_vec(),
             })
         }
+    }
+}
+
+impl run_loop::Driven for Engine<'_, '_> {
+    type Event = Event;
+
+    fn stop_before(&mut self) -> Option<&'static str> {
+        (self.core.pending_work == 0).then_some("idle")
+    }
+
+    fn next_event(&mut self) -> Option<(Instant, Event)> {
+        self.core.queue.pop().map(|next| (next.at, next.event))
+    }
+
+    fn passing(&mut self, at: Instant) {
+        if at > self.core.now {
+            // Time moves on: the model standing now was published (models that only
+            // existed within one instant were never observable).
+            self.keep_model();
+        }
+    }
+
+    fn set_now(&mut self, at: Instant) {
+        self.core.now = at;
+    }
+
+    fn handle(&mut self, event: Event) {
+        if !matches!(event, Event::Eval) {
+            self.core.pending_work -= 1;
+        }
+        self.step(event);
+        self.core.events += 1;
+        let at = self.core.now;
+        (self.core.observer)(&Observation::Step { at, server: &self.server });
+    }
+
+    fn stop_after(&mut self) -> Option<&'static str> {
+        let stop = &self.core.config.stop;
+        if stop.stop_at_target && self.core.target_reached {
+            return Some("target");
+        }
+        if self.core.loss_reached {
+            return Some("target_loss");
+        }
+        // A model with a NaN or infinite loss cannot recover, and a gradient or delta
+        // holding NaN or ±∞ (or overflowing its norm) comes only from a diverged model
+        // (its refusal leaves a synchronous round waiting for ever): the run ends
+        // instead of waiting out its budget.
+        if self.core.diverged {
+            return Some("diverged");
+        }
+        if stop.max_updates.is_some_and(|m| self.server.version().0 >= m) {
+            return Some("max_updates");
+        }
+        if stop.max_gradients.is_some_and(|m| self.stats().accepted >= m) {
+            return Some("max_gradients");
+        }
+        (self.core.events >= stop.max_events).then_some("max_events")
     }
 }
 
