@@ -51,7 +51,7 @@
 //! - [`storage`]: where a server keeps its per-worker table ([`Inline`](storage::Inline)
 //!   or `Heap`).
 //!
-//! Layering (no module imports one after it): [`id`], [`time`], [`rng`], [`canary`], then
+//! Layering (no module imports one after it): [`id`], [`time`], [`rng`], `canary`, then
 //! [`error`], [`storage`], [`math`], [`msg`], [`wire`]; [`proto`] imports every module but
 //! [`wire`], and none imports it.
 //!

@@ -4,8 +4,8 @@
 //!
 //! - [`Inline<N>`]: a fixed-capacity table inside the server (no allocation, for
 //!   microcontrollers and C callers), refusing `n > N` with
-//!   [`ConfigError::TableTooSmall`]. The default of every server type is
-//!   [`Inline<DEFAULT_INLINE_WORKERS>`].
+//!   [`ConfigError::TableTooSmall`](crate::ConfigError::TableTooSmall). The default of every
+//!   server type is [`Inline<DEFAULT_INLINE_WORKERS>`].
 //! - `Heap` (feature `alloc`): a `Vec` of exactly `n` records, for std users and for large
 //!   `n` (up to [`MAX_WORKERS`](crate::MAX_WORKERS)).
 //!
