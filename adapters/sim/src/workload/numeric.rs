@@ -1,7 +1,8 @@
 //! The small numeric kernels and the work buffers the model implementations share.
 
-/// Work buffers for [`Model::gradient`] and [`Model::evaluate_with`], so that neither
-/// allocates. Get one from [`Model::scratch`]; one per thread.
+/// Work buffers for [`Model::gradient`](super::Model::gradient) and
+/// [`Model::evaluate_with`](super::Model::evaluate_with), so that neither allocates. Get
+/// one from [`Model::scratch`](super::Model::scratch); one per thread.
 #[derive(Clone, Debug, Default)]
 pub struct Scratch {
     /// Logits, then softmax probabilities minus the one-hot label (`n_classes`).
