@@ -2,7 +2,8 @@
 //! version, roster, counters, output queue, stall watch and the one implementation of the
 //! server verbs), caller-sized per-worker storage ([`table`]), membership and
 //! deduplication (`roster`), the output queues (`queue`),
-//! the aggregation round of the synchronous protocols (`round`), the reported minibatch
+//! the aggregation round of the synchronous protocols (`round`), the server's update rule
+//! ([`optim`]: SGD, momentum, Nesterov, AdamW, learning-rate schedules), the reported minibatch
 //! losses on their way into the updates ([`loss`]), gradient admission
 //! (`validate`), the stall watchdog (`stall`), the worker engine ([`worker`]: id, epoch,
 //! sequence and job numbering, buffers, output queue, stop flag and the one implementation
@@ -13,7 +14,7 @@
 pub mod engine;
 pub mod gradient_worker;
 pub mod loss;
-pub(crate) mod momentum;
+pub mod optim;
 pub mod queue;
 pub(crate) mod roster;
 pub(crate) mod round;
