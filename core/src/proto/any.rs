@@ -257,23 +257,20 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> AnyServer<T, S, M> {
     /// grouped server applies it to the central model; a group server on its own
     /// ([`AnyServer::subserver`]) leaves it to its central server and drops `state`.
     pub fn with_optimizer(self, optimizer: Optimizer, state: S) -> Result<Self, ConfigError> {
-        self.with_rule(optimizer, state, None)
+        self.with_rule(optimizer, state, false)
     }
 
-    /// [`Self::with_optimizer`] going on from a checkpoint's state and update count (see
+    /// [`Self::with_optimizer`] going on from a checkpoint's state (see
     /// [`ProtocolServer::with_optimizer_state`](crate::proto::ProtocolServer::with_optimizer_state)).
-    pub fn with_optimizer_state(self, optimizer: Optimizer, state: S, steps: u64) -> Result<Self, ConfigError> {
-        self.with_rule(optimizer, state, Some(steps))
+    pub fn with_optimizer_state(self, optimizer: Optimizer, state: S) -> Result<Self, ConfigError> {
+        self.with_rule(optimizer, state, true)
     }
 
-    /// [`Self::with_optimizer`] (`steps` `None`) or [`Self::with_optimizer_state`].
-    fn with_rule(self, o: Optimizer, state: S, steps: Option<u64>) -> Result<Self, ConfigError> {
+    /// [`Self::with_optimizer`] or (`restore`) [`Self::with_optimizer_state`].
+    fn with_rule(self, o: Optimizer, state: S, restore: bool) -> Result<Self, ConfigError> {
         macro_rules! set {
             ($s:expr) => {
-                match steps {
-                    None => $s.with_optimizer(o, state)?,
-                    Some(t) => $s.with_optimizer_state(o, state, t)?,
-                }
+                if restore { $s.with_optimizer_state(o, state)? } else { $s.with_optimizer(o, state)? }
             };
         }
         Ok(match self {
@@ -304,7 +301,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> AnyServer<T, S, M> {
     /// [`Self::with_momentum`] with `prev` already holding the model before the last update
     /// (a resumed run's checkpoint).
     pub fn with_momentum_state(self, beta: f64, prev: S) -> Result<Self, ConfigError> {
-        self.with_optimizer_state(Optimizer::momentum(beta), prev, 0)
+        self.with_optimizer_state(Optimizer::momentum(beta), prev)
     }
 
     /// The rule of the server whose model it updates (the central one of the grouped
@@ -331,7 +328,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> AnyServer<T, S, M> {
 
     /// The update rule (plain SGD unless one was set).
     pub fn optimizer(&self) -> Optimizer {
-        self.rule().map_or(Optimizer::SGD, |(r, _)| r.optimizer())
+        self.rule().map_or(Optimizer::SGD, |(r, dim)| r.optimizer(dim))
     }
 
     /// The update rule's state, for checkpoints (see
@@ -343,7 +340,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> AnyServer<T, S, M> {
     /// Updates applied through the update rule (see
     /// [`ProtocolServer::optimizer_steps`](crate::proto::ProtocolServer::optimizer_steps)).
     pub fn optimizer_steps(&self) -> u64 {
-        self.rule().map_or(0, |(r, _)| r.steps())
+        self.rule().map_or(0, |(r, dim)| r.steps(dim))
     }
 
     /// Sub-server `index` of `config`'s two-level deployment ([`ProtocolConfig::tiers`]),

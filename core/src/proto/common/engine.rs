@@ -280,21 +280,23 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
     /// run use [`Self::with_optimizer_state`]. Plain SGD at a constant rate (momentum 0
     /// included) leaves the server's updates as they are, bit for bit, and drops `state`.
     pub fn with_optimizer(mut self, optimizer: Optimizer, state: S) -> Result<Self, ConfigError> {
-        self.core.rule = UpdateRule::new(optimizer, state, 0, self.core.params.as_ref(), true)?;
+        self.core.rule = UpdateRule::new(optimizer, state, self.core.params.as_ref(), true)?;
         Ok(self)
     }
 
     /// [`Self::with_optimizer`] going on from a checkpoint: `state` holds what
-    /// [`Self::optimizer_state`] read and `steps` what [`Self::optimizer_steps`] read.
-    /// A state that is not finite (or an AdamW second moment below 0) is refused.
-    pub fn with_optimizer_state(mut self, optimizer: Optimizer, state: S, steps: u64) -> Result<Self, ConfigError> {
-        self.core.rule = UpdateRule::new(optimizer, state, steps, self.core.params.as_ref(), false)?;
+    /// [`Self::optimizer_state`] read (its header, the settings and the update count). A
+    /// state that is not finite, an AdamW second moment below 0, or a header that is not
+    /// one or holds other settings than `optimizer` is refused
+    /// ([`ConfigError::Knob`]`("optimizer state")`).
+    pub fn with_optimizer_state(mut self, optimizer: Optimizer, state: S) -> Result<Self, ConfigError> {
+        self.core.rule = UpdateRule::new(optimizer, state, self.core.params.as_ref(), false)?;
         Ok(self)
     }
 
     /// The update rule (plain SGD unless one was set).
     pub fn optimizer(&self) -> Optimizer {
-        self.core.rule.optimizer()
+        self.core.rule.optimizer(self.core.dim())
     }
 
     /// The rule's state ([`Optimizer::state_len`] elements), for checkpoints; `None` for a
@@ -303,10 +305,11 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
         self.core.rule.state(self.core.dim())
     }
 
-    /// Updates applied through the rule since it was set (plus the `steps` it was restored
-    /// with): the schedule's and AdamW's step count. 0 for plain SGD at a constant rate.
+    /// Updates applied through the rule (kept in its state's header, so a restored rule goes
+    /// on counting): the schedule's and AdamW's step count. 0 for plain SGD at a constant
+    /// rate and for momentum at a constant rate, which keep no count.
     pub fn optimizer_steps(&self) -> u64 {
-        self.core.rule.steps()
+        self.core.rule.steps(self.core.dim())
     }
 
     /// SGD with momentum `beta` (in `[0, 1)`) on every update: `x ← x + β(x − x_prev)`
@@ -322,7 +325,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
     /// [`Self::with_momentum`] with `prev` already holding the model before the last update
     /// (from a checkpoint).
     pub fn with_momentum_state(self, beta: f64, prev: S) -> Result<Self, ConfigError> {
-        self.with_optimizer_state(Optimizer::momentum(beta), prev, 0)
+        self.with_optimizer_state(Optimizer::momentum(beta), prev)
     }
 
     /// The momentum buffer (the model before the last update, for checkpoints), if the

@@ -45,9 +45,9 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
         Ok(self)
     }
 
-    /// [`Self::with_optimizer`] from a checkpoint's state and update count.
-    pub fn with_optimizer_state(mut self, optimizer: Optimizer, state: S, steps: u64) -> Result<Self, ConfigError> {
-        self.central = self.central.with_optimizer_state(optimizer, state, steps)?;
+    /// [`Self::with_optimizer`] from a checkpoint's state.
+    pub fn with_optimizer_state(mut self, optimizer: Optimizer, state: S) -> Result<Self, ConfigError> {
+        self.central = self.central.with_optimizer_state(optimizer, state)?;
         Ok(self)
     }
 
@@ -59,7 +59,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
 
     /// [`Self::with_momentum`] from a checkpoint's buffer.
     pub fn with_momentum_state(self, beta: f64, prev: S) -> Result<Self, ConfigError> {
-        self.with_optimizer_state(Optimizer::momentum(beta), prev, 0)
+        self.with_optimizer_state(Optimizer::momentum(beta), prev)
     }
 }
 

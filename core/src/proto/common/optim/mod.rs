@@ -32,9 +32,11 @@
 //!   `x ← x − (η_t/(1 − β₁^{t+1}))·m / (√v/√(1 − β₂^{t+1}) + ε)`; the state is `m` then `v`
 //!   (zero at the start).
 //!
-//! The state lives in a caller-owned buffer of [`Optimizer::state_len`] elements, readable
-//! for checkpoints ([`ProtocolServer::optimizer_state`], with the update count
-//! [`ProtocolServer::optimizer_steps`]) and restored with
+//! The state lives in a caller-owned buffer of [`Optimizer::state_len`] elements: the
+//! per-element state, then (except for momentum at a constant rate, whose buffer is the
+//! previous model alone) a header with the settings and the update count. The buffer is the
+//! rule's checkpoint ([`ProtocolServer::optimizer_state`]; the count is
+//! [`ProtocolServer::optimizer_steps`]), restored with
 //! [`ProtocolServer::with_optimizer_state`].
 //!
 //! A server with plain SGD at a constant rate (or momentum 0) keeps no rule at all: its
@@ -45,6 +47,7 @@
 //! [`ProtocolServer::optimizer_steps`]: crate::proto::ProtocolServer::optimizer_steps
 //! [`ProtocolServer::with_optimizer_state`]: crate::proto::ProtocolServer::with_optimizer_state
 
+mod header;
 mod rule;
 mod schedule;
 #[cfg(test)]
@@ -163,14 +166,42 @@ impl Optimizer {
         self.schedule.check()
     }
 
-    /// Elements of state the rule keeps for a model of `dim` elements: 0 for SGD, `dim` for
-    /// momentum (the model before the last update) and Nesterov (the velocity), `2·dim` for
-    /// AdamW (`m` then `v`); saturating.
-    pub const fn state_len(&self, dim: usize) -> usize {
+    /// Elements of state the rule keeps for a model of `dim` elements (saturating): none for
+    /// plain SGD at a constant rate; `dim` for heavy-ball momentum at a constant rate (the
+    /// model before the last update); otherwise the per-element state (momentum's previous
+    /// model or Nesterov's velocity: `dim`; AdamW's `m` then `v`: `2·dim`; SGD: none)
+    /// followed by a header of 40 elements holding the settings and the update count (so the
+    /// buffer alone is a checkpoint of the rule).
+    pub fn state_len(&self, dim: usize) -> usize {
+        if self.is_plain() {
+            0
+        } else if self.is_light() {
+            dim
+        } else {
+            self.normalised().element_state_len(dim).saturating_add(header::LEN)
+        }
+    }
+
+    /// The per-element part of [`Self::state_len`].
+    pub(crate) fn element_state_len(&self, dim: usize) -> usize {
         match self.rule {
             Rule::Sgd => 0,
             Rule::Momentum { .. } | Rule::Nesterov { .. } => dim,
             Rule::AdamW(_) => dim.saturating_mul(2),
+        }
+    }
+
+    /// Heavy-ball momentum (above 0) at a constant rate: its state is the previous model
+    /// alone.
+    pub(crate) fn is_light(&self) -> bool {
+        matches!(self.rule, Rule::Momentum { beta } if beta != 0.0) && self.schedule == Schedule::Constant
+    }
+
+    /// The same rule with a momentum of 0 written as SGD.
+    pub(crate) fn normalised(self) -> Self {
+        match self.rule {
+            Rule::Momentum { beta } | Rule::Nesterov { beta } if beta == 0.0 => Self { rule: Rule::Sgd, ..self },
+            _ => self,
         }
     }
 

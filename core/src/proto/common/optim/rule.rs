@@ -1,27 +1,33 @@
 //! The rule as a server keeps it: the settings, the caller's state buffer and the update
 //! count, and the one `apply` every protocol's update goes through.
 
-use super::{AdamW, Optimizer, Rule, Schedule, Update};
+use super::{AdamW, Optimizer, Rule, Update, header};
 use crate::error::ConfigError;
 use crate::math::{self, LengthMismatch, Scalar};
 use crate::proto::Buffer;
-use core::marker::PhantomData;
 
 /// A server's update rule: `None` for plain SGD at a constant rate (each protocol's own
 /// step, nothing else on the update path).
+///
+/// Kept small (a server's size is its footprint on a microcontroller): in the server only
+/// the caller's buffer, momentum's coefficient and the rule's kind; every other setting and
+/// the update count live in the buffer's header (`header`).
 #[derive(Debug)]
 pub(crate) struct UpdateRule<T, S>(Option<Active<T, S>>);
 
 /// A rule other than plain SGD at a constant rate.
 #[derive(Debug)]
 struct Active<T, S> {
-    /// The settings (plain-SGD forms normalised: a momentum of 0 is [`Rule::Sgd`]).
-    optimizer: Optimizer,
-    /// At least `optimizer.state_len(dim)` elements.
+    /// At least `state_len(dim)` elements: the per-element state, then (unless `light`)
+    /// the header.
     state: S,
-    /// Updates applied through the rule.
-    steps: u64,
-    _t: PhantomData<T>,
+    /// Heavy-ball momentum's coefficient (`light` only).
+    beta: T,
+    /// Heavy-ball momentum at a constant rate: the state is the model before the last
+    /// update and nothing else; no update count.
+    light: bool,
+    /// Model-length tensors of per-element state before the header (0, 1 or 2).
+    tensors: u8,
 }
 
 /// `x ← x + β(x − prev)`, `prev ← x` (before the extrapolation), element by element over
@@ -40,66 +46,74 @@ impl<T: Scalar, S: Buffer<T>> UpdateRule<T, S> {
         Self(None)
     }
 
-    /// `optimizer` (checked) over the caller's `state` with its update count at `steps`, for a
-    /// model of `dim` elements. `init`: the state is set up fresh (momentum: a copy of
-    /// `params`, no velocity; the others: zero); otherwise it is taken as it is (a
-    /// checkpoint's) and refused unless finite (and, for AdamW, `v ≥ 0`).
-    pub(crate) fn new(
-        optimizer: Optimizer,
-        mut state: S,
-        steps: u64,
-        params: &[T],
-        init: bool,
-    ) -> Result<Self, ConfigError> {
+    /// `optimizer` (checked) over the caller's `state`, for the model `params`. `init`: the
+    /// state is set up fresh (momentum: a copy of `params`, no velocity; the others: zero;
+    /// the header: the settings, update count 0); otherwise it is taken as it is (a
+    /// checkpoint's) and refused unless finite (and, for AdamW, `v ≥ 0`) with a header
+    /// holding these very settings.
+    pub(crate) fn new(optimizer: Optimizer, mut state: S, params: &[T], init: bool) -> Result<Self, ConfigError> {
         optimizer.check()?;
         if optimizer.is_plain() {
             return Ok(Self(None));
         }
-        let optimizer = match optimizer.rule {
-            Rule::Momentum { beta } | Rule::Nesterov { beta } if beta == 0.0 => {
-                Optimizer { rule: Rule::Sgd, ..optimizer }
-            }
-            _ => optimizer,
-        };
+        let optimizer = optimizer.normalised();
         let (dim, needed, given) = (params.len(), optimizer.state_len(params.len()), state.as_ref().len());
         let Some(area) = state.as_mut().get_mut(..needed) else {
             return Err(ConfigError::ScratchTooSmall { needed, given });
         };
+        let light = optimizer.is_light();
+        let (elements, head) = area.split_at_mut(optimizer.element_state_len(dim).min(needed));
         if init {
             match optimizer.rule {
-                Rule::Momentum { .. } => area.copy_from_slice(params),
-                _ => math::fill_zero(area),
+                Rule::Momentum { .. } => elements.copy_from_slice(params),
+                _ => math::fill_zero(elements),
+            }
+            if !light {
+                header::write(head, &optimizer, 0);
             }
         } else {
-            let second_moment = if matches!(optimizer.rule, Rule::AdamW(_)) { area.get(dim..) } else { None };
-            if !math::all_finite(area) || second_moment.is_some_and(|v| v.iter().any(|v| *v < T::zero())) {
+            let second_moment = if matches!(optimizer.rule, Rule::AdamW(_)) { elements.get(dim..) } else { None };
+            let bad_elements =
+                !math::all_finite(elements) || second_moment.is_some_and(|v| v.iter().any(|v| *v < T::zero()));
+            let bad_header = !light && header::read(head).is_none_or(|(o, _)| o != optimizer);
+            if bad_elements || bad_header {
                 return Err(ConfigError::Knob("optimizer state"));
             }
         }
-        Ok(Self(Some(Active { optimizer, state, steps, _t: PhantomData })))
+        let beta = match optimizer.rule {
+            Rule::Momentum { beta } => T::from_f64(beta),
+            _ => T::zero(),
+        };
+        let tensors = if dim == 0 { 0 } else { (optimizer.element_state_len(dim) / dim) as u8 };
+        Ok(Self(Some(Active { state, beta, light, tensors })))
     }
 
     /// The settings (plain SGD for a server without a rule).
-    pub(crate) fn optimizer(&self) -> Optimizer {
-        self.0.as_ref().map_or(Optimizer::SGD, |a| a.optimizer)
+    pub(crate) fn optimizer(&self, dim: usize) -> Optimizer {
+        match self.0.as_ref() {
+            None => Optimizer::SGD,
+            Some(a) if a.light => Optimizer::momentum(a.beta.to_f64()),
+            Some(a) => a.decoded(dim).map_or(Optimizer::SGD, |(o, _)| o),
+        }
     }
 
     /// The rule's state for a model of `dim` elements, if it keeps any.
     pub(crate) fn state(&self, dim: usize) -> Option<&[T]> {
         let active = self.0.as_ref()?;
-        let len = active.optimizer.state_len(dim);
+        let len = self.optimizer(dim).state_len(dim);
         active.state.as_ref().get(..len).filter(|s| !s.is_empty())
     }
 
-    /// Updates applied through the rule (0 without one).
-    pub(crate) fn steps(&self) -> u64 {
-        self.0.as_ref().map_or(0, |a| a.steps)
+    /// Updates applied through the rule (0 without one, and for momentum at a constant
+    /// rate, which keeps no count).
+    pub(crate) fn steps(&self, dim: usize) -> u64 {
+        self.0.as_ref().and_then(|a| a.decoded(dim)).map_or(0, |(_, t)| t)
     }
 
-    /// Heavy-ball momentum's state (the model before the last update), if that is the rule.
+    /// Heavy-ball momentum's model before the last update, if that is the rule.
     pub(crate) fn momentum_buffer(&self, dim: usize) -> Option<&[T]> {
         let active = self.0.as_ref()?;
-        matches!(active.optimizer.rule, Rule::Momentum { .. }).then(|| self.state(dim)).flatten()
+        matches!(self.optimizer(dim).rule, Rule::Momentum { .. }).then(|| active.state.as_ref().get(..dim)).flatten()
     }
 
     /// Applies `update` to `params` by the rule: the protocol's plain step without a rule;
@@ -115,29 +129,39 @@ impl<T: Scalar, S: Buffer<T>> UpdateRule<T, S> {
 }
 
 impl<T: Scalar, S: Buffer<T>> Active<T, S> {
+    /// The settings and update count in the header (not for `light`).
+    fn decoded(&self, dim: usize) -> Option<(Optimizer, u64)> {
+        if self.light {
+            return None;
+        }
+        let at = usize::from(self.tensors).saturating_mul(dim);
+        header::read(self.state.as_ref().get(at..at.checked_add(header::LEN)?)?)
+    }
+
     #[inline(never)]
     fn apply<U: Update<T>>(&mut self, params: &mut [T], update: U) -> Result<(), LengthMismatch> {
         let dim = params.len();
         update.check(dim)?;
-        let needed = self.optimizer.state_len(dim);
+        if self.light {
+            let prev = self.state.as_mut().get_mut(..dim).ok_or(LengthMismatch { expected: dim, actual: 0 })?;
+            extrapolate(params, prev, self.beta);
+            return update.plain(params);
+        }
         let given = self.state.as_ref().len();
-        let state = self.state.as_mut().get_mut(..needed).ok_or(LengthMismatch { expected: needed, actual: given })?;
-        let t = self.steps;
-        let factor = self.optimizer.schedule.factor(t);
+        let (optimizer, t) = self.decoded(dim).ok_or(LengthMismatch { expected: dim, actual: given })?;
+        let at = optimizer.element_state_len(dim);
+        let (state, head) = self.state.as_mut().split_at_mut(at.min(given));
+        let factor = optimizer.schedule.factor(t);
         let lr = update.lr() * factor;
         // The plain step's coefficient under the schedule, and the direction's scale:
         // `d = c·u` with `c = −a/η`.
         let scaled = update.coefficient() * T::from_f64(factor);
         let c = T::from_f64(-update.coefficient().to_f64() / update.lr());
-        match self.optimizer.rule {
+        match optimizer.rule {
             Rule::Sgd => update.each(params, |x, u| *x = *x + scaled * u),
             Rule::Momentum { beta } => {
                 extrapolate(params, state, T::from_f64(beta));
-                if self.optimizer.schedule == Schedule::Constant {
-                    update.plain(params)?;
-                } else {
-                    update.each(params, |x, u| *x = *x + scaled * u);
-                }
+                update.each(params, |x, u| *x = *x + scaled * u);
             }
             Rule::Nesterov { beta } => {
                 let (beta, a) = (T::from_f64(beta), T::from_f64(-lr));
@@ -152,7 +176,7 @@ impl<T: Scalar, S: Buffer<T>> Active<T, S> {
             }
             Rule::AdamW(settings) => adamw(params, state, update, settings, lr, t, c),
         }
-        self.steps = t.saturating_add(1);
+        header::write_steps(head, t.saturating_add(1));
         Ok(())
     }
 }

@@ -52,6 +52,7 @@ fn adamw_two_steps_match_torch() {
     assert!((x2[0] - 0.8714672967019315).abs() < 1e-12, "{x2:?}");
     assert!((x2[1] + 0.6954186961448046).abs() < 1e-12, "{x2:?}");
     let state = s.optimizer_state().unwrap();
+    assert_eq!(state.len(), 4 + 40, "m, v, then the header");
     let want = [0.08, 0.0725, 0.004996, 0.0003124375];
     assert!(state.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-15), "m then v: {state:?}");
     assert_eq!(s.optimizer_steps(), 2);
@@ -72,7 +73,7 @@ fn nesterov_two_steps_match_torch() {
     assert!((s.params()[0] + 0.9).abs() < 1e-12, "{:?}", s.params());
     feed(&mut s, 0, grad(1, 1, &[4.0]));
     assert!((s.params()[0] + 5.51).abs() < 1e-12, "{:?}", s.params());
-    assert_eq!(s.optimizer_state(), Some(&[5.8][..]));
+    assert_eq!(s.optimizer_state().and_then(|b| b.first()), Some(&5.8), "the velocity, then the header");
     assert_eq!(s.momentum_buffer(), None, "Nesterov's state is a velocity, not the last model");
 }
 
@@ -98,14 +99,15 @@ fn schedules_match_their_closed_forms() {
 fn a_step_schedule_scales_each_update_of_an_asp_server() {
     // ASP at η = 0.5, gradient 1 from alternating workers: update t moves by −0.5·0.5^⌊t/2⌋.
     let mut s: AspServer<f64, Vec<f64>> = AspServer::new(AspConfig::new(2, 0.5), vec![0.0]).unwrap();
-    s = s.with_optimizer(Optimizer::SGD.with_schedule(Schedule::Step { every: 2, gamma: 0.5 }), vec![]).unwrap();
+    let o = Optimizer::SGD.with_schedule(Schedule::Step { every: 2, gamma: 0.5 });
+    s = s.with_optimizer(o, vec![0.0; o.state_len(1)]).unwrap();
     let mut x = 0.0;
     for t in 0..6u64 {
         feed(&mut s, (t % 2) as u32, grad(t, t / 2, &[1.0]));
         x -= 0.5 * 0.5f64.powi((t / 2) as i32);
         assert_eq!(s.params()[0], x, "update {t}");
     }
-    assert_eq!((s.optimizer_steps(), s.optimizer_state()), (6, None));
+    assert_eq!((s.optimizer_steps(), s.optimizer_state().map(<[f64]>::len)), (6, Some(40)), "a header only");
 }
 
 #[test]
@@ -148,13 +150,25 @@ fn a_state_buffer_too_small_or_a_bad_checkpoint_is_refused() {
     let fresh = || -> AspServer<f64, Vec<f64>> { AspServer::new(AspConfig::new(1, 0.1), vec![0.0; 3]).unwrap() };
     let adamw = Optimizer::adamw(AdamW::default());
     let e = fresh().with_optimizer(adamw, vec![0.0; 5]).map(|_| ());
-    assert_eq!(e, Err(ConfigError::ScratchTooSmall { needed: 6, given: 5 }));
+    assert_eq!(e, Err(ConfigError::ScratchTooSmall { needed: 46, given: 5 }));
     let e = fresh().with_optimizer(Optimizer::nesterov(0.5), vec![]).map(|_| ());
-    assert_eq!(e, Err(ConfigError::ScratchTooSmall { needed: 3, given: 0 }));
-    let e = fresh().with_optimizer_state(adamw, vec![0.0, 0.0, f64::NAN, 0.0, 0.0, 0.0], 1).map(|_| ());
-    assert_eq!(e, Err(ConfigError::Knob("optimizer state")));
-    let e = fresh().with_optimizer_state(adamw, vec![0.0, 0.0, 0.0, 0.0, -1e-9, 0.0], 1).map(|_| ());
-    assert_eq!(e, Err(ConfigError::Knob("optimizer state")), "a negative second moment");
+    assert_eq!(e, Err(ConfigError::ScratchTooSmall { needed: 43, given: 0 }));
+    let mut s = fresh().with_optimizer(adamw, vec![0.0; 46]).unwrap();
+    feed(&mut s, 0, grad(0, 0, &[1.0, -1.0, 2.0]));
+    let good = s.optimizer_state().unwrap().to_vec();
+    assert!(fresh().with_optimizer_state(adamw, good.clone()).is_ok());
+    let corrupt = |i: usize, v: f64| {
+        let mut state = good.clone();
+        state[i] = v;
+        fresh().with_optimizer_state(adamw, state).map(|_| ())
+    };
+    let refused = Err(ConfigError::Knob("optimizer state"));
+    assert_eq!(corrupt(2, f64::NAN), refused, "a moment not finite");
+    assert_eq!(corrupt(4, -1e-9), refused, "a negative second moment");
+    assert_eq!(corrupt(6 + 4, 0.5), refused, "a header piece that is not a whole number");
+    assert_eq!(corrupt(6 + 4, 65536.0), refused, "a header piece out of range");
+    let other = Optimizer::adamw(AdamW { eps: 1e-6, ..AdamW::default() });
+    assert_eq!(fresh().with_optimizer_state(other, good.clone()).map(|_| ()), refused, "other settings");
     // Plain SGD at a constant rate keeps no rule, whatever form it is asked in.
     for plain in [Optimizer::SGD, Optimizer::momentum(0.0), Optimizer::nesterov(0.0)] {
         let s = fresh().with_optimizer(plain, vec![]).unwrap();
@@ -172,16 +186,17 @@ fn a_rule_resumed_from_its_checkpoint_goes_on_bit_for_bit() {
     let server = |x0: Vec<f32>, version: u64| -> AspServer<f32, Vec<f32>> {
         AspServer::resume(AspConfig::new(1, 0.01), x0, Version(version)).unwrap()
     };
-    let mut whole = server(vec![0.3, -0.7], 0).with_optimizer(o, vec![0.0; 4]).unwrap();
+    let mut whole = server(vec![0.3, -0.7], 0).with_optimizer(o, vec![0.0; o.state_len(2)]).unwrap();
     for (t, g) in gradients.iter().enumerate() {
         feed(&mut whole, 0, grad(t as u64, t as u64, g));
     }
-    let mut first = server(vec![0.3, -0.7], 0).with_optimizer(o, vec![0.0; 4]).unwrap();
+    let mut first = server(vec![0.3, -0.7], 0).with_optimizer(o, vec![0.0; o.state_len(2)]).unwrap();
     for (t, g) in gradients.iter().take(2).enumerate() {
         feed(&mut first, 0, grad(t as u64, t as u64, g));
     }
-    let (state, steps) = (first.optimizer_state().unwrap().to_vec(), first.optimizer_steps());
-    let mut second = server(first.params().to_vec(), 2).with_optimizer_state(o, state, steps).unwrap();
+    let state = first.optimizer_state().unwrap().to_vec();
+    assert_eq!(first.optimizer_steps(), 2);
+    let mut second = server(first.params().to_vec(), 2).with_optimizer_state(o, state).unwrap();
     for (t, g) in gradients.iter().enumerate().skip(2) {
         feed(&mut second, 0, grad(t as u64, t as u64, g));
     }
@@ -241,7 +256,7 @@ proptest! {
         prop_assert!(s.params().iter().all(|x| x.is_finite()), "{:?}", s.params());
         prop_assert!(d.params().iter().all(|x| x.is_finite()), "{:?}", d.params());
         prop_assert!(s.optimizer_state().unwrap_or(&[]).iter().all(|x| x.is_finite()));
-        let expected_steps = if o.is_plain() { 0 } else { gradients.len() as u64 };
+        let expected_steps = if o.is_plain() || o.is_light() { 0 } else { gradients.len() as u64 };
         prop_assert_eq!(s.optimizer_steps(), expected_steps);
     }
 

@@ -73,7 +73,7 @@ fn wbsp_applies_nesterov_once_per_round_to_the_rounds_deltas() {
     let o = Optimizer::nesterov(beta).with_schedule(schedule);
     let mut s: WbspServer<f64, Vec<f64>> =
         WbspServer::new(WbspConfig::new(2, 0.1), vec![0.0; 4], vec![0.0; 4]).unwrap();
-    s = s.with_optimizer(o, vec![0.0; 4]).unwrap();
+    s = s.with_optimizer(o, vec![0.0; o.state_len(4)]).unwrap();
     let delta: Vec<f64> = GRADIENT.iter().map(|g| -0.1 * g).collect();
     for r in 0..5u64 {
         for w in 0..2 {
