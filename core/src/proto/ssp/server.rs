@@ -277,7 +277,8 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
         let factor = self.policy.admit(values, core.params.as_ref().len())?;
         // Lengths are checked: the update below cannot fail, and does nothing if it does. The
         // payload is the worker's step `−η_step·g`: the rule reads it at the rate `η_step`.
-        core.apply(UnitOrScaled { values, factor, lr: self.config.step_size() })?;
+        let config = &self.config;
+        core.apply(UnitOrScaled { values, factor, lr: || config.step_size() })?;
         let before = Self::live_clock(core, from);
         // Sequence numbers are namespaced by epoch (`first_seq(epoch) = epoch << 32`): an
         // update of a session the server has not seen join yet (its `Join` is late; the

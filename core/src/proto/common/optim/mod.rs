@@ -9,7 +9,7 @@
 //! WBSP round's summed deltas with `a = 1`, a group's aggregate with `a = −η·w`). The rule
 //! reads that update as the **direction** `d = −(a/η)·u`, in gradient units (the plain step
 //! is `x ← x − η·d`), and turns it into the model change; it is called once per update of
-//! the server's model, through [`UpdateRule::apply`], with the update as an [`Update`]
+//! the server's model, through `UpdateRule::apply`, with the update as an `Update`
 //! value that also carries whatever the protocol fuses into the same pass (clearing its
 //! accumulator, copying the new model out).
 //!

@@ -84,7 +84,7 @@ impl<T: Scalar, S: Buffer<T>> UpdateRule<T, S> {
             Rule::Momentum { beta } => T::from_f64(beta),
             _ => T::zero(),
         };
-        let tensors = if dim == 0 { 0 } else { (optimizer.element_state_len(dim) / dim) as u8 };
+        let tensors = optimizer.element_state_len(dim).checked_div(dim).unwrap_or(0) as u8;
         Ok(Self(Some(Active { state, beta, light, tensors })))
     }
 
@@ -138,6 +138,9 @@ impl<T: Scalar, S: Buffer<T>> Active<T, S> {
         header::read(self.state.as_ref().get(at..at.checked_add(header::LEN)?)?)
     }
 
+    /// Out of line and cold: the plain step's path in each protocol keeps its registers and
+    /// loads (a rule's settings and rate are read only here).
+    #[cold]
     #[inline(never)]
     fn apply<U: Update<T>>(&mut self, params: &mut [T], update: U) -> Result<(), LengthMismatch> {
         let dim = params.len();

@@ -140,19 +140,20 @@ impl<T: Scalar> Update<T> for Scaled<'_, '_, T> {
 }
 
 /// A model change applied as it came, or scaled by its clipping factor:
-/// `x ← x + factor·values` (an SSP clock update, whose payload already is `−η·g`).
-pub(crate) struct UnitOrScaled<'v, 'w, T> {
+/// `x ← x + factor·values` (an SSP clock update, whose payload already is `−η·g`). The rate
+/// is computed only when a rule reads it (`lr`, called on the rule's path alone).
+pub(crate) struct UnitOrScaled<'v, 'w, T, L> {
     /// The payload.
     pub(crate) values: &'w Values<'v, T>,
     /// Its admission factor (the plain step's coefficient).
     pub(crate) factor: T,
     /// The rate the payload was made with.
-    pub(crate) lr: f64,
+    pub(crate) lr: L,
 }
 
-impl<T: Scalar> Update<T> for UnitOrScaled<'_, '_, T> {
+impl<T: Scalar, L: Fn() -> f64> Update<T> for UnitOrScaled<'_, '_, T, L> {
     fn lr(&self) -> f64 {
-        self.lr
+        (self.lr)()
     }
     fn coefficient(&self) -> T {
         self.factor
