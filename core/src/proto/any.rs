@@ -5,13 +5,14 @@ use super::asp::{AspConfig, AspServer};
 use super::backup::{BackupConfig, BackupServer};
 use super::bap::{BapConfig, BapServer, BapWorker};
 use super::bsp::{BspConfig, BspServer};
+use super::common::optim::UpdateRule;
 use super::dbw::{DbwConfig, DbwServer};
 use super::grouped::{GroupServer, GroupedConfig, GroupedServer};
 use super::ssp::{SspConfig, SspServer, SspWorker};
 use super::wbsp::{WbspConfig, WbspServer, WbspWorker};
 use super::{
-    Buffer, DEFAULT_INLINE_WORKERS, GradientWorker, GradientWorkerConfig, Inline, ProtocolKind, Server, ServerOutput,
-    ServerStats, Storage, Worker, WorkerOutput, WorkerSetup,
+    Buffer, DEFAULT_INLINE_WORKERS, GradientWorker, GradientWorkerConfig, Inline, Optimizer, ProtocolKind, Server,
+    ServerOutput, ServerStats, Storage, Worker, WorkerOutput, WorkerSetup,
 };
 use crate::error::{ConfigError, Reject};
 use crate::id::{ComputeId, Version, WorkerId};
@@ -239,60 +240,96 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> AnyServer<T, S, M> {
         })
     }
 
+    /// The update rule `optimizer` on every update of the server's model (see
+    /// [`ProtocolServer::with_optimizer`](crate::proto::ProtocolServer::with_optimizer)):
+    /// `state` (caller-owned, at least [`Optimizer::state_len`] elements) is set up here. The
+    /// grouped server applies it to the central model; a group server on its own
+    /// ([`AnyServer::subserver`]) leaves it to its central server and drops `state`.
+    pub fn with_optimizer(self, optimizer: Optimizer, state: S) -> Result<Self, ConfigError> {
+        self.with_rule(optimizer, state, false)
+    }
+
+    /// [`Self::with_optimizer`] going on from a checkpoint's state (see
+    /// [`ProtocolServer::with_optimizer_state`](crate::proto::ProtocolServer::with_optimizer_state)).
+    pub fn with_optimizer_state(self, optimizer: Optimizer, state: S) -> Result<Self, ConfigError> {
+        self.with_rule(optimizer, state, true)
+    }
+
+    /// [`Self::with_optimizer`] or (`restore`) [`Self::with_optimizer_state`].
+    fn with_rule(self, o: Optimizer, state: S, restore: bool) -> Result<Self, ConfigError> {
+        macro_rules! set {
+            ($s:expr) => {
+                if restore { $s.with_optimizer_state(o, state)? } else { $s.with_optimizer(o, state)? }
+            };
+        }
+        Ok(match self {
+            Self::Bsp(s) => Self::Bsp(set!(s)),
+            Self::Asp(s) => Self::Asp(set!(s)),
+            Self::Backup(s) => Self::Backup(set!(s)),
+            Self::Dbw(s) => Self::Dbw(set!(s)),
+            Self::Wbsp(s) => Self::Wbsp(set!(s)),
+            Self::Grouped(s) => Self::Grouped(set!(s)),
+            Self::Group(s) => {
+                o.check()?;
+                Self::Group(s)
+            }
+            Self::Ssp(s) => Self::Ssp(set!(s)),
+            Self::Bap(s) => Self::Bap(set!(s)),
+        })
+    }
+
     /// SGD with momentum `beta` on every update (see
     /// [`ProtocolServer::with_momentum`](crate::proto::ProtocolServer::with_momentum)): `prev`
     /// (caller-owned, at least the model's length) holds the model before the last update.
     /// The grouped server applies it to the central model; a group server on its own
     /// ([`AnyServer::subserver`]) leaves it to its central server and drops `prev`.
     pub fn with_momentum(self, beta: f64, prev: S) -> Result<Self, ConfigError> {
-        Ok(match self {
-            Self::Bsp(s) => Self::Bsp(s.with_momentum(beta, prev)?),
-            Self::Asp(s) => Self::Asp(s.with_momentum(beta, prev)?),
-            Self::Backup(s) => Self::Backup(s.with_momentum(beta, prev)?),
-            Self::Dbw(s) => Self::Dbw(s.with_momentum(beta, prev)?),
-            Self::Wbsp(s) => Self::Wbsp(s.with_momentum(beta, prev)?),
-            Self::Grouped(s) => Self::Grouped(s.with_momentum(beta, prev)?),
-            Self::Group(s) => {
-                crate::proto::common::momentum::check_beta(beta)?;
-                Self::Group(s)
-            }
-            Self::Ssp(s) => Self::Ssp(s.with_momentum(beta, prev)?),
-            Self::Bap(s) => Self::Bap(s.with_momentum(beta, prev)?),
-        })
+        self.with_optimizer(Optimizer::momentum(beta), prev)
     }
 
     /// [`Self::with_momentum`] with `prev` already holding the model before the last update
     /// (a resumed run's checkpoint).
     pub fn with_momentum_state(self, beta: f64, prev: S) -> Result<Self, ConfigError> {
-        Ok(match self {
-            Self::Bsp(s) => Self::Bsp(s.with_momentum_state(beta, prev)?),
-            Self::Asp(s) => Self::Asp(s.with_momentum_state(beta, prev)?),
-            Self::Backup(s) => Self::Backup(s.with_momentum_state(beta, prev)?),
-            Self::Dbw(s) => Self::Dbw(s.with_momentum_state(beta, prev)?),
-            Self::Wbsp(s) => Self::Wbsp(s.with_momentum_state(beta, prev)?),
-            Self::Grouped(s) => Self::Grouped(s.with_momentum_state(beta, prev)?),
-            Self::Group(s) => {
-                crate::proto::common::momentum::check_beta(beta)?;
-                Self::Group(s)
-            }
-            Self::Ssp(s) => Self::Ssp(s.with_momentum_state(beta, prev)?),
-            Self::Bap(s) => Self::Bap(s.with_momentum_state(beta, prev)?),
+        self.with_optimizer_state(Optimizer::momentum(beta), prev)
+    }
+
+    /// The rule of the server whose model it updates (the central one of the grouped
+    /// server) and that model's length, if there is one.
+    fn rule(&self) -> Option<(&UpdateRule<T, S>, usize)> {
+        Some(match self {
+            Self::Bsp(s) => (&s.core.rule, s.core.dim()),
+            Self::Asp(s) => (&s.core.rule, s.core.dim()),
+            Self::Backup(s) => (&s.core.rule, s.core.dim()),
+            Self::Dbw(s) => (&s.core.rule, s.core.dim()),
+            Self::Wbsp(s) => (&s.core.rule, s.core.dim()),
+            Self::Grouped(s) => (&s.central().core.rule, s.central().core.dim()),
+            Self::Group(_) => return None,
+            Self::Ssp(s) => (&s.core.rule, s.core.dim()),
+            Self::Bap(s) => (&s.core.rule, s.core.dim()),
         })
     }
 
-    /// The momentum buffer (the model before the last update), if the server has momentum.
+    /// The momentum buffer (the model before the last update), if the server's rule is
+    /// heavy-ball momentum.
     pub fn momentum_buffer(&self) -> Option<&[T]> {
-        match self {
-            Self::Bsp(s) => s.momentum_buffer(),
-            Self::Asp(s) => s.momentum_buffer(),
-            Self::Backup(s) => s.momentum_buffer(),
-            Self::Dbw(s) => s.momentum_buffer(),
-            Self::Wbsp(s) => s.momentum_buffer(),
-            Self::Grouped(s) => s.central().momentum_buffer(),
-            Self::Group(_) => None,
-            Self::Ssp(s) => s.momentum_buffer(),
-            Self::Bap(s) => s.momentum_buffer(),
-        }
+        self.rule().and_then(|(r, dim)| r.momentum_buffer(dim))
+    }
+
+    /// The update rule (plain SGD unless one was set).
+    pub fn optimizer(&self) -> Optimizer {
+        self.rule().map_or(Optimizer::SGD, |(r, dim)| r.optimizer(dim))
+    }
+
+    /// The update rule's state, for checkpoints (see
+    /// [`ProtocolServer::optimizer_state`](crate::proto::ProtocolServer::optimizer_state)).
+    pub fn optimizer_state(&self) -> Option<&[T]> {
+        self.rule().and_then(|(r, dim)| r.state(dim))
+    }
+
+    /// Updates applied through the update rule (see
+    /// [`ProtocolServer::optimizer_steps`](crate::proto::ProtocolServer::optimizer_steps)).
+    pub fn optimizer_steps(&self) -> u64 {
+        self.rule().map_or(0, |(r, dim)| r.steps(dim))
     }
 
     /// Sub-server `index` of `config`'s two-level deployment ([`ProtocolConfig::tiers`]),
@@ -423,6 +460,12 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for AnyServer<T, S, M> {
     }
     fn momentum_buffer(&self) -> Option<&[T]> {
         Self::momentum_buffer(self)
+    }
+    fn optimizer_state(&self) -> Option<&[T]> {
+        Self::optimizer_state(self)
+    }
+    fn optimizer_steps(&self) -> u64 {
+        Self::optimizer_steps(self)
     }
     fn stats(&self) -> &ServerStats {
         dispatch!(self, s => s.stats(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Group, Ssp, Bap)

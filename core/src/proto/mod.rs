@@ -69,6 +69,7 @@ pub mod wbsp;
 pub use any::{AnyServer, AnyWorker, ProtocolConfig, Tiers};
 pub use common::engine::{CoreOf, HasSlot, ProtocolServer, Rules, ServerCore};
 pub use common::gradient_worker::{GradientRules, GradientWorker, GradientWorkerConfig};
+pub use common::optim::{AdamW, Optimizer, Rule, Schedule};
 #[cfg(any(feature = "alloc", test))]
 pub use common::table::Heap;
 pub use common::table::{DEFAULT_INLINE_WORKERS, Inline, Slot, Storage, WorkerRecord};
@@ -429,6 +430,17 @@ pub trait Server<T: Scalar> {
     /// momentum, for a checkpoint to save; `None` without momentum (the default).
     fn momentum_buffer(&self) -> Option<&[T]> {
         None
+    }
+    /// The update rule's state ([`Optimizer::state_len`] elements: the momentum buffer,
+    /// Nesterov's velocity, AdamW's `m` then `v`) for a checkpoint to save; `None` for a rule
+    /// without state (the default).
+    fn optimizer_state(&self) -> Option<&[T]> {
+        None
+    }
+    /// Updates applied through the update rule (its schedule's and AdamW's step count), for
+    /// a checkpoint to save; 0 without a rule (the default).
+    fn optimizer_steps(&self) -> u64 {
+        0
     }
     /// Whether this server is a worker of a server above it: it emits
     /// [`ServerOutput::Upstream`] and takes [`Self::handle_upstream`], so its driver must

@@ -6,6 +6,7 @@ use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
 use crate::math::Scalar;
 use crate::msg::{ToServer, Values};
+use crate::proto::common::optim::{Scaled, Update};
 use crate::proto::{
     Buffer, CoreOf, DEFAULT_INLINE_WORKERS, GradientPolicy, HasSlot, Inline, ProtocolServer, Recipient, Rules,
     ServerCore, ServerEvent, Storage,
@@ -61,8 +62,7 @@ impl<T: Scalar> AspRules<T> {
     ) -> Result<(), Reject> {
         let factor = self.screen(core, from, base, seq, values, quiet)?;
         // Admission checked the length: the update below cannot fail.
-        core.before_update();
-        values.scaled_add_into(core.params.as_mut(), self.scale(factor))?;
+        core.apply(Scaled { values, a: self.scale(factor), lr: self.config.learning_rate })?;
         self.applied(core, from, base, seq, factor, quiet);
         Ok(())
     }
@@ -135,24 +135,24 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> AspServer<T, S, M> {
     /// machine whose `values` passed `GradientPolicy::default().admit` (the grouped
     /// server's aggregates: not screened twice; a server with another policy screens them).
     ///
-    /// The update itself is the caller's `apply(params, scale, values)`, called once and only
-    /// when the gradient is accepted: it must do `params += scale · values` with the bits
-    /// of [`math::scaled_add`](crate::math::scaled_add), and may fuse more work over the same
+    /// The update itself is the [`Update`] the caller's `update(values, a, lr)` makes, called
+    /// once and only when the gradient is accepted, and applied through the server's rule:
+    /// its plain step must be `params += a · values` with the bits of
+    /// [`math::scaled_add`](crate::math::scaled_add), and may fuse more work over the same
     /// elements into that pass (the grouped server copies the new model out and clears its
     /// aggregate, which is why `values` is lent mutably).
-    pub(crate) fn apply_screened(
+    pub(crate) fn apply_screened<'v, U: Update<T>>(
         &mut self,
         from: WorkerId,
         base: Version,
         seq: u64,
-        values: &mut [T],
-        apply: impl FnOnce(&mut [T], T, &mut [T]),
+        values: &'v mut [T],
+        update: impl FnOnce(&'v mut [T], T, f64) -> U,
     ) -> Result<(), Reject> {
         let result = self.core.queue.ensure_room(Rules::<T, S, M>::burst(&self.rules)).and_then(|()| {
             self.core.roster.check_member(from)?;
             let factor = self.rules.screen(&self.core, from, base, seq, &Values::Slice(values), true)?;
-            self.core.before_update();
-            apply(self.core.params.as_mut(), self.rules.scale(factor), values);
+            self.core.apply(update(values, self.rules.scale(factor), self.rules.config.learning_rate))?;
             self.rules.applied(&mut self.core, from, base, seq, factor, true);
             Ok(())
         });

@@ -212,11 +212,11 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
     /// its start to `now`). Does not send the new model: see [`Self::publish`].
     pub(crate) fn close<M: Storage>(&mut self, core: &mut BackupCore<T, S, M>, now: Instant) -> (u64, Duration) {
         let contributors = mark_of(core.version);
-        core.before_update();
         let dim = core.dim();
         let (params, scratch) = (core.params.as_mut(), self.scratch.as_mut());
         let acc = scratch.get_mut(..dim).unwrap_or(&mut []);
         core.version = self.round.close(
+            &mut core.rule,
             params,
             acc,
             self.learning_rate,

@@ -10,6 +10,7 @@ use crate::id::{Version, WorkerId};
 use crate::math::{self, Scalar};
 use crate::msg::{ToServer, Values};
 use crate::proto::common::loss::LossTally;
+use crate::proto::common::optim::Cleared;
 use crate::proto::common::queue::{BatchKind, ServerItem};
 use crate::proto::common::table::Slot;
 use crate::proto::common::validate::zero_scratch;
@@ -292,10 +293,9 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
         let a = T::from_f64(-self.config.learning_rate / f64::from(count.max(1)));
         let dim = self.dim(core);
         let start = k.saturating_mul(dim);
-        core.before_update();
         if let Some(acc) = self.accs.as_mut().get_mut(start..start.saturating_add(dim)) {
             // Lengths were fixed at construction; a mismatch is impossible here.
-            let _ = math::apply_and_clear(core.params.as_mut(), a, acc);
+            let _ = core.apply(Cleared { acc, a, lr: self.config.learning_rate });
         }
         let version = Version(j);
         // The contributors' events: one batch, which clears their bit for slot `k` (`b` holds

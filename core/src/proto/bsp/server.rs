@@ -103,9 +103,9 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
             let factor = self.config.gradient_policy.admit(values, dim)?;
             let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
             // The lengths passed admission: the update below cannot fail.
-            core.before_update();
             core.version = self.round.add_and_close(
                 &mut core.roster,
+                &mut core.rule,
                 from,
                 values,
                 factor,
@@ -162,9 +162,9 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
         dim: usize,
     ) -> Result<(), Reject> {
         if self.round.len() == Self::needed(core) {
-            core.before_update();
             let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
             core.version = self.round.close(
+                &mut core.rule,
                 core.params.as_mut(),
                 acc,
                 self.config.learning_rate,

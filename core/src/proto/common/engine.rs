@@ -12,6 +12,7 @@
 //! the `alloc` feature); the output queue's depth is a constant.
 
 use super::loss::LossTally;
+use super::optim::{Optimizer, Update, UpdateRule};
 use super::queue::{BatchKind, ServerItem, ServerQueue};
 use super::roster::Roster;
 use super::round::{Round, check_learning_rate};
@@ -19,7 +20,7 @@ use super::stall::StallWatch;
 use super::table::{DEFAULT_INLINE_WORKERS, Inline, Slot, Storage, WorkerRecord};
 use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
-use crate::math::Scalar;
+use crate::math::{LengthMismatch, Scalar};
 use crate::msg::ToServer;
 use crate::msg::{ToWorker, Values};
 use crate::proto::{Buffer, Recipient, Server, ServerEvent, ServerOutput, ServerStats};
@@ -44,8 +45,8 @@ pub struct ServerCore<T, S, M: Storage, X: Slot> {
     pub(crate) stall: StallWatch,
     /// The reported losses of the pending update and of the message being handled.
     pub(crate) loss: LossTally,
-    /// Momentum: `β` and the model before the last update (see `momentum`), if enabled.
-    pub(crate) momentum: Option<(T, S)>,
+    /// The update rule every update of the model goes through (see [`optim`](super::optim)).
+    pub(crate) rule: UpdateRule<T, S>,
     _t: PhantomData<T>,
 }
 
@@ -74,7 +75,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, X: Slot> ServerCore<T, S, M, X> {
             queue: ServerQueue::new(),
             stall,
             loss: LossTally::new(),
-            momentum: None,
+            rule: UpdateRule::plain(),
             _t: PhantomData,
         })
     }
@@ -84,13 +85,11 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, X: Slot> ServerCore<T, S, M, X> {
         self.params.as_ref().len()
     }
 
-    /// Momentum's extrapolation, right before an update is applied: `x ← x + β(x − x_prev)`,
-    /// `x_prev ← x`. Nothing without momentum.
-    #[inline]
-    pub(crate) fn before_update(&mut self) {
-        if let Some((beta, prev)) = self.momentum.as_mut() {
-            super::momentum::extrapolate(self.params.as_mut(), prev.as_mut(), *beta);
-        }
+    /// Applies an update to the model through the server's rule (the protocol's plain step
+    /// without one). On `Err` (a length mismatch) nothing changed.
+    #[inline(always)]
+    pub(crate) fn apply<U: Update<T>>(&mut self, update: U) -> Result<(), LengthMismatch> {
+        self.rule.apply(self.params.as_mut(), update)
     }
 
     /// The minibatch loss the message being handled reports, if any (finite): what a
@@ -275,38 +274,64 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
         &self.rules
     }
 
+    /// The update rule `optimizer` on every update (see [`optim`](super::optim)), over the
+    /// caller-owned `state` of at least [`Optimizer::state_len`] elements, set up here
+    /// (momentum: the current model, no velocity; Nesterov and AdamW: zero). To resume a
+    /// run use [`Self::with_optimizer_state`]. Plain SGD at a constant rate (momentum 0
+    /// included) leaves the server's updates as they are, bit for bit, and drops `state`.
+    pub fn with_optimizer(mut self, optimizer: Optimizer, state: S) -> Result<Self, ConfigError> {
+        self.core.rule = UpdateRule::new(optimizer, state, self.core.params.as_ref(), true)?;
+        Ok(self)
+    }
+
+    /// [`Self::with_optimizer`] going on from a checkpoint: `state` holds what
+    /// [`Self::optimizer_state`] read (its header, the settings and the update count). A
+    /// state that is not finite, an AdamW second moment below 0, or a header that is not
+    /// one or holds other settings than `optimizer` is refused
+    /// ([`ConfigError::Knob`]`("optimizer state")`).
+    pub fn with_optimizer_state(mut self, optimizer: Optimizer, state: S) -> Result<Self, ConfigError> {
+        self.core.rule = UpdateRule::new(optimizer, state, self.core.params.as_ref(), false)?;
+        Ok(self)
+    }
+
+    /// The update rule (plain SGD unless one was set).
+    pub fn optimizer(&self) -> Optimizer {
+        self.core.rule.optimizer(self.core.dim())
+    }
+
+    /// The rule's state ([`Optimizer::state_len`] elements), for checkpoints; `None` for a
+    /// rule without state.
+    pub fn optimizer_state(&self) -> Option<&[T]> {
+        self.core.rule.state(self.core.dim())
+    }
+
+    /// Updates applied through the rule (kept in its state's header, so a restored rule goes
+    /// on counting): the schedule's and AdamW's step count. 0 for plain SGD at a constant
+    /// rate and for momentum at a constant rate, which keep no count.
+    pub fn optimizer_steps(&self) -> u64 {
+        self.core.rule.steps(self.core.dim())
+    }
+
     /// SGD with momentum `beta` (in `[0, 1)`) on every update: `x ← x + β(x − x_prev)`
     /// before each update's step, PyTorch's `v ← βv + g; x ← x − ηv` for a constant step.
     /// `prev` (at least the model's length, caller-owned) holds the model before the last
     /// update; it is set here to the current model (no velocity yet), or, to resume a run,
     /// use [`Self::with_momentum_state`]. `beta == 0` leaves the server plain SGD, bit for
-    /// bit.
-    pub fn with_momentum(self, beta: f64, mut prev: S) -> Result<Self, ConfigError> {
-        let dim = self.core.dim();
-        let Some(p) = prev.as_mut().get_mut(..dim) else {
-            return Err(ConfigError::ScratchTooSmall { needed: dim, given: prev.as_ref().len() });
-        };
-        p.copy_from_slice(self.core.params.as_ref());
-        self.with_momentum_state(beta, prev)
+    /// bit. [`Self::with_optimizer`] with [`Optimizer::momentum`].
+    pub fn with_momentum(self, beta: f64, prev: S) -> Result<Self, ConfigError> {
+        self.with_optimizer(Optimizer::momentum(beta), prev)
     }
 
     /// [`Self::with_momentum`] with `prev` already holding the model before the last update
     /// (from a checkpoint).
-    pub fn with_momentum_state(mut self, beta: f64, prev: S) -> Result<Self, ConfigError> {
-        super::momentum::check_beta(beta)?;
-        let (dim, given) = (self.core.dim(), prev.as_ref().len());
-        if given < dim {
-            return Err(ConfigError::ScratchTooSmall { needed: dim, given });
-        }
-        self.core.momentum = (beta > 0.0).then(|| (T::from_f64(beta), prev));
-        Ok(self)
+    pub fn with_momentum_state(self, beta: f64, prev: S) -> Result<Self, ConfigError> {
+        self.with_optimizer_state(Optimizer::momentum(beta), prev)
     }
 
     /// The momentum buffer (the model before the last update, for checkpoints), if the
-    /// server has momentum.
+    /// server's rule is heavy-ball momentum.
     pub fn momentum_buffer(&self) -> Option<&[T]> {
-        let dim = self.core.dim();
-        self.core.momentum.as_ref().and_then(|(_, p)| p.as_ref().get(..dim))
+        self.core.rule.momentum_buffer(self.core.dim())
     }
 
     /// Out of line: a rare path, kept out of `handle`'s body so that the common message pays

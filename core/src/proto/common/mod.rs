@@ -3,7 +3,8 @@
 //! server verbs), caller-sized per-worker storage ([`table`]), membership and
 //! deduplication (`roster`), the output queues (`queue`),
 //! the aggregation round of the synchronous protocols (`round`, and the verbs of their
-//! servers in `round_server`), the reported minibatch
+//! servers in `round_server`), the server's update rule ([`optim`]: SGD, momentum, Nesterov,
+//! AdamW, learning-rate schedules), the reported minibatch
 //! losses on their way into the updates ([`loss`]), gradient admission
 //! (`validate`), the stall watchdog (`stall`), the worker engine ([`worker`]: id, epoch,
 //! sequence and job numbering, buffers, output queue, stop flag and the one implementation
@@ -14,7 +15,7 @@
 pub mod engine;
 pub mod gradient_worker;
 pub mod loss;
-pub(crate) mod momentum;
+pub mod optim;
 pub mod queue;
 pub(crate) mod roster;
 pub(crate) mod round;

@@ -5,14 +5,15 @@
 //! contribution as one batched item.
 
 use super::loss::LossTally;
+use super::optim::{Cleared, FoldedLast, UpdateRule};
 use super::queue::{BatchKind, ServerItem, ServerQueue};
 use super::roster::Roster;
 use super::table::{Slot, Storage};
 use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
-use crate::math::{self, Scalar};
+use crate::math::Scalar;
 use crate::msg::Values;
-use crate::proto::{ServerEvent, ServerStats};
+use crate::proto::{Buffer, ServerEvent, ServerStats};
 
 /// Refuses a learning rate that is not finite and positive.
 pub(crate) fn check_learning_rate(lr: f64) -> Result<(), ConfigError> {
@@ -112,12 +113,13 @@ impl Round {
         }
     }
 
-    /// Closes the round: `params -= lr/k * acc`, `acc = 0`, queues the contributors'
+    /// Closes the round: `params -= lr/k * acc` by `rule`, `acc = 0`, queues the contributors'
     /// `Applied` events (one batch, expanded in id order) and a `ModelUpdated` with the
     /// mean of the losses in `loss`. Returns the new version.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn close<T: Scalar>(
+    pub(crate) fn close<T: Scalar, S: Buffer<T>>(
         &mut self,
+        rule: &mut UpdateRule<T, S>,
         params: &mut [T],
         acc: &mut [T],
         learning_rate: f64,
@@ -127,7 +129,7 @@ impl Round {
         loss: &mut LossTally,
     ) -> Version {
         // Lengths were fixed at construction; a mismatch is impossible here.
-        let _ = math::apply_and_clear(params, Self::rate(learning_rate, self.count), acc);
+        let _ = rule.apply(params, Cleared { acc, a: Self::rate(learning_rate, self.count), lr: learning_rate });
         self.finish(base, queue, stats, loss)
     }
 
@@ -137,13 +139,14 @@ impl Round {
     }
 
     /// [`Self::add`] of the round's last gradient fused with [`Self::close`]: one pass does
-    /// `params += a · (acc + factor · values); acc = 0` (the bits of the two calls, one pass
+    /// `params += a · (acc + factor · values); acc = 0` by `rule` (without one, the bits of the two calls, one pass
     /// over the accumulator fewer). `worker` is not in the round. On `Err` (a length
     /// mismatch) nothing changed.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn add_and_close<T: Scalar, M: Storage, X: Slot>(
+    pub(crate) fn add_and_close<T: Scalar, S: Buffer<T>, M: Storage, X: Slot>(
         &mut self,
         roster: &mut Roster<M, X>,
+        rule: &mut UpdateRule<T, S>,
         worker: WorkerId,
         values: &Values<'_, T>,
         factor: T,
@@ -156,7 +159,8 @@ impl Round {
         loss: &mut LossTally,
     ) -> Result<Version, Reject> {
         let k = self.count + usize::from(!Self::contains(roster, worker, base));
-        values.add_apply_and_clear(factor, params, Self::rate(learning_rate, k), acc)?;
+        let a = Self::rate(learning_rate, k);
+        rule.apply(params, FoldedLast { acc, values, factor, a, lr: learning_rate })?;
         self.record(roster, base, worker, factor, loss);
         Ok(self.finish(base, queue, stats, loss))
     }

@@ -2,12 +2,14 @@
 
 use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
-use crate::math::{self, Scalar};
+use crate::math::{self, LengthMismatch, Scalar};
 use crate::msg::{ToServer, ToWorker, Values};
 use crate::proto::asp::AspServer;
 use crate::proto::common::validate::zero_scratch;
+use crate::proto::common::optim::Update;
 use crate::proto::{
-    Buffer, DEFAULT_INLINE_WORKERS, Inline, Recipient, Server, ServerEvent, ServerOutput, ServerStats, Storage,
+    Buffer, DEFAULT_INLINE_WORKERS, Inline, Optimizer, Recipient, Server, ServerEvent, ServerOutput, ServerStats,
+    Storage,
 };
 use crate::time::Instant;
 use core::marker::PhantomData;
@@ -37,17 +39,30 @@ pub struct GroupedServer<T, S, M: Storage = Inline<DEFAULT_INLINE_WORKERS>> {
 }
 
 impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
-    /// SGD with momentum on the central model (see
-    /// [`ProtocolServer::with_momentum`](crate::proto::ProtocolServer::with_momentum)).
-    pub fn with_momentum(mut self, beta: f64, prev: S) -> Result<Self, ConfigError> {
-        self.central = self.central.with_momentum(beta, prev)?;
+    /// The update rule `optimizer` on the central model (see
+    /// [`ProtocolServer::with_optimizer`](crate::proto::ProtocolServer::with_optimizer)): it
+    /// acts on each group aggregate the central server applies, as an outer optimizer over
+    /// the groups' steps (a group's own `H − 1` local steps stay plain SGD).
+    pub fn with_optimizer(mut self, optimizer: Optimizer, state: S) -> Result<Self, ConfigError> {
+        self.central = self.central.with_optimizer(optimizer, state)?;
         Ok(self)
     }
 
-    /// [`Self::with_momentum`] from a checkpoint's buffer.
-    pub fn with_momentum_state(mut self, beta: f64, prev: S) -> Result<Self, ConfigError> {
-        self.central = self.central.with_momentum_state(beta, prev)?;
+    /// [`Self::with_optimizer`] from a checkpoint's state.
+    pub fn with_optimizer_state(mut self, optimizer: Optimizer, state: S) -> Result<Self, ConfigError> {
+        self.central = self.central.with_optimizer_state(optimizer, state)?;
         Ok(self)
+    }
+
+    /// SGD with momentum on the central model (see
+    /// [`ProtocolServer::with_momentum`](crate::proto::ProtocolServer::with_momentum)).
+    pub fn with_momentum(self, beta: f64, prev: S) -> Result<Self, ConfigError> {
+        self.with_optimizer(Optimizer::momentum(beta), prev)
+    }
+
+    /// [`Self::with_momentum`] from a checkpoint's buffer.
+    pub fn with_momentum_state(self, beta: f64, prev: S) -> Result<Self, ConfigError> {
+        self.with_optimizer_state(Optimizer::momentum(beta), prev)
     }
 }
 
@@ -123,8 +138,11 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
                 // cannot fail after an accepted update (the new version exceeds the base).
                 let (base, _, seq) = group.take_exchange();
                 let aggregate: &mut [T] = if shared.config.local_steps > 1 { &mut *total } else { &mut *acc };
-                let applied = central.apply_screened(from, base, seq, aggregate, |params, scale, agg| {
-                    apply_copy_clear(params, scale, agg, &mut *model)
+                let applied = central.apply_screened(from, base, seq, aggregate, |agg, a, lr| CopyOut {
+                    agg,
+                    model: &mut *model,
+                    a,
+                    lr,
                 });
                 match applied {
                     Ok(()) => {
@@ -306,5 +324,44 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for GroupedServer<T, S, M> {
 
     fn stats(&self) -> &ServerStats {
         &self.shared.stats
+    }
+}
+
+/// A group aggregate applied to the central model and the group re-based on the result:
+/// `params += a·agg` by the central server's rule, `model = params`, `agg = 0`
+/// ([`apply_copy_clear`] without a rule).
+struct CopyOut<'a, T> {
+    /// The aggregate, the model's length.
+    agg: &'a mut [T],
+    /// The group's model, the model's length.
+    model: &'a mut [T],
+    /// The central step's coefficient `−η·w`.
+    a: T,
+    /// The central learning rate.
+    lr: f64,
+}
+
+impl<T: Scalar> Update<T> for CopyOut<'_, T> {
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+    fn coefficient(&self) -> T {
+        self.a
+    }
+    fn check(&self, dim: usize) -> Result<(), LengthMismatch> {
+        let short = self.agg.len().min(self.model.len());
+        if short == dim { Ok(()) } else { Err(LengthMismatch { expected: dim, actual: short }) }
+    }
+    #[inline(always)]
+    fn plain(self, params: &mut [T]) -> Result<(), LengthMismatch> {
+        apply_copy_clear(params, self.a, self.agg, self.model);
+        Ok(())
+    }
+    fn each(self, params: &mut [T], mut f: impl FnMut(&mut T, T)) {
+        for ((x, a), m) in params.iter_mut().zip(self.agg.iter_mut()).zip(self.model.iter_mut()) {
+            f(x, *a);
+            *m = *x;
+            *a = T::zero();
+        }
     }
 }

@@ -6,6 +6,7 @@ use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
 use crate::math::Scalar;
 use crate::msg::{ToServer, Values};
+use crate::proto::common::optim::UnitOrScaled;
 use crate::proto::common::queue::{BatchKind, ServerItem};
 use crate::proto::common::table::{Slot, flag};
 use crate::proto::{
@@ -274,13 +275,10 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
     ) -> Result<(), Reject> {
         core.roster.check_seq(from, seq)?;
         let factor = self.policy.admit(values, core.params.as_ref().len())?;
-        // Lengths are checked: the additions below cannot fail, and do nothing if they do.
-        core.before_update();
-        if factor == T::one() {
-            values.add_into(core.params.as_mut())?;
-        } else {
-            values.scaled_add_into(core.params.as_mut(), factor)?;
-        }
+        // Lengths are checked: the update below cannot fail, and does nothing if it does. The
+        // payload is the worker's step `−η_step·g`: the rule reads it at the rate `η_step`.
+        let config = &self.config;
+        core.apply(UnitOrScaled { values, factor, lr: || config.step_size() })?;
         let before = Self::live_clock(core, from);
         // Sequence numbers are namespaced by epoch (`first_seq(epoch) = epoch << 32`): an
         // update of a session the server has not seen join yet (its `Join` is late; the

@@ -6,6 +6,7 @@ use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
 use crate::math::{self, Scalar};
 use crate::msg::{ToServer, Values};
+use crate::proto::common::optim::Cleared;
 use crate::proto::common::queue::{BatchKind, ServerItem};
 use crate::proto::common::round::mark_of;
 use crate::proto::common::table::flag;
@@ -131,10 +132,11 @@ impl<T: Scalar, S: Buffer<T>> WbspRules<T, S> {
     /// Publishes the open round: `w += A`, `A = 0`, version + 1.
     fn close<M: Storage>(&mut self, core: &mut Core<T, S, M>, now: Instant) {
         let dim = core.dim();
-        core.before_update();
         if let Some(acc) = self.acc.as_mut().get_mut(..dim) {
-            // Lengths were fixed at construction; a mismatch is impossible here.
-            let _ = math::apply_and_clear(core.params.as_mut(), T::one(), acc);
+            // Lengths were fixed at construction; a mismatch is impossible here. The summed
+            // deltas are a model change made at the workers' rate: the rule reads the
+            // direction `−A/η`.
+            let _ = core.apply(Cleared { acc, a: T::one(), lr: self.config.learning_rate });
         }
         core.version = core.version.next();
         core.stats.updates += 1;
