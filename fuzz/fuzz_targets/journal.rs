@@ -5,10 +5,10 @@
 
 use libfuzzer_sys::fuzz_target;
 
-#[path = "../shared/scratch.rs"]
-mod scratch;
 #[path = "../shared/journal_check.rs"]
 mod journal_check;
+#[path = "../shared/scratch.rs"]
+mod scratch;
 
 fuzz_target!(|data: &[u8]| {
     let _ = journal_check::check(data);

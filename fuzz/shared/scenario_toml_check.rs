@@ -22,7 +22,8 @@ pub(crate) fn check(data: &[u8]) -> usize {
             s.check_event_budget().unwrap_or_else(|e| panic!("an accepted scenario over its budget: {e}"));
             for run in &s.runs {
                 let _ = run.label();
-                s.sim_config(run, s.seeds - 1).unwrap_or_else(|e| panic!("run {} has no configuration: {e}", run.label()));
+                s.sim_config(run, s.seeds - 1)
+                    .unwrap_or_else(|e| panic!("run {} has no configuration: {e}", run.label()));
             }
             1
         }

@@ -196,10 +196,7 @@ fn handshake_corpus() {
         seed("server_hello_workload", hello(&settings[2])),
         seed("client_auth", Message::ClientAuth([1; 32]).encode()),
         seed("accept", Message::Accept([2; 32]).encode()),
-        seed(
-            "refuse",
-            Message::Refuse { code: RefuseCode::Knobs, message: "staleness 3 against 4".into() }.encode(),
-        ),
+        seed("refuse", Message::Refuse { code: RefuseCode::Knobs, message: "staleness 3 against 4".into() }.encode()),
         seed("settings_bsp", settings[0].encode().expect("settings")),
         seed("settings_shard", settings[1].encode().expect("settings")),
         seed("settings_workload", settings[2].encode().expect("settings")),
@@ -244,7 +241,10 @@ fn npy_corpus() {
         seed("saved_3", encode_npy_vector(&[1.0, -2.5, 3.25])),
         seed("saved_1", encode_npy_vector(&[0.0])),
         seed("version_2", npy(2, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }\n", &[4.0, 5.0])),
-        seed("keys_reordered", npy(3, "{\"shape\": (2L,), \"fortran_order\": True, \"descr\": \"<f4\"}\n", &[1.0, 2.0])),
+        seed(
+            "keys_reordered",
+            npy(3, "{\"shape\": (2L,), \"fortran_order\": True, \"descr\": \"<f4\"}\n", &[1.0, 2.0]),
+        ),
     ];
     run("npy", seeds, npy_check::check);
 }
@@ -352,7 +352,9 @@ name = \"ssp\"\nstaleness = [1, 3]\n"
 #[test]
 fn trace_csv_corpus() {
     let steps: Vec<Step> = (0..2u32)
-        .flat_map(|w| (0..3u64).map(move |s| Step { worker: w, step: s, seconds: 0.01 * f64::from(w + 1) + 1e-4 * s as f64 }))
+        .flat_map(|w| {
+            (0..3u64).map(move |s| Step { worker: w, step: s, seconds: 0.01 * f64::from(w + 1) + 1e-4 * s as f64 })
+        })
         .collect();
     let stats: Vec<GradientStats> = (0..steps.len())
         .map(|i| GradientStats {
