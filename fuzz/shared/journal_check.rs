@@ -3,8 +3,9 @@
 //! Input: one byte choosing the checkpoint's version, then the bytes of the journal next to
 //! the checkpoint (`FILE.journal`), read by [`lost_since`] as `serve --resume` reads it. No
 //! panic and no error of more than one line; what it reports is consistent: lost versions
-//! only after the checkpoint, and a per-worker count only with lost versions. A journal the
-//! server writes itself ([`Journal`]) reads back as what it wrote.
+//! only after the checkpoint, and a per-worker count only with lost versions. For a choice
+//! byte that is a multiple of 16, a journal the server writes itself ([`Journal`], its
+//! counts taken from the input) reads back as what it wrote.
 
 use syncopate::Version;
 use syncopate_adapters::tcp::checkpoint::{Journal, Totals, lost_since};
@@ -40,7 +41,10 @@ pub(crate) fn check(data: &[u8]) -> usize {
             1
         }
     };
-    check_written(&checkpoint, journal);
+    // Writing a journal costs several file operations: one input in 16 checks it.
+    if choice % 16 == 0 {
+        check_written(&checkpoint, journal);
+    }
     read
 }
 

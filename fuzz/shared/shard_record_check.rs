@@ -6,6 +6,8 @@
 //! accepted; a record is accepted exactly when it is that record byte for byte, and refused
 //! with one line otherwise.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 use syncopate::ProtocolKind;
 use syncopate_adapters::cli::{check_shard_record, write_shard_record};
 use syncopate_adapters::tcp::{ProtocolSettings, RunSettings, ShardSettings};
@@ -31,9 +33,15 @@ pub(crate) fn check(data: &[u8]) -> usize {
     let mut path = checkpoint.clone().into_os_string();
     path.push(".shard");
     let path = std::path::PathBuf::from(path);
-    write_shard_record(&checkpoint, &settings).unwrap_or_else(|e| panic!("writing a shard record: {e}"));
-    let own = std::fs::read(&path).unwrap_or_else(|e| panic!("reading the written record: {e}"));
-    check_shard_record(&checkpoint, &settings).unwrap_or_else(|e| panic!("a shard's own record refused: {e}"));
+    // The shard's own record, written and checked once per choice of settings.
+    static OWN: OnceLock<Mutex<HashMap<(u8, u8), Vec<u8>>>> = OnceLock::new();
+    let mut own_records = OWN.get_or_init(Mutex::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let own = own_records.entry((*a, *b)).or_insert_with(|| {
+        write_shard_record(&checkpoint, &settings).unwrap_or_else(|e| panic!("writing a shard record: {e}"));
+        let own = std::fs::read(&path).unwrap_or_else(|e| panic!("reading the written record: {e}"));
+        check_shard_record(&checkpoint, &settings).unwrap_or_else(|e| panic!("a shard's own record refused: {e}"));
+        own
+    });
     crate::scratch::write(&path, record);
     match check_shard_record(&checkpoint, &settings) {
         Ok(()) => {
