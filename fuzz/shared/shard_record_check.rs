@@ -15,6 +15,9 @@ use syncopate_adapters::tcp::{ProtocolSettings, RunSettings, ShardSettings};
 /// Run ids the settings are drawn from.
 const RUNS: [&str; 4] = ["", "a", "exp-3.b_1", "run"];
 
+/// Each choice of settings' own record.
+type OwnRecords = HashMap<(u8, u8), Vec<u8>>;
+
 /// A shard's settings for two choice bytes.
 pub(crate) fn settings(a: u8, b: u8) -> RunSettings {
     let count = 2 + u32::from(a >> 4) % 6;
@@ -34,7 +37,7 @@ pub(crate) fn check(data: &[u8]) -> usize {
     path.push(".shard");
     let path = std::path::PathBuf::from(path);
     // The shard's own record, written and checked once per choice of settings.
-    static OWN: OnceLock<Mutex<HashMap<(u8, u8), Vec<u8>>>> = OnceLock::new();
+    static OWN: OnceLock<Mutex<OwnRecords>> = OnceLock::new();
     let mut own_records = OWN.get_or_init(Mutex::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let own = own_records.entry((*a, *b)).or_insert_with(|| {
         write_shard_record(&checkpoint, &settings).unwrap_or_else(|e| panic!("writing a shard record: {e}"));

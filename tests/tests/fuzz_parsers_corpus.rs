@@ -43,6 +43,8 @@ use syncopate_adapters::tcp::{ProtocolSettings, RunSettings, ShardSettings, init
 use syncopate_adapters::trace::{self, GradientStats, Step};
 
 type Seeds = Vec<(String, Vec<u8>)>;
+/// A target's checks: panic on a violation, else how much of the input was accepted.
+type Check = fn(&[u8]) -> usize;
 
 fn corpus_dir(target: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus").join(target)
@@ -50,7 +52,7 @@ fn corpus_dir(target: &str) -> PathBuf {
 
 /// Writes the seeds when blessing; then runs every committed file and every seed through
 /// `check`, and requires each seed to be accepted.
-fn run(target: &str, seeds: Seeds, check: fn(&[u8]) -> usize) {
+fn run(target: &str, seeds: Seeds, check: Check) {
     let dir = corpus_dir(target);
     if std::env::var_os("SYNCOPATE_BLESS_CORPUS").is_some() {
         fs::create_dir_all(&dir).expect("create the corpus folder");
@@ -392,7 +394,7 @@ fn trace_csv_corpus() {
 #[ignore = "open findings: .npy errors echo header bytes raw; journal counts overflow"]
 fn open_findings() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/regressions");
-    let checks: [(&str, fn(&[u8]) -> usize); 2] = [("npy", npy_check::check), ("journal", journal_check::check)];
+    let checks: [(&str, Check); 2] = [("npy", npy_check::check), ("journal", journal_check::check)];
     for (target, check) in checks {
         for entry in fs::read_dir(root.join(target)).expect("the regression inputs") {
             check(&fs::read(entry.expect("dir entry").path()).expect("read a regression input"));
