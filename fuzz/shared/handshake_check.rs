@@ -42,12 +42,8 @@ fn check_settings(bytes: &[u8]) -> usize {
     assert!(s.digest().is_ok());
     let _ = (s.dim(), s.peers(), s.label(), s.run_digest());
     let _ = (s.worker_config(), s.shard_worker_config(), s.server_config());
-    if let Ok(Some(layout)) = s.shard_layout() {
-        let _ = layout;
-        let range = s.served_range();
-        if let (Ok(r), Ok(dim)) = (range, s.dim()) {
-            assert!(r.start < r.end && r.end <= dim, "a shard's range {r:?} outside the model of {dim}");
-        }
+    if let (Ok(Some(_)), Ok(r), Ok(dim)) = (s.shard_layout(), s.served_range(), s.dim()) {
+        assert!(r.start < r.end && r.end <= dim, "a shard's range {r:?} outside the model of {dim}");
     }
     1
 }
