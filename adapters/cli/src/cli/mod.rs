@@ -146,6 +146,30 @@ impl WorkloadArgs {
 const TEST_FRACTION: f64 = 0.2;
 pub use crate::workload::limits::{MAX_BATCH_SIZE, MAX_HIDDEN, MAX_PARAMS, check_hidden, check_params};
 
+/// Parses the bytes of a `.npy` file holding one flat float32 vector, as `serve --init`
+/// reads it: the vector, or the reason the bytes are not one. Never panics.
+pub fn parse_npy_vector(bytes: &[u8]) -> Result<Vec<f32>, String> {
+    npy::decode_vector(bytes)
+}
+
+/// The bytes of the `.npy` file `serve --save` writes for `values`.
+pub fn encode_npy_vector(values: &[f32]) -> Vec<u8> {
+    npy::encode_vector(values)
+}
+
+/// Writes the shard record next to the checkpoint `checkpoint` (`FILE.shard`) for a shard
+/// of `settings`, as a shard's `serve` does when it starts (nothing for a whole model).
+pub fn write_shard_record(checkpoint: &std::path::Path, settings: &crate::tcp::RunSettings) -> Result<(), String> {
+    shard::write_record(checkpoint, settings)
+}
+
+/// Parses and checks the shard record next to `checkpoint`, as `serve --shard I/S --resume`
+/// does: `Ok` only if it names this shard of this run; otherwise one line saying what
+/// differs.
+pub fn check_shard_record(checkpoint: &std::path::Path, settings: &crate::tcp::RunSettings) -> Result<(), String> {
+    shard::check_record(checkpoint, settings)
+}
+
 /// Parses `--model`, refusing hidden layers beyond [`MAX_HIDDEN`].
 pub fn parse_model(text: &str) -> Result<crate::workload::ModelKind, String> {
     let kind: crate::workload::ModelKind = text.parse().map_err(|e| format!("{e}"))?;
