@@ -441,10 +441,12 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         resumed,
     });
     let saved = args.save.as_deref().map(|path| {
-        if started {
+        // Without a model there is nothing to save (an error); a run that never started
+        // has only its initial model, and an existing file keeps the model of the run that
+        // wrote it.
+        if started || !report.initial_model_known {
             model_source::save(path, &report.params, report.initial_model_known)
         } else {
-            // An existing file keeps the model of the run that wrote it.
             eprintln!("serve: --save {}: nothing written: the run never started", path.display());
             Ok(())
         }
