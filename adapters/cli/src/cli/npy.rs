@@ -27,26 +27,43 @@ const MAGIC: &[u8; 6] = b"\x93NUMPY";
 /// The longest header this reader accepts (NumPy's own limit for untrusted files).
 const MAX_HEADER_LEN: usize = 10_000;
 
-/// The most bytes before the header ends: magic, version, a 4-byte length and the header.
-const MAX_PREFIX_LEN: usize = MAGIC.len() + 2 + 4 + MAX_HEADER_LEN;
-
 /// Reads the flat float32 vector in the `.npy` file at `path`. The error is one line naming
 /// the file and the reason.
 pub(super) fn read_vector(path: &Path) -> Result<Vec<f32>, String> {
     let cannot = |e: std::io::Error| format!("{}: cannot read: {e}", path.display());
-    let (f, len) = file::open_regular(path).map_err(cannot)?;
+    let (mut f, _) = file::open_regular(path).map_err(cannot)?;
     let mut bytes = Vec::new();
-    let mut f = f.take(MAX_PREFIX_LEN as u64);
-    f.read_to_end(&mut bytes).map_err(cannot)?;
-    // The header fixes the file's whole length; a file of another length is refused by the
-    // decoder with what it found, after reading no more than the announced length.
-    if let Ok((start, n)) = data_start(&bytes) {
-        let announced = n.checked_mul(4).and_then(|d| d.checked_add(start)).unwrap_or(usize::MAX);
-        let wanted = u64::try_from(announced).unwrap_or(u64::MAX).min(len).saturating_add(1);
-        let mut f = f.into_inner().take(wanted.saturating_sub(bytes.len() as u64));
-        f.read_to_end(&mut bytes).map_err(cannot)?;
+    // Each part no further than the part before announces: the fixed start (magic, version,
+    // the header's length), the header, then the data its shape names and one byte more
+    // (which the decoder refuses as trailing data).
+    let mut read_to = |bytes: &mut Vec<u8>, total: usize| {
+        let more = total.saturating_sub(bytes.len()) as u64;
+        (&mut f).take(more).read_to_end(bytes).map(drop).map_err(cannot)
+    };
+    read_to(&mut bytes, FIXED_LEN)?;
+    if let Some(header_end) = header_end(&bytes) {
+        read_to(&mut bytes, header_end)?;
+        if let Ok((start, n)) = data_start(&bytes) {
+            let end = n.checked_mul(4).and_then(|d| d.checked_add(start)).unwrap_or(usize::MAX);
+            read_to(&mut bytes, end.saturating_add(1))?;
+        }
     }
     decode_vector(&bytes).map_err(|why| format!("{}: {why}", path.display()))
+}
+
+/// The longest fixed start of a `.npy` file: magic, version and a 4-byte header length.
+const FIXED_LEN: usize = MAGIC.len() + 2 + 4;
+
+/// Where the header of the `.npy` file starting with `bytes` ends, if its fixed start is
+/// whole and announces a header of at most [`MAX_HEADER_LEN`] bytes.
+fn header_end(bytes: &[u8]) -> Option<usize> {
+    let rest = bytes.strip_prefix(MAGIC.as_slice())?;
+    let (fixed, len) = match rest.first()? {
+        1 => (MAGIC.len() + 4, usize::from(u16::from_le_bytes(rest.get(2..4)?.try_into().ok()?))),
+        2 | 3 => (FIXED_LEN, usize::try_from(u32::from_le_bytes(rest.get(2..6)?.try_into().ok()?)).ok()?),
+        _ => return None,
+    };
+    (len <= MAX_HEADER_LEN).then_some(fixed + len)
 }
 
 /// Writes `values` to `path` as a version-1 `.npy` file of shape `(n,)` and dtype `<f4`,

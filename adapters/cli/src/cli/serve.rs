@@ -214,13 +214,16 @@ fn stop_on_signals(flag: &Arc<AtomicBool>) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks every file the run will write before it starts (`--save`, `--checkpoint` and its
-/// journal, `--record-trace`): each writable, none the same as another.
+/// Checks every file the run will write before it starts (`--save`, `--checkpoint` with its
+/// journal and a shard's record, `--record-trace`): each writable, none the same as another.
 fn check_outputs(args: &ServeArgs) -> Result<(), String> {
     use super::paths::Output;
     let mut outputs = Vec::new();
     if let Some(path) = &args.checkpoint {
-        let companions = vec![("its journal", checkpoint::Journal::path_for(path))];
+        let mut companions = vec![("its journal", checkpoint::Journal::path_for(path))];
+        if args.shard.shard.is_some() {
+            companions.push(("its shard record", super::shard::record_path(path)));
+        }
         outputs.push(Output { flag: "--checkpoint", path, companions });
     }
     outputs.extend(args.save.as_deref().map(|p| Output::new("--save", p)));
