@@ -32,7 +32,7 @@ fn vector(dir: &Path) -> PathBuf {
     let path = dir.join("v.npy");
     let header = "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }";
     let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
-    let padded = format!("{header}{}\n", " ".repeat(64 - 10 - header.len() - 1));
+    let padded = format!("{header}{}\n", " ".repeat((64 - (10 + header.len() + 1) % 64) % 64));
     bytes.extend_from_slice(&u16::try_from(padded.len()).unwrap().to_le_bytes());
     bytes.extend_from_slice(padded.as_bytes());
     for v in [1.0f32, 2.0, 3.0] {
