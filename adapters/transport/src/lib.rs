@@ -5,7 +5,7 @@
 //!
 //! - [`channel`]: the server and workers in one process, messages over crossbeam channels
 //!   (encoded once per broadcast, shared by every recipient).
-//! - [`file`]: files written whole (replaced atomically and durably, never a device or a
+//! - [`file`](mod@file): files written whole (replaced atomically and durably, never a device or a
 //!   FIFO) and files read whole (regular files only, bounded).
 //! - [`protocol_spec`]: a protocol and its knobs as plain settings (what command lines,
 //!   scenario files and the TCP handshake carry) and the core configuration built from them.
