@@ -72,6 +72,7 @@ fn an_output_that_cannot_be_written_is_refused_before_training() {
     mkfifo(&fifo);
     refused(&["--checkpoint", s(&fifo)], &["--checkpoint", "a FIFO, not a regular file: refusing to replace it"]);
     assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO is left as it was");
+    refused(&["--record-trace", s(&fifo)], &["--record-trace", "not a regular file: refusing to write it"]);
     let to_null = dir.join("null.npy");
     symlink("/dev/null", &to_null).unwrap();
     refused(&["--save", s(&to_null)], &["a symbolic link to a character device (/dev/null)"]);

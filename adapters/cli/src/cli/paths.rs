@@ -3,11 +3,12 @@
 //! An input must be a regular file: a device such as `/dev/zero` never ends and a FIFO
 //! blocks, so either is refused, without reading it, naming the flag.
 //!
-//! An output must be writable as
-//! [`file::replace`](syncopate_transport::file::replace) writes (a regular file or a new one, in a
-//! directory that exists and takes a new file; never a directory, a device or a FIFO), and
-//! no two flags may name the same file. A refusal names the flag, the path and the reason,
-//! so a run is never trained only to lose its result at the end.
+//! An output must be writable as [`file::replace`](syncopate_transport::file::replace)
+//! writes (a regular file or a new one, in a directory that exists and takes a new file;
+//! never a directory, a device or a FIFO); a file the caller creates itself before the run
+//! (a trace) must only not be a device, a FIFO or a socket. No two flags may name the same
+//! file. A refusal names the flag, the path and the reason, so a run is never trained only
+//! to lose its result at the end.
 
 use std::path::{Path, PathBuf};
 
@@ -19,12 +20,21 @@ pub(super) struct Output<'a> {
     pub(super) path: &'a Path,
     /// The files written beside it (a checkpoint's journal), named for collisions only.
     pub(super) companions: Vec<(&'static str, PathBuf)>,
+    /// Whether to check that it can be written; off for a file the caller creates itself
+    /// before the run (and so checks with its own message), compared for collisions only.
+    pub(super) probe: bool,
 }
 
 impl<'a> Output<'a> {
     /// The output `path` of `flag`, with no companion files.
     pub(super) fn new(flag: &'static str, path: &'a Path) -> Self {
-        Self { flag, path, companions: Vec::new() }
+        Self { flag, path, companions: Vec::new(), probe: true }
+    }
+
+    /// The output `path` of `flag`, which the caller creates before the run: compared for
+    /// collisions only.
+    pub(super) fn created_first(flag: &'static str, path: &'a Path) -> Self {
+        Self { probe: false, ..Self::new(flag, path) }
     }
 }
 
@@ -52,8 +62,17 @@ pub(super) fn input(flag: &str, path: &Path) -> Result<(), String> {
 /// Checks every output (see the module documentation).
 pub(super) fn check(outputs: &[Output<'_>]) -> Result<(), String> {
     for o in outputs {
-        syncopate_transport::file::check_replaceable(o.path)
-            .map_err(|e| format!("{} {}: {e}", o.flag, o.path.display()))?;
+        if o.probe {
+            syncopate_transport::file::check_replaceable(o.path)
+                .map_err(|e| format!("{} {}: {e}", o.flag, o.path.display()))?;
+        } else if std::fs::metadata(o.path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+            // A FIFO would block the creation; a device would swallow the file.
+            return Err(format!(
+                "{} {}: a device, FIFO or socket, not a regular file: refusing to write it",
+                o.flag,
+                o.path.display()
+            ));
+        }
     }
     let mut seen: Vec<(String, PathBuf)> = Vec::new();
     for o in outputs {
@@ -86,7 +105,7 @@ mod tests {
         assert!(e.starts_with("--checkpoint and --save name the same file"), "{e}");
         let journal = dir.join("c.ckpt.journal");
         let with_journal =
-            Output { flag: "--checkpoint", path: &a, companions: vec![("its journal", journal.clone())] };
+            Output { companions: vec![("its journal", journal.clone())], ..Output::new("--checkpoint", &a) };
         let e = check(&[with_journal, Output::new("--record-trace", &journal)]).unwrap_err();
         assert!(e.starts_with("--checkpoint (its journal) and --record-trace name the same file"), "{e}");
         check(&[Output::new("--checkpoint", &a), Output::new("--save", &dir.join("m.npy"))]).unwrap();

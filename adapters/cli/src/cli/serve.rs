@@ -224,10 +224,11 @@ fn check_outputs(args: &ServeArgs) -> Result<(), String> {
         if args.shard.shard.is_some() {
             companions.push(("its shard record", super::shard::record_path(path)));
         }
-        outputs.push(Output { flag: "--checkpoint", path, companions });
+        outputs.push(Output { companions, ..Output::new("--checkpoint", path) });
     }
     outputs.extend(args.save.as_deref().map(|p| Output::new("--save", p)));
-    outputs.extend(args.record_trace.as_deref().map(|p| Output::new("--record-trace", p)));
+    // The trace file is created right after this check, before the run.
+    outputs.extend(args.record_trace.as_deref().map(|p| Output::created_first("--record-trace", p)));
     super::paths::check(&outputs)
 }
 
