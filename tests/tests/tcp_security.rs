@@ -148,7 +148,7 @@ fn mismatched_version_settings_and_id_are_refused_clearly() {
             );
         }
         let err = run_one_worker(server.addr, 2, None, |_| {});
-        assert!(err.contains("worker id 2 is out of range: the server has workers 0..2"), "{err}");
+        assert!(err.contains("worker id 2 is out of range: the server has workers 0 to 1"), "{err}");
         server.wait_log("run settings differ", Duration::from_secs(3));
         stop(server);
     });

@@ -212,7 +212,7 @@ fn workers_take_the_servers_settings_and_the_launchers_rank() {
     let (server, addr) = serve(&["--workers", "1", "--time-limit", "10"]);
     let w = work(&addr, 9, &[]);
     let err = w.wait_err("error", Duration::from_secs(10));
-    assert!(err.contains("worker id 9 is out of range: the server has workers 0..1"), "{err}");
+    assert!(err.contains("worker id 9 is out of range: the server has one worker, id 0"), "{err}");
     assert_eq!(w.finish(Duration::from_secs(10)).0, 2);
     drop(server);
 }

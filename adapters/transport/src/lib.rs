@@ -5,6 +5,8 @@
 //!
 //! - [`channel`]: the server and workers in one process, messages over crossbeam channels
 //!   (encoded once per broadcast, shared by every recipient).
+//! - [`file`](mod@file): files written whole (replaced atomically and durably, never a device or a
+//!   FIFO) and files read whole (regular files only, bounded).
 //! - [`protocol_spec`]: a protocol and its knobs as plain settings (what command lines,
 //!   scenario files and the TCP handshake carry) and the core configuration built from them.
 //! - [`tcp`]: the parameter server and workers in separate processes or machines: framing,
@@ -23,5 +25,6 @@
 #![deny(missing_docs)]
 
 pub mod channel;
+pub mod file;
 pub mod protocol_spec;
 pub mod tcp;

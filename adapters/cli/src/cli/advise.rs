@@ -124,6 +124,7 @@ fn read_table_and_noise(
     path: &std::path::Path,
     truncate: bool,
 ) -> Result<(TraceTable, Option<advise::MeasuredNoise>), Failure> {
+    super::paths::input("--trace", path).map_err(Failure::Usage)?;
     let rows = trace::read_lines_with_stats(path).map_err(Failure::Usage)?;
     let lines: Vec<(usize, trace::Step)> = rows.iter().map(|(line, s, _)| (*line, *s)).collect();
     let (_, steps) = trace::check_table(&lines, &path.display().to_string(), truncate).map_err(Failure::Usage)?;

@@ -75,6 +75,7 @@ fn with_trace(mut s: Scenario, trace: &std::path::Path, steps: &[crate::trace::S
 }
 
 fn read_trace(trace: &std::path::Path) -> Result<Vec<crate::trace::Step>, Failure> {
+    super::paths::input("--trace", trace).map_err(Failure::Usage)?;
     crate::trace::read(trace).map_err(Failure::Usage)
 }
 

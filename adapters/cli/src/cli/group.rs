@@ -52,9 +52,9 @@ pub struct GroupArgs {
 /// Runs `syncopate group`.
 pub(super) fn run(args: &GroupArgs) -> Result<(), Failure> {
     super::work::check_address(&args.connect).map_err(Failure::Usage)?;
-    let time_limit = super::train::time_limit(args.time_limit).map_err(Failure::Usage)?;
-    let lost_after = super::train::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?;
-    let secret = super::serve::load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
+    let time_limit = super::values::time_limit(args.time_limit).map_err(Failure::Usage)?;
+    let lost_after = super::values::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?;
+    let secret = super::values::load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
     let frame_timeout = FrameTimeout { base: Duration::from_millis(args.frame_timeout), ..FrameTimeout::default() };
     let mut up = GroupOptions::new(args.connect.clone(), args.group);
     up.key = secret.as_ref().map(|s| s.worker_key(WorkerId(args.group)));

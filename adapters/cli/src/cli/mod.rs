@@ -13,12 +13,14 @@ mod model_source;
 mod mpi;
 mod npy;
 pub(crate) mod output;
+mod paths;
 mod protocol;
 mod reproduce;
 mod serve;
 mod shard;
 mod summary;
 mod train;
+mod values;
 mod work;
 
 pub use check::check_command_line;
@@ -120,10 +122,13 @@ impl WorkloadArgs {
                     self.model
                 ));
             }
-            Some(path) => match self.data_format {
-                DataFormat::Csv => Dataset::from_csv_path(path, &CsvOptions::default()),
-                DataFormat::Libsvm => Dataset::from_libsvm_path(path),
-            },
+            Some(path) => {
+                paths::input("--data", path)?;
+                match self.data_format {
+                    DataFormat::Csv => Dataset::from_csv_path(path, &CsvOptions::default()),
+                    DataFormat::Libsvm => Dataset::from_libsvm_path(path),
+                }
+            }
         }
         .map_err(|e| e.to_string())?;
         let file = self.data.as_deref().unwrap_or_else(|| std::path::Path::new("?")).display();
@@ -199,13 +204,54 @@ pub fn one_line_error(rendered: &str) -> String {
     if text.is_empty() { "error: invalid arguments (see --help)".into() } else { text }
 }
 
-/// clap takes `--seed -1` for two flags; name the flag and the rule instead: `invalid value
-/// '-1' for '--seed': must not be negative`.
+/// The most edits between an unknown flag and the one clap suggests for the tip to stay: a
+/// typo, not another flag that shares a few letters (`--bogus` is not `--groups`).
+const MAX_TIP_EDITS: usize = 2;
+
+/// `line` without clap's `tip: a similar argument exists: '--x'` when `--x` is more than
+/// [`MAX_TIP_EDITS`] edits from the unknown argument the line names.
+fn without_far_tip(line: &str) -> String {
+    const TIP: &str = "; tip: a similar argument exists: '";
+    let quoted = |s: &str| s.split('\'').nth(1).map(str::to_owned);
+    let (Some(at), Some(unknown)) = (line.find(TIP), quoted(line)) else { return line.to_owned() };
+    let suggested = line.get(at + TIP.len()..).and_then(|t| t.split('\'').next()).unwrap_or_default();
+    if edits(&unknown, suggested) <= MAX_TIP_EDITS {
+        return line.to_owned();
+    }
+    let rest = line.get(at + TIP.len() + suggested.len() + 1..).unwrap_or_default();
+    format!("{}{rest}", line.get(..at).unwrap_or_default())
+}
+
+/// The Levenshtein distance between `a` and `b` (in characters).
+fn edits(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row.first().copied().unwrap_or(0);
+        if let Some(first) = row.first_mut() {
+            *first = i + 1;
+        }
+        for (j, cb) in b.iter().enumerate() {
+            let above = row.get(j + 1).copied().unwrap_or(0);
+            let left = row.get(j).copied().unwrap_or(0);
+            let value = (diagonal + usize::from(ca != *cb)).min(above + 1).min(left + 1);
+            diagonal = above;
+            if let Some(cell) = row.get_mut(j + 1) {
+                *cell = value;
+            }
+        }
+    }
+    row.last().copied().unwrap_or(0)
+}
+
+/// clap takes `--seed -1` (or `--shard -1/2`) for two flags; name the flag and the rule
+/// instead: `invalid value '-1' for '--seed': must not be negative`.
 fn negative_value_error(args: &[String]) -> Option<String> {
     args.windows(2).find_map(|pair| {
         let [flag, value] = pair else { return None };
         let is_flag = flag.starts_with("--") && !flag.contains('=');
-        let negative = value.starts_with('-') && value.parse::<f64>().is_ok();
+        // A minus sign before a digit: no flag is spelled so.
+        let negative = value.strip_prefix('-').is_some_and(|v| v.starts_with(|c: char| c.is_ascii_digit() || c == '.'));
         (is_flag && negative).then(|| format!("error: invalid value '{value}' for '{flag}': must not be negative"))
     })
 }
@@ -228,7 +274,7 @@ pub fn main() -> ExitCode {
             }
             let args: Vec<String> = std::env::args().collect();
             let negative = (e.kind() == ErrorKind::UnknownArgument).then(|| negative_value_error(&args)).flatten();
-            let line = negative.unwrap_or_else(|| one_line_error(&e.render().to_string()));
+            let line = negative.unwrap_or_else(|| without_far_tip(&one_line_error(&e.render().to_string())));
             eprintln!("{line}");
             return ExitCode::from(2);
         }
@@ -323,4 +369,30 @@ pub(crate) fn progress_bar(len: u64, json: bool) -> indicatif::ProgressBar {
         bar.set_style(style);
     }
     bar
+}
+
+#[cfg(test)]
+mod tip_tests {
+    use super::{edits, negative_value_error, without_far_tip};
+
+    #[test]
+    fn a_tip_naming_a_flag_far_from_the_typo_is_dropped() {
+        assert_eq!(edits("--bogus", "--groups"), 4);
+        assert_eq!(edits("--worker", "--workers"), 1);
+        let far = "error: unexpected argument '--bogus' found; tip: a similar argument exists: '--groups'";
+        assert_eq!(without_far_tip(far), "error: unexpected argument '--bogus' found");
+        let near = "error: unexpected argument '--worker' found; tip: a similar argument exists: '--workers'";
+        assert_eq!(without_far_tip(near), near);
+    }
+
+    #[test]
+    fn a_negative_shard_names_its_flag() {
+        let args: Vec<String> = ["syncopate", "serve", "--shard", "-1/2"].map(String::from).to_vec();
+        assert_eq!(
+            negative_value_error(&args).as_deref(),
+            Some("error: invalid value '-1/2' for '--shard': must not be negative")
+        );
+        let flags: Vec<String> = ["syncopate", "serve", "--json", "--insecure"].map(String::from).to_vec();
+        assert_eq!(negative_value_error(&flags), None);
+    }
 }

@@ -11,7 +11,7 @@
 //!
 //! `--save FILE.npy` writes the final parameters, atomically, whatever the source.
 
-use super::serve::ServeArgs;
+use super::WorkloadArgs;
 use crate::workload::Workload;
 use std::path::{Path, PathBuf};
 
@@ -34,11 +34,25 @@ pub(super) enum ModelSource {
 }
 
 impl ModelSource {
-    /// The source the flags name. Flags that do not apply to it are refused by clap
-    /// (`conflicts_with`); a bad file is refused here, naming the file and the reason.
-    pub(super) fn from_args(args: &ServeArgs) -> Result<Self, String> {
-        if let Some(path) = &args.init {
+    /// The source the flags name: `--init FILE`, `--init-from-worker` with `--dim N`, or the
+    /// built-in `workload`. Flags that do not apply to it are refused by clap
+    /// (`conflicts_with`); a bad file, a `--dim` beside `--init` and a size the memory
+    /// cannot hold are refused here, naming the flag or file and the reason.
+    pub(super) fn from_flags(
+        init: Option<&Path>,
+        init_from_worker: bool,
+        dim: Option<u64>,
+        workload: &WorkloadArgs,
+    ) -> Result<Self, String> {
+        if let Some(path) = init {
             let params = super::npy::read_vector(path)?;
+            if let Some(dim) = dim {
+                return Err(format!(
+                    "--dim {dim} does not apply to --init {}: the file gives the size ({} parameters)",
+                    path.display(),
+                    params.len()
+                ));
+            }
             if params.len() as u64 > crate::tcp::settings::MAX_DIM {
                 return Err(format!(
                     "{}: {} parameters, at most {} fit a frame",
@@ -47,15 +61,15 @@ impl ModelSource {
                     crate::tcp::settings::MAX_DIM
                 ));
             }
-            return Ok(Self::File { path: path.clone(), params });
+            return Ok(Self::File { path: path.to_owned(), params });
         }
-        if args.init_from_worker {
-            let dim =
-                args.dim.ok_or("--init-from-worker needs --dim N (the number of parameters of worker 0's model)")?;
+        if init_from_worker {
+            let dim = dim.ok_or("--init-from-worker needs --dim N (the number of parameters of worker 0's model)")?;
             let dim = usize::try_from(dim).map_err(|_| format!("--dim {dim} is too large for this machine"))?;
+            super::values::check_server_memory(dim, super::values::mem_available())?;
             return Ok(Self::Worker { dim });
         }
-        Ok(Self::Builtin(Box::new(args.workload.workload()?)))
+        Ok(Self::Builtin(Box::new(workload.workload()?)))
     }
 
     /// The number of parameters.
@@ -75,12 +89,14 @@ impl ModelSource {
         }
     }
 
-    /// The model's name in the summary: the built-in model's, or where the vector came from.
-    pub(super) fn name(&self, builtin: String) -> String {
-        match self {
-            Self::Builtin(_) => builtin,
-            Self::File { path, .. } => format!("vector from {}", path.display()),
-            Self::Worker { .. } => "vector from worker 0".into(),
+    /// The model's name in the summary: the built-in model's, or where the vector came from
+    /// (`resumed`: the checkpoint it was read from, which replaces the file's or worker 0's).
+    pub(super) fn name(&self, builtin: String, resumed: Option<&Path>) -> String {
+        match (self, resumed) {
+            (Self::Builtin(_), _) => builtin,
+            (_, Some(checkpoint)) => format!("vector from checkpoint {}", checkpoint.display()),
+            (Self::File { path, .. }, None) => format!("vector from {}", path.display()),
+            (Self::Worker { .. }, None) => "vector from worker 0".into(),
         }
     }
 

@@ -61,7 +61,7 @@ impl MpiArgs {
         if self.train.record_trace.is_some() {
             return Err("--record-trace is not supported by `syncopate mpi`: use `syncopate train`".into());
         }
-        super::train::seconds("lost-after", self.lost_after)?;
+        super::values::seconds("lost-after", self.lost_after)?;
         Ok(())
     }
 }
@@ -162,8 +162,8 @@ pub(super) fn run(args: &MpiArgs) -> Result<(), Failure> {
     syncopate_mpi::agree_on_settings(&world, hash).map_err(|e| Failure::Usage(e.0))?;
     let plan = syncopate_mpi::RunPlan {
         max_gradients: train.steps.saturating_mul(u64::from(protocol.workers())),
-        time_limit: super::train::time_limit(train.time_limit).map_err(Failure::Usage)?,
-        lost_after: super::train::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?,
+        time_limit: super::values::time_limit(train.time_limit).map_err(Failure::Usage)?,
+        lost_after: super::values::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?,
         momentum: train.momentum,
     };
     if world.rank() < i32::try_from(shards).unwrap_or(i32::MAX) {
@@ -195,7 +195,7 @@ mod server {
     ) -> Result<(), Failure> {
         let n = protocol.workers();
         let dim = workload.model.dim();
-        let model_name = format!("{:?}", args.workload.model).to_lowercase();
+        let model_name = args.workload.model.to_string();
         let shards = args.shards;
         let rank = world.rank();
         if shards == 1 {
@@ -205,10 +205,11 @@ mod server {
             ));
         } else if rank == 0 {
             super::say(&format!(
-                "mpi: {} with {shards} shards on ranks 0..{shards} and {n} workers on ranks {shards}..{}, {model_name} \
+                "mpi: {} with {shards} shards on ranks 0 to {} and {n} workers on ranks {shards} to {}, {model_name} \
                  ({dim} params)",
                 protocol.name(),
-                n + shards
+                shards - 1,
+                n + shards - 1
             ));
         } else {
             super::say(&format!("mpi: rank {rank} (shard {rank}) pid {}", std::process::id()));
@@ -320,6 +321,7 @@ mod server {
         let mut summary =
             Summary::from_threads(&threads, protocol.name(), n, &model_name, dim, args.workload.seed, args.target);
         summary.mode = "mpi".into();
+        summary.momentum = plan.momentum;
         if !report.loss_curve.is_empty() {
             let points =
                 report.loss_curve.iter().map(|&(version, t_s, loss)| crate::tcp::LossPoint { version, t_s, loss });

@@ -10,13 +10,17 @@
 //! is a NaN or infinite element (naming its index). The reader never panics, whatever the
 //! bytes.
 //!
+//! Only a regular file is read (a device or a FIFO is refused without reading or
+//! blocking), and no more of it than its header announces: the header first, at most
+//! [`MAX_HEADER_LEN`] bytes, then exactly the `4 × n` data bytes its shape names.
+//!
 //! Written files are version 1 with the header padded with spaces to a multiple of 64 bytes
-//! (as NumPy writes them), replaced atomically: a temporary file in the same directory,
-//! synced, then renamed over the target.
+//! (as NumPy writes them), by [`file::replace`] (atomic and durable; never over a device or
+//! a FIFO).
 
-use std::fs::{self, File};
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::io::Read as _;
+use std::path::Path;
+use syncopate_transport::file;
 
 /// The first six bytes of every `.npy` file.
 const MAGIC: &[u8; 6] = b"\x93NUMPY";
@@ -26,29 +30,46 @@ const MAX_HEADER_LEN: usize = 10_000;
 /// Reads the flat float32 vector in the `.npy` file at `path`. The error is one line naming
 /// the file and the reason.
 pub(super) fn read_vector(path: &Path) -> Result<Vec<f32>, String> {
-    let bytes = fs::read(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+    let cannot = |e: std::io::Error| format!("{}: cannot read: {e}", path.display());
+    let (mut f, _) = file::open_regular(path).map_err(cannot)?;
+    let mut bytes = Vec::new();
+    // Each part no further than the part before announces: the fixed start (magic, version,
+    // the header's length), the header, then the data its shape names and one byte more
+    // (which the decoder refuses as trailing data).
+    let mut read_to = |bytes: &mut Vec<u8>, total: usize| {
+        let more = total.saturating_sub(bytes.len()) as u64;
+        (&mut f).take(more).read_to_end(bytes).map(drop).map_err(cannot)
+    };
+    read_to(&mut bytes, FIXED_LEN)?;
+    if let Some(header_end) = header_end(&bytes) {
+        read_to(&mut bytes, header_end)?;
+        if let Ok((start, n)) = data_start(&bytes) {
+            let end = n.checked_mul(4).and_then(|d| d.checked_add(start)).unwrap_or(usize::MAX);
+            read_to(&mut bytes, end.saturating_add(1))?;
+        }
+    }
     decode_vector(&bytes).map_err(|why| format!("{}: {why}", path.display()))
 }
 
-/// Writes `values` to `path` as a version-1 `.npy` file of shape `(n,)` and dtype `<f4`,
-/// atomically (a temporary file next to it, then a rename).
-pub(super) fn write_vector(path: &Path, values: &[f32]) -> Result<(), String> {
-    let bytes = encode_vector(values);
-    let name = path.file_name().ok_or_else(|| format!("{}: not a file name", path.display()))?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".tmp-{}", std::process::id()));
-    let tmp: PathBuf = path.with_file_name(tmp_name);
-    let write = || -> std::io::Result<()> {
-        let mut f = File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
+/// The longest fixed start of a `.npy` file: magic, version and a 4-byte header length.
+const FIXED_LEN: usize = MAGIC.len() + 2 + 4;
+
+/// Where the header of the `.npy` file starting with `bytes` ends, if its fixed start is
+/// whole and announces a header of at most [`MAX_HEADER_LEN`] bytes.
+fn header_end(bytes: &[u8]) -> Option<usize> {
+    let rest = bytes.strip_prefix(MAGIC.as_slice())?;
+    let (fixed, len) = match rest.first()? {
+        1 => (MAGIC.len() + 4, usize::from(u16::from_le_bytes(rest.get(2..4)?.try_into().ok()?))),
+        2 | 3 => (FIXED_LEN, usize::try_from(u32::from_le_bytes(rest.get(2..6)?.try_into().ok()?)).ok()?),
+        _ => return None,
     };
-    write().map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        format!("{}: cannot write: {e}", path.display())
-    })
+    (len <= MAX_HEADER_LEN).then_some(fixed + len)
+}
+
+/// Writes `values` to `path` as a version-1 `.npy` file of shape `(n,)` and dtype `<f4`,
+/// atomically ([`file::replace`]).
+pub(super) fn write_vector(path: &Path, values: &[f32]) -> Result<(), String> {
+    file::replace(path, &encode_vector(values)).map_err(|e| format!("{}: cannot write: {e}", path.display()))
 }
 
 /// The bytes of a version-1 `.npy` file holding `values` (shape `(n,)`, dtype `<f4`).
@@ -70,8 +91,9 @@ pub(super) fn encode_vector(values: &[f32]) -> Vec<u8> {
     out
 }
 
-/// The flat float32 vector in the bytes of a `.npy` file, or why they are not one.
-pub(super) fn decode_vector(bytes: &[u8]) -> Result<Vec<f32>, String> {
+/// Where the data of the `.npy` file starting with `bytes` starts, and its element count:
+/// the header parsed and checked, the data not.
+fn data_start(bytes: &[u8]) -> Result<(usize, usize), String> {
     let rest = bytes.strip_prefix(MAGIC.as_slice()).ok_or("not a NumPy .npy file (no \\x93NUMPY magic)")?;
     let (&major, rest) = rest.split_first().ok_or("truncated .npy header (no version)")?;
     let (_minor, rest) = rest.split_first().ok_or("truncated .npy header (no version)")?;
@@ -92,7 +114,13 @@ pub(super) fn decode_vector(bytes: &[u8]) -> Result<Vec<f32>, String> {
     }
     let (header, data) = rest.split_at_checked(header_len).ok_or("truncated .npy file (the header is cut short)")?;
     let header = std::str::from_utf8(header).map_err(|_| "the .npy header is not text".to_owned())?;
-    let n = parse_header(header)?;
+    Ok((bytes.len() - data.len(), parse_header(header)?))
+}
+
+/// The flat float32 vector in the bytes of a `.npy` file, or why they are not one.
+pub(super) fn decode_vector(bytes: &[u8]) -> Result<Vec<f32>, String> {
+    let (start, n) = data_start(bytes)?;
+    let data = bytes.get(start..).unwrap_or_default();
     let expected = n.checked_mul(4).ok_or_else(|| format!("shape ({n},) is too large"))?;
     if data.len() < expected {
         return Err(format!(
@@ -148,14 +176,21 @@ fn parse_header(header: &str) -> Result<usize, String> {
             "shape" => {
                 let open = after.strip_prefix('(').ok_or("malformed .npy header ('shape' is not a tuple)")?;
                 let close = open.find(')').ok_or("malformed .npy header ('shape' is not closed)")?;
-                let dims: Vec<&str> = open[..close].split(',').map(str::trim).filter(|d| !d.is_empty()).collect();
+                let inner = open.get(..close).unwrap_or_default();
+                let dims: Vec<&str> = inner.split(',').map(str::trim).filter(|d| !d.is_empty()).collect();
+                // Python reads `(10)` as the number 10, not a tuple: NumPy refuses it.
+                if dims.len() == 1 && !inner.contains(',') {
+                    return Err(format!(
+                        "malformed .npy header ('shape' ({inner}) is not a tuple: one dimension is written ({inner},))"
+                    ));
+                }
                 let dims: Vec<usize> = dims
                     .iter()
                     .map(|d| d.trim_end_matches('L').parse::<usize>())
                     .collect::<Result<_, _>>()
-                    .map_err(|_| format!("malformed .npy header (shape ({}))", &open[..close]))?;
+                    .map_err(|_| format!("malformed .npy header (shape ({inner}))"))?;
                 shape = Some(dims);
-                &open[close + 1..]
+                open.get(close + 1..).unwrap_or_default()
             }
             other => return Err(format!("malformed .npy header (unknown key '{other}')")),
         };
@@ -279,6 +314,7 @@ mod tests {
             ("{'descr': '<f4', 'fortran_order': 0, 'shape': (3,)}\n", "'fortran_order' is not True or False"),
             ("{'descr': '<f4', 'fortran_order': False, 'shape': 3}\n", "'shape' is not a tuple"),
             ("{'descr': '<f4', 'fortran_order': False, 'shape': (3,}\n", "'shape' is not closed"),
+            ("{'descr': '<f4', 'fortran_order': False, 'shape': (3)}\n", "'shape' (3) is not a tuple"),
             ("{'descr': '<f4', 'fortran_order': False, 'shape': (-3,)}\n", "shape (-3,)"),
             ("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), 'x': 1}\n", "unknown key 'x'"),
             ("{'descr': '<f4' 'fortran_order': False, 'shape': (3,)}\n", "expected ',' between entries"),
@@ -327,6 +363,7 @@ mod tests {
 
     #[test]
     fn a_vector_is_written_atomically_and_reads_back() {
+        use std::fs;
         let dir = std::env::temp_dir().join(format!("syncopate-npy-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         let path = dir.join("model.npy");
@@ -338,5 +375,31 @@ mod tests {
         let e = read_vector(&dir.join("missing.npy")).unwrap_err();
         assert!(e.contains("missing.npy: cannot read"), "{e}");
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_device_or_a_fifo_is_refused_without_reading_or_blocking() {
+        let e = read_vector(Path::new("/dev/zero")).unwrap_err();
+        assert_eq!(e, "/dev/zero: cannot read: a character device, not a regular file");
+        let dir = std::env::temp_dir().join(format!("syncopate-npy-fifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("f.npy");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        assert!(read_vector(&fifo).unwrap_err().ends_with("cannot read: a FIFO, not a regular file"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_file_longer_than_its_header_announces_is_refused_after_reading_one_byte_more() {
+        let dir = std::env::temp_dir().join(format!("syncopate-npy-long-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("long.npy");
+        let mut bytes = encode_vector(&[1.0, 2.0, 3.0]);
+        bytes.extend_from_slice(&[0u8; 1 << 16]);
+        std::fs::write(&path, &bytes).unwrap();
+        let e = read_vector(&path).unwrap_err();
+        assert!(e.ends_with("1 bytes after the 3 float32 values of shape (3,): not one array"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -13,8 +13,8 @@ use super::model_source::{self, ModelSource};
 use super::summary::{Resumed, TcpLedger};
 use super::{Failure, ProtocolArgs, Summary, WorkloadArgs};
 use crate::tcp::{
-    self, DataSource, FrameTimeout, Note, ProtocolSettings, RunPlan, RunSettings, Secret, ServerOptions, StopReason,
-    TcpServer, WorkloadSettings, checkpoint,
+    self, DataSource, FrameTimeout, Note, ProtocolSettings, RunPlan, RunSettings, ServerOptions, StopReason, TcpServer,
+    WorkloadSettings, checkpoint,
 };
 use crate::thread::{EvalPoint, ThreadReport, WorkerTally};
 use crate::trace::{self, served::ServedTrace};
@@ -75,7 +75,7 @@ pub struct ServeArgs {
     pub resume: bool,
     /// SGD with momentum BETA on every update of the server's model (in [0, 1); 0: plain SGD).
     /// Checkpoints keep the momentum buffer; --resume needs the checkpoint's --momentum.
-    #[arg(long, value_name = "BETA", default_value_t = 0.0, value_parser = parse_momentum)]
+    #[arg(long, value_name = "BETA", default_value_t = 0.0, value_parser = super::values::parse_momentum)]
     pub momentum: f64,
     /// Absolute deadline of a connection's handshake, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -109,7 +109,7 @@ pub struct ServeArgs {
     /// Report the time until the training loss reaches L: the mean, over 10 updates, of the
     /// minibatch losses the workers reported (the first update whose 10-update mean is at
     /// most L).
-    #[arg(long, value_name = "L", value_parser = parse_target_loss)]
+    #[arg(long, value_name = "L", value_parser = super::values::parse_target_loss)]
     pub target_loss: Option<f64>,
     /// Record a step-time trace for `advise --trace` and `compare --trace`: every worker
     /// measures its gradient steps and sends their times with its contributions; each row
@@ -125,60 +125,9 @@ pub struct ServeArgs {
 /// Flags of a built-in model, which a vector from --init or worker 0 does not have.
 const NOT_WITH_A_VECTOR: [&str; 7] = ["model", "data", "data_format", "batch_size", "seed", "target", "remote_groups"];
 
-/// A target loss: a finite number.
-fn parse_target_loss(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(l) if l.is_finite() => Ok(l),
-        _ => Err(format!("the target loss must be a finite number, got '{s}'")),
-    }
-}
-
-/// A momentum coefficient: a number in `[0, 1)`.
-pub(super) fn parse_momentum(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(b) if b.is_finite() && (0.0..1.0).contains(&b) => Ok(b),
-        _ => Err(format!("momentum must be a number in [0, 1), got '{s}'")),
-    }
-}
-
+/// The built-in model's name as `--model` takes it (`mlp:32`).
 fn model_name(w: &WorkloadArgs) -> String {
-    format!("{:?}", w.model).to_lowercase()
-}
-
-/// The shared secret from `file`, or from `$SYNCOPATE_SECRET`, or none.
-pub(super) fn load_secret(file: Option<&Path>) -> Result<Option<Secret>, String> {
-    match file {
-        Some(path) => {
-            let secret = Secret::from_file(path).map_err(|e| e.to_string())?;
-            if let Some(warning) = exposed_secret_warning(path) {
-                eprintln!("{warning}");
-            }
-            Ok(Some(secret))
-        }
-        None => Secret::from_env(tcp::auth::SECRET_ENV).map_err(|e| e.to_string()),
-    }
-}
-
-/// A warning when the secret file at `path` can be read or written by other users (any
-/// group or other permission bit): whoever reads it can join the run as any worker.
-pub(super) fn exposed_secret_warning(path: &Path) -> Option<String> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
-        (mode & 0o077 != 0).then(|| {
-            format!(
-                "warning: secret file {} is accessible to other users (mode {mode:o}); run: chmod 600 {}",
-                path.display(),
-                path.display()
-            )
-        })
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = path;
-        None
-    }
+    w.model.to_string()
 }
 
 /// The workload part of the run's settings (a data file is identified by its SHA-256).
@@ -213,7 +162,8 @@ fn run_settings(args: &ServeArgs, source: &ModelSource) -> Result<RunSettings, S
     settings.initial_from_worker = matches!(source, ModelSource::Worker { .. });
     settings.remote_groups = args.remote_groups;
     settings.report_step_times = args.record_trace.is_some();
-    settings.server_config().map_err(|e| format!("--remote-groups: {e}"))?;
+    // A knob error blames --remote-groups only when it was given.
+    settings.server_config().map_err(|e| if args.remote_groups { format!("--remote-groups: {e}") } else { e })?;
     super::shard::apply(&args.shard, &mut settings)?;
     settings.encode()?;
     Ok(settings)
@@ -264,13 +214,32 @@ fn stop_on_signals(flag: &Arc<AtomicBool>) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks every file the run will write before it starts (`--save`, `--checkpoint` with its
+/// journal and a shard's record, `--record-trace`): each writable, none the same as another.
+fn check_outputs(args: &ServeArgs) -> Result<(), String> {
+    use super::paths::Output;
+    let mut outputs = Vec::new();
+    if let Some(path) = &args.checkpoint {
+        let mut companions = vec![("its journal", checkpoint::Journal::path_for(path))];
+        if args.shard.shard.is_some() {
+            companions.push(("its shard record", super::shard::record_path(path)));
+        }
+        outputs.push(Output { companions, ..Output::new("--checkpoint", path) });
+    }
+    outputs.extend(args.save.as_deref().map(|p| Output::new("--save", p)));
+    // The trace file is created right after this check, before the run.
+    outputs.extend(args.record_trace.as_deref().map(|p| Output::created_first("--record-trace", p)));
+    super::paths::check(&outputs)
+}
+
 /// Runs `syncopate serve`.
 pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     if !(0.0..=1.0).contains(&args.target) {
         return Err(Failure::Usage(format!("invalid value '{}' for '--target': must be between 0 and 1", args.target)));
     }
-    let time_limit = super::train::time_limit(args.time_limit).map_err(Failure::Usage)?;
-    let source = ModelSource::from_args(args).map_err(Failure::Usage)?;
+    let time_limit = super::values::time_limit(args.time_limit).map_err(Failure::Usage)?;
+    let source = ModelSource::from_flags(args.init.as_deref(), args.init_from_worker, args.dim, &args.workload)
+        .map_err(Failure::Usage)?;
     let dim = source.dim();
     let settings = run_settings(args, &source).map_err(Failure::Usage)?;
     let protocol = settings.server_config().map_err(Failure::Usage)?;
@@ -285,7 +254,8 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
                 .into(),
         ));
     }
-    let secret = load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
+    check_outputs(args).map_err(Failure::Usage)?;
+    let secret = super::values::load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
     let trace_file = args.record_trace.as_deref().map(trace::create).transpose().map_err(Failure::Usage)?;
     let mut recorded = trace_file.as_ref().map(|_| ServedTrace::new(n, dim));
     let mut resumed = None;
@@ -336,17 +306,21 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     options.checkpoint = args.checkpoint.clone().map(|p| (p, args.checkpoint_every));
     options.momentum = args.momentum;
     options.momentum_buffer = resumed_momentum;
-    options.lost_after = super::train::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?;
+    options.lost_after = super::values::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?;
     let authenticated = options.secret.is_some();
     let server = TcpServer::bind(&args.listen, options).map_err(|e| Failure::Usage(e.0))?;
     let addr = server.local_addr().map_err(|e| Failure::Run(e.0))?;
     stop_on_signals(&server.handle().stop_flag()).map_err(Failure::Run)?;
     let peers = if args.remote_groups { "group servers" } else { "workers" };
-    let model = source.name(model_name(&args.workload));
+    let model = source.name(model_name(&args.workload), args.resume.then_some(args.checkpoint.as_deref()).flatten());
     let workload = source.workload();
+    // The noisy quadratic model has a test loss but no accuracy.
+    let has_accuracy = !matches!(args.workload.model, crate::workload::ModelKind::Nqm { .. });
     eprintln!(
-        "serve: {} with {n} {peers}, {model} ({dim} params){}, listening on {addr}{}",
+        "serve: {} with {}, {model} ({dim} params){}{}, listening on {addr}{}",
         protocol.name(),
+        super::summary::count(n, peers),
+        super::summary::momentum_note(args.momentum),
         super::shard::describe(&server.options().settings),
         if authenticated { ", authenticated" } else { " (no shared secret)" }
     );
@@ -388,7 +362,11 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
                 let p = evaluate(workload, version, params, &mut curve);
                 if last_print.is_none_or(|t: Instant| t.elapsed() >= Duration::from_secs(1)) {
                     last_print = Some(Instant::now());
-                    eprintln!("serve: version {} test accuracy {:.4} loss {:.4}", p.version, p.accuracy, p.loss);
+                    if has_accuracy {
+                        eprintln!("serve: version {} test accuracy {:.4} loss {:.4}", p.version, p.accuracy, p.loss);
+                    } else {
+                        eprintln!("serve: version {} test loss {:.4}", p.version, p.loss);
+                    }
                 }
             }
         }
@@ -448,7 +426,10 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     };
     let mut summary = Summary::from_threads(&threads, protocol.name(), n, &model, dim, args.workload.seed, args.target);
     summary.mode = if whole { "tcp" } else { "tcp-shard" }.into();
-    summary.test_set = workload.is_some();
+    if workload.is_none() || !whole {
+        summary.without_test_set(workload.is_none());
+    }
+    summary.momentum = args.momentum;
     // Without a test set there is no evaluation to take the version from.
     summary.updates = report.version.0;
     if workload.is_none() || args.target_loss.is_some() || !report.loss_curve.is_empty() {
@@ -463,7 +444,17 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         workers_lost: report.lost,
         resumed,
     });
-    let saved = args.save.as_deref().map(|path| model_source::save(path, &report.params, report.initial_model_known));
+    let saved = args.save.as_deref().map(|path| {
+        // Without a model there is nothing to save (an error); a run that never started
+        // has only its initial model, and an existing file keeps the model of the run that
+        // wrote it.
+        if started || !report.initial_model_known {
+            model_source::save(path, &report.params, report.initial_model_known)
+        } else {
+            eprintln!("serve: --save {}: nothing written: the run never started", path.display());
+            Ok(())
+        }
+    });
     let traced = match (args.record_trace.as_deref(), trace_file, recorded) {
         (Some(path), Some(file), Some(t)) => Some(write_trace(path, file, t)),
         _ => None,
@@ -487,22 +478,4 @@ fn write_trace(path: &Path, file: std::fs::File, t: ServedTrace) -> Result<(), S
         if without > 0 { format!(" ({without} contributions came without step times)") } else { String::new() };
     eprintln!("serve: wrote {rows} steps to the trace {}{missing}", path.display());
     Ok(())
-}
-
-#[cfg(all(test, unix))]
-mod tests {
-    use super::exposed_secret_warning;
-    use std::os::unix::fs::PermissionsExt;
-
-    #[test]
-    fn a_secret_file_others_can_read_is_warned_about_and_a_private_one_is_not() {
-        let path = std::env::temp_dir().join(format!("syncopate-secret-mode-{}", std::process::id()));
-        std::fs::write(&path, [7u8; 32]).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let warning = exposed_secret_warning(&path).unwrap();
-        assert!(warning.contains("mode 644") && warning.contains("chmod 600"), "{warning}");
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert_eq!(exposed_secret_warning(&path), None);
-        std::fs::remove_file(&path).unwrap();
-    }
 }

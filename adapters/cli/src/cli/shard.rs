@@ -71,10 +71,12 @@ pub(super) fn apply(args: &ShardArgs, settings: &mut RunSettings) -> Result<(), 
     Ok(())
 }
 
-/// `, shard I of S (elements A..B)` for a shard's start line; empty for a whole model.
+/// `, shard I of S (elements A to B)` (both included) for a shard's start line; empty for a whole model.
 pub(super) fn describe(settings: &RunSettings) -> String {
     match (&settings.shard, settings.served_range()) {
-        (Some(s), Ok(r)) => format!(", shard {} of {} (elements {}..{})", s.index, s.count, r.start, r.end),
+        (Some(s), Ok(r)) => {
+            format!(", shard {} of {} (elements {} to {})", s.index, s.count, r.start, r.end.saturating_sub(1))
+        }
         _ => String::new(),
     }
 }
@@ -103,13 +105,13 @@ pub(super) fn write_record(checkpoint: &Path, settings: &RunSettings) -> Result<
         return Ok(());
     }
     let path = record_path(checkpoint);
-    let mut tmp = path.clone().into_os_string();
-    tmp.push(".tmp");
-    let write = || -> std::io::Result<()> {
-        std::fs::write(&tmp, record(settings).map_err(std::io::Error::other)?)?;
-        std::fs::rename(&tmp, &path)
-    };
-    write().map_err(|e| format!("cannot write {}: {e}", path.display()))
+    write_text(&path, &record(settings)?)
+}
+
+/// Writes a record with [`file::replace`](syncopate_transport::file::replace).
+fn write_text(path: &Path, text: &str) -> Result<(), String> {
+    syncopate_transport::file::replace(path, text.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 /// Checks that the checkpoint `checkpoint` a shard resumes from holds its own slice of this
@@ -134,7 +136,10 @@ pub(super) fn check_record(checkpoint: &Path, settings: &RunSettings) -> Result<
     let words: Vec<&str> = text.split_whitespace().collect();
     let word = |k: &str| words.iter().position(|w| *w == k).and_then(|i| words.get(i + 1)).copied().unwrap_or("?");
     let (their_index, their_count) = (word("shard"), word("of"));
-    let why = if their_index != me.index.to_string() || their_count != me.count.to_string() {
+    let parses = |w: &str| w.parse::<u32>().is_ok();
+    let why = if words.first() != Some(&"shard") || !parses(their_index) || !parses(their_count) {
+        "its shard record is not one (expected a line 'shard I of S elements ...' as a shard writes it)".to_owned()
+    } else if their_index != me.index.to_string() || their_count != me.count.to_string() {
         format!(
             "it holds shard {their_index} of {their_count}'s slice, this server is shard {} of {}",
             me.index, me.count
@@ -197,6 +202,9 @@ mod tests {
         other.protocol.lr = 0.25;
         let e = check_record(&ckpt, &other).unwrap_err();
         assert!(e.contains("other settings"), "{e}");
+        std::fs::write(record_path(&ckpt), "garbage\n").unwrap();
+        let e = check_record(&ckpt, &settings(1, 2, "a")).unwrap_err();
+        assert!(e.contains("its shard record is not one") && !e.contains('?'), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -135,16 +135,19 @@ pub struct Summary {
     pub model: String,
     /// Parameters in the model.
     pub params: usize,
-    /// The run's seed.
-    pub seed: u64,
-    /// Test accuracy of the final model (0 for the noisy quadratic model, which has none).
-    pub final_accuracy: f64,
-    /// Mean test loss of the final model.
-    pub final_loss: f64,
+    /// The run's seed (none for a vector of the user's own, which nothing random made).
+    pub seed: Option<u64>,
+    /// The SGD momentum coefficient of the server's updates (0: plain SGD).
+    pub momentum: f64,
+    /// Test accuracy of the final model (0 for the noisy quadratic model, which has none;
+    /// none without a test set: a vector of the user's own, a shard's slice).
+    pub final_accuracy: Option<f64>,
+    /// Mean test loss of the final model (none without a test set).
+    pub final_loss: Option<f64>,
     /// Seconds the run took: wall clock for threads and TCP, virtual for the simulator.
     pub time_s: f64,
-    /// The target accuracy.
-    pub target_accuracy: f64,
+    /// The target accuracy (none without a test set).
+    pub target_accuracy: Option<f64>,
     /// Seconds until the test accuracy first reached the target (same clock as `time_s`).
     pub time_to_target_s: Option<f64>,
     /// Model updates (the final version).
@@ -214,11 +217,12 @@ impl Summary {
             workers,
             model: model.into(),
             params,
-            seed,
-            final_accuracy: last.accuracy,
-            final_loss: last.loss,
+            seed: Some(seed),
+            momentum: 0.0,
+            final_accuracy: Some(last.accuracy),
+            final_loss: Some(last.loss),
             time_s: report.wall_s,
-            target_accuracy: target,
+            target_accuracy: Some(target),
             time_to_target_s: report.time_to_target_s,
             updates: last.version,
             gradients: Outcomes::new(&report.stats, report.refused),
@@ -251,11 +255,12 @@ impl Summary {
             workers: report.workers,
             model: model.into(),
             params,
-            seed: report.seed,
-            final_accuracy: report.final_accuracy,
-            final_loss: report.final_loss,
+            seed: Some(report.seed),
+            momentum: 0.0,
+            final_accuracy: Some(report.final_accuracy),
+            final_loss: Some(report.final_loss),
             time_s: report.virtual_time_s,
-            target_accuracy: report.target_accuracy,
+            target_accuracy: Some(report.target_accuracy),
             time_to_target_s: report.time_to_target,
             updates: report.updates,
             gradients: Outcomes::from_counts(
@@ -287,13 +292,29 @@ impl Summary {
     /// Prints the summary: JSON on one line, or a short text block.
     pub fn print(&self, json: bool) {
         if json {
-            match serde_json::to_string(self) {
+            match self.json() {
                 Ok(s) => super::output::outln!("{s}"),
                 Err(e) => eprintln!("error: cannot encode the summary as JSON: {e}"),
             }
             return;
         }
         super::output::emit(&self.text());
+    }
+
+    /// The summary as one JSON object.
+    pub fn json(&self) -> Result<String, serde_json::Error> {
+        serde_json::to_string(self)
+    }
+
+    /// A summary without a test set (a vector of the user's own, from `serve --init` or
+    /// worker 0, or a shard's slice): no final accuracy or test loss and no accuracy target;
+    /// a vector (`vector`) has no seed either.
+    pub fn without_test_set(&mut self, vector: bool) {
+        self.test_set = false;
+        (self.final_accuracy, self.final_loss, self.target_accuracy) = (None, None, None);
+        if vector {
+            self.seed = None;
+        }
     }
 
     /// Whether the model is a classifier (the noisy quadratic model has a loss only: its
@@ -307,10 +328,16 @@ impl Summary {
         use std::fmt::Write as _;
         let mut out = String::new();
         let clock = if self.mode == "sim" { "virtual" } else { "wall" };
+        let seed = self.seed.map(|s| format!(", seed {s}")).unwrap_or_default();
         let _ = writeln!(
             out,
-            "syncopate {}: {}, {} workers, {} ({} params), seed {}",
-            self.mode, self.protocol, self.workers, self.model, self.params, self.seed
+            "syncopate {}: {}, {}, {} ({} params){seed}{}",
+            self.mode,
+            self.protocol,
+            count(self.workers, "workers"),
+            self.model,
+            self.params,
+            momentum_note(self.momentum)
         );
         if let Some(why) = &self.diverged {
             let _ = writeln!(out, "  DIVERGED       {why}: lower --lr");
@@ -320,10 +347,14 @@ impl Summary {
         } else if !self.test_set {
             let _ = writeln!(out, "  no test set    (a vector of your own: progress is the training loss below)");
         } else if self.has_accuracy() {
-            let _ = writeln!(out, "  test accuracy  {:.4}   loss {:.4}", self.final_accuracy, self.final_loss);
+            let (accuracy, loss) = (self.final_accuracy.unwrap_or(0.0), self.final_loss.unwrap_or(0.0));
+            let _ = writeln!(out, "  test accuracy  {accuracy:.4}   loss {loss:.4}");
         } else {
-            let _ =
-                writeln!(out, "  loss           {:.4}   (the noisy quadratic model has no accuracy)", self.final_loss);
+            let _ = writeln!(
+                out,
+                "  loss           {:.4}   (the noisy quadratic model has no accuracy)",
+                self.final_loss.unwrap_or(0.0)
+            );
         }
         if let Some(c) = self.simulator {
             let _ = writeln!(
@@ -344,7 +375,7 @@ impl Summary {
                 "  {:<14} {:.3} s   time to {:.2}: {target}",
                 format!("{clock} time"),
                 self.time_s,
-                self.target_accuracy
+                self.target_accuracy.unwrap_or(0.0)
             );
         } else {
             let _ = writeln!(out, "  {:<14} {:.3} s", format!("{clock} time"), self.time_s);
@@ -375,4 +406,14 @@ impl Summary {
         }
         out
     }
+}
+
+/// `1 worker`, `4 workers`: `n` and the plural `things`, made singular for one.
+pub(super) fn count(n: u32, things: &str) -> String {
+    if n == 1 { format!("1 {}", things.strip_suffix('s').unwrap_or(things)) } else { format!("{n} {things}") }
+}
+
+/// `, momentum 0.9` for a run with SGD momentum; empty for plain SGD.
+pub(super) fn momentum_note(beta: f64) -> String {
+    if beta > 0.0 { format!(", momentum {beta}") } else { String::new() }
 }

@@ -45,7 +45,7 @@ pub struct TrainArgs {
     pub colocate_shards: bool,
     /// SGD with momentum BETA on every update of the server's model (in [0, 1); 0: plain SGD),
     /// in threads and in the simulator.
-    #[arg(long, value_name = "BETA", default_value_t = 0.0, value_parser = super::serve::parse_momentum)]
+    #[arg(long, value_name = "BETA", default_value_t = 0.0, value_parser = super::values::parse_momentum)]
     pub momentum: f64,
     /// Print the summary as one JSON object on stdout.
     #[arg(long)]
@@ -60,25 +60,6 @@ pub struct TrainArgs {
     pub record_trace: Option<std::path::PathBuf>,
 }
 
-/// The longest `--time-limit` (and `--lost-after`) accepted, in seconds: a year. Longer
-/// values would overflow the clock arithmetic of the run's deadlines.
-pub(super) const MAX_SECONDS: f64 = 365.0 * 86_400.0;
-
-/// `--NAME SECS` as a duration: a positive, finite number of seconds up to [`MAX_SECONDS`].
-pub(super) fn seconds(name: &str, value: f64) -> Result<StdDuration, String> {
-    if !(value.is_finite() && value > 0.0 && value <= MAX_SECONDS) {
-        return Err(format!(
-            "invalid value '{value}' for '--{name}': must be a positive number of seconds up to {MAX_SECONDS}"
-        ));
-    }
-    StdDuration::try_from_secs_f64(value).map_err(|e| format!("invalid value '{value}' for '--{name}': {e}"))
-}
-
-/// `--time-limit SECS`, if given, as a duration (see [`seconds`]).
-pub(super) fn time_limit(value: Option<f64>) -> Result<Option<StdDuration>, String> {
-    value.map(|t| seconds("time-limit", t)).transpose()
-}
-
 impl TrainArgs {
     pub(super) fn check(&self) -> Result<(), String> {
         let (lo, hi) = crate::scenario::STEP_MS_RANGE;
@@ -89,7 +70,7 @@ impl TrainArgs {
             return Err(format!("invalid value '{}' for '--target': must be between 0 and 1", self.target));
         }
         if self.time_limit.is_some() {
-            time_limit(self.time_limit)?;
+            super::values::time_limit(self.time_limit)?;
             if self.sim {
                 return Err("--time-limit applies to threaded runs; a --sim run stops after --steps".into());
             }
@@ -138,7 +119,7 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
     if args.sim {
         return run_sim(args, protocol, stragglers, &workload, &model_name, trace_file);
     }
-    check_thread_memory(n, dim, mem_available()).map_err(Failure::Usage)?;
+    check_thread_memory(n, dim, super::values::mem_available()).map_err(Failure::Usage)?;
     let base = args.base_step();
     let bar = super::progress_bar(args.steps.saturating_mul(u64::from(n)), args.json);
     let delays: Vec<StepDelay> = stragglers
@@ -159,7 +140,7 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
         batch_size: args.workload.batch_size as usize,
         seed: args.workload.seed,
         max_gradients: args.steps.saturating_mul(u64::from(n)),
-        time_limit: time_limit(args.time_limit).map_err(Failure::Usage)?,
+        time_limit: super::values::time_limit(args.time_limit).map_err(Failure::Usage)?,
         eval_interval: StdDuration::from_millis(20),
         rejoin_after: Some(StdDuration::from_secs(2)),
         target_accuracy: args.target,
@@ -202,7 +183,9 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
         let stats = if stats.iter().all(trace::GradientStats::is_empty) { Vec::new() } else { stats };
         trace::write_with_stats_to(file, path, &steps, &stats).map_err(Failure::Run)?;
     }
-    let summary = Summary::from_threads(&report, protocol.name(), n, &model_name, dim, args.workload.seed, args.target);
+    let mut summary =
+        Summary::from_threads(&report, protocol.name(), n, &model_name, dim, args.workload.seed, args.target);
+    summary.momentum = args.momentum;
     summary.print(args.json);
     Ok(())
 }
@@ -248,6 +231,7 @@ fn run_sim(
         trace::write_with_stats_to(file, path, &steps, &stats).map_err(Failure::Run)?;
     }
     let mut summary = Summary::from_sim(&report, model_name, workload.model.dim());
+    summary.momentum = args.momentum;
     let events_per_s = if wall_s > 0.0 { report.events as f64 / wall_s } else { 0.0 };
     summary.simulator = Some(super::summary::SimulatorCost { events: report.events, wall_s, events_per_s });
     summary.print(args.json);
@@ -325,8 +309,6 @@ const THREAD_PAIR_BYTES: f64 = 2304.0;
 const THREAD_BYTES: f64 = 256.0 * 1024.0;
 /// Model copies one worker thread holds (its model, a gradient, buffers in flight).
 const MODEL_COPIES_PER_THREAD: f64 = 4.0;
-/// The share of the available memory a threaded run may plan to use.
-const MEMORY_SHARE: f64 = 0.5;
 
 /// Refuses a threaded run whose estimated memory (quadratic in the workers, plus model
 /// copies per thread) exceeds half of `available` bytes (unknown: not checked).
@@ -334,21 +316,13 @@ fn check_thread_memory(workers: u32, dim: usize, available: Option<u64>) -> Resu
     let n = f64::from(workers);
     let estimate = n * n * THREAD_PAIR_BYTES + n * (THREAD_BYTES + MODEL_COPIES_PER_THREAD * dim as f64 * 4.0);
     match available {
-        Some(bytes) if estimate > bytes as f64 * MEMORY_SHARE => Err(format!(
+        Some(bytes) if estimate > bytes as f64 * super::values::MEMORY_SHARE => Err(format!(
             "invalid value '{workers}' for '--workers': {workers} worker threads would need about {:.1} GB of memory and this machine has {:.1} GB available (at most half of it is planned); use fewer workers, or --sim for the simulator",
             estimate / 1e9,
             bytes as f64 / 1e9
         )),
         _ => Ok(()),
     }
-}
-
-/// The memory available to new work (Linux `MemAvailable`), in bytes; `None` elsewhere.
-fn mem_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kb.checked_mul(1024)
 }
 
 #[cfg(test)]

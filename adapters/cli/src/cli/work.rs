@@ -243,13 +243,13 @@ pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
         check_address(addr).map_err(Failure::Usage)?;
     }
     let id = worker_id(args.id, |v| std::env::var(v).ok()).map_err(Failure::Usage)?;
-    let secret = super::serve::load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
+    let secret = super::values::load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
     let id = WorkerId(id);
     let mut options = WorkerOptions::new(args.connect.clone(), id);
     options.key = secret.map(|s| s.worker_key(id));
     options.backoff.give_up_after = Duration::from_secs(args.give_up_after);
     options.frame_timeout = FrameTimeout::default();
-    options.lost_after = super::train::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?;
+    options.lost_after = super::values::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?;
     let mut job = Job {
         id: id.0,
         data_override: args.data.clone(),

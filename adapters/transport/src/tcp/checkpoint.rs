@@ -10,8 +10,9 @@
 //! from a checkpoint must have the checkpoint's momentum setting (the caller checks it with
 //! [`Checkpoint::momentum`]), and goes on with its momentum buffer.
 //!
-//! A checkpoint is written to `FILE.tmp`, synced, then renamed over `FILE`, so a crash leaves
-//! the previous checkpoint or the new one, never a mix. Loading checks the magic, the format,
+//! A checkpoint is written by [`crate::file::replace`] (a synced temporary file renamed over
+//! `FILE`, the directory synced; never over a device or a FIFO), so a crash leaves the
+//! previous checkpoint or the new one, never a mix. Loading checks the magic, the format,
 //! the protocol and the dimension against what the caller expects, and the checksum.
 
 use core::fmt;
@@ -146,7 +147,7 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> 
     Ok(Checkpoint { protocol, version, params, momentum, momentum_buffer })
 }
 
-/// Writes a checkpoint to `path` atomically (temporary file, sync, rename).
+/// Writes a checkpoint to `path` atomically ([`crate::file::replace`]).
 pub fn save(path: &Path, protocol: &str, version: Version, params: &[f32]) -> Result<(), CheckpointError> {
     save_with_momentum(path, protocol, version, params, None)
 }
@@ -160,23 +161,7 @@ pub fn save_with_momentum(
     momentum: Option<(f64, &[f32])>,
 ) -> Result<(), CheckpointError> {
     let bytes = encode_with_momentum(protocol, version, params, momentum);
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let write = || -> std::io::Result<()> {
-        let mut f = File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            // Persist the rename; not every platform can open a directory.
-            if let Ok(d) = File::open(dir) {
-                let _ = d.sync_all();
-            }
-        }
-        Ok(())
-    };
-    write().map_err(|e| err(path, format!("cannot write: {e}")))
+    crate::file::replace(path, &bytes).map_err(|e| err(path, format!("cannot write: {e}")))
 }
 
 /// Reads a checkpoint and checks that it was made by `protocol` for a model of `dim`.

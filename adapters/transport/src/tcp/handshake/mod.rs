@@ -216,7 +216,15 @@ fn check_identity(h: &ClientHello, side: &ServerSide<'_>) -> Result<Option<Worke
     if h.worker.0 >= side.peers {
         return Err((
             RefuseCode::WorkerId,
-            format!("worker id {} is out of range: the server has workers 0..{}", h.worker.0, side.peers),
+            format!(
+                "worker id {} is out of range: the server has {}",
+                h.worker.0,
+                if side.peers == 1 {
+                    "one worker, id 0".to_owned()
+                } else {
+                    format!("workers 0 to {}", side.peers - 1)
+                }
+            ),
         ));
     }
     let key = match (side.secret, h.auth) {
