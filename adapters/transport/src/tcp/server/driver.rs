@@ -23,7 +23,10 @@ use std::net::Shutdown;
 use std::sync::Arc;
 use std::time::Instant as StdInstant;
 use syncopate::wire::{self, Limits};
-use syncopate::{Recipient, Server, ServerOutput, ToServer, ToWorker, Version, WorkerId};
+use syncopate::{Recipient, Reject, Server, ServerEvent, ServerOutput, ToServer, ToWorker, Version, WorkerId};
+
+/// The most workers one log line names; the rest are counted.
+const NAMED: usize = 8;
 
 pub(super) struct Core<S> {
     proto: Protocol<S>,
@@ -50,6 +53,8 @@ pub(super) struct Core<S> {
     /// Checkpoints and their journal, if configured.
     persist: Option<Persist>,
     steps: PendingSteps,
+    /// Set when a contribution was refused for holding NaN, ±∞ or an overflowing norm.
+    diverged: bool,
 }
 
 impl<S: Server<f32>> Core<S> {
@@ -97,6 +102,7 @@ impl<S: Server<f32>> Core<S> {
             bufs: SharedBufs::new(2 * n + 2),
             persist,
             steps: PendingSteps::new(n),
+            diverged: false,
         }
     }
 
@@ -130,6 +136,9 @@ impl<S: Server<f32>> Core<S> {
             }
             if let Some(reason) = self.upstream_end {
                 return reason;
+            }
+            if self.diverged || control.diverged.load(Ordering::SeqCst) {
+                return StopReason::Diverged;
             }
             if control.stop.load(Ordering::SeqCst) {
                 return StopReason::Stopped;
@@ -278,13 +287,56 @@ impl<S: Server<f32>> Core<S> {
                 *busy += t.elapsed().as_secs_f64();
             }
         }
+        let kind = msg.kind_name();
         let handled = self.proto.live().map(|server| server.handle(now, worker, msg));
-        if let Some(Err(_)) = handled {
+        if let Some(Err(e)) = handled {
             self.report.refused += 1;
             if contribution {
                 self.ledger.count(&mut self.report, conn, Entry::Refused);
+                self.not_finite(worker, kind, e, note);
             }
         }
+    }
+
+    /// A contribution of `worker` (a `kind` message) refused for `reason`: one holding NaN,
+    /// ±∞ or an overflowing norm means the model diverged, and the run ends; one with a loss
+    /// that is not finite is logged and counted (stall reports name it).
+    fn not_finite(&mut self, worker: WorkerId, kind: &str, reason: Reject, note: &mut dyn FnMut(Note<'_>)) {
+        match reason {
+            Reject::NotFinite | Reject::NormTooLarge => {
+                self.report.refused_not_finite += 1;
+                let what = if reason == Reject::NotFinite { "holding NaN or ±∞" } else { "whose norm overflows" };
+                Self::log(
+                    note,
+                    &format!("worker {} sent a {kind} {what}: refused; the model has diverged, stopping", worker.0),
+                );
+                self.diverged = true;
+            }
+            Reject::LossNotFinite => {
+                if let Some(c) = self.report.refused_loss_not_finite.get_mut(worker.index()) {
+                    *c += 1;
+                }
+                Self::log(note, &format!("worker {} sent a {kind} whose loss is not finite: refused", worker.0));
+            }
+            _ => {}
+        }
+    }
+
+    /// For a stall report: the workers whose contributions were refused for a loss that is
+    /// not finite (which a round may wait for in vain), at most [`NAMED`] of them named.
+    fn stall_line(&self) -> Option<String> {
+        let counts = &self.report.refused_loss_not_finite;
+        let named: Vec<String> =
+            counts.iter().enumerate().filter(|(_, c)| **c > 0).map(|(w, c)| format!("worker {w} ({c})")).collect();
+        if named.is_empty() {
+            return None;
+        }
+        let more = named.len().saturating_sub(NAMED);
+        let tail = if more > 0 { format!(" +{more} more") } else { String::new() };
+        Some(format!(
+            "stalled: contributions refused for a loss that is not finite: {}{tail}",
+            named.iter().take(NAMED).cloned().collect::<Vec<_>>().join(", ")
+        ))
     }
 
     /// Starts the run's clock once every worker has connected and the model is known.
@@ -418,6 +470,11 @@ impl<S: Server<f32>> Core<S> {
                             p.event(&ev);
                         }
                         note(Note::Event(&ev));
+                        if matches!(ev, ServerEvent::Stalled { .. }) {
+                            if let Some(line) = self.stall_line() {
+                                note(Note::Log(&line));
+                            }
+                        }
                     }
                     ServerOutput::Upstream(msg) => {
                         let len = wire::encoded_len_to_server(&msg);
@@ -548,7 +605,8 @@ impl<S: Server<f32>> Core<S> {
                 self.proto.server_mut().stop();
             }
             self.drain(note);
-            if self.persist.is_some() {
+            // A diverged model would replace the last checkpoint's good one.
+            if self.persist.is_some() && reason != StopReason::Diverged {
                 self.save_checkpoint(note);
             }
         }

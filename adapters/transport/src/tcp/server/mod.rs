@@ -181,6 +181,11 @@ pub enum StopReason {
     /// The upstream connection was lost: the connections were cut without a word, so the
     /// workers reconnect to a restarted process.
     UpstreamLost,
+    /// The model diverged: a worker's contribution was refused for holding NaN, ±∞ or an
+    /// overflowing norm, or the caller found its loss not finite
+    /// ([`ServerHandle::diverged`]). The workers were told to stop; no final checkpoint is
+    /// written (it would hold the diverged model).
+    Diverged,
 }
 
 /// What the server reports while it runs.
@@ -217,6 +222,7 @@ pub enum Note<'a> {
 struct Control {
     stop: Arc<AtomicBool>,
     crash: AtomicBool,
+    diverged: AtomicBool,
 }
 
 /// Stops a running server from another thread.
@@ -232,6 +238,12 @@ impl ServerHandle {
     /// The flag [`stop`](Self::stop) sets, for a signal handler to set instead.
     pub fn stop_flag(&self) -> Arc<AtomicBool> {
         Arc::clone(&self.0.stop)
+    }
+
+    /// Ends the run as [`StopReason::Diverged`]: the caller's evaluation found the model's
+    /// loss not finite. Workers are told to stop; no final checkpoint is written.
+    pub fn diverged(&self) {
+        self.0.diverged.store(true, Ordering::SeqCst);
     }
 
     /// Ends the run abruptly, as if the process died: connections are cut, nothing is sent,

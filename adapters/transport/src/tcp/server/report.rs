@@ -31,6 +31,11 @@ pub struct ServerReport {
     pub last_stall: Option<(WorkerId, u32)>,
     /// Messages refused (undecodable or refused by the protocol).
     pub refused: u64,
+    /// Contributions refused for holding NaN, ±∞ or an overflowing norm (the first ends the
+    /// run as [`StopReason::Diverged`]).
+    pub refused_not_finite: u64,
+    /// Per worker, in id order: contributions refused for a loss that is not finite.
+    pub refused_loss_not_finite: Vec<u64>,
     /// Contributions per worker (applied or dropped), in id order.
     pub per_worker: Vec<u64>,
     /// Sessions established.
@@ -92,6 +97,8 @@ impl ServerReport {
             stalls: 0,
             last_stall: None,
             refused: 0,
+            refused_not_finite: 0,
+            refused_loss_not_finite: vec![0; n],
             per_worker: vec![0; n],
             sessions: 0,
             lost: 0,
