@@ -1,7 +1,8 @@
 //! Contributions with values or losses that are not finite, from a raw worker session: a
 //! gradient holding NaN means the model diverged, and the run ends as `Diverged` saying
 //! which worker sent it; a gradient whose loss is NaN is refused, logged naming the worker,
-//! counted, and named by the stall reports of the round that waits for it.
+//! counted, and named by the stall reports of the round that waits for it, which also name
+//! every worker not connected.
 
 #[path = "tcp_common/mod.rs"]
 mod common;
@@ -70,7 +71,7 @@ fn a_gradient_holding_nan_ends_the_run_as_diverged_naming_the_worker() {
 #[test]
 fn a_loss_that_is_not_finite_is_refused_logged_counted_and_named_by_stall_reports() {
     bounded(Duration::from_secs(30), || {
-        let (server, dim) = server(1);
+        let (server, dim) = server(3);
         let (_r, mut w, base) = join(server.addr, dim);
         let grad = vec![0.01f32; dim];
         send(
@@ -82,10 +83,12 @@ fn a_loss_that_is_not_finite_is_refused_logged_counted_and_named_by_stall_report
             "stalled: contributions refused for a loss that is not finite: worker 0 (1)",
             Duration::from_secs(5),
         );
+        // Every worker the round lacks for want of a connection is named, not only the first.
+        server.wait_log("stalled: not connected: workers 1, 2", Duration::from_secs(5));
         server.handle.stop();
         let report = server.finish();
         assert_eq!(report.reason, StopReason::Stopped, "a bad loss alone is no divergence");
-        assert_eq!(report.refused_loss_not_finite, [1]);
+        assert_eq!(report.refused_loss_not_finite, [1, 0, 0]);
         assert_eq!((report.refused_not_finite, report.version), (0, base));
     });
 }

@@ -38,9 +38,7 @@ pub(super) fn linger(conns: Vec<Conn>, from_conns: &Receiver<ConnEvent>, late: &
     while !open.is_empty() {
         match from_conns.recv_deadline(deadline) {
             Ok(ConnEvent::Closed { conn, .. }) => open.retain(|id| *id != conn),
-            Ok(ConnEvent::Frame { conn, worker, buf, start, end, home }) => {
-                late(RawFrame { conn, worker, buf, start, end, home });
-            }
+            Ok(ConnEvent::Frame(frame)) => late(frame),
             Ok(_) => {}
             Err(_) => break,
         }

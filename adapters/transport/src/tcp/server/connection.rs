@@ -3,7 +3,7 @@
 //! reader and writer for the upstream session of a group server.
 
 use super::admission::{ClaimGuard, LeaveTable, admit};
-use super::{Conn, ConnEvent, Shared, Slot, Uplink};
+use super::{Conn, ConnEvent, RawFrame, Shared, Slot, Uplink};
 use crate::tcp::TcpError;
 use crate::tcp::frame::{FrameError, FrameReader, FrameWriter};
 use crate::tcp::handshake::{self, Deadlines, HandshakeError, ServerSide};
@@ -123,7 +123,8 @@ pub(super) fn connection(
                 let _ = home.try_send(buf);
             }
             Ok(p) => {
-                let frame = ConnEvent::Frame { conn, worker, buf, start: p.start, end: p.end, home: home.clone() };
+                let frame =
+                    ConnEvent::Frame(RawFrame { conn, worker, buf, start: p.start, end: p.end, home: home.clone() });
                 if tx.send(frame).is_err() {
                     break None;
                 }

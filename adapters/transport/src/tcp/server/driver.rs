@@ -25,9 +25,6 @@ use std::time::Instant as StdInstant;
 use syncopate::wire::{self, Limits};
 use syncopate::{Recipient, Reject, Server, ServerEvent, ServerOutput, ToServer, ToWorker, Version, WorkerId};
 
-/// The most workers one log line names; the rest are counted.
-const NAMED: usize = 8;
-
 pub(super) struct Core<S> {
     proto: Protocol<S>,
     /// The upstream session, if the server has one.
@@ -198,9 +195,7 @@ impl<S: Server<f32>> Core<S> {
                     self.lose(worker, note);
                 }
             }
-            ConnEvent::Frame { conn, worker, buf, start, end, home } => {
-                self.frame(RawFrame { conn, worker, buf, start, end, home }, note);
-            }
+            ConnEvent::Frame(frame) => self.frame(frame, note),
             ConnEvent::Closed { conn, worker, reason } => {
                 if self.current(worker, conn) {
                     Self::log(note, &format!("worker {} lost: {reason}", worker.0));
@@ -320,23 +315,6 @@ impl<S: Server<f32>> Core<S> {
             }
             _ => {}
         }
-    }
-
-    /// For a stall report: the workers whose contributions were refused for a loss that is
-    /// not finite (which a round may wait for in vain), at most [`NAMED`] of them named.
-    fn stall_line(&self) -> Option<String> {
-        let counts = &self.report.refused_loss_not_finite;
-        let named: Vec<String> =
-            counts.iter().enumerate().filter(|(_, c)| **c > 0).map(|(w, c)| format!("worker {w} ({c})")).collect();
-        if named.is_empty() {
-            return None;
-        }
-        let more = named.len().saturating_sub(NAMED);
-        let tail = if more > 0 { format!(" +{more} more") } else { String::new() };
-        Some(format!(
-            "stalled: contributions refused for a loss that is not finite: {}{tail}",
-            named.iter().take(NAMED).cloned().collect::<Vec<_>>().join(", ")
-        ))
     }
 
     /// Starts the run's clock once every worker has connected and the model is known.
@@ -471,7 +449,8 @@ impl<S: Server<f32>> Core<S> {
                         }
                         note(Note::Event(&ev));
                         if matches!(ev, ServerEvent::Stalled { .. }) {
-                            if let Some(line) = self.stall_line() {
+                            let connected: Vec<bool> = self.conns.iter().map(Option::is_some).collect();
+                            for line in ledger::stall_lines(&self.report, &connected) {
                                 note(Note::Log(&line));
                             }
                         }

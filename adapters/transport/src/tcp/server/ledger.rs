@@ -107,6 +107,35 @@ pub(super) fn tally(report: &mut ServerReport, ev: &ServerEvent, t_s: f64) {
     }
 }
 
+/// The most workers one log line names; the rest are counted.
+const NAMED: usize = 8;
+
+/// For a stall report, which names only the first worker the round waits for: the workers
+/// not `connected`, and those whose contributions were refused for a loss that is not
+/// finite (which a round may wait for in vain), each list bounded to [`NAMED`] workers.
+pub(super) fn stall_lines(report: &ServerReport, connected: &[bool]) -> Vec<String> {
+    let gone = connected.iter().enumerate().filter(|(_, c)| !**c).map(|(w, _)| w.to_string());
+    let bad = report.refused_loss_not_finite.iter().enumerate().filter(|(_, c)| **c > 0);
+    let bad = bad.map(|(w, c)| format!("{w} ({c})"));
+    [
+        ("stalled: not connected: worker", gone.collect::<Vec<_>>()),
+        ("stalled: contributions refused for a loss that is not finite: worker", bad.collect()),
+    ]
+    .into_iter()
+    .filter(|(_, named)| !named.is_empty())
+    .map(|(what, named)| format!("{what}{} {}", if named.len() > 1 { "s" } else { "" }, bounded_list(&named)))
+    .collect()
+}
+
+/// `names` joined by commas, the first [`NAMED`] of them, then how many more.
+fn bounded_list(names: &[String]) -> String {
+    let shown = names.iter().take(NAMED).cloned().collect::<Vec<_>>().join(", ");
+    match names.len().saturating_sub(NAMED) {
+        0 => shown,
+        more => format!("{shown} +{more} more"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,5 +157,23 @@ mod tests {
         let row = SessionLedger { worker: 1, epoch: 3, received: 1, refused: 1, discarded: 0, in_flight_at_stop: 1 };
         assert_eq!(report.session_ledgers, [row], "an unknown session counts in the totals only");
         assert_eq!(report.sessions, 1);
+    }
+
+    #[test]
+    fn stall_lines_name_every_worker_gone_or_refused_up_to_eight() {
+        let mut report = ServerReport::empty(11, Version::ZERO);
+        assert!(stall_lines(&report, &[true; 11]).is_empty());
+        report.refused_loss_not_finite[4] = 2;
+        let mut connected = [false; 11];
+        connected[1] = true;
+        assert_eq!(
+            stall_lines(&report, &connected),
+            [
+                "stalled: not connected: workers 0, 2, 3, 4, 5, 6, 7, 8 +2 more",
+                "stalled: contributions refused for a loss that is not finite: worker 4 (2)",
+            ]
+        );
+        let names: Vec<String> = (0..8).map(|i| i.to_string()).collect();
+        assert_eq!(bounded_list(&names), "0, 1, 2, 3, 4, 5, 6, 7");
     }
 }

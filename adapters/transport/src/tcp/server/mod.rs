@@ -304,14 +304,7 @@ enum ConnEvent {
         stream: TcpStream,
         done: Arc<AtomicBool>,
     },
-    Frame {
-        conn: u64,
-        worker: WorkerId,
-        buf: Vec<u8>,
-        start: usize,
-        end: usize,
-        home: Sender<Vec<u8>>,
-    },
+    Frame(RawFrame),
     Closed {
         conn: u64,
         worker: WorkerId,
