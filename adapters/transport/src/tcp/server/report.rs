@@ -66,8 +66,8 @@ pub struct ServerReport {
     /// losses, in update order.
     pub loss_curve: Vec<LossPoint>,
     /// False only for a server that waited for worker 0's initial parameters
-    /// ([`TcpServer::run_with_initial_from_worker`]) and never got them: its `params` are
-    /// then no model at all.
+    /// ([`TcpServer::run_with_initial_from_worker`](super::TcpServer::run_with_initial_from_worker))
+    /// and never got them: its `params` are then no model at all.
     pub initial_model_known: bool,
 }
 
