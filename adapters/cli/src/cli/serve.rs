@@ -311,6 +311,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     let server = TcpServer::bind(&args.listen, options).map_err(|e| Failure::Usage(e.0))?;
     let addr = server.local_addr().map_err(|e| Failure::Run(e.0))?;
     stop_on_signals(&server.handle().stop_flag()).map_err(Failure::Run)?;
+    let handle = server.handle();
     let peers = if args.remote_groups { "group servers" } else { "workers" };
     let model = source.name(model_name(&args.workload), args.resume.then_some(args.checkpoint.as_deref()).flatten());
     let workload = source.workload();
@@ -360,6 +361,11 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
             if last_eval.is_none_or(|t| t.elapsed() >= Duration::from_millis(50)) {
                 last_eval = Some(Instant::now());
                 let p = evaluate(workload, version, params, &mut curve);
+                if !p.loss.is_finite() {
+                    // A model whose loss is not finite cannot recover: the run ends, as in `train`.
+                    eprintln!("serve: version {} test loss {}: the model has diverged, stopping", p.version, p.loss);
+                    handle.diverged();
+                }
                 if last_print.is_none_or(|t: Instant| t.elapsed() >= Duration::from_secs(1)) {
                     last_print = Some(Instant::now());
                     if has_accuracy {
@@ -422,7 +428,10 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         refused: report.refused,
         lost: report.lost,
         params: Vec::new(),
-        ledger: crate::thread::ThreadLedger::default(),
+        ledger: crate::thread::ThreadLedger {
+            refused_not_finite: report.refused_not_finite,
+            ..crate::thread::ThreadLedger::default()
+        },
     };
     let mut summary = Summary::from_threads(&threads, protocol.name(), n, &model, dim, args.workload.seed, args.target);
     summary.mode = if whole { "tcp" } else { "tcp-shard" }.into();

@@ -9,18 +9,18 @@
 //! refused (the worker checks its own before sending, with the same message; the server
 //! logs it and cuts the connection).
 //!
-//! The magic's first byte (`'I'`, `0x49`) is never the first byte of a core message (`'S'`,
-//! the wire format's magic), so the two cannot be confused.
+//! The message has the layout of every transport message ([`F32Codec`]); the framing layer
+//! ([`payload`](super::payload)) tells it from the core's messages by its tag.
 //!
 //! [`RunSettings::initial_from_worker`]: super::settings::RunSettings::initial_from_worker
+
+use super::payload::F32Codec;
 
 /// The first four bytes of the message.
 pub const MAGIC: [u8; 4] = *b"INIT";
 
-/// Whether a session frame's payload is an initial-parameters message.
-pub fn is_initial(payload: &[u8]) -> bool {
-    payload.starts_with(&MAGIC)
-}
+/// The message's codec.
+pub const CODEC: F32Codec = F32Codec { tag: MAGIC, name: "an initial-parameters message", values: "parameters" };
 
 /// Checks a vector as the server's initial model of `dim` parameters: its length, and that
 /// every element is finite (the first bad one is named).
@@ -37,21 +37,12 @@ pub fn check(params: &[f32], dim: usize) -> Result<(), String> {
 /// The message carrying `params`, after [`check`]ing them against `dim`.
 pub fn encode(params: &[f32], dim: usize) -> Result<Vec<u8>, String> {
     check(params, dim)?;
-    let mut out = Vec::with_capacity(MAGIC.len() + 4 * params.len());
-    out.extend_from_slice(&MAGIC);
-    for v in params {
-        out.extend_from_slice(&v.to_le_bytes());
-    }
-    Ok(out)
+    Ok(CODEC.encode(params))
 }
 
 /// The parameters of a message, [`check`]ed against `dim`.
 pub fn decode(payload: &[u8], dim: usize) -> Result<Vec<f32>, String> {
-    let body = payload.strip_prefix(MAGIC.as_slice()).ok_or("not an initial-parameters message")?;
-    if body.len() % 4 != 0 {
-        return Err(format!("{} bytes of parameters, not a whole number of f32s", body.len()));
-    }
-    let params: Vec<f32> = body.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or_default())).collect();
+    let params = CODEC.decode(payload)?;
     check(&params, dim)?;
     Ok(params)
 }
@@ -64,7 +55,7 @@ mod tests {
     fn parameters_round_trip_and_bad_ones_are_refused_naming_why() {
         let p = [0.5f32, -1.0, 3.0];
         let bytes = encode(&p, 3).unwrap();
-        assert!(is_initial(&bytes));
+        assert!(CODEC.is(&bytes));
         assert_eq!(decode(&bytes, 3).unwrap(), p);
         assert_eq!(decode(&bytes, 4).unwrap_err(), "3 parameters, the server's model has 4");
         assert_eq!(encode(&p, 2).unwrap_err(), "3 parameters, the server's model has 2");
@@ -75,6 +66,6 @@ mod tests {
         assert_eq!(decode(&bad, 3).unwrap_err(), "parameter 1 is inf: the initial parameters must be finite");
         assert_eq!(decode(&bytes[..9], 1).unwrap_err(), "5 bytes of parameters, not a whole number of f32s");
         assert_eq!(decode(b"SY\x02", 1).unwrap_err(), "not an initial-parameters message");
-        assert!(!is_initial(b"SY\x02\x01"), "a core message is never taken for one");
+        assert!(!CODEC.is(b"SY\x02\x01"), "a core message is never taken for one");
     }
 }

@@ -25,6 +25,9 @@
 //! - [`initial`]: the initial parameters from worker 0, for a server that takes its model
 //!   from its first worker.
 //! - [`step_times`]: the workers' step times, for a server that records a step-time trace.
+//! - [`payload`]: what a session frame carries (a heartbeat, one of the two transport messages
+//!   above, or a core message), decided in one place, and the codec the transport's own
+//!   messages share.
 //! - [`group`]: a group server of the grouped protocol as its own process: the server above
 //!   toward its member workers, and a worker-style session upstream to a central ASP server
 //!   (the generic [`TcpServer::drive`] with an [`Uplink`]).
@@ -41,6 +44,7 @@ pub mod frame;
 pub mod group;
 pub mod handshake;
 pub mod initial;
+pub mod payload;
 pub mod server;
 pub mod settings;
 pub mod sharded;
@@ -92,14 +96,14 @@ pub fn session_max_len(dim: usize) -> usize {
     frame::SEQ_BYTES.saturating_add(msg).saturating_add(auth::TAG_LEN)
 }
 
-/// The core's clock: nanoseconds since `epoch`.
-fn since(epoch: StdInstant) -> Instant {
-    Instant::from_nanos(u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
+/// The core's clock: nanoseconds since the clock origin `origin`.
+fn since(origin: StdInstant) -> Instant {
+    Instant::from_nanos(u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
 }
 
-/// The std instant of a core instant.
-fn at(epoch: StdInstant, t: Instant) -> StdInstant {
-    epoch + core::time::Duration::from_nanos(t.as_nanos())
+/// The std instant of a core instant on the clock of origin `origin`.
+fn at(origin: StdInstant, t: Instant) -> StdInstant {
+    origin + core::time::Duration::from_nanos(t.as_nanos())
 }
 
 fn core_duration(d: core::time::Duration) -> syncopate::Duration {

@@ -16,13 +16,19 @@
 //! number of `f32`s is refused (the server logs it and cuts the connection), as is the
 //! message from a worker of a run that did not ask for it.
 //!
-//! The magic's first byte (`'S'`, `0x53`) is also the core wire format's, but its second
-//! (`'T'`) is not (the core's is `'Y'`), so the two cannot be confused.
+//! The message has the layout of every transport message ([`F32Codec`]); the framing layer
+//! ([`payload`](super::payload)) tells it from the core's messages by its tag (`"ST"` is
+//! never the start of a core message, `"SY"`).
 //!
 //! [`RunSettings::report_step_times`]: super::settings::RunSettings::report_step_times
 
+use super::payload::F32Codec;
+
 /// The first four bytes of the message.
 pub const MAGIC: [u8; 4] = *b"STEP";
+
+/// The message's codec.
+pub const CODEC: F32Codec = F32Codec { tag: MAGIC, name: "a step-times message", values: "step times" };
 
 /// The most step times one message carries.
 pub const MAX_STEPS: usize = 1024;
@@ -35,11 +41,6 @@ pub fn max_per_message(dim: usize) -> usize {
     (frame.saturating_sub(MAGIC.len()) / 4).clamp(1, MAX_STEPS)
 }
 
-/// Whether a session frame's payload is a step-times message.
-pub fn is_step_times(payload: &[u8]) -> bool {
-    payload.starts_with(&MAGIC)
-}
-
 /// Checks one step time: finite and positive.
 fn check(i: usize, seconds: f32) -> Result<(), String> {
     if seconds.is_finite() && seconds > 0.0 {
@@ -49,35 +50,24 @@ fn check(i: usize, seconds: f32) -> Result<(), String> {
     }
 }
 
-/// The message carrying `seconds` (at most [`MAX_STEPS`], each finite and positive).
-pub fn encode(seconds: &[f32]) -> Result<Vec<u8>, String> {
+/// Checks the times of one message: 1 to [`MAX_STEPS`] of them, each finite and positive.
+fn check_all(seconds: &[f32]) -> Result<(), String> {
     if seconds.is_empty() || seconds.len() > MAX_STEPS {
         return Err(format!("{} step times in one message (1 to {MAX_STEPS})", seconds.len()));
     }
-    let mut out = Vec::with_capacity(MAGIC.len() + 4 * seconds.len());
-    out.extend_from_slice(&MAGIC);
-    for (i, s) in seconds.iter().enumerate() {
-        check(i, *s)?;
-        out.extend_from_slice(&s.to_le_bytes());
-    }
-    Ok(out)
+    seconds.iter().enumerate().try_for_each(|(i, s)| check(i, *s))
+}
+
+/// The message carrying `seconds` (at most [`MAX_STEPS`], each finite and positive).
+pub fn encode(seconds: &[f32]) -> Result<Vec<u8>, String> {
+    check_all(seconds)?;
+    Ok(CODEC.encode(seconds))
 }
 
 /// The step times of a message, each checked.
 pub fn decode(payload: &[u8]) -> Result<Vec<f32>, String> {
-    let body = payload.strip_prefix(MAGIC.as_slice()).ok_or("not a step-times message")?;
-    if body.len() % 4 != 0 {
-        return Err(format!("{} bytes of step times, not a whole number of f32s", body.len()));
-    }
-    let count = body.len() / 4;
-    if count == 0 || count > MAX_STEPS {
-        return Err(format!("{count} step times in one message (1 to {MAX_STEPS})"));
-    }
-    let seconds: Vec<f32> =
-        body.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or_default())).collect();
-    for (i, s) in seconds.iter().enumerate() {
-        check(i, *s)?;
-    }
+    let seconds = CODEC.decode(payload)?;
+    check_all(&seconds)?;
     Ok(seconds)
 }
 
@@ -122,7 +112,7 @@ mod tests {
     fn step_times_round_trip_and_bad_ones_are_refused_naming_why() {
         let s = [0.05f32, 0.25, 1.5];
         let bytes = encode(&s).unwrap();
-        assert!(is_step_times(&bytes));
+        assert!(CODEC.is(&bytes));
         assert_eq!(decode(&bytes).unwrap(), s);
         assert_eq!(encode(&[]).unwrap_err(), "0 step times in one message (1 to 1024)");
         assert!(encode(&[0.1; MAX_STEPS + 1]).is_err());
@@ -138,8 +128,8 @@ mod tests {
         assert_eq!(decode(&bytes[..9]).unwrap_err(), "5 bytes of step times, not a whole number of f32s");
         assert_eq!(decode(b"STEP").unwrap_err(), "0 step times in one message (1 to 1024)");
         assert_eq!(decode(b"SY\x02").unwrap_err(), "not a step-times message");
-        assert!(!is_step_times(b"SY\x02\x01"), "a core message is never taken for one");
-        assert!(!crate::tcp::initial::is_initial(&bytes));
+        assert!(!CODEC.is(b"SY\x02\x01"), "a core message is never taken for one");
+        assert!(!crate::tcp::initial::CODEC.is(&bytes));
     }
 
     #[test]

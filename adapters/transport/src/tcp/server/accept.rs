@@ -2,7 +2,7 @@
 //! gets a thread of its own (see [`connection`](super::connection)).
 
 use super::connection::connection;
-use super::{Inbound, Shared, Slot};
+use super::{ConnEvent, Shared, Slot};
 use core::net::SocketAddr;
 use core::sync::atomic::Ordering;
 use core::time::Duration;
@@ -42,7 +42,7 @@ const THREAD_PRESSURE_PAUSE: Duration = Duration::from_millis(2);
 /// Stack size of a connection thread: it holds buffers on the heap only.
 const CONNECTION_STACK: usize = 256 * 1024;
 
-pub(super) fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, in_tx: &Sender<Inbound>) {
+pub(super) fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, in_tx: &Sender<ConnEvent>) {
     let opts = &shared.options;
     // Evicted connections' threads take a moment to notice; beyond this many live threads
     // the accept thread waits for them rather than pile up more.
@@ -66,7 +66,7 @@ pub(super) fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, in_tx: &
                     let _ = victim.stream.shutdown(Shutdown::Both);
                     let k = shared.evictions.fetch_add(1, Ordering::SeqCst);
                     if k < 5 || k % 1000 == 0 {
-                        let _ = in_tx.send(Inbound::Log(format!(
+                        let _ = in_tx.send(ConnEvent::Log(format!(
                             "unauthenticated connections table full: evicted the oldest from {} ({} evictions so far)",
                             victim.source,
                             k + 1

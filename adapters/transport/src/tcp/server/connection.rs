@@ -3,7 +3,7 @@
 //! reader and writer for the upstream session of a group server.
 
 use super::admission::{ClaimGuard, LeaveTable, admit};
-use super::{Conn, Inbound, Shared, Slot, Uplink};
+use super::{Conn, ConnEvent, RawFrame, Shared, Slot, Uplink};
 use crate::tcp::TcpError;
 use crate::tcp::frame::{FrameError, FrameReader, FrameWriter};
 use crate::tcp::handshake::{self, Deadlines, HandshakeError, ServerSide};
@@ -17,12 +17,12 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Instant as StdInstant;
 
-fn log_failure(shared: &Shared, tx: &Sender<Inbound>, line: String) {
+fn log_failure(shared: &Shared, tx: &Sender<ConnEvent>, line: String) {
     let k = shared.failures.fetch_add(1, Ordering::SeqCst);
-    let _ = tx.send(Inbound::HandshakeFailed);
+    let _ = tx.send(ConnEvent::HandshakeFailed);
     // Rate limit: the first 20 failures, then every 100th.
     if k < 20 || k % 100 == 0 {
-        let _ = tx.send(Inbound::Log(line));
+        let _ = tx.send(ConnEvent::Log(line));
     }
 }
 
@@ -31,7 +31,7 @@ pub(super) fn connection(
     addr: SocketAddr,
     pending: u64,
     shared: &Arc<Shared>,
-    tx: &Sender<Inbound>,
+    tx: &Sender<ConnEvent>,
 ) {
     let table = LeaveTable { shared, pending };
     let opts = &shared.options;
@@ -80,7 +80,7 @@ pub(super) fn connection(
     let _ = stream.set_write_timeout(Some(opts.write_timeout));
     // Only now, for an authenticated session: large socket buffers for large frames.
     if let Err(e) = crate::tcp::frame::tune_stream(&stream, shared.session_max_len) {
-        let _ = tx.send(Inbound::Log(format!("worker {}: cannot size the socket buffers: {e}", session.worker.0)));
+        let _ = tx.send(ConnEvent::Log(format!("worker {}: cannot size the socket buffers: {e}", session.worker.0)));
     }
     let conn = shared.next_conn.fetch_add(1, Ordering::SeqCst);
     let worker = session.worker;
@@ -94,7 +94,7 @@ pub(super) fn connection(
     let beat = crate::tcp::heartbeat_interval(opts.lost_after);
     let spawned = thread::Builder::new().name(format!("syncopate-write-{}", worker.0)).spawn(move || {
         if let Err(e) = write_with_heartbeats(&mut writer, &out_rx, beat) {
-            let _ = writer_tx.send(Inbound::Closed { conn, worker, reason: format!("write failed: {e}") });
+            let _ = writer_tx.send(ConnEvent::Closed { conn, worker, reason: format!("write failed: {e}") });
             let _ = stream2.shutdown(Shutdown::Both);
             done2.store(true, Ordering::SeqCst);
             return;
@@ -108,7 +108,8 @@ pub(super) fn connection(
     let Ok(stream3) = stream.try_clone() else {
         return;
     };
-    let connected = Inbound::Connected { conn, worker, epoch: session.epoch, addr, tx: out_tx, stream: stream3, done };
+    let connected =
+        ConnEvent::Connected { conn, worker, epoch: session.epoch, addr, tx: out_tx, stream: stream3, done };
     if tx.send(connected).is_err() {
         return;
     }
@@ -122,7 +123,8 @@ pub(super) fn connection(
                 let _ = home.try_send(buf);
             }
             Ok(p) => {
-                let frame = Inbound::Frame { conn, worker, buf, start: p.start, end: p.end, home: home.clone() };
+                let frame =
+                    ConnEvent::Frame(RawFrame { conn, worker, buf, start: p.start, end: p.end, home: home.clone() });
                 if tx.send(frame).is_err() {
                     break None;
                 }
@@ -133,7 +135,7 @@ pub(super) fn connection(
         }
     };
     if let Some(reason) = reason {
-        let _ = tx.send(Inbound::Closed { conn, worker, reason });
+        let _ = tx.send(ConnEvent::Closed { conn, worker, reason });
     }
     // The writer ends once the protocol thread lets go of the connection; let it send what
     // it has (a final Stop) before the socket closes.
@@ -142,11 +144,11 @@ pub(super) fn connection(
 }
 
 /// Starts the reader and writer threads of the upstream session: frames from upstream go to
-/// the protocol thread as [`Inbound::Upstream`], a closed or broken connection as
-/// [`Inbound::UpstreamClosed`].
+/// the protocol thread as [`ConnEvent::Upstream`], a closed or broken connection as
+/// [`ConnEvent::UpstreamClosed`].
 pub(super) fn start_uplink(
     link: Uplink,
-    tx: &Sender<Inbound>,
+    tx: &Sender<ConnEvent>,
     queue: usize,
     lost_after: Duration,
 ) -> Result<Conn, TcpError> {
@@ -160,7 +162,7 @@ pub(super) fn start_uplink(
         .name("syncopate-up-write".into())
         .spawn(move || {
             if let Err(e) = write_with_heartbeats(&mut writer, &out_rx, crate::tcp::heartbeat_interval(lost_after)) {
-                let _ = writer_tx.send(Inbound::UpstreamClosed { reason: format!("write failed: {e}") });
+                let _ = writer_tx.send(ConnEvent::UpstreamClosed { reason: format!("write failed: {e}") });
                 let _ = stream2.shutdown(Shutdown::Both);
                 done2.store(true, Ordering::SeqCst);
                 return;
@@ -179,7 +181,7 @@ pub(super) fn start_uplink(
                     // A heartbeat: the upstream server is there.
                     Ok(p) if p.start == p.end => {}
                     Ok(p) => {
-                        if reader_tx.send(Inbound::Upstream { buf, start: p.start, end: p.end }).is_err() {
+                        if reader_tx.send(ConnEvent::Upstream { buf, start: p.start, end: p.end }).is_err() {
                             return;
                         }
                     }
@@ -188,7 +190,7 @@ pub(super) fn start_uplink(
                     Err(e) => break format!("{addr}: {e}"),
                 }
             };
-            let _ = reader_tx.send(Inbound::UpstreamClosed { reason });
+            let _ = reader_tx.send(ConnEvent::UpstreamClosed { reason });
         })
         .map_err(|e| TcpError(format!("cannot start the upstream reader: {e}")))?;
     Ok(Conn { id: u64::MAX, tx: out_tx, stream: stream3, done })

@@ -29,11 +29,28 @@
 //!
 //! Checkpoints (if configured) are written after every `every`-th model update, before the
 //! new model is sent to anyone, and at the end of a run.
+//!
+//! **Files, one concern each.** `accept.rs` (the listener and the accept thread),
+//! `admission.rs` (the unverified table, nonces, claims on worker ids), `connection.rs` (a
+//! session's handshake, reader and writer threads), `driver.rs` (the protocol thread's
+//! loop), `initial_model.rs` (where the model comes from: known, or awaited from worker 0
+//! with the other workers' messages held), `ledger.rs` (the conservation ledger and the
+//! report's counters), `persist.rs` (checkpoints and their journal), `steps.rs` (step
+//! times paired with contributions), `outbox.rs` (messages encoded once, shared by the
+//! writers), `close.rs` (the lingering close), `report.rs` (what a run reports). What a
+//! frame from a worker is, the framing layer [`payload`](super::payload) says.
 
 mod accept;
 mod admission;
+mod close;
 mod connection;
 mod driver;
+mod initial_model;
+mod ledger;
+mod outbox;
+mod persist;
+mod report;
+mod steps;
 
 use super::TcpError;
 use super::auth::Secret;
@@ -54,7 +71,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use syncopate::proto::Heap;
-use syncopate::{AnyServer, ProtocolConfig, Server, ServerEvent, ServerStats, ToServer, Version, WorkerId};
+use syncopate::{AnyServer, ProtocolConfig, Server, ServerEvent, ToServer, Version, WorkerId};
+
+pub use ledger::SessionLedger;
+pub use report::{LossPoint, ServerReport};
 
 /// An established session with an upstream server (see [`TcpServer::drive`]): the streams
 /// after a successful client handshake.
@@ -161,6 +181,11 @@ pub enum StopReason {
     /// The upstream connection was lost: the connections were cut without a word, so the
     /// workers reconnect to a restarted process.
     UpstreamLost,
+    /// The model diverged: a worker's contribution was refused for holding NaN, ±∞ or an
+    /// overflowing norm, or the caller found its loss not finite
+    /// ([`ServerHandle::diverged`]). The workers were told to stop; no final checkpoint is
+    /// written (it would hold the diverged model).
+    Diverged,
 }
 
 /// What the server reports while it runs.
@@ -193,100 +218,11 @@ pub enum Note<'a> {
     },
 }
 
-/// The outcome of a run.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ServerReport {
-    /// Why it ended.
-    pub reason: StopReason,
-    /// The final model version.
-    pub version: Version,
-    /// The final model.
-    pub params: Vec<f32>,
-    /// The protocol's counters.
-    pub stats: ServerStats,
-    /// Seconds the run took, from the moment every worker had connected (or, if some never
-    /// did, from the start).
-    pub wall_s: f64,
-    /// Seconds from the start until every worker had connected (`None` if some never did).
-    pub connect_wait_s: Option<f64>,
-    /// Per worker, in id order: seconds from a model's dispatch to the worker until its next
-    /// gradient arrived, summed (compute time as the server sees it, network included).
-    pub busy_s: Vec<f64>,
-    /// Staleness of applied contributions: sum, count, max.
-    pub staleness: (u64, u64, u64),
-    /// `Stalled` events.
-    pub stalls: u64,
-    /// The last stall: the worker waited for and how many were missing.
-    pub last_stall: Option<(WorkerId, u32)>,
-    /// Messages refused (undecodable or refused by the protocol).
-    pub refused: u64,
-    /// Contributions per worker (applied or dropped), in id order.
-    pub per_worker: Vec<u64>,
-    /// Sessions established.
-    pub sessions: u64,
-    /// Workers declared lost.
-    pub lost: u64,
-    /// Handshakes refused or failed.
-    pub handshake_failures: u64,
-    /// Unverified connections evicted to make room for new ones.
-    pub evicted: u64,
-    /// Checkpoints written.
-    pub checkpoints: u64,
-    /// Conservation ledger: contributions (gradients, deltas, clock updates) read from the
-    /// workers' current sessions and handed to the protocol (each is then accepted or
-    /// refused).
-    pub received: u64,
-    /// Of [`Self::received`], those the protocol refused (duplicates, stale sessions…).
-    pub refused_contributions: u64,
-    /// Contributions read from a session that had already been replaced or cut (lost with
-    /// the connection; the protocol never sees them).
-    pub discarded: u64,
-    /// Contributions that arrived after the run stopped (in flight at the stop).
-    pub in_flight_at_stop: u64,
-    /// The same four counts per session (connection), in the order sessions began.
-    pub session_ledgers: Vec<SessionLedger>,
-    /// The loss curve: for every update whose contributions reported minibatch losses,
-    /// the version it made, the seconds since the run's clock started, and the mean of those
-    /// losses, in update order.
-    pub loss_curve: Vec<LossPoint>,
-    /// False only for a server that waited for worker 0's initial parameters
-    /// ([`TcpServer::run_with_initial_from_worker`]) and never got them: its `params` are
-    /// then no model at all.
-    pub initial_model_known: bool,
-}
-
-/// One point of [`ServerReport::loss_curve`].
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
-pub struct LossPoint {
-    /// The version the update made.
-    pub version: u64,
-    /// Seconds since the run's clock started (every worker connected), when it was applied.
-    pub t_s: f64,
-    /// The mean minibatch loss its contributions reported.
-    pub loss: f32,
-}
-
-/// One session's part of the conservation ledger (see [`ServerReport::received`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct SessionLedger {
-    /// The worker.
-    pub worker: u32,
-    /// Its session epoch.
-    pub epoch: u32,
-    /// Contributions read and handed to the protocol.
-    pub received: u64,
-    /// Of those, refused.
-    pub refused: u64,
-    /// Read after the session was replaced or cut.
-    pub discarded: u64,
-    /// Arrived after the run stopped.
-    pub in_flight_at_stop: u64,
-}
-
 #[derive(Debug, Default)]
 struct Control {
     stop: Arc<AtomicBool>,
     crash: AtomicBool,
+    diverged: AtomicBool,
 }
 
 /// Stops a running server from another thread.
@@ -302,6 +238,12 @@ impl ServerHandle {
     /// The flag [`stop`](Self::stop) sets, for a signal handler to set instead.
     pub fn stop_flag(&self) -> Arc<AtomicBool> {
         Arc::clone(&self.0.stop)
+    }
+
+    /// Ends the run as [`StopReason::Diverged`]: the caller's evaluation found the model's
+    /// loss not finite. Workers are told to stop; no final checkpoint is written.
+    pub fn diverged(&self) {
+        self.0.diverged.store(true, Ordering::SeqCst);
     }
 
     /// Ends the run abruptly, as if the process died: connections are cut, nothing is sent,
@@ -348,7 +290,9 @@ impl Announce {
     }
 }
 
-enum Inbound {
+/// What the connection threads (accept, readers, writers, the upstream session's) tell the
+/// protocol thread, over one bounded channel.
+enum ConnEvent {
     Log(String),
     HandshakeFailed,
     Connected {
@@ -360,14 +304,7 @@ enum Inbound {
         stream: TcpStream,
         done: Arc<AtomicBool>,
     },
-    Frame {
-        conn: u64,
-        worker: WorkerId,
-        buf: Vec<u8>,
-        start: usize,
-        end: usize,
-        home: Sender<Vec<u8>>,
-    },
+    Frame(RawFrame),
     Closed {
         conn: u64,
         worker: WorkerId,
@@ -381,6 +318,29 @@ enum Inbound {
     UpstreamClosed {
         reason: String,
     },
+}
+
+/// A frame read from a worker's session `conn`: its payload is `buf[start..end]`, and the
+/// buffer goes back to its reader's pool through `home`.
+struct RawFrame {
+    conn: u64,
+    worker: WorkerId,
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    home: Sender<Vec<u8>>,
+}
+
+impl RawFrame {
+    /// The frame's payload.
+    fn payload(&self) -> &[u8] {
+        self.buf.get(self.start..self.end).unwrap_or_default()
+    }
+
+    /// Gives the buffer back to its reader.
+    fn recycle(self) {
+        let _ = self.home.try_send(self.buf);
+    }
 }
 
 struct Conn {
@@ -504,7 +464,7 @@ impl TcpServer {
         }
         let (config, momentum, dim) = (self.announce.config, self.options.momentum, self.announce.dim);
         let placeholder = any_server(&config, momentum, vec![0.0; dim], Version::ZERO, None)?;
-        let build: driver::BuildServer<AnyServer<f32, Vec<f32>, Heap>> =
+        let build: initial_model::BuildServer<AnyServer<f32, Vec<f32>, Heap>> =
             Box::new(move |params| any_server(&config, momentum, params, Version::ZERO, None).map_err(|e| e.0));
         self.drive_inner(placeholder, None, plan, note, Some(build))
     }
@@ -535,7 +495,7 @@ impl TcpServer {
         uplink: Option<Uplink>,
         plan: &RunPlan,
         note: &mut dyn FnMut(Note<'_>),
-        build: Option<driver::BuildServer<S>>,
+        build: Option<initial_model::BuildServer<S>>,
     ) -> Result<ServerReport, TcpError> {
         let Self { listener, options, announce, control } = self;
         let dim = announce.dim;
@@ -577,7 +537,7 @@ impl TcpServer {
             failures: AtomicU64::new(0),
             closing: AtomicBool::new(false),
         });
-        let (in_tx, in_rx) = bounded::<Inbound>(4 * n + 64);
+        let (in_tx, in_rx) = bounded::<ConnEvent>(4 * n + 64);
         let accept = {
             let shared = Arc::clone(&shared);
             let in_tx = in_tx.clone();
@@ -590,10 +550,7 @@ impl TcpServer {
             Some(link) => Some(start_uplink(link, &in_tx, options_send_queue(&shared), shared.options.lost_after)?),
             None => None,
         };
-        let mut core = Core::new(server, up, Arc::clone(&shared), note);
-        if let Some(build) = build {
-            core.await_initial(build);
-        }
+        let mut core = Core::new(server, build, up, Arc::clone(&shared), note);
         let reason = core.run(&in_rx, plan, &control, note);
         core.finish(reason, &in_rx, note);
         shared.closing.store(true, Ordering::SeqCst);

@@ -1,0 +1,178 @@
+//! What a session frame carries: the one layer that says what each frame from a worker is,
+//! and the one codec of the transport's own messages.
+//!
+//! After the handshake, a frame's payload is exactly one of:
+//!
+//! | payload | what it is |
+//! |---|---|
+//! | empty | a heartbeat: the peer is there ([`InboundFrame::Heartbeat`]) |
+//! | `"INIT"` + `f32`s | worker 0's initial parameters ([`initial`](super::initial)) |
+//! | `"STEP"` + `f32`s | a worker's step times ([`step_times`](super::step_times)) |
+//! | anything else | a core message in the wire format (`core/WIRE.md`, magic `"SY"`) |
+//!
+//! The transport's own messages share one layout ([`F32Codec`]): a four-byte ASCII tag, then
+//! little-endian `f32` values. No tag begins with the core's magic `"SY"`, so the kind of a
+//! payload is decided by [`FrameKind::of`] alone, before any decoder runs, and every decoder
+//! sees only payloads of its own kind.
+
+use syncopate::ToServer;
+use syncopate::wire::{self, Limits};
+
+/// A transport message of `f32` values: [`tag`](Self::tag), then the values as little-endian
+/// `f32`. Each message type names itself and its values for error messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct F32Codec {
+    /// The first four bytes of the message.
+    pub tag: [u8; 4],
+    /// The message, with its article, for "not …" (`"an initial-parameters message"`).
+    pub name: &'static str,
+    /// What its values are, for a length error (`"parameters"`).
+    pub values: &'static str,
+}
+
+impl F32Codec {
+    /// Whether `payload` is a message of this type (it starts with the tag).
+    pub fn is(&self, payload: &[u8]) -> bool {
+        payload.starts_with(&self.tag)
+    }
+
+    /// The message carrying `values`.
+    pub fn encode(&self, values: &[f32]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.tag.len().saturating_add(values.len().saturating_mul(4)));
+        out.extend_from_slice(&self.tag);
+        for v in values {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out
+    }
+
+    /// The values of a message: its tag checked and its body a whole number of `f32`s. The
+    /// values themselves are the message type's to check.
+    pub fn decode(&self, payload: &[u8]) -> Result<Vec<f32>, String> {
+        let body = payload.strip_prefix(self.tag.as_slice()).ok_or_else(|| format!("not {}", self.name))?;
+        if body.len() % 4 != 0 {
+            return Err(format!("{} bytes of {}, not a whole number of f32s", body.len(), self.values));
+        }
+        Ok(body.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+}
+
+/// The kind of a session frame's payload, from its first bytes (see the module's table).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameKind {
+    /// An empty payload.
+    Heartbeat,
+    /// Worker 0's initial parameters.
+    InitialModel,
+    /// A worker's step times.
+    StepTimes,
+    /// A core message (or bytes that are not one: the core's decoder says which).
+    Core,
+}
+
+impl FrameKind {
+    /// The kind of `payload`.
+    pub fn of(payload: &[u8]) -> Self {
+        if payload.is_empty() {
+            Self::Heartbeat
+        } else if super::initial::CODEC.is(payload) {
+            Self::InitialModel
+        } else if super::step_times::CODEC.is(payload) {
+            Self::StepTimes
+        } else {
+            Self::Core
+        }
+    }
+}
+
+/// A session frame from a worker, decoded and checked.
+#[derive(Debug)]
+pub enum InboundFrame<'a> {
+    /// A heartbeat.
+    Heartbeat,
+    /// Worker 0's initial parameters, checked against the model's size and finite.
+    InitialModel(Vec<f32>),
+    /// A worker's step times, each finite and positive.
+    StepTimes(Vec<f32>),
+    /// A core message.
+    Core(ToServer<'a, f32>),
+}
+
+/// A session frame that did not decode: its kind and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadFrame {
+    /// What the frame claimed to be.
+    pub kind: FrameKind,
+    /// Why it was refused.
+    pub reason: String,
+}
+
+impl<'a> InboundFrame<'a> {
+    /// Decodes a session frame's `payload` from a worker of a model of `dim` parameters
+    /// whose core messages are bounded by `limits`.
+    pub fn decode(payload: &'a [u8], limits: &Limits, dim: usize) -> Result<Self, BadFrame> {
+        let kind = FrameKind::of(payload);
+        let bad = |reason: String| BadFrame { kind, reason };
+        match kind {
+            FrameKind::Heartbeat => Ok(Self::Heartbeat),
+            FrameKind::InitialModel => super::initial::decode(payload, dim).map(Self::InitialModel).map_err(bad),
+            FrameKind::StepTimes => super::step_times::decode(payload).map(Self::StepTimes).map_err(bad),
+            FrameKind::Core => {
+                wire::decode_to_server::<f32>(payload, limits).map(Self::Core).map_err(|e| bad(e.to_string()))
+            }
+        }
+    }
+
+    /// Whether this is a contribution (a gradient, delta or clock update), which the
+    /// server's conservation ledger counts.
+    pub fn is_contribution(&self) -> bool {
+        matches!(self, Self::Core(ToServer::Grad { .. } | ToServer::Delta { .. } | ToServer::Clock { .. }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_payload_has_one_kind_and_decodes_as_it() {
+        let limits = Limits::for_model(2);
+        let init = crate::tcp::initial::encode(&[1.0, 2.0], 2).unwrap();
+        let steps = crate::tcp::step_times::encode(&[0.5]).unwrap();
+        let join: ToServer<'_, f32> = ToServer::Join { epoch: 3 };
+        let mut core = vec![0u8; wire::encoded_len_to_server(&join)];
+        let n = wire::encode_to_server(&join, &mut core).unwrap();
+        core.truncate(n);
+        assert_eq!(FrameKind::of(&[]), FrameKind::Heartbeat);
+        assert_eq!(FrameKind::of(&init), FrameKind::InitialModel);
+        assert_eq!(FrameKind::of(&steps), FrameKind::StepTimes);
+        assert_eq!(FrameKind::of(&core), FrameKind::Core);
+        assert!(matches!(InboundFrame::decode(&[], &limits, 2), Ok(InboundFrame::Heartbeat)));
+        let decoded = InboundFrame::decode(&init, &limits, 2);
+        assert!(matches!(decoded, Ok(InboundFrame::InitialModel(ref p)) if p == &[1.0, 2.0]), "{decoded:?}");
+        let decoded = InboundFrame::decode(&steps, &limits, 2);
+        assert!(matches!(decoded, Ok(InboundFrame::StepTimes(ref s)) if s == &[0.5]), "{decoded:?}");
+        let decoded = InboundFrame::decode(&core, &limits, 2);
+        assert!(matches!(decoded, Ok(InboundFrame::Core(ToServer::Join { epoch: 3 }))), "{decoded:?}");
+        assert!(!decoded.unwrap().is_contribution());
+        let bad = InboundFrame::decode(&init, &limits, 3).unwrap_err();
+        assert_eq!(
+            bad,
+            BadFrame { kind: FrameKind::InitialModel, reason: "2 parameters, the server's model has 3".into() }
+        );
+        assert_eq!(InboundFrame::decode(b"STEP", &limits, 2).unwrap_err().kind, FrameKind::StepTimes);
+        assert_eq!(InboundFrame::decode(b"xyz", &limits, 2).unwrap_err().kind, FrameKind::Core);
+    }
+
+    #[test]
+    fn the_codec_frames_f32s_after_its_tag() {
+        let c = F32Codec { tag: *b"TEST", name: "a test message", values: "test values" };
+        let bytes = c.encode(&[1.5, -2.0]);
+        assert_eq!(&bytes[..4], b"TEST");
+        assert_eq!(&bytes[4..8], &1.5f32.to_le_bytes());
+        assert_eq!(c.decode(&bytes).unwrap(), [1.5, -2.0]);
+        assert_eq!(c.decode(&bytes[..7]).unwrap_err(), "3 bytes of test values, not a whole number of f32s");
+        assert_eq!(c.decode(b"SY\x02").unwrap_err(), "not a test message");
+        assert_eq!(c.decode(b"TEST").unwrap(), Vec::<f32>::new());
+    }
+}

@@ -1,0 +1,49 @@
+//! The lingering close at the end of a run: the writers send what is queued (the `Stop`
+//! last), then each peer gets a moment to close its end before the server closes its own.
+//! Closing first while a late frame of the peer sits unread would reset the connection, and
+//! a reset can discard the `Stop` before the peer has read it.
+
+use super::{Conn, ConnEvent, RawFrame};
+use core::sync::atomic::Ordering;
+use core::time::Duration;
+use crossbeam_channel::Receiver;
+use std::net::Shutdown;
+use std::thread;
+use std::time::Instant;
+
+/// How long the writers and the peers get, together.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// Cuts every connection of `conns` at once (the server vanishes without a word).
+pub(super) fn cut(conns: Vec<Conn>) {
+    for c in conns {
+        let _ = c.stream.shutdown(Shutdown::Both);
+    }
+}
+
+/// Closes `conns` gracefully: lets each writer finish its queue, waits (within [`LINGER`])
+/// for each peer to close, handing every frame that still arrives to `late`, then closes.
+pub(super) fn linger(conns: Vec<Conn>, from_conns: &Receiver<ConnEvent>, late: &mut dyn FnMut(RawFrame)) {
+    let deadline = Instant::now() + LINGER;
+    let mut pending = Vec::new();
+    for Conn { id, tx, stream, done } in conns {
+        // Dropping the queue's sender ends the writer once the queue is sent.
+        drop(tx);
+        pending.push((id, stream, done));
+    }
+    while pending.iter().any(|(_, _, d)| !d.load(Ordering::SeqCst)) && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(2));
+    }
+    let mut open: Vec<u64> = pending.iter().map(|(id, _, _)| *id).collect();
+    while !open.is_empty() {
+        match from_conns.recv_deadline(deadline) {
+            Ok(ConnEvent::Closed { conn, .. }) => open.retain(|id| *id != conn),
+            Ok(ConnEvent::Frame(frame)) => late(frame),
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    for (_, s, _) in pending {
+        let _ = s.shutdown(Shutdown::Both);
+    }
+}
