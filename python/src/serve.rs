@@ -181,6 +181,7 @@ fn reason_name(reason: StopReason) -> &'static str {
         StopReason::Crashed => "crashed",
         StopReason::UpstreamStopped => "upstream_stopped",
         StopReason::UpstreamLost => "upstream_lost",
+        StopReason::WorkersGone => "workers_gone",
     }
 }
 

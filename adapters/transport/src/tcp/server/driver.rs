@@ -48,6 +48,8 @@ pub(super) struct Core<S> {
     awaiting: Option<AwaitingInitial<S>>,
     /// Per worker: the step times its current session sent for its next contribution.
     pending_steps: Vec<Vec<f32>>,
+    /// A shard: since when no worker has been connected (after the run started).
+    gone_since: Option<StdInstant>,
 }
 
 /// Builds the protocol's server on the initial parameters from worker 0.
@@ -173,14 +175,17 @@ impl<S: Server<f32>> Core<S> {
             pending_steps: vec![Vec::new(); n],
             limits: Limits::for_model(dim),
             checkpoint_due: false,
+            gone_since: None,
             last_version: version,
             // Enough for a broadcast and a message to each worker in flight; more are freed
             // once sent, so a burst of queued frames does not pin its memory for good.
             bufs: SharedBufs::new(2 * n + 2),
         };
         if let Some((path, _)) = &core.shared.options.checkpoint {
+            let stamp = &core.shared.options.checkpoint_stamp;
+            let run = stamp.identity.as_ref().map(|i| i.run.clone()).unwrap_or_default();
             // The journal of what is applied between checkpoints (read by `--resume`).
-            match checkpoint::Journal::start(path, version, &checkpoint::Totals::default()) {
+            match checkpoint::Journal::start(path, version, &checkpoint::Totals::default(), &run) {
                 Ok(j) => core.journal = Some(j),
                 Err(e) => note(Note::Log(&e.to_string())),
             }
@@ -233,6 +238,9 @@ impl<S: Server<f32>> Core<S> {
             if plan.time_limit.is_some_and(|t| self.epoch.elapsed() >= t) {
                 return StopReason::TimeLimit;
             }
+            if self.workers_gone() {
+                return StopReason::WorkersGone;
+            }
             let mut wake = StdInstant::now() + tick;
             if let Some(t) = self.server.poll_timeout().filter(|_| self.awaiting.is_none()) {
                 wake = wake.min(at(self.epoch, t));
@@ -248,6 +256,19 @@ impl<S: Server<f32>> Core<S> {
                 self.server.handle_timeout(since(self.epoch));
             }
         }
+    }
+
+    /// A shard's end when its workers have left: a worker of a sharded run leaves every
+    /// shard once one shard said stop, so a shard that no worker has been connected to for
+    /// `lost_after`, after the run started, has no one left to train with (its budget may
+    /// be unmet when it was resumed from a checkpoint behind the other shards).
+    fn workers_gone(&mut self) -> bool {
+        let shard = self.shared.options.settings.shard.is_some();
+        if !shard || self.started.is_none() || self.conns.iter().any(Option::is_some) {
+            self.gone_since = None;
+            return false;
+        }
+        self.gone_since.get_or_insert_with(StdInstant::now).elapsed() >= self.shared.options.lost_after
     }
 
     fn log(note: &mut dyn FnMut(Note<'_>), line: &str) {
@@ -678,7 +699,9 @@ impl<S: Server<f32>> Core<S> {
         if let Some((path, _)) = &self.shared.options.checkpoint {
             let name = self.shared.announce.config.name();
             let momentum = self.server.momentum_buffer().map(|prev| (self.shared.options.momentum, prev));
-            match checkpoint::save_with_momentum(path, name, self.server.version(), self.server.params(), momentum) {
+            let (stamp, accepted) = (&self.shared.options.checkpoint_stamp, self.server.stats().accepted);
+            let (version, params) = (self.server.version(), self.server.params());
+            match checkpoint::save_stamped(path, name, version, params, momentum, stamp, accepted) {
                 Ok(()) => {
                     self.report.checkpoints += 1;
                     let totals = self.totals();
