@@ -287,8 +287,15 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         ));
     }
     let secret = load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
-    let trace_file = args.record_trace.as_deref().map(trace::create).transpose().map_err(Failure::Usage)?;
-    let mut recorded = trace_file.as_ref().map(|_| ServedTrace::new(n, dim));
+    let mut recorded = match args.record_trace.as_deref() {
+        Some(path) => {
+            // Rows are written as they go: a server killed while recording keeps them.
+            let mut t = ServedTrace::new(n, dim);
+            t.write_as_you_go(trace::create(path).map_err(Failure::Usage)?, path).map_err(Failure::Usage)?;
+            Some(t)
+        }
+        None => None,
+    };
     let mut resumed = None;
     let mut resumed_momentum = None;
     let budget = args.steps.saturating_mul(u64::from(n));
@@ -412,6 +419,9 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
             eprintln!("serve: all {n} {peers} connected after {wait:.2} s; the run's clock starts now");
         }
         Note::Model { version, params } if whole => {
+            if let Some(t) = recorded.as_mut() {
+                t.tick();
+            }
             let Some(workload) = workload else {
                 return;
             };
@@ -502,8 +512,8 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         resumed,
     });
     let saved = args.save.as_deref().map(|path| model_source::save(path, &report.params, report.initial_model_known));
-    let traced = match (args.record_trace.as_deref(), trace_file, recorded) {
-        (Some(path), Some(file), Some(t)) => Some(write_trace(path, file, t)),
+    let traced = match (args.record_trace.as_deref(), recorded) {
+        (Some(path), Some(t)) => Some(close_trace(path, t)),
         _ => None,
     };
     summary.print(args.json);
@@ -513,14 +523,14 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     }
 }
 
-/// Writes the recorded trace to `path`, saying on stderr how many steps it holds and how
-/// many contributions came without step times.
-fn write_trace(path: &Path, file: std::fs::File, t: ServedTrace) -> Result<(), String> {
+/// Writes the rest of the recorded trace to `path`, saying on stderr how many steps it
+/// holds and how many contributions came without step times.
+fn close_trace(path: &Path, t: ServedTrace) -> Result<(), String> {
     let (rows, without) = (t.len(), t.without_times);
     if rows == 0 {
         eprintln!("serve: no worker sent step times: {} holds no steps", path.display());
     }
-    t.write_to(file, path)?;
+    t.close()?;
     let missing =
         if without > 0 { format!(" ({without} contributions came without step times)") } else { String::new() };
     eprintln!("serve: wrote {rows} steps to the trace {}{missing}", path.display());
