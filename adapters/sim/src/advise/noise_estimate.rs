@@ -80,6 +80,19 @@ pub fn estimate(rows: &[(Step, GradientStats)], steps: u64) -> Result<NoiseEstim
         .filter(|(s, _)| s.step >= from && s.step < steps)
         .filter_map(|(s, g)| row_estimates(g).map(|(t, s2)| (s.step, t, s2, g.loss)))
         .collect();
+    let partnered = rows.iter().filter(|(s, g)| s.step < steps && row_estimates(g).is_some()).count();
+    if rows.iter().all(|(s, _)| rows.first().is_some_and(|(f, _)| f.worker == s.worker)) {
+        return Err(
+            "the trace holds one worker: no gradient has a partner computed on the same model (record 2 or more workers under BSP or backup workers)".to_owned()
+        );
+    }
+    if used.len() < MIN_ROWS && partnered > 0 {
+        return Err(format!(
+            "{} gradient(s) in the last {:.0}% of the steps have a partner computed on the same model; at least {MIN_ROWS} are needed (the trace has partners: record more steps)",
+            used.len(),
+            WINDOW_SHARE * 100.0
+        ));
+    }
     if used.len() < MIN_ROWS {
         return Err(format!(
             "{} gradient(s) in the last {:.0}% of the steps have a partner computed on the same model; at least {MIN_ROWS} are needed (record a BSP or backup-workers run: their workers compute on one model per step)",
