@@ -312,7 +312,8 @@ fn a_shard_resumed_with_the_runs_own_flags_ends_with_the_run() {
         w.wait_err(&format!("shard 1 at {} lost", addrs[1]), Duration::from_secs(20));
     }
     let ck = ckpts[1].to_str().unwrap();
-    let resume = [&["--listen", addrs[1].as_str(), "--shard", "1/2", "--resume", "--checkpoint", ck][..], &args].concat();
+    let resume =
+        [&["--listen", addrs[1].as_str(), "--shard", "1/2", "--resume", "--checkpoint", ck][..], &args].concat();
     let (resumed, _) = serve_as_given(&resume);
     resumed.wait_err("whole run's budget", Duration::from_secs(10));
     let (code, out) = resumed.finish(Duration::from_secs(60));

@@ -21,8 +21,8 @@
 //! record's id and refuses a checkpoint of another run (one the record's run, killed before
 //! its first checkpoint, left in place) or of other settings, naming what differs.
 
-use crate::tcp::checkpoint::{Checkpoint, RunIdentity};
 use crate::tcp::RunSettings;
+use crate::tcp::checkpoint::{Checkpoint, RunIdentity};
 use clap::Args;
 use std::path::{Path, PathBuf};
 
@@ -145,7 +145,9 @@ pub(super) fn check_record(checkpoint: &Path, settings: &RunSettings) -> Result<
     let text = match (std::fs::read_to_string(&path), &settings.shard) {
         (Ok(text), _) => text,
         (Err(e), None) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        (Err(e), None) => return Err(format!("checkpoint {}: cannot read its record {} ({e})", checkpoint.display(), path.display())),
+        (Err(e), None) => {
+            return Err(format!("checkpoint {}: cannot read its record {} ({e})", checkpoint.display(), path.display()));
+        }
         (Err(e), Some(me)) => {
             return Err(format!(
                 "checkpoint {}: cannot read its shard record {} ({e}): it was not written by a shard, so it cannot \

@@ -52,9 +52,7 @@ impl RunIdentity {
     /// A fresh run id: the clock in nanoseconds and the process id, in hex (unique on one
     /// machine for runs started a nanosecond apart or by different processes).
     pub fn new_run_id() -> String {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         format!("{nanos:x}-{:x}", std::process::id())
     }
 }
@@ -448,7 +446,9 @@ pub fn lost_since(checkpoint: &Path, version: Version, run: Option<&str>) -> Res
             if theirs != ours {
                 return Err(err(
                     &path,
-                    format!("the journal belongs to run {theirs}, the checkpoint to run {ours}: the journal is not this checkpoint's"),
+                    format!(
+                        "the journal belongs to run {theirs}, the checkpoint to run {ours}: the journal is not this checkpoint's"
+                    ),
                 ));
             }
         }
