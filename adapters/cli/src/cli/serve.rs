@@ -71,7 +71,10 @@ pub struct ServeArgs {
     /// Model updates between checkpoints (0: only at the end).
     #[arg(long, value_name = "K", default_value_t = 0, requires = "checkpoint")]
     pub checkpoint_every: u64,
-    /// Start from the model and version in --checkpoint instead of a fresh model.
+    /// Start from the model and version in --checkpoint instead of a fresh model. Refused
+    /// for a checkpoint of other settings or of another run (a run started afresh names
+    /// itself at once in FILE.run, or FILE.shard for a shard); the run goes on with what is
+    /// left of --steps.
     #[arg(long, requires = "checkpoint")]
     pub resume: bool,
     /// SGD with momentum BETA on every update of the server's model (in [0, 1); 0: plain SGD).

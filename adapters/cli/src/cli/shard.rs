@@ -146,7 +146,11 @@ pub(super) fn check_record(checkpoint: &Path, settings: &RunSettings) -> Result<
         (Ok(text), _) => text,
         (Err(e), None) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         (Err(e), None) => {
-            return Err(format!("checkpoint {}: cannot read its record {} ({e})", checkpoint.display(), path.display()));
+            return Err(format!(
+                "checkpoint {}: cannot read its record {} ({e})",
+                checkpoint.display(),
+                path.display()
+            ));
         }
         (Err(e), Some(me)) => {
             return Err(format!(
