@@ -182,6 +182,7 @@ fn reason_name(reason: StopReason) -> &'static str {
         StopReason::UpstreamStopped => "upstream_stopped",
         StopReason::UpstreamLost => "upstream_lost",
         StopReason::Diverged => "diverged",
+        StopReason::WorkersGone => "workers_gone",
     }
 }
 

@@ -362,3 +362,28 @@ fn a_threaded_recording_carries_the_gradient_columns() {
     assert!(full * 10 >= rows.len() * 9, "{full} of {} rows have a group of 4: {:?}", rows.len(), &rows[..4]);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A 1-worker BSP recording: the ranking comes with the caveat that one worker waits for no
+/// one, and the noise estimate asks for more workers, not for the BSP run it already is; a
+/// trace of 1 step per worker says its ranking repeats those few steps.
+#[test]
+fn a_one_worker_or_one_step_trace_is_ranked_with_what_it_cannot_tell() {
+    let dir = scratch("caveats");
+    let one = dir.join("one.csv");
+    let t = one.to_str().unwrap();
+    let record = ["train", "--sim", "--protocol", "bsp", "--workers", "1", "--model", "nqm:100", "--steps", "40"];
+    stdout(&syncopate(&[&record[..], &["--record-trace", t]].concat()));
+    let report = stdout(&syncopate(&["advise", "--trace", t, "--seeds", "2", "--no-noise-sweep", "--no-phases"]));
+    assert!(report.contains("caveat: the trace holds 1 worker: no worker waits for another"), "{report}");
+    assert!(report.contains("the trace holds one worker: no gradient has a partner"), "{report}");
+    assert!(!report.contains("record a BSP or backup-workers run"), "it was a BSP run: {report}");
+    let steps = dir.join("steps.csv");
+    std::fs::write(&steps, "worker,step,seconds\n0,0,0.01\n1,0,0.02\n").unwrap();
+    let s = steps.to_str().unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(stdout(&syncopate(&["advise", "--trace", s, "--seeds", "2", "--json"])).trim()).unwrap();
+    let caveats = v["caveats"].as_array().unwrap();
+    assert_eq!(caveats.len(), 1, "{v}");
+    assert!(caveats[0].as_str().unwrap().contains("1 step(s) per worker"), "{v}");
+    std::fs::remove_dir_all(&dir).ok();
+}

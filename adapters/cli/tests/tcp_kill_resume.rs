@@ -246,3 +246,85 @@ fn ssp_server_killed_and_resumed() {
 fn wbsp_server_killed_and_resumed() {
     kill_the_server_then_resume("wbsp");
 }
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("syncopate-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Waits until the journal of `ckpt` starts at a checkpoint of at least `version`.
+fn wait_for_checkpoint(ckpt: &Path, version: u64) {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(journal(ckpt)).unwrap_or_default();
+        let v = text.lines().next().and_then(|l| l.strip_prefix("checkpoint ")?.split(' ').next()?.parse().ok());
+        if v.is_some_and(|v: u64| v >= version) {
+            return;
+        }
+        assert!(Instant::now() < end, "no checkpoint at version {version} or later: {text}");
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn a_resumed_run_ends_at_the_whole_runs_steps_budget() {
+    let dir = temp_dir("budget");
+    let ckpt = dir.join("m.ckpt");
+    let ck = ckpt.to_str().unwrap();
+    let mut args = vec!["--steps", "60", "--json", "--time-limit", "60", "--checkpoint", ck];
+    args.extend(["--checkpoint-every", "2"]);
+    args.extend(knobs("bsp"));
+    let (mut server, addr) = serve_as_given(&[&["--listen", "127.0.0.1:0"][..], &args].concat());
+    let workers: Vec<Proc> = (0..N).map(|i| work(&addr, i)).collect();
+    wait_for_checkpoint(&ckpt, 10);
+    server.kill9();
+    drop(server);
+    let (resumed, _) = serve_as_given(&[&["--listen", addr.as_str(), "--resume"][..], &args].concat());
+    let line = resumed.wait_err("whole run's budget", Duration::from_secs(10));
+    assert!(line.contains("--steps 60 is the whole run's budget (180 gradients)"), "{line}");
+    let (code, out) = resumed.finish(Duration::from_secs(60));
+    assert_eq!(code, 0, "resumed serve");
+    // BSP makes one version of 3 gradients per step: the whole run ends at version 60, not
+    // 60 steps past the checkpoint.
+    let updates = json(&out)["updates"].as_u64().unwrap();
+    assert!((60..=61).contains(&updates), "the resumed run ended at version {updates}, the budget is 60 steps");
+    for w in workers {
+        let (code, _) = w.finish(Duration::from_secs(30));
+        assert_eq!(code, 0, "work");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn resume_refuses_a_checkpoint_of_other_settings_or_one_an_earlier_run_left() {
+    let dir = temp_dir("identity");
+    let ckpt = dir.join("m.ckpt");
+    let ck = ckpt.to_str().unwrap();
+    let mut args = vec!["--steps", "5", "--time-limit", "60", "--checkpoint", ck];
+    args.extend(knobs("bsp"));
+    // Run A finishes and leaves its checkpoint.
+    let (a, addr) = serve_as_given(&[&["--listen", "127.0.0.1:0"][..], &args].concat());
+    let workers: Vec<Proc> = (0..N).map(|i| work(&addr, i)).collect();
+    assert_eq!(a.finish(Duration::from_secs(60)).0, 0, "run A");
+    for w in workers {
+        assert_eq!(w.finish(Duration::from_secs(30)).0, 0, "work");
+    }
+    // A model of the same size is another run's settings.
+    let mut other = vec!["serve", "--listen", "127.0.0.1:0", "--resume", "--checkpoint", ck];
+    other.extend(["--protocol", "bsp", "--workers", "3", "--model", "nqm:650"]);
+    let p = Proc::spawn(&other);
+    p.wait_err("other settings", Duration::from_secs(20));
+    assert_eq!(p.finish(Duration::from_secs(20)).0, 2, "a checkpoint of another model is refused");
+    // Run B starts on the same checkpoint and is killed before it writes one.
+    let (mut b, _) = serve_as_given(&[&["--listen", "127.0.0.1:0"][..], &args].concat());
+    b.kill9();
+    drop(b);
+    let resume = [&["serve", "--listen", "127.0.0.1:0", "--resume"][..], &args].concat();
+    let p = Proc::spawn(&resume);
+    let line = p.wait_err("started on this checkpoint after it", Duration::from_secs(20));
+    assert!(line.contains("start the run afresh"), "{line}");
+    assert_eq!(p.finish(Duration::from_secs(20)).0, 2, "run A's checkpoint is not run B's");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -64,6 +64,31 @@ fn serve_records_every_workers_step_times_and_gradient_columns_for_advise() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A server killed with SIGKILL while recording leaves the rows it had written (at least
+/// every 2 s): each worker's first steps, whole lines, which `advise --truncate` reads.
+#[test]
+fn a_killed_server_leaves_the_rows_recorded_before_the_kill() {
+    let dir = scratch("killed");
+    let path = dir.join("served.csv");
+    let t = path.to_str().unwrap();
+    let knobs = ["--protocol", "bsp", "--workers", "2", "--model", "nqm:100", "--batch-size", "16", "--lr", "0.05"];
+    let (mut server, addr) = serve(&[&knobs[..], &["--steps", "100000", "--record-trace", t]].concat());
+    let workers: Vec<Proc> = (0..2).map(|i| work(&addr, i, &["--step-ms", "5"])).collect();
+    server.wait_err("connected after", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(5));
+    server.kill9();
+    drop(workers);
+    let rows = trace::read_lines_with_stats(&path).unwrap_or_else(|e| panic!("the killed server's trace: {e}"));
+    for w in 0..2u32 {
+        let mine: Vec<u64> = rows.iter().filter(|(_, s, _)| s.worker == w).map(|(_, s, _)| s.step).collect();
+        assert!(mine.len() >= 10, "worker {w}: {} rows written before the kill", mine.len());
+        assert_eq!(mine, (0..mine.len() as u64).collect::<Vec<_>>(), "worker {w}'s first steps");
+    }
+    let advise = syncopate(&["advise", "--trace", t, "--truncate", "--seeds", "2", "--no-noise-sweep", "--no-phases"]);
+    assert!(advise.status.success(), "{}", String::from_utf8_lossy(&advise.stderr));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// Under ASP the worker 4 times slower sends about a quarter as many gradients, each row a
 /// gradient on a model of its own, and `advise` reads the unequal table with --truncate.
 #[test]

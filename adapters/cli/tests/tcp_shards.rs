@@ -282,6 +282,53 @@ fn asp_shard_killed_and_resumed() {
     kill_a_shard_then_resume("asp", 4);
 }
 
+/// The guide's recipe for a killed shard: resumed with the run's own flags, it goes on with
+/// what is left of the whole run's `--steps`, and when shard 0 ends the run and the workers
+/// leave, the resumed shard ends too (no worker for its `--lost-after`), though the updates
+/// it lost may leave it short of its budget: every process exits on its own.
+#[test]
+fn a_shard_resumed_with_the_runs_own_flags_ends_with_the_run() {
+    let dir = temp_dir("recipe");
+    let mut args = vec!["--steps", "60", "--json", "--time-limit", "120", "--checkpoint-every", "2"];
+    args.extend(["--lost-after", "2"]);
+    args.extend(knobs("bsp"));
+    let (mut servers, addrs, ckpts) = shards(&dir, 2, &args);
+    let list = addrs.join(",");
+    let workers: Vec<Proc> = (0..N).map(|i| work(&list, i, &["--step-ms", "5", "--lost-after", "3"])).collect();
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(journal(&ckpts[1])).unwrap_or_default();
+        let version = text.lines().next().and_then(|l| l.strip_prefix("checkpoint ")?.split(' ').next()?.parse().ok());
+        if version.is_some_and(|v: u64| v >= 4) {
+            break;
+        }
+        assert!(Instant::now() < end, "no checkpoint at version 4: {text}");
+        thread::sleep(Duration::from_millis(2));
+    }
+    let mut killed = servers.pop().unwrap();
+    killed.kill9();
+    drop(killed);
+    for w in &workers {
+        w.wait_err(&format!("shard 1 at {} lost", addrs[1]), Duration::from_secs(20));
+    }
+    let ck = ckpts[1].to_str().unwrap();
+    let resume =
+        [&["--listen", addrs[1].as_str(), "--shard", "1/2", "--resume", "--checkpoint", ck][..], &args].concat();
+    let (resumed, _) = serve_as_given(&resume);
+    resumed.wait_err("whole run's budget", Duration::from_secs(10));
+    let (code, out) = resumed.finish(Duration::from_secs(60));
+    assert_eq!(code, 0, "the resumed shard");
+    let updates = json(&out)["updates"].as_u64().unwrap();
+    assert!(updates <= 61, "the resumed shard went past the run's 60 steps: version {updates}");
+    for (k, s) in servers.into_iter().enumerate() {
+        assert_eq!(s.finish(Duration::from_secs(30)).0, 0, "shard {k}");
+    }
+    for (i, w) in workers.into_iter().enumerate() {
+        assert_eq!(w.finish(Duration::from_secs(30)).0, 0, "work {i}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_worker_whose_shard_list_disagrees_is_refused_naming_the_shard() {
     let dir = temp_dir("refused");

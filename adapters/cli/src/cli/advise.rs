@@ -139,9 +139,37 @@ fn read_table_and_noise(
     Ok((table, measured))
 }
 
+/// The fewest steps per worker whose replay `advise` ranks without a caveat.
+const FEW_STEPS: u64 = 10;
+
+/// What the ranking of a trace of `workers` workers and `steps` steps per worker cannot
+/// tell: one worker waits for no one, so the protocols differ only in hiding the link's
+/// latency and in staleness; a few steps are replayed over and over.
+fn caveats(workers: u32, steps: u64) -> Vec<String> {
+    let mut out = Vec::new();
+    if workers < 2 {
+        out.push(
+            "the trace holds 1 worker: no worker waits for another, so the protocols differ only in hiding the \
+             link's latency (--latency-ms) behind computation and in how stale their updates are; the ranking says \
+             nothing about stragglers (record 2 or more workers for that)"
+                .to_owned(),
+        );
+    }
+    if steps < FEW_STEPS {
+        out.push(format!(
+            "the trace holds {steps} step(s) per worker: every replay repeats those {} step times; record {FEW_STEPS} \
+             or more per worker",
+            u64::from(workers) * steps
+        ));
+    }
+    out
+}
+
 #[derive(Serialize)]
 struct Json<'a> {
     recommendation: Option<&'a str>,
+    /// What the ranking cannot tell about this trace.
+    caveats: &'a [String],
     #[serde(flatten)]
     advice: &'a Advice,
 }
@@ -233,6 +261,7 @@ pub(super) fn advise(args: &AdviseArgs) -> Result<(), Failure> {
     let advice = advise::advise(&table, &candidates, &options, jobs, &|| bar.inc(1));
     bar.finish_and_clear();
     let advice = advice.map_err(|e| Failure::Usage(format!("{}: {e}", args.trace.display())))?;
+    let caveats = caveats(table.workers, table.steps as u64);
     if let (Some(path), Some(mut file)) = (&args.plot, plot) {
         use std::io::Write as _;
         let svg = crate::plot::advice_svg(&advice).map_err(|e| Failure::Run(format!("{}: {e}", path.display())))?;
@@ -241,13 +270,16 @@ pub(super) fn advise(args: &AdviseArgs) -> Result<(), Failure> {
     }
     if args.json {
         let pick = advice.whole.pick.and_then(|i| advice.whole.rows.get(i)).map(|r| r.label.as_str());
-        let out = Json { recommendation: pick, advice: &advice };
+        let out = Json { recommendation: pick, caveats: &caveats, advice: &advice };
         match serde_json::to_string(&out) {
             Ok(s) => outln!("{s}"),
             Err(e) => return Err(Failure::Run(format!("cannot encode JSON: {e}"))),
         }
     } else {
         outln!("{}", advice.report(&args.trace.display().to_string()).trim_end());
+        for c in &caveats {
+            outln!("caveat: {c}");
+        }
         if let Some(path) = &args.plot {
             outln!("plot written to {}", path.display());
         }

@@ -44,8 +44,9 @@ pub struct ServeArgs {
     /// unless --insecure is given.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7070")]
     pub listen: String,
-    /// Gradient steps per worker: the run stops once the server has received
-    /// steps × workers gradients.
+    /// Gradient steps per worker over the whole run: the run stops once the server has
+    /// accepted steps × workers gradients. A run resumed with --resume goes on with what is
+    /// left of it (the checkpoint holds what the run accepted).
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub steps: u64,
     /// Test accuracy whose first crossing is reported as the time to target.
@@ -70,7 +71,10 @@ pub struct ServeArgs {
     /// Model updates between checkpoints (0: only at the end).
     #[arg(long, value_name = "K", default_value_t = 0, requires = "checkpoint")]
     pub checkpoint_every: u64,
-    /// Start from the model and version in --checkpoint instead of a fresh model.
+    /// Start from the model and version in --checkpoint instead of a fresh model. Refused
+    /// for a checkpoint of other settings or of another run (a run started afresh names
+    /// itself at once in FILE.run, or FILE.shard for a shard); the run goes on with what is
+    /// left of --steps.
     #[arg(long, requires = "checkpoint")]
     pub resume: bool,
     /// SGD with momentum BETA on every update of the server's model (in [0, 1); 0: plain SGD).
@@ -256,14 +260,24 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     }
     check_outputs(args).map_err(Failure::Usage)?;
     let secret = super::values::load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
-    let trace_file = args.record_trace.as_deref().map(trace::create).transpose().map_err(Failure::Usage)?;
-    let mut recorded = trace_file.as_ref().map(|_| ServedTrace::new(n, dim));
+    let mut recorded = match args.record_trace.as_deref() {
+        Some(path) => {
+            // Rows are written as they go: a server killed while recording keeps them.
+            let mut t = ServedTrace::new(n, dim);
+            t.write_as_you_go(trace::create(path).map_err(Failure::Usage)?, path).map_err(Failure::Usage)?;
+            Some(t)
+        }
+        None => None,
+    };
     let mut resumed = None;
     let mut resumed_momentum = None;
+    let budget = args.steps.saturating_mul(u64::from(n));
+    let mut stamp = checkpoint::Stamp::default();
     let (params, version) = if args.resume {
         let path = args.checkpoint.as_deref().unwrap_or_else(|| Path::new(""));
-        super::shard::check_record(path, &settings).map_err(Failure::Usage)?;
+        let record_run = super::shard::check_record(path, &settings).map_err(Failure::Usage)?;
         let c = checkpoint::load(path, protocol.name(), served.len()).map_err(|e| Failure::Usage(e.to_string()))?;
+        let run = super::shard::check_identity(path, &c, &settings, record_run.as_deref()).map_err(Failure::Usage)?;
         if c.momentum != args.momentum {
             return Err(Failure::Usage(format!(
                 "checkpoint {} was made with momentum {}, this server runs --momentum {}: resume with the same \
@@ -273,11 +287,32 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
                 args.momentum
             )));
         }
+        if record_run.is_none() {
+            // A checkpoint of no known run: this resumption names the run from now on.
+            super::shard::write_record(path, &settings, &run).map_err(Failure::Usage)?;
+        }
         resumed_momentum = c.momentum_buffer.clone();
-        eprintln!("serve: resuming from {} at version {}", path.display(), c.version.0);
+        eprintln!("serve: resuming run {run} from {} at version {}", path.display(), c.version.0);
+        if c.identity.is_some() {
+            stamp.accepted_before = c.accepted;
+            eprintln!(
+                "serve: --steps {} is the whole run's budget ({budget} gradients): {} accepted before this \
+                 checkpoint, {} left",
+                args.steps,
+                c.accepted,
+                budget.saturating_sub(c.accepted)
+            );
+        } else {
+            eprintln!(
+                "serve: the checkpoint does not say how much of the budget was spent: --steps {} counts from this \
+                 resumption",
+                args.steps
+            );
+        }
         // What the previous server applied after this checkpoint is lost: its journal says
         // exactly which versions.
-        let lost = checkpoint::lost_since(path, c.version).map_err(|e| Failure::Usage(e.to_string()))?;
+        let lost = checkpoint::lost_since(path, c.version, c.identity.as_ref().map(|i| i.run.as_str()))
+            .map_err(|e| Failure::Usage(e.to_string()))?;
         eprintln!("serve: resumed: {}", lost.line());
         let t = |t: &checkpoint::Totals| [t.received, t.accepted, t.applied, t.dropped];
         resumed = Some(Resumed {
@@ -288,10 +323,15 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
             at_checkpoint: t(&lost.at_checkpoint),
             at_last_update: t(&lost.at_last),
         });
+        stamp.identity = Some(super::shard::identity(&settings, &run).map_err(Failure::Usage)?);
         (Some(c.params), c.version)
     } else {
         if let Some(path) = &args.checkpoint {
-            super::shard::write_record(path, &settings).map_err(Failure::Usage)?;
+            // The record names this run at once, so that a checkpoint an earlier run left
+            // at this path is never resumed as this run's.
+            let run = checkpoint::RunIdentity::new_run_id();
+            super::shard::write_record(path, &settings, &run).map_err(Failure::Usage)?;
+            stamp.identity = Some(super::shard::identity(&settings, &run).map_err(Failure::Usage)?);
         }
         (
             source.initial_params(args.workload.seed).map(|p| p.get(served.clone()).unwrap_or_default().to_vec()),
@@ -304,6 +344,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     options.handshake_timeout = Duration::from_millis(args.handshake_timeout);
     options.frame_timeout = FrameTimeout { base: Duration::from_millis(args.frame_timeout), ..FrameTimeout::default() };
     options.checkpoint = args.checkpoint.clone().map(|p| (p, args.checkpoint_every));
+    options.checkpoint_stamp = stamp.clone();
     options.momentum = args.momentum;
     options.momentum_buffer = resumed_momentum;
     options.lost_after = super::values::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?;
@@ -325,7 +366,8 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         super::shard::describe(&server.options().settings),
         if authenticated { ", authenticated" } else { " (no shared secret)" }
     );
-    let plan = RunPlan { max_gradients: args.steps.saturating_mul(u64::from(n)), time_limit };
+    // `--steps` is the whole run's budget: a resumed run goes on with what is left of it.
+    let plan = RunPlan { max_gradients: budget.saturating_sub(stamp.accepted_before), time_limit };
     let bound = Instant::now();
     let start = std::cell::Cell::new(None::<Instant>);
     let clock = || start.get().map_or(0.0, |t| t.elapsed().as_secs_f64());
@@ -355,6 +397,9 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
             eprintln!("serve: all {n} {peers} connected after {wait:.2} s; the run's clock starts now");
         }
         Note::Model { version, params } if whole => {
+            if let Some(t) = recorded.as_mut() {
+                t.tick();
+            }
             let Some(workload) = workload else {
                 return;
             };
@@ -403,6 +448,12 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     }
     if report.reason == StopReason::Stopped {
         eprintln!("serve: interrupted: the workers were told to stop");
+    }
+    if report.reason == StopReason::WorkersGone {
+        eprintln!(
+            "serve: every worker left (another shard ended the run) and none came back within --lost-after: \
+             this shard ends"
+        );
     }
     eprintln!("serve: finished ({:?}) at version {}", report.reason, report.version.0);
     // The run's clock starts when every worker has connected: a server stopped before
@@ -464,8 +515,8 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
             Ok(())
         }
     });
-    let traced = match (args.record_trace.as_deref(), trace_file, recorded) {
-        (Some(path), Some(file), Some(t)) => Some(write_trace(path, file, t)),
+    let traced = match (args.record_trace.as_deref(), recorded) {
+        (Some(path), Some(t)) => Some(close_trace(path, t)),
         _ => None,
     };
     summary.print(args.json);
@@ -475,14 +526,14 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     }
 }
 
-/// Writes the recorded trace to `path`, saying on stderr how many steps it holds and how
-/// many contributions came without step times.
-fn write_trace(path: &Path, file: std::fs::File, t: ServedTrace) -> Result<(), String> {
+/// Writes the rest of the recorded trace to `path`, saying on stderr how many steps it
+/// holds and how many contributions came without step times.
+fn close_trace(path: &Path, t: ServedTrace) -> Result<(), String> {
     let (rows, without) = (t.len(), t.without_times);
     if rows == 0 {
         eprintln!("serve: no worker sent step times: {} holds no steps", path.display());
     }
-    t.write_to(file, path)?;
+    t.close()?;
     let missing =
         if without > 0 { format!(" ({without} contributions came without step times)") } else { String::new() };
     eprintln!("serve: wrote {rows} steps to the trace {}{missing}", path.display());

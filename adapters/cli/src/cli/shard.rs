@@ -9,13 +9,20 @@
 //! shard's handshake.
 //!
 //! **Checkpoints.** A shard's checkpoint holds its slice. Next to it, `FILE.shard` records
-//! whose slice it is (shard, count, elements, run id and the digest of the run's settings),
-//! written when the shard starts; `--resume` refuses a checkpoint whose record is missing
-//! or names another shard, count, model or run, naming what differs. Each shard resumes
-//! from its own checkpoint at its own version: the shards keep no common history, so what
-//! a resumed shard lost (named by its journal) is lost from its slice only.
+//! whose slice it is (shard, count, elements, run name, the run's id and the digest of the
+//! run's settings), written when the shard starts; `--resume` refuses a checkpoint whose
+//! record is missing or names another shard, count, model or run, naming what differs. Each
+//! shard resumes from its own checkpoint at its own version: the shards keep no common
+//! history, so what a resumed shard lost (named by its journal) is lost from its slice only.
+//!
+//! **Run identity.** Every server with `--checkpoint`, sharded or not, writes its record
+//! when it starts afresh (`FILE.shard`, or `FILE.run` for a whole model) with a new run id;
+//! its checkpoints and journal carry that id and the settings' digest. `--resume` takes the
+//! record's id and refuses a checkpoint of another run (one the record's run, killed before
+//! its first checkpoint, left in place) or of other settings, naming what differs.
 
 use crate::tcp::RunSettings;
+use crate::tcp::checkpoint::{Checkpoint, RunIdentity};
 use clap::Args;
 use std::path::{Path, PathBuf};
 
@@ -81,75 +88,138 @@ pub(super) fn describe(settings: &RunSettings) -> String {
     }
 }
 
-/// The record of whose slice a checkpoint holds: `FILE.shard`.
-pub(super) fn record_path(checkpoint: &Path) -> PathBuf {
+/// The record of whose run (and, for a shard, whose slice) a checkpoint holds: `FILE.shard`
+/// for a shard, `FILE.run` for a whole model.
+pub(super) fn record_path(checkpoint: &Path, settings: &RunSettings) -> PathBuf {
     let mut p = checkpoint.as_os_str().to_owned();
-    p.push(".shard");
+    p.push(if settings.shard.is_some() { ".shard" } else { ".run" });
     PathBuf::from(p)
 }
 
-/// The record's text for `settings` (one line).
-fn record(settings: &RunSettings) -> Result<String, String> {
-    let Some(s) = &settings.shard else { return Ok(String::new()) };
+/// The settings a resumed run must share with its checkpoint: a shard's with the index set
+/// to 0 (the same on every shard of a run), without the step-time recording (a trace may
+/// be recorded by one session of a run and not by another).
+fn common(settings: &RunSettings) -> RunSettings {
+    let mut common = settings.clone();
+    if let Some(shard) = &mut common.shard {
+        shard.index = 0;
+    }
+    common.report_step_times = false;
+    common
+}
+
+/// The identity of the run `run` of `settings`, as its checkpoints carry it.
+pub(super) fn identity(settings: &RunSettings, run: &str) -> Result<RunIdentity, String> {
+    let common = common(settings);
+    Ok(RunIdentity { settings: common.digest()?, run: run.to_owned(), label: common.label() })
+}
+
+/// The record's text for the run `run` of `settings` (one line).
+fn record(settings: &RunSettings, run: &str) -> Result<String, String> {
+    let digest: String = common(settings).digest()?.iter().map(|b| format!("{b:02x}")).collect();
+    let Some(s) = &settings.shard else {
+        return Ok(format!("model of {} id {run} settings {digest}\n", settings.dim));
+    };
     let r = settings.served_range()?;
-    let digest: String = settings.run_digest()?.iter().map(|b| format!("{b:02x}")).collect();
     Ok(format!(
-        "shard {} of {} elements {}..{} of {} run '{}' settings {digest}\n",
+        "shard {} of {} elements {}..{} of {} run '{}' id {run} settings {digest}\n",
         s.index, s.count, r.start, r.end, settings.dim, s.run
     ))
 }
 
-/// Writes the record of a shard's checkpoint `checkpoint` (nothing for a whole model).
-pub(super) fn write_record(checkpoint: &Path, settings: &RunSettings) -> Result<(), String> {
-    if settings.shard.is_none() {
-        return Ok(());
-    }
-    let path = record_path(checkpoint);
-    write_text(&path, &record(settings)?)
-}
-
-/// Writes a record with [`file::replace`](syncopate_transport::file::replace).
-fn write_text(path: &Path, text: &str) -> Result<(), String> {
-    syncopate_transport::file::replace(path, text.as_bytes())
+/// Writes the record of the run `run` next to its checkpoint `checkpoint`, with
+/// [`file::replace`](syncopate_transport::file::replace).
+pub(super) fn write_record(checkpoint: &Path, settings: &RunSettings, run: &str) -> Result<(), String> {
+    let path = record_path(checkpoint, settings);
+    syncopate_transport::file::replace(&path, record(settings, run)?.as_bytes())
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
-/// Checks that the checkpoint `checkpoint` a shard resumes from holds its own slice of this
-/// run (a whole model's server checks nothing here).
-pub(super) fn check_record(checkpoint: &Path, settings: &RunSettings) -> Result<(), String> {
-    let Some(me) = &settings.shard else { return Ok(()) };
-    let path = record_path(checkpoint);
-    let text = std::fs::read_to_string(&path).map_err(|e| {
-        format!(
-            "checkpoint {}: cannot read its shard record {} ({e}): it was not written by a shard, so it cannot \
-             resume shard {} of {}",
-            checkpoint.display(),
-            path.display(),
-            me.index,
-            me.count
-        )
-    })?;
-    let want = record(settings)?;
-    if text == want {
-        return Ok(());
-    }
+/// Checks that the record next to `checkpoint` is of this run's settings (and for a shard,
+/// of its own slice) and returns the id of the run that started last on this checkpoint:
+/// `None` for a whole model without a record (written before records were).
+pub(super) fn check_record(checkpoint: &Path, settings: &RunSettings) -> Result<Option<String>, String> {
+    let path = record_path(checkpoint, settings);
+    let text = match (std::fs::read_to_string(&path), &settings.shard) {
+        (Ok(text), _) => text,
+        (Err(e), None) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        (Err(e), None) => {
+            return Err(format!(
+                "checkpoint {}: cannot read its record {} ({e})",
+                checkpoint.display(),
+                path.display()
+            ));
+        }
+        (Err(e), Some(me)) => {
+            return Err(format!(
+                "checkpoint {}: cannot read its shard record {} ({e}): it was not written by a shard, so it cannot \
+                 resume shard {} of {}",
+                checkpoint.display(),
+                path.display(),
+                me.index,
+                me.count
+            ));
+        }
+    };
     let words: Vec<&str> = text.split_whitespace().collect();
     let word = |k: &str| words.iter().position(|w| *w == k).and_then(|i| words.get(i + 1)).copied().unwrap_or("?");
-    let (their_index, their_count) = (word("shard"), word("of"));
+    let id = word("id");
     let parses = |w: &str| w.parse::<u32>().is_ok();
-    let why = if words.first() != Some(&"shard") || !parses(their_index) || !parses(their_count) {
-        "its shard record is not one (expected a line 'shard I of S elements ...' as a shard writes it)".to_owned()
-    } else if their_index != me.index.to_string() || their_count != me.count.to_string() {
-        format!(
-            "it holds shard {their_index} of {their_count}'s slice, this server is shard {} of {}",
-            me.index, me.count
-        )
-    } else if word("run") != format!("'{}'", me.run) {
-        format!("it belongs to run {}, this server to run '{}'", word("run"), me.run)
-    } else {
-        "it was written by a run of other settings (protocol, knobs, model or workload differ)".to_owned()
+    let first = if settings.shard.is_some() { "shard" } else { "model" };
+    let shaped = words.first() == Some(&first)
+        && (settings.shard.is_none() || (parses(word("shard")) && parses(word("of"))));
+    if shaped && text == record(settings, id)? {
+        return Ok(Some(id.to_owned()));
+    }
+    let why = match &settings.shard {
+        _ if !shaped => format!(
+            "its record is not one (expected a line '{first} ...' as a {} writes it)",
+            if settings.shard.is_some() { "shard" } else { "server" }
+        ),
+        Some(me) if word("shard") != me.index.to_string() || word("of") != me.count.to_string() => format!(
+            "it holds shard {} of {}'s slice, this server is shard {} of {}",
+            word("shard"),
+            word("of"),
+            me.index,
+            me.count
+        ),
+        Some(me) if word("run") != format!("'{}'", me.run) => {
+            format!("it belongs to run {}, this server to run '{}'", word("run"), me.run)
+        }
+        _ if id == "?" => "it names no run id (written by an older build): start the run afresh".to_owned(),
+        _ => "it was written by a run of other settings (protocol, knobs, model or workload differ)".to_owned(),
     };
     Err(format!("checkpoint {}: {why} (record {})", checkpoint.display(), path.display()))
+}
+
+/// Checks that the checkpoint `c` at `path` is the latest of the run the record names
+/// (`record_run`; `None`: no record) with these `settings`, and returns the run's id.
+pub(super) fn check_identity(
+    path: &Path,
+    c: &Checkpoint,
+    settings: &RunSettings,
+    record_run: Option<&str>,
+) -> Result<String, String> {
+    let ours = identity(settings, "")?;
+    let at = format!("checkpoint {} (version {})", path.display(), c.version.0);
+    let fresh = "start the run afresh (without --resume)";
+    match (&c.identity, record_run) {
+        (Some(theirs), _) if theirs.settings != ours.settings => Err(format!(
+            "{at} was written by a run of other settings: {}; this server runs {}",
+            theirs.label, ours.label
+        )),
+        (Some(theirs), Some(last)) if theirs.run != last => Err(format!(
+            "{at} holds run {}'s model, but run {last} started on this checkpoint after it and stopped before \
+             writing its own: {fresh}",
+            theirs.run
+        )),
+        (Some(theirs), _) => Ok(theirs.run.clone()),
+        (None, Some(last)) => Err(format!(
+            "{at} names no run, but run {last} started on this checkpoint after it and stopped before writing \
+             its own: {fresh}"
+        )),
+        (None, None) => Ok(RunIdentity::new_run_id()),
+    }
 }
 
 #[cfg(test)]
@@ -190,8 +260,8 @@ mod tests {
         let ckpt = dir.join("s.ckpt");
         let e = check_record(&ckpt, &settings(1, 2, "a")).unwrap_err();
         assert!(e.contains("cannot read its shard record") && e.contains("shard 1 of 2"), "{e}");
-        write_record(&ckpt, &settings(1, 2, "a")).unwrap();
-        check_record(&ckpt, &settings(1, 2, "a")).unwrap();
+        write_record(&ckpt, &settings(1, 2, "a"), "x1").unwrap();
+        assert_eq!(check_record(&ckpt, &settings(1, 2, "a")).unwrap().as_deref(), Some("x1"));
         let e = check_record(&ckpt, &settings(0, 2, "a")).unwrap_err();
         assert!(e.contains("it holds shard 1 of 2's slice, this server is shard 0 of 2"), "{e}");
         let e = check_record(&ckpt, &settings(1, 3, "a")).unwrap_err();
@@ -202,9 +272,47 @@ mod tests {
         other.protocol.lr = 0.25;
         let e = check_record(&ckpt, &other).unwrap_err();
         assert!(e.contains("other settings"), "{e}");
-        std::fs::write(record_path(&ckpt), "garbage\n").unwrap();
+        std::fs::write(record_path(&ckpt, &settings(1, 2, "a")), "garbage\n").unwrap();
         let e = check_record(&ckpt, &settings(1, 2, "a")).unwrap_err();
-        assert!(e.contains("its shard record is not one") && !e.contains('?'), "{e}");
+        assert!(e.contains("its record is not one") && !e.contains('?'), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn ckpt(identity: Option<RunIdentity>) -> Checkpoint {
+        let (protocol, version, params) = ("bsp".to_owned(), syncopate::Version(7), vec![0.0; 10]);
+        Checkpoint { protocol, version, params, momentum: 0.0, momentum_buffer: None, identity, accepted: 14 }
+    }
+
+    #[test]
+    fn a_resumed_run_refuses_a_checkpoint_another_run_left_or_of_other_settings() {
+        let whole = RunSettings::new(ProtocolSettings::named(ProtocolKind::Bsp, 2, 0.5), 10);
+        let path = Path::new("m.ckpt");
+        let a = identity(&whole, "run-a").unwrap();
+        assert_eq!(check_identity(path, &ckpt(Some(a.clone())), &whole, Some("run-a")), Ok("run-a".into()));
+        assert_eq!(check_identity(path, &ckpt(Some(a.clone())), &whole, None), Ok("run-a".into()));
+        // Run B started on A's checkpoint and was killed before it wrote one.
+        let e = check_identity(path, &ckpt(Some(a.clone())), &whole, Some("run-b")).unwrap_err();
+        assert!(e.contains("holds run run-a's model, but run run-b started on this checkpoint after it"), "{e}");
+        let e = check_identity(path, &ckpt(None), &whole, Some("run-b")).unwrap_err();
+        assert!(e.contains("names no run, but run run-b started"), "{e}");
+        // Recording a trace is not a setting a resumed run must share; the model is.
+        let mut traced = whole.clone();
+        traced.report_step_times = true;
+        assert!(check_identity(path, &ckpt(Some(a.clone())), &traced, Some("run-a")).is_ok());
+        let mut other = whole.clone();
+        other.protocol.lr = 0.25;
+        let e = check_identity(path, &ckpt(Some(a)), &other, Some("run-a")).unwrap_err();
+        assert!(e.contains("other settings") && e.contains("lr=0.5") && e.contains("lr=0.25"), "{e}");
+        // A whole model's record: `FILE.run`, and its id comes back.
+        let dir = std::env::temp_dir().join(format!("syncopate-run-record-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ckpt_path = dir.join("m.ckpt");
+        assert_eq!(check_record(&ckpt_path, &whole), Ok(None));
+        write_record(&ckpt_path, &whole, "run-c").unwrap();
+        assert!(dir.join("m.ckpt.run").exists());
+        assert_eq!(check_record(&ckpt_path, &whole), Ok(Some("run-c".into())));
+        let e = check_record(&ckpt_path, &other).unwrap_err();
+        assert!(e.contains("other settings"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

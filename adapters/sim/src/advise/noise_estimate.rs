@@ -80,6 +80,21 @@ pub fn estimate(rows: &[(Step, GradientStats)], steps: u64) -> Result<NoiseEstim
         .filter(|(s, _)| s.step >= from && s.step < steps)
         .filter_map(|(s, g)| row_estimates(g).map(|(t, s2)| (s.step, t, s2, g.loss)))
         .collect();
+    // Most gradients with a partner: a BSP-like recording, too short for the window.
+    let with_norm = rows.iter().filter(|(s, g)| s.step < steps && g.grad_norm.is_some()).count();
+    let partnered = rows.iter().filter(|(s, g)| s.step < steps && row_estimates(g).is_some()).count();
+    if rows.iter().all(|(s, _)| rows.first().is_some_and(|(f, _)| f.worker == s.worker)) {
+        return Err(
+            "the trace holds one worker: no gradient has a partner computed on the same model (record 2 or more workers under BSP or backup workers)".to_owned()
+        );
+    }
+    if used.len() < MIN_ROWS && partnered > 0 && 2 * partnered >= with_norm {
+        return Err(format!(
+            "{} gradient(s) in the last {:.0}% of the steps have a partner computed on the same model; at least {MIN_ROWS} are needed (the trace has partners: record more steps)",
+            used.len(),
+            WINDOW_SHARE * 100.0
+        ));
+    }
     if used.len() < MIN_ROWS {
         return Err(format!(
             "{} gradient(s) in the last {:.0}% of the steps have a partner computed on the same model; at least {MIN_ROWS} are needed (record a BSP or backup-workers run: their workers compute on one model per step)",
@@ -209,5 +224,17 @@ mod tests {
         }
         let lonely = synthetic(&[1.0; 10], &[1.0; 10], 1, 400, 6);
         assert!(estimate(&lonely, 400).unwrap_err().contains("partner"));
+    }
+
+    #[test]
+    fn too_few_partners_ask_for_what_the_recording_lacks() {
+        // A BSP recording of 2 workers and 8 steps: partners everywhere, too few in the window.
+        let short = synthetic(&[1.0, 2.0], &[1.0, 1.0], 2, 8, 3);
+        let e = estimate(&short, 8).unwrap_err();
+        assert!(e.contains("record more steps") && !e.contains("record a BSP"), "{e}");
+        // One worker: no gradient can have a partner, whatever the protocol.
+        let one: Vec<_> = synthetic(&[1.0, 2.0], &[1.0, 1.0], 1, 100, 3);
+        let e = estimate(&one, 100).unwrap_err();
+        assert!(e.contains("holds one worker") && !e.contains("record a BSP"), "{e}");
     }
 }

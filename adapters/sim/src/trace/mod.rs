@@ -128,6 +128,27 @@ impl<R> GradientGroups<R> {
         self.closed.extend(g.rows.into_iter().map(|r| (r, mean_norm, count)));
     }
 
+    /// Closes every group but the `keep` newest (later gradients on a closed group's model
+    /// start a new group).
+    pub fn close_all_but(&mut self, keep: usize) {
+        while self.open.len() > keep {
+            if let Some(g) = self.open.pop_front() {
+                self.close(g);
+            }
+        }
+    }
+
+    /// The rows of the groups closed so far (each once), with their group's mean norm and
+    /// size.
+    pub fn take_closed(&mut self) -> Vec<(R, f64, u32)> {
+        std::mem::take(&mut self.closed)
+    }
+
+    /// Whether any group is open.
+    pub fn is_open(&self) -> bool {
+        !self.open.is_empty()
+    }
+
     /// Closes every group: each recorded row with its group's mean norm and size.
     pub fn finish(mut self) -> Vec<(R, f64, u32)> {
         while let Some(g) = self.open.pop_front() {
@@ -178,21 +199,25 @@ pub fn write_csv_with(out: impl Write, steps: &[Step], stats: &[GradientStats]) 
         return out.flush();
     }
     writeln!(out, "{HEADER_WITH_GRADIENTS}")?;
-    let field = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:e}"));
     for (s, g) in steps.iter().zip(stats.iter().copied().chain(std::iter::repeat(GradientStats::default()))) {
-        let of = if g.mean_of > 0 { g.mean_of.to_string() } else { String::new() };
-        writeln!(
-            out,
-            "{},{},{:.9},{},{},{},{of}",
-            s.worker,
-            s.step,
-            s.seconds,
-            field(g.loss),
-            field(g.grad_norm),
-            field(g.mean_norm)
-        )?;
+        out.write_all(row_with_gradients(s, &g).as_bytes())?;
     }
     out.flush()
+}
+
+/// One line (with its newline) of a trace with gradient columns.
+pub(crate) fn row_with_gradients(s: &Step, g: &GradientStats) -> String {
+    let field = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:e}"));
+    let of = if g.mean_of > 0 { g.mean_of.to_string() } else { String::new() };
+    format!(
+        "{},{},{:.9},{},{},{},{of}\n",
+        s.worker,
+        s.step,
+        s.seconds,
+        field(g.loss),
+        field(g.grad_norm),
+        field(g.mean_norm)
+    )
 }
 
 /// Writes `steps` with their gradient columns `stats` as a trace into `file` (opened with

@@ -9,9 +9,21 @@
 //! batch on the same model, which the noise-scale estimate needs). A contribution that
 //! comes without step times (from a worker that did not send them) adds no row and is
 //! counted in [`ServedTrace::without_times`].
+//!
+//! **Written as it goes** ([`ServedTrace::write_as_you_go`]): the header at once, then the
+//! rows in arrival order as their columns become final, buffered and written whole lines at
+//! a time at least every [`FLUSH_EVERY`] and at [`ServedTrace::flush`]. A row's mean norm is
+//! final when its version's group closes: at each write every group but the newest is
+//! closed, so a gradient that arrives later on an older version starts a new group (its
+//! `mean_of` says how many gradients the mean holds). A server killed while recording
+//! leaves every row written up to its last write: each worker's first steps, whole lines,
+//! readable with `advise --truncate`.
 
 use super::{GradientGroups, GradientStats, MAX_STEP_SECONDS, MIN_STEP_SECONDS, Step};
-use std::path::Path;
+use std::collections::VecDeque;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 use syncopate::{ToServer, WorkerId};
 
 /// The memory the open gradient groups may take, in bytes: the number of groups open at
@@ -19,31 +31,68 @@ use syncopate::{ToServer, WorkerId};
 /// [`GradientGroups::MAX_OPEN`]).
 pub const GROUP_MEMORY: usize = 64 << 20;
 
+/// The longest a recorded row waits in memory before it is written (once final).
+pub const FLUSH_EVERY: Duration = Duration::from_secs(2);
+
+/// Where rows go as they are recorded.
+#[derive(Debug)]
+struct Sink {
+    file: std::fs::File,
+    path: PathBuf,
+    last: Instant,
+    /// The first write error (nothing is written after it).
+    error: Option<String>,
+}
+
+/// A row not yet written: its step, its columns, and whether it waits for its group's
+/// mean norm.
+#[derive(Debug)]
+struct Row {
+    step: Step,
+    stats: GradientStats,
+    waiting: bool,
+}
+
 /// The rows recorded so far (see the module docs).
 #[derive(Debug)]
 pub struct ServedTrace {
-    steps: Vec<Step>,
-    stats: Vec<GradientStats>,
+    /// Rows not yet written, in arrival order; the first is row number `written`.
+    rows: VecDeque<Row>,
+    written: usize,
     /// Per worker: its next step's index.
     next_step: Vec<u64>,
     groups: GradientGroups<usize>,
     scratch: Vec<f32>,
+    sink: Option<Sink>,
     /// Contributions that came without step times (no row).
     pub without_times: u64,
 }
 
 impl ServedTrace {
-    /// An empty trace of `workers` workers of a model of `dim` parameters.
+    /// An empty trace of `workers` workers of a model of `dim` parameters, kept in memory
+    /// until [`Self::write_to`] (or written as it goes after [`Self::write_as_you_go`]).
     pub fn new(workers: u32, dim: usize) -> Self {
         let open = (GROUP_MEMORY / (8 * dim.max(1))).clamp(2, GradientGroups::<usize>::MAX_OPEN);
         Self {
-            steps: Vec::new(),
-            stats: Vec::new(),
+            rows: VecDeque::new(),
+            written: 0,
             next_step: vec![0; workers as usize],
             groups: GradientGroups::with_max_open(open),
             scratch: Vec::new(),
+            sink: None,
             without_times: 0,
         }
+    }
+
+    /// From now on rows go to `file` (opened with [`super::create`]; `path` names it in
+    /// errors) as they become final: the header now, the rows at least every
+    /// [`FLUSH_EVERY`], the rest at [`Self::close`].
+    pub fn write_as_you_go(&mut self, mut file: std::fs::File, path: &Path) -> Result<(), String> {
+        writeln!(file, "{}", super::HEADER_WITH_GRADIENTS)
+            .map_err(|e| format!("{}: cannot write the trace: {e}", path.display()))?;
+        self.sink = Some(Sink { file, path: path.to_owned(), last: Instant::now(), error: None });
+        self.flush();
+        Ok(())
     }
 
     /// Records `worker`'s contribution `msg` and the times of the steps it holds. Messages
@@ -60,53 +109,118 @@ impl ServedTrace {
             return;
         }
         for &s in step_seconds {
-            self.steps.push(Step {
-                worker: worker.0,
-                step: *next,
-                seconds: f64::from(s).clamp(MIN_STEP_SECONDS, MAX_STEP_SECONDS),
-            });
-            self.stats.push(GradientStats::default());
+            let seconds = f64::from(s).clamp(MIN_STEP_SECONDS, MAX_STEP_SECONDS);
+            let step = Step { worker: worker.0, step: *next, seconds };
+            self.rows.push_back(Row { step, stats: GradientStats::default(), waiting: false });
             *next += 1;
         }
-        let row = self.stats.len() - 1;
+        let row = self.len() - 1;
         let loss = msg.loss().filter(|l| l.is_finite()).map(f64::from);
-        if let Some(last) = self.stats.last_mut() {
-            last.loss = loss;
+        if let Some(last) = self.rows.back_mut() {
+            last.stats.loss = loss;
         }
         if let ToServer::Grad { base, values, .. } = msg {
             self.scratch.resize(values.len(), 0.0);
             if values.copy_into(&mut self.scratch).is_ok() && self.scratch.iter().all(|v| v.is_finite()) {
-                if let Some(last) = self.stats.last_mut() {
-                    last.grad_norm = Some(super::norm(&self.scratch));
+                if let Some(last) = self.rows.back_mut() {
+                    last.stats.grad_norm = Some(super::norm(&self.scratch));
+                    last.waiting = true;
                 }
                 self.groups.add(row, base.0, &self.scratch);
             }
         }
+        self.take_closed();
+        self.tick();
     }
 
-    /// The rows recorded so far.
+    /// Writes what is final if the last write was [`FLUSH_EVERY`] ago or more (call it
+    /// now and then when no contribution comes).
+    pub fn tick(&mut self) {
+        if self.sink.as_ref().is_some_and(|s| s.last.elapsed() >= FLUSH_EVERY) {
+            self.flush();
+        }
+    }
+
+    /// Gives the rows of closed groups their mean norms.
+    fn take_closed(&mut self) {
+        let closed = self.groups.take_closed();
+        self.settle(closed);
+    }
+
+    /// Gives the `closed` rows (row number, mean norm, group size) their columns.
+    fn settle(&mut self, closed: Vec<(usize, f64, u32)>) {
+        for (row, mean_norm, of) in closed {
+            if let Some(r) = row.checked_sub(self.written).and_then(|i| self.rows.get_mut(i)) {
+                r.stats.mean_norm = Some(mean_norm);
+                r.stats.mean_of = of;
+                r.waiting = false;
+            }
+        }
+    }
+
+    /// Writes every row whose columns are final (closing every gradient group but the
+    /// newest first) when rows go to a file; nothing otherwise.
+    pub fn flush(&mut self) {
+        if self.sink.is_none() {
+            return;
+        }
+        self.groups.close_all_but(1);
+        self.take_closed();
+        self.write_final();
+    }
+
+    /// Writes the leading rows that wait for nothing, whole lines in one write.
+    fn write_final(&mut self) {
+        let Some(sink) = self.sink.as_mut() else { return };
+        sink.last = Instant::now();
+        let ready = self.rows.iter().take_while(|r| !r.waiting).count();
+        if ready == 0 || sink.error.is_some() {
+            return;
+        }
+        let mut text = String::new();
+        for r in self.rows.drain(..ready) {
+            text.push_str(&super::row_with_gradients(&r.step, &r.stats));
+        }
+        self.written += ready;
+        if let Err(e) = sink.file.write_all(text.as_bytes()) {
+            sink.error = Some(format!("{}: cannot write the trace: {e}", sink.path.display()));
+        }
+    }
+
+    /// Ends a trace written as it goes: closes every group and writes the remaining rows.
+    pub fn close(mut self) -> Result<(), String> {
+        let closed = std::mem::take(&mut self.groups).finish();
+        self.settle(closed);
+        self.write_final();
+        match self.sink.take() {
+            Some(Sink { error: Some(e), .. }) => Err(e),
+            Some(Sink { file, path, .. }) => {
+                file.sync_all().map_err(|e| format!("{}: cannot write the trace: {e}", path.display()))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The rows recorded so far (written or not).
     pub fn len(&self) -> usize {
-        self.steps.len()
+        self.written + self.rows.len()
     }
 
     /// Whether no row was recorded.
     pub fn is_empty(&self) -> bool {
-        self.steps.is_empty()
+        self.len() == 0
     }
 
-    /// The rows, each with its gradient columns (the mean norms filled in).
+    /// The rows not yet written, each with its gradient columns (the mean norms filled
+    /// in): every row of a trace kept in memory.
     pub fn finish(mut self) -> (Vec<Step>, Vec<GradientStats>) {
-        for (row, mean_norm, of) in std::mem::take(&mut self.groups).finish() {
-            if let Some(g) = self.stats.get_mut(row) {
-                g.mean_norm = Some(mean_norm);
-                g.mean_of = of;
-            }
-        }
-        (self.steps, self.stats)
+        let closed = std::mem::take(&mut self.groups).finish();
+        self.settle(closed);
+        self.rows.into_iter().map(|r| (r.step, r.stats)).unzip()
     }
 
-    /// Writes the trace into `file` (opened with [`super::create`]); `path` names it in
-    /// errors.
+    /// Writes a trace kept in memory into `file` (opened with [`super::create`]); `path`
+    /// names it in errors.
     pub fn write_to(self, file: std::fs::File, path: &Path) -> Result<(), String> {
         let (steps, stats) = self.finish();
         let stats = if stats.iter().all(GradientStats::is_empty) { Vec::new() } else { stats };
@@ -161,5 +275,30 @@ mod tests {
         assert_eq!(back[0].1.seconds, 0.5);
         assert_eq!(back[1].1.seconds, MIN_STEP_SECONDS, "a step shorter than a trace holds is raised to the least");
         assert_eq!((back[0].2.loss, back[0].2.grad_norm, back[0].2.mean_of), (Some(0.25), Some(2.0), 1));
+    }
+
+    #[test]
+    fn a_trace_written_as_it_goes_holds_its_final_rows_before_it_is_closed() {
+        let path = std::env::temp_dir().join(format!("syncopate-served-stream-{}.csv", std::process::id()));
+        let mut t = ServedTrace::new(2, 2);
+        t.write_as_you_go(super::super::create(&path).unwrap(), &path).unwrap();
+        t.record(WorkerId(0), &grad(0, &[3.0, 4.0], Some(1.5)), &[0.02]);
+        t.record(WorkerId(1), &grad(0, &[1.0, 0.0], Some(0.5)), &[0.03]);
+        t.record(WorkerId(0), &grad(1, &[0.0, 2.0], None), &[0.01, 0.04]);
+        // Version 0's group closes at the write; version 1's stays open, and with it the
+        // last row, while the row before it (no gradient of its own) is final.
+        t.flush();
+        let back = super::super::read_lines_with_stats(&path).unwrap();
+        let rows: Vec<(u32, u64)> = back.iter().map(|(_, s, _)| (s.worker, s.step)).collect();
+        assert_eq!(rows, [(0, 0), (1, 0), (0, 1)], "written before the end");
+        assert_eq!((back[0].2.mean_norm, back[0].2.mean_of), (Some(8f64.sqrt()), 2));
+        // A late gradient on version 0 starts a group of its own.
+        t.record(WorkerId(1), &grad(0, &[1.0, 0.0], None), &[0.05]);
+        assert_eq!(t.len(), 5);
+        t.close().unwrap();
+        let back = super::super::read_lines_with_stats(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let rows: Vec<(u32, u64, u32)> = back.iter().map(|(_, s, g)| (s.worker, s.step, g.mean_of)).collect();
+        assert_eq!(rows, [(0, 0, 2), (1, 0, 2), (0, 1, 0), (0, 2, 1), (1, 1, 1)]);
     }
 }

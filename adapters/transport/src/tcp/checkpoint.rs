@@ -1,14 +1,23 @@
-//! Model checkpoints: the parameters and their version in one file, written atomically.
+//! Model checkpoints: the parameters and their version in one file, written atomically,
+//! with the identity of the run that wrote them.
 //!
 //! ```text
-//! magic "SYNCKPT\0" (8) | format u32 LE = 2 | name_len u8 | protocol name | dim u64 LE
+//! magic "SYNCKPT\0" (8) | format u32 LE = 3 | name_len u8 | protocol name | dim u64 LE
 //! | version u64 LE | dim × f32 LE | momentum f64 LE | (momentum > 0: dim × f32 LE, the model
-//! before the last update) | SHA-256 of everything before it (32)
+//! before the last update) | settings digest (32) | run_len u8 | run id | label_len u16 LE
+//! | label | accepted u64 LE | SHA-256 of everything before it (32)
 //! ```
 //!
-//! Format 1 (no momentum fields) is still read, as a run without momentum. A run resumed
-//! from a checkpoint must have the checkpoint's momentum setting (the caller checks it with
-//! [`Checkpoint::momentum`]), and goes on with its momentum buffer.
+//! Formats 1 (no momentum fields) and 2 (no identity) are still read: a run without momentum,
+//! a checkpoint of no known run. A run resumed from a checkpoint must have the checkpoint's
+//! momentum setting (the caller checks it with [`Checkpoint::momentum`]), and goes on with
+//! its momentum buffer.
+//!
+//! **Identity.** A format-3 checkpoint names the run that wrote it ([`RunIdentity`]): the
+//! digest of the run's settings, the run's id (made when the run started afresh, kept by
+//! every resumption) and a one-line label of the settings for messages. It also holds the
+//! gradients the run accepted up to this checkpoint, over all its resumptions, so that a
+//! resumed run goes on with what is left of its budget. An empty run id means no identity.
 //!
 //! A checkpoint is written by [`crate::file::replace`] (a synced temporary file renamed over
 //! `FILE`, the directory synced; never over a device or a FIFO), so a crash leaves the
@@ -23,8 +32,41 @@ use std::path::{Path, PathBuf};
 use syncopate::Version;
 
 const MAGIC: [u8; 8] = *b"SYNCKPT\0";
-const FORMAT: u32 = 2;
+const FORMAT: u32 = 3;
 const SUM_LEN: usize = 32;
+/// The longest label a checkpoint keeps (longer ones are cut at a character boundary).
+const MAX_LABEL_LEN: usize = 1024;
+
+/// The run a checkpoint belongs to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunIdentity {
+    /// The digest of the run's settings (those a resumed run must have).
+    pub settings: [u8; 32],
+    /// The run's id: made when the run started afresh, kept by its resumptions (at most
+    /// 255 bytes, never empty).
+    pub run: String,
+    /// The run's settings in words, for messages.
+    pub label: String,
+}
+
+impl RunIdentity {
+    /// A fresh run id: the clock in nanoseconds and the process id, in hex (unique on one
+    /// machine for runs started a nanosecond apart or by different processes).
+    pub fn new_run_id() -> String {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        format!("{nanos:x}-{:x}", std::process::id())
+    }
+}
+
+/// What a run's checkpoints carry besides the model: the run's identity and the gradients
+/// its earlier sessions accepted (the budget a resumed run has already spent).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stamp {
+    /// The run that writes the checkpoints (`None`: none known, written as no identity).
+    pub identity: Option<RunIdentity>,
+    /// Gradients accepted by the run before this server started (0 for a fresh run).
+    pub accepted_before: u64,
+}
 
 /// A loaded checkpoint.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,6 +81,11 @@ pub struct Checkpoint {
     pub momentum: f64,
     /// With momentum: the model before the last update (the momentum buffer).
     pub momentum_buffer: Option<Vec<f32>>,
+    /// The run that wrote it (`None`: a format-1 or -2 checkpoint, or none was given).
+    pub identity: Option<RunIdentity>,
+    /// Gradients the run had accepted when it was written, over all its sessions (0 when
+    /// unknown: no identity).
+    pub accepted: u64,
 }
 
 /// Why a checkpoint could not be read or written; displays as one line naming the file.
@@ -75,6 +122,28 @@ pub fn encode_with_momentum(
     params: &[f32],
     momentum: Option<(f64, &[f32])>,
 ) -> Vec<u8> {
+    encode_stamped(protocol, version, params, momentum, None, 0)
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends at a character boundary.
+fn cut(s: &str, max: usize) -> &[u8] {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.as_bytes().get(..end).unwrap_or_default()
+}
+
+/// The bytes of a checkpoint of the run `identity` (none: no identity), which had accepted
+/// `accepted` gradients over all its sessions.
+pub fn encode_stamped(
+    protocol: &str,
+    version: Version,
+    params: &[f32],
+    momentum: Option<(f64, &[f32])>,
+    identity: Option<&RunIdentity>,
+    accepted: u64,
+) -> Vec<u8> {
     let name = protocol.as_bytes().get(..protocol.len().min(255)).unwrap_or_default();
     let mut out = Vec::with_capacity(8 + 4 + 1 + name.len() + 16 + params.len() * 4 + SUM_LEN);
     out.extend_from_slice(&MAGIC);
@@ -91,6 +160,15 @@ pub fn encode_with_momentum(
     for p in prev {
         out.extend_from_slice(&p.to_le_bytes());
     }
+    let none = RunIdentity::default();
+    let id = identity.filter(|i| !i.run.is_empty()).unwrap_or(&none);
+    let (run, label) = (cut(&id.run, 255), cut(&id.label, MAX_LABEL_LEN));
+    out.extend_from_slice(&id.settings);
+    out.push(run.len() as u8);
+    out.extend_from_slice(run);
+    out.extend_from_slice(&(label.len() as u16).to_le_bytes());
+    out.extend_from_slice(label);
+    out.extend_from_slice(&accepted.to_le_bytes());
     let sum = Sha256::digest(&out);
     out.extend_from_slice(&sum);
     out
@@ -118,8 +196,8 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> 
         }
     };
     let format = u32::from_le_bytes(take(4)?.try_into().unwrap_or_default());
-    if format != FORMAT && format != 1 {
-        return Err(err(path, format!("format {format}, this build reads 1 and {FORMAT}")));
+    if !(1..=FORMAT).contains(&format) {
+        return Err(err(path, format!("format {format}, this build reads 1 to {FORMAT}")));
     }
     let name_len = usize::from(take(1)?.first().copied().unwrap_or(0));
     let protocol = String::from_utf8(take(name_len)?.to_vec()).map_err(|_| err(path, "protocol name is not UTF-8"))?;
@@ -141,10 +219,20 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> 
             momentum_buffer = Some(floats(take(data_len)?));
         }
     }
+    let (mut identity, mut accepted) = (None, 0);
+    if format >= 3 {
+        let settings: [u8; 32] = take(32)?.try_into().unwrap_or_default();
+        let run_len = usize::from(take(1)?.first().copied().unwrap_or(0));
+        let run = String::from_utf8(take(run_len)?.to_vec()).map_err(|_| err(path, "run id is not UTF-8"))?;
+        let label_len = usize::from(u16::from_le_bytes(take(2)?.try_into().unwrap_or_default()));
+        let label = String::from_utf8(take(label_len)?.to_vec()).map_err(|_| err(path, "label is not UTF-8"))?;
+        accepted = u64::from_le_bytes(take(8)?.try_into().unwrap_or_default());
+        identity = (!run.is_empty()).then_some(RunIdentity { settings, run, label });
+    }
     if !rest.is_empty() {
         return Err(err(path, "trailing bytes after the parameters"));
     }
-    Ok(Checkpoint { protocol, version, params, momentum, momentum_buffer })
+    Ok(Checkpoint { protocol, version, params, momentum, momentum_buffer, identity, accepted })
 }
 
 /// Writes a checkpoint to `path` atomically ([`crate::file::replace`]).
@@ -160,8 +248,28 @@ pub fn save_with_momentum(
     params: &[f32],
     momentum: Option<(f64, &[f32])>,
 ) -> Result<(), CheckpointError> {
-    let bytes = encode_with_momentum(protocol, version, params, momentum);
-    crate::file::replace(path, &bytes).map_err(|e| err(path, format!("cannot write: {e}")))
+    save_bytes(path, &encode_with_momentum(protocol, version, params, momentum))
+}
+
+/// [`save_with_momentum`] for a run of `stamp`, which has accepted `accepted` gradients in
+/// this session: the checkpoint names the run and holds the run's total.
+pub fn save_stamped(
+    path: &Path,
+    protocol: &str,
+    version: Version,
+    params: &[f32],
+    momentum: Option<(f64, &[f32])>,
+    stamp: &Stamp,
+    accepted: u64,
+) -> Result<(), CheckpointError> {
+    let total = stamp.accepted_before.saturating_add(accepted);
+    save_bytes(path, &encode_stamped(protocol, version, params, momentum, stamp.identity.as_ref(), total))
+}
+
+/// Writes checkpoint `bytes` to `path` atomically ([`crate::file::replace`]).
+fn save_bytes(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    crate::file::replace(path, bytes).map_err(|e| err(path, format!("cannot write: {e}")))
+}
 }
 
 /// Reads a checkpoint and checks that it was made by `protocol` for a model of `dim`.
@@ -184,15 +292,18 @@ pub fn load(path: &Path, protocol: &str, dim: usize) -> Result<Checkpoint, Check
 /// process being killed with `SIGKILL` (not a power cut: the journal is not synced).
 ///
 /// ```text
-/// checkpoint 40 received 160 accepted 160 applied 160 dropped 0
+/// checkpoint 40 run 18b2c0d1e2f3a4b5-3039 received 160 accepted 160 applied 160 dropped 0
 /// update 41 contributions 4 workers 1,1,1,1 received 164 accepted 164 applied 164 dropped 0
 /// ```
 ///
 /// Writing a checkpoint starts the journal afresh; the counters are the server's totals.
+/// The `run` word (absent for a run without identity) names the run whose checkpoint the
+/// journal follows: a journal of another run is refused ([`lost_since`]).
 #[derive(Debug)]
 pub struct Journal {
     path: PathBuf,
     file: File,
+    run: String,
 }
 
 /// The server's totals on a journal line.
@@ -259,15 +370,16 @@ impl Journal {
         PathBuf::from(p)
     }
 
-    /// Starts the journal of `checkpoint` afresh at `version` with the server's totals.
-    pub fn start(checkpoint: &Path, version: Version, totals: &Totals) -> Result<Self, CheckpointError> {
+    /// Starts the journal of `checkpoint` afresh at `version` with the server's totals, for
+    /// the run `run` (empty: no identity).
+    pub fn start(checkpoint: &Path, version: Version, totals: &Totals, run: &str) -> Result<Self, CheckpointError> {
         let path = Self::path_for(checkpoint);
         let file = fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&path)
             .map_err(|e| err(&path, format!("cannot open the journal: {e}")))?;
-        let mut j = Self { path, file };
+        let mut j = Self { path, file, run: run.to_owned() };
         j.restart(version, totals)?;
         Ok(j)
     }
@@ -275,7 +387,8 @@ impl Journal {
     /// A checkpoint of `version` was written: the journal starts again from it.
     pub fn restart(&mut self, version: Version, totals: &Totals) -> Result<(), CheckpointError> {
         self.file.set_len(0).map_err(|e| err(&self.path, format!("cannot truncate the journal: {e}")))?;
-        self.write(&format!("checkpoint {} {}\n", version.0, totals_line(totals)))
+        let run = if self.run.is_empty() { String::new() } else { format!("run {} ", self.run) };
+        self.write(&format!("checkpoint {} {run}{}\n", version.0, totals_line(totals)))
     }
 
     /// Model `version` combined `by_worker` contributions (per worker id).
@@ -299,9 +412,10 @@ fn parse_totals(words: &[&str]) -> Totals {
     Totals { received: get("received"), accepted: get("accepted"), applied: get("applied"), dropped: get("dropped") }
 }
 
-/// Reads the journal of `checkpoint` (made at `version`): the updates after it are lost. A
-/// missing journal (no run wrote one) loses nothing; a torn last line is ignored.
-pub fn lost_since(checkpoint: &Path, version: Version) -> Result<Lost, CheckpointError> {
+/// Reads the journal of `checkpoint` (made at `version` by the run `run`, if known): the
+/// updates after it are lost. A missing journal (no run wrote one) loses nothing; a torn
+/// last line is ignored; a journal that names another run is refused.
+pub fn lost_since(checkpoint: &Path, version: Version, run: Option<&str>) -> Result<Lost, CheckpointError> {
     let path = Journal::path_for(checkpoint);
     let text = match fs::read_to_string(&path) {
         Ok(t) => t,
@@ -313,6 +427,17 @@ pub fn lost_since(checkpoint: &Path, version: Version) -> Result<Lost, Checkpoin
     for line in text.split_inclusive('\n').filter_map(|l| l.strip_suffix('\n')) {
         let words: Vec<&str> = line.split_whitespace().collect();
         let v = words.get(1).and_then(|v| v.parse::<u64>().ok());
+        let named = words.iter().position(|w| *w == "run").and_then(|i| words.get(i + 1)).copied();
+        if let (Some("checkpoint"), Some(theirs), Some(ours)) = (words.first().copied(), named, run) {
+            if theirs != ours {
+                return Err(err(
+                    &path,
+                    format!(
+                        "the journal belongs to run {theirs}, the checkpoint to run {ours}: the journal is not this checkpoint's"
+                    ),
+                ));
+            }
+        }
         match (words.first().copied(), v) {
             (Some("checkpoint"), Some(v)) if v <= version.0 => {
                 lost.at_checkpoint = parse_totals(&words);
@@ -365,7 +490,9 @@ mod tests {
                 version: Version(42),
                 params: params.clone(),
                 momentum: 0.0,
-                momentum_buffer: None
+                momentum_buffer: None,
+                identity: None,
+                accepted: 0
             }
         );
         assert!(load(&path, "asp", 4).unwrap_err().to_string().contains("made by protocol bsp"));
@@ -413,15 +540,15 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("syncopate-journal-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         let path = dir.join("m.ckpt");
-        assert_eq!(lost_since(&path, Version(3)).unwrap().versions, None, "no journal: nothing lost");
+        assert_eq!(lost_since(&path, Version(3), None).unwrap().versions, None, "no journal: nothing lost");
         let t = |a: u64| Totals { received: a, accepted: a, applied: a, dropped: 0 };
-        let mut j = Journal::start(&path, Version(0), &t(0)).unwrap();
+        let mut j = Journal::start(&path, Version(0), &t(0), "r1").unwrap();
         j.update(Version(1), &[1, 1], &t(2)).unwrap();
         j.update(Version(2), &[1, 1], &t(4)).unwrap();
         j.restart(Version(2), &t(4)).unwrap();
         j.update(Version(3), &[1, 1], &t(6)).unwrap();
         j.update(Version(4), &[0, 1], &t(7)).unwrap();
-        let lost = lost_since(&path, Version(2)).unwrap();
+        let lost = lost_since(&path, Version(2), Some("r1")).unwrap();
         assert_eq!(lost.versions, Some((Version(3), Version(4))));
         assert_eq!((lost.contributions, lost.by_worker.clone()), (3, vec![1, 2]));
         assert_eq!((lost.at_checkpoint, lost.at_last), (t(4), t(7)));
@@ -431,7 +558,7 @@ mod tests {
         );
         // The checkpoint of version 4 was written but the journal not yet restarted: nothing
         // lost, and the checkpoint holds everything applied up to version 4.
-        let held = lost_since(&path, Version(4)).unwrap();
+        let held = lost_since(&path, Version(4), Some("r1")).unwrap();
         assert_eq!((held.versions, held.contributions), (None, 0));
         assert_eq!((held.at_checkpoint, held.at_last), (t(7), t(7)));
         // A torn last line is ignored.
@@ -441,7 +568,38 @@ mod tests {
             .unwrap()
             .write_all(b"update 5 contributions 1 workers 1,0 accepted 8 applied 8")
             .unwrap();
-        assert_eq!(lost_since(&path, Version(2)).unwrap().versions, Some((Version(3), Version(4))));
+        assert_eq!(lost_since(&path, Version(2), Some("r1")).unwrap().versions, Some((Version(3), Version(4))));
+        // The journal of another run is not this checkpoint's.
+        let e = lost_since(&path, Version(2), Some("r2")).unwrap_err().to_string();
+        assert!(e.contains("belongs to run r1, the checkpoint to run r2"), "{e}");
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_checkpoint_names_its_run_and_the_gradients_it_accepted_over_its_sessions() {
+        let path = Path::new("m.ckpt");
+        let identity = RunIdentity { settings: [7; 32], run: "abc-1".into(), label: "bsp with 2 workers".into() };
+        let stamp = Stamp { identity: Some(identity.clone()), accepted_before: 1000 };
+        let bytes = encode_stamped("bsp", Version(9), &[1.0, 2.0], None, stamp.identity.as_ref(), 1012);
+        let c = decode(path, &bytes).unwrap();
+        assert_eq!((c.identity, c.accepted, c.version), (Some(identity), 1012, Version(9)));
+        for cut in 0..bytes.len() {
+            assert!(decode(path, &bytes[..cut]).is_err());
+        }
+        // No identity reads back as none; a label too long is cut at a character boundary.
+        let c = decode(path, &encode_with_momentum("bsp", Version(1), &[1.0], None)).unwrap();
+        assert_eq!((c.identity, c.accepted), (None, 0));
+        let long = RunIdentity { settings: [0; 32], run: "r".into(), label: "é".repeat(MAX_LABEL_LEN) };
+        let c = decode(path, &encode_stamped("bsp", Version(1), &[1.0], None, Some(&long), 3)).unwrap();
+        assert_eq!(c.identity.unwrap().label.len(), MAX_LABEL_LEN);
+        // A format-2 file (no identity) still reads.
+        let mut v2 = encode_with_momentum("bsp", Version(4), &[1.0], None);
+        v2.truncate(v2.len() - SUM_LEN - (32 + 1 + 2 + 8));
+        v2.splice(8..12, 2u32.to_le_bytes());
+        let sum = Sha256::digest(&v2);
+        v2.extend_from_slice(&sum);
+        let c = decode(path, &v2).unwrap();
+        assert_eq!((c.version, c.identity, c.accepted), (Version(4), None, 0));
+        assert_ne!(RunIdentity::new_run_id(), "");
     }
 }

@@ -52,6 +52,8 @@ pub(super) struct Core<S> {
     steps: PendingSteps,
     /// Set when a contribution was refused for holding NaN, ±∞ or an overflowing norm.
     diverged: bool,
+    /// A shard: since when no worker has been connected (after the run started).
+    gone_since: Option<StdInstant>,
 }
 
 impl<S: Server<f32>> Core<S> {
@@ -70,7 +72,7 @@ impl<S: Server<f32>> Core<S> {
         let version = server.version();
         let persist = shared.options.checkpoint.clone().map(|(path, every)| {
             // The journal of what is applied between checkpoints (read by `--resume`).
-            let (persist, error) = Persist::new(path, every, n, version);
+            let (persist, error) = Persist::new(path, every, n, version, shared.options.checkpoint_stamp.clone());
             if let Some(e) = error {
                 note(Note::Log(&e));
             }
@@ -100,6 +102,7 @@ impl<S: Server<f32>> Core<S> {
             persist,
             steps: PendingSteps::new(n),
             diverged: false,
+            gone_since: None,
         }
     }
 
@@ -146,6 +149,9 @@ impl<S: Server<f32>> Core<S> {
             if plan.time_limit.is_some_and(|t| self.origin.elapsed() >= t) {
                 return StopReason::TimeLimit;
             }
+            if self.workers_gone() {
+                return StopReason::WorkersGone;
+            }
             let mut wake = StdInstant::now() + tick;
             if let Some(t) = self.proto.poll_timeout() {
                 wake = wake.min(at(self.origin, t));
@@ -162,6 +168,19 @@ impl<S: Server<f32>> Core<S> {
                 }
             }
         }
+    }
+
+    /// A shard's end when its workers have left: a worker of a sharded run leaves every
+    /// shard once one shard said stop, so a shard that no worker has been connected to for
+    /// `lost_after`, after the run started, has no one left to train with (its budget may
+    /// be unmet when it was resumed from a checkpoint behind the other shards).
+    fn workers_gone(&mut self) -> bool {
+        let shard = self.shared.options.settings.shard.is_some();
+        if !shard || self.started.is_none() || self.conns.iter().any(Option::is_some) {
+            self.gone_since = None;
+            return false;
+        }
+        self.gone_since.get_or_insert_with(StdInstant::now).elapsed() >= self.shared.options.lost_after
     }
 
     fn log(note: &mut dyn FnMut(Note<'_>), line: &str) {
@@ -548,7 +567,7 @@ impl<S: Server<f32>> Core<S> {
         let server = self.proto.server();
         let name = self.shared.announce.config.name();
         let momentum = server.momentum_buffer().map(|prev| (self.shared.options.momentum, prev));
-        match persist.save(name, server.version(), server.params(), momentum, &totals) {
+        match persist.save(name, server.version(), server.params(), momentum, server.stats().accepted, &totals) {
             Ok(journal_error) => {
                 self.report.checkpoints += 1;
                 if let Some(e) = journal_error {

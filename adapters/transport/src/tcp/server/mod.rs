@@ -118,6 +118,9 @@ pub struct ServerOptions {
     pub write_timeout: Duration,
     /// Write a checkpoint here every `every` model updates (and at the end).
     pub checkpoint: Option<(PathBuf, u64)>,
+    /// What every checkpoint says besides the model: the run's identity and the gradients
+    /// its earlier sessions accepted (added to this server's count).
+    pub checkpoint_stamp: crate::tcp::checkpoint::Stamp,
     /// SGD with momentum on every update ([`run`](TcpServer::run)), in `[0, 1)`; 0 is plain
     /// SGD. Checkpoints hold the momentum buffer with the model.
     pub momentum: f64,
@@ -148,6 +151,7 @@ impl ServerOptions {
             send_queue: 64,
             write_timeout: Duration::from_secs(10),
             checkpoint: None,
+            checkpoint_stamp: crate::tcp::checkpoint::Stamp::default(),
             momentum: 0.0,
             momentum_buffer: None,
             lost_after: super::DEFAULT_LOST_AFTER,
@@ -186,6 +190,9 @@ pub enum StopReason {
     /// ([`ServerHandle::diverged`]). The workers were told to stop; no final checkpoint is
     /// written (it would hold the diverged model).
     Diverged,
+    /// A shard whose every worker had left for the server's `lost_after`, after the run
+    /// started: a shard's workers leave when another shard ended the run.
+    WorkersGone,
 }
 
 /// What the server reports while it runs.

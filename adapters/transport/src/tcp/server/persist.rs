@@ -3,7 +3,7 @@
 //! journal of the versions made and the contributions each applied per worker, so that a
 //! resumed run can say exactly what was lost (see [`checkpoint`]).
 
-use crate::tcp::checkpoint::{self, Journal, Totals};
+use crate::tcp::checkpoint::{self, Journal, Stamp, Totals};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use syncopate::{ServerEvent, Version};
@@ -21,18 +21,28 @@ pub(super) struct Persist {
     made: Vec<(Version, Vec<u64>)>,
     /// An update asked for a checkpoint.
     due: bool,
+    /// The run the checkpoints name, and what it accepted before this server started.
+    stamp: Stamp,
 }
 
 impl Persist {
     /// Checkpoints to `path` every `every` updates of a run of `workers` workers at
-    /// `version`; the journal starts now (an error starting it is returned to be logged, and
-    /// the checkpoints go on without one).
-    pub(super) fn new(path: PathBuf, every: u64, workers: usize, version: Version) -> (Self, Option<String>) {
-        let (journal, error) = match Journal::start(&path, version, &Totals::default()) {
+    /// `version`, each named by `stamp`; the journal starts now (an error starting it is
+    /// returned to be logged, and the checkpoints go on without one).
+    pub(super) fn new(
+        path: PathBuf,
+        every: u64,
+        workers: usize,
+        version: Version,
+        stamp: Stamp,
+    ) -> (Self, Option<String>) {
+        let run = stamp.identity.as_ref().map(|i| i.run.clone()).unwrap_or_default();
+        let (journal, error) = match Journal::start(&path, version, &Totals::default(), &run) {
             Ok(j) => (Some(j), None),
             Err(e) => (None, Some(e.to_string())),
         };
-        let persist = Self { path, every, journal, workers, applied: BTreeMap::new(), made: Vec::new(), due: false };
+        let persist =
+            Self { path, every, journal, workers, applied: BTreeMap::new(), made: Vec::new(), due: false, stamp };
         (persist, error)
     }
 
@@ -80,17 +90,21 @@ impl Persist {
     }
 
     /// Writes a checkpoint of `params` at `version` for protocol `name` (with the momentum
-    /// buffer, if any) and restarts the journal from it: `Err` if the checkpoint was not
-    /// written, `Ok(Some(error))` if it was but the journal could not restart.
+    /// buffer, if any; `accepted` gradients in this session) and restarts the journal from
+    /// it: `Err` if the checkpoint was not written, `Ok(Some(error))` if it was but the
+    /// journal could not restart.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn save(
         &mut self,
         name: &str,
         version: Version,
         params: &[f32],
         momentum: Option<(f64, &[f32])>,
+        accepted: u64,
         totals: &Totals,
     ) -> Result<Option<String>, String> {
-        checkpoint::save_with_momentum(&self.path, name, version, params, momentum).map_err(|e| e.to_string())?;
+        checkpoint::save_stamped(&self.path, name, version, params, momentum, &self.stamp, accepted)
+            .map_err(|e| e.to_string())?;
         Ok(self.journal.as_mut().and_then(|j| j.restart(version, totals).err()).map(|e| e.to_string()))
     }
 }
