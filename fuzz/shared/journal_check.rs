@@ -25,7 +25,7 @@ pub(crate) fn check(data: &[u8]) -> usize {
     let checkpoint = crate::scratch::dir("journal").join("fuzz.ckpt");
     let at = version(choice);
     crate::scratch::write(&Journal::path_for(&checkpoint), journal);
-    let read = match lost_since(&checkpoint, at) {
+    let read = match lost_since(&checkpoint, at, None) {
         Err(e) => {
             assert!(!e.to_string().contains('\n'), "a journal error of more than one line: {e}");
             0
@@ -54,14 +54,14 @@ fn check_written(checkpoint: &std::path::Path, data: &[u8]) {
     let mut next = || words.next().unwrap_or(1);
     let start = next() % 1000;
     let totals = Totals { received: next(), accepted: next(), applied: next(), dropped: next() };
-    let mut journal = Journal::start(checkpoint, Version(start), &totals).unwrap_or_else(|e| panic!("{e}"));
+    let mut journal = Journal::start(checkpoint, Version(start), &totals, "run-1").unwrap_or_else(|e| panic!("{e}"));
     let by_worker: Vec<u64> = (0..1 + next() % 4).map(|_| next() % 1000).collect();
     let updates = next() % 4;
     let last = Totals { received: next(), accepted: next(), applied: next(), dropped: next() };
     for u in 1..=updates {
         journal.update(Version(start + u), &by_worker, &last).unwrap_or_else(|e| panic!("{e}"));
     }
-    let lost = lost_since(checkpoint, Version(start)).unwrap_or_else(|e| panic!("the server's journal refused: {e}"));
+    let lost = lost_since(checkpoint, Version(start), Some("run-1")).unwrap_or_else(|e| panic!("the server's journal refused: {e}"));
     assert_eq!(lost.at_checkpoint, totals);
     if updates == 0 {
         assert_eq!((lost.versions, lost.at_last), (None, totals));

@@ -19,7 +19,7 @@ pub(crate) fn check(data: &[u8]) -> usize {
     for dim in [1, 2, 3, 16, own, own + 1] {
         if let Ok(params) = initial::decode(data, dim) {
             accepted += 1;
-            assert!(initial::is_initial(data) && !step_times::is_step_times(data));
+            assert!(initial::CODEC.is(data) && !step_times::CODEC.is(data));
             assert_eq!(params.len(), dim);
             assert!(params.iter().all(|v| v.is_finite()), "accepted a non-finite initial parameter");
             let again = initial::encode(&params, dim).unwrap_or_else(|e| panic!("accepted parameters refused: {e}"));
@@ -28,7 +28,7 @@ pub(crate) fn check(data: &[u8]) -> usize {
     }
     if let Ok(seconds) = step_times::decode(data) {
         accepted += 1;
-        assert!(step_times::is_step_times(data) && !initial::is_initial(data));
+        assert!(step_times::CODEC.is(data) && !initial::CODEC.is(data));
         assert!((1..=step_times::MAX_STEPS).contains(&seconds.len()));
         assert!(seconds.iter().all(|s| s.is_finite() && *s > 0.0), "accepted a step time that is not one");
         let again = step_times::encode(&seconds).unwrap_or_else(|e| panic!("accepted step times refused: {e}"));

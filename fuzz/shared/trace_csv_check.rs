@@ -37,7 +37,7 @@ pub(crate) fn check(data: &[u8]) -> usize {
         assert!(workers >= 1 && shortest >= 1);
         let steps = trace::truncate_to_shortest(numbered.clone(), shortest);
         assert_eq!(steps.len() as u64, u64::from(workers) * shortest);
-        let models = trace::compute_models(&steps, workers, "fuzz.csv")
+        let models = syncopate_adapters::sim::compute_models(&steps, workers, "fuzz.csv")
             .unwrap_or_else(|e| panic!("a full table has no replay models: {e}"));
         assert_eq!(models.len(), workers as usize);
     }

@@ -283,7 +283,7 @@ fn journal_corpus() {
     // The server's own journal: a checkpoint at 40, two updates.
     let ckpt = scratch::dir("journal-seeds").join("seed.ckpt");
     let totals = |n| Totals { received: n, accepted: n, applied: n, dropped: 0 };
-    let mut j = Journal::start(&ckpt, Version(40), &totals(160)).expect("journal");
+    let mut j = Journal::start(&ckpt, Version(40), &totals(160), "run-1").expect("journal");
     j.update(Version(41), &[1, 1, 1, 1], &totals(164)).expect("update");
     j.update(Version(42), &[2, 0, 1, 1], &totals(168)).expect("update");
     let written = fs::read(Journal::path_for(&ckpt)).expect("read the journal");
@@ -310,7 +310,7 @@ fn shard_record_corpus() {
     let dir = scratch::dir("shard-record-seeds");
     let record = |a: u8, b: u8| {
         let ckpt = dir.join(format!("{a}-{b}.ckpt"));
-        write_shard_record(&ckpt, &shard_record_check::settings(a, b)).expect("record");
+        write_shard_record(&ckpt, &shard_record_check::settings(a, b), "run-1").expect("record");
         let bytes = fs::read(dir.join(format!("{a}-{b}.ckpt.shard"))).expect("read the record");
         [&[a, b][..], &bytes].concat()
     };

@@ -162,17 +162,21 @@ pub fn encode_npy_vector(values: &[f32]) -> Vec<u8> {
     npy::encode_vector(values)
 }
 
-/// Writes the shard record next to the checkpoint `checkpoint` (`FILE.shard`) for a shard
-/// of `settings`, as a shard's `serve` does when it starts (nothing for a whole model).
-pub fn write_shard_record(checkpoint: &std::path::Path, settings: &crate::tcp::RunSettings) -> Result<(), String> {
-    shard::write_record(checkpoint, settings)
+/// Writes the record of the run `run` next to the checkpoint `checkpoint` (`FILE.shard` for a
+/// shard of `settings`, `FILE.run` for a whole model), as `serve` does when a run starts.
+pub fn write_shard_record(
+    checkpoint: &std::path::Path,
+    settings: &crate::tcp::RunSettings,
+    run: &str,
+) -> Result<(), String> {
+    shard::write_record(checkpoint, settings, run)
 }
 
 /// Parses and checks the shard record next to `checkpoint`, as `serve --shard I/S --resume`
 /// does: `Ok` only if it names this shard of this run; otherwise one line saying what
 /// differs.
 pub fn check_shard_record(checkpoint: &std::path::Path, settings: &crate::tcp::RunSettings) -> Result<(), String> {
-    shard::check_record(checkpoint, settings)
+    shard::check_record(checkpoint, settings).map(|_| ())
 }
 
 /// Parses `--model`, refusing hidden layers beyond [`MAX_HIDDEN`].

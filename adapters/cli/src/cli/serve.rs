@@ -219,15 +219,17 @@ fn stop_on_signals(flag: &Arc<AtomicBool>) -> Result<(), String> {
 }
 
 /// Checks every file the run will write before it starts (`--save`, `--checkpoint` with its
-/// journal and a shard's record, `--record-trace`): each writable, none the same as another.
+/// journal and its run or shard record, `--record-trace`): each writable, none the same as another.
 fn check_outputs(args: &ServeArgs) -> Result<(), String> {
     use super::paths::Output;
     let mut outputs = Vec::new();
     if let Some(path) = &args.checkpoint {
-        let mut companions = vec![("its journal", checkpoint::Journal::path_for(path))];
-        if args.shard.shard.is_some() {
-            companions.push(("its shard record", super::shard::record_path(path)));
-        }
+        let sharded = args.shard.shard.is_some();
+        let record = if sharded { "its shard record" } else { "its run record" };
+        let companions = vec![
+            ("its journal", checkpoint::Journal::path_for(path)),
+            (record, super::shard::record_file(path, sharded)),
+        ];
         outputs.push(Output { companions, ..Output::new("--checkpoint", path) });
     }
     outputs.extend(args.save.as_deref().map(|p| Output::new("--save", p)));

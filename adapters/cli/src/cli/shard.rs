@@ -91,8 +91,13 @@ pub(super) fn describe(settings: &RunSettings) -> String {
 /// The record of whose run (and, for a shard, whose slice) a checkpoint holds: `FILE.shard`
 /// for a shard, `FILE.run` for a whole model.
 pub(super) fn record_path(checkpoint: &Path, settings: &RunSettings) -> PathBuf {
+    record_file(checkpoint, settings.shard.is_some())
+}
+
+/// [`record_path`] of a shard's (`sharded`) or a whole model's checkpoint.
+pub(super) fn record_file(checkpoint: &Path, sharded: bool) -> PathBuf {
     let mut p = checkpoint.as_os_str().to_owned();
-    p.push(if settings.shard.is_some() { ".shard" } else { ".run" });
+    p.push(if sharded { ".shard" } else { ".run" });
     PathBuf::from(p)
 }
 

@@ -270,7 +270,6 @@ pub fn save_stamped(
 fn save_bytes(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     crate::file::replace(path, bytes).map_err(|e| err(path, format!("cannot write: {e}")))
 }
-}
 
 /// Reads a checkpoint and checks that it was made by `protocol` for a model of `dim`.
 pub fn load(path: &Path, protocol: &str, dim: usize) -> Result<Checkpoint, CheckpointError> {

@@ -7,7 +7,7 @@
 use super::{BapConfig, TimeoutFrom};
 use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
-use crate::math::{self, Scalar};
+use crate::math::Scalar;
 use crate::msg::{ToServer, Values};
 use crate::proto::common::loss::LossTally;
 use crate::proto::common::optim::Cleared;

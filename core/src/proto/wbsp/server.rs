@@ -4,7 +4,7 @@
 use super::WbspConfig;
 use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
-use crate::math::{self, Scalar};
+use crate::math::Scalar;
 use crate::msg::{ToServer, Values};
 use crate::proto::common::optim::Cleared;
 use crate::proto::common::queue::{BatchKind, ServerItem};
