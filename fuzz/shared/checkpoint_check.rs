@@ -5,7 +5,7 @@
 //! checksum to the fields. No panic and no error of more than one line; what is accepted
 //! has momentum in `[0, 1)` and a momentum buffer exactly when momentum is positive, of the
 //! parameters' length; written again it decodes to the same checkpoint (bit for bit), and
-//! re-encoding that is a fixed point. A format-2 file with a non-negative momentum re-encodes
+//! re-encoding that is a fixed point. A format-3 file with a non-negative momentum re-encodes
 //! to its own bytes.
 
 use std::path::Path;
@@ -20,14 +20,15 @@ pub(crate) fn seal(body: &[u8]) -> Vec<u8> {
 }
 
 /// A checkpoint as comparable bits.
-fn fields(c: &Checkpoint) -> (String, u64, Vec<u32>, u64, Option<Vec<u32>>) {
+fn fields(c: &Checkpoint) -> (String, u64, Vec<u32>, u64, Option<Vec<u32>>, String) {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    (c.protocol.clone(), c.version.0, bits(&c.params), c.momentum.to_bits(), c.momentum_buffer.as_deref().map(bits))
+    let run = format!("{:?} {}", c.identity, c.accepted);
+    (c.protocol.clone(), c.version.0, bits(&c.params), c.momentum.to_bits(), c.momentum_buffer.as_deref().map(bits), run)
 }
 
 fn encode(c: &Checkpoint) -> Vec<u8> {
     let momentum = c.momentum_buffer.as_deref().map(|b| (c.momentum, b));
-    checkpoint::encode_with_momentum(&c.protocol, c.version, &c.params, momentum)
+    checkpoint::encode_stamped(&c.protocol, c.version, &c.params, momentum, c.identity.as_ref(), c.accepted)
 }
 
 /// Runs every check on `data`; panics on a violation. Returns how many decodings accepted it.
@@ -58,8 +59,8 @@ fn check_one(bytes: &[u8]) -> usize {
     assert_eq!(got, want, "a written checkpoint decodes to another one");
     assert!(encode(&back) == written, "writing a written checkpoint again changed it");
     let format = bytes.get(8..12).map(|f| u32::from_le_bytes(f.try_into().unwrap_or_default()));
-    if format == Some(2) && c.momentum.is_sign_positive() {
-        assert!(written == bytes, "re-encoding a format-2 checkpoint changed its bytes");
+    if format == Some(3) && c.momentum.is_sign_positive() {
+        assert!(written == bytes, "re-encoding a format-3 checkpoint changed its bytes");
     }
     1
 }

@@ -382,17 +382,14 @@ fn trace_csv_corpus() {
     let _ = fs::remove_dir_all(scratch::dir("trace_csv"));
 }
 
-/// The inputs of open fuzz findings, `fuzz/regressions/<target>/`, through their target's
-/// checks. Ignored while a finding is open (each file's parser is another change's to fix);
-/// run with `--ignored`, and drop the `ignore` once they pass.
+/// The inputs of fuzz findings, `fuzz/regressions/<target>/`, through their target's checks:
 ///
-/// - `npy/error_echoes_a_newline`: the `.npy` reader's "unknown key" error quotes the header's
-///   bytes raw, so a key holding a newline (or any control byte) makes a multi-line error.
-/// - `journal/contributions_overflow`: `lost_since` adds a journal's counts without a bound,
-///   so two updates whose counts sum past `u64::MAX` panic (overflow checks) or wrap.
+/// - `npy/error_echoes_a_newline`: a `.npy` error quotes the header's bytes escaped, so a key
+///   holding a newline (or any control byte) still makes a one-line error.
+/// - `journal/contributions_overflow`: `lost_since` adds a journal's counts saturating, so two
+///   updates whose counts sum past `u64::MAX` neither panic nor wrap.
 #[test]
-#[ignore = "open findings: .npy errors echo header bytes raw; journal counts overflow"]
-fn open_findings() {
+fn fuzz_findings_stay_fixed() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/regressions");
     let checks: [(&str, Check); 2] = [("npy", npy_check::check), ("journal", journal_check::check)];
     for (target, check) in checks {

@@ -181,18 +181,19 @@ fn parse_header(header: &str) -> Result<usize, String> {
                 // Python reads `(10)` as the number 10, not a tuple: NumPy refuses it.
                 if dims.len() == 1 && !inner.contains(',') {
                     return Err(format!(
-                        "malformed .npy header ('shape' ({inner}) is not a tuple: one dimension is written ({inner},))"
+                        "malformed .npy header ('shape' ({inner}) is not a tuple: one dimension is written ({inner},))",
+                        inner = inner.escape_default()
                     ));
                 }
                 let dims: Vec<usize> = dims
                     .iter()
                     .map(|d| d.trim_end_matches('L').parse::<usize>())
                     .collect::<Result<_, _>>()
-                    .map_err(|_| format!("malformed .npy header (shape ({inner}))"))?;
+                    .map_err(|_| format!("malformed .npy header (shape ({}))", inner.escape_default()))?;
                 shape = Some(dims);
                 open.get(close + 1..).unwrap_or_default()
             }
-            other => return Err(format!("malformed .npy header (unknown key '{other}')")),
+            other => return Err(format!("malformed .npy header (unknown key '{}')", other.escape_default())),
         };
         let after = after.trim_start();
         rest = match after.strip_prefix(',') {
@@ -205,7 +206,10 @@ fn parse_header(header: &str) -> Result<usize, String> {
     fortran.ok_or("malformed .npy header (no 'fortran_order')")?;
     let shape = shape.ok_or("malformed .npy header (no 'shape')")?;
     if descr != "<f4" {
-        return Err(format!("dtype '{descr}': expected '<f4' (little-endian float32; numpy: a.astype(np.float32))"));
+        return Err(format!(
+            "dtype '{}': expected '<f4' (little-endian float32; numpy: a.astype(np.float32))",
+            descr.escape_default()
+        ));
     }
     match shape[..] {
         [0] => Err("shape (0,): the vector is empty".into()),
