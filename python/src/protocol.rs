@@ -4,8 +4,8 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use syncopate::ProtocolConfig;
-use syncopate_adapters::scenario::{GroupLrScaling, InterruptMode, ProtocolKind, ProtocolSpec};
-use syncopate_adapters::tcp::ProtocolSettings;
+use syncopate_sim::scenario::{GroupLrScaling, InterruptMode, ProtocolKind, ProtocolSpec};
+use syncopate_transport::tcp::ProtocolSettings;
 
 /// A synchronization protocol and its settings (the `--protocol` flags of the CLI).
 #[pyclass(module = "syncopate._native", frozen)]

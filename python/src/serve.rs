@@ -17,8 +17,8 @@ use std::path::Path;
 use std::time::Instant as StdInstant;
 use syncopate::proto::Heap;
 use syncopate::{AnyServer, ServerEvent, Version};
-use syncopate_adapters::trace::{self, served::ServedTrace};
-use syncopate_adapters::tcp::{
+use syncopate_sim::trace::{self, served::ServedTrace};
+use syncopate_transport::tcp::{
     Note, RunPlan, RunSettings, Secret, ServerHandle, ServerOptions, ServerReport, StopReason, TcpServer,
 };
 

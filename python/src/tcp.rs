@@ -23,7 +23,7 @@ use pyo3::types::PyDict;
 use std::path::Path;
 use std::sync::Arc;
 use syncopate::WorkerId;
-use syncopate_adapters::tcp::{RunSettings, Secret, WorkerJob, WorkerOptions, run_worker as tcp_run_worker};
+use syncopate_transport::tcp::{RunSettings, Secret, WorkerJob, WorkerOptions, run_worker as tcp_run_worker};
 
 /// The TCP worker's settings; the one place that knows how the Rust worker is configured.
 fn options(connect: &str, id: u32, secret_file: Option<&str>, give_up_after_s: f64) -> PyResult<WorkerOptions> {
