@@ -5,6 +5,8 @@
 //!
 //! - [`channel`]: the server and workers in one process, messages over crossbeam channels
 //!   (encoded once per broadcast, shared by every recipient).
+//! - [`launcher`]: the rank, world size and server address a launcher (torchrun, mpirun,
+//!   srun) puts in a process's environment.
 //! - [`protocol_spec`]: a protocol and its knobs as plain settings (what command lines,
 //!   scenario files and the TCP handshake carry) and the core configuration built from them.
 //! - [`tcp`]: the parameter server and workers in separate processes or machines: framing,
@@ -20,5 +22,6 @@
 #![deny(missing_docs)]
 
 pub mod channel;
+pub mod launcher;
 pub mod protocol_spec;
 pub mod tcp;
