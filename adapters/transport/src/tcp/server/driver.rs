@@ -549,8 +549,13 @@ impl<S: Server<f32>> Core<S> {
                         }
                     }
                     ServerOutput::Event(ev) => {
-                        if let ServerEvent::ModelUpdated { version, mean_loss: Some(loss), .. } = ev {
-                            let t_s = self.started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+                        // The curve is on the run's clock: an update made before it started
+                        // (an asynchronous protocol training while the last workers connect)
+                        // has no time on it and is left out.
+                        if let (ServerEvent::ModelUpdated { version, mean_loss: Some(loss), .. }, Some(start)) =
+                            (ev, self.started)
+                        {
+                            let t_s = start.elapsed().as_secs_f64();
                             self.report.loss_curve.push(super::LossPoint { version: version.0, t_s, loss });
                         }
                         Self::count(&mut self.report, &mut self.checkpoint_due, &self.shared.options, &ev);
