@@ -12,7 +12,7 @@
 //!   equal the protocol's worker count, and every rank must be below it.
 //! - The server's address defaults to `MASTER_ADDR:MASTER_PORT` when both are set.
 //!
-//! Every reader takes a lookup function ([`env`] in production, a table in tests) and
+//! Every reader takes a lookup function ([`env()`] in production, a table in tests) and
 //! refuses a value that is not a whole number, naming the variable and the value.
 
 /// One launcher's variables: its rank, its world size.
