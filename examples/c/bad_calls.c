@@ -1,7 +1,7 @@
 /*
  * Bad calls from C get an error code and a one-line description, never a crash: a null
- * handle, a short buffer, a wrong length, misaligned or short handle memory, a finished
- * handle, an unknown protocol. Exits 0 when every call is refused with the expected code.
+ * handle, a short buffer, a wrong length, misaligned or short handle memory, a gradient
+ * inside the worker's own model, a finished handle, an unknown protocol. Exits 0 when every call is refused with the expected code.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -97,6 +97,11 @@ int main(void) {
     float grad[DIM] = {0};
     expect(syncopate_worker_handle_gradient(worker, 0, 12345, grad, DIM), SYNCOPATE_ERR_REJECTED,
            "worker_handle_gradient(unknown job)");
+    /* The worker's own model as the gradient: read while the worker writes it. */
+    expect(syncopate_worker_handle_gradient(worker, 0, 0, wparams, DIM), SYNCOPATE_ERR_OVERLAP,
+           "worker_handle_gradient(its model)");
+    expect(syncopate_worker_handle_gradient_loss(worker, 0, 0, wparams, DIM, 0.5f), SYNCOPATE_ERR_OVERLAP,
+           "worker_handle_gradient_loss(its model)");
 
     expect(syncopate_server_fini(server), SYNCOPATE_OK, "server_fini");
     expect(syncopate_server_stop(server), SYNCOPATE_ERR_BAD_HANDLE, "server_stop(finished handle)");

@@ -2,11 +2,13 @@
 //! for the Python-facing documentation and `_native.pyi` for the types).
 
 mod buffer;
+mod launch;
 mod machines;
 mod protocol;
 mod serve;
 mod sim;
 mod tcp;
+mod watch;
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -26,6 +28,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sim::digits_split, m)?)?;
     m.add("PROTOCOLS", pyo3::types::PyTuple::new(m.py(), syncopate::ProtocolKind::NAMES)?)?;
     m.add_function(wrap_pyfunction!(sim::mnist5k_split, m)?)?;
+    launch::register(m)?;
     // Timings are only meaningful from an optimised build; benchmarks check this first.
     m.add("BUILD", if cfg!(debug_assertions) { "debug" } else { "release" })?;
     m.add("RejectedError", m.py().get_type::<RejectedError>())?;

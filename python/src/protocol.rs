@@ -1,11 +1,12 @@
 //! [`Protocol`]: a protocol and its knobs, spelled as `syncopate serve` / `work` spell them
 //! (the adapters' [`ProtocolSpec`]), so a Python worker and a CLI server agree exactly.
 
+use core::time::Duration;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use syncopate::ProtocolConfig;
-use syncopate_adapters::scenario::{GroupLrScaling, InterruptMode, ProtocolKind, ProtocolSpec};
-use syncopate_adapters::tcp::ProtocolSettings;
+use syncopate_sim::scenario::{GroupLrScaling, InterruptMode, ProtocolKind, ProtocolSpec};
+use syncopate_transport::tcp::ProtocolSettings;
 
 /// A synchronization protocol and its settings (the `--protocol` flags of the CLI).
 #[pyclass(module = "syncopate._native", frozen)]
@@ -14,6 +15,9 @@ pub(crate) struct Protocol {
     pub(crate) config: ProtocolConfig,
     /// The same protocol as a server announces it to its workers.
     pub(crate) settings: ProtocolSettings,
+    /// How often a server with no progress says what it waits for: the stall report
+    /// interval (`stall_report_ms`, 2 s by default).
+    pub(crate) report_every: Duration,
     name: String,
 }
 
@@ -26,13 +30,13 @@ fn parse_name(name: &str) -> PyResult<ProtocolKind> {
 #[pymethods]
 impl Protocol {
     #[new]
-    #[pyo3(signature = (name = "bsp", workers = 8, lr = 0.5, *, staleness = None, iteration_timeout_ms = None,
+    #[pyo3(signature = (name = "bsp", workers = None, lr = 0.5, *, staleness = None, iteration_timeout_ms = None,
         backup_workers = None, interrupt = None, k_min = None, groups = None, group_lr_scaling = None,
         round_deadline_ms = None, stall_report_ms = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         name: &str,
-        workers: u32,
+        workers: Option<u32>,
         lr: f64,
         staleness: Option<u64>,
         iteration_timeout_ms: Option<f64>,
@@ -59,6 +63,9 @@ impl Protocol {
                 PyValueError::new_err(format!("group_lr_scaling '{name}': expected 'linear', 'none' or 'sqrt'"))
             })?),
         };
+        let kind = parse_name(name)?;
+        // Without `workers=`, a launcher's world size (one process per worker), else an error.
+        let workers = crate::launch::workers(workers)?;
         let spec = ProtocolSpec {
             lr: Some(lr),
             staleness,
@@ -70,11 +77,14 @@ impl Protocol {
             group_lr_scaling,
             round_deadline_ms,
             stall_report_ms,
-            ..ProtocolSpec::new(parse_name(name)?)
+            ..ProtocolSpec::new(kind)
         };
         let config = spec.config(workers, lr).map_err(|e| PyValueError::new_err(format!("protocol {name}: {e}")))?;
         let settings = ProtocolSettings::new(&spec, workers, lr);
-        Ok(Self { config, settings, name: name.to_owned() })
+        // Checked finite and positive by `config` when given.
+        let report_every =
+            Duration::try_from_secs_f64(stall_report_ms.unwrap_or(2000.0) / 1000.0).unwrap_or(Duration::MAX);
+        Ok(Self { config, settings, report_every, name: name.to_owned() })
     }
 
     /// The protocol's name, as the CLI spells it.

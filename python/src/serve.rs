@@ -1,34 +1,41 @@
 //! [`serve`]: the adapters' TCP parameter server (`syncopate serve`) on a model the caller
 //! owns: a float32 NumPy array that the server updates in place, with an optional Python
-//! `evaluate(params)` called on the server's thread every `every` model updates.
+//! `evaluate(params)` called on the server's thread every `every` model updates, given a
+//! read-only view of the model.
 //!
-//! The GIL is released while the server runs and taken only to call `evaluate` and `log`
-//! and, at each model update, to let a signal handler (Ctrl-C) raise its exception.
-//! Time spent in `evaluate` is kept out of the run's clock: every time in the report is
-//! training time (wall time since every worker connected, less the evaluations so far).
+//! The server runs on a thread of its own with the GIL released; it takes the GIL only to
+//! call `evaluate` and `log`. The calling thread wakes every few milliseconds
+//! ([`watch::Ticker`]): Ctrl-C (or any signal handler that raises) stops the run cleanly
+//! whatever the server is waiting for. Time spent in `evaluate` is kept out of the run's
+//! clock: every time in the report is training time (wall time since every worker
+//! connected, less the evaluations so far), and the time limit counts wall time since the
+//! call, less every evaluation (so it also bounds the wait for workers).
 
 use crate::buffer::ArrayBuffer;
 use crate::protocol::Protocol;
-use core::time::Duration;
-use pyo3::exceptions::PyValueError;
+use crate::watch::{self, Progress, Ticker, Watch};
+use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use std::path::Path;
-use std::time::Instant as StdInstant;
+use std::sync::{Mutex, mpsc};
+use std::time::Instant;
 use syncopate::proto::Heap;
-use syncopate::{AnyServer, ServerEvent, Version};
-use syncopate_adapters::trace::{self, served::ServedTrace};
-use syncopate_adapters::tcp::{
-    Note, RunPlan, RunSettings, Secret, ServerHandle, ServerOptions, ServerReport, StopReason, TcpServer,
-};
+use syncopate::{AnyServer, Version};
+use syncopate_sim::trace::{self, served::ServedTrace};
+use syncopate_transport::tcp::{RunPlan, RunSettings, Secret, ServerOptions, ServerReport, StopReason, TcpServer};
 
 /// An [`ArrayBuffer`] the server's driving loop may hold while the GIL is released.
 struct ServerBuffer(ArrayBuffer);
 
-// SAFETY: `allow_threads` runs its closure on the calling thread, so the buffer never
-// changes threads; the export it holds keeps the memory alive and unresized, and its release
-// takes the GIL itself. Python code that touches the array while `serve` runs (from another
-// thread) races with the server's writes: the documentation forbids it.
+// SAFETY: while `serve` runs, the server's thread is the only one that reads or writes the
+// memory through this buffer, and that thread ends before `serve` returns. The export it
+// holds keeps the memory allocated and unresized until released, and the release takes the
+// GIL itself on whichever thread drops it. The server writes with the GIL released, so Python
+// may see the memory only while no write is in progress: `evaluate` gets a read-only view
+// (it cannot be made writable) and runs on the server's thread while the server holds only
+// shared references to the model; any other Python access to the array while `serve` runs
+// races with the server's writes, and the documentation forbids it.
 unsafe impl Send for ServerBuffer {}
 
 impl AsRef<[f32]> for ServerBuffer {
@@ -51,152 +58,50 @@ fn zeros(py: Python<'_>, len: usize, what: &str) -> PyResult<ServerBuffer> {
     Ok(ServerBuffer(buf))
 }
 
-/// What the run's notes are turned into: evaluations, stop decisions, log lines.
-struct Watch<'a> {
-    evaluate: Option<&'a PyObject>,
-    every: u64,
-    /// The version of the last evaluation (or 0).
-    evaluated: u64,
-    target: Option<f64>,
-    max_updates: Option<u64>,
-    log: Option<&'a PyObject>,
-    array: &'a PyObject,
-    handle: ServerHandle,
-    /// When every worker had connected (the clock's start).
-    started: Option<StdInstant>,
-    /// Seconds spent in `evaluate` since the clock started.
-    eval_s: f64,
-    /// `(version, seconds spent evaluating up to and including it)` per evaluation.
-    eval_marks: Vec<(u64, f64)>,
-    /// `(version, training seconds, result)` per evaluation.
-    evaluations: Vec<(u64, f64, PyObject)>,
-    time_to_target_s: Option<f64>,
-    /// The first exception `evaluate` or `log` raised; the run stops at it.
-    failure: Option<PyErr>,
-    lost: Vec<u32>,
-    /// The step-time trace being recorded (`record_trace`).
-    trace: Option<ServedTrace>,
+/// The reason's name in snake case ("TimeLimit" is "time_limit"): the variant's name, so a
+/// reason the transport adds needs no change here.
+fn reason_name(reason: StopReason) -> String {
+    let mut name = String::new();
+    for (i, c) in format!("{reason:?}").chars().take_while(char::is_ascii_alphanumeric).enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                name.push('_');
+            }
+            name.push(c.to_ascii_lowercase());
+        } else {
+            name.push(c);
+        }
+    }
+    name
 }
 
-impl Watch<'_> {
-    /// Training seconds so far: since every worker connected, less the evaluations.
-    fn training_s(&self) -> f64 {
-        self.started.map_or(0.0, |t| t.elapsed().as_secs_f64() - self.eval_s)
+/// What the run ended for, as the report says it: the target, the ticker's reason (a
+/// signal, the time limit, every worker lost), the update budget, or the server's reason.
+fn reason(report: &ServerReport, watch: &Watch<'_>, ticker: &Ticker<'_>) -> String {
+    if watch.time_to_target_s.is_some() {
+        return "target".into();
     }
-
-    fn note(&mut self, note: Note<'_>) {
-        match note {
-            Note::Log(line) => self.log_line(line),
-            Note::Started => self.started = Some(StdInstant::now()),
-            Note::Event(ServerEvent::WorkerLost { worker }) => self.lost.push(worker.0),
-            Note::Event(_) => {}
-            Note::Model { version, .. } => self.model(version),
-            Note::Contribution { worker, msg, step_seconds } => {
-                if let Some(t) = self.trace.as_mut() {
-                    t.record(worker, msg, step_seconds);
-                }
-            }
-        }
+    if let Some(r) = ticker.stopped {
+        return r.into();
     }
-
-    fn log_line(&mut self, line: &str) {
-        Python::with_gil(|py| match self.log {
-            Some(f) => {
-                if let Err(e) = f.call1(py, (line,)) {
-                    self.fail(e);
-                }
-            }
-            None => eprintln!("syncopate serve: {line}"),
-        });
-    }
-
-    fn fail(&mut self, e: PyErr) {
-        if self.failure.is_none() {
-            self.failure = Some(e);
-        }
-        self.handle.stop();
-    }
-
-    fn model(&mut self, version: Version) {
-        if self.failure.is_some() {
-            return;
-        }
-        // A signal (Ctrl-C) raises its exception here, at the next model update.
-        if let Err(e) = Python::with_gil(|py| py.check_signals()) {
-            self.fail(e);
-            return;
-        }
-        if let Some(evaluate) = self.evaluate {
-            // Every `every`-th version, even when one step of the server made several.
-            if version.0 / self.every > self.evaluated / self.every {
-                self.evaluated = version.0;
-                self.evaluate(evaluate, version.0);
-            }
-        }
-        if self.max_updates.is_some_and(|m| version.0 >= m) {
-            self.handle.stop();
-        }
-    }
-
-    fn evaluate(&mut self, evaluate: &PyObject, version: u64) {
-        let at = self.training_s();
-        let began = StdInstant::now();
-        let outcome = Python::with_gil(|py| -> PyResult<(PyObject, Option<f64>)> {
-            let result = evaluate.call1(py, (self.array.bind(py),))?;
-            let score = match self.target {
-                Some(_) => Some(result.extract::<f64>(py).map_err(|_| {
-                    PyValueError::new_err(format!(
-                        "evaluate returned {}, not a number to compare with the target",
-                        result.bind(py).get_type().name().map(|n| n.to_string()).unwrap_or_default()
-                    ))
-                })?),
-                None => None,
-            };
-            Ok((result, score))
-        });
-        if self.started.is_some() {
-            self.eval_s += began.elapsed().as_secs_f64();
-        }
-        self.eval_marks.push((version, self.eval_s));
-        match outcome {
-            Ok((result, score)) => {
-                self.evaluations.push((version, at, result));
-                if let (Some(target), Some(score)) = (self.target, score) {
-                    if score >= target && self.time_to_target_s.is_none() {
-                        self.time_to_target_s = Some(at);
-                        self.handle.stop();
-                    }
-                }
-            }
-            Err(e) => self.fail(e),
-        }
-    }
-}
-
-fn reason_name(reason: StopReason) -> &'static str {
-    match reason {
-        StopReason::Budget => "budget",
-        StopReason::TimeLimit => "time_limit",
-        StopReason::Stopped => "stopped",
-        StopReason::Crashed => "crashed",
-        StopReason::UpstreamStopped => "upstream_stopped",
-        StopReason::UpstreamLost => "upstream_lost",
-        StopReason::Diverged => "diverged",
-        StopReason::WorkersGone => "workers_gone",
-    }
-}
-
-fn report_dict<'py>(py: Python<'py>, report: &ServerReport, watch: &Watch<'_>) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    let reason = match (watch.time_to_target_s, watch.max_updates) {
-        (Some(_), _) => "target",
-        (None, Some(m)) if report.version.0 >= m && report.reason == StopReason::Stopped => "updates",
+    match watch.max_updates {
+        Some(m) if report.version.0 >= m && report.reason == StopReason::Stopped => "updates".into(),
         _ => reason_name(report.reason),
-    };
-    d.set_item("reason", reason)?;
+    }
+}
+
+fn report_dict<'py>(
+    py: Python<'py>,
+    report: &ServerReport,
+    watch: &Watch<'_>,
+    ticker: &Ticker<'_>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    let eval_s = watch::lock(watch.progress).eval_s();
+    d.set_item("reason", reason(report, watch, ticker))?;
     d.set_item("updates", report.version.0)?;
-    d.set_item("wall_s", (report.wall_s - watch.eval_s).max(0.0))?;
-    d.set_item("eval_s", watch.eval_s)?;
+    d.set_item("wall_s", (report.wall_s - eval_s).max(0.0))?;
+    d.set_item("eval_s", eval_s)?;
     d.set_item("connect_wait_s", report.connect_wait_s)?;
     d.set_item("time_to_target_s", watch.time_to_target_s)?;
     let evaluations = PyList::empty(py);
@@ -246,12 +151,19 @@ fn report_dict<'py>(py: Python<'py>, report: &ServerReport, watch: &Watch<'_>) -
     Ok(d)
 }
 
+/// A read-only NumPy view of `params` (its shape and memory): `numpy.asarray` of a read-only
+/// `memoryview`, which no one can make writable again.
+fn read_only_view(py: Python<'_>, params: &Bound<'_, PyAny>) -> PyResult<PyObject> {
+    let view = py.import("builtins")?.getattr("memoryview")?.call1((params,))?.call_method0("toreadonly")?;
+    Ok(py.import("numpy")?.call_method1("asarray", (view,))?.unbind())
+}
+
 /// Runs the parameter server of `protocol` on `params` until a bound says stop; with
 /// `momentum` > 0, SGD with (heavy-ball) momentum on every update.
 #[pyfunction]
 #[pyo3(signature = (params, protocol, *, listen = "127.0.0.1:0", secret_file = None, insecure = false,
     momentum = 0.0, evaluate = None, every = 1, target = None, updates = None, gradients = None,
-    time_limit_s = None, on_listen = None, log = None, record_trace = None))]
+    time_limit_s = None, on_listen = None, log = None, record_trace = None, wait_for_rejoin = false))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve<'py>(
     py: Python<'py>,
@@ -270,6 +182,7 @@ pub(crate) fn serve<'py>(
     on_listen: Option<PyObject>,
     log: Option<PyObject>,
     record_trace: Option<std::path::PathBuf>,
+    wait_for_rejoin: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     if every == 0 {
         return Err(PyValueError::new_err("every must be at least 1"));
@@ -315,9 +228,10 @@ pub(crate) fn serve<'py>(
     if let Some(f) = &on_listen {
         f.call1(py, (addr.to_string(),))?;
     }
-    let plan =
-        RunPlan { max_gradients: gradients.unwrap_or(u64::MAX), time_limit: time_limit_s.map(Duration::from_secs_f64) };
-    let array = params.clone().unbind();
+    // The time limit leaves evaluations out, so the calling thread's ticker applies it.
+    let plan = RunPlan { max_gradients: gradients.unwrap_or(u64::MAX), time_limit: None };
+    let view = read_only_view(py, params)?;
+    let progress = Mutex::new(Progress::new(config.workers()));
     let mut watch = Watch {
         evaluate: evaluate.as_ref(),
         every,
@@ -325,10 +239,9 @@ pub(crate) fn serve<'py>(
         target,
         max_updates: updates,
         log: log.as_ref(),
-        array: &array,
+        view: &view,
         handle: tcp.handle(),
-        started: None,
-        eval_s: 0.0,
+        progress: &progress,
         eval_marks: Vec::new(),
         evaluations: Vec::new(),
         time_to_target_s: None,
@@ -336,12 +249,53 @@ pub(crate) fn serve<'py>(
         lost: Vec::new(),
         trace: trace_file.as_ref().map(|_| ServedTrace::new(config.workers(), dim)),
     };
-    let result = py.allow_threads(|| tcp.drive(server, None, &plan, &mut |n| watch.note(n)));
-    if let Some(e) = watch.failure.take() {
+    let mut ticker = Ticker {
+        progress: &progress,
+        handle: tcp.handle(),
+        log: log.as_ref(),
+        report_every: protocol.report_every,
+        lost_after: tcp.options().lost_after,
+        wait_for_rejoin,
+        time_limit_s,
+        last_report: Instant::now(),
+        announced_all_lost: false,
+        stopped: None,
+        interrupt: None,
+        failure: None,
+    };
+    let outcome = py.allow_threads(|| {
+        std::thread::scope(|scope| {
+            let (done_tx, done_rx) = mpsc::channel::<()>();
+            let watch = &mut watch;
+            let plan = &plan;
+            let server_thread =
+                std::thread::Builder::new().name("syncopate-serve".into()).spawn_scoped(scope, move || {
+                    let result = tcp.drive(server, None, plan, &mut |n| watch.note(n));
+                    let _ = done_tx.send(());
+                    result
+                });
+            let Ok(server_thread) = server_thread else {
+                return Err("cannot start the server's thread".to_owned());
+            };
+            while let Err(mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(watch::TICK) {
+                ticker.tick();
+            }
+            server_thread.join().map_err(|_| "the server's thread panicked".to_owned())
+        })
+    });
+    let result = outcome.map_err(PyRuntimeError::new_err)?;
+    if let Some(e) = watch.failure.take().or(ticker.failure.take()) {
         return Err(e);
     }
+    // A signal handler's exception other than KeyboardInterrupt is raised once the run has
+    // stopped cleanly; Ctrl-C returns the report (reason "interrupted").
+    if let Some(e) = ticker.interrupt.take() {
+        if !e.is_instance_of::<PyKeyboardInterrupt>(py) {
+            return Err(e);
+        }
+    }
     let report = result.map_err(|e| PyValueError::new_err(e.0))?;
-    let d = report_dict(py, &report, &watch)?;
+    let d = report_dict(py, &report, &watch, &ticker)?;
     if let (Some(path), Some(file), Some(t)) = (record_trace.as_deref(), trace_file, watch.trace.take()) {
         d.set_item("trace_steps", t.len())?;
         t.write_to(file, path).map_err(PyValueError::new_err)?;

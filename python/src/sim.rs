@@ -4,9 +4,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use std::path::Path;
-use syncopate_adapters::compare as sim_compare;
-use syncopate_adapters::scenario::Scenario;
-use syncopate_adapters::workload::{ModelKind, Workload};
+use syncopate_sim::compare as sim_compare;
+use syncopate_sim::scenario::Scenario;
+use syncopate_sim::workload::{ModelKind, Workload};
 
 /// Runs `syncopate compare` on a scenario (a TOML file, TOML text, a preset name, or the
 /// built-in default) and returns `{"scenario", "target_accuracy", "fastest", "rows"}`.

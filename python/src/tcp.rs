@@ -23,7 +23,8 @@ use pyo3::types::PyDict;
 use std::path::Path;
 use std::sync::Arc;
 use syncopate::WorkerId;
-use syncopate_adapters::tcp::{RunSettings, Secret, WorkerJob, WorkerOptions, run_worker as tcp_run_worker};
+use syncopate_transport::launcher::{self, FromEnv};
+use syncopate_transport::tcp::{RunSettings, Secret, WorkerJob, WorkerOptions, run_worker as tcp_run_worker};
 
 /// The TCP worker's settings; the one place that knows how the Rust worker is configured.
 fn options(connect: &str, id: u32, secret_file: Option<&str>, give_up_after_s: f64) -> PyResult<WorkerOptions> {
@@ -99,6 +100,9 @@ struct PythonJob<'a> {
     /// `initial=`: the initial parameters (a float32 array, or a function returning one)
     /// worker 0 sends to a server that asks for them (`syncopate serve --init-from-worker`).
     initial: Option<&'a PyObject>,
+    /// The launcher's world size, when the id came from the launcher: the run's worker
+    /// count must equal it.
+    world: Option<FromEnv<u32>>,
 }
 
 impl PythonJob<'_> {
@@ -131,6 +135,7 @@ impl PythonJob<'_> {
 
 impl WorkerJob for PythonJob<'_> {
     fn prepare(&mut self, settings: &RunSettings) -> Result<(), String> {
+        launcher::check_world_size(self.world.as_ref(), settings.protocol.workers)?;
         let dim = settings.dim()?;
         settings.worker_config()?;
         let (params, grad) = self.given;
@@ -209,16 +214,18 @@ fn failure_error(py: Python<'_>, id: u32, failure: Failure) -> PyErr {
     }
 }
 
-/// Runs worker `id` of the server at `connect` until the server says stop.
+/// Runs worker `id` of the server at `connect` until the server says stop. Without `id`, the
+/// launcher's rank (and then the run's worker count must be the launcher's world size);
+/// without `connect`, `MASTER_ADDR:MASTER_PORT`.
 #[pyfunction]
-#[pyo3(signature = (connect, compute, *, id, secret_file = None, params = None, grad = None,
+#[pyo3(signature = (connect, compute, *, id = None, secret_file = None, params = None, grad = None,
     give_up_after_s = 30.0, log = None, initial = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_worker<'py>(
     py: Python<'py>,
-    connect: &str,
+    connect: Option<&str>,
     compute: PyObject,
-    id: u32,
+    id: Option<u32>,
     secret_file: Option<&str>,
     params: Option<PyObject>,
     grad: Option<PyObject>,
@@ -226,7 +233,13 @@ pub(crate) fn run_worker<'py>(
     log: Option<PyObject>,
     initial: Option<PyObject>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut options = options(connect, id, secret_file, give_up_after_s)?;
+    let world = match id {
+        Some(_) => None,
+        None => crate::launch::world_size()?,
+    };
+    let id = crate::launch::worker_id(id)?;
+    let connect = crate::launch::server_address(connect)?;
+    let mut options = options(&connect, id, secret_file, give_up_after_s)?;
     // The size of the caller's own arrays travels in the hello: the server refuses another
     // size at the handshake, naming both.
     let sizes: Vec<usize> = [&params, &grad]
@@ -262,6 +275,7 @@ pub(crate) fn run_worker<'py>(
         failure: None,
         kill: Arc::clone(&kill),
         initial: initial.as_ref(),
+        world,
     };
     let mut log_failure: Option<PyErr> = None;
     let result = py.allow_threads(|| {

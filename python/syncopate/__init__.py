@@ -11,7 +11,7 @@ the Rust core's sans-IO state machines:
   format, times integer nanoseconds. Feed an input, drain ``poll_output()`` until it
   returns ``None``, wake up at ``poll_timeout()``.
 - :func:`serve` -- the TCP parameter server on a float32 NumPy array (the live model), with
-  an optional ``evaluate(params)`` every K updates.
+  an optional ``evaluate(view)`` (a read-only view of the model) every K updates.
 - :func:`run_worker` -- one worker of a TCP server (``serve`` or ``syncopate serve``): the
   protocol and the model's size come from the server; a Python callback
   ``compute(params, grad)`` fills ``grad`` and returns the minibatch loss.
@@ -23,13 +23,14 @@ the Rust core's sans-IO state machines:
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from ._native import (
     PROTOCOLS,
+    RANK_VARIABLES,
+    WORLD_SIZE_VARIABLES,
     Protocol,
     RejectedError,
     Server,
@@ -38,6 +39,7 @@ from ._native import (
     compare,
     digits_split,
     mnist5k_split,
+    rank_from_env,
     serve,
 )
 from ._native import run_worker as _run_worker
@@ -45,6 +47,8 @@ from ._native import run_worker as _run_worker
 __all__ = [
     "PROTOCOLS",
     "Protocol",
+    "RANK_VARIABLES",
+    "WORLD_SIZE_VARIABLES",
     "RejectedError",
     "Server",
     "Worker",
@@ -57,29 +61,20 @@ __all__ = [
     "worker_id_from_env",
 ]
 
-# Where launchers (torchrun, mpirun, srun) put a process's rank, in the order they are read.
-RANK_VARIABLES = ("RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
-
-
 def worker_id_from_env() -> int:
-    """This process's worker id from the launcher's environment: the first of ``RANK``,
-    ``LOCAL_RANK``, ``OMPI_COMM_WORLD_RANK`` and ``SLURM_PROCID`` that is set."""
-    for name in RANK_VARIABLES:
-        value = os.environ.get(name)
-        if value is None:
-            continue
-        try:
-            rank = int(value)
-        except ValueError:
-            raise ValueError(f"${name} is {value!r}, not a worker id (an integer)") from None
-        if rank < 0:
-            raise ValueError(f"${name} is {rank}, not a worker id (ids start at 0)")
-        return rank
-    raise ValueError("no worker id: pass id= or set one of $" + ", $".join(RANK_VARIABLES))
+    """This process's worker id from the launcher's environment: the first of ``RANK``
+    (torchrun), ``OMPI_COMM_WORLD_RANK`` (Open MPI), ``SLURM_PROCID`` (Slurm) and
+    ``PMI_RANK`` (MPICH) that is set, as ``syncopate work`` reads it (never ``LOCAL_RANK``,
+    which repeats on every machine). A rank at or above the same launcher's world size is
+    refused."""
+    found = rank_from_env()
+    if found is None:
+        raise ValueError("no worker id: pass id= or set one of $" + ", $".join(RANK_VARIABLES))
+    return found[0]
 
 
 def run_worker(
-    connect: str,
+    connect: Optional[str],
     compute: Callable[[np.ndarray, np.ndarray], Any],
     id: Optional[int] = None,
     secret_file: Optional[str] = None,
@@ -90,7 +85,9 @@ def run_worker(
     The protocol and the model's size come from the server. ``compute(params, grad)`` gets
     the current model and a gradient array (float32, the model's length), fills ``grad`` and
     returns the minibatch loss (a number). ``id`` defaults to the launcher's rank
-    (:func:`worker_id_from_env`). Options: ``params=`` and ``grad=`` (your own float32 arrays,
+    (:func:`worker_id_from_env`); the run's worker count must then equal the launcher's
+    world size (``WORLD_SIZE`` and the like: one process per worker). ``connect=None`` is
+    ``MASTER_ADDR:MASTER_PORT``. Options: ``params=`` and ``grad=`` (your own float32 arrays,
     written and read in place), ``give_up_after_s=`` (how long an unreachable server is
     retried), ``log=`` (a function of one line; default: standard error), ``initial=`` (the
     model's initial parameters, a float32 array or a function returning one: worker 0 sends
@@ -100,8 +97,6 @@ def run_worker(
     A ``compute`` that raises or returns anything but a number ends this worker (the server
     counts it lost) with :class:`WorkerError` naming it. Returns the worker's report.
     """
-    if id is None:
-        id = worker_id_from_env()
     return _run_worker(connect, compute, id=id, secret_file=secret_file, **options)
 
 

@@ -14,10 +14,11 @@ from ._native import (
 )
 
 RANK_VARIABLES: tuple[str, ...]
+WORLD_SIZE_VARIABLES: tuple[str, ...]
 
 def worker_id_from_env() -> int: ...
 def run_worker(
-    connect: str,
+    connect: Optional[str],
     compute: Callable[[np.ndarray[Any, Any], np.ndarray[Any, Any]], float],
     id: Optional[int] = None,
     secret_file: Optional[str] = None,

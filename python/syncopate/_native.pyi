@@ -23,12 +23,14 @@ class WorkerError(RuntimeError):
 
 class Protocol:
     """A synchronization protocol and its knobs, as the ``syncopate`` CLI's ``--protocol``
-    flags spell them (the same defaults, so a Python worker matches ``syncopate serve``)."""
+    flags spell them (the same defaults, so a Python worker matches ``syncopate serve``).
+    Without ``workers``, the launcher's world size (``WORLD_SIZE``, ``OMPI_COMM_WORLD_SIZE``,
+    ``SLURM_NTASKS``, ``PMI_SIZE``); outside a launcher that is a ValueError."""
 
     def __init__(
         self,
         name: ProtocolName = "bsp",
-        workers: int = 8,
+        workers: Optional[int] = None,
         lr: float = 0.5,
         *,
         staleness: Optional[int] = None,
@@ -112,10 +114,10 @@ class Worker:
     def id(self) -> int: ...
 
 def run_worker(
-    connect: str,
+    connect: Optional[str],
     compute: Callable[[Float32Array, Float32Array], float],
     *,
-    id: int,
+    id: Optional[int] = None,
     secret_file: Optional[str] = None,
     params: Optional[Float32Array] = None,
     grad: Optional[Float32Array] = None,
@@ -124,7 +126,9 @@ def run_worker(
     initial: Optional[Union[Float32Array, Callable[[], Float32Array]]] = None,
 ) -> dict[str, Any]:
     """Runs worker ``id`` of the server at ``connect`` until the server says stop; the protocol
-    and the model's size come from the server. ``compute(params, grad)`` fills ``grad`` and
+    and the model's size come from the server. Without ``id``, the launcher's rank (the run's
+    worker count must then be the launcher's world size); ``connect=None`` is
+    ``MASTER_ADDR:MASTER_PORT``. ``compute(params, grad)`` fills ``grad`` and
     returns the minibatch loss. ``params``/``grad``: the caller's own float32 arrays of the
     model's size, written and read in place. A ``compute`` that raises or returns a
     non-number ends the worker (the server sees it lost) with WorkerError."""
@@ -146,12 +150,18 @@ def serve(
     on_listen: Optional[Callable[[str], object]] = None,
     log: Optional[Callable[[str], object]] = None,
     record_trace: Optional[str] = None,
+    wait_for_rejoin: bool = False,
 ) -> dict[str, Any]:
     """Runs the TCP parameter server of ``protocol`` on ``params`` (float32, updated in place)
-    until ``updates`` model updates, ``gradients`` accepted gradients, ``time_limit_s`` or
-    ``evaluate``'s result reaching ``target``. ``momentum``: SGD with momentum (beta in
-    [0, 1)) on every update. ``evaluate(params)`` runs on the server's thread every
-    ``every`` updates; its time is excluded from the report's times. ``record_trace``: a
+    until ``updates`` model updates, ``gradients`` accepted gradients, ``time_limit_s``
+    seconds from the call (evaluations excluded) or ``evaluate``'s result reaching ``target``.
+    ``momentum``: SGD with momentum (beta in [0, 1)) on every update. ``evaluate(view)``
+    runs on the server's thread every ``every`` updates with a read-only view of the model;
+    its time is excluded from the report's times and the time limit. Ctrl-C stops the run
+    cleanly and returns the report (reason ``"interrupted"``). A server still waiting for
+    workers names them every stall report interval; one whose every worker has been lost
+    stops after the server's ``lost_after`` (reason ``"all_workers_lost"``) unless
+    ``wait_for_rejoin``. ``record_trace``: a
     path; the workers send their step times and the server writes them, with each step's
     loss and gradient norms, as a trace for ``syncopate advise --trace`` (the report's
     ``trace_steps`` counts its rows)."""
@@ -165,6 +175,21 @@ def compare(
 ) -> dict[str, Any]:
     """The simulator's protocol comparison (``syncopate compare``) of a scenario file, TOML
     text, preset or the default: ``{"scenario", "target_accuracy", "fastest", "rows"}``."""
+
+RANK_VARIABLES: tuple[str, ...]
+"""The variables a launcher's rank is read from, in order (never ``LOCAL_RANK``)."""
+
+WORLD_SIZE_VARIABLES: tuple[str, ...]
+"""The variables a launcher's world size is read from, in order."""
+
+def rank_from_env() -> Optional[tuple[int, str]]:
+    """``(rank, variable)`` from the launcher's environment, or None outside a launcher."""
+
+def world_size_from_env() -> Optional[tuple[int, str]]:
+    """``(world size, variable)`` from the launcher's environment, or None outside a launcher."""
+
+def server_address_from_env() -> Optional[str]:
+    """``MASTER_ADDR:MASTER_PORT``, or None unless both are set."""
 
 def digits_split(
     seed: int = 1,

@@ -5,8 +5,8 @@ does.
 
 - :func:`parameters_vector` -- a model's parameters as one flat float32 NumPy array (a copy),
   in ``model.parameters()`` order: the server's initial model (``syncopate.serve``).
-- :func:`load_vector` -- writes such a vector back into a model (to evaluate the server's
-  model).
+- :func:`load_vector` -- copies such a vector into a model's parameters (to evaluate the
+  server's model).
 - :func:`train_worker` -- runs the model as one worker of a server: the model's parameters
   and gradients are re-pointed at views of two contiguous float32 buffers, which the worker
   loop writes (the model) and reads (the gradient) in place, so a step copies nothing
@@ -46,15 +46,22 @@ def parameters_vector(model: torch.nn.Module) -> np.ndarray:
 
 
 def load_vector(model: torch.nn.Module, vector: np.ndarray) -> None:
-    """Copies ``vector`` (a flat float32 array in :func:`parameters_vector`'s layout) into the
-    model's parameters."""
+    """Copies ``vector`` (a flat float32 array in :func:`parameters_vector`'s layout, such as
+    the read-only view ``serve`` hands ``evaluate``) into the model's parameters, in place:
+    the model never shares the vector's memory, and a parameter that is a view of a worker's
+    buffer (:func:`train_worker`) stays one."""
     params = _parameters(model)
-    flat = torch.from_numpy(np.ascontiguousarray(vector, dtype=np.float32))
+    # A private copy: the caller's array may be read-only or change later.
+    flat = torch.from_numpy(np.array(vector, dtype=np.float32, copy=True).reshape(-1))
     total = sum(p.numel() for p in params)
     if flat.numel() != total:
         raise ValueError(f"the vector has {flat.numel()} elements; the model has {total} parameters")
+    offset = 0
     with torch.no_grad():
-        torch.nn.utils.vector_to_parameters(flat, params)
+        for p in params:
+            n = p.numel()
+            p.copy_(flat[offset : offset + n].view_as(p))
+            offset += n
 
 
 class FlatModel:
@@ -104,7 +111,7 @@ def train_worker(
     model: torch.nn.Module,
     loss_fn: Callable[[Any, Any], torch.Tensor],
     batches: Iterable[Any],
-    connect: str,
+    connect: Optional[str] = None,
     id: Optional[int] = None,
     secret_file: Optional[str] = None,
     **options: Any,
@@ -114,10 +121,11 @@ def train_worker(
     Each step takes the next ``(inputs, targets)`` from ``batches`` (iterated again when it
     runs out, so a ``DataLoader`` starts a new epoch), computes ``loss_fn(model(inputs),
     targets)`` at the server's current model, backpropagates, and hands the gradient and the
-    loss to the server. ``id`` defaults to the launcher's rank (``RANK``, ``LOCAL_RANK``,
-    ``OMPI_COMM_WORLD_RANK``, ``SLURM_PROCID``). As worker 0 of a server started with
-    ``syncopate serve --init-from-worker``, it sends the model's parameters
-    (:func:`parameters_vector`'s layout) as the server's initial model. Other options go to
+    loss to the server. ``id`` defaults to the launcher's rank (``RANK``,
+    ``OMPI_COMM_WORLD_RANK``, ``SLURM_PROCID``, ``PMI_RANK``; the run's worker count must then
+    be the launcher's world size) and ``connect=None`` to ``MASTER_ADDR:MASTER_PORT``. As
+    worker 0 of a server started with ``syncopate serve --init-from-worker``, it sends the
+    model's parameters (:func:`parameters_vector`'s layout) as the server's initial model. Other options go to
     :func:`syncopate.run_worker`. Returns the worker's report; raises
     :class:`syncopate.WorkerError` if the step raises (the worker leaves the server).
     """

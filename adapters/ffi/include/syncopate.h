@@ -677,7 +677,8 @@ SyncopateStatus syncopate_worker_handle_gradient(SyncopateWorker *worker,
 // [`syncopate_worker_handle_gradient`] with the minibatch loss the gradient was computed
 // with: sent to the server with the gradient (the server reports the mean of the losses
 // of each update). A NaN or infinite `loss` is refused (`SYNCOPATE_ERR_REJECTED`), nothing
-// changed.
+// changed; a `grad` that overlaps the worker's model or memory is refused with
+// `SYNCOPATE_ERR_OVERLAP`, as there.
 //
 // # Safety
 // `worker` comes from [`syncopate_worker_init`]; `grad` is readable for `len` floats.

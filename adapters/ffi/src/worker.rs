@@ -194,15 +194,8 @@ pub unsafe extern "C" fn syncopate_worker_handle_gradient(
     len: usize,
 ) -> SyncopateStatus {
     with_worker(worker, |w| {
-        // Before the slice is made: a `grad` inside the worker's own buffers (the COMPUTE
-        // output's `params`, say) would be read while the worker writes them.
-        w.owned.check(handle::span(grad, len), "`grad` overlaps the worker's model or memory")?;
-        // SAFETY: the caller's contract; it overlaps nothing the worker writes (checked).
-        let grad = unsafe { raw::slice_in(grad, len, "`grad`") }?;
-        if grad.len() != w.dim {
-            return Err(Failure::new(crate::error::SYNCOPATE_ERR_WRONG_LENGTH, "`len` must be the model's dimension")
-                .with(crate::error::Detail::Lengths { given: grad.len(), needed: w.dim }));
-        }
+        // SAFETY: the caller's contract.
+        let grad = unsafe { gradient_in(w, grad, len) }?;
         w.machine.handle_gradient(Instant::from_nanos(now_ns), ComputeId(compute_id), grad).map_err(Failure::rejected)
     })
 }
@@ -210,7 +203,8 @@ pub unsafe extern "C" fn syncopate_worker_handle_gradient(
 /// [`syncopate_worker_handle_gradient`] with the minibatch loss the gradient was computed
 /// with: sent to the server with the gradient (the server reports the mean of the losses
 /// of each update). A NaN or infinite `loss` is refused (`SYNCOPATE_ERR_REJECTED`), nothing
-/// changed.
+/// changed; a `grad` that overlaps the worker's model or memory is refused with
+/// `SYNCOPATE_ERR_OVERLAP`, as there.
 ///
 /// # Safety
 /// `worker` comes from [`syncopate_worker_init`]; `grad` is readable for `len` floats.
@@ -225,14 +219,27 @@ pub unsafe extern "C" fn syncopate_worker_handle_gradient_loss(
 ) -> SyncopateStatus {
     with_worker(worker, |w| {
         // SAFETY: the caller's contract.
-        let grad = unsafe { raw::slice_in(grad, len, "`grad`") }?;
-        if grad.len() != w.dim {
-            return Err(Failure::new(crate::error::SYNCOPATE_ERR_WRONG_LENGTH, "`len` must be the model's dimension")
-                .with(crate::error::Detail::Lengths { given: grad.len(), needed: w.dim }));
-        }
+        let grad = unsafe { gradient_in(w, grad, len) }?;
         let now = Instant::from_nanos(now_ns);
         w.machine.handle_gradient_with_loss(now, ComputeId(compute_id), grad, Some(loss)).map_err(Failure::rejected)
     })
+}
+
+/// The caller's gradient as a slice of the model's length, refused if it overlaps the
+/// worker's own buffers: a `grad` inside them (the COMPUTE output's `params`, say) would be
+/// read while the worker writes them. The check comes before the slice is made.
+///
+/// # Safety
+/// `grad` is readable for `len` floats (the entry points' contract).
+unsafe fn gradient_in<'a>(w: &SyncopateWorker, grad: *const f32, len: usize) -> Result<&'a [f32], Failure> {
+    w.owned.check(handle::span(grad, len), "`grad` overlaps the worker's model or memory")?;
+    // SAFETY: the caller's contract; it overlaps nothing the worker writes (checked).
+    let grad = unsafe { raw::slice_in(grad, len, "`grad`") }?;
+    if grad.len() != w.dim {
+        return Err(Failure::new(crate::error::SYNCOPATE_ERR_WRONG_LENGTH, "`len` must be the model's dimension")
+            .with(crate::error::Detail::Lengths { given: grad.len(), needed: w.dim }));
+    }
+    Ok(grad)
 }
 
 /// The deadline from [`syncopate_worker_poll_timeout`] has passed: it is `now_ns`.

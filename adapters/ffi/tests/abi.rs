@@ -274,6 +274,12 @@ fn buffers_overlapping_the_handles_memory_are_refused() {
             let straddling = worker_model.wrapping_add(DIM - 1);
             let st = syncopate_worker_handle_gradient(w, 0, out.compute_id, straddling, DIM);
             assert_eq!(st, SYNCOPATE_ERR_OVERLAP, "a gradient straddling the model's end");
+            // The entry point with a loss checks the same, before reading anything.
+            let st = syncopate_worker_handle_gradient_loss(w, 0, out.compute_id, out.params, out.params_len, 0.5);
+            assert_eq!(st, SYNCOPATE_ERR_OVERLAP, "protocol {protocol}: the params as the gradient, with a loss");
+            assert!(last_error().contains("`grad` overlaps"), "{}", last_error());
+            let st = syncopate_worker_handle_gradient_loss(w, 0, out.compute_id, straddling, DIM, 0.5);
+            assert_eq!(st, SYNCOPATE_ERR_OVERLAP, "a gradient with a loss straddling the model's end");
             let model_bytes = k._worker_params[0].as_mut_ptr().cast::<u8>();
             let st = syncopate_worker_poll_output(w, &mut SyncopateWorkerOutput::default(), model_bytes, k.max_len);
             assert_eq!(st, SYNCOPATE_ERR_OVERLAP, "an output buffer over the model");

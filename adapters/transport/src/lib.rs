@@ -7,6 +7,8 @@
 //!   (encoded once per broadcast, shared by every recipient).
 //! - [`file`](mod@file): files written whole (replaced atomically and durably, never a device or a
 //!   FIFO) and files read whole (regular files only, bounded).
+//! - [`launcher`]: the rank, world size and server address a launcher (torchrun, mpirun,
+//!   srun) puts in a process's environment.
 //! - [`protocol_spec`]: a protocol and its knobs as plain settings (what command lines,
 //!   scenario files and the TCP handshake carry) and the core configuration built from them.
 //! - [`tcp`]: the parameter server and workers in separate processes or machines: framing,
@@ -26,5 +28,6 @@
 
 pub mod channel;
 pub mod file;
+pub mod launcher;
 pub mod protocol_spec;
 pub mod tcp;

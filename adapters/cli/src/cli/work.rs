@@ -4,7 +4,8 @@
 //! knobs, model, data, batch size and seed. What it still chooses itself:
 //!
 //! - its id (`--id`, or the launcher's rank from `RANK`, `OMPI_COMM_WORLD_RANK`,
-//!   `SLURM_PROCID` or `PMI_RANK`);
+//!   `SLURM_PROCID` or `PMI_RANK`, read by the transport's `launcher` as Python reads it);
+//!   with the launcher's rank, the launcher's world size must be the run's worker count;
 //! - the shared secret (`--secret-file` or `$SYNCOPATE_SECRET`);
 //! - straggler emulation (`--step-ms`, `--straggler`, the same syntax and defaults as
 //!   `train`): the worker's own machine is as slow as it is, and emulation adds time on top;
@@ -26,9 +27,7 @@ use clap::Args;
 use core::time::Duration;
 use std::path::PathBuf;
 use syncopate::WorkerId;
-
-/// Environment variables a launcher sets to a process's rank, in the order they are read.
-pub(super) const RANK_VARIABLES: [&str; 4] = ["RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK"];
+use syncopate_transport::launcher;
 
 /// Flags of `syncopate work`.
 #[derive(Clone, Debug, Args)]
@@ -93,14 +92,14 @@ pub(super) fn worker_id(flag: Option<u32>, get: impl Fn(&str) -> Option<String>)
     if let Some(id) = flag {
         return Ok(id);
     }
-    for var in RANK_VARIABLES {
-        if let Some(value) = get(var) {
-            return value.trim().parse::<u32>().map_err(|_| {
-                format!("invalid value '{value}' in ${var} for the worker id: must be a whole number (or give --id)")
-            });
-        }
+    match launcher::rank(&get) {
+        Ok(Some(rank)) => Ok(rank.value),
+        Ok(None) => Err(format!(
+            "--id is required outside a launcher: give --id N, or set one of ${}",
+            launcher::RANK_VARIABLES.join(", $")
+        )),
+        Err(e) => Err(format!("{e} (the worker id; or give --id)")),
     }
-    Err(format!("--id is required outside a launcher: give --id N, or set one of ${}", RANK_VARIABLES.join(", $")))
 }
 
 /// Computes gradients of the run's workload, built from the server's settings.
@@ -110,6 +109,9 @@ struct Job {
     straggler: String,
     step: syncopate::Duration,
     state: Option<Ready>,
+    /// The launcher's world size, when the id came from the launcher: the run's worker
+    /// count must equal it.
+    world: Option<launcher::FromEnv<u32>>,
 }
 
 struct Ready {
@@ -152,6 +154,7 @@ impl Job {
 
 impl WorkerJob for Job {
     fn prepare(&mut self, settings: &RunSettings) -> Result<(), String> {
+        launcher::check_world_size(self.world.as_ref(), settings.protocol.workers)?;
         self.state = Some(self.build(settings)?);
         Ok(())
     }
@@ -242,7 +245,11 @@ pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
     for addr in &shards {
         check_address(addr).map_err(Failure::Usage)?;
     }
-    let id = worker_id(args.id, |v| std::env::var(v).ok()).map_err(Failure::Usage)?;
+    let id = worker_id(args.id, launcher::env).map_err(Failure::Usage)?;
+    let world = match args.id {
+        Some(_) => None,
+        None => launcher::world_size(&launcher::env).map_err(Failure::Usage)?,
+    };
     let secret = super::values::load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
     let id = WorkerId(id);
     let mut options = WorkerOptions::new(args.connect.clone(), id);
@@ -256,6 +263,7 @@ pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
         straggler: args.straggler.clone(),
         step: syncopate::Duration::from_secs_f64(args.step_ms / 1000.0),
         state: None,
+        world,
     };
     // A worker id out of range or claimed by another process, an address that does not
     // resolve, or settings this worker cannot use are the operator's to fix.

@@ -461,7 +461,7 @@ impl<S: Server<f32>> Core<S> {
                         }
                     }
                     ServerOutput::Event(ev) => {
-                        let t_s = self.started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+                        let t_s = self.started.map(|t| t.elapsed().as_secs_f64());
                         ledger::tally(&mut self.report, &ev, t_s);
                         if let Some(p) = self.persist.as_mut() {
                             p.event(&ev);

@@ -78,8 +78,9 @@ impl Ledger {
 }
 
 /// Counts a protocol event into the report: staleness and contributions per worker, stalls,
-/// losses, and the loss curve (an update at `t_s` seconds of the run's clock).
-pub(super) fn tally(report: &mut ServerReport, ev: &ServerEvent, t_s: f64) {
+/// losses, and the loss curve (an update at `t_s` seconds of the run's clock; `None` before
+/// the clock started).
+pub(super) fn tally(report: &mut ServerReport, ev: &ServerEvent, t_s: Option<f64>) {
     match *ev {
         ServerEvent::Applied { worker, staleness, .. } => {
             let s = &mut report.staleness;
@@ -100,8 +101,12 @@ pub(super) fn tally(report: &mut ServerReport, ev: &ServerEvent, t_s: f64) {
             report.last_stall = Some((waiting_for, missing));
         }
         ServerEvent::WorkerLost { .. } => report.lost += 1,
+        // The curve is on the run's clock: an update made before it started (an asynchronous
+        // protocol training while the last workers connect) has no time on it and is left out.
         ServerEvent::ModelUpdated { version, mean_loss: Some(loss), .. } => {
-            report.loss_curve.push(LossPoint { version: version.0, t_s, loss });
+            if let Some(t_s) = t_s {
+                report.loss_curve.push(LossPoint { version: version.0, t_s, loss });
+            }
         }
         _ => {}
     }

@@ -63,7 +63,8 @@ pub struct ServerReport {
     pub session_ledgers: Vec<SessionLedger>,
     /// The loss curve: for every update whose contributions reported minibatch losses,
     /// the version it made, the seconds since the run's clock started, and the mean of those
-    /// losses, in update order.
+    /// losses, in update order. Updates made before the clock started (while the last
+    /// workers connect, under a protocol that trains with the workers it has) are not in it.
     pub loss_curve: Vec<LossPoint>,
     /// False only for a server that waited for worker 0's initial parameters
     /// ([`TcpServer::run_with_initial_from_worker`](super::TcpServer::run_with_initial_from_worker))
