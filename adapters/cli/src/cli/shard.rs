@@ -103,13 +103,15 @@ pub(super) fn record_file(checkpoint: &Path, sharded: bool) -> PathBuf {
 
 /// The settings a resumed run must share with its checkpoint: a shard's with the index set
 /// to 0 (the same on every shard of a run), without the step-time recording (a trace may
-/// be recorded by one session of a run and not by another).
+/// be recorded by one session of a run and not by another) and without where the initial
+/// model came from (a resumed run takes its model from the checkpoint).
 fn common(settings: &RunSettings) -> RunSettings {
     let mut common = settings.clone();
     if let Some(shard) = &mut common.shard {
         shard.index = 0;
     }
     common.report_step_times = false;
+    common.initial_from_worker = false;
     common
 }
 
