@@ -46,6 +46,7 @@ pub mod settings;
 pub mod sharded;
 pub mod step_times;
 pub mod worker;
+pub(crate) mod writer;
 
 pub use auth::{Secret, WorkerKey};
 pub use frame::FrameTimeout;

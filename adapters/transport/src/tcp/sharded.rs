@@ -29,9 +29,11 @@ use super::auth::WorkerKey;
 use super::frame::{FrameError, FrameReader, FrameWriter};
 use super::handshake::{self, ClientSide, HandshakeError, RefuseCode, Role};
 use super::settings::RunSettings;
-use super::worker::{ConnectError, connect, jitter_seed};
+use super::worker::step::{Held, compute, refused};
+use super::worker::{ConnectError, Opened, Retry, open};
+use super::writer::{Ledger, UPLOADS_IN_FLIGHT, Upload, write_uploads};
 use super::{TcpError, WorkerJob, WorkerOptions, WorkerReport, at, core_duration, since};
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::Ordering;
 use core::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded, unbounded};
 use std::io::BufWriter;
@@ -41,7 +43,7 @@ use std::thread;
 use std::time::Instant as StdInstant;
 use syncopate::proto::sharded::{HeapShardedWorker, ShardLayout, ShardSlot, ShardedOutput, ShardedWorker};
 use syncopate::wire::{self, Limits};
-use syncopate::{AnyWorker, ComputeId, ProtocolConfig, Worker, WorkerEvent, WorkerSetup, WorkerStats};
+use syncopate::{AnyWorker, ProtocolConfig, Worker, WorkerEvent, WorkerSetup, WorkerStats};
 
 /// One shard's part of a [`ShardedReport`].
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
@@ -102,7 +104,6 @@ pub fn run_sharded_worker(
             ..ShardedReport::default()
         },
         stats: vec![WorkerStats::default(); addrs.len()],
-        jitter: syncopate::rng::Rng::derive(u64::from(me), jitter_seed()),
         generation: 0,
     };
     let result = run.start(job, log).and_then(|(worker, config)| run.drive(worker, &config, job, log));
@@ -119,24 +120,16 @@ struct Link {
     generation: u64,
     stream: TcpStream,
     uploads: Option<Sender<(Vec<u8>, Upload)>>,
-    sent: Arc<AtomicU64>,
-    resent: Arc<AtomicU64>,
+    /// What its writer wrote; the writer holds the other reference while it runs.
+    ledger: Arc<Ledger>,
     /// Buffers the main thread gives back to this session's reader.
     home: Sender<Vec<u8>>,
     /// Whether the session ended (its reader reported it).
     lost: bool,
 }
 
-/// What a frame uploaded to a shard is, for the ledger.
-#[derive(Clone, Copy, Debug)]
-enum Upload {
-    New,
-    Again,
-    Other,
-}
-
 /// What a session's reader hands the main thread.
-enum Inbound {
+enum FromShard {
     Frame { shard: usize, generation: u64, buf: Vec<u8>, start: usize, end: usize },
     Lost { shard: usize, generation: u64, why: String },
 }
@@ -150,26 +143,13 @@ struct Run<'a> {
     /// Each shard's settings digest, once connected.
     pinned: Vec<Option<[u8; 32]>>,
     links: Vec<Link>,
-    inbound: (Sender<Inbound>, Receiver<Inbound>),
+    inbound: (Sender<FromShard>, Receiver<FromShard>),
     /// Encoding buffers the writers give back.
     spare: (Sender<Vec<u8>>, Receiver<Vec<u8>>),
     report: ShardedReport,
     /// Per shard: what was handed to its connections (sequence numbers are per shard).
     stats: Vec<WorkerStats>,
-    jitter: syncopate::rng::Rng,
     generation: u64,
-}
-
-/// Frames waiting for a shard's writer thread.
-const UPLOADS_IN_FLIGHT: usize = 2;
-
-/// A computed gradient waiting for its emulated step time to pass.
-struct Held {
-    id: ComputeId,
-    started: StdInstant,
-    ready: StdInstant,
-    /// The job's minibatch loss for this gradient, if it reports one (every shard gets it).
-    loss: Option<f32>,
 }
 
 impl Run<'_> {
@@ -233,72 +213,55 @@ impl Run<'_> {
     fn connect_shard(&mut self, shard: usize, log: &mut dyn FnMut(&str)) -> Result<(u32, RunSettings), TcpError> {
         let me = self.me();
         let addr = self.addr(shard).to_owned();
-        let mut attempt = 0u32;
-        let mut unreachable_since: Option<StdInstant> = None;
-        loop {
-            let why = match self.handshake(shard, &addr) {
-                Ok((stream, reader, writer, epoch, version, settings)) => {
-                    if let Some(t) = self.report.shards.get_mut(shard) {
-                        t.sessions += 1;
-                    }
-                    self.report.total.sessions += 1;
-                    self.pinned[shard] = Some(settings.digest().map_err(|e| TcpError(format!("worker {me}: {e}")))?);
-                    log(&format!(
-                        "worker {me}: connected to shard {shard} at {addr} (epoch {epoch}, shard at version \
-                         {version}; {})",
-                        settings.label()
-                    ));
-                    self.start_link(shard, stream, reader, writer)?;
-                    return Ok((epoch, settings));
-                }
-                Err(ConnectError::Unreachable(e)) => {
-                    let since = *unreachable_since.get_or_insert_with(StdInstant::now);
-                    if since.elapsed() >= self.options.backoff.give_up_after {
-                        return Err(TcpError(format!(
-                            "worker {me}: shard {shard} at {addr} is lost: cannot reach it: {e} (gave up after {:.0} \
-                             s unreachable)",
-                            self.options.backoff.give_up_after.as_secs_f64()
-                        )));
-                    }
-                    format!("shard {shard} at {addr} unreachable ({e})")
-                }
-                Err(ConnectError::Handshake(e)) if e.is_transient() => {
-                    unreachable_since = None;
-                    format!("shard {shard} at {addr}: {e}")
-                }
-                // This worker's own refusal of the shard's settings names the shard already.
-                Err(ConnectError::Handshake(e @ HandshakeError::Refusing { code: RefuseCode::Knobs, .. })) => {
-                    return Err(TcpError(format!("worker {me}: {e}")));
-                }
-                Err(ConnectError::Handshake(e)) => {
-                    return Err(TcpError(format!("worker {me}: shard {shard} at {addr}: {e}")));
-                }
-                Err(ConnectError::Job(e)) => {
-                    return Err(TcpError(format!("worker {me}: shard {shard} at {addr}: {e}")));
-                }
-            };
-            let wait = self.options.backoff.wait(attempt, self.jitter.next_f64());
-            if attempt < 10 || attempt % 10 == 0 {
-                log(&format!("worker {me}: {why}; retrying in {:.2} s (attempt {})", wait.as_secs_f64(), attempt + 1));
+        let mut retry = Retry::new(self.options.backoff, u64::from(me));
+        let established = retry.until_connected(
+            &format!("worker {me}"),
+            log,
+            |_| self.handshake(shard, &addr),
+            |e| match e {
+                ConnectError::Unreachable(e) => format!("shard {shard} at {addr} unreachable ({e})"),
+                ConnectError::Handshake(e) => format!("shard {shard} at {addr}: {e}"),
+                ConnectError::Job(e) => e.clone(),
+                ConnectError::Killed => "killed".to_owned(),
+            },
+        );
+        let (Opened { stream, reader, writer }, epoch, version, settings) = match established {
+            Ok(session) => session,
+            Err(ConnectError::Unreachable(e)) => {
+                return Err(TcpError(format!(
+                    "worker {me}: shard {shard} at {addr} is lost: cannot reach it: {e} (gave up after {:.0} s \
+                     unreachable)",
+                    retry.give_up_after_s()
+                )));
             }
-            attempt = attempt.saturating_add(1);
-            thread::sleep(wait);
+            // This worker's own refusal of the shard's settings names the shard already.
+            Err(ConnectError::Handshake(e @ HandshakeError::Refusing { code: RefuseCode::Knobs, .. })) => {
+                return Err(TcpError(format!("worker {me}: {e}")));
+            }
+            Err(ConnectError::Handshake(e)) => {
+                return Err(TcpError(format!("worker {me}: shard {shard} at {addr}: {e}")));
+            }
+            Err(ConnectError::Job(e)) => return Err(TcpError(format!("worker {me}: shard {shard} at {addr}: {e}"))),
+            Err(ConnectError::Killed) => return Err(TcpError(format!("worker {me}: killed"))),
+        };
+        if let Some(t) = self.report.shards.get_mut(shard) {
+            t.sessions += 1;
         }
+        self.report.total.sessions += 1;
+        self.pinned[shard] = Some(settings.digest().map_err(|e| TcpError(format!("worker {me}: {e}")))?);
+        log(&format!(
+            "worker {me}: connected to shard {shard} at {addr} (epoch {epoch}, shard at version {version}; {})",
+            settings.label()
+        ));
+        self.start_link(shard, stream, reader, writer)?;
+        Ok((epoch, settings))
     }
 
-    #[allow(clippy::type_complexity)]
-    fn handshake(
-        &self,
-        shard: usize,
-        addr: &str,
-    ) -> Result<(TcpStream, FrameReader, FrameWriter<BufWriter<TcpStream>>, u32, u64, RunSettings), ConnectError> {
+    /// One attempt to connect to shard `shard` and shake hands, checking its settings.
+    fn handshake(&self, shard: usize, addr: &str) -> Result<(Opened, u32, u64, RunSettings), ConnectError> {
         let options = self.options;
-        let stream = connect(addr, options.handshake_timeout)?;
-        let io = |e: std::io::Error| ConnectError::Handshake(HandshakeError::Frame(FrameError::Io(e)));
-        stream.set_nodelay(true).map_err(io)?;
-        stream.set_write_timeout(Some(options.write_timeout)).map_err(io)?;
-        let mut reader = FrameReader::new(stream.try_clone().map_err(io)?, 0, options.frame_timeout);
-        let mut writer = FrameWriter::new(BufWriter::with_capacity(1 << 16, stream.try_clone().map_err(io)?), 0);
+        let Opened { stream, mut reader, mut writer } =
+            open(addr, options.handshake_timeout, options.write_timeout, options.frame_timeout)?;
         let deadline = StdInstant::now() + options.handshake_timeout;
         let key: Option<&WorkerKey> = options.key.as_ref();
         let me = ClientSide { worker: options.id, role: Role::Worker, key, want: self.pinned[shard], dim: None };
@@ -307,8 +270,8 @@ impl Run<'_> {
         let (session, settings) = handshake::client_handshake_checked(&mut reader, &mut writer, &me, deadline, &check)
             .map_err(ConnectError::Handshake)?;
         let max = settings.dim().map(super::session_max_len).map_err(ConnectError::Job)?;
-        super::frame::tune_stream(&stream, max).map_err(io)?;
-        Ok((stream, reader, writer, session.epoch, session.version, settings))
+        super::frame::tune_stream(&stream, max).map_err(ConnectError::io)?;
+        Ok((Opened { stream, reader, writer }, session.epoch, session.version, settings))
     }
 
     /// Starts the reader and writer threads of a new session with `shard`.
@@ -324,9 +287,9 @@ impl Run<'_> {
         let lost_after = self.options.lost_after;
         let (uploads, frames) = bounded::<(Vec<u8>, Upload)>(UPLOADS_IN_FLIGHT);
         let (home, pool) = bounded::<Vec<u8>>(4);
-        let (sent, resent) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let ledger = Arc::new(Ledger::default());
         let give_back = self.spare.0.clone();
-        let (w_sent, w_resent) = (Arc::clone(&sent), Arc::clone(&resent));
+        let w_ledger = Arc::clone(&ledger);
         let beat = super::heartbeat_interval(lost_after);
         let w_stream = stream.try_clone().map_err(|e| TcpError(e.to_string()))?;
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
@@ -335,28 +298,9 @@ impl Run<'_> {
         spawn(
             format!("shard-{shard}-write"),
             Box::new(move || {
-                loop {
-                    let (frame, class) = match frames.recv_timeout(beat) {
-                        Ok(upload) => upload,
-                        Err(RecvTimeoutError::Timeout) => {
-                            if writer.write_frame(&[]).is_err() {
-                                break;
-                            }
-                            continue;
-                        }
-                        Err(RecvTimeoutError::Disconnected) => break,
-                    };
-                    if writer.write_frame(&frame).is_err() {
-                        break;
-                    }
-                    match class {
-                        Upload::New => w_sent.fetch_add(1, Ordering::SeqCst),
-                        Upload::Again => w_resent.fetch_add(1, Ordering::SeqCst),
-                        Upload::Other => 0,
-                    };
-                    let _ = give_back.try_send(frame);
-                }
                 // A write that failed ends the session: the reader then sees it closed.
+                let _ = write_uploads(&mut writer, &frames, beat, &w_ledger, &give_back);
+                drop(w_ledger);
                 let _ = w_stream.shutdown(Shutdown::Both);
             }),
         )?;
@@ -369,7 +313,7 @@ impl Run<'_> {
                     match reader.read_frame(&mut buf, Some(StdInstant::now() + lost_after)) {
                         Ok(p) if p.start == p.end => {}
                         Ok(p) => {
-                            let frame = Inbound::Frame { shard, generation, buf, start: p.start, end: p.end };
+                            let frame = FromShard::Frame { shard, generation, buf, start: p.start, end: p.end };
                             if to_main.send(frame).is_err() {
                                 return;
                             }
@@ -382,14 +326,14 @@ impl Run<'_> {
                                 ),
                                 e => e.to_string(),
                             };
-                            let _ = to_main.send(Inbound::Lost { shard, generation, why });
+                            let _ = to_main.send(FromShard::Lost { shard, generation, why });
                             return;
                         }
                     }
                 }
             }),
         )?;
-        let link = Link { generation, stream, uploads: Some(uploads), sent, resent, home, lost: false };
+        let link = Link { generation, stream, uploads: Some(uploads), ledger, home, lost: false };
         match self.links.get_mut(shard) {
             Some(old) => *old = link,
             None => self.links.push(link),
@@ -409,11 +353,11 @@ impl Run<'_> {
             }
             // The writer drains what it holds (a bounded queue) before the socket closes.
             let end = StdInstant::now() + Duration::from_secs(2);
-            while Arc::strong_count(&link.sent) > 1 && StdInstant::now() < end {
+            while Arc::strong_count(&link.ledger) > 1 && StdInstant::now() < end {
                 thread::sleep(Duration::from_millis(1));
             }
             let _ = link.stream.shutdown(Shutdown::Both);
-            let (sent, resent) = (link.sent.load(Ordering::SeqCst), link.resent.load(Ordering::SeqCst));
+            let (sent, resent) = link.ledger.counts();
             self.report.total.sent += sent;
             self.report.total.resent += resent;
             if let Some(t) = self.report.shards.get_mut(shard) {
@@ -431,7 +375,8 @@ impl Run<'_> {
         log: &mut dyn FnMut(&str),
     ) -> Result<(), TcpError> {
         let me = self.me();
-        let epoch = StdInstant::now();
+        // The origin of the core's clock for this run.
+        let origin = StdInstant::now();
         let layout = worker.layout();
         let limits: Vec<Limits> = (0..self.count).map(|k| Limits::for_model(layout.len(k))).collect();
         let mut grad = vec![0.0f32; layout.dim()];
@@ -448,45 +393,21 @@ impl Run<'_> {
                         let k = shard as usize;
                         let Some(link) = self.links.get(k).filter(|l| !l.lost) else { continue };
                         let Some(uploads) = &link.uploads else { continue };
-                        let mut out = self.spare.1.try_recv().unwrap_or_default();
-                        out.resize(wire::encoded_len_to_server(&msg), 0);
-                        let n = match wire::encode_to_server(&msg, &mut out) {
-                            Ok(n) => n,
-                            Err(e) => {
-                                broken = Some((k, format!("cannot encode {}: {e}", msg.kind_name())));
-                                continue;
-                            }
-                        };
-                        out.truncate(n);
                         let Some(stats) = self.stats.get_mut(k) else { continue };
-                        let before = *stats;
-                        stats.record(&msg);
-                        let class = if stats.contributions > before.contributions {
-                            Upload::New
-                        } else if stats.resent > before.resent {
-                            Upload::Again
-                        } else {
-                            Upload::Other
-                        };
-                        // A session whose writer is gone is lost; its reader reports it.
-                        let _ = uploads.send((out, class));
+                        match Upload::encode(&msg, stats, &self.spare.1) {
+                            // A session whose writer is gone is lost; its reader reports it.
+                            Ok(upload) => {
+                                let _ = uploads.send(upload);
+                            }
+                            Err(e) => broken = Some((k, e)),
+                        }
                     }
                     ShardedOutput::Compute { id, version, params } => {
-                        let now = StdInstant::now();
-                        if let Some(old) = held.take() {
-                            self.report.total.busy_s += now.duration_since(old.started).as_secs_f64();
-                            self.report.total.abandoned += 1;
-                        }
-                        let extra = job.gradient(params, &mut grad);
-                        let loss = job.loss();
-                        let last = &mut self.report.total.last_version;
-                        *last = Some(last.unwrap_or(0).max(version.0));
-                        held = Some(Held { id, started: now, ready: StdInstant::now() + extra, loss });
+                        compute(job, &mut self.report.total, &mut held, &mut grad, id, version, params);
                     }
                     ShardedOutput::Event(WorkerEvent::Abandoned { id }) => {
                         if let Some(h) = held.take_if(|h| h.id == id) {
-                            self.report.total.busy_s += h.started.elapsed().as_secs_f64();
-                            self.report.total.abandoned += 1;
+                            h.abandon(&mut self.report.total);
                         }
                     }
                     ShardedOutput::Event(_) => {}
@@ -498,9 +419,10 @@ impl Run<'_> {
             }
             // What the shards sent is read before a finished step is handed over: a worker whose
             // steps take no time (its next step always ready under wbsp-overlap) still reads.
-            if let Some(h) = held.take_if(|h| StdInstant::now() >= h.ready && inbound.is_empty()) {
-                self.report.total.busy_s += h.started.elapsed().as_secs_f64();
-                match worker.handle_gradient_with_loss(since(epoch), h.id, &grad, h.loss) {
+            if let Some(h) = held.take_if(|h| h.is_due() && inbound.is_empty()) {
+                let (id, loss) = (h.id, h.loss);
+                h.finish(&mut self.report.total);
+                match worker.handle_gradient_with_loss(since(origin), id, &grad, loss) {
                     Ok(()) => self.report.total.steps += 1,
                     Err(e) => refused(me, log, &mut self.report.total, "a finished gradient", &e),
                 }
@@ -533,14 +455,14 @@ impl Run<'_> {
             }
             let mut wake = StdInstant::now() + Duration::from_millis(100);
             if let Some(t) = worker.poll_timeout() {
-                wake = wake.min(at(epoch, t));
+                wake = wake.min(at(origin, t));
             }
             if let Some(h) = &held {
                 wake = wake.min(h.ready);
             }
             let wait = wake.saturating_duration_since(StdInstant::now()).max(Duration::from_millis(1));
             match inbound.recv_timeout(wait) {
-                Ok(Inbound::Frame { shard, generation, buf, start, end }) => {
+                Ok(FromShard::Frame { shard, generation, buf, start, end }) => {
                     let Some(link) = self.links.get(shard).filter(|l| l.generation == generation) else {
                         continue;
                     };
@@ -555,7 +477,7 @@ impl Run<'_> {
                                 }
                             }
                             let kind = msg.kind_name();
-                            if let Err(e) = worker.handle(since(epoch), shard as u32, msg) {
+                            if let Err(e) = worker.handle(since(origin), shard as u32, msg) {
                                 refused(
                                     me,
                                     log,
@@ -572,7 +494,7 @@ impl Run<'_> {
                     }
                     let _ = home.try_send(buf);
                 }
-                Ok(Inbound::Lost { shard, generation, why }) => {
+                Ok(FromShard::Lost { shard, generation, why }) => {
                     if self.links.get(shard).is_some_and(|l| l.generation == generation) {
                         let done = worker.shard(shard as u32).is_some_and(|w| w.is_stopped());
                         if done {
@@ -587,8 +509,8 @@ impl Run<'_> {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return Err(TcpError(format!("worker {me}: no session left"))),
             }
-            if worker.poll_timeout().is_some_and(|t| at(epoch, t) <= StdInstant::now()) {
-                worker.handle_timeout(since(epoch));
+            if worker.poll_timeout().is_some_and(|t| at(origin, t) <= StdInstant::now()) {
+                worker.handle_timeout(since(origin));
             }
         }
     }
@@ -614,12 +536,4 @@ impl Run<'_> {
         let inner = self.inner_worker(config, worker.layout(), shard, epoch)?;
         worker.restart_shard(shard as u32, inner).map_err(|e| TcpError(format!("worker {me}: shard {shard}: {e}")))
     }
-}
-
-/// Counts a refusal; the first of each kind is logged.
-fn refused(me: u32, log: &mut dyn FnMut(&str), report: &mut WorkerReport, what: &str, e: &syncopate::Reject) {
-    if report.refusals.record(e) {
-        log(&format!("worker {me}: the protocol refused {what}: {e} (the first {}; more are counted)", e.kind_name()));
-    }
-    report.refused = report.refusals.total();
 }

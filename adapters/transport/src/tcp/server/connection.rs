@@ -7,10 +7,11 @@ use super::{Conn, Inbound, Shared, Slot, Uplink};
 use crate::tcp::TcpError;
 use crate::tcp::frame::{FrameError, FrameReader, FrameWriter};
 use crate::tcp::handshake::{self, Deadlines, HandshakeError, ServerSide};
+use crate::tcp::writer::write_with_heartbeats;
 use core::net::SocketAddr;
 use core::sync::atomic::{AtomicBool, Ordering};
 use core::time::Duration;
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
+use crossbeam_channel::{Sender, bounded};
 use std::io::BufWriter;
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
@@ -93,7 +94,7 @@ pub(super) fn connection(
     let done2 = Arc::clone(&done);
     let beat = crate::tcp::heartbeat_interval(opts.lost_after);
     let spawned = thread::Builder::new().name(format!("syncopate-write-{}", worker.0)).spawn(move || {
-        if let Err(e) = write_with_heartbeats(&mut writer, &out_rx, beat) {
+        if let Err(e) = write_with_heartbeats(&mut writer, &out_rx, beat, drop) {
             let _ = writer_tx.send(Inbound::Closed { conn, worker, reason: format!("write failed: {e}") });
             let _ = stream2.shutdown(Shutdown::Both);
             done2.store(true, Ordering::SeqCst);
@@ -159,7 +160,9 @@ pub(super) fn start_uplink(
     thread::Builder::new()
         .name("syncopate-up-write".into())
         .spawn(move || {
-            if let Err(e) = write_with_heartbeats(&mut writer, &out_rx, crate::tcp::heartbeat_interval(lost_after)) {
+            if let Err(e) =
+                write_with_heartbeats(&mut writer, &out_rx, crate::tcp::heartbeat_interval(lost_after), drop)
+            {
                 let _ = writer_tx.send(Inbound::UpstreamClosed { reason: format!("write failed: {e}") });
                 let _ = stream2.shutdown(Shutdown::Both);
                 done2.store(true, Ordering::SeqCst);
@@ -192,22 +195,6 @@ pub(super) fn start_uplink(
         })
         .map_err(|e| TcpError(format!("cannot start the upstream reader: {e}")))?;
     Ok(Conn { id: u64::MAX, tx: out_tx, stream: stream3, done })
-}
-
-/// Writes the frames queued on `frames` until the queue closes, and a heartbeat (a frame
-/// with an empty payload) whenever nothing was written for `beat`.
-pub(crate) fn write_with_heartbeats<W: std::io::Write>(
-    writer: &mut FrameWriter<W>,
-    frames: &Receiver<Arc<Vec<u8>>>,
-    beat: Duration,
-) -> std::io::Result<()> {
-    loop {
-        match frames.recv_timeout(beat) {
-            Ok(bytes) => writer.write_frame(&bytes)?,
-            Err(RecvTimeoutError::Timeout) => writer.write_frame(&[])?,
-            Err(RecvTimeoutError::Disconnected) => return Ok(()),
-        }
-    }
 }
 
 /// The reason a silent session is lost.
