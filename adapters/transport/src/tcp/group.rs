@@ -50,6 +50,9 @@ pub struct GroupOptions {
     pub write_timeout: Duration,
     /// Retry timing while the central server cannot be reached.
     pub backoff: Backoff,
+    /// How long the central server may stay silent before the upstream session is lost (the
+    /// group's server options must say the same).
+    pub lost_after: Duration,
 }
 
 impl GroupOptions {
@@ -63,6 +66,7 @@ impl GroupOptions {
             frame_timeout: FrameTimeout::default(),
             write_timeout: Duration::from_secs(10),
             backoff: Backoff::default(),
+            lost_after: super::DEFAULT_LOST_AFTER,
         }
     }
 }
@@ -77,6 +81,8 @@ pub fn run_group(
     plan: &RunPlan,
     note: &mut dyn FnMut(Note<'_>),
 ) -> Result<ServerReport, TcpError> {
+    super::check_lost_after(options.lost_after)
+        .map_err(|e| TcpError(format!("group {}: lost_after: {e}", options.group)))?;
     let (uplink, epoch, settings) = connect_upstream(options, note)?;
     let config = settings.worker_config().map_err(|e| TcpError(format!("group: {e}")))?;
     let Some(tiers) = config.tiers() else {
@@ -152,10 +158,12 @@ fn try_connect(options: &GroupOptions) -> Result<(Uplink, u32, RunSettings), Con
         key: options.key.as_ref(),
         want: None,
         dim: None,
+        lost_after: options.lost_after,
     };
     let (session, settings) =
         handshake::client_handshake(&mut reader, &mut writer, &me, deadline).map_err(ConnectError::Handshake)?;
     let dim = settings.dim().map_err(ConnectError::Job)?;
     super::frame::tune_stream(&stream, super::session_max_len(dim)).map_err(ConnectError::io)?;
-    Ok((Uplink { addr: addr.clone(), stream, reader, writer }, session.epoch, settings))
+    let beat = session.beat(options.lost_after);
+    Ok((Uplink { addr: addr.clone(), stream, reader, writer, beat }, session.epoch, settings))
 }

@@ -26,7 +26,7 @@
 //! slices; the others normally follow at once).
 
 use super::auth::WorkerKey;
-use super::frame::{FrameError, FrameReader, FrameWriter};
+use super::frame::FrameError;
 use super::handshake::{self, ClientSide, HandshakeError, RefuseCode, Role};
 use super::settings::RunSettings;
 use super::worker::step::{Held, compute, refused};
@@ -36,7 +36,6 @@ use super::{TcpError, WorkerJob, WorkerOptions, WorkerReport, at, core_duration,
 use core::sync::atomic::Ordering;
 use core::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded, unbounded};
-use std::io::BufWriter;
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
 use std::thread;
@@ -90,6 +89,7 @@ pub fn run_sharded_worker(
     let me = options.id.0;
     let addrs = shard_addresses(&options.addr);
     let count = u32::try_from(addrs.len()).map_err(|_| TcpError(format!("worker {me}: too many shards")))?;
+    super::check_lost_after(options.lost_after).map_err(|e| TcpError(format!("worker {me}: lost_after: {e}")))?;
     let mut run = Run {
         options,
         addrs: &addrs,
@@ -126,6 +126,16 @@ struct Link {
     home: Sender<Vec<u8>>,
     /// Whether the session ended (its reader reported it).
     lost: bool,
+}
+
+/// What a shard's handshake established.
+struct Agreed {
+    /// The session's epoch.
+    epoch: u32,
+    /// The shard's model version at the handshake.
+    version: u64,
+    /// The heartbeat interval both sides agreed on.
+    beat: Duration,
 }
 
 /// What a session's reader hands the main thread.
@@ -225,7 +235,7 @@ impl Run<'_> {
                 ConnectError::Killed => "killed".to_owned(),
             },
         );
-        let (Opened { stream, reader, writer }, epoch, version, settings) = match established {
+        let (Opened { stream, reader, writer }, Agreed { epoch, version, beat }, settings) = match established {
             Ok(session) => session,
             Err(ConnectError::Unreachable(e)) => {
                 return Err(TcpError(format!(
@@ -253,35 +263,42 @@ impl Run<'_> {
             "worker {me}: connected to shard {shard} at {addr} (epoch {epoch}, shard at version {version}; {})",
             settings.label()
         ));
-        self.start_link(shard, stream, reader, writer)?;
+        self.start_link(shard, Opened { stream, reader, writer }, beat)?;
         Ok((epoch, settings))
     }
 
     /// One attempt to connect to shard `shard` and shake hands, checking its settings.
-    fn handshake(&self, shard: usize, addr: &str) -> Result<(Opened, u32, u64, RunSettings), ConnectError> {
+    fn handshake(&self, shard: usize, addr: &str) -> Result<(Opened, Agreed, RunSettings), ConnectError> {
         let options = self.options;
         let Opened { stream, mut reader, mut writer } =
             open(addr, options.handshake_timeout, options.write_timeout, options.frame_timeout)?;
         let deadline = StdInstant::now() + options.handshake_timeout;
         let key: Option<&WorkerKey> = options.key.as_ref();
-        let me = ClientSide { worker: options.id, role: Role::Worker, key, want: self.pinned[shard], dim: None };
+        let me = ClientSide {
+            worker: options.id,
+            role: Role::Worker,
+            key,
+            want: self.pinned[shard],
+            dim: None,
+            lost_after: options.lost_after,
+        };
         let (index, count, first) = (shard as u32, self.count, self.first.as_ref());
         let check = |s: &RunSettings| s.check_shard(index, count, addr, first);
         let (session, settings) = handshake::client_handshake_checked(&mut reader, &mut writer, &me, deadline, &check)
             .map_err(ConnectError::Handshake)?;
         let max = settings.dim().map(super::session_max_len).map_err(ConnectError::Job)?;
         super::frame::tune_stream(&stream, max).map_err(ConnectError::io)?;
-        Ok((Opened { stream, reader, writer }, session.epoch, session.version, settings))
+        let beat = session.beat(options.lost_after);
+        Ok((
+            Opened { stream, reader, writer },
+            Agreed { epoch: session.epoch, version: session.version, beat },
+            settings,
+        ))
     }
 
     /// Starts the reader and writer threads of a new session with `shard`.
-    fn start_link(
-        &mut self,
-        shard: usize,
-        stream: TcpStream,
-        mut reader: FrameReader,
-        mut writer: FrameWriter<BufWriter<TcpStream>>,
-    ) -> Result<(), TcpError> {
+    fn start_link(&mut self, shard: usize, link: Opened, beat: Duration) -> Result<(), TcpError> {
+        let Opened { stream, mut reader, mut writer } = link;
         self.generation += 1;
         let generation = self.generation;
         let lost_after = self.options.lost_after;
@@ -290,7 +307,6 @@ impl Run<'_> {
         let ledger = Arc::new(Ledger::default());
         let give_back = self.spare.0.clone();
         let w_ledger = Arc::clone(&ledger);
-        let beat = super::heartbeat_interval(lost_after);
         let w_stream = stream.try_clone().map_err(|e| TcpError(e.to_string()))?;
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             thread::Builder::new().name(name).spawn(f).map(|_| ()).map_err(|e| TcpError(format!("thread: {e}")))

@@ -75,7 +75,7 @@ impl Upload {
         msg: &ToServer<'_, f32>,
         stats: &mut WorkerStats,
         spare: &Receiver<Vec<u8>>,
-    ) -> Result<(Vec<u8>, Upload), String> {
+    ) -> Result<(Vec<u8>, Self), String> {
         let mut out = spare.try_recv().unwrap_or_default();
         out.resize(wire::encoded_len_to_server(msg), 0);
         let n = wire::encode_to_server(msg, &mut out).map_err(|e| format!("cannot encode {}: {e}", msg.kind_name()))?;
@@ -83,11 +83,11 @@ impl Upload {
         let before = *stats;
         stats.record(msg);
         let class = if stats.contributions > before.contributions {
-            Upload::New
+            Self::New
         } else if stats.resent > before.resent {
-            Upload::Again
+            Self::Again
         } else {
-            Upload::Other
+            Self::Other
         };
         Ok((out, class))
     }

@@ -54,6 +54,7 @@ pub(super) fn connection(
         server_id: shared.server_id,
         version: shared.version.load(Ordering::SeqCst),
         dim: a.dim as u64,
+        lost_after: opts.lost_after,
     };
     let now = StdInstant::now();
     let deadlines =
@@ -92,7 +93,7 @@ pub(super) fn connection(
     let writer_tx = tx.clone();
     let done = Arc::new(AtomicBool::new(false));
     let done2 = Arc::clone(&done);
-    let beat = crate::tcp::heartbeat_interval(opts.lost_after);
+    let beat = session.beat(opts.lost_after);
     let spawned = thread::Builder::new().name(format!("syncopate-write-{}", worker.0)).spawn(move || {
         if let Err(e) = write_with_heartbeats(&mut writer, &out_rx, beat, drop) {
             let _ = writer_tx.send(Inbound::Closed { conn, worker, reason: format!("write failed: {e}") });
@@ -151,7 +152,7 @@ pub(super) fn start_uplink(
     queue: usize,
     lost_after: Duration,
 ) -> Result<Conn, TcpError> {
-    let Uplink { addr, stream, mut reader, mut writer } = link;
+    let Uplink { addr, stream, mut reader, mut writer, beat } = link;
     let clone = |s: &TcpStream| s.try_clone().map_err(|e| TcpError(format!("upstream connection: {e}")));
     let (stream2, stream3) = (clone(&stream)?, clone(&stream)?);
     let (out_tx, out_rx) = bounded::<Arc<Vec<u8>>>(queue);
@@ -160,9 +161,7 @@ pub(super) fn start_uplink(
     thread::Builder::new()
         .name("syncopate-up-write".into())
         .spawn(move || {
-            if let Err(e) =
-                write_with_heartbeats(&mut writer, &out_rx, crate::tcp::heartbeat_interval(lost_after), drop)
-            {
+            if let Err(e) = write_with_heartbeats(&mut writer, &out_rx, beat, drop) {
                 let _ = writer_tx.send(Inbound::UpstreamClosed { reason: format!("write failed: {e}") });
                 let _ = stream2.shutdown(Shutdown::Both);
                 done2.store(true, Ordering::SeqCst);

@@ -183,6 +183,7 @@ pub fn run_worker(
     let mut report = WorkerReport::default();
     let me = options.id.0;
     let who = format!("worker {me}");
+    crate::tcp::check_lost_after(options.lost_after).map_err(|e| TcpError(format!("{who}: lost_after: {e}")))?;
     let mut pinned = match &options.expect {
         Some(s) => Some(s.digest().map_err(|e| TcpError(format!("{who}: {e}")))?),
         None => None,

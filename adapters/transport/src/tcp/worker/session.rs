@@ -5,9 +5,9 @@
 
 use super::connect::{ConnectError, Opened, open};
 use super::{SessionEnd, WorkerJob, WorkerOptions, WorkerReport};
+use crate::tcp::core_duration;
 use crate::tcp::handshake::{self, ClientSide, Role};
 use crate::tcp::writer::{Ledger, UPLOADS_IN_FLIGHT, Upload, write_uploads};
-use crate::tcp::{core_duration, heartbeat_interval};
 use core::time::Duration;
 use std::thread;
 use std::time::Instant as StdInstant;
@@ -53,6 +53,7 @@ pub(super) fn establish(
         key: options.key.as_ref(),
         want: *pinned,
         dim: options.dim.map(|d| d as u64),
+        lost_after: options.lost_after,
     };
     let (s, settings) =
         handshake::client_handshake(&mut reader, &mut writer, &me, deadline).map_err(ConnectError::Handshake)?;
@@ -87,12 +88,8 @@ pub(super) fn establish(
     let worker = AnyWorker::new(&config, setup, vec![0.0f32; dim], vec![0.0f32; config.worker_scratch_len(dim)])
         .map_err(|e| refused(e.to_string()))?;
     let lost_after = options.lost_after;
-    let shape = SessionShape {
-        dim,
-        report_step_times: settings.report_step_times,
-        lost_after,
-        beat: heartbeat_interval(lost_after),
-    };
+    let shape =
+        SessionShape { dim, report_step_times: settings.report_step_times, lost_after, beat: s.beat(lost_after) };
     Ok(Session { link: Opened { stream, reader, writer }, worker, shape })
 }
 

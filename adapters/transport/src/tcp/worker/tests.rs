@@ -62,6 +62,7 @@ impl FakeServer {
             server_id: 1,
             version: 0,
             dim: dim as u64,
+            lost_after: crate::tcp::DEFAULT_LOST_AFTER,
         };
         let now = StdInstant::now();
         let deadlines = Deadlines { hello: now + Duration::from_secs(5), done: now + Duration::from_secs(5) };
