@@ -12,8 +12,9 @@
 //! digest: a restarted shard must announce them again.
 //!
 //! **Sessions.** Each shard's session has a reader thread (frames into one channel, the
-//! shard's silence judged against `lost_after`) and a writer thread (uploads from a small
-//! bounded queue, heartbeats when idle). One thread, the caller's, owns the
+//! shard's silence judged against `lost_after`; at most a few frames per shard not yet taken
+//! by the main thread, so a long step makes the readers stop and TCP push back on the shards)
+//! and a writer thread (uploads from a small bounded queue, heartbeats when idle). One thread, the caller's, owns the
 //! [`ShardedWorker`] and computes the gradients. A lost session (closed, silent, a bad
 //! frame) is reconnected while the others stay up; the shard's inner worker is replaced by
 //! a fresh one with the new epoch ([`ShardedWorker::restart_shard`]), which joins and gets
@@ -26,7 +27,7 @@
 //! slices; the others normally follow at once).
 
 use super::auth::WorkerKey;
-use super::frame::FrameError;
+use super::frame::{FrameError, FrameReader};
 use super::handshake::{self, ClientSide, HandshakeError, RefuseCode, Role};
 use super::settings::RunSettings;
 use super::worker::step::{Held, compute, refused};
@@ -126,6 +127,49 @@ struct Link {
     home: Sender<Vec<u8>>,
     /// Whether the session ended (its reader reported it).
     lost: bool,
+}
+
+/// The frames of one shard its reader may hand the main thread before the main thread gives a
+/// buffer back. While the main thread is busy (a long step), a reader with none left stops
+/// reading, and TCP's flow control pushes back on the shard: what a worker holds of a shard
+/// is bounded, as an unsharded worker's socket bounds it.
+const FRAMES_IN_FLIGHT: usize = 4;
+
+/// A shard session's reader: frames into `to_main`, each in a buffer from `pool` (it waits
+/// for one when all are out), until the session ends (reported as lost, with why: closed,
+/// broken, or silent for `lost_after`) or the main thread lets go of the session.
+fn read_shard(
+    reader: &mut FrameReader,
+    pool: &Receiver<Vec<u8>>,
+    to_main: &Sender<FromShard>,
+    (shard, generation): (usize, u64),
+    lost_after: Duration,
+) {
+    while let Ok(mut buf) = pool.recv() {
+        let (start, end) = loop {
+            match reader.read_frame(&mut buf, Some(StdInstant::now() + lost_after)) {
+                // A heartbeat: the shard is there; the buffer is kept for the next frame.
+                Ok(p) if p.start == p.end => {}
+                Ok(p) => break (p.start, p.end),
+                Err(e) => {
+                    let why = match e {
+                        FrameError::Idle => {
+                            format!(
+                                "the shard was silent for {:.1} s (no frame, no heartbeat)",
+                                lost_after.as_secs_f64()
+                            )
+                        }
+                        e => e.to_string(),
+                    };
+                    let _ = to_main.send(FromShard::Lost { shard, generation, why });
+                    return;
+                }
+            }
+        };
+        if to_main.send(FromShard::Frame { shard, generation, buf, start, end }).is_err() {
+            return;
+        }
+    }
 }
 
 /// What a shard's handshake established.
@@ -303,7 +347,10 @@ impl Run<'_> {
         let generation = self.generation;
         let lost_after = self.options.lost_after;
         let (uploads, frames) = bounded::<(Vec<u8>, Upload)>(UPLOADS_IN_FLIGHT);
-        let (home, pool) = bounded::<Vec<u8>>(4);
+        let (home, pool) = bounded::<Vec<u8>>(FRAMES_IN_FLIGHT);
+        for _ in 0..FRAMES_IN_FLIGHT {
+            let _ = home.try_send(Vec::new());
+        }
         let ledger = Arc::new(Ledger::default());
         let give_back = self.spare.0.clone();
         let w_ledger = Arc::clone(&ledger);
@@ -323,31 +370,7 @@ impl Run<'_> {
         let to_main = self.inbound.0.clone();
         spawn(
             format!("shard-{shard}-read"),
-            Box::new(move || {
-                loop {
-                    let mut buf = pool.try_recv().unwrap_or_default();
-                    match reader.read_frame(&mut buf, Some(StdInstant::now() + lost_after)) {
-                        Ok(p) if p.start == p.end => {}
-                        Ok(p) => {
-                            let frame = FromShard::Frame { shard, generation, buf, start: p.start, end: p.end };
-                            if to_main.send(frame).is_err() {
-                                return;
-                            }
-                        }
-                        Err(e) => {
-                            let why = match e {
-                                FrameError::Idle => format!(
-                                    "the shard was silent for {:.1} s (no frame, no heartbeat)",
-                                    lost_after.as_secs_f64()
-                                ),
-                                e => e.to_string(),
-                            };
-                            let _ = to_main.send(FromShard::Lost { shard, generation, why });
-                            return;
-                        }
-                    }
-                }
-            }),
+            Box::new(move || read_shard(&mut reader, &pool, &to_main, (shard, generation), lost_after)),
         )?;
         let link = Link { generation, stream, uploads: Some(uploads), ledger, home, lost: false };
         match self.links.get_mut(shard) {
@@ -551,5 +574,41 @@ impl Run<'_> {
         let (epoch, _) = self.connect_shard(shard, log)?;
         let inner = self.inner_worker(config, worker.layout(), shard, epoch)?;
         worker.restart_shard(shard as u32, inner).map_err(|e| TcpError(format!("worker {me}: shard {shard}: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tcp::frame::{FrameTimeout, FrameWriter};
+    use std::net::TcpListener;
+
+    #[test]
+    fn a_shard_reader_whose_frames_are_not_taken_stops_reading_and_the_shard_is_pushed_back() {
+        const FRAME: usize = 1 << 16;
+        const FRAMES: usize = 1024; // 64 MiB: far more than the sockets' buffers hold
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        server.set_write_timeout(Some(Duration::from_millis(500))).unwrap();
+        let (home, pool) = bounded::<Vec<u8>>(FRAMES_IN_FLIGHT);
+        for _ in 0..FRAMES_IN_FLIGHT {
+            home.try_send(Vec::new()).unwrap();
+        }
+        let (to_main, from_readers) = unbounded();
+        let reading = thread::spawn(move || {
+            let mut reader = FrameReader::new(client, 2 * FRAME, FrameTimeout::default());
+            read_shard(&mut reader, &pool, &to_main, (0, 1), Duration::from_secs(30));
+        });
+        // The shard sends model after model while the main thread is busy and takes none.
+        let mut writer = FrameWriter::new(server.try_clone().unwrap(), 2 * FRAME);
+        let payload = vec![7u8; FRAME];
+        let written = (0..FRAMES).take_while(|_| writer.write_frame(&payload).is_ok()).count();
+        assert!(written < FRAMES, "the worker read all {FRAMES} frames of 64 KiB without taking one");
+        assert_eq!(from_readers.len(), FRAMES_IN_FLIGHT, "the reader holds at most its buffers' worth");
+        // Once the main thread lets go of the session the reader ends.
+        drop(home);
+        let _ = server.shutdown(Shutdown::Both);
+        reading.join().unwrap();
     }
 }
