@@ -145,12 +145,21 @@ fn read_shard(
     (shard, generation): (usize, u64),
     lost_after: Duration,
 ) {
+    // When the shard was last heard from. The reader waits in short slices: one that ends
+    // long past its deadline means this process did not run (stopped, suspended), and that
+    // silence is not the shard's.
+    let mut heard = StdInstant::now();
     while let Ok(mut buf) = pool.recv() {
         let (start, end) = loop {
-            match reader.read_frame(&mut buf, Some(StdInstant::now() + lost_after)) {
+            let wake = (StdInstant::now() + Duration::from_millis(100)).min(heard + lost_after);
+            match reader.read_frame(&mut buf, Some(wake)) {
                 // A heartbeat: the shard is there; the buffer is kept for the next frame.
-                Ok(p) if p.start == p.end => {}
+                Ok(p) if p.start == p.end => heard = StdInstant::now(),
                 Ok(p) => break (p.start, p.end),
+                Err(FrameError::Idle) if StdInstant::now().saturating_duration_since(wake) >= lost_after => {
+                    heard = StdInstant::now();
+                }
+                Err(FrameError::Idle) if heard.elapsed() < lost_after => {}
                 Err(e) => {
                     let why = match e {
                         FrameError::Idle => {
@@ -166,6 +175,7 @@ fn read_shard(
                 }
             }
         };
+        heard = StdInstant::now();
         if to_main.send(FromShard::Frame { shard, generation, buf, start, end }).is_err() {
             return;
         }

@@ -1,6 +1,7 @@
 //! The worker's drive loop: the server's frames into the protocol's state machine, its
 //! outputs to the writer thread and the job, the held gradient handed over once due, the
-//! protocol's timeouts, and the server's silence judged against `lost_after`.
+//! protocol's timeouts, and the server's silence judged against `lost_after` (never the
+//! worker's own: time the worker itself was stopped does not count as the server's silence).
 
 use super::session::SessionShape;
 use super::step::{Held, compute, refused};
@@ -178,7 +179,19 @@ pub(super) fn drive(
                 if let Some(e) = upload_failed.take() {
                     return SessionEnd::Lost(e);
                 }
-                if heard.elapsed() >= shape.lost_after {
+                // A wait that ends long past its deadline means this process did not run
+                // (stopped, suspended): that silence is this worker's, not the server's, so
+                // the server is judged afresh from now, and its frames read first.
+                let asleep = StdInstant::now().saturating_duration_since(wake);
+                if asleep >= shape.lost_after {
+                    log(&format!(
+                        "worker {me}: this worker was stopped for {:.1} s (its clock jumped past the {:.1} s \
+                         silence limit between two turns of its loop); the server may have counted it as lost",
+                        asleep.as_secs_f64(),
+                        shape.lost_after.as_secs_f64()
+                    ));
+                    heard = StdInstant::now();
+                } else if heard.elapsed() >= shape.lost_after {
                     return SessionEnd::Lost(format!(
                         "the server was silent for {:.1} s (no frame, no heartbeat)",
                         shape.lost_after.as_secs_f64()
