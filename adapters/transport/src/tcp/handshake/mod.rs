@@ -445,9 +445,10 @@ pub fn client_handshake_checked<W: Write>(
     reader.set_hard_deadline(Some(deadline));
     reader.set_max_len(SERVER_HANDSHAKE_MAX_LEN);
     writer.set_max_len(HANDSHAKE_MAX_LEN);
-    let mut hello = ClientHello::new(worker, me.role, me.want, None)?;
+    let mut hello = ClientHello::new(worker, me.role, me.want, key)?;
     hello.dim = me.dim.unwrap_or(0);
     hello.lost_after_ms = ms(me.lost_after);
+    // Signed again: the early MAC covers the fields just set.
     if let Some(k) = key {
         hello.sign(k);
     }
