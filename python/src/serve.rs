@@ -163,7 +163,8 @@ fn read_only_view(py: Python<'_>, params: &Bound<'_, PyAny>) -> PyResult<PyObjec
 #[pyfunction]
 #[pyo3(signature = (params, protocol, *, listen = "127.0.0.1:0", secret_file = None, insecure = false,
     momentum = 0.0, evaluate = None, every = 1, target = None, updates = None, gradients = None,
-    time_limit_s = None, on_listen = None, log = None, record_trace = None, wait_for_rejoin = false))]
+    time_limit_s = None, on_listen = None, log = None, record_trace = None, wait_for_rejoin = false,
+    lost_after_s = 10.0))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve<'py>(
     py: Python<'py>,
@@ -183,7 +184,9 @@ pub(crate) fn serve<'py>(
     log: Option<PyObject>,
     record_trace: Option<std::path::PathBuf>,
     wait_for_rejoin: bool,
+    lost_after_s: f64,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let lost_after = crate::tcp::lost_after(lost_after_s)?;
     if every == 0 {
         return Err(PyValueError::new_err("every must be at least 1"));
     }
@@ -220,6 +223,7 @@ pub(crate) fn serve<'py>(
     settings.report_step_times = record_trace.is_some();
     let mut options = ServerOptions::new(settings);
     options.insecure = insecure;
+    options.lost_after = lost_after;
     if let Some(path) = secret_file {
         options.secret = Some(Secret::from_file(Path::new(path)).map_err(|e| PyValueError::new_err(e.to_string()))?);
     }

@@ -26,6 +26,17 @@ use syncopate::WorkerId;
 use syncopate_transport::launcher::{self, FromEnv};
 use syncopate_transport::tcp::{RunSettings, Secret, WorkerJob, WorkerOptions, run_worker as tcp_run_worker};
 
+/// `lost_after_s` as a duration: how long a silent peer is waited on before its session counts
+/// as lost (a positive number of seconds, at least the transport's shortest silence limit).
+pub(crate) fn lost_after(lost_after_s: f64) -> PyResult<Duration> {
+    let d = Duration::try_from_secs_f64(lost_after_s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| PyValueError::new_err(format!("lost_after_s must be positive, got {lost_after_s}")))?;
+    syncopate_adapters::tcp::check_lost_after(d).map_err(|e| PyValueError::new_err(format!("lost_after_s: {e}")))?;
+    Ok(d)
+}
+
 /// The TCP worker's settings; the one place that knows how the Rust worker is configured.
 fn options(connect: &str, id: u32, secret_file: Option<&str>, give_up_after_s: f64) -> PyResult<WorkerOptions> {
     if !(give_up_after_s.is_finite() && give_up_after_s > 0.0) {
@@ -219,7 +230,7 @@ fn failure_error(py: Python<'_>, id: u32, failure: Failure) -> PyErr {
 /// without `connect`, `MASTER_ADDR:MASTER_PORT`.
 #[pyfunction]
 #[pyo3(signature = (connect, compute, *, id = None, secret_file = None, params = None, grad = None,
-    give_up_after_s = 30.0, log = None, initial = None))]
+    give_up_after_s = 30.0, log = None, initial = None, lost_after_s = 10.0))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_worker<'py>(
     py: Python<'py>,
@@ -232,6 +243,7 @@ pub(crate) fn run_worker<'py>(
     give_up_after_s: f64,
     log: Option<PyObject>,
     initial: Option<PyObject>,
+    lost_after_s: f64,
 ) -> PyResult<Bound<'py, PyDict>> {
     let world = match id {
         Some(_) => None,
@@ -240,6 +252,7 @@ pub(crate) fn run_worker<'py>(
     let id = crate::launch::worker_id(id)?;
     let connect = crate::launch::server_address(connect)?;
     let mut options = options(&connect, id, secret_file, give_up_after_s)?;
+    options.lost_after = lost_after(lost_after_s)?;
     // The size of the caller's own arrays travels in the hello: the server refuses another
     // size at the handshake, naming both.
     let sizes: Vec<usize> = [&params, &grad]

@@ -112,6 +112,7 @@ fn client_hello() -> ClientHello {
         nonce: [3; 32],
         want: [0; 32],
         dim: 0,
+        lost_after_ms: 10_000,
         early_mac: [0; 16],
     }
 }
@@ -180,6 +181,7 @@ fn handshake_corpus() {
             server_id: 77,
             epoch: 2,
             version: 40,
+            lost_after_ms: 10_000,
             settings: s.encode().expect("settings"),
             mac: [6; 32],
         })

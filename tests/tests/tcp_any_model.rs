@@ -8,7 +8,9 @@ mod tcp_common;
 use core::time::Duration;
 use syncopate::Version;
 use syncopate_adapters::scenario::ProtocolKind;
-use syncopate_adapters::tcp::{ProtocolSettings, RunPlan, RunSettings, ServerOptions, WorkerJob, run_worker};
+use syncopate_adapters::tcp::{
+    DEFAULT_LOST_AFTER, ProtocolSettings, RunPlan, RunSettings, ServerOptions, WorkerJob, run_worker,
+};
 use tcp_common::{bounded, plan, start_server_at, worker_options};
 
 /// `f(w) = ½‖w − target‖²`: gradient `w − target`, loss `f(w)`.
@@ -281,7 +283,14 @@ fn send_raw(addr: std::net::SocketAddr, id: u32, frames: &[Vec<u8>]) {
     let stream = std::net::TcpStream::connect(addr).unwrap();
     let mut reader = FrameReader::new(stream.try_clone().unwrap(), 0, FrameTimeout::default());
     let mut writer = FrameWriter::new(BufWriter::new(stream.try_clone().unwrap()), 0);
-    let me = ClientSide { worker: syncopate::WorkerId(id), role: Role::Worker, key: None, want: None, dim: None };
+    let me = ClientSide {
+        worker: syncopate::WorkerId(id),
+        role: Role::Worker,
+        key: None,
+        want: None,
+        dim: None,
+        lost_after: DEFAULT_LOST_AFTER,
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     client_handshake(&mut reader, &mut writer, &me, deadline).unwrap();
     for f in frames {

@@ -1,6 +1,7 @@
 //! Silent peers over TCP, with real processes: a worker frozen with SIGSTOP sends nothing,
 //! not even its heartbeats, so `serve --lost-after` declares it lost; a protocol that goes
-//! on without a lost worker (SSP) finishes its budget, and BSP reports whom it waits for.
+//! on without a lost worker (SSP) finishes its budget, and BSP reports whom it waits for;
+//! woken up, the worker says it was the one stopped.
 //! Every process is bounded by a deadline and killed on failure.
 
 #[path = "procs/mod.rs"]
@@ -68,6 +69,28 @@ fn a_stopped_server_is_lost_by_its_workers() {
     let line = worker.wait_err("server was silent for 1.0 s", Duration::from_secs(10));
     assert!(line.contains("worker 0"), "{line}");
     server.signal("CONT");
+    server.signal("TERM");
+    let _ = server.finish(Duration::from_secs(20));
+    let _ = worker.finish(Duration::from_secs(30));
+}
+
+#[test]
+fn a_worker_woken_from_sigstop_says_it_was_stopped_and_does_not_blame_the_server() {
+    let args = ["--protocol", "asp", "--workers", "1", "--steps", "100000", "--time-limit", "30"];
+    let (server, addr) = serve(&[&args[..], &["--lost-after", "1"]].concat());
+    let worker = work(&addr, 0);
+    server.wait_err("version", Duration::from_secs(20));
+    worker.signal("STOP");
+    std::thread::sleep(Duration::from_millis(2500));
+    worker.signal("CONT");
+    let line = worker.wait_err("this worker was stopped for", Duration::from_secs(10));
+    assert!(line.contains("worker 0") && line.contains("1.0 s silence limit"), "{line}");
+    // The server counted it as lost meanwhile; the worker finds out by reading, not by
+    // judging the server silent over time it did not run.
+    server.wait_err("worker 0 lost", Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(1500));
+    let blamed = worker.lines().into_iter().filter(|l| l.contains("server was silent")).collect::<Vec<_>>();
+    assert!(blamed.is_empty(), "{blamed:#?}");
     server.signal("TERM");
     let _ = server.finish(Duration::from_secs(20));
     let _ = worker.finish(Duration::from_secs(30));

@@ -53,7 +53,7 @@ pub struct GroupArgs {
 pub(super) fn run(args: &GroupArgs) -> Result<(), Failure> {
     super::work::check_address(&args.connect).map_err(Failure::Usage)?;
     let time_limit = super::values::time_limit(args.time_limit).map_err(Failure::Usage)?;
-    let lost_after = super::values::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?;
+    let lost_after = super::values::lost_after(args.lost_after).map_err(Failure::Usage)?;
     let secret = super::values::load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
     let frame_timeout = FrameTimeout { base: Duration::from_millis(args.frame_timeout), ..FrameTimeout::default() };
     let mut up = GroupOptions::new(args.connect.clone(), args.group);
@@ -61,6 +61,7 @@ pub(super) fn run(args: &GroupArgs) -> Result<(), Failure> {
     up.handshake_timeout = Duration::from_millis(args.handshake_timeout);
     up.frame_timeout = frame_timeout;
     up.backoff.give_up_after = Duration::from_secs(args.give_up_after);
+    up.lost_after = lost_after;
     let mut bind_error = None;
     let mut bind = |settings: crate::tcp::RunSettings| {
         let label = settings.label();

@@ -349,7 +349,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     options.checkpoint_stamp = stamp.clone();
     options.momentum = args.momentum;
     options.momentum_buffer = resumed_momentum;
-    options.lost_after = super::values::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?;
+    options.lost_after = super::values::lost_after(args.lost_after).map_err(Failure::Usage)?;
     let authenticated = options.secret.is_some();
     let server = TcpServer::bind(&args.listen, options).map_err(|e| Failure::Usage(e.0))?;
     let addr = server.local_addr().map_err(|e| Failure::Run(e.0))?;

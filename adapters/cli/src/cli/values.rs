@@ -21,6 +21,14 @@ pub(super) fn seconds(name: &str, value: f64) -> Result<StdDuration, String> {
     StdDuration::try_from_secs_f64(value).map_err(|e| format!("invalid value '{value}' for '--{name}': {e}"))
 }
 
+/// `--lost-after SECS` of a TCP process (see [`seconds`]): at least the transport's shortest
+/// silence limit.
+pub(super) fn lost_after(value: f64) -> Result<StdDuration, String> {
+    let d = seconds("lost-after", value)?;
+    tcp::check_lost_after(d).map_err(|e| format!("invalid value '{value}' for '--lost-after': {e}"))?;
+    Ok(d)
+}
+
 /// `--time-limit SECS`, if given, as a duration (see [`seconds`]).
 pub(super) fn time_limit(value: Option<f64>) -> Result<Option<StdDuration>, String> {
     value.map(|t| seconds("time-limit", t)).transpose()

@@ -256,7 +256,7 @@ pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
     options.key = secret.map(|s| s.worker_key(id));
     options.backoff.give_up_after = Duration::from_secs(args.give_up_after);
     options.frame_timeout = FrameTimeout::default();
-    options.lost_after = super::values::seconds("lost-after", args.lost_after).map_err(Failure::Usage)?;
+    options.lost_after = super::values::lost_after(args.lost_after).map_err(Failure::Usage)?;
     let mut job = Job {
         id: id.0,
         data_override: args.data.clone(),

@@ -21,16 +21,12 @@
 
 use super::TcpError;
 use super::auth::WorkerKey;
-use super::frame::{FrameReader, FrameTimeout, FrameWriter};
+use super::frame::FrameTimeout;
 use super::handshake::{self, ClientSide, Role};
 use super::server::{Note, RunPlan, ServerReport, TcpServer, Uplink};
 use super::settings::RunSettings;
-use super::worker::Backoff;
-use core::net::SocketAddr;
+use super::worker::{Backoff, ConnectError, Opened, Retry, open};
 use core::time::Duration;
-use std::io::BufWriter;
-use std::net::{TcpStream, ToSocketAddrs};
-use std::thread;
 use std::time::Instant as StdInstant;
 use syncopate::proto::Heap;
 use syncopate::{AnyServer, WorkerId};
@@ -54,6 +50,9 @@ pub struct GroupOptions {
     pub write_timeout: Duration,
     /// Retry timing while the central server cannot be reached.
     pub backoff: Backoff,
+    /// How long the central server may stay silent before the upstream session is lost (the
+    /// group's server options must say the same).
+    pub lost_after: Duration,
 }
 
 impl GroupOptions {
@@ -67,6 +66,7 @@ impl GroupOptions {
             frame_timeout: FrameTimeout::default(),
             write_timeout: Duration::from_secs(10),
             backoff: Backoff::default(),
+            lost_after: super::DEFAULT_LOST_AFTER,
         }
     }
 }
@@ -81,6 +81,8 @@ pub fn run_group(
     plan: &RunPlan,
     note: &mut dyn FnMut(Note<'_>),
 ) -> Result<ServerReport, TcpError> {
+    super::check_lost_after(options.lost_after)
+        .map_err(|e| TcpError(format!("group {}: lost_after: {e}", options.group)))?;
     let (uplink, epoch, settings) = connect_upstream(options, note)?;
     let config = settings.worker_config().map_err(|e| TcpError(format!("group: {e}")))?;
     let Some(tiers) = config.tiers() else {
@@ -110,77 +112,45 @@ fn connect_upstream(
     options: &GroupOptions,
     note: &mut dyn FnMut(Note<'_>),
 ) -> Result<(Uplink, u32, RunSettings), TcpError> {
-    let mut unreachable_since: Option<StdInstant> = None;
-    let mut attempt = 0u32;
-    loop {
-        match try_connect(options) {
-            Ok(done) => {
-                note(Note::Log(&format!(
-                    "group {}: connected to the central server at {} (epoch {}; {})",
-                    options.group,
-                    options.central,
-                    done.1,
-                    done.2.label()
-                )));
-                return Ok(done);
-            }
-            Err(Attempt::Fatal(why)) => return Err(TcpError(format!("group {}: {why}", options.group))),
-            Err(Attempt::Unreachable(why)) => {
-                if attempt < 10 || attempt % 10 == 0 {
-                    note(Note::Log(&format!("group {}: central server unreachable ({why}); retrying", options.group)));
-                }
-                let since = *unreachable_since.get_or_insert_with(StdInstant::now);
-                if since.elapsed() >= options.backoff.give_up_after {
-                    return Err(TcpError(format!(
-                        "group {}: cannot reach the central server at {}: {why} (gave up after {:.0} s)",
-                        options.group,
-                        options.central,
-                        options.backoff.give_up_after.as_secs_f64()
-                    )));
-                }
-            }
-            Err(Attempt::Retry(why)) => {
-                unreachable_since = None;
-                if attempt < 10 || attempt % 10 == 0 {
-                    note(Note::Log(&format!("group {}: {why}; retrying", options.group)));
-                }
-            }
-        }
-        thread::sleep(options.backoff.wait(attempt, 1.0));
-        attempt = attempt.saturating_add(1);
-    }
-}
-
-/// Why one attempt failed.
-enum Attempt {
-    /// Nobody answered.
-    Unreachable(String),
-    /// The central server answered but the session did not start; worth retrying.
-    Retry(String),
-    /// Retrying cannot help.
-    Fatal(String),
+    let g = options.group;
+    let mut retry = Retry::new(options.backoff, u64::from(g));
+    let mut log = |line: &str| note(Note::Log(line));
+    let done = retry
+        .until_connected(
+            &format!("group {g}"),
+            &mut log,
+            |_| try_connect(options),
+            |e| match e {
+                ConnectError::Unreachable(e) => format!("central server unreachable ({e})"),
+                ConnectError::Handshake(e) => format!("central server: {e}"),
+                ConnectError::Job(e) => e.clone(),
+                ConnectError::Killed => "killed".to_owned(),
+            },
+        )
+        .map_err(|e| match e {
+            ConnectError::Unreachable(e) => TcpError(format!(
+                "group {g}: cannot reach the central server at {}: {e} (gave up after {:.0} s)",
+                options.central,
+                retry.give_up_after_s()
+            )),
+            ConnectError::Handshake(e) => TcpError(format!("group {g}: central server: {e}")),
+            ConnectError::Job(e) => TcpError(format!("group {g}: {e}")),
+            ConnectError::Killed => TcpError(format!("group {g}: killed")),
+        })?;
+    log(&format!(
+        "group {g}: connected to the central server at {} (epoch {}; {})",
+        options.central,
+        done.1,
+        done.2.label()
+    ));
+    Ok(done)
 }
 
 /// One attempt.
-fn try_connect(options: &GroupOptions) -> Result<(Uplink, u32, RunSettings), Attempt> {
+fn try_connect(options: &GroupOptions) -> Result<(Uplink, u32, RunSettings), ConnectError> {
     let addr = &options.central;
-    let addrs: Vec<SocketAddr> = addr
-        .to_socket_addrs()
-        .map_err(|e| Attempt::Fatal(format!("invalid central server address '{addr}': {e}")))?
-        .collect();
-    let mut stream = Err(format!("'{addr}' resolves to nothing"));
-    for a in addrs {
-        stream = TcpStream::connect_timeout(&a, options.handshake_timeout).map_err(|e| format!("connect to {a}: {e}"));
-        if stream.is_ok() {
-            break;
-        }
-    }
-    let stream = stream.map_err(Attempt::Unreachable)?;
-    let io = |e: std::io::Error| Attempt::Retry(e.to_string());
-    stream.set_nodelay(true).map_err(io)?;
-    stream.set_write_timeout(Some(options.write_timeout)).map_err(io)?;
-    let mut reader = FrameReader::new(stream.try_clone().map_err(io)?, 0, options.frame_timeout);
-    let mut writer = FrameWriter::new(BufWriter::with_capacity(1 << 16, stream.try_clone().map_err(io)?), 0);
+    let Opened { stream, mut reader, mut writer } =
+        open(addr, options.handshake_timeout, options.write_timeout, options.frame_timeout)?;
     let deadline = StdInstant::now() + options.handshake_timeout;
     let me = ClientSide {
         worker: WorkerId(options.group),
@@ -188,12 +158,12 @@ fn try_connect(options: &GroupOptions) -> Result<(Uplink, u32, RunSettings), Att
         key: options.key.as_ref(),
         want: None,
         dim: None,
+        lost_after: options.lost_after,
     };
-    let (session, settings) = handshake::client_handshake(&mut reader, &mut writer, &me, deadline).map_err(|e| {
-        let why = format!("central server: {e}");
-        if e.is_transient() { Attempt::Retry(why) } else { Attempt::Fatal(why) }
-    })?;
-    let dim = settings.dim().map_err(Attempt::Fatal)?;
-    super::frame::tune_stream(&stream, super::session_max_len(dim)).map_err(io)?;
-    Ok((Uplink { addr: addr.clone(), stream, reader, writer }, session.epoch, settings))
+    let (session, settings) =
+        handshake::client_handshake(&mut reader, &mut writer, &me, deadline).map_err(ConnectError::Handshake)?;
+    let dim = settings.dim().map_err(ConnectError::Job)?;
+    super::frame::tune_stream(&stream, super::session_max_len(dim)).map_err(ConnectError::io)?;
+    let beat = session.beat(options.lost_after);
+    Ok((Uplink { addr: addr.clone(), stream, reader, writer, beat }, session.epoch, settings))
 }

@@ -16,8 +16,11 @@
 //!   thread that drives the protocol's [`AnyServer`](syncopate::AnyServer). A lost
 //!   connection is a lost worker for the protocol; a worker that reconnects rejoins with a
 //!   new epoch and gets the current model.
-//! - [`worker`]: the worker loop: connect, handshake, drive the protocol's
-//!   [`AnyWorker`](syncopate::AnyWorker), compute gradients, reconnect with backoff.
+//! - [`worker`]: the worker: connect and back off (the one retry loop of every client), the
+//!   session (handshake, per-session state), and the loop that drives the protocol's
+//!   [`AnyWorker`](syncopate::AnyWorker) with the job's gradients.
+//! - `writer`: the one writer thread of every session (queued frames, heartbeats when idle,
+//!   the worker's upload ledger).
 //! - [`sharded`]: the worker of a sharded run: one session per shard (`serve --shard I/S`),
 //!   each shard's identity checked in its handshake, driving a
 //!   [`ShardedWorker`](syncopate::proto::sharded::ShardedWorker).
@@ -50,6 +53,7 @@ pub mod settings;
 pub mod sharded;
 pub mod step_times;
 pub mod worker;
+pub(crate) mod writer;
 
 pub use auth::{Secret, WorkerKey};
 pub use frame::FrameTimeout;
@@ -84,9 +88,32 @@ pub const DEFAULT_LOST_AFTER: core::time::Duration = core::time::Duration::from_
 /// How often a session sends a heartbeat (a frame with an empty payload) when it has
 /// nothing else to send, for peers that declare it lost after `lost_after`: a tenth of it,
 /// between 10 ms and 1 s. Heartbeats go out from each connection's writer thread, so a long
-/// computation never delays them; a process that is stopped or gone sends none.
+/// computation never delays them; a process that is stopped or gone sends none. Both sides
+/// of a session announce their `lost_after` in the handshake and beat for the smaller one
+/// ([`handshake::Session::beat`]).
 pub fn heartbeat_interval(lost_after: core::time::Duration) -> core::time::Duration {
-    (lost_after / 10).clamp(core::time::Duration::from_millis(10), core::time::Duration::from_secs(1))
+    (lost_after / 10).clamp(MIN_HEARTBEAT, core::time::Duration::from_secs(1))
+}
+
+/// The shortest heartbeat interval.
+const MIN_HEARTBEAT: core::time::Duration = core::time::Duration::from_millis(10);
+
+/// The shortest `lost_after` accepted, on either side of a session: twice the shortest
+/// heartbeat interval, so that a peer's silence always spans at least two missed beats.
+pub const MIN_LOST_AFTER: core::time::Duration = core::time::Duration::from_millis(20);
+
+/// Refuses a silence limit below [`MIN_LOST_AFTER`], naming both (the caller prefixes what
+/// set it: a flag, a keyword, a peer).
+pub fn check_lost_after(lost_after: core::time::Duration) -> Result<(), String> {
+    if lost_after < MIN_LOST_AFTER {
+        return Err(format!(
+            "a silence limit of {} s is below twice the shortest heartbeat interval ({} s): give at least {} s",
+            lost_after.as_secs_f64(),
+            MIN_HEARTBEAT.as_secs_f64(),
+            MIN_LOST_AFTER.as_secs_f64()
+        ));
+    }
+    Ok(())
 }
 
 /// The largest frame `len` of a session for a model of `dim` `f32` parameters: the
@@ -96,12 +123,12 @@ pub fn session_max_len(dim: usize) -> usize {
     frame::SEQ_BYTES.saturating_add(msg).saturating_add(auth::TAG_LEN)
 }
 
-/// The core's clock: nanoseconds since the clock origin `origin`.
+/// The core's clock: nanoseconds since `origin`.
 fn since(origin: StdInstant) -> Instant {
     Instant::from_nanos(u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
 }
 
-/// The std instant of a core instant on the clock of origin `origin`.
+/// The std instant of a core instant on the clock that starts at `origin`.
 fn at(origin: StdInstant, t: Instant) -> StdInstant {
     origin + core::time::Duration::from_nanos(t.as_nanos())
 }

@@ -12,8 +12,9 @@
 //! digest: a restarted shard must announce them again.
 //!
 //! **Sessions.** Each shard's session has a reader thread (frames into one channel, the
-//! shard's silence judged against `lost_after`) and a writer thread (uploads from a small
-//! bounded queue, heartbeats when idle). One thread, the caller's, owns the
+//! shard's silence judged against `lost_after`; at most a few frames per shard not yet taken
+//! by the main thread, so a long step makes the readers stop and TCP push back on the shards)
+//! and a writer thread (uploads from a small bounded queue, heartbeats when idle). One thread, the caller's, owns the
 //! [`ShardedWorker`] and computes the gradients. A lost session (closed, silent, a bad
 //! frame) is reconnected while the others stay up; the shard's inner worker is replaced by
 //! a fresh one with the new epoch ([`ShardedWorker::restart_shard`]), which joins and gets
@@ -26,22 +27,23 @@
 //! slices; the others normally follow at once).
 
 use super::auth::WorkerKey;
-use super::frame::{FrameError, FrameReader, FrameWriter};
+use super::frame::{FrameError, FrameReader};
 use super::handshake::{self, ClientSide, HandshakeError, RefuseCode, Role};
 use super::settings::RunSettings;
-use super::worker::{ConnectError, connect, jitter_seed};
+use super::worker::step::{Held, compute, refused};
+use super::worker::{ConnectError, Opened, Retry, open};
+use super::writer::{Ledger, UPLOADS_IN_FLIGHT, Upload, write_uploads};
 use super::{TcpError, WorkerJob, WorkerOptions, WorkerReport, at, core_duration, since};
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::Ordering;
 use core::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded, unbounded};
-use std::io::BufWriter;
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
 use std::thread;
 use std::time::Instant as StdInstant;
 use syncopate::proto::sharded::{HeapShardedWorker, ShardLayout, ShardSlot, ShardedOutput, ShardedWorker};
 use syncopate::wire::{self, Limits};
-use syncopate::{AnyWorker, ComputeId, ProtocolConfig, Worker, WorkerEvent, WorkerSetup, WorkerStats};
+use syncopate::{AnyWorker, ProtocolConfig, Worker, WorkerEvent, WorkerSetup, WorkerStats};
 
 /// One shard's part of a [`ShardedReport`].
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
@@ -88,6 +90,7 @@ pub fn run_sharded_worker(
     let me = options.id.0;
     let addrs = shard_addresses(&options.addr);
     let count = u32::try_from(addrs.len()).map_err(|_| TcpError(format!("worker {me}: too many shards")))?;
+    super::check_lost_after(options.lost_after).map_err(|e| TcpError(format!("worker {me}: lost_after: {e}")))?;
     let mut run = Run {
         options,
         addrs: &addrs,
@@ -102,7 +105,6 @@ pub fn run_sharded_worker(
             ..ShardedReport::default()
         },
         stats: vec![WorkerStats::default(); addrs.len()],
-        jitter: syncopate::rng::Rng::derive(u64::from(me), jitter_seed()),
         generation: 0,
     };
     let result = run.start(job, log).and_then(|(worker, config)| run.drive(worker, &config, job, log));
@@ -119,24 +121,79 @@ struct Link {
     generation: u64,
     stream: TcpStream,
     uploads: Option<Sender<(Vec<u8>, Upload)>>,
-    sent: Arc<AtomicU64>,
-    resent: Arc<AtomicU64>,
+    /// What its writer wrote; the writer holds the other reference while it runs.
+    ledger: Arc<Ledger>,
     /// Buffers the main thread gives back to this session's reader.
     home: Sender<Vec<u8>>,
     /// Whether the session ended (its reader reported it).
     lost: bool,
 }
 
-/// What a frame uploaded to a shard is, for the ledger.
-#[derive(Clone, Copy, Debug)]
-enum Upload {
-    New,
-    Again,
-    Other,
+/// The frames of one shard its reader may hand the main thread before the main thread gives a
+/// buffer back. While the main thread is busy (a long step), a reader with none left stops
+/// reading, and TCP's flow control pushes back on the shard: what a worker holds of a shard
+/// is bounded, as an unsharded worker's socket bounds it.
+const FRAMES_IN_FLIGHT: usize = 4;
+
+/// A shard session's reader: frames into `to_main`, each in a buffer from `pool` (it waits
+/// for one when all are out), until the session ends (reported as lost, with why: closed,
+/// broken, or silent for `lost_after`) or the main thread lets go of the session.
+fn read_shard(
+    reader: &mut FrameReader,
+    pool: &Receiver<Vec<u8>>,
+    to_main: &Sender<FromShard>,
+    (shard, generation): (usize, u64),
+    lost_after: Duration,
+) {
+    // When the shard was last heard from. The reader waits in short slices: one that ends
+    // long past its deadline means this process did not run (stopped, suspended), and that
+    // silence is not the shard's.
+    let mut heard = StdInstant::now();
+    while let Ok(mut buf) = pool.recv() {
+        let (start, end) = loop {
+            let wake = (StdInstant::now() + Duration::from_millis(100)).min(heard + lost_after);
+            match reader.read_frame(&mut buf, Some(wake)) {
+                // A heartbeat: the shard is there; the buffer is kept for the next frame.
+                Ok(p) if p.start == p.end => heard = StdInstant::now(),
+                Ok(p) => break (p.start, p.end),
+                Err(FrameError::Idle) if StdInstant::now().saturating_duration_since(wake) >= lost_after => {
+                    heard = StdInstant::now();
+                }
+                Err(FrameError::Idle) if heard.elapsed() < lost_after => {}
+                Err(e) => {
+                    let why = match e {
+                        FrameError::Idle => {
+                            format!(
+                                "the shard was silent for {:.1} s (no frame, no heartbeat)",
+                                lost_after.as_secs_f64()
+                            )
+                        }
+                        e => e.to_string(),
+                    };
+                    let _ = to_main.send(FromShard::Lost { shard, generation, why });
+                    return;
+                }
+            }
+        };
+        heard = StdInstant::now();
+        if to_main.send(FromShard::Frame { shard, generation, buf, start, end }).is_err() {
+            return;
+        }
+    }
+}
+
+/// What a shard's handshake established.
+struct Agreed {
+    /// The session's epoch.
+    epoch: u32,
+    /// The shard's model version at the handshake.
+    version: u64,
+    /// The heartbeat interval both sides agreed on.
+    beat: Duration,
 }
 
 /// What a session's reader hands the main thread.
-enum Inbound {
+enum FromShard {
     Frame { shard: usize, generation: u64, buf: Vec<u8>, start: usize, end: usize },
     Lost { shard: usize, generation: u64, why: String },
 }
@@ -150,26 +207,13 @@ struct Run<'a> {
     /// Each shard's settings digest, once connected.
     pinned: Vec<Option<[u8; 32]>>,
     links: Vec<Link>,
-    inbound: (Sender<Inbound>, Receiver<Inbound>),
+    inbound: (Sender<FromShard>, Receiver<FromShard>),
     /// Encoding buffers the writers give back.
     spare: (Sender<Vec<u8>>, Receiver<Vec<u8>>),
     report: ShardedReport,
     /// Per shard: what was handed to its connections (sequence numbers are per shard).
     stats: Vec<WorkerStats>,
-    jitter: syncopate::rng::Rng,
     generation: u64,
-}
-
-/// Frames waiting for a shard's writer thread.
-const UPLOADS_IN_FLIGHT: usize = 2;
-
-/// A computed gradient waiting for its emulated step time to pass.
-struct Held {
-    id: ComputeId,
-    started: StdInstant,
-    ready: StdInstant,
-    /// The job's minibatch loss for this gradient, if it reports one (every shard gets it).
-    loss: Option<f32>,
 }
 
 impl Run<'_> {
@@ -233,101 +277,93 @@ impl Run<'_> {
     fn connect_shard(&mut self, shard: usize, log: &mut dyn FnMut(&str)) -> Result<(u32, RunSettings), TcpError> {
         let me = self.me();
         let addr = self.addr(shard).to_owned();
-        let mut attempt = 0u32;
-        let mut unreachable_since: Option<StdInstant> = None;
-        loop {
-            let why = match self.handshake(shard, &addr) {
-                Ok((stream, reader, writer, epoch, version, settings)) => {
-                    if let Some(t) = self.report.shards.get_mut(shard) {
-                        t.sessions += 1;
-                    }
-                    self.report.total.sessions += 1;
-                    self.pinned[shard] = Some(settings.digest().map_err(|e| TcpError(format!("worker {me}: {e}")))?);
-                    log(&format!(
-                        "worker {me}: connected to shard {shard} at {addr} (epoch {epoch}, shard at version \
-                         {version}; {})",
-                        settings.label()
-                    ));
-                    self.start_link(shard, stream, reader, writer)?;
-                    return Ok((epoch, settings));
-                }
-                Err(ConnectError::Unreachable(e)) => {
-                    let since = *unreachable_since.get_or_insert_with(StdInstant::now);
-                    if since.elapsed() >= self.options.backoff.give_up_after {
-                        return Err(TcpError(format!(
-                            "worker {me}: shard {shard} at {addr} is lost: cannot reach it: {e} (gave up after {:.0} \
-                             s unreachable)",
-                            self.options.backoff.give_up_after.as_secs_f64()
-                        )));
-                    }
-                    format!("shard {shard} at {addr} unreachable ({e})")
-                }
-                Err(ConnectError::Handshake(e)) if e.is_transient() => {
-                    unreachable_since = None;
-                    format!("shard {shard} at {addr}: {e}")
-                }
-                // This worker's own refusal of the shard's settings names the shard already.
-                Err(ConnectError::Handshake(e @ HandshakeError::Refusing { code: RefuseCode::Knobs, .. })) => {
-                    return Err(TcpError(format!("worker {me}: {e}")));
-                }
-                Err(ConnectError::Handshake(e)) => {
-                    return Err(TcpError(format!("worker {me}: shard {shard} at {addr}: {e}")));
-                }
-                Err(ConnectError::Job(e)) => {
-                    return Err(TcpError(format!("worker {me}: shard {shard} at {addr}: {e}")));
-                }
-            };
-            let wait = self.options.backoff.wait(attempt, self.jitter.next_f64());
-            if attempt < 10 || attempt % 10 == 0 {
-                log(&format!("worker {me}: {why}; retrying in {:.2} s (attempt {})", wait.as_secs_f64(), attempt + 1));
+        let mut retry = Retry::new(self.options.backoff, u64::from(me));
+        let established = retry.until_connected(
+            &format!("worker {me}"),
+            log,
+            |_| self.handshake(shard, &addr),
+            |e| match e {
+                ConnectError::Unreachable(e) => format!("shard {shard} at {addr} unreachable ({e})"),
+                ConnectError::Handshake(e) => format!("shard {shard} at {addr}: {e}"),
+                ConnectError::Job(e) => e.clone(),
+                ConnectError::Killed => "killed".to_owned(),
+            },
+        );
+        let (Opened { stream, reader, writer }, Agreed { epoch, version, beat }, settings) = match established {
+            Ok(session) => session,
+            Err(ConnectError::Unreachable(e)) => {
+                return Err(TcpError(format!(
+                    "worker {me}: shard {shard} at {addr} is lost: cannot reach it: {e} (gave up after {:.0} s \
+                     unreachable)",
+                    retry.give_up_after_s()
+                )));
             }
-            attempt = attempt.saturating_add(1);
-            thread::sleep(wait);
+            // This worker's own refusal of the shard's settings names the shard already.
+            Err(ConnectError::Handshake(e @ HandshakeError::Refusing { code: RefuseCode::Knobs, .. })) => {
+                return Err(TcpError(format!("worker {me}: {e}")));
+            }
+            Err(ConnectError::Handshake(e)) => {
+                return Err(TcpError(format!("worker {me}: shard {shard} at {addr}: {e}")));
+            }
+            Err(ConnectError::Job(e)) => return Err(TcpError(format!("worker {me}: shard {shard} at {addr}: {e}"))),
+            Err(ConnectError::Killed) => return Err(TcpError(format!("worker {me}: killed"))),
+        };
+        if let Some(t) = self.report.shards.get_mut(shard) {
+            t.sessions += 1;
         }
+        self.report.total.sessions += 1;
+        self.pinned[shard] = Some(settings.digest().map_err(|e| TcpError(format!("worker {me}: {e}")))?);
+        log(&format!(
+            "worker {me}: connected to shard {shard} at {addr} (epoch {epoch}, shard at version {version}; {})",
+            settings.label()
+        ));
+        self.start_link(shard, Opened { stream, reader, writer }, beat)?;
+        Ok((epoch, settings))
     }
 
-    #[allow(clippy::type_complexity)]
-    fn handshake(
-        &self,
-        shard: usize,
-        addr: &str,
-    ) -> Result<(TcpStream, FrameReader, FrameWriter<BufWriter<TcpStream>>, u32, u64, RunSettings), ConnectError> {
+    /// One attempt to connect to shard `shard` and shake hands, checking its settings.
+    fn handshake(&self, shard: usize, addr: &str) -> Result<(Opened, Agreed, RunSettings), ConnectError> {
         let options = self.options;
-        let stream = connect(addr, options.handshake_timeout)?;
-        let io = |e: std::io::Error| ConnectError::Handshake(HandshakeError::Frame(FrameError::Io(e)));
-        stream.set_nodelay(true).map_err(io)?;
-        stream.set_write_timeout(Some(options.write_timeout)).map_err(io)?;
-        let mut reader = FrameReader::new(stream.try_clone().map_err(io)?, 0, options.frame_timeout);
-        let mut writer = FrameWriter::new(BufWriter::with_capacity(1 << 16, stream.try_clone().map_err(io)?), 0);
+        let Opened { stream, mut reader, mut writer } =
+            open(addr, options.handshake_timeout, options.write_timeout, options.frame_timeout)?;
         let deadline = StdInstant::now() + options.handshake_timeout;
         let key: Option<&WorkerKey> = options.key.as_ref();
-        let me = ClientSide { worker: options.id, role: Role::Worker, key, want: self.pinned[shard], dim: None };
+        let me = ClientSide {
+            worker: options.id,
+            role: Role::Worker,
+            key,
+            want: self.pinned[shard],
+            dim: None,
+            lost_after: options.lost_after,
+        };
         let (index, count, first) = (shard as u32, self.count, self.first.as_ref());
         let check = |s: &RunSettings| s.check_shard(index, count, addr, first);
         let (session, settings) = handshake::client_handshake_checked(&mut reader, &mut writer, &me, deadline, &check)
             .map_err(ConnectError::Handshake)?;
         let max = settings.dim().map(super::session_max_len).map_err(ConnectError::Job)?;
-        super::frame::tune_stream(&stream, max).map_err(io)?;
-        Ok((stream, reader, writer, session.epoch, session.version, settings))
+        super::frame::tune_stream(&stream, max).map_err(ConnectError::io)?;
+        let beat = session.beat(options.lost_after);
+        Ok((
+            Opened { stream, reader, writer },
+            Agreed { epoch: session.epoch, version: session.version, beat },
+            settings,
+        ))
     }
 
     /// Starts the reader and writer threads of a new session with `shard`.
-    fn start_link(
-        &mut self,
-        shard: usize,
-        stream: TcpStream,
-        mut reader: FrameReader,
-        mut writer: FrameWriter<BufWriter<TcpStream>>,
-    ) -> Result<(), TcpError> {
+    fn start_link(&mut self, shard: usize, link: Opened, beat: Duration) -> Result<(), TcpError> {
+        let Opened { stream, mut reader, mut writer } = link;
         self.generation += 1;
         let generation = self.generation;
         let lost_after = self.options.lost_after;
         let (uploads, frames) = bounded::<(Vec<u8>, Upload)>(UPLOADS_IN_FLIGHT);
-        let (home, pool) = bounded::<Vec<u8>>(4);
-        let (sent, resent) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (home, pool) = bounded::<Vec<u8>>(FRAMES_IN_FLIGHT);
+        for _ in 0..FRAMES_IN_FLIGHT {
+            let _ = home.try_send(Vec::new());
+        }
+        let ledger = Arc::new(Ledger::default());
         let give_back = self.spare.0.clone();
-        let (w_sent, w_resent) = (Arc::clone(&sent), Arc::clone(&resent));
-        let beat = super::heartbeat_interval(lost_after);
+        let w_ledger = Arc::clone(&ledger);
         let w_stream = stream.try_clone().map_err(|e| TcpError(e.to_string()))?;
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             thread::Builder::new().name(name).spawn(f).map(|_| ()).map_err(|e| TcpError(format!("thread: {e}")))
@@ -335,61 +371,18 @@ impl Run<'_> {
         spawn(
             format!("shard-{shard}-write"),
             Box::new(move || {
-                loop {
-                    let (frame, class) = match frames.recv_timeout(beat) {
-                        Ok(upload) => upload,
-                        Err(RecvTimeoutError::Timeout) => {
-                            if writer.write_frame(&[]).is_err() {
-                                break;
-                            }
-                            continue;
-                        }
-                        Err(RecvTimeoutError::Disconnected) => break,
-                    };
-                    if writer.write_frame(&frame).is_err() {
-                        break;
-                    }
-                    match class {
-                        Upload::New => w_sent.fetch_add(1, Ordering::SeqCst),
-                        Upload::Again => w_resent.fetch_add(1, Ordering::SeqCst),
-                        Upload::Other => 0,
-                    };
-                    let _ = give_back.try_send(frame);
-                }
                 // A write that failed ends the session: the reader then sees it closed.
+                let _ = write_uploads(&mut writer, &frames, beat, &w_ledger, &give_back);
+                drop(w_ledger);
                 let _ = w_stream.shutdown(Shutdown::Both);
             }),
         )?;
         let to_main = self.inbound.0.clone();
         spawn(
             format!("shard-{shard}-read"),
-            Box::new(move || {
-                loop {
-                    let mut buf = pool.try_recv().unwrap_or_default();
-                    match reader.read_frame(&mut buf, Some(StdInstant::now() + lost_after)) {
-                        Ok(p) if p.start == p.end => {}
-                        Ok(p) => {
-                            let frame = Inbound::Frame { shard, generation, buf, start: p.start, end: p.end };
-                            if to_main.send(frame).is_err() {
-                                return;
-                            }
-                        }
-                        Err(e) => {
-                            let why = match e {
-                                FrameError::Idle => format!(
-                                    "the shard was silent for {:.1} s (no frame, no heartbeat)",
-                                    lost_after.as_secs_f64()
-                                ),
-                                e => e.to_string(),
-                            };
-                            let _ = to_main.send(Inbound::Lost { shard, generation, why });
-                            return;
-                        }
-                    }
-                }
-            }),
+            Box::new(move || read_shard(&mut reader, &pool, &to_main, (shard, generation), lost_after)),
         )?;
-        let link = Link { generation, stream, uploads: Some(uploads), sent, resent, home, lost: false };
+        let link = Link { generation, stream, uploads: Some(uploads), ledger, home, lost: false };
         match self.links.get_mut(shard) {
             Some(old) => *old = link,
             None => self.links.push(link),
@@ -409,11 +402,11 @@ impl Run<'_> {
             }
             // The writer drains what it holds (a bounded queue) before the socket closes.
             let end = StdInstant::now() + Duration::from_secs(2);
-            while Arc::strong_count(&link.sent) > 1 && StdInstant::now() < end {
+            while Arc::strong_count(&link.ledger) > 1 && StdInstant::now() < end {
                 thread::sleep(Duration::from_millis(1));
             }
             let _ = link.stream.shutdown(Shutdown::Both);
-            let (sent, resent) = (link.sent.load(Ordering::SeqCst), link.resent.load(Ordering::SeqCst));
+            let (sent, resent) = link.ledger.counts();
             self.report.total.sent += sent;
             self.report.total.resent += resent;
             if let Some(t) = self.report.shards.get_mut(shard) {
@@ -431,7 +424,8 @@ impl Run<'_> {
         log: &mut dyn FnMut(&str),
     ) -> Result<(), TcpError> {
         let me = self.me();
-        let epoch = StdInstant::now();
+        // The origin of the core's clock for this run.
+        let origin = StdInstant::now();
         let layout = worker.layout();
         let limits: Vec<Limits> = (0..self.count).map(|k| Limits::for_model(layout.len(k))).collect();
         let mut grad = vec![0.0f32; layout.dim()];
@@ -448,45 +442,21 @@ impl Run<'_> {
                         let k = shard as usize;
                         let Some(link) = self.links.get(k).filter(|l| !l.lost) else { continue };
                         let Some(uploads) = &link.uploads else { continue };
-                        let mut out = self.spare.1.try_recv().unwrap_or_default();
-                        out.resize(wire::encoded_len_to_server(&msg), 0);
-                        let n = match wire::encode_to_server(&msg, &mut out) {
-                            Ok(n) => n,
-                            Err(e) => {
-                                broken = Some((k, format!("cannot encode {}: {e}", msg.kind_name())));
-                                continue;
-                            }
-                        };
-                        out.truncate(n);
                         let Some(stats) = self.stats.get_mut(k) else { continue };
-                        let before = *stats;
-                        stats.record(&msg);
-                        let class = if stats.contributions > before.contributions {
-                            Upload::New
-                        } else if stats.resent > before.resent {
-                            Upload::Again
-                        } else {
-                            Upload::Other
-                        };
-                        // A session whose writer is gone is lost; its reader reports it.
-                        let _ = uploads.send((out, class));
+                        match Upload::encode(&msg, stats, &self.spare.1) {
+                            // A session whose writer is gone is lost; its reader reports it.
+                            Ok(upload) => {
+                                let _ = uploads.send(upload);
+                            }
+                            Err(e) => broken = Some((k, e)),
+                        }
                     }
                     ShardedOutput::Compute { id, version, params } => {
-                        let now = StdInstant::now();
-                        if let Some(old) = held.take() {
-                            self.report.total.busy_s += now.duration_since(old.started).as_secs_f64();
-                            self.report.total.abandoned += 1;
-                        }
-                        let extra = job.gradient(params, &mut grad);
-                        let loss = job.loss();
-                        let last = &mut self.report.total.last_version;
-                        *last = Some(last.unwrap_or(0).max(version.0));
-                        held = Some(Held { id, started: now, ready: StdInstant::now() + extra, loss });
+                        compute(job, &mut self.report.total, &mut held, &mut grad, id, version, params);
                     }
                     ShardedOutput::Event(WorkerEvent::Abandoned { id }) => {
                         if let Some(h) = held.take_if(|h| h.id == id) {
-                            self.report.total.busy_s += h.started.elapsed().as_secs_f64();
-                            self.report.total.abandoned += 1;
+                            h.abandon(&mut self.report.total);
                         }
                     }
                     ShardedOutput::Event(_) => {}
@@ -498,9 +468,10 @@ impl Run<'_> {
             }
             // What the shards sent is read before a finished step is handed over: a worker whose
             // steps take no time (its next step always ready under wbsp-overlap) still reads.
-            if let Some(h) = held.take_if(|h| StdInstant::now() >= h.ready && inbound.is_empty()) {
-                self.report.total.busy_s += h.started.elapsed().as_secs_f64();
-                match worker.handle_gradient_with_loss(since(epoch), h.id, &grad, h.loss) {
+            if let Some(h) = held.take_if(|h| h.is_due() && inbound.is_empty()) {
+                let (id, loss) = (h.id, h.loss);
+                h.finish(&mut self.report.total);
+                match worker.handle_gradient_with_loss(since(origin), id, &grad, loss) {
                     Ok(()) => self.report.total.steps += 1,
                     Err(e) => refused(me, log, &mut self.report.total, "a finished gradient", &e),
                 }
@@ -533,14 +504,14 @@ impl Run<'_> {
             }
             let mut wake = StdInstant::now() + Duration::from_millis(100);
             if let Some(t) = worker.poll_timeout() {
-                wake = wake.min(at(epoch, t));
+                wake = wake.min(at(origin, t));
             }
             if let Some(h) = &held {
                 wake = wake.min(h.ready);
             }
             let wait = wake.saturating_duration_since(StdInstant::now()).max(Duration::from_millis(1));
             match inbound.recv_timeout(wait) {
-                Ok(Inbound::Frame { shard, generation, buf, start, end }) => {
+                Ok(FromShard::Frame { shard, generation, buf, start, end }) => {
                     let Some(link) = self.links.get(shard).filter(|l| l.generation == generation) else {
                         continue;
                     };
@@ -555,7 +526,7 @@ impl Run<'_> {
                                 }
                             }
                             let kind = msg.kind_name();
-                            if let Err(e) = worker.handle(since(epoch), shard as u32, msg) {
+                            if let Err(e) = worker.handle(since(origin), shard as u32, msg) {
                                 refused(
                                     me,
                                     log,
@@ -572,7 +543,7 @@ impl Run<'_> {
                     }
                     let _ = home.try_send(buf);
                 }
-                Ok(Inbound::Lost { shard, generation, why }) => {
+                Ok(FromShard::Lost { shard, generation, why }) => {
                     if self.links.get(shard).is_some_and(|l| l.generation == generation) {
                         let done = worker.shard(shard as u32).is_some_and(|w| w.is_stopped());
                         if done {
@@ -587,8 +558,8 @@ impl Run<'_> {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return Err(TcpError(format!("worker {me}: no session left"))),
             }
-            if worker.poll_timeout().is_some_and(|t| at(epoch, t) <= StdInstant::now()) {
-                worker.handle_timeout(since(epoch));
+            if worker.poll_timeout().is_some_and(|t| at(origin, t) <= StdInstant::now()) {
+                worker.handle_timeout(since(origin));
             }
         }
     }
@@ -616,10 +587,38 @@ impl Run<'_> {
     }
 }
 
-/// Counts a refusal; the first of each kind is logged.
-fn refused(me: u32, log: &mut dyn FnMut(&str), report: &mut WorkerReport, what: &str, e: &syncopate::Reject) {
-    if report.refusals.record(e) {
-        log(&format!("worker {me}: the protocol refused {what}: {e} (the first {}; more are counted)", e.kind_name()));
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tcp::frame::{FrameTimeout, FrameWriter};
+    use std::net::TcpListener;
+
+    #[test]
+    fn a_shard_reader_whose_frames_are_not_taken_stops_reading_and_the_shard_is_pushed_back() {
+        const FRAME: usize = 1 << 16;
+        const FRAMES: usize = 1024; // 64 MiB: far more than the sockets' buffers hold
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        server.set_write_timeout(Some(Duration::from_millis(500))).unwrap();
+        let (home, pool) = bounded::<Vec<u8>>(FRAMES_IN_FLIGHT);
+        for _ in 0..FRAMES_IN_FLIGHT {
+            home.try_send(Vec::new()).unwrap();
+        }
+        let (to_main, from_readers) = unbounded();
+        let reading = thread::spawn(move || {
+            let mut reader = FrameReader::new(client, 2 * FRAME, FrameTimeout::default());
+            read_shard(&mut reader, &pool, &to_main, (0, 1), Duration::from_secs(30));
+        });
+        // The shard sends model after model while the main thread is busy and takes none.
+        let mut writer = FrameWriter::new(server.try_clone().unwrap(), 2 * FRAME);
+        let payload = vec![7u8; FRAME];
+        let written = (0..FRAMES).take_while(|_| writer.write_frame(&payload).is_ok()).count();
+        assert!(written < FRAMES, "the worker read all {FRAMES} frames of 64 KiB without taking one");
+        assert_eq!(from_readers.len(), FRAMES_IN_FLIGHT, "the reader holds at most its buffers' worth");
+        // Once the main thread lets go of the session the reader ends.
+        drop(home);
+        let _ = server.shutdown(Shutdown::Both);
+        reading.join().unwrap();
     }
-    report.refused = report.refusals.total();
 }

@@ -8,7 +8,7 @@ use syncopate::WorkerId;
 /// `"SYNT"`: the first bytes of every handshake message after its type byte.
 pub const MAGIC: [u8; 4] = *b"SYNT";
 /// The version of this transport (framing and handshake).
-pub const TCP_VERSION: u16 = 5;
+pub const TCP_VERSION: u16 = 6;
 /// The largest frame `len` the server accepts before the handshake completes.
 pub const HANDSHAKE_MAX_LEN: usize = 512;
 /// The largest frame `len` a worker accepts before the handshake completes (the server
@@ -157,6 +157,10 @@ pub struct ClientHello {
     /// The number of parameters of the worker's own model; 0 when the worker takes the
     /// server's (the server refuses a worker whose model has another size).
     pub dim: u64,
+    /// How long the worker waits on a silent server before it counts the session as lost,
+    /// in milliseconds (the server beats often enough for it; see
+    /// [`heartbeat_interval`](crate::tcp::heartbeat_interval)).
+    pub lost_after_ms: u64,
     /// `early_mac` (zeros without a secret).
     pub early_mac: [u8; TAG_LEN],
 }
@@ -178,6 +182,7 @@ impl ClientHello {
             nonce: nonce()?,
             want: want.unwrap_or([0; KEY_LEN]),
             dim: 0,
+            lost_after_ms: ms(crate::tcp::DEFAULT_LOST_AFTER),
             early_mac: [0; TAG_LEN],
         };
         if let Some(k) = key {
@@ -215,6 +220,9 @@ pub struct ServerHello {
     pub epoch: u32,
     /// The server's model version when it answered.
     pub version: u64,
+    /// How long the server waits on a silent worker before it counts the worker as lost,
+    /// in milliseconds (the worker beats often enough for it).
+    pub lost_after_ms: u64,
     /// The run's settings, canonically encoded ([`RunSettings::encode`](crate::tcp::settings::RunSettings::encode)).
     pub settings: Vec<u8>,
     /// `mac_s` (zeros without a secret).
@@ -344,6 +352,7 @@ impl Message {
         out.extend_from_slice(&h.nonce);
         out.extend_from_slice(&h.want);
         out.extend_from_slice(&h.dim.to_le_bytes());
+        out.extend_from_slice(&h.lost_after_ms.to_le_bytes());
         out
     }
 
@@ -360,6 +369,7 @@ impl Message {
         out.extend_from_slice(&h.server_id.to_le_bytes());
         out.extend_from_slice(&h.epoch.to_le_bytes());
         out.extend_from_slice(&h.version.to_le_bytes());
+        out.extend_from_slice(&h.lost_after_ms.to_le_bytes());
         put_bytes16(&mut out, &h.settings, MAX_SETTINGS_LEN);
         out
     }
@@ -379,6 +389,7 @@ impl Message {
                     nonce: c.array()?,
                     want: c.array()?,
                     dim: c.u64()?,
+                    lost_after_ms: c.u64()?,
                     early_mac: c.array()?,
                 })
             }
@@ -392,6 +403,7 @@ impl Message {
                     server_id: c.u64()?,
                     epoch: c.u32()?,
                     version: c.u64()?,
+                    lost_after_ms: c.u64()?,
                     settings: c.bytes16(MAX_SETTINGS_LEN)?.to_vec(),
                     mac: c.array()?,
                 })
@@ -407,4 +419,9 @@ impl Message {
         };
         c.0.is_empty().then_some(msg)
     }
+}
+
+/// A duration in whole milliseconds, as the hellos carry it (saturating).
+pub fn ms(d: core::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

@@ -4,8 +4,8 @@
 //!
 //! ```text
 //! worker                                         server
-//!   ClientHello{versions, auth, role, id, nonce_c, want, early_mac}  ->
-//!          <-  ServerHello{versions, auth, nonce_s, server id, epoch, version, settings, mac_s}
+//!   ClientHello{versions, auth, role, id, nonce_c, want, dim, lost_after, early_mac}  ->
+//!     <-  ServerHello{versions, auth, nonce_s, server id, epoch, version, lost_after, settings, mac_s}
 //!   ClientAuth{mac_c}                                                ->
 //!                <-  Accept{mac_a}            (or Refuse{code, message} at any step)
 //! ```
@@ -26,12 +26,18 @@
 //! The run's settings ([`RunSettings`]) travel in the server hello as their canonical
 //! bytes, covered by `mac_s`; `want` in the client hello is the SHA-256 of the settings the
 //! worker insists on (all zero: whatever the server runs).
+//!
+//! **Liveness.** Each hello carries its sender's silence limit (`lost_after`, in
+//! milliseconds): each side then beats at the [`heartbeat_interval`](super::heartbeat_interval)
+//! of the smaller of the two limits ([`Session::beat`]), so neither side declares a healthy
+//! peer lost. A limit below [`MIN_LOST_AFTER`](super::MIN_LOST_AFTER) (twice the shortest
+//! beat) is refused.
 
 mod messages;
 
 pub use messages::{
     ClientHello, HANDSHAKE_MAX_LEN, MAGIC, MAX_REFUSE_MESSAGE, Message, RefuseCode, Role, SERVER_HANDSHAKE_MAX_LEN,
-    ServerHello, TCP_VERSION,
+    ServerHello, TCP_VERSION, ms,
 };
 
 use super::auth::{KEY_LEN, LABEL_ACCEPT, LABEL_CLIENT, LABEL_SERVER, WorkerKey, nonce};
@@ -151,6 +157,8 @@ pub struct ServerSide<'a> {
     pub version: u64,
     /// The model's number of parameters (a worker announcing another is refused).
     pub dim: u64,
+    /// How long the server waits on a silent worker.
+    pub lost_after: core::time::Duration,
 }
 
 /// The deadlines of the server's side of a handshake.
@@ -173,6 +181,23 @@ pub struct Session {
     pub server_id: u64,
     /// The server's model version at the handshake.
     pub version: u64,
+    /// How long the peer waits on a silent session before it counts it as lost.
+    pub peer_lost_after: core::time::Duration,
+}
+
+impl Session {
+    /// How often this side sends a heartbeat when it has nothing else to send, for its own
+    /// silence limit `lost_after` and the peer's: often enough for the stricter of the two.
+    pub fn beat(&self, lost_after: core::time::Duration) -> core::time::Duration {
+        super::heartbeat_interval(lost_after.min(self.peer_lost_after))
+    }
+}
+
+/// Refuses a peer's silence limit below [`MIN_LOST_AFTER`](super::MIN_LOST_AFTER).
+fn check_peer_lost_after(peer: &str, lost_after_ms: u64) -> Result<core::time::Duration, String> {
+    let d = core::time::Duration::from_millis(lost_after_ms);
+    super::check_lost_after(d).map_err(|e| format!("the {peer} announces {e}"))?;
+    Ok(d)
 }
 
 fn read_message(reader: &mut FrameReader, buf: &mut Vec<u8>, deadline: Instant) -> Result<Message, HandshakeError> {
@@ -283,6 +308,9 @@ fn check_terms(h: &ClientHello, side: &ServerSide<'_>) -> Result<(), (RefuseCode
             ),
         ));
     }
+    if let Err(e) = check_peer_lost_after("worker", h.lost_after_ms) {
+        return Err((RefuseCode::Malformed, format!("worker {}: {e}", h.worker.0)));
+    }
     if h.want != [0; KEY_LEN] && h.want != side.digest {
         return Err((
             RefuseCode::Knobs,
@@ -337,6 +365,7 @@ pub fn server_handshake<W: Write>(
         server_id: side.server_id,
         epoch,
         version: side.version,
+        lost_after_ms: ms(side.lost_after),
         settings: side.settings.to_vec(),
         mac: [0; KEY_LEN],
     };
@@ -376,7 +405,8 @@ pub fn server_handshake<W: Write>(
     reader.set_hard_deadline(None);
     reader.set_max_len(session_max_len);
     writer.set_max_len(session_max_len);
-    Ok(Session { worker, epoch, server_id: side.server_id, version: side.version })
+    let peer_lost_after = core::time::Duration::from_millis(hello.lost_after_ms);
+    Ok(Session { worker, epoch, server_id: side.server_id, version: side.version, peer_lost_after })
 }
 
 /// Who the worker side of a handshake is.
@@ -393,6 +423,8 @@ pub struct ClientSide<'a> {
     /// The number of parameters of the worker's own model, if it has one: the server
     /// refuses the worker if its model has another size.
     pub dim: Option<u64>,
+    /// How long the worker waits on a silent server.
+    pub lost_after: core::time::Duration,
 }
 
 /// Runs the worker side over a fresh connection and returns the session with the run's
@@ -422,11 +454,11 @@ pub fn client_handshake_checked<W: Write>(
     reader.set_max_len(SERVER_HANDSHAKE_MAX_LEN);
     writer.set_max_len(HANDSHAKE_MAX_LEN);
     let mut hello = ClientHello::new(worker, me.role, me.want, key)?;
-    if let Some(dim) = me.dim {
-        hello.dim = dim;
-        if let Some(k) = key {
-            hello.sign(k);
-        }
+    hello.dim = me.dim.unwrap_or(0);
+    hello.lost_after_ms = ms(me.lost_after);
+    // Signed again: the early MAC covers the fields just set.
+    if let Some(k) = key {
+        hello.sign(k);
     }
     let ch_bytes = Message::ClientHello(hello.clone()).encode();
     writer.write_frame(&ch_bytes)?;
@@ -477,6 +509,10 @@ pub fn client_handshake_checked<W: Write>(
     if let Err(message) = check(&settings) {
         return Err(refuse(writer, RefuseCode::Knobs, message, Some(worker)));
     }
+    let peer_lost_after = match check_peer_lost_after("server", sh.lost_after_ms) {
+        Ok(d) => d,
+        Err(e) => return Err(refuse(writer, RefuseCode::Malformed, e, Some(worker))),
+    };
     let session_max_len = match settings.dim() {
         Ok(dim) => super::session_max_len(dim),
         Err(e) => return Err(refuse(writer, RefuseCode::ModelShape, e, Some(worker))),
@@ -506,7 +542,7 @@ pub fn client_handshake_checked<W: Write>(
     reader.set_hard_deadline(None);
     reader.set_max_len(session_max_len);
     writer.set_max_len(session_max_len);
-    let session = Session { worker, epoch: sh.epoch, server_id: sh.server_id, version: sh.version };
+    let session = Session { worker, epoch: sh.epoch, server_id: sh.server_id, version: sh.version, peer_lost_after };
     Ok((session, settings))
 }
 
@@ -544,6 +580,7 @@ mod tests {
                 nonce: [9; 32],
                 want: [4; 32],
                 dim: 5994,
+                lost_after_ms: 500,
                 early_mac: [8; 16],
             }),
             Message::ServerHello(ServerHello {
@@ -554,6 +591,7 @@ mod tests {
                 server_id: 77,
                 epoch: 4,
                 version: 12,
+                lost_after_ms: 10_000,
                 settings: settings(),
                 mac: [2; 32],
             }),
@@ -573,7 +611,7 @@ mod tests {
             }
         }
         let hello = Message::ClientHello(ClientHello::new(WorkerId(0), Role::Worker, None, None).unwrap());
-        assert_eq!(hello.encode().len(), 102, "adapters/transport/TCP.md §5 gives this length");
+        assert_eq!(hello.encode().len(), 110, "adapters/transport/TCP.md §5 gives this length");
         assert!(hello.encode().len() + 8 <= HANDSHAKE_MAX_LEN);
         assert_eq!(Message::decode(b"GET / HTTP/1.1\r\n"), None);
     }
@@ -592,6 +630,7 @@ mod tests {
             server_id: 1,
             version: 0,
             dim: 7,
+            lost_after: crate::tcp::DEFAULT_LOST_AFTER,
         };
         let key = secret.worker_key(WorkerId(1));
         let good = ClientHello::new(WorkerId(1), Role::Worker, Some(digest(&s)), Some(&key)).unwrap();

@@ -7,10 +7,11 @@ use super::{Conn, ConnEvent, RawFrame, Shared, Slot, Uplink};
 use crate::tcp::TcpError;
 use crate::tcp::frame::{FrameError, FrameReader, FrameWriter};
 use crate::tcp::handshake::{self, Deadlines, HandshakeError, ServerSide};
+use crate::tcp::writer::write_with_heartbeats;
 use core::net::SocketAddr;
 use core::sync::atomic::{AtomicBool, Ordering};
 use core::time::Duration;
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
+use crossbeam_channel::{Sender, bounded};
 use std::io::BufWriter;
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
@@ -53,6 +54,7 @@ pub(super) fn connection(
         server_id: shared.server_id,
         version: shared.version.load(Ordering::SeqCst),
         dim: a.dim as u64,
+        lost_after: opts.lost_after,
     };
     let now = StdInstant::now();
     let deadlines =
@@ -91,9 +93,9 @@ pub(super) fn connection(
     let writer_tx = tx.clone();
     let done = Arc::new(AtomicBool::new(false));
     let done2 = Arc::clone(&done);
-    let beat = crate::tcp::heartbeat_interval(opts.lost_after);
+    let beat = session.beat(opts.lost_after);
     let spawned = thread::Builder::new().name(format!("syncopate-write-{}", worker.0)).spawn(move || {
-        if let Err(e) = write_with_heartbeats(&mut writer, &out_rx, beat) {
+        if let Err(e) = write_with_heartbeats(&mut writer, &out_rx, beat, drop) {
             let _ = writer_tx.send(ConnEvent::Closed { conn, worker, reason: format!("write failed: {e}") });
             let _ = stream2.shutdown(Shutdown::Both);
             done2.store(true, Ordering::SeqCst);
@@ -152,7 +154,7 @@ pub(super) fn start_uplink(
     queue: usize,
     lost_after: Duration,
 ) -> Result<Conn, TcpError> {
-    let Uplink { addr, stream, mut reader, mut writer } = link;
+    let Uplink { addr, stream, mut reader, mut writer, beat } = link;
     let clone = |s: &TcpStream| s.try_clone().map_err(|e| TcpError(format!("upstream connection: {e}")));
     let (stream2, stream3) = (clone(&stream)?, clone(&stream)?);
     let (out_tx, out_rx) = bounded::<Arc<Vec<u8>>>(queue);
@@ -161,7 +163,7 @@ pub(super) fn start_uplink(
     thread::Builder::new()
         .name("syncopate-up-write".into())
         .spawn(move || {
-            if let Err(e) = write_with_heartbeats(&mut writer, &out_rx, crate::tcp::heartbeat_interval(lost_after)) {
+            if let Err(e) = write_with_heartbeats(&mut writer, &out_rx, beat, drop) {
                 let _ = writer_tx.send(ConnEvent::UpstreamClosed { reason: format!("write failed: {e}") });
                 let _ = stream2.shutdown(Shutdown::Both);
                 done2.store(true, Ordering::SeqCst);
@@ -194,22 +196,6 @@ pub(super) fn start_uplink(
         })
         .map_err(|e| TcpError(format!("cannot start the upstream reader: {e}")))?;
     Ok(Conn { id: u64::MAX, tx: out_tx, stream: stream3, done })
-}
-
-/// Writes the frames queued on `frames` until the queue closes, and a heartbeat (a frame
-/// with an empty payload) whenever nothing was written for `beat`.
-pub(crate) fn write_with_heartbeats<W: std::io::Write>(
-    writer: &mut FrameWriter<W>,
-    frames: &Receiver<Arc<Vec<u8>>>,
-    beat: Duration,
-) -> std::io::Result<()> {
-    loop {
-        match frames.recv_timeout(beat) {
-            Ok(bytes) => writer.write_frame(&bytes)?,
-            Err(RecvTimeoutError::Timeout) => writer.write_frame(&[])?,
-            Err(RecvTimeoutError::Disconnected) => return Ok(()),
-        }
-    }
 }
 
 /// The reason a silent session is lost.

@@ -88,6 +88,8 @@ pub struct Uplink {
     pub reader: FrameReader,
     /// Writes the session's frames.
     pub writer: FrameWriter<BufWriter<TcpStream>>,
+    /// The heartbeat interval agreed in its handshake ([`Session::beat`](crate::tcp::handshake::Session::beat)).
+    pub beat: Duration,
 }
 
 /// Settings of a [`TcpServer`].
@@ -404,6 +406,7 @@ impl TcpServer {
                 super::auth::SECRET_ENV
             )));
         }
+        crate::tcp::check_lost_after(options.lost_after).map_err(|e| TcpError(format!("lost_after: {e}")))?;
         let announce = Announce::new(&options.settings).map_err(|e| TcpError(format!("invalid run settings: {e}")))?;
         let listener = listen(&addrs).map_err(|e| TcpError(format!("cannot listen on {addr}: {e}")))?;
         Ok(Self { listener, options, announce, control: Arc::default() })

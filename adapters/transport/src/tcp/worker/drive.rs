@@ -1,0 +1,225 @@
+//! The worker's drive loop: the server's frames into the protocol's state machine, its
+//! outputs to the writer thread and the job, the held gradient handed over once due, the
+//! protocol's timeouts, and the server's silence judged against `lost_after` (never the
+//! worker's own: time the worker itself was stopped does not count as the server's silence).
+
+use super::session::SessionShape;
+use super::step::{Held, compute, refused};
+use super::{SessionEnd, WorkerJob, WorkerOptions, WorkerReport, killed};
+use crate::tcp::frame::{FrameError, FrameReader};
+use crate::tcp::writer::Upload;
+use crate::tcp::{at, since};
+use core::time::Duration;
+use std::net::TcpStream;
+use std::time::Instant as StdInstant;
+use syncopate::wire::{self, Limits};
+use syncopate::{AnyWorker, ComputeId, Worker, WorkerEvent, WorkerOutput};
+
+/// The session's upload queue to its writer thread and the buffers it gives back.
+pub(super) struct Uploads<'a> {
+    /// Frames for the writer, with their ledger class.
+    pub tx: &'a crossbeam_channel::Sender<(Vec<u8>, Upload)>,
+    /// Encoded buffers the writer gives back.
+    pub spare: &'a crossbeam_channel::Receiver<Vec<u8>>,
+}
+
+/// A computation the protocol asked for while more of the server's frames were already
+/// readable: it starts only once those are handed to the protocol (which may abandon it for
+/// a newer model), with the model it was asked on.
+struct Deferred {
+    id: ComputeId,
+    version: syncopate::Version,
+}
+
+/// Drives one session until it ends: stopped by the server, killed, or lost.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn drive(
+    worker: &mut AnyWorker<f32, Vec<f32>>,
+    reader: &mut FrameReader,
+    uploads: Uploads<'_>,
+    shape: SessionShape,
+    options: &WorkerOptions,
+    report: &mut WorkerReport,
+    job: &mut dyn WorkerJob,
+    log: &mut dyn FnMut(&str),
+) -> SessionEnd {
+    // The origin of the core's clock for this session.
+    let origin = StdInstant::now();
+    let me = options.id.0;
+    let Uploads { tx: uploads, spare } = uploads;
+    let limits = Limits::for_model(shape.dim);
+    let (mut inbuf, mut grad) = (Vec::new(), vec![0.0f32; shape.dim]);
+    // The times of the steps handed over since the last contribution (sent only when the
+    // run asks for them).
+    let mut steps = crate::tcp::step_times::PendingSteps::new(shape.dim);
+    // Set when an upload could not be handed to the writer (the connection broke while
+    // sending). The session then ends as lost, but only after reading what the server
+    // already sent: a `Stop` that crossed with the upload ends it as stopped instead.
+    let mut upload_failed: Option<String> = None;
+    let mut held: Option<Held> = None;
+    // A computation waiting for the frames already readable (see `Deferred`), and a copy of
+    // the model it was asked on (the worker's buffer is overwritten by the next model).
+    let mut deferred: Option<Deferred> = None;
+    let mut deferred_params: Vec<f32> = Vec::new();
+    // When the server was last heard from (a frame or a heartbeat).
+    let mut heard = StdInstant::now();
+    loop {
+        while let Some(o) = worker.poll_output() {
+            match o {
+                WorkerOutput::Send(msg) if upload_failed.is_none() => {
+                    match Upload::encode(&msg, &mut report.stats, spare) {
+                        Ok((out, class)) => {
+                            let new = matches!(class, Upload::New) && shape.report_step_times;
+                            if let Some(times) = new.then(|| steps.take_message()).flatten() {
+                                if uploads.send((times, Upload::Other)).is_err() {
+                                    upload_failed = Some("the connection broke while sending".to_string());
+                                }
+                            }
+                            if uploads.send((out, class)).is_err() {
+                                upload_failed = Some("the connection broke while sending".to_string());
+                            }
+                        }
+                        Err(e) => return SessionEnd::Lost(e),
+                    }
+                }
+                WorkerOutput::Send(_) => {}
+                WorkerOutput::Compute { id, version, params } => {
+                    // What the server sent while the job was busy (a computation the worker
+                    // cannot interrupt) goes to the protocol first: when it holds a newer
+                    // model the protocol abandons this computation, and the worker computes
+                    // on the newest model instead of on every queued one in turn.
+                    if deferred.take().is_some() {
+                        report.superseded += 1;
+                    }
+                    if server_has_sent(reader.stream()) {
+                        deferred_params.clear();
+                        deferred_params.extend_from_slice(params);
+                        deferred = Some(Deferred { id, version });
+                        continue;
+                    }
+                    compute(job, report, &mut held, &mut grad, id, version, params);
+                }
+                WorkerOutput::Event(WorkerEvent::Abandoned { id }) => {
+                    if deferred.take_if(|d| d.id == id).is_some() {
+                        report.superseded += 1;
+                    }
+                    if let Some(h) = held.take_if(|h| h.id == id) {
+                        h.abandon(report);
+                    }
+                }
+                WorkerOutput::Event(_) => {}
+            }
+        }
+        // A finished step is handed over at once unless something else needs the loop first:
+        // frames the server sent (read before the next step, so a worker whose steps take no
+        // time still sees a `Stop` or a newer model, and, at the latest with the server's next
+        // heartbeat, its kill switch), a due timeout, a broken upload or a silent server. The
+        // next step is only computed after that. A step finished when the kill switch was set
+        // is handed over before the worker stops.
+        let due = held.as_ref().is_some_and(Held::is_due);
+        let look_first = || {
+            upload_failed.is_some()
+                || heard.elapsed() >= shape.lost_after
+                || worker.poll_timeout().is_some_and(|t| at(origin, t) <= StdInstant::now())
+                || server_has_sent(reader.stream())
+        };
+        if let Some(h) = held.take_if(|_| due && !look_first()) {
+            let (id, loss) = (h.id, h.loss);
+            let took = h.finish(report).as_secs_f64();
+            match worker.handle_gradient_with_loss(since(origin), id, &grad, loss) {
+                Ok(()) => {
+                    report.steps += 1;
+                    if shape.report_step_times {
+                        steps.push(took);
+                    }
+                }
+                Err(e) => refused(me, log, report, "a finished gradient", &e),
+            }
+            continue;
+        }
+        if worker.is_stopped() {
+            return SessionEnd::Stopped;
+        }
+        if killed(options) {
+            return SessionEnd::Killed;
+        }
+        if deferred.is_some() && !server_has_sent(reader.stream()) {
+            if let Some(Deferred { id, version }) = deferred.take() {
+                compute(job, report, &mut held, &mut grad, id, version, &deferred_params);
+            }
+            continue;
+        }
+        let mut wake = StdInstant::now() + Duration::from_millis(100);
+        if let Some(t) = worker.poll_timeout() {
+            wake = wake.min(at(origin, t));
+        }
+        if let Some(h) = &held {
+            wake = wake.min(h.ready);
+        }
+        if upload_failed.is_some() {
+            wake = StdInstant::now() + Duration::from_millis(50);
+        }
+        // Never a deadline already past: after a long computation the frames the server
+        // sent meanwhile are read before its silence is judged.
+        wake = wake.min(heard + shape.lost_after).max(StdInstant::now() + Duration::from_millis(1));
+        match reader.read_frame(&mut inbuf, Some(wake)) {
+            // A heartbeat: the server is there.
+            Ok(p) if p.start == p.end => heard = StdInstant::now(),
+            Ok(p) => match wire::decode_to_worker::<f32>(p.of(&inbuf), &limits) {
+                Ok(msg) => {
+                    heard = StdInstant::now();
+                    let kind = msg.kind_name();
+                    if let Err(e) = worker.handle(since(origin), msg) {
+                        refused(me, log, report, &format!("the server's {kind} message"), &e);
+                    }
+                }
+                Err(e) => return SessionEnd::Lost(format!("server sent a bad message: {e}")),
+            },
+            Err(FrameError::Idle) => {
+                if let Some(e) = upload_failed.take() {
+                    return SessionEnd::Lost(e);
+                }
+                // A wait that ends long past its deadline means this process did not run
+                // (stopped, suspended): that silence is this worker's, not the server's, so
+                // the server is judged afresh from now, and its frames read first.
+                let asleep = StdInstant::now().saturating_duration_since(wake);
+                if asleep >= shape.lost_after {
+                    log(&format!(
+                        "worker {me}: this worker was stopped for {:.1} s (its clock jumped past the {:.1} s \
+                         silence limit between two turns of its loop); the server may have counted it as lost",
+                        asleep.as_secs_f64(),
+                        shape.lost_after.as_secs_f64()
+                    ));
+                    heard = StdInstant::now();
+                } else if heard.elapsed() >= shape.lost_after {
+                    return SessionEnd::Lost(format!(
+                        "the server was silent for {:.1} s (no frame, no heartbeat)",
+                        shape.lost_after.as_secs_f64()
+                    ));
+                }
+            }
+            Err(e) => return SessionEnd::Lost(upload_failed.take().unwrap_or_else(|| e.to_string())),
+        }
+        if worker.poll_timeout().is_some_and(|t| at(origin, t) <= StdInstant::now()) {
+            worker.handle_timeout(since(origin));
+        }
+    }
+}
+
+/// Whether the server sent bytes not read yet (or closed the connection, or the socket has
+/// an error for the reader to report), without blocking and without switching the socket to
+/// non-blocking mode, which its clone in the writer thread shares.
+#[cfg(unix)]
+fn server_has_sent(stream: &TcpStream) -> bool {
+    let mut byte = [core::mem::MaybeUninit::<u8>::uninit()];
+    match socket2::SockRef::from(stream).recv_with_flags(&mut byte, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+        Ok(_) => true,
+        Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted),
+    }
+}
+
+/// Without a non-blocking peek, the loop reads (a short wait) between every two steps.
+#[cfg(not(unix))]
+fn server_has_sent(_: &TcpStream) -> bool {
+    true
+}
