@@ -23,7 +23,14 @@ pub(crate) fn seal(body: &[u8]) -> Vec<u8> {
 fn fields(c: &Checkpoint) -> (String, u64, Vec<u32>, u64, Option<Vec<u32>>, String) {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     let run = format!("{:?} {}", c.identity, c.accepted);
-    (c.protocol.clone(), c.version.0, bits(&c.params), c.momentum.to_bits(), c.momentum_buffer.as_deref().map(bits), run)
+    (
+        c.protocol.clone(),
+        c.version.0,
+        bits(&c.params),
+        c.momentum.to_bits(),
+        c.momentum_buffer.as_deref().map(bits),
+        run,
+    )
 }
 
 fn encode(c: &Checkpoint) -> Vec<u8> {

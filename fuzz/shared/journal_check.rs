@@ -61,7 +61,8 @@ fn check_written(checkpoint: &std::path::Path, data: &[u8]) {
     for u in 1..=updates {
         journal.update(Version(start + u), &by_worker, &last).unwrap_or_else(|e| panic!("{e}"));
     }
-    let lost = lost_since(checkpoint, Version(start), Some("run-1")).unwrap_or_else(|e| panic!("the server's journal refused: {e}"));
+    let lost = lost_since(checkpoint, Version(start), Some("run-1"))
+        .unwrap_or_else(|e| panic!("the server's journal refused: {e}"));
     assert_eq!(lost.at_checkpoint, totals);
     if updates == 0 {
         assert_eq!((lost.versions, lost.at_last), (None, totals));

@@ -173,8 +173,8 @@ pub(super) fn check_record(checkpoint: &Path, settings: &RunSettings) -> Result<
     let id = word("id");
     let parses = |w: &str| w.parse::<u32>().is_ok();
     let first = if settings.shard.is_some() { "shard" } else { "model" };
-    let shaped = words.first() == Some(&first)
-        && (settings.shard.is_none() || (parses(word("shard")) && parses(word("of"))));
+    let shaped =
+        words.first() == Some(&first) && (settings.shard.is_none() || (parses(word("shard")) && parses(word("of"))));
     if shaped && text == record(settings, id)? {
         return Ok(Some(id.to_owned()));
     }

@@ -445,9 +445,8 @@ pub fn lost_since(checkpoint: &Path, version: Version, run: Option<&str>) -> Res
             (Some("update"), Some(v)) if v > version.0 => {
                 let first = lost.versions.map_or(Version(v), |(a, _)| a);
                 lost.versions = Some((first, Version(v)));
-                lost.contributions = lost
-                    .contributions
-                    .saturating_add(words.get(3).and_then(|c| c.parse::<u64>().ok()).unwrap_or(0));
+                lost.contributions =
+                    lost.contributions.saturating_add(words.get(3).and_then(|c| c.parse::<u64>().ok()).unwrap_or(0));
                 let per = words.get(5).map(|p| p.split(',').map(|x| x.parse::<u64>().unwrap_or(0)).collect::<Vec<_>>());
                 for (w, n) in per.unwrap_or_default().into_iter().enumerate() {
                     if lost.by_worker.len() <= w {

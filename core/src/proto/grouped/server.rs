@@ -5,8 +5,8 @@ use crate::id::{Version, WorkerId};
 use crate::math::{self, LengthMismatch, Scalar};
 use crate::msg::{ToServer, ToWorker, Values};
 use crate::proto::asp::AspServer;
-use crate::proto::common::validate::zero_scratch;
 use crate::proto::common::optim::Update;
+use crate::proto::common::validate::zero_scratch;
 use crate::proto::{
     Buffer, DEFAULT_INLINE_WORKERS, Inline, Optimizer, Recipient, Server, ServerEvent, ServerOutput, ServerStats,
     Storage,
