@@ -17,8 +17,8 @@
 //! Each is a thin loop: read the clock, feed an input, drain the outputs, sleep until the
 //! next deadline. Anything about protocol state lives in the core.
 //!
-//! Layering: [`channel`] and [`protocol_spec`] import nothing of this crate; [`tcp`]
-//! imports [`protocol_spec`].
+//! Layering: [`channel`], [`file`](mod@file), [`launcher`] and [`protocol_spec`] import
+//! nothing of this crate; [`tcp`] imports [`protocol_spec`] and [`file`](mod@file).
 
 #![forbid(unsafe_code)]
 // This crate is the std side by design; the workspace lint that steers the core to `core::`
