@@ -33,7 +33,7 @@ pub(crate) fn lost_after(lost_after_s: f64) -> PyResult<Duration> {
         .ok()
         .filter(|d| !d.is_zero())
         .ok_or_else(|| PyValueError::new_err(format!("lost_after_s must be positive, got {lost_after_s}")))?;
-    syncopate_adapters::tcp::check_lost_after(d).map_err(|e| PyValueError::new_err(format!("lost_after_s: {e}")))?;
+    syncopate_transport::tcp::check_lost_after(d).map_err(|e| PyValueError::new_err(format!("lost_after_s: {e}")))?;
     Ok(d)
 }
 

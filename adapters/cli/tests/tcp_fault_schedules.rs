@@ -267,10 +267,14 @@ fn schedule(kind: ProtocolKind, seed: u64, steps: u64, kill_server: bool) -> Str
             let (code, out) = inc.proc.finish(Duration::from_secs(5));
             let report = (code == 0).then(|| json(&out));
             if !inc.killed && report.is_none() {
-                // Frozen past the end of the run, or restarted as it ended: it found no
-                // server and gave up (every session it had ended, and was logged).
+                // Frozen past the end of the run, or restarted as it ended, or reconnecting
+                // while a resumed server (which goes on with what is left of the whole run's
+                // budget) spent that rest without it: it found no server and gave up (every
+                // session it had ended, and was logged).
                 let gave_up = lines.iter().any(|l| l.contains("gave up after"));
-                let faulted = story.iter().any(|e| e.starts_with(&format!("stop {w} ")) || *e == format!("kill {w}"));
+                let faulted = story.iter().any(|e| {
+                    e.starts_with(&format!("stop {w} ")) || *e == format!("kill {w}") || e == "server killed"
+                });
                 assert!(gave_up && faulted, "{}: exited {code}: {lines:#?}", whence(w));
             }
             if let Some(r) = &report {
