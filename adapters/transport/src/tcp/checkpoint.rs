@@ -226,6 +226,14 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> 
         let run = String::from_utf8(take(run_len)?.to_vec()).map_err(|_| err(path, "run id is not UTF-8"))?;
         let label_len = usize::from(u16::from_le_bytes(take(2)?.try_into().unwrap_or_default()));
         let label = String::from_utf8(take(label_len)?.to_vec()).map_err(|_| err(path, "label is not UTF-8"))?;
+        if label.len() > MAX_LABEL_LEN {
+            return Err(err(path, format!("settings label of {} bytes (at most {MAX_LABEL_LEN})", label.len())));
+        }
+        // No identity is written as an empty run id, a zero digest and an empty label: one
+        // encoding only, so a checkpoint written again is the same bytes.
+        if run.is_empty() && (settings != [0; 32] || !label.is_empty()) {
+            return Err(err(path, "a settings digest or label without a run id"));
+        }
         accepted = u64::from_le_bytes(take(8)?.try_into().unwrap_or_default());
         identity = (!run.is_empty()).then_some(RunIdentity { settings, run, label });
     }
