@@ -297,14 +297,22 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Usage(msg)) => {
-            eprintln!("error: {msg}");
+            error_line(&msg);
             ExitCode::from(2)
         }
         Err(Failure::Run(msg)) => {
-            eprintln!("error: {msg}");
+            error_line(&msg);
             ExitCode::from(1)
         }
     }
+}
+
+/// Prints `error: MSG` on stderr in one write, so that the lines of processes sharing a
+/// stderr (the ranks of an MPI job) never interleave within a line.
+fn error_line(msg: &str) {
+    use std::io::Write as _;
+    let line = format!("error: {msg}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// How a subcommand failed.

@@ -47,15 +47,21 @@
 //! [`ProtocolServer::optimizer_steps`]: crate::proto::ProtocolServer::optimizer_steps
 //! [`ProtocolServer::with_optimizer_state`]: crate::proto::ProtocolServer::with_optimizer_state
 
+// Without the `optimizers` feature only SGD and light momentum run: the rest is unused.
+#[cfg_attr(not(feature = "optimizers"), allow(dead_code, unused_imports))]
 mod header;
+// Without the `optimizers` feature only SGD and light momentum run: the rest is unused.
+#[cfg_attr(not(feature = "optimizers"), allow(dead_code, unused_imports))]
 mod rule;
 mod schedule;
-#[cfg(test)]
+#[cfg(all(test, feature = "optimizers"))]
 mod tests;
 #[cfg(test)]
 mod tests_momentum;
-#[cfg(test)]
+#[cfg(all(test, feature = "optimizers"))]
 mod tests_protocols;
+// Without the `optimizers` feature only SGD and light momentum run: the rest is unused.
+#[cfg_attr(not(feature = "optimizers"), allow(dead_code, unused_imports))]
 mod update;
 
 pub(crate) use rule::UpdateRule;
@@ -148,6 +154,10 @@ impl Optimizer {
     /// [`ConfigError::Knob`] with `"momentum"`, `"nesterov"`, `"beta1"`, `"beta2"`, `"eps"`,
     /// `"weight_decay"`, or the schedule's (see [`Schedule::check`]).
     pub fn check(&self) -> Result<(), ConfigError> {
+        #[cfg(not(feature = "optimizers"))]
+        if matches!(self.rule, Rule::Nesterov { .. } | Rule::AdamW(_)) || self.schedule != Schedule::Constant {
+            return Err(ConfigError::Knob("optimizer (Nesterov, AdamW and schedules need the `optimizers` feature)"));
+        }
         match self.rule {
             Rule::Sgd => {}
             Rule::Momentum { beta } => check_beta_named(beta, "momentum")?,

@@ -150,6 +150,20 @@ impl<T: Scalar, S: Buffer<T>> Active<T, S> {
             extrapolate(params, prev, self.beta);
             return update.plain(params);
         }
+        self.apply_full(params, update)
+    }
+
+    /// Without the `optimizers` feature every rule is light (a configuration that needs more
+    /// is refused when it is checked): the plain step.
+    #[cfg(not(feature = "optimizers"))]
+    fn apply_full<U: Update<T>>(&mut self, params: &mut [T], update: U) -> Result<(), LengthMismatch> {
+        update.plain(params)
+    }
+
+    /// The rule's step with its settings and update count from the state's header.
+    #[cfg(feature = "optimizers")]
+    fn apply_full<U: Update<T>>(&mut self, params: &mut [T], update: U) -> Result<(), LengthMismatch> {
+        let dim = params.len();
         let given = self.state.as_ref().len();
         let (optimizer, t) = self.decoded(dim).ok_or(LengthMismatch { expected: dim, actual: given })?;
         let at = optimizer.element_state_len(dim);
@@ -184,6 +198,7 @@ impl<T: Scalar, S: Buffer<T>> Active<T, S> {
     }
 }
 
+#[cfg(feature = "optimizers")]
 /// AdamW's step `t` (from 0) at rate `lr` on the direction `c·u`, with PyTorch's operations
 /// in its order: `x·(1 − lr·λ)`; `m.lerp(d, 1 − β₁)`; `v·β₂ + (1 − β₂)·d·d`;
 /// `x + (−lr/bc₁)·m / (√v/√bc₂ + ε)`.
