@@ -272,9 +272,9 @@ fn schedule(kind: ProtocolKind, seed: u64, steps: u64, kill_server: bool) -> Str
                 // budget) spent that rest without it: it found no server and gave up (every
                 // session it had ended, and was logged).
                 let gave_up = lines.iter().any(|l| l.contains("gave up after"));
-                let faulted = story.iter().any(|e| {
-                    e.starts_with(&format!("stop {w} ")) || *e == format!("kill {w}") || e == "server killed"
-                });
+                let faulted = story
+                    .iter()
+                    .any(|e| e.starts_with(&format!("stop {w} ")) || *e == format!("kill {w}") || e == "server killed");
                 assert!(gave_up && faulted, "{}: exited {code}: {lines:#?}", whence(w));
             }
             if let Some(r) = &report {

@@ -94,7 +94,9 @@ pub(super) fn worker_id(flag: Option<u32>, get: impl Fn(&str) -> Option<String>)
     }
     let first_set = launcher::RANK_VARIABLES.iter().find_map(|v| get(v).map(|value| (*v, value)));
     if let Some((var, value)) = first_set.filter(|(_, value)| value.trim().parse::<u32>().is_err()) {
-        return Err(format!("invalid value '{value}' in ${var} for the worker id: must be a whole number (or give --id)"));
+        return Err(format!(
+            "invalid value '{value}' in ${var} for the worker id: must be a whole number (or give --id)"
+        ));
     }
     match launcher::rank(&get) {
         Ok(Some(rank)) => Ok(rank.value),
