@@ -51,9 +51,10 @@ class Protocol:
     def worker_scratch_len(self, dim: int) -> int: ...
 
 class Server:
-    """A parameter server updating ``params`` (float32, C-contiguous, writable) in place."""
+    """A parameter server updating ``params`` (float32, C-contiguous, writable) in place;
+    ``momentum`` in ``[0, 1)``: SGD with (heavy-ball) momentum on every update (0: plain SGD)."""
 
-    def __init__(self, protocol: Protocol, params: Float32Array, version: int = 0) -> None: ...
+    def __init__(self, protocol: Protocol, params: Float32Array, version: int = 0, momentum: float = 0.0) -> None: ...
     def handle(self, now_ns: int, worker: int, message: bytes) -> bool:
         """Feeds a wire message from ``worker``: True if taken, False if it repeated a message
         already received (a worker's retry; dropped and counted). Raises RejectedError for any
@@ -94,8 +95,9 @@ class Worker:
     def handle(self, now_ns: int, message: bytes) -> bool:
         """Feeds a wire message from the server: True if taken, False if it repeated a
         message already received (dropped). Raises RejectedError for any other refusal."""
-    def handle_gradient(self, now_ns: int, compute_id: int, grad: Float32Array) -> None:
-        """Hands in the gradient of job ``compute_id`` (read in place, no copy)."""
+    def handle_gradient(self, now_ns: int, compute_id: int, grad: Float32Array, loss: Optional[float] = None) -> None:
+        """Hands in the gradient of job ``compute_id`` (read in place, no copy), with the
+        minibatch loss it was computed with, if any (sent to the server with it)."""
     def handle_timeout(self, now_ns: int) -> None: ...
     def poll_output(
         self,
@@ -108,6 +110,8 @@ class Worker:
         """The next output; a ``("compute", compute_id, version, params)`` hands out the
         worker's own array (no copy): compute the gradient before the next call."""
     def poll_timeout(self) -> Optional[int]: ...
+    def stats(self) -> dict[str, Any]:
+        """Counters: ``outputs_lost`` (outputs that found the queue full: zero unless there is a bug)."""
     @property
     def is_stopped(self) -> bool: ...
     @property
@@ -124,6 +128,7 @@ def run_worker(
     give_up_after_s: float = 30.0,
     log: Optional[Callable[[str], object]] = None,
     initial: Optional[Union[Float32Array, Callable[[], Float32Array]]] = None,
+    lost_after_s: float = 10.0,
 ) -> dict[str, Any]:
     """Runs worker ``id`` of the server at ``connect`` until the server says stop; the protocol
     and the model's size come from the server. Without ``id``, the launcher's rank (the run's
@@ -131,7 +136,9 @@ def run_worker(
     ``MASTER_ADDR:MASTER_PORT``. ``compute(params, grad)`` fills ``grad`` and
     returns the minibatch loss. ``params``/``grad``: the caller's own float32 arrays of the
     model's size, written and read in place. A ``compute`` that raises or returns a
-    non-number ends the worker (the server sees it lost) with WorkerError."""
+    non-number ends the worker (the server sees it lost) with WorkerError. ``lost_after_s``:
+    a server silent this long (no message, no heartbeat) is lost and the worker reconnects;
+    heartbeats go out every tenth of it."""
 
 def serve(
     params: Float32Array,
@@ -151,6 +158,7 @@ def serve(
     log: Optional[Callable[[str], object]] = None,
     record_trace: Optional[str] = None,
     wait_for_rejoin: bool = False,
+    lost_after_s: float = 10.0,
 ) -> dict[str, Any]:
     """Runs the TCP parameter server of ``protocol`` on ``params`` (float32, updated in place)
     until ``updates`` model updates, ``gradients`` accepted gradients, ``time_limit_s``
@@ -161,7 +169,8 @@ def serve(
     cleanly and returns the report (reason ``"interrupted"``). A server still waiting for
     workers names them every stall report interval; one whose every worker has been lost
     stops after the server's ``lost_after`` (reason ``"all_workers_lost"``) unless
-    ``wait_for_rejoin``. ``record_trace``: a
+    ``wait_for_rejoin``. ``lost_after_s``: a worker silent this long (no message, no
+    heartbeat) is lost; heartbeats go out every tenth of it. ``record_trace``: a
     path; the workers send their step times and the server writes them, with each step's
     loss and gradient norms, as a trace for ``syncopate advise --trace`` (the report's
     ``trace_steps`` counts its rows)."""
