@@ -44,25 +44,32 @@ class UsageError(Exception):
     """Bad usage: one line on standard error, exit code 2."""
 
 
+def is_script(path: str) -> bool:
+    """Whether ``path`` starts with ``#!`` (a console script such as this one), or cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"#!"
+    except OSError:
+        return True
+
+
 def rust_cli() -> Optional[str]:
     """The Rust CLI to hand commands to: ``$SYNCOPATE_CLI`` when set (the empty string:
-    none), else the first ``syncopate`` on the PATH that is an executable and not a script
-    (this console script, or another environment's, starts with ``#!``)."""
+    none; a script is refused, so this command never hands over to itself), else the first
+    ``syncopate`` on the PATH that is an executable and not a script (this console script,
+    or another environment's, starts with ``#!``)."""
     chosen = os.environ.get("SYNCOPATE_CLI")
     if chosen is not None:
+        if chosen and os.path.isfile(chosen) and is_script(chosen):
+            raise UsageError(f"$SYNCOPATE_CLI={chosen} is a script, not the Rust CLI (leave it unset or empty "
+                             "to run this package's subset)")
         return chosen or None
     me = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     for folder in os.environ.get("PATH", "").split(os.pathsep):
         candidate = os.path.join(folder or ".", "syncopate")
         if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)):
             continue
-        if os.path.realpath(candidate) == me:
-            continue
-        try:
-            with open(candidate, "rb") as f:
-                if f.read(2) == b"#!":
-                    continue
-        except OSError:
+        if os.path.realpath(candidate) == me or is_script(candidate):
             continue
         return candidate
     return None
@@ -322,7 +329,11 @@ def serve(argv: Sequence[str]) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The console script: ``syncopate <command> ...``; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
-    cli = rust_cli()
+    try:
+        cli = rust_cli()
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if cli is not None:
         try:
             os.execv(cli, [cli, *args])
@@ -356,6 +367,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        # Outside a run (a run stops cleanly and reports): nothing to report.
+        return 130
 
 
 if __name__ == "__main__":

@@ -212,6 +212,9 @@ def test_every_command_goes_to_the_rust_cli_when_one_is_installed(tmp_path, sync
     SCRIPT = SCRIPT or installed_script()
     p = subprocess.run([str(SCRIPT), "--version"], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stdout == expected
+    # $SYNCOPATE_CLI naming a script (this command itself) is refused, never a loop.
+    p = cli("--version", env={"SYNCOPATE_CLI": str(SCRIPT)})
+    assert p.returncode == 2 and "is a script, not the Rust CLI" in one_error_line(p)
     # The Rust CLI's own usage errors and exit codes.
     p = subprocess.run([str(SCRIPT), "serve", "--workers", "0"], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "0 is not in 1..=65535" in p.stderr
