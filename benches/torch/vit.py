@@ -35,9 +35,10 @@ gradients than a round counts them in its own updates (`updates_per_round`). ASP
 step the server's AdamW once per gradient, so they run at `--async-lr` (default `--lr` /
 workers): the model moves about as far per gradient as under BSP.
 
-Cases (`--case`): `none`; `burn4x`: before each step, worker 0 runs a busy loop for three
-times its measured step time (forward and backward of one minibatch, the median of 10), so
-it takes four times as long and keeps its core busy, as a slower machine would.
+Cases (`--case`): `none`; `burn4x`: before each step, the last worker runs a busy loop for
+three times its measured step time (forward and backward of one minibatch, the median of
+10), so it takes four times as long and keeps its core busy, as a slower machine would. The
+last, not worker 0: under `--api loop` rank 0 hosts the server and evaluates.
 
     python benches/torch/vit.py --case burn4x --systems ddp,localsgd,bsp,backup,asp --runs 3
 """
@@ -156,13 +157,13 @@ def system_lr(system: str, args: argparse.Namespace) -> float:
 
 
 class Straggler:
-    """`burn4x`: worker 0 busy-loops for three times its measured step time before each
+    """`burn4x`: the last worker busy-loops for three times its measured step time before each
     step. `none`: nothing. The step time is measured once, before the run (forward and
     backward of one minibatch, the median of 10)."""
 
-    def __init__(self, case: str, rank: int, model: torch.nn.Module, batch: int) -> None:
+    def __init__(self, case: str, rank: int, workers: int, model: torch.nn.Module, batch: int) -> None:
         self.burn_s = 0.0
-        if case == "burn4x" and rank == 0:
+        if case == "burn4x" and rank == workers - 1:
             x, y = common.mnist("train")
             times = []
             for i in range(10):
@@ -182,7 +183,7 @@ class Straggler:
 def worker_setup(rank: int, args: argparse.Namespace) -> tuple[torch.nn.Module, Iterator[Any]]:
     torch.set_num_threads(1)
     model = make_vit(args)
-    straggler = Straggler(args.case, rank, model, args.batch)
+    straggler = Straggler(args.case, rank, args.workers, model, args.batch)
     return model, batches(rank, args, straggler)
 
 
@@ -310,20 +311,22 @@ def run_serve(system: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def loop_worker(rank: int, system: str, args: argparse.Namespace, port: int, out: Any) -> None:
+    """Every rank loops until the server stops (its budget of updates, or rank 0 stopping it at
+    the target); rank 0 evaluates its model every `--eval-every` of its steps."""
     model, stream = worker_setup(rank, args)
     warmup, total = schedule_steps(system, args)
     server_side = system not in ROUND_PROTOCOLS
     optimizer = server_optimizer(system, args) if server_side else None
-    st.init(protocol(system, args), optimizer=optimizer, rank=rank, address=f"127.0.0.1:{port}",
+    budget = max(1, round(args.gradients / args.workers * updates_per_round(system, args.workers)))
+    st.init(protocol(system, args), optimizer=optimizer, rank=rank, address=f"127.0.0.1:{port}", updates=budget,
             log=lambda _: None)
     opt = st.DistributedOptimizer(adamw(model.parameters(), system_lr(system, args), args), model,
                                   server_schedule=server_side)
     sched = None if server_side else torch.optim.lr_scheduler.LambdaLR(opt, lambda t: warmup_cosine(t, warmup, total))
-    steps = args.gradients // args.workers
     x_test, y_test = common.mnist("test")
     evaluations: list[tuple[float, float]] = []
-    trained, resumed, step = 0.0, time.perf_counter(), 0
-    while step < steps and not opt.should_stop:
+    trained, resumed, step, reached = 0.0, time.perf_counter(), 0, False
+    while not opt.should_stop:
         xb, yb = next(stream)
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(xb), yb)
@@ -332,16 +335,20 @@ def loop_worker(rank: int, system: str, args: argparse.Namespace, port: int, out
         if sched is not None:
             sched.step()
         step += 1
-        if rank == 0 and (step % args.eval_every == 0 or step == steps):
+        if rank == 0 and step % args.eval_every == 0:
             trained += time.perf_counter() - resumed
             evaluations.append((trained, common.accuracy(model, x_test, y_test)))
             model.train()
             resumed = time.perf_counter()
             if evaluations[-1][1] >= args.target:
+                reached = True
                 break
     if rank == 0:
+        if not reached:
+            trained += time.perf_counter() - resumed
+            evaluations.append((trained, common.accuracy(model, x_test, y_test)))
         out.put({"evaluations": evaluations, "wall_s": trained, "updates": step})
-    st.shutdown(timeout_s=0.0 if rank == 0 else 10.0)
+    st.shutdown(timeout_s=0.0 if rank == 0 else 30.0)
 
 
 def run_loop(system: str, args: argparse.Namespace) -> dict[str, Any]:
