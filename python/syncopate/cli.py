@@ -157,7 +157,14 @@ def serve_parser(protocols: Sequence[str]) -> Parser:
     p.add_argument("--time-limit", type=positive(float, "--time-limit"), metavar="SECS")
     p.add_argument("--secret-file", metavar="FILE")
     p.add_argument("--insecure", action="store_true")
+    p.add_argument("--optimizer", metavar="RULE", help="the server's update rule: sgd, momentum, nesterov, adamw "
+                   "or mean (default: momentum with a non-zero --momentum, else sgd)")
     p.add_argument("--momentum", type=momentum_value, default=0.0, metavar="BETA")
+    p.add_argument("--beta1", type=float)
+    p.add_argument("--beta2", type=float)
+    p.add_argument("--eps", type=float)
+    p.add_argument("--weight-decay", type=float)
+    p.add_argument("--schedule", metavar="SPEC", help="constant, step:EVERY:GAMMA or warmup-cosine:WARMUP:TOTAL[:FLOOR]")
     p.add_argument("--lost-after", type=positive(float, "--lost-after"), default=10.0, metavar="SECS")
     p.add_argument("--init", metavar="FILE.npy", help="the flat float32 vector to train (required here)")
     p.add_argument("--save", metavar="FILE.npy")
@@ -231,6 +238,34 @@ def protocol_of(args: argparse.Namespace) -> Any:
         raise UsageError(str(e)) from None
 
 
+# The extension's names of the update rule's knobs, and the command line's.
+OPTIMIZER_FLAGS = {"rule": "--optimizer", "momentum": "--momentum", "betas[0]": "--beta1", "betas[1]": "--beta2",
+                   "eps": "--eps", "weight_decay": "--weight-decay", "schedule": "--schedule"}
+
+
+def optimizer_of(args: argparse.Namespace) -> Any:
+    """The server's update rule from the flags, or None for plain SGD (the server's default);
+    a refused knob is named by its flag."""
+    import syncopate
+
+    knobs = (args.optimizer, args.beta1, args.beta2, args.eps, args.weight_decay, args.schedule)
+    if all(k is None for k in knobs) and args.momentum == 0.0:
+        return None
+    defaults = {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
+    try:
+        return syncopate.Optimizer(
+            args.optimizer or ("momentum" if args.momentum else "sgd"), momentum=args.momentum,
+            betas=(defaults["betas"][0] if args.beta1 is None else args.beta1,
+                   defaults["betas"][1] if args.beta2 is None else args.beta2),
+            eps=defaults["eps"] if args.eps is None else args.eps,
+            weight_decay=defaults["weight_decay"] if args.weight_decay is None else args.weight_decay,
+            schedule=args.schedule,
+        )
+    except ValueError as e:
+        knob, _, why = str(e).partition(" ")
+        raise UsageError(f"{OPTIMIZER_FLAGS[knob]} {why}" if knob in OPTIMIZER_FLAGS else str(e)) from None
+
+
 def summary(args: argparse.Namespace, dim: int, report: dict[str, Any], curve: dict[str, Any]) -> str:
     g = report["gradients"]
     dropped = sum(g["dropped"].values())
@@ -282,6 +317,7 @@ def serve(argv: Sequence[str]) -> int:
     if args.init is None:
         raise needs_rust("serve without --init (a built-in model)")
     protocol = protocol_of(args)
+    optimizer = optimizer_of(args)
     params = load_vector(args.init)
     secret_dir = None
     secret_file = args.secret_file
@@ -305,7 +341,7 @@ def serve(argv: Sequence[str]) -> int:
     try:
         report = syncopate.serve(
             params, protocol, listen=args.listen, secret_file=secret_file, insecure=args.insecure,
-            momentum=args.momentum, gradients=args.steps * args.workers, time_limit_s=args.time_limit,
+            optimizer=optimizer, gradients=args.steps * args.workers, time_limit_s=args.time_limit,
             on_listen=listening, log=lambda line: print(f"serve: {line}", file=sys.stderr, flush=True),
             record_trace=args.record_trace, lost_after_s=args.lost_after,
         )

@@ -94,6 +94,11 @@ def test_unknown_command_is_usage():
         (["serve", "--momentum", "1", "--init", "x.npy"], "momentum must be a number in [0, 1)"),
         (["serve", "--steps", "-3", "--init", "x.npy"], "--steps must be a positive number"),
         (["serve", "--bogus"], "unrecognized arguments: --bogus"),
+        (["serve", "--init", "x.npy", "--weight-decay", "0.1"], "--weight-decay applies to rule 'adamw' only"),
+        (["serve", "--init", "x.npy", "--optimizer", "adamw", "--momentum", "0.5"], "--momentum applies to rules"),
+        (["serve", "--init", "x.npy", "--optimizer", "lamb"], "--optimizer 'lamb': expected one of"),
+        (["serve", "--init", "x.npy", "--optimizer", "adamw", "--beta2", "1"], "--beta2 must be a number in [0, 1)"),
+        (["serve", "--init", "x.npy", "--schedule", "cosine"], "--schedule "),
     ],
 )
 def test_serve_usage_errors_exit_2_on_one_line(args, says):
@@ -218,3 +223,20 @@ def test_every_command_goes_to_the_rust_cli_when_one_is_installed(tmp_path, sync
     # The Rust CLI's own usage errors and exit codes.
     p = subprocess.run([str(SCRIPT), "serve", "--workers", "0"], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "0 is not in 1..=65535" in p.stderr
+
+
+def test_serve_runs_the_update_rule_its_flags_name(tmp_path):
+    # One AdamW step moves every coordinate by the learning rate against the gradient's sign
+    # (m / sqrt(v) = sign(g) at the first step), where SGD would move it by lr x gradient.
+    init, final = tmp_path / "init.npy", tmp_path / "final.npy"
+    start = np.full(8, 4.0, np.float32)
+    target = np.linspace(-1, 1, 8).astype(np.float32)
+    np.save(init, start)
+    proc, address = start_serve(tmp_path, "--init", str(init), "--workers", "1", "--lr", "0.25", "--steps", "1",
+                                "--optimizer", "adamw", "--weight-decay", "0", "--save", str(final))
+    worker = threading.Thread(target=quadratic_worker, args=(address, 0, target))
+    worker.start()
+    out, _ = proc.communicate(timeout=60)
+    worker.join(timeout=30)
+    assert proc.returncode == 0, out
+    np.testing.assert_allclose(np.load(final), start - 0.25, rtol=0, atol=1e-6)
