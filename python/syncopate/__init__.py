@@ -10,6 +10,8 @@ the Rust core's sans-IO state machines:
   model array is updated in place, no copy); messages are ``bytes`` in the core's wire
   format, times integer nanoseconds. Feed an input, drain ``poll_output()`` until it
   returns ``None``, wake up at ``poll_timeout()``.
+- :class:`Optimizer` -- the server's update rule (SGD, momentum, Nesterov, AdamW, with a
+  learning-rate schedule; or ``"mean"``, the relay for optimizers on the workers).
 - :func:`serve` -- the TCP parameter server on a float32 NumPy array (the live model), with
   an optional ``evaluate(view)`` (a read-only view of the model) every K updates.
 - :func:`run_worker` -- one worker of a TCP server (``serve`` or ``syncopate serve``): the
@@ -32,6 +34,7 @@ from ._native import (
     PROTOCOLS,
     RANK_VARIABLES,
     WORLD_SIZE_VARIABLES,
+    Optimizer,
     Protocol,
     RejectedError,
     Server,
@@ -47,6 +50,7 @@ from ._native import run_worker as _run_worker
 
 __all__ = [
     "PROTOCOLS",
+    "Optimizer",
     "Protocol",
     "RANK_VARIABLES",
     "WORLD_SIZE_VARIABLES",

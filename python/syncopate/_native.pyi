@@ -21,6 +21,48 @@ class RejectedError(ValueError):
 class WorkerError(RuntimeError):
     """A TCP worker ended with an error (its cause, e.g. the callback's exception, is chained)."""
 
+RuleName = Literal["sgd", "momentum", "nesterov", "adamw", "mean"]
+
+class Optimizer:
+    """The server's update rule (``syncopate serve --optimizer``), applied to every update of
+    the server's model at the protocol's learning rate scheduled by update count.
+
+    ``rule``: ``"sgd"``; ``"momentum"`` (heavy ball, PyTorch's ``SGD(momentum=...)``);
+    ``"nesterov"`` (``SGD(momentum=..., nesterov=True)``, ``momentum`` in (0, 1));
+    ``"adamw"`` (PyTorch's ``AdamW``: ``betas``, ``eps``, decoupled ``weight_decay``; note
+    PyTorch's own default weight decay is 0.01); ``"mean"``: the relay for optimizers on the
+    workers (BSP, backup and DBW only): after each round the server's vector is the round's
+    mean gradient, and every worker applies it with its own optimizer (no learning rate or
+    schedule here, no ``evaluate``). A knob the rule does not take is refused.
+    ``schedule``: None (constant), ``"step:EVERY:GAMMA"`` or
+    ``"warmup-cosine:WARMUP:TOTAL[:FLOOR]"``. Every bad setting raises ValueError naming it."""
+
+    def __init__(
+        self,
+        rule: RuleName = "sgd",
+        *,
+        momentum: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        schedule: Optional[str] = None,
+    ) -> None: ...
+    @property
+    def rule(self) -> RuleName: ...
+    @property
+    def momentum(self) -> float: ...
+    @property
+    def betas(self) -> tuple[float, float]: ...
+    @property
+    def eps(self) -> float: ...
+    @property
+    def weight_decay(self) -> float: ...
+    @property
+    def schedule(self) -> Optional[str]:
+        """The schedule as the CLI spells it; None for a constant rate."""
+    def state_len(self, dim: int) -> int:
+        """Elements of state the server keeps for a model of ``dim`` parameters."""
+
 class Protocol:
     """A synchronization protocol and its knobs, as the ``syncopate`` CLI's ``--protocol``
     flags spell them (the same defaults, so a Python worker matches ``syncopate serve``).
@@ -143,6 +185,7 @@ def serve(
     listen: str = "127.0.0.1:0",
     secret_file: Optional[str] = None,
     insecure: bool = False,
+    optimizer: Optional[Optimizer] = None,
     momentum: float = 0.0,
     evaluate: Optional[Callable[[Float32Array], Any]] = None,
     every: int = 1,
@@ -160,7 +203,9 @@ def serve(
     """Runs the TCP parameter server of ``protocol`` on ``params`` (float32, updated in place)
     until ``updates`` model updates, ``gradients`` accepted gradients, ``time_limit_s``
     seconds from the call (evaluations excluded) or ``evaluate``'s result reaching ``target``.
-    ``momentum``: SGD with momentum (beta in [0, 1)) on every update. ``evaluate(view)``
+    ``optimizer``: the update rule (plain SGD by default); ``momentum`` (beta in [0, 1)) is
+    the shorthand for ``Optimizer("momentum", momentum=beta)``, refused beside
+    ``optimizer``. ``evaluate(view)``
     runs on the server's thread every ``every`` updates with a read-only view of the model;
     its time is excluded from the report's times and the time limit. Ctrl-C stops the run
     cleanly and returns the report (reason ``"interrupted"``). A server still waiting for
