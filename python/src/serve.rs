@@ -166,7 +166,7 @@ fn read_only_view(py: Python<'_>, params: &Bound<'_, PyAny>) -> PyResult<PyObjec
 #[pyo3(signature = (params, protocol, *, listen = "127.0.0.1:0", secret_file = None, insecure = false,
     optimizer = None, momentum = 0.0, evaluate = None, every = 1, target = None, updates = None, gradients = None,
     time_limit_s = None, on_listen = None, log = None, record_trace = None, wait_for_rejoin = false,
-    lost_after_s = 10.0))]
+    lost_after_s = 10.0, stop_when = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve<'py>(
     py: Python<'py>,
@@ -188,6 +188,7 @@ pub(crate) fn serve<'py>(
     record_trace: Option<std::path::PathBuf>,
     wait_for_rejoin: bool,
     lost_after_s: f64,
+    stop_when: Option<PyObject>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let lost_after = crate::tcp::lost_after(lost_after_s)?;
     if every == 0 {
@@ -283,6 +284,7 @@ pub(crate) fn serve<'py>(
         stopped: None,
         interrupt: None,
         failure: None,
+        stop_when: stop_when.as_ref(),
     };
     let outcome = py.allow_threads(|| {
         std::thread::scope(|scope| {

@@ -171,6 +171,7 @@ def run_worker(
     log: Optional[Callable[[str], object]] = None,
     initial: Optional[Union[Float32Array, Callable[[], Float32Array]]] = None,
     lost_after_s: float = 10.0,
+    optional_loss: bool = False,
 ) -> dict[str, Any]:
     """Runs worker ``id`` of the server at ``connect`` until the server says stop; the protocol
     and the model's size come from the server. Without ``id``, the launcher's rank (the run's
@@ -178,9 +179,10 @@ def run_worker(
     ``MASTER_ADDR:MASTER_PORT``. ``compute(params, grad)`` fills ``grad`` and
     returns the minibatch loss. ``params``/``grad``: the caller's own float32 arrays of the
     model's size, written and read in place. A ``compute`` that raises or returns a
-    non-number ends the worker (the server sees it lost) with WorkerError. ``lost_after_s``:
-    a server silent this long (no message, no heartbeat) is lost and the worker reconnects;
-    heartbeats go out every tenth of it."""
+    non-number ends the worker (the server sees it lost) with WorkerError; with
+    ``optional_loss=True`` it may return ``None`` (that gradient travels without a loss).
+    ``lost_after_s``: a server silent this long (no message, no heartbeat) is lost and the
+    worker reconnects; heartbeats go out every tenth of it."""
 
 def serve(
     params: Float32Array,
@@ -202,6 +204,7 @@ def serve(
     record_trace: Optional[str] = None,
     wait_for_rejoin: bool = False,
     lost_after_s: float = 10.0,
+    stop_when: Optional[Callable[[int, int], object]] = None,
 ) -> dict[str, Any]:
     """Runs the TCP parameter server of ``protocol`` on ``params`` (float32, updated in place)
     until ``updates`` model updates, ``gradients`` accepted gradients, ``time_limit_s``
@@ -218,7 +221,10 @@ def serve(
     heartbeat) is lost; heartbeats go out every tenth of it. ``record_trace``: a
     path; the workers send their step times and the server writes them, with each step's
     loss and gradient norms, as a trace for ``syncopate advise --trace`` (the report's
-    ``trace_steps`` counts its rows)."""
+    ``trace_steps`` counts its rows). ``stop_when(live, joined)``: called every few
+    milliseconds with the number of workers connected and the number that ever joined (each
+    worker counted once); the run stops (reason ``"stopped"``) when it
+    returns true, and an exception it raises stops the run and is raised."""
 
 def compare(
     path: Optional[str] = None,
