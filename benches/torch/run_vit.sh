@@ -6,7 +6,7 @@
 # markdown table with the load average before and after every row's runs.
 #
 #   benches/torch/run_vit.sh                 # the whole table, into vit-results.jsonl
-#   RUNS=5 OUT=t.jsonl API=loop benches/torch/run_vit.sh
+#   RUNS=5 OUT=t.jsonl API=serve benches/torch/run_vit.sh   # the server's AdamW for every protocol
 #   SMOKE=1 benches/torch/run_vit.sh         # seconds: a tiny model, one run, a debug build
 #
 # Needs torch and the syncopate wheel built with `maturin build --release`. Run it on a
@@ -16,7 +16,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 python="${PYTHON:-python3}"
 runs="${RUNS:-3}"
 out="${OUT:-vit-results.jsonl}"
-api="${API:-serve}"
+api="${API:-loop}"
 workers="${WORKERS:-2}"
 extra=()
 if [[ -n "${SMOKE:-}" ]]; then

@@ -23,7 +23,7 @@ The syncopate side has two forms (`--api`):
 - `serve`: the harness process runs `syncopate.serve` with the server's AdamW and schedule
   (`syncopate.Optimizer`), the workers `syncopate.torch.train_worker`; the server evaluates
   its model (its time is left out of the run's clock).
-- `loop`: the training loop as a DDP user writes it (`syncopate.torch.init`,
+- `loop` (the default): the training loop as a DDP user writes it (`syncopate.torch.init`,
   `DistributedOptimizer`): under BSP and backup every worker applies the round's mean
   gradient with its own torch AdamW and LambdaLR; under SSP and ASP the server's AdamW and
   schedule update the model. Rank 0 hosts the server and evaluates its model every
@@ -319,7 +319,7 @@ def loop_worker(rank: int, system: str, args: argparse.Namespace, port: int, out
     optimizer = server_optimizer(system, args) if server_side else None
     budget = max(1, round(args.gradients / args.workers * updates_per_round(system, args.workers)))
     st.init(protocol(system, args), optimizer=optimizer, rank=rank, address=f"127.0.0.1:{port}", updates=budget,
-            log=lambda _: None)
+            log=lambda _: None, give_up_after_s=5.0)
     opt = st.DistributedOptimizer(adamw(model.parameters(), system_lr(system, args), args), model,
                                   server_schedule=server_side)
     sched = None if server_side else torch.optim.lr_scheduler.LambdaLR(opt, lambda t: warmup_cosine(t, warmup, total))
@@ -331,7 +331,15 @@ def loop_worker(rank: int, system: str, args: argparse.Namespace, port: int, out
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(xb), yb)
         loss.backward()
-        opt.step(loss=loss)
+        try:
+            opt.step(loss=loss)
+        except syncopate.WorkerError as e:
+            if rank == 0:
+                raise
+            # Rank 0 stops the server at the target: a worker still computing then can find
+            # the server gone instead of reading its stop (after the measured run).
+            print(f"(after the run) {e}", file=sys.stderr)
+            break
         if sched is not None:
             sched.step()
         step += 1
@@ -413,7 +421,7 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--case", default="none", choices=["none", "burn4x"])
     p.add_argument("--systems", default=",".join(SYSTEMS))
-    p.add_argument("--api", default="serve", choices=["serve", "loop"], help="the syncopate side's API")
+    p.add_argument("--api", default="loop", choices=["loop", "serve"], help="the syncopate side's API")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--gradients", type=int, default=1600, help="minibatch gradients in all, at most, per run")
     p.add_argument("--eval-every", type=int, default=20, help="rounds (one gradient per worker) between evaluations")
