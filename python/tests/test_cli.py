@@ -69,6 +69,14 @@ def test_help_names_what_runs_here_and_the_rust_cli():
     assert cli().returncode == 2
 
 
+def test_python_m_syncopate_is_the_same_command(tmp_path):
+    # Run elsewhere than python/, whose source folder `-m` would import instead of the wheel.
+    env = {**os.environ, "SYNCOPATE_CLI": ""}
+    p = subprocess.run([sys.executable, "-m", "syncopate", "work"], env=env, capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path)
+    assert p.returncode == 2 and "cargo install --path adapters/cli" in one_error_line(p)
+
+
 @pytest.mark.parametrize("command", ["work --connect 127.0.0.1:7070 --id 0", "train", "compare", "advise"])
 def test_commands_of_the_rust_cli_exit_2_naming_the_install(command):
     p = cli(*command.split())
