@@ -214,15 +214,19 @@ def ddp_worker(rank: int, system: str, args: argparse.Namespace, port: int, out:
     warmup, total = schedule_steps(system, args)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: warmup_cosine(t, warmup, total))
     steps = args.gradients // args.workers
-    every = args.eval_every
-    if averager is not None and every % args.period:
-        every += args.period - every % args.period  # evaluate the averaged model
+
+    def averaged(step: int) -> bool:
+        # Whether the models are equal after `step` (from 1): always under DDP; under
+        # post-local SGD during its DDP warm-up and at the averager's steps (it averages at
+        # its count `step - 1` when that is `local_start + k period`).
+        return averager is None or step <= args.local_start or (step - 1 - args.local_start) % args.period == 0
+
     x_test, y_test = common.mnist("test")
     evaluations: list[tuple[float, float]] = []
     stop = torch.zeros(1)
     dist.barrier()
     trained, resumed = 0.0, time.perf_counter()
-    step = 0
+    step, next_eval = 0, args.eval_every
     for step in range(1, steps + 1):
         xb, yb = next(stream)
         opt.zero_grad()
@@ -231,7 +235,9 @@ def ddp_worker(rank: int, system: str, args: argparse.Namespace, port: int, out:
         sched.step()
         if averager is not None:
             averager.average_parameters(ddp.parameters())
-        if step % every == 0 or step == steps:
+        # Evaluated at the first step with equal models from every `--eval-every` steps on.
+        if (step >= next_eval and averaged(step)) or step == steps:
+            next_eval = step + args.eval_every
             dist.barrier()
             trained += time.perf_counter() - resumed
             if rank == 0:
