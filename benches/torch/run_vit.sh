@@ -26,8 +26,8 @@ if [[ -n "${SMOKE:-}" ]]; then
 fi
 echo "regime: $workers ranks, $(nproc) cores, 1 torch thread per rank; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$python" "$here/vit.py" --workers "$workers" --case none --api "$api" --runs "$runs" --out "$out" \
-  --systems ddp,ddp-scaled,bsp,backup,ssp,asp "${extra[@]}"
+  --systems ddp,ddp-scaled,bsp,backup,ssp,asp ${extra[@]+"${extra[@]}"}
 "$python" "$here/vit.py" --workers "$workers" --case burn4x --api "$api" --runs "$runs" --out "$out" \
-  --systems ddp,ddp-scaled,localsgd,bsp,backup,ssp,asp "${extra[@]}"
+  --systems ddp,ddp-scaled,localsgd,bsp,backup,ssp,asp ${extra[@]+"${extra[@]}"}
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$python" "$here/vit.py" --table "$out"
