@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
+import sys
 import threading
 import time
 from typing import Any, Callable, Optional, Union
@@ -48,13 +49,21 @@ class Bridge:
         self.error: Optional[BaseException] = None
         self.report: Optional[dict[str, Any]] = None
         self.vectors = 0
+        self._log = log
         options: dict[str, Any] = dict(id=rank, secret_file=secret_file, params=received, grad=sent, initial=initial,
-                                       optional_loss=True, give_up_after_s=give_up_after_s)
-        if log is not None:
-            options["log"] = log
+                                       optional_loss=True, give_up_after_s=give_up_after_s, log=self._say)
         self._thread = threading.Thread(target=self._run, args=(address, options), name=f"syncopate-worker-{rank}",
                                         daemon=True)
         self._thread.start()
+
+    def _say(self, line: str) -> None:
+        # A worker that leaves drops its connection: what the loop logs about that is noise.
+        if self.leaving:
+            return
+        if self._log is None:
+            print(f"syncopate worker: {line}", file=sys.stderr, flush=True)
+        else:
+            self._log(line)
 
     def _compute(self, params: np.ndarray, grad: np.ndarray) -> Optional[float]:
         self.vectors += 1
