@@ -12,6 +12,7 @@ thread runs forward and backward while the worker's thread waits.
 from __future__ import annotations
 
 import atexit
+import collections
 import datetime
 import os
 import sys
@@ -40,8 +41,12 @@ class Bridge:
     """The worker's thread and the hand-over between it and the training thread."""
 
     def __init__(self, address: str, rank: int, received: np.ndarray, sent: np.ndarray, initial: np.ndarray,
-                 secret_file: Optional[str], log: Optional[Callable[[str], object]], give_up_after_s: float) -> None:
+                 secret_file: Optional[str], log: Optional[Callable[[str], object]], give_up_after_s: float,
+                 rounds: bool) -> None:
         self._arrived = threading.Event()
+        # With `rounds`: every vector the server sends, in version order (`on_round`), taken
+        # by the training thread at its next step.
+        self._rounds: collections.deque[tuple[int, np.ndarray]] = collections.deque()
         self._submitted = threading.Event()
         self.loss: Optional[float] = None
         self.leaving = False
@@ -52,6 +57,8 @@ class Bridge:
         self._log = log
         options: dict[str, Any] = dict(id=rank, secret_file=secret_file, params=received, grad=sent, initial=initial,
                                        optional_loss=True, give_up_after_s=give_up_after_s, log=self._say)
+        if rounds:
+            options["on_round"] = self._on_round
         self._thread = threading.Thread(target=self._run, args=(address, options), name=f"syncopate-worker-{rank}",
                                         daemon=True)
         self._thread.start()
@@ -64,6 +71,16 @@ class Bridge:
             print(f"syncopate worker: {line}", file=sys.stderr, flush=True)
         else:
             self._log(line)
+
+    def _on_round(self, vector: np.ndarray, version: int) -> None:
+        self._rounds.append((version, vector))
+
+    def take_rounds(self) -> list[tuple[int, np.ndarray]]:
+        """The vectors received since the last call, in version order."""
+        taken = []
+        while self._rounds:
+            taken.append(self._rounds.popleft())
+        return taken
 
     def _compute(self, params: np.ndarray, grad: np.ndarray) -> Optional[float]:
         self.vectors += 1
@@ -181,7 +198,7 @@ class Session:
             self.address = self._store.get(STORE_KEY).decode()
         assert self.address is not None
         self.bridge = Bridge(self.address, self.rank, received, sent, initial, self._secret_file, self._log,
-                             self._give_up_after_s)
+                             self._give_up_after_s, rounds=self.worker_side)
 
     def close(self, timeout_s: float) -> Optional[dict[str, Any]]:
         """Leaves the server; the host then waits up to ``timeout_s`` for the other workers to
