@@ -20,7 +20,7 @@ def main() -> None:
     data = {k: torch.from_numpy(v) for k, v in syncopate.load_digits().items()}
     train = torch.utils.data.TensorDataset(data["x_train"], data["y_train"])
     sampler = torch.utils.data.DistributedSampler(train, num_replicas=world, rank=rank, seed=0)
-    loader = torch.utils.data.DataLoader(train, batch_size=BATCH, sampler=sampler)
+    loader = torch.utils.data.DataLoader(train, batch_size=BATCH, sampler=sampler, drop_last=True)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 10))
     model = DDP(model)

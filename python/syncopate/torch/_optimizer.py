@@ -64,6 +64,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                      "the server's optimizer updates every parameter that requires a gradient")
         self._lrs = [group.get("lr") for group in optimizer.param_groups]
         self.should_stop = False
+        #: Under the rule "mean": the last round applied (its version).
+        self.rounds = 0
         self._left: Optional[str] = None
         session.start(layout.received.numpy(), layout.sent.numpy(), layout.vector())
         session.on_close.append(self._install_server_model)
@@ -108,7 +110,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Waits for the next vector and installs it; False once the run has ended."""
         bridge = self._session.bridge
         assert bridge is not None
-        first = bridge.vectors == 0
         if not bridge.wait():
             self.should_stop = True
             if bridge.error is not None and not bridge.leaving:
@@ -116,12 +117,27 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._left = f"the worker ended: {error}"
                 raise error
             return False
-        layout = self._layout
-        if first or not self._session.worker_side:
-            layout.install_parameters()
-            if first and layout.buffers:
-                layout.install_buffers(layout.received.to(layout.device))
+        if self._session.worker_side:
+            for version, vector in bridge.take_rounds():
+                self._apply_round(version, torch.from_numpy(vector))
+        else:
+            self._layout.install_parameters()
         return True
+
+    def _apply_round(self, version: int, vector: torch.Tensor) -> None:
+        # Version 0 is the initial model (rank 0's); every later version one round's mean
+        # gradient (and mean buffers), applied by the wrapped optimizer, in version order, so
+        # a worker whose gradient a round did not need still applies that round.
+        layout = self._layout
+        src = vector.to(layout.device, non_blocking=True)
+        if version == 0:
+            layout.install_parameters(src)
+        else:
+            layout.install_gradients(src[: layout.n_params])
+            self._inner.step()
+        if layout.buffers:
+            layout.install_buffers(src)
+        self.rounds = version
 
     def step(self, closure: Optional[Callable[[], float]] = None, *, loss: Any = None) -> None:  # type: ignore[override]
         if closure is not None:
@@ -150,15 +166,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         bridge = session.bridge
         assert bridge is not None
         bridge.submit(value)
-        if not self._receive():
-            return None
-        if session.worker_side:
-            layout = self._layout
-            src = layout.received.to(layout.device, non_blocking=True)
-            layout.install_gradients(src[: layout.n_params])
-            self._inner.step()
-            if layout.buffers:
-                layout.install_buffers(src)
+        self._receive()
         return None
 
     def _install_server_model(self) -> None:

@@ -12,8 +12,10 @@ thread runs forward and backward while the worker's thread waits.
 from __future__ import annotations
 
 import atexit
+import collections
 import datetime
 import os
+import sys
 import threading
 import time
 from typing import Any, Callable, Optional, Union
@@ -27,6 +29,7 @@ from .._native import rank_from_env, server_address_from_env, world_size_from_en
 #: The protocols that apply one round's mean gradient per update: under them a worker-side
 #: optimizer is possible (the server relays the mean, rule "mean").
 ROUND_PROTOCOLS = ("bsp", "backup", "dbw")
+_HAS_ON_ROUND = "on_round" in (getattr(syncopate._native.run_worker, "__text_signature__", None) or "")
 #: The key the host publishes its address under in torchrun's store.
 STORE_KEY = "syncopate/server_address"
 
@@ -39,8 +42,12 @@ class Bridge:
     """The worker's thread and the hand-over between it and the training thread."""
 
     def __init__(self, address: str, rank: int, received: np.ndarray, sent: np.ndarray, initial: np.ndarray,
-                 secret_file: Optional[str], log: Optional[Callable[[str], object]], give_up_after_s: float) -> None:
+                 secret_file: Optional[str], log: Optional[Callable[[str], object]], give_up_after_s: float,
+                 rounds: bool) -> None:
         self._arrived = threading.Event()
+        # With `rounds`: every vector the server sends, in version order (`on_round`), taken
+        # by the training thread at its next step.
+        self._rounds: collections.deque[tuple[int, np.ndarray]] = collections.deque()
         self._submitted = threading.Event()
         self.loss: Optional[float] = None
         self.leaving = False
@@ -48,15 +55,40 @@ class Bridge:
         self.error: Optional[BaseException] = None
         self.report: Optional[dict[str, Any]] = None
         self.vectors = 0
+        self._log = log
         options: dict[str, Any] = dict(id=rank, secret_file=secret_file, params=received, grad=sent, initial=initial,
-                                       optional_loss=True, give_up_after_s=give_up_after_s)
-        if log is not None:
-            options["log"] = log
+                                       optional_loss=True, give_up_after_s=give_up_after_s, log=self._say)
+        # Without the native `on_round`, each vector `compute` gets counts as the next round
+        # (no check that none was skipped).
+        self._emulate_rounds = rounds and not _HAS_ON_ROUND
+        if rounds and _HAS_ON_ROUND:
+            options["on_round"] = self._on_round
         self._thread = threading.Thread(target=self._run, args=(address, options), name=f"syncopate-worker-{rank}",
                                         daemon=True)
         self._thread.start()
 
+    def _say(self, line: str) -> None:
+        # A worker that leaves drops its connection: what the loop logs about that is noise.
+        if self.leaving:
+            return
+        if self._log is None:
+            print(f"syncopate worker: {line}", file=sys.stderr, flush=True)
+        else:
+            self._log(line)
+
+    def _on_round(self, vector: np.ndarray, version: int) -> None:
+        self._rounds.append((version, vector))
+
+    def take_rounds(self) -> list[tuple[int, np.ndarray]]:
+        """The vectors received since the last call, in version order."""
+        taken = []
+        while self._rounds:
+            taken.append(self._rounds.popleft())
+        return taken
+
     def _compute(self, params: np.ndarray, grad: np.ndarray) -> Optional[float]:
+        if self._emulate_rounds:
+            self._rounds.append((self.vectors, params.copy()))
         self.vectors += 1
         self._arrived.set()
         self._submitted.wait()
@@ -172,7 +204,7 @@ class Session:
             self.address = self._store.get(STORE_KEY).decode()
         assert self.address is not None
         self.bridge = Bridge(self.address, self.rank, received, sent, initial, self._secret_file, self._log,
-                             self._give_up_after_s)
+                             self._give_up_after_s, rounds=self.worker_side)
 
     def close(self, timeout_s: float) -> Optional[dict[str, Any]]:
         """Leaves the server; the host then waits up to ``timeout_s`` for the other workers to
