@@ -53,19 +53,24 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
         return (model(x).argmax(1) == y).float().mean().item()
 
 
-class Straggler:
-    """Emulated slowness, added (as a sleep) before each step's computation.
+CASES = ("none", "one4x", "shiftexp", "burn4x")
 
-    `none`: nothing. `one4x`: worker 0 takes four times its measured step time. `shiftexp`:
-    every worker's step takes its measured time times (1 + X), X exponential with mean 1 (a
-    shifted exponential). The step time is measured once, before the run, on this worker
-    (forward and backward of `BATCH` images, the median of 10).
+
+class Straggler:
+    """Emulated slowness, added before each step's computation.
+
+    `none`: nothing. `one4x`: worker 0 sleeps three times its measured step time, so it takes
+    four times as long. `shiftexp`: every worker sleeps its measured time times X, X
+    exponential with mean 1 (a shifted exponential). `burn4x`: the last worker runs a busy loop
+    for three times its measured step time: four times as slow, and it keeps its core busy
+    (a sleeping straggler hands its core to the others). The step time is measured once,
+    before the run, on this worker (forward and backward of `BATCH` images, the median of 10).
     """
 
-    def __init__(self, case: str, rank: int, seed: int, model: torch.nn.Module) -> None:
-        if case not in ("none", "one4x", "shiftexp"):
-            raise ValueError(f"unknown case {case!r}: none, one4x or shiftexp")
-        self.case, self.rank = case, rank
+    def __init__(self, case: str, rank: int, seed: int, model: torch.nn.Module, workers: int) -> None:
+        if case not in CASES:
+            raise ValueError(f"unknown case {case!r}: {', '.join(CASES)}")
+        self.case, self.rank, self.last = case, rank, rank == workers - 1
         self.rng = np.random.default_rng(seed * 7919 + rank)
         self.step_s = self.measure(model) if case != "none" else 0.0
 
@@ -84,5 +89,9 @@ class Straggler:
     def delay(self) -> None:
         if self.case == "one4x" and self.rank == 0:
             time.sleep(3.0 * self.step_s)
+        elif self.case == "burn4x" and self.last:
+            until = time.perf_counter() + 3.0 * self.step_s
+            while time.perf_counter() < until:
+                pass
         elif self.case == "shiftexp":
             time.sleep(self.step_s * float(self.rng.exponential(1.0)))

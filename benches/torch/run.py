@@ -88,7 +88,7 @@ def ddp_worker(rank: int, args: argparse.Namespace, port: int, out: Any) -> None
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.workers)
     model = common.make_model(args.model)
-    straggler = common.Straggler(args.case, rank, args.seed, model)
+    straggler = common.Straggler(args.case, rank, args.seed, model, args.workers)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
     steps = args.gradients // args.workers
@@ -136,7 +136,7 @@ def run_ddp(args: argparse.Namespace) -> dict[str, Any]:
 def syncopate_worker(rank: int, args: argparse.Namespace, ready: Any, address: Any) -> None:
     torch.set_num_threads(1)
     model = common.make_model(args.model)
-    straggler = common.Straggler(args.case, rank, args.seed, model)
+    straggler = common.Straggler(args.case, rank, args.seed, model, args.workers)
     flat = st.FlatModel(model)
     stream = common.batches(rank, args.seed)
     ready.put(rank)
@@ -277,7 +277,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="cnn", choices=["cnn", "mlp"])
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--case", default="none", choices=["none", "one4x", "shiftexp"])
+    p.add_argument("--case", default="none", choices=list(common.CASES))
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--gradients", type=int, default=4000, help="minibatch gradients in all, per run")
