@@ -27,7 +27,9 @@ The syncopate side has two forms (`--api`):
   `DistributedOptimizer`): under BSP and backup every worker applies the round's mean
   gradient with its own torch AdamW and LambdaLR; under SSP and ASP the server's AdamW and
   schedule update the model. Rank 0 hosts the server and evaluates its model every
-  `--eval-every` of its steps, off its clock.
+  `--eval-every` of its steps, off its clock, while the other ranks wait before their next
+  step (as DDP's ranks wait at a barrier, and as workers wait for the server's reply while
+  it evaluates under `serve`).
 
 One schedule for all: the warm-up and the total are counted in rounds (`--warmup`,
 `--total`, default the whole `--gradients` budget), and a protocol whose update takes fewer
@@ -316,9 +318,12 @@ def run_serve(system: str, args: argparse.Namespace) -> dict[str, Any]:
 # ---- syncopate: the training loop as written (`--api loop`) ----
 
 
-def loop_worker(rank: int, system: str, args: argparse.Namespace, port: int, out: Any) -> None:
+def loop_worker(rank: int, system: str, args: argparse.Namespace, port: int, out: Any, running: Any) -> None:
     """Every rank loops until the server stops (its budget of updates, or rank 0 stopping it at
-    the target); rank 0 evaluates its model every `--eval-every` of its steps."""
+    the target); rank 0 evaluates its model every `--eval-every` of its steps. While it does,
+    `running` is clear and the other ranks wait before their next step, as DDP's ranks wait
+    at the barrier (a protocol that does not need rank 0 would otherwise train on, off the
+    clock)."""
     model, stream = worker_setup(rank, args)
     warmup, total = schedule_steps(system, args)
     server_side = system not in ROUND_PROTOCOLS
@@ -333,6 +338,7 @@ def loop_worker(rank: int, system: str, args: argparse.Namespace, port: int, out
     evaluations: list[tuple[float, float]] = []
     trained, resumed, step, reached = 0.0, time.perf_counter(), 0, False
     while not opt.should_stop:
+        running.wait()
         xb, yb = next(stream)
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(xb), yb)
@@ -350,10 +356,12 @@ def loop_worker(rank: int, system: str, args: argparse.Namespace, port: int, out
             sched.step()
         step += 1
         if rank == 0 and step % args.eval_every == 0:
+            running.clear()
             trained += time.perf_counter() - resumed
             evaluations.append((trained, common.accuracy(model, x_test, y_test)))
             model.train()
             resumed = time.perf_counter()
+            running.set()
             if evaluations[-1][1] >= args.target:
                 reached = True
                 break
@@ -369,7 +377,9 @@ def run_loop(system: str, args: argparse.Namespace) -> dict[str, Any]:
     ctx = run.context()
     out = ctx.Queue()
     port = run.free_port()
-    procs = [ctx.Process(target=loop_worker, args=(r, system, args, port, out)) for r in range(args.workers)]
+    running = ctx.Event()
+    running.set()
+    procs = [ctx.Process(target=loop_worker, args=(r, system, args, port, out, running)) for r in range(args.workers)]
     for p in procs:
         p.start()
     result = out.get(timeout=3600)
