@@ -239,7 +239,8 @@ def ddp_worker(rank: int, system: str, args: argparse.Namespace, port: int, out:
             averager.average_parameters(ddp.parameters())
         # Evaluated at the first step with equal models from every `--eval-every` steps on.
         if (step >= next_eval and averaged(step)) or step == steps:
-            next_eval = step + args.eval_every
+            while next_eval <= step:
+                next_eval += args.eval_every
             dist.barrier()
             trained += time.perf_counter() - resumed
             if rank == 0:
