@@ -301,3 +301,22 @@ def test_a_worker_refused_at_wrap_time_tells_the_server_it_left(tmp_path: pathli
     run = subprocess.run([sys.executable, "-c", rank1], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert run.returncode != 0 and "parameter weight is torch.bfloat16" in run.stderr, run.stderr[-2000:]
     lines.wait_for("worker 1 lost")
+
+
+def test_a_stated_server_schedule_keeps_the_torch_scheduler_line_under_asp() -> None:
+    model = mlp()
+    start = [p.detach().clone() for p in model.parameters()]
+    one_worker("asp", lr=0.1, optimizer=syncopate.Optimizer("sgd", schedule="step:1:0.5"))
+    opt = st.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, server_schedule=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5**s)
+    grads = []
+    for step in range(2):
+        opt.zero_grad()
+        x, y = batch(step)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        grads.append([p.grad.detach().clone() for p in model.parameters()])
+        opt.step()
+        sched.step()
+    # The server's schedule made the updates: lr 0.1, then 0.05.
+    for p, p0, g0, g1 in zip(model.parameters(), start, *grads):
+        torch.testing.assert_close(p.detach(), p0 - 0.1 * g0 - 0.05 * g1)
