@@ -9,6 +9,9 @@ not expected here (then they are skipped).
 from __future__ import annotations
 
 import os
+import pathlib
+import subprocess
+import sys
 import threading
 from typing import Any, Iterator
 
@@ -49,7 +52,7 @@ def clean_session(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in (*syncopate.RANK_VARIABLES, *syncopate.WORLD_SIZE_VARIABLES, "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     yield
-    st.shutdown(timeout_s=5.0)
+    st.shutdown(timeout_s=2.0)
 
 
 def one_worker(protocol: str = "bsp", **options: Any) -> st.Session:
@@ -270,3 +273,50 @@ def test_a_cuda_model_trains_with_staging_through_pinned_memory() -> None:
     for p, q in zip(model.parameters(), reference.parameters()):
         assert p.device.type == "cuda"
         torch.testing.assert_close(p, q)
+
+
+def test_a_round_that_never_completes_ends_step_with_a_timeout() -> None:
+    model = mlp()
+    st.init("bsp", workers=2, rank=0, address="127.0.0.1:0", log=lambda _: None, step_timeout_s=1.0,
+            time_limit_s=30.0)
+    opt = st.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    x, y = batch(0)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    with pytest.raises(TimeoutError, match="step_timeout_s=1.0"):
+        opt.step()  # worker 1 never connects: the round waits for it
+
+
+def test_a_worker_refused_at_wrap_time_tells_the_server_it_left(tmp_path: pathlib.Path) -> None:
+    lines = Lines()
+    model = mlp()
+    session = st.init("bsp", workers=2, rank=0, address="127.0.0.1:0", log=lines, step_timeout_s=2.0,
+                      time_limit_s=60.0)
+    st.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    rank1 = (
+        "import torch, syncopate.torch as st\n"
+        f"st.init('bsp', workers=2, rank=1, address='{session.address}', log=lambda _: None)\n"
+        "m = torch.nn.Linear(2, 2).to(torch.bfloat16)\n"
+        "st.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", rank1], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode != 0 and "parameter weight is torch.bfloat16" in run.stderr, run.stderr[-2000:]
+    lines.wait_for("worker 1 lost")
+
+
+def test_a_stated_server_schedule_keeps_the_torch_scheduler_line_under_asp() -> None:
+    model = mlp()
+    start = [p.detach().clone() for p in model.parameters()]
+    one_worker("asp", lr=0.1, optimizer=syncopate.Optimizer("sgd", schedule="step:1:0.5"))
+    opt = st.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, server_schedule=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5**s)
+    grads = []
+    for step in range(2):
+        opt.zero_grad()
+        x, y = batch(step)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        grads.append([p.grad.detach().clone() for p in model.parameters()])
+        opt.step()
+        sched.step()
+    # The server's schedule made the updates: lr 0.1, then 0.05.
+    for p, p0, g0, g1 in zip(model.parameters(), start, *grads):
+        torch.testing.assert_close(p.detach(), p0 - 0.1 * g0 - 0.05 * g1)

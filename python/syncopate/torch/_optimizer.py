@@ -48,7 +48,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._inner = optimizer
         self._session = session
         self._server_schedule = server_schedule
-        self._layout = layout = Layout(model, with_buffers=session.worker_side)
+        try:
+            self._layout = layout = self._check(optimizer, model)
+        except (ValueError, TypeError):
+            session.abandon()
+            raise
+        self._lrs = [group.get("lr") for group in optimizer.param_groups]
+        self.should_stop = False
+        #: Under the rule "mean": the last round applied (its version).
+        self.rounds = 0
+        self._left: Optional[str] = None
+        session.start(layout.received.numpy(), layout.sent.numpy(), layout.vector())
+        session.on_close.append(self._install_server_model)
+        self._receive()
+
+    def _check(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> Layout:
+        session = self._session
+        layout = Layout(model, with_buffers=session.worker_side)
         owned = {id(p): name for name, p in model.named_parameters()}
         in_optimizer: set[int] = set()
         for i, group in enumerate(optimizer.param_groups):
@@ -62,14 +78,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if id(p) not in in_optimizer:
                     raise ValueError(f"parameter {name} is not in the optimizer, but under {session.protocol.name} "
                                      "the server's optimizer updates every parameter that requires a gradient")
-        self._lrs = [group.get("lr") for group in optimizer.param_groups]
-        self.should_stop = False
-        #: Under the rule "mean": the last round applied (its version).
-        self.rounds = 0
-        self._left: Optional[str] = None
-        session.start(layout.received.numpy(), layout.sent.numpy(), layout.vector())
-        session.on_close.append(self._install_server_model)
-        self._receive()
+        return layout
 
     # The wrapped optimizer's state, shared.
     @property  # type: ignore[override]
@@ -110,7 +119,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Waits for the next vector and installs it; False once the run has ended."""
         bridge = self._session.bridge
         assert bridge is not None
-        if not bridge.wait():
+        try:
+            arrived = bridge.wait(self._session.step_timeout_s)
+        except TimeoutError as e:
+            self._leave(str(e))
+            raise
+        if not arrived:
             self.should_stop = True
             if bridge.error is not None and not bridge.leaving:
                 error = bridge.error

@@ -55,6 +55,7 @@ class Bridge:
         self.error: Optional[BaseException] = None
         self.report: Optional[dict[str, Any]] = None
         self.vectors = 0
+        self.in_compute = False
         self._log = log
         options: dict[str, Any] = dict(id=rank, secret_file=secret_file, params=received, grad=sent, initial=initial,
                                        optional_loss=True, give_up_after_s=give_up_after_s, log=self._say)
@@ -90,9 +91,11 @@ class Bridge:
         if self._emulate_rounds:
             self._rounds.append((self.vectors, params.copy()))
         self.vectors += 1
+        self.in_compute = True
         self._arrived.set()
         self._submitted.wait()
         self._submitted.clear()
+        self.in_compute = False
         if self.leaving:
             raise _Leave()
         return self.loss
@@ -113,7 +116,8 @@ class Bridge:
         """Waits for the next vector; False once the worker has ended (stopped, left or
         failed: see ``error``)."""
         if not self._arrived.wait(timeout_s):
-            raise TimeoutError(f"no model from the server within {timeout_s} s")
+            raise TimeoutError(f"no vector from the server within step_timeout_s={timeout_s} s (a round that "
+                               "never completes: a worker that left or never connected?); this worker left")
         self._arrived.clear()
         return not self.ended
 
@@ -127,7 +131,9 @@ class Bridge:
         if not self.ended:
             self.leaving = True
             self._submitted.set()
-        self._thread.join(timeout_s)
+        # Only a worker waiting in `compute` leaves at once; one waiting on the network (a
+        # round that never completes) leaves when the process ends.
+        self._thread.join(timeout_s if self.in_compute else 0.1)
 
 
 class Session:
@@ -135,7 +141,7 @@ class Session:
 
     def __init__(self, protocol: syncopate.Protocol, rank: int, world: int, address: Optional[str], host: bool,
                  optimizer: Any, store: Any, serve_options: dict[str, Any], secret_file: Optional[str],
-                 log: Optional[Callable[[str], object]], give_up_after_s: float) -> None:
+                 log: Optional[Callable[[str], object]], give_up_after_s: float, step_timeout_s: float) -> None:
         self.protocol = protocol
         self.rank = rank
         self.world = world
@@ -148,6 +154,7 @@ class Session:
         self._secret_file = secret_file
         self._log = log
         self._give_up_after_s = give_up_after_s
+        self.step_timeout_s = step_timeout_s
         self.bridge: Optional[Bridge] = None
         self.server_params: Optional[np.ndarray] = None
         self.server_report: Optional[dict[str, Any]] = None
@@ -206,6 +213,29 @@ class Session:
         self.bridge = Bridge(self.address, self.rank, received, sent, initial, self._secret_file, self._log,
                              self._give_up_after_s, rounds=self.worker_side)
 
+    def abandon(self) -> None:
+        """Connects and leaves at once, so that the server counts this worker lost rather
+        than waiting for it to connect (after a refused ``DistributedOptimizer``)."""
+        if self.host or self.bridge is not None:
+            return
+        address = self.address
+        if self._store is not None:
+            address = self._store.get(STORE_KEY).decode()
+
+        def leave(params: np.ndarray, grad: np.ndarray) -> float:
+            raise _Leave()
+
+        def run() -> None:
+            try:
+                syncopate.run_worker(address, leave, id=self.rank, secret_file=self._secret_file, log=lambda _: None,
+                                     give_up_after_s=min(self._give_up_after_s, 10.0))
+            except Exception:  # noqa: BLE001 - leaving; the caller raises its own error
+                pass
+
+        thread = threading.Thread(target=run, name="syncopate-leave", daemon=True)
+        thread.start()
+        thread.join(15.0)
+
     def close(self, timeout_s: float) -> Optional[dict[str, Any]]:
         """Leaves the server; the host then waits up to ``timeout_s`` for the other workers to
         leave, stops the server and returns its report."""
@@ -259,6 +289,7 @@ def init(
     log: Optional[Callable[[str], object]] = None,
     give_up_after_s: float = 30.0,
     lost_after_s: float = 10.0,
+    step_timeout_s: float = 600.0,
     **knobs: Any,
 ) -> Session:
     """Joins a run: this process is worker ``rank`` of ``workers``, and rank 0 hosts the server.
@@ -274,7 +305,9 @@ def init(
     that port, a free port published through torchrun's store). ``server``: whether this
     process hosts the server (default: rank 0); ``False`` on every rank joins a server started
     apart (``syncopate serve``). ``updates``/``time_limit_s``: the server's bounds (default:
-    none; the run ends at :func:`shutdown`). Nothing connects until
+    none; the run ends at :func:`shutdown`). ``step_timeout_s``: how long ``step()`` waits for
+    the protocol's next vector (a round that a lost worker never completes) before this worker
+    leaves and raises ``TimeoutError``. Nothing connects until
     :class:`DistributedOptimizer` is made.
     """
     global _current
@@ -317,8 +350,10 @@ def init(
         serve_options["time_limit_s"] = time_limit_s
     if log is not None:
         serve_options["log"] = log
+    if not (step_timeout_s > 0):
+        raise ValueError(f"step_timeout_s must be positive, got {step_timeout_s}")
     _current = Session(proto, rank, proto.workers, address, host, optimizer, store, serve_options, secret_file, log,
-                       give_up_after_s)
+                       give_up_after_s, step_timeout_s)
     return _current
 
 
