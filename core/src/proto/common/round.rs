@@ -129,7 +129,8 @@ impl Round {
         loss: &mut LossTally,
     ) -> Version {
         // Lengths were fixed at construction; a mismatch is impossible here.
-        let _ = rule.apply(params, Cleared { acc, a: Self::rate(learning_rate, self.count), lr: learning_rate });
+        let (a, k) = (Self::rate(learning_rate, self.count), self.count);
+        let _ = rule.apply_round(params, Cleared { acc, a, lr: learning_rate }, k);
         self.finish(base, queue, stats, loss)
     }
 
@@ -160,7 +161,7 @@ impl Round {
     ) -> Result<Version, Reject> {
         let k = self.count + usize::from(!Self::contains(roster, worker, base));
         let a = Self::rate(learning_rate, k);
-        rule.apply(params, FoldedLast { acc, values, factor, a, lr: learning_rate })?;
+        rule.apply_round(params, FoldedLast { acc, values, factor, a, lr: learning_rate }, k)?;
         self.record(roster, base, worker, factor, loss);
         Ok(self.finish(base, queue, stats, loss))
     }
