@@ -61,6 +61,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         session.start(layout.received.numpy(), layout.sent.numpy(), layout.vector())
         session.on_close.append(self._install_server_model)
         self._receive()
+        try:
+            session.wait_for_workers()
+        except TimeoutError as e:
+            self._leave(str(e))
+            raise
 
     def _check(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> Layout:
         session = self._session
@@ -124,6 +129,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         except TimeoutError as e:
             self._leave(str(e))
             raise
+        if self._session.worker_side:
+            # Every round received, the last ones before a stop included.
+            for version, vector in bridge.take_rounds():
+                self._apply_round(version, torch.from_numpy(vector))
+        elif arrived:
+            self._layout.install_parameters()
         if not arrived:
             self.should_stop = True
             if bridge.error is not None and not bridge.leaving:
@@ -131,11 +142,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._left = f"the worker ended: {error}"
                 raise error
             return False
-        if self._session.worker_side:
-            for version, vector in bridge.take_rounds():
-                self._apply_round(version, torch.from_numpy(vector))
-        else:
-            self._layout.install_parameters()
         return True
 
     def _apply_round(self, version: int, vector: torch.Tensor) -> None:

@@ -141,7 +141,8 @@ class Session:
 
     def __init__(self, protocol: syncopate.Protocol, rank: int, world: int, address: Optional[str], host: bool,
                  optimizer: Any, store: Any, serve_options: dict[str, Any], secret_file: Optional[str],
-                 log: Optional[Callable[[str], object]], give_up_after_s: float, step_timeout_s: float) -> None:
+                 log: Optional[Callable[[str], object]], give_up_after_s: float, step_timeout_s: float,
+                 connect_timeout_s: float) -> None:
         self.protocol = protocol
         self.rank = rank
         self.world = world
@@ -155,12 +156,15 @@ class Session:
         self._log = log
         self._give_up_after_s = give_up_after_s
         self.step_timeout_s = step_timeout_s
+        self.connect_timeout_s = connect_timeout_s
         self.bridge: Optional[Bridge] = None
         self.server_params: Optional[np.ndarray] = None
         self.server_report: Optional[dict[str, Any]] = None
         self.server_error: Optional[BaseException] = None
         self._server_thread: Optional[threading.Thread] = None
         self._closing = False
+        #: The host's count of workers that have joined (polled by its server).
+        self.joined = 0
         self._close_deadline = 0.0
         self.on_close: list[Callable[[], None]] = []
 
@@ -170,6 +174,7 @@ class Session:
         return self.rule == "mean"
 
     def _stop_when(self, live: int, joined: int) -> bool:
+        self.joined = joined
         # Once this process closes: when every worker has joined and left, or at the deadline.
         return self._closing and ((live == 0 and joined == self.world) or time.monotonic() >= self._close_deadline)
 
@@ -212,6 +217,16 @@ class Session:
         assert self.address is not None
         self.bridge = Bridge(self.address, self.rank, received, sent, initial, self._secret_file, self._log,
                              self._give_up_after_s, rounds=self.worker_side)
+
+    def wait_for_workers(self) -> None:
+        """On the host: waits until every worker has joined (as DDP's start waits for every
+        rank), at most ``connect_timeout_s``."""
+        deadline = time.monotonic() + self.connect_timeout_s
+        while self.host and self.joined < self.world and self.server_error is None:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{self.world - self.joined} of {self.world} workers did not connect within "
+                                   f"connect_timeout_s={self.connect_timeout_s} s; this worker left")
+            time.sleep(0.01)
 
     def abandon(self) -> None:
         """Connects and leaves at once, so that the server counts this worker lost rather
@@ -290,6 +305,7 @@ def init(
     give_up_after_s: float = 30.0,
     lost_after_s: float = 10.0,
     step_timeout_s: float = 600.0,
+    connect_timeout_s: float = 600.0,
     **knobs: Any,
 ) -> Session:
     """Joins a run: this process is worker ``rank`` of ``workers``, and rank 0 hosts the server.
@@ -307,7 +323,9 @@ def init(
     apart (``syncopate serve``). ``updates``/``time_limit_s``: the server's bounds (default:
     none; the run ends at :func:`shutdown`). ``step_timeout_s``: how long ``step()`` waits for
     the protocol's next vector (a round that a lost worker never completes) before this worker
-    leaves and raises ``TimeoutError``. Nothing connects until
+    leaves and raises ``TimeoutError``; ``connect_timeout_s``: how long the host's
+    :class:`DistributedOptimizer` waits for every worker to connect (as DDP's start waits for
+    every rank). Nothing connects until
     :class:`DistributedOptimizer` is made.
     """
     global _current
@@ -350,10 +368,11 @@ def init(
         serve_options["time_limit_s"] = time_limit_s
     if log is not None:
         serve_options["log"] = log
-    if not (step_timeout_s > 0):
-        raise ValueError(f"step_timeout_s must be positive, got {step_timeout_s}")
+    for name, value in (("step_timeout_s", step_timeout_s), ("connect_timeout_s", connect_timeout_s)):
+        if not value > 0:
+            raise ValueError(f"{name} must be positive, got {value}")
     _current = Session(proto, rank, proto.workers, address, host, optimizer, store, serve_options, secret_file, log,
-                       give_up_after_s, step_timeout_s)
+                       give_up_after_s, step_timeout_s, connect_timeout_s)
     return _current
 
 
