@@ -166,6 +166,8 @@ def run_worker(
     give_up_after_s: float = 30.0,
     log: Optional[Callable[[str], object]] = None,
     initial: Optional[Union[Float32Array, Callable[[], Float32Array]]] = None,
+    lost_after_s: float = 10.0,
+    on_round: Optional[Callable[[Float32Array, int], object]] = None,
 ) -> dict[str, Any]:
     """Runs worker ``id`` of the server at ``connect`` until the server says stop; the protocol
     and the model's size come from the server. Without ``id``, the launcher's rank (the run's
@@ -173,7 +175,10 @@ def run_worker(
     ``MASTER_ADDR:MASTER_PORT``. ``compute(params, grad)`` fills ``grad`` and
     returns the minibatch loss. ``params``/``grad``: the caller's own float32 arrays of the
     model's size, written and read in place. A ``compute`` that raises or returns a
-    non-number ends the worker (the server sees it lost) with WorkerError."""
+    non-number ends the worker (the server sees it lost) with WorkerError. ``on_round(vector,
+    version)``: called for every model the server sends, in version order, before the next
+    ``compute`` (under ``Optimizer("mean")``, each round's mean gradient); a round that never
+    reached the worker ends it with WorkerError."""
 
 def serve(
     params: Float32Array,
