@@ -29,7 +29,6 @@ from .._native import rank_from_env, server_address_from_env, world_size_from_en
 #: The protocols that apply one round's mean gradient per update: under them a worker-side
 #: optimizer is possible (the server relays the mean, rule "mean").
 ROUND_PROTOCOLS = ("bsp", "backup", "dbw")
-_HAS_ON_ROUND = "on_round" in (getattr(syncopate._native.run_worker, "__text_signature__", None) or "")
 #: The key the host publishes its address under in torchrun's store.
 STORE_KEY = "syncopate/server_address"
 
@@ -59,10 +58,7 @@ class Bridge:
         self._log = log
         options: dict[str, Any] = dict(id=rank, secret_file=secret_file, params=received, grad=sent, initial=initial,
                                        optional_loss=True, give_up_after_s=give_up_after_s, log=self._say)
-        # Without the native `on_round`, each vector `compute` gets counts as the next round
-        # (no check that none was skipped).
-        self._emulate_rounds = rounds and not _HAS_ON_ROUND
-        if rounds and _HAS_ON_ROUND:
+        if rounds:
             options["on_round"] = self._on_round
         self._thread = threading.Thread(target=self._run, args=(address, options), name=f"syncopate-worker-{rank}",
                                         daemon=True)
@@ -88,8 +84,6 @@ class Bridge:
         return taken
 
     def _compute(self, params: np.ndarray, grad: np.ndarray) -> Optional[float]:
-        if self._emulate_rounds:
-            self._rounds.append((self.vectors, params.copy()))
         self.vectors += 1
         self.in_compute = True
         self._arrived.set()
