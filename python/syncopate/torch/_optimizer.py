@@ -57,6 +57,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.should_stop = False
         #: Under the rule "mean": the last round applied (its version).
         self.rounds = 0
+        self._last_round: Optional[torch.Tensor] = None
         self._left: Optional[str] = None
         session.start(layout.received.numpy(), layout.sent.numpy(), layout.vector())
         session.on_close.append(self._install_server_model)
@@ -137,6 +138,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._layout.install_parameters()
         if not arrived:
             self.should_stop = True
+            if self._last_round is not None and self._layout.buffers:
+                # The forward before this step moved the buffers after the last round: the
+                # model stays as the last round made it, identical on every worker.
+                self._layout.install_buffers(self._last_round)
             if bridge.error is not None and not bridge.leaving:
                 error = bridge.error
                 self._left = f"the worker ended: {error}"
@@ -158,6 +163,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if layout.buffers:
             layout.install_buffers(src)
         self.rounds = version
+        self._last_round = src
 
     def step(self, closure: Optional[Callable[[], float]] = None, *, loss: Any = None) -> None:  # type: ignore[override]
         if closure is not None:
