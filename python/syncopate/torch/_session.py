@@ -310,7 +310,9 @@ def init(
     variables); a launcher's world size that differs from ``workers`` is an error.
     ``optimizer``: the server's update rule (a :class:`syncopate.Optimizer`); by default the
     rule ``"mean"`` (your torch optimizer runs on every worker) for BSP, backup and DBW, and
-    SGD at ``lr`` on the server for the others. ``address``: where the server listens
+    SGD at ``lr`` on the server for the others; with ``server=False``, the rule of the server
+    started apart (``Optimizer("mean")`` for ``syncopate serve --optimizer mean``, else
+    none: the server's model is installed). ``address``: where the server listens
     (``HOST:PORT``); by default ``MASTER_ADDR:MASTER_PORT`` (under torchrun, whose agent holds
     that port, a free port published through torchrun's store). ``server``: whether this
     process hosts the server (default: rank 0); ``False`` on every rank joins a server started
@@ -347,7 +349,8 @@ def init(
         rank = found[0]
     if not 0 <= rank < proto.workers:
         raise ValueError(f"rank {rank} is not below the protocol's {proto.workers} workers")
-    if optimizer is None and proto.name in ROUND_PROTOCOLS and hasattr(syncopate, "Optimizer"):
+    host = rank == 0 if server is None else server
+    if optimizer is None and proto.name in ROUND_PROTOCOLS and server is not False:
         optimizer = syncopate.Optimizer("mean")
     store = _launcher_store(address)
     if address is None and store is None:
@@ -356,7 +359,6 @@ def init(
             raise ValueError("no server address: pass address= ('HOST:PORT') or set $MASTER_ADDR and $MASTER_PORT")
     if store is not None:
         address = f"{os.environ['MASTER_ADDR']}:0"
-    host = rank == 0 if server is None else server
     serve_options: dict[str, Any] = dict(updates=updates if updates is not None else 2**62, lost_after_s=lost_after_s)
     if time_limit_s is not None:
         serve_options["time_limit_s"] = time_limit_s
