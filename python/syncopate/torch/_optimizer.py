@@ -19,7 +19,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     Making it connects (:func:`syncopate.torch.init` first): rank 0 starts the server on its
     model, and every worker installs the server's initial model, so every rank starts from
-    rank 0's parameters and buffers.
+    rank 0's parameters and buffers. On rank 0 it returns once every worker has connected
+    (at most ``connect_timeout_s``).
 
     ``step(loss=None)`` sends the accumulated gradients (and ``loss``, a number or a one-element
     tensor, for the server's loss curve; none without it) and returns once the protocol hands
@@ -35,7 +36,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     Once the server has stopped, ``should_stop`` is true and ``step()`` returns without
     sending. A bad step (before backward, a NaN or infinite gradient) makes this worker leave
-    the server (it is counted lost) and raises ``ValueError`` naming the parameter.
+    the server (it is counted lost) and raises ``ValueError`` naming the parameter; a vector
+    that does not come within ``step_timeout_s`` raises ``TimeoutError``.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, *,
