@@ -110,3 +110,34 @@ def test_two_workers_models_stay_identical_buffers_included(protocol: str, tmp_p
     else:  # the slow worker's late gradients were dropped, yet it applied every round
         assert rb["steps"] < 12, rb["steps"]
     assert float(a["1.running_var"].sub(1).abs().max()) > 0.05  # the statistics moved
+
+
+ASP_RANK = """
+import sys, time
+import torch
+import syncopate.torch as st
+
+if sys.argv[1] == "1":
+    time.sleep(2.0)  # rank 1 starts late: rank 0 must wait for it before training
+st.init("asp", lr=0.05, log=lambda _: None, time_limit_s=60.0)
+torch.manual_seed(st.rank())
+model = torch.nn.Linear(4, 2)
+opt = st.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+for step in range(5):
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+report = st.shutdown()
+if report is not None:
+    print(f"updates {report['updates']} reason {report['reason']} lost {sorted(report['lost_workers'])}")
+"""
+
+
+def test_under_asp_rank_0_waits_for_a_late_rank_and_for_it_to_leave(tmp_path: pathlib.Path) -> None:
+    script = tmp_path / "asp_rank.py"
+    script.write_text(ASP_RANK)
+    port = free_port()
+    outs = finish([launch(rank, port, str(script), str(rank)) for rank in range(2)])
+    # Every gradient of both ranks is an update under ASP: rank 0 neither trained alone
+    # before rank 1 joined nor stopped the server before rank 1 had sent its last one.
+    assert "updates 10 reason stopped lost [0, 1]" in outs[0], outs
