@@ -329,3 +329,11 @@ def test_a_stated_server_schedule_keeps_the_torch_scheduler_line_under_asp() -> 
     # The server's schedule made the updates: lr 0.1, then 0.05.
     for p, p0, g0, g1 in zip(model.parameters(), start, *grads):
         torch.testing.assert_close(p.detach(), p0 - 0.1 * g0 - 0.05 * g1)
+
+
+def test_server_false_under_torchrun_needs_the_servers_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in (("TORCHELASTIC_USE_AGENT_STORE", "True"), ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", "29500"), ("RANK", "0"), ("WORLD_SIZE", "1")):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=r"server=False under torchrun: \$MASTER_PORT is torchrun's own store"):
+        st.init("asp", server=False)

@@ -272,10 +272,15 @@ def current() -> Session:
     return _current
 
 
+def _launcher_store_port() -> bool:
+    """Whether torchrun's agent holds ``MASTER_PORT`` (its rendezvous store)."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+
+
 def _launcher_store(address: Optional[str]) -> Any:
     """torchrun's store, when torchrun's agent holds ``MASTER_PORT`` (it then serves its
     rendezvous store there, so the host listens on a port of its own and publishes it)."""
-    if address is not None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+    if address is not None or not _launcher_store_port():
         return None
     import torch.distributed as dist
 
@@ -352,7 +357,10 @@ def init(
     host = rank == 0 if server is None else server
     if optimizer is None and proto.name in ROUND_PROTOCOLS and server is not False:
         optimizer = syncopate.Optimizer("mean")
-    store = _launcher_store(address)
+    if server is False and address is None and _launcher_store_port():
+        raise ValueError("server=False under torchrun: $MASTER_PORT is torchrun's own store; pass address= "
+                         "(HOST:PORT of the server started apart)")
+    store = _launcher_store(address) if server is not False else None
     if address is None and store is None:
         address = server_address_from_env()
         if address is None:
