@@ -105,7 +105,8 @@ pub enum ConfigError {
     },
     /// The server's update rule cannot run under the protocol (the
     /// [`Rule::Mean`](crate::proto::Rule::Mean) relay needs every update to be one round's
-    /// mean gradient: BSP, static backup workers or DBW).
+    /// mean gradient, sent to every worker: BSP, or static backup workers and DBW whose
+    /// stragglers abort).
     RuleUnsupported {
         /// The rule's name ([`Optimizer::rule_name`](crate::proto::Optimizer::rule_name)).
         rule: &'static str,
@@ -136,8 +137,8 @@ impl fmt::Display for ConfigError {
             }
             Self::RuleUnsupported { rule, protocol } => write!(
                 f,
-                "update rule `{rule}` does not run under protocol `{protocol}`: it relays one round's mean \
-                 gradient, and only bsp, backup and dbw make each update one round's mean"
+                "update rule `{rule}` does not run under protocol `{protocol}`: it relays each round's mean \
+                 gradient to every worker, which only bsp, and backup and dbw with interrupt abort, do"
             ),
         }
     }

@@ -9,6 +9,12 @@
 //! --init-from-worker`) sends `initial=` (an array, or a function returning one) right after
 //! each handshake; the server uses the first.
 //!
+//! `on_round(vector, version)`, if given, is called for every model the server sends, in
+//! version order, before the next `compute` (a fresh float32 array each time): under the
+//! server's rule `mean` each is one round's mean gradient, for the worker's own optimizer.
+//! A round that never reached the worker (it joined late, or rejoined after rounds it did
+//! not see) ends it with a `WorkerError` naming the versions.
+//!
 //! The arrays the callback sees are allocated once (or are the caller's own, `params=` and
 //! `grad=`, so a framework's parameter and gradient storage is written and read in place):
 //! the model is copied in before each call and the gradient copied out after it.
@@ -92,6 +98,11 @@ enum Failure {
     Raised(PyErr),
     /// `compute` returned this (a type name, or a loss that is not finite as an f32).
     NotANumber(String),
+    /// `on_round` raised.
+    RoundRaised(PyErr),
+    /// A round `on_round` needed never came (the worker joined late or rejoined after
+    /// rounds it did not see).
+    MissedRounds(String),
 }
 
 /// The Python callback as the TCP worker's job.
@@ -117,6 +128,10 @@ struct PythonJob<'a> {
     /// The launcher's world size, when the id came from the launcher: the run's worker
     /// count must equal it.
     world: Option<FromEnv<u32>>,
+    /// `on_round(vector, version)`: called for every model the server sends, in version order.
+    on_round: Option<&'a PyObject>,
+    /// The last version given to `on_round`.
+    last_round: Option<u64>,
 }
 
 impl PythonJob<'_> {
@@ -154,6 +169,11 @@ impl PythonJob<'_> {
 impl WorkerJob for PythonJob<'_> {
     fn prepare(&mut self, settings: &RunSettings) -> Result<(), String> {
         launcher::check_world_size(self.world.as_ref(), settings.protocol.workers)?;
+        if settings.optimizer.rule == syncopate::proto::Rule::Mean && self.on_round.is_none() {
+            return Err("the server runs update rule mean: each model it sends from version 1 on is one round's \
+                        mean gradient, not a model; pass on_round= to apply every round with your own optimizer"
+                .into());
+        }
         let dim = settings.dim()?;
         settings.worker_config()?;
         let (params, grad) = self.given;
@@ -189,6 +209,42 @@ impl WorkerJob for PythonJob<'_> {
             }
             buffer.copy_to_slice(py, out).map_err(|e| format!("initial: {e}"))
         })
+    }
+
+    fn wants_rounds(&self) -> bool {
+        self.on_round.is_some()
+    }
+
+    fn round(&mut self, version: syncopate::Version, params: &[f32]) {
+        let Some(on_round) = self.on_round else { return };
+        if self.failure.is_some() {
+            return;
+        }
+        let v = version.0;
+        let expected = self.last_round.map_or(0, |l| l.saturating_add(1));
+        if self.last_round.is_some_and(|l| v <= l) {
+            // The model of a round already given (a rejoin on the same version).
+            return;
+        }
+        if v != expected {
+            self.failure = Some(Failure::MissedRounds(format!(
+                "on_round needs every round in order, but the server's next model is version {v} and rounds \
+                 {expected}..{v} never reached this worker (it joined late or rejoined after them)"
+            )));
+            self.kill.store(true, Ordering::SeqCst);
+            return;
+        }
+        self.last_round = Some(v);
+        let called = Python::with_gil(|py| -> PyResult<()> {
+            let np = py.import("numpy")?;
+            let vector = np.call_method1("array", (params.to_vec(), np.getattr("float32")?))?;
+            on_round.call1(py, (vector, v))?;
+            Ok(())
+        });
+        if let Err(e) = called {
+            self.failure = Some(Failure::RoundRaised(e));
+            self.kill.store(true, Ordering::SeqCst);
+        }
     }
 
     fn loss(&mut self) -> Option<f32> {
@@ -229,6 +285,13 @@ fn failure_error(py: Python<'_>, id: u32, failure: Failure) -> PyErr {
         Failure::NotANumber(kind) => WorkerError::new_err(format!(
             "worker {id}: compute returned {kind}, not a finite number (it must return the minibatch loss); {LEFT}"
         )),
+        Failure::RoundRaised(cause) => {
+            let kind = cause.get_type(py).name().map(|n| n.to_string()).unwrap_or_else(|_| "an exception".into());
+            let err = WorkerError::new_err(format!("worker {id}: on_round raised {kind}: {}; {LEFT}", cause.value(py)));
+            err.set_cause(py, Some(cause));
+            err
+        }
+        Failure::MissedRounds(why) => WorkerError::new_err(format!("worker {id}: {why}; {LEFT}")),
     }
 }
 
@@ -237,7 +300,8 @@ fn failure_error(py: Python<'_>, id: u32, failure: Failure) -> PyErr {
 /// without `connect`, `MASTER_ADDR:MASTER_PORT`.
 #[pyfunction]
 #[pyo3(signature = (connect, compute, *, id = None, secret_file = None, params = None, grad = None,
-    give_up_after_s = 30.0, log = None, initial = None, lost_after_s = 10.0, optional_loss = false))]
+    give_up_after_s = 30.0, log = None, initial = None, lost_after_s = 10.0, on_round = None,
+    optional_loss = false))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_worker<'py>(
     py: Python<'py>,
@@ -251,8 +315,12 @@ pub(crate) fn run_worker<'py>(
     log: Option<PyObject>,
     initial: Option<PyObject>,
     lost_after_s: f64,
+    on_round: Option<PyObject>,
     optional_loss: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
+    if on_round.as_ref().is_some_and(|f| !f.bind(py).is_callable()) {
+        return Err(PyValueError::new_err("on_round must be callable: on_round(vector, version)"));
+    }
     let world = match id {
         Some(_) => None,
         None => crate::launch::world_size()?,
@@ -298,6 +366,8 @@ pub(crate) fn run_worker<'py>(
         kill: Arc::clone(&kill),
         initial: initial.as_ref(),
         world,
+        on_round: on_round.as_ref(),
+        last_round: None,
     };
     let mut log_failure: Option<PyErr> = None;
     let result = py.allow_threads(|| {

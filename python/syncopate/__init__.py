@@ -97,8 +97,13 @@ def run_worker(
     retried), ``log=`` (a function of one line; default: standard error), ``initial=`` (the
     model's initial parameters, a float32 array or a function returning one: worker 0 sends
     them to a server started with ``syncopate serve --init-from-worker``; other workers and
-    other servers never use them), ``optional_loss=True`` (``compute`` may return ``None``:
-    that gradient travels without a loss).
+    other servers never use them), ``on_round=`` (a function ``on_round(vector, version)``
+    called for every model the server sends, in version order, before the next ``compute``:
+    under :class:`Optimizer` ``"mean"`` each vector from version 1 on is one round's mean
+    gradient for your own optimizer to apply, and ``compute``'s ``params`` is that vector,
+    not your model; a round that never reached this worker, because it joined late or
+    rejoined, ends it with :class:`WorkerError` naming the versions), ``optional_loss=True``
+    (``compute`` may return ``None``: that gradient travels without a loss).
 
     A ``compute`` that raises or returns anything but a number ends this worker (the server
     counts it lost) with :class:`WorkerError` naming it. Returns the worker's report.

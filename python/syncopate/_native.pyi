@@ -171,6 +171,7 @@ def run_worker(
     log: Optional[Callable[[str], object]] = None,
     initial: Optional[Union[Float32Array, Callable[[], Float32Array]]] = None,
     lost_after_s: float = 10.0,
+    on_round: Optional[Callable[[Float32Array, int], object]] = None,
     optional_loss: bool = False,
 ) -> dict[str, Any]:
     """Runs worker ``id`` of the server at ``connect`` until the server says stop; the protocol
@@ -182,7 +183,11 @@ def run_worker(
     non-number ends the worker (the server sees it lost) with WorkerError; with
     ``optional_loss=True`` it may return ``None`` (that gradient travels without a loss).
     ``lost_after_s``: a server silent this long (no message, no heartbeat) is lost and the
-    worker reconnects; heartbeats go out every tenth of it."""
+    worker reconnects; heartbeats go out every tenth of it.
+
+    ``on_round(vector, version)``: called for every model the server sends, in version order,
+    before the next ``compute`` (under ``Optimizer("mean")``, each round's mean gradient); a
+    round that never reached the worker ends it with WorkerError."""
 
 def serve(
     params: Float32Array,

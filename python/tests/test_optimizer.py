@@ -190,3 +190,71 @@ def test_mean_publishes_each_rounds_exact_mean_gradient(name: str) -> None:
                 assert np.array_equal(received[i][r + 1], mean), (i, r)
     last = (sent[0][rounds - 1] + sent[1][rounds - 1]) / np.float32(workers)
     assert np.array_equal(params, last)
+
+
+def test_on_round_gives_every_worker_every_rounds_mean_under_backup_workers() -> None:
+    """Backup workers (b = 1, stragglers abort): a worker whose gradient a round did not need
+    computes on the newest model only, but `on_round` still sees every round, in order, and
+    every worker sees the same vectors; each is the exact mean of two gradients computed on
+    the version before."""
+    workers, rounds = 3, 15
+    protocol = syncopate.Protocol("backup", workers=workers, lr=0.1, backup_workers=1)
+    params = np.zeros(DIM, dtype=np.float32)
+    seen: dict[int, list[tuple[int, np.ndarray]]] = {i: [] for i in range(workers)}
+    sent: dict[tuple[int, int], np.ndarray] = {}
+
+    def worker(i: int) -> tuple[Callable[..., float], Callable[[np.ndarray, int], None]]:
+        rng = np.random.default_rng(10 + i)
+
+        def on_round(vector: np.ndarray, version: int) -> None:
+            assert vector.dtype == np.float32 and vector.shape == (DIM,)
+            seen[i].append((version, vector))
+
+        def compute(p: np.ndarray, g: np.ndarray) -> float:
+            if i == 2:
+                threading.Event().wait(0.01)
+            version, vector = seen[i][-1]
+            assert np.array_equal(p, vector)
+            g[:] = rng.standard_normal(DIM).astype(np.float32)
+            sent[(i, version)] = g.copy()
+            return 1.0
+
+        return compute, on_round
+
+    pairs = [worker(i) for i in range(workers)]
+    results: dict[int, Any] = {}
+    threads = []
+
+    def start(address: str) -> None:
+        for i, (compute, on_round) in enumerate(pairs):
+            def work(i: int = i, compute: Any = compute, on_round: Any = on_round) -> None:
+                try:
+                    results[i] = syncopate.run_worker(address, compute, id=i, log=lambda _: None, on_round=on_round)
+                except Exception as e:  # noqa: BLE001 - the test inspects it
+                    results[i] = e
+            t = threading.Thread(target=work, daemon=True)
+            t.start()
+            threads.append(t)
+
+    report = syncopate.serve(params, protocol, on_listen=start, log=lambda _: None,
+                             optimizer=syncopate.Optimizer("mean"), updates=rounds)
+    for t in threads:
+        t.join(timeout=60)
+    for i in range(workers):
+        assert isinstance(results[i], dict), results[i]
+        versions = [v for v, _ in seen[i]]
+        assert versions == list(range(len(versions))) and len(versions) >= rounds, (i, versions)
+    for v in range(1, rounds + 1):
+        vectors = [dict(seen[i]).get(v) for i in range(workers)]
+        present = [x for x in vectors if x is not None]
+        assert len(present) >= 2 and all(np.array_equal(x, present[0]) for x in present), v
+        on_previous = [g for (i, base), g in sent.items() if base == v - 1]
+        means = [(a + b) / np.float32(2) for j, a in enumerate(on_previous) for b in on_previous[j + 1:]]
+        assert any(np.array_equal(present[0], m) for m in means), v
+    last = [dict(seen[i])[report["updates"]] for i in range(workers) if report["updates"] in dict(seen[i])]
+    assert last and np.array_equal(params, last[0])
+
+
+def test_on_round_must_be_callable() -> None:
+    with pytest.raises(ValueError, match="on_round must be callable"):
+        syncopate.run_worker("127.0.0.1:1", pull_to_target, id=0, on_round=3)

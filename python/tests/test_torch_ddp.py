@@ -95,13 +95,49 @@ def test_the_converted_script_runs_under_torchrun() -> None:
     assert set(found) == {0, 1} and found[0] == found[1] >= TARGET, run.stdout + run.stderr[-2000:]
 
 
-@pytest.mark.parametrize("protocol", ["bsp"])
+@pytest.mark.parametrize("protocol", ["bsp", "backup"])
 def test_two_workers_models_stay_identical_buffers_included(protocol: str, tmp_path: pathlib.Path) -> None:
     port = free_port()
     finish([launch(rank, port, str(HERE / "torch_identical_worker.py"), protocol, str(tmp_path)) for rank in range(2)])
-    a, b = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    ra, rb = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    assert ra["rounds"] == rb["rounds"] == 12, (ra["rounds"], rb["rounds"])
+    a, b = ra["model"], rb["model"]
     assert a.keys() == b.keys() and "1.running_mean" in a
     for key in a:
         assert torch.equal(a[key], b[key]), key
-    assert int(a["1.num_batches_tracked"]) == 24  # 12 steps of 2 forwards
+    if protocol == "bsp":
+        assert int(a["1.num_batches_tracked"]) == 24  # 12 steps of 2 forwards
+    else:  # the slow worker's late gradients were dropped, yet it applied every round
+        assert rb["steps"] < 12, rb["steps"]
     assert float(a["1.running_var"].sub(1).abs().max()) > 0.05  # the statistics moved
+
+
+ASP_RANK = """
+import sys, time
+import torch
+import syncopate.torch as st
+
+if sys.argv[1] == "1":
+    time.sleep(2.0)  # rank 1 starts late: rank 0 must wait for it before training
+st.init("asp", lr=0.05, log=lambda _: None, time_limit_s=60.0)
+torch.manual_seed(st.rank())
+model = torch.nn.Linear(4, 2)
+opt = st.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+for step in range(5):
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+report = st.shutdown()
+if report is not None:
+    print(f"updates {report['updates']} reason {report['reason']} lost {sorted(report['lost_workers'])}")
+"""
+
+
+def test_under_asp_rank_0_waits_for_a_late_rank_and_for_it_to_leave(tmp_path: pathlib.Path) -> None:
+    script = tmp_path / "asp_rank.py"
+    script.write_text(ASP_RANK)
+    port = free_port()
+    outs = finish([launch(rank, port, str(script), str(rank)) for rank in range(2)])
+    # Every gradient of both ranks is an update under ASP: rank 0 neither trained alone
+    # before rank 1 joined nor stopped the server before rank 1 had sent its last one.
+    assert "updates 10 reason stopped lost [0, 1]" in outs[0], outs

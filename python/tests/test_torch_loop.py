@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 import threading
@@ -275,32 +276,40 @@ def test_a_cuda_model_trains_with_staging_through_pinned_memory() -> None:
         torch.testing.assert_close(p, q)
 
 
-def test_a_round_that_never_completes_ends_step_with_a_timeout() -> None:
+def test_the_host_waits_for_every_worker_to_connect_and_no_longer() -> None:
     model = mlp()
-    st.init("bsp", workers=2, rank=0, address="127.0.0.1:0", log=lambda _: None, step_timeout_s=1.0,
+    st.init("bsp", workers=2, rank=0, address="127.0.0.1:0", log=lambda _: None, connect_timeout_s=1.0,
             time_limit_s=30.0)
-    opt = st.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
-    x, y = batch(0)
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-    with pytest.raises(TimeoutError, match="step_timeout_s=1.0"):
-        opt.step()  # worker 1 never connects: the round waits for it
+    with pytest.raises(TimeoutError, match=r"1 of 2 workers did not connect within connect_timeout_s=1.0 s"):
+        st.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
 
 
-def test_a_worker_refused_at_wrap_time_tells_the_server_it_left(tmp_path: pathlib.Path) -> None:
+def test_a_worker_refused_at_wrap_time_leaves_and_the_round_it_stalls_times_out(tmp_path: pathlib.Path) -> None:
     lines = Lines()
-    model = mlp()
-    session = st.init("bsp", workers=2, rank=0, address="127.0.0.1:0", log=lines, step_timeout_s=2.0,
-                      time_limit_s=60.0)
-    st.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
     rank1 = (
         "import torch, syncopate.torch as st\n"
-        f"st.init('bsp', workers=2, rank=1, address='{session.address}', log=lambda _: None)\n"
+        f"st.init('bsp', workers=2, rank=1, address='{address}', log=lambda _: None)\n"
         "m = torch.nn.Linear(2, 2).to(torch.bfloat16)\n"
         "st.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m)\n"
     )
-    run = subprocess.run([sys.executable, "-c", rank1], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert run.returncode != 0 and "parameter weight is torch.bfloat16" in run.stderr, run.stderr[-2000:]
+    worker1 = subprocess.Popen([sys.executable, "-c", rank1], stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        model = mlp()
+        st.init("bsp", workers=2, rank=0, address=address, log=lines, step_timeout_s=2.0, time_limit_s=60.0,
+                connect_timeout_s=60.0)
+        opt = st.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+        _, err = worker1.communicate(timeout=120)
+    finally:
+        worker1.kill()
+    assert worker1.returncode != 0 and "parameter weight is torch.bfloat16" in err, err[-2000:]
     lines.wait_for("worker 1 lost")
+    x, y = batch(0)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    with pytest.raises(TimeoutError, match="step_timeout_s=2.0"):
+        opt.step()  # the round waits for worker 1, which left
 
 
 def test_a_stated_server_schedule_keeps_the_torch_scheduler_line_under_asp() -> None:
@@ -320,3 +329,11 @@ def test_a_stated_server_schedule_keeps_the_torch_scheduler_line_under_asp() -> 
     # The server's schedule made the updates: lr 0.1, then 0.05.
     for p, p0, g0, g1 in zip(model.parameters(), start, *grads):
         torch.testing.assert_close(p.detach(), p0 - 0.1 * g0 - 0.05 * g1)
+
+
+def test_server_false_under_torchrun_needs_the_servers_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in (("TORCHELASTIC_USE_AGENT_STORE", "True"), ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", "29500"), ("RANK", "0"), ("WORLD_SIZE", "1")):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=r"server=False under torchrun: \$MASTER_PORT is torchrun's own store"):
+        st.init("asp", server=False)

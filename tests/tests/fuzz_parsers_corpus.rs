@@ -253,6 +253,22 @@ fn npy_corpus() {
     run("npy", seeds, npy_check::check);
 }
 
+/// A checkpoint of AdamW under a warm-up and cosine schedule, with its state.
+fn adamw_checkpoint() -> Vec<u8> {
+    use syncopate::proto::{AdamW, Optimizer, Schedule};
+    let o =
+        Optimizer::adamw(AdamW::default()).with_schedule(Schedule::WarmupCosine { warmup: 2, total: 9, floor: 0.1 });
+    let state: Vec<f32> = (0..o.state_len(2)).map(|i| i as f32).collect();
+    checkpoint::encode_stamped("asp", Version(5), &[1.0, 2.0], Some((o, &state)), None, 0)
+}
+
+/// A checkpoint of rule mean (its state: the header alone).
+fn mean_checkpoint() -> Vec<u8> {
+    use syncopate::proto::Optimizer;
+    let o = Optimizer::MEAN;
+    checkpoint::encode_stamped("bsp", Version(1), &[0.5], Some((o, &vec![0.0; o.state_len(1)])), None, 0)
+}
+
 /// A checkpoint without its checksum (the check seals it).
 fn body(bytes: Vec<u8>) -> Vec<u8> {
     bytes[..bytes.len() - 32].to_vec()
@@ -276,6 +292,8 @@ fn checkpoint_corpus() {
             body(checkpoint::encode_with_momentum("asp", Version(7), &[1.0, 2.0], Some((0.9, &[0.5, 1.5])))),
         ),
         seed("format1_body", format1),
+        seed("adamw_schedule_body", body(adamw_checkpoint())),
+        seed("mean_body", body(mean_checkpoint())),
     ];
     run("checkpoint", seeds, checkpoint_check::check);
 }

@@ -384,3 +384,82 @@ fn train_momentum_reaches_the_server_in_the_simulator_and_in_threads() {
     assert!(out.status.success(), "threads: {}", String::from_utf8_lossy(&out.stderr));
     refused(&["train", "--momentum", "1"], &["momentum must be a number in [0, 1), got '1'"]);
 }
+
+#[test]
+fn serve_refuses_a_bad_update_rule_flag_naming_it() {
+    refused(
+        &["serve", "--optimizer", "lamb"],
+        &["--optimizer 'lamb': expected one of sgd, momentum, nesterov, adamw, mean"],
+    );
+    refused(&["serve", "--optimizer", "adamw", "--beta1", "1"], &["--beta1 must be a number in [0, 1), got 1"]);
+    refused(&["serve", "--optimizer", "adamw", "--beta2", "x"], &["--beta2 must be a number, got 'x'"]);
+    refused(&["serve", "--optimizer", "adamw", "--eps", "0"], &["--eps must be a finite number above 0"]);
+    refused(&["serve", "--optimizer", "adamw", "--weight-decay", "nan"], &["--weight-decay must be a finite number"]);
+    refused(
+        &["serve", "--optimizer", "sgd", "--weight-decay", "0.1"],
+        &["--weight-decay applies to rule 'adamw' only"],
+    );
+    refused(&["serve", "--beta1", "0.8"], &["--beta1 applies to rule 'adamw' only, not 'sgd'"]);
+    refused(&["serve", "--optimizer", "adamw", "--momentum", "0.9"], &["--momentum applies to rules 'momentum' and"]);
+    refused(&["serve", "--optimizer", "nesterov"], &["--momentum must be in (0, 1) for rule 'nesterov'"]);
+    refused(&["serve", "--schedule", "cosine"], &["--schedule 'cosine': expected constant, step:EVERY:GAMMA"]);
+    refused(&["serve", "--schedule", "step:0:0.5"], &["--schedule EVERY must be at least 1"]);
+    refused(&["serve", "--schedule", "warmup-cosine:10:5"], &["--schedule TOTAL must be at least WARMUP"]);
+    refused(&["serve", "--optimizer", "mean", "--schedule", "step:2:0.5"], &["--schedule is unused by rule 'mean'"]);
+    refused(&["serve", "--optimizer", "mean"], &["--optimizer mean cannot be used with a built-in model"]);
+    let dir = scratch("mean");
+    let init = npy_file(&dir, "v.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", &[0; 8]);
+    let ckpt = dir.join("c.ckpt");
+    refused(
+        &["serve", "--optimizer", "mean", "--init", &init, "--checkpoint", ckpt.to_str().unwrap()],
+        &["--optimizer mean cannot be used with --checkpoint"],
+    );
+    refused(
+        &["serve", "--optimizer", "mean", "--init", &init, "--protocol", "asp"],
+        &["--optimizer mean: update rule `mean` does not run under protocol `asp`"],
+    );
+    refused(
+        &[
+            "serve",
+            "--optimizer",
+            "mean",
+            "--init",
+            &init,
+            "--protocol",
+            "backup",
+            "--backup-workers",
+            "1",
+            "--interrupt",
+            "complete",
+        ],
+        &["protocol `backup with interrupt complete`"],
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn resume_refuses_a_checkpoint_of_another_update_rule_naming_both() {
+    use syncopate::proto::{AdamW, Optimizer};
+    let dir = scratch("rule");
+    let path = dir.join("m.ckpt");
+    let dim = 650; // the default model: softmax on the digits
+    let o = Optimizer::adamw(AdamW::default());
+    let state = vec![0.0f32; o.state_len(dim)];
+    let stamp = syncopate_adapters::tcp::checkpoint::Stamp::default();
+    syncopate_adapters::tcp::checkpoint::save_stamped(
+        &path,
+        "bsp",
+        syncopate::Version(3),
+        &vec![0.0f32; dim],
+        Some((o, &state)),
+        &stamp,
+        0,
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    refused(
+        &["serve", "--resume", "--checkpoint", p, "--optimizer", "nesterov", "--momentum", "0.9"],
+        &["was made with update rule adamw (betas 0.9, 0.999", "this server runs nesterov 0.9", "m.ckpt"],
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

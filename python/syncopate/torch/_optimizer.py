@@ -19,7 +19,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     Making it connects (:func:`syncopate.torch.init` first): rank 0 starts the server on its
     model, and every worker installs the server's initial model, so every rank starts from
-    rank 0's parameters and buffers.
+    rank 0's parameters and buffers. On rank 0 it returns once every worker has connected
+    (at most ``connect_timeout_s``).
 
     ``step(loss=None)`` sends the accumulated gradients (and ``loss``, a number or a one-element
     tensor, for the server's loss curve; none without it) and returns once the protocol hands
@@ -35,7 +36,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     Once the server has stopped, ``should_stop`` is true and ``step()`` returns without
     sending. A bad step (before backward, a NaN or infinite gradient) makes this worker leave
-    the server (it is counted lost) and raises ``ValueError`` naming the parameter.
+    the server (it is counted lost) and raises ``ValueError`` naming the parameter; a vector
+    that does not come within ``step_timeout_s`` raises ``TimeoutError``.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, *,
@@ -57,10 +59,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.should_stop = False
         #: Under the rule "mean": the last round applied (its version).
         self.rounds = 0
+        self._last_round: Optional[torch.Tensor] = None
         self._left: Optional[str] = None
         session.start(layout.received.numpy(), layout.sent.numpy(), layout.vector())
         session.on_close.append(self._install_server_model)
         self._receive()
+        try:
+            session.wait_for_workers()
+        except TimeoutError as e:
+            self._leave(str(e))
+            raise
 
     def _check(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> Layout:
         session = self._session
@@ -124,18 +132,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
         except TimeoutError as e:
             self._leave(str(e))
             raise
+        if self._session.worker_side:
+            # Every round received, the last ones before a stop included.
+            for version, vector in bridge.take_rounds():
+                self._apply_round(version, torch.from_numpy(vector))
+        elif arrived:
+            self._layout.install_parameters()
         if not arrived:
             self.should_stop = True
+            if self._last_round is not None and self._layout.buffers:
+                # The forward before this step moved the buffers after the last round: the
+                # model stays as the last round made it, identical on every worker.
+                self._layout.install_buffers(self._last_round)
             if bridge.error is not None and not bridge.leaving:
                 error = bridge.error
                 self._left = f"the worker ended: {error}"
                 raise error
             return False
-        if self._session.worker_side:
-            for version, vector in bridge.take_rounds():
-                self._apply_round(version, torch.from_numpy(vector))
-        else:
-            self._layout.install_parameters()
         return True
 
     def _apply_round(self, version: int, vector: torch.Tensor) -> None:
@@ -152,6 +165,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if layout.buffers:
             layout.install_buffers(src)
         self.rounds = version
+        self._last_round = src
 
     def step(self, closure: Optional[Callable[[], float]] = None, *, loss: Any = None) -> None:  # type: ignore[override]
         if closure is not None:

@@ -29,7 +29,6 @@ from .._native import rank_from_env, server_address_from_env, world_size_from_en
 #: The protocols that apply one round's mean gradient per update: under them a worker-side
 #: optimizer is possible (the server relays the mean, rule "mean").
 ROUND_PROTOCOLS = ("bsp", "backup", "dbw")
-_HAS_ON_ROUND = "on_round" in (getattr(syncopate._native.run_worker, "__text_signature__", None) or "")
 #: The key the host publishes its address under in torchrun's store.
 STORE_KEY = "syncopate/server_address"
 
@@ -59,10 +58,7 @@ class Bridge:
         self._log = log
         options: dict[str, Any] = dict(id=rank, secret_file=secret_file, params=received, grad=sent, initial=initial,
                                        optional_loss=True, give_up_after_s=give_up_after_s, log=self._say)
-        # Without the native `on_round`, each vector `compute` gets counts as the next round
-        # (no check that none was skipped).
-        self._emulate_rounds = rounds and not _HAS_ON_ROUND
-        if rounds and _HAS_ON_ROUND:
+        if rounds:
             options["on_round"] = self._on_round
         self._thread = threading.Thread(target=self._run, args=(address, options), name=f"syncopate-worker-{rank}",
                                         daemon=True)
@@ -88,8 +84,6 @@ class Bridge:
         return taken
 
     def _compute(self, params: np.ndarray, grad: np.ndarray) -> Optional[float]:
-        if self._emulate_rounds:
-            self._rounds.append((self.vectors, params.copy()))
         self.vectors += 1
         self.in_compute = True
         self._arrived.set()
@@ -141,7 +135,8 @@ class Session:
 
     def __init__(self, protocol: syncopate.Protocol, rank: int, world: int, address: Optional[str], host: bool,
                  optimizer: Any, store: Any, serve_options: dict[str, Any], secret_file: Optional[str],
-                 log: Optional[Callable[[str], object]], give_up_after_s: float, step_timeout_s: float) -> None:
+                 log: Optional[Callable[[str], object]], give_up_after_s: float, step_timeout_s: float,
+                 connect_timeout_s: float) -> None:
         self.protocol = protocol
         self.rank = rank
         self.world = world
@@ -155,12 +150,15 @@ class Session:
         self._log = log
         self._give_up_after_s = give_up_after_s
         self.step_timeout_s = step_timeout_s
+        self.connect_timeout_s = connect_timeout_s
         self.bridge: Optional[Bridge] = None
         self.server_params: Optional[np.ndarray] = None
         self.server_report: Optional[dict[str, Any]] = None
         self.server_error: Optional[BaseException] = None
         self._server_thread: Optional[threading.Thread] = None
         self._closing = False
+        #: The host's count of workers that have joined (polled by its server).
+        self.joined = 0
         self._close_deadline = 0.0
         self.on_close: list[Callable[[], None]] = []
 
@@ -170,6 +168,7 @@ class Session:
         return self.rule == "mean"
 
     def _stop_when(self, live: int, joined: int) -> bool:
+        self.joined = joined
         # Once this process closes: when every worker has joined and left, or at the deadline.
         return self._closing and ((live == 0 and joined == self.world) or time.monotonic() >= self._close_deadline)
 
@@ -212,6 +211,16 @@ class Session:
         assert self.address is not None
         self.bridge = Bridge(self.address, self.rank, received, sent, initial, self._secret_file, self._log,
                              self._give_up_after_s, rounds=self.worker_side)
+
+    def wait_for_workers(self) -> None:
+        """On the host: waits until every worker has joined (as DDP's start waits for every
+        rank), at most ``connect_timeout_s``."""
+        deadline = time.monotonic() + self.connect_timeout_s
+        while self.host and self.joined < self.world and self.server_error is None:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{self.world - self.joined} of {self.world} workers did not connect within "
+                                   f"connect_timeout_s={self.connect_timeout_s} s; this worker left")
+            time.sleep(0.01)
 
     def abandon(self) -> None:
         """Connects and leaves at once, so that the server counts this worker lost rather
@@ -263,10 +272,15 @@ def current() -> Session:
     return _current
 
 
+def _launcher_store_port() -> bool:
+    """Whether torchrun's agent holds ``MASTER_PORT`` (its rendezvous store)."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+
+
 def _launcher_store(address: Optional[str]) -> Any:
     """torchrun's store, when torchrun's agent holds ``MASTER_PORT`` (it then serves its
     rendezvous store there, so the host listens on a port of its own and publishes it)."""
-    if address is not None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+    if address is not None or not _launcher_store_port():
         return None
     import torch.distributed as dist
 
@@ -290,6 +304,7 @@ def init(
     give_up_after_s: float = 30.0,
     lost_after_s: float = 10.0,
     step_timeout_s: float = 600.0,
+    connect_timeout_s: float = 600.0,
     **knobs: Any,
 ) -> Session:
     """Joins a run: this process is worker ``rank`` of ``workers``, and rank 0 hosts the server.
@@ -300,14 +315,18 @@ def init(
     variables); a launcher's world size that differs from ``workers`` is an error.
     ``optimizer``: the server's update rule (a :class:`syncopate.Optimizer`); by default the
     rule ``"mean"`` (your torch optimizer runs on every worker) for BSP, backup and DBW, and
-    SGD at ``lr`` on the server for the others. ``address``: where the server listens
+    SGD at ``lr`` on the server for the others; with ``server=False``, the rule of the server
+    started apart (``Optimizer("mean")`` for ``syncopate serve --optimizer mean``, else
+    none: the server's model is installed). ``address``: where the server listens
     (``HOST:PORT``); by default ``MASTER_ADDR:MASTER_PORT`` (under torchrun, whose agent holds
     that port, a free port published through torchrun's store). ``server``: whether this
     process hosts the server (default: rank 0); ``False`` on every rank joins a server started
     apart (``syncopate serve``). ``updates``/``time_limit_s``: the server's bounds (default:
     none; the run ends at :func:`shutdown`). ``step_timeout_s``: how long ``step()`` waits for
     the protocol's next vector (a round that a lost worker never completes) before this worker
-    leaves and raises ``TimeoutError``. Nothing connects until
+    leaves and raises ``TimeoutError``; ``connect_timeout_s``: how long the host's
+    :class:`DistributedOptimizer` waits for every worker to connect (as DDP's start waits for
+    every rank). Nothing connects until
     :class:`DistributedOptimizer` is made.
     """
     global _current
@@ -335,25 +354,29 @@ def init(
         rank = found[0]
     if not 0 <= rank < proto.workers:
         raise ValueError(f"rank {rank} is not below the protocol's {proto.workers} workers")
-    if optimizer is None and proto.name in ROUND_PROTOCOLS and hasattr(syncopate, "Optimizer"):
+    host = rank == 0 if server is None else server
+    if optimizer is None and proto.name in ROUND_PROTOCOLS and server is not False:
         optimizer = syncopate.Optimizer("mean")
-    store = _launcher_store(address)
+    if server is False and address is None and _launcher_store_port():
+        raise ValueError("server=False under torchrun: $MASTER_PORT is torchrun's own store; pass address= "
+                         "(HOST:PORT of the server started apart)")
+    store = _launcher_store(address) if server is not False else None
     if address is None and store is None:
         address = server_address_from_env()
         if address is None:
             raise ValueError("no server address: pass address= ('HOST:PORT') or set $MASTER_ADDR and $MASTER_PORT")
     if store is not None:
         address = f"{os.environ['MASTER_ADDR']}:0"
-    host = rank == 0 if server is None else server
     serve_options: dict[str, Any] = dict(updates=updates if updates is not None else 2**62, lost_after_s=lost_after_s)
     if time_limit_s is not None:
         serve_options["time_limit_s"] = time_limit_s
     if log is not None:
         serve_options["log"] = log
-    if not (step_timeout_s > 0):
-        raise ValueError(f"step_timeout_s must be positive, got {step_timeout_s}")
+    for name, value in (("step_timeout_s", step_timeout_s), ("connect_timeout_s", connect_timeout_s)):
+        if not value > 0:
+            raise ValueError(f"{name} must be positive, got {value}")
     _current = Session(proto, rank, proto.workers, address, host, optimizer, store, serve_options, secret_file, log,
-                       give_up_after_s, step_timeout_s)
+                       give_up_after_s, step_timeout_s, connect_timeout_s)
     return _current
 
 

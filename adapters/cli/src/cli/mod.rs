@@ -12,6 +12,7 @@ mod loss_curve;
 mod model_source;
 mod mpi;
 mod npy;
+mod optimizer;
 pub(crate) mod output;
 mod paths;
 mod protocol;
@@ -64,7 +65,7 @@ pub enum Command {
     /// pareto, dead-node, uniform, two-types, regime-change).
     TraceGen(advise::TraceGenArgs),
     /// Run the parameter server of a multi-process run over TCP (workers join with `work`).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Run one worker of a multi-process run over TCP, connecting to `serve` (the run's
     /// settings come from the server).
     Work(work::WorkArgs),

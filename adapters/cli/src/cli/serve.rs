@@ -24,7 +24,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
+use syncopate::proto::{Optimizer, Schedule};
 use syncopate::{ServerEvent, Version};
+use syncopate_transport::optimizer_spec;
 
 /// Flags of `syncopate serve`.
 #[derive(Clone, Debug, Args)]
@@ -77,10 +79,8 @@ pub struct ServeArgs {
     /// left of --steps.
     #[arg(long, requires = "checkpoint")]
     pub resume: bool,
-    /// SGD with momentum BETA on every update of the server's model (in [0, 1); 0: plain SGD).
-    /// Checkpoints keep the momentum buffer; --resume needs the checkpoint's --momentum.
-    #[arg(long, value_name = "BETA", default_value_t = 0.0, value_parser = super::values::parse_momentum)]
-    pub momentum: f64,
+    #[command(flatten)]
+    pub optimizer: super::optimizer::OptimizerArgs,
     /// Absolute deadline of a connection's handshake, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
     pub handshake_timeout: u64,
@@ -166,11 +166,58 @@ fn run_settings(args: &ServeArgs, source: &ModelSource) -> Result<RunSettings, S
     settings.initial_from_worker = matches!(source, ModelSource::Worker { .. });
     settings.remote_groups = args.remote_groups;
     settings.report_step_times = args.record_trace.is_some();
+    settings.optimizer = args.optimizer.optimizer()?;
+    if settings.optimizer.rule == syncopate::proto::Rule::Mean {
+        let what = if source.workload().is_some() {
+            Some(
+                "a built-in model (its workers compute gradients, not optimizer steps): give --init or --init-from-worker with workers of your own",
+            )
+        } else if args.checkpoint.is_some() {
+            Some("--checkpoint (the server holds a round's mean gradient, not a model)")
+        } else if args.save.is_some() {
+            Some("--save (the server holds a round's mean gradient, not a model)")
+        } else {
+            None
+        };
+        if let Some(what) = what {
+            return Err(format!("--optimizer mean cannot be used with {what}"));
+        }
+    }
     // A knob error blames --remote-groups only when it was given.
     settings.server_config().map_err(|e| if args.remote_groups { format!("--remote-groups: {e}") } else { e })?;
+    settings.check_optimizer().map_err(|e| format!("--optimizer {}: {e}", settings.optimizer.rule_name()))?;
     super::shard::apply(&args.shard, &mut settings)?;
     settings.encode()?;
     Ok(settings)
+}
+
+/// Refuses to resume checkpoint `c` (at `path`) under another update rule than `ours`, naming
+/// both (`momentum`: the --momentum given).
+fn check_rule(path: &Path, c: &checkpoint::Checkpoint, ours: &Optimizer, momentum: f64) -> Result<(), String> {
+    let theirs = &c.optimizer;
+    if (theirs.is_plain() && ours.is_plain()) || theirs == ours {
+        return Ok(());
+    }
+    let heavy_ball = |o: &Optimizer| o.is_plain() || (o.rule_name() == "momentum" && o.schedule == Schedule::Constant);
+    if heavy_ball(theirs) && heavy_ball(ours) {
+        return Err(format!(
+            "checkpoint {} was made with momentum {}, this server runs --momentum {momentum}: resume with the same \
+             --momentum",
+            path.display(),
+            c.momentum()
+        ));
+    }
+    Err(format!(
+        "checkpoint {} was made with update rule {}, this server runs {}: resume with the same --optimizer flags",
+        path.display(),
+        optimizer_spec::describe(theirs),
+        optimizer_spec::describe(ours)
+    ))
+}
+
+/// `, optimizer RULE` for a run whose rule is not plain SGD; empty otherwise.
+fn rule_note(o: &Optimizer) -> String {
+    if o.is_plain() { String::new() } else { format!(", optimizer {}", optimizer_spec::describe(o)) }
 }
 
 /// How long after the first SIGINT/SIGTERM further ones are only noted: the stop in
@@ -272,28 +319,20 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         None => None,
     };
     let mut resumed = None;
-    let mut resumed_momentum = None;
+    let mut resumed_state = None;
     let budget = args.steps.saturating_mul(u64::from(n));
     let mut stamp = checkpoint::Stamp::default();
     let (params, version) = if args.resume {
         let path = args.checkpoint.as_deref().unwrap_or_else(|| Path::new(""));
         let record_run = super::shard::check_record(path, &settings).map_err(Failure::Usage)?;
         let c = checkpoint::load(path, protocol.name(), served.len()).map_err(|e| Failure::Usage(e.to_string()))?;
+        check_rule(path, &c, &settings.optimizer, args.optimizer.momentum).map_err(Failure::Usage)?;
         let run = super::shard::check_identity(path, &c, &settings, record_run.as_deref()).map_err(Failure::Usage)?;
-        if c.momentum != args.momentum {
-            return Err(Failure::Usage(format!(
-                "checkpoint {} was made with momentum {}, this server runs --momentum {}: resume with the same \
-                 --momentum",
-                path.display(),
-                c.momentum,
-                args.momentum
-            )));
-        }
         if record_run.is_none() {
             // A checkpoint of no known run: this resumption names the run from now on.
             super::shard::write_record(path, &settings, &run).map_err(Failure::Usage)?;
         }
-        resumed_momentum = c.momentum_buffer.clone();
+        resumed_state = c.optimizer_state.clone();
         eprintln!("serve: resuming run {run} from {} at version {}", path.display(), c.version.0);
         if c.identity.is_some() {
             stamp.accepted_before = c.accepted;
@@ -340,6 +379,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
             Version::ZERO,
         )
     };
+    let settings_rule = settings.optimizer;
     let mut options = ServerOptions::new(settings);
     options.secret = secret;
     options.insecure = args.insecure;
@@ -347,8 +387,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     options.frame_timeout = FrameTimeout { base: Duration::from_millis(args.frame_timeout), ..FrameTimeout::default() };
     options.checkpoint = args.checkpoint.clone().map(|p| (p, args.checkpoint_every));
     options.checkpoint_stamp = stamp.clone();
-    options.momentum = args.momentum;
-    options.momentum_buffer = resumed_momentum;
+    options.optimizer_state = resumed_state;
     options.lost_after = super::values::lost_after(args.lost_after).map_err(Failure::Usage)?;
     let authenticated = options.secret.is_some();
     let server = TcpServer::bind(&args.listen, options).map_err(|e| Failure::Usage(e.0))?;
@@ -364,7 +403,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         "serve: {} with {}, {model} ({dim} params){}{}, listening on {addr}{}",
         protocol.name(),
         super::summary::count(n, peers),
-        super::summary::momentum_note(args.momentum),
+        rule_note(&settings_rule),
         super::shard::describe(&server.options().settings),
         if authenticated { ", authenticated" } else { " (no shared secret)" }
     );
@@ -491,7 +530,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     if workload.is_none() || !whole {
         summary.without_test_set(workload.is_none());
     }
-    summary.momentum = args.momentum;
+    summary.momentum = args.optimizer.momentum;
     // Without a test set there is no evaluation to take the version from.
     summary.updates = report.version.0;
     if workload.is_none() || args.target_loss.is_some() || !report.loss_curve.is_empty() {

@@ -287,7 +287,15 @@ mod tests {
 
     fn ckpt(identity: Option<RunIdentity>) -> Checkpoint {
         let (protocol, version, params) = ("bsp".to_owned(), syncopate::Version(7), vec![0.0; 10]);
-        Checkpoint { protocol, version, params, momentum: 0.0, momentum_buffer: None, identity, accepted: 14 }
+        Checkpoint {
+            protocol,
+            version,
+            params,
+            optimizer: Default::default(),
+            optimizer_state: None,
+            identity,
+            accepted: 14,
+        }
     }
 
     #[test]

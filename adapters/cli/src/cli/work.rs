@@ -161,6 +161,12 @@ impl Job {
 impl WorkerJob for Job {
     fn prepare(&mut self, settings: &RunSettings) -> Result<(), String> {
         launcher::check_world_size(self.world.as_ref(), settings.protocol.workers)?;
+        if settings.optimizer.rule == syncopate::proto::Rule::Mean {
+            return Err("the server runs update rule mean: each model it sends is a round's mean gradient, for \
+                        workers that apply it with their own optimizer (Python run_worker with on_round); \
+                        `syncopate work` computes gradients of a built-in model and cannot"
+                .into());
+        }
         self.state = Some(self.build(settings)?);
         Ok(())
     }

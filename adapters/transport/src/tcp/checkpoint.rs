@@ -2,16 +2,25 @@
 //! with the identity of the run that wrote them.
 //!
 //! ```text
-//! magic "SYNCKPT\0" (8) | format u32 LE = 3 | name_len u8 | protocol name | dim u64 LE
-//! | version u64 LE | dim × f32 LE | momentum f64 LE | (momentum > 0: dim × f32 LE, the model
-//! before the last update) | settings digest (32) | run_len u8 | run id | label_len u16 LE
-//! | label | accepted u64 LE | SHA-256 of everything before it (32)
+//! magic "SYNCKPT\0" (8) | format u32 LE = 4 | name_len u8 | protocol name | dim u64 LE
+//! | version u64 LE | dim × f32 LE | rule u8 | 4 × f64 LE knobs | schedule u8
+//! | 3 × u64 LE knobs | state_len u64 LE | state_len × f32 LE | settings digest (32)
+//! | run_len u8 | run id | label_len u16 LE | label | accepted u64 LE
+//! | SHA-256 of everything before it (32)
 //! ```
 //!
-//! Formats 1 (no momentum fields) and 2 (no identity) are still read: a run without momentum,
-//! a checkpoint of no known run. A run resumed from a checkpoint must have the checkpoint's
-//! momentum setting (the caller checks it with [`Checkpoint::momentum`]), and goes on with
-//! its momentum buffer.
+//! **The update rule.** The server's rule ([`Checkpoint::optimizer`]) and its state
+//! ([`Checkpoint::optimizer_state`]: exactly [`Optimizer::state_len`] elements, the momentum
+//! buffer, Nesterov's velocity or AdamW's moments with a header holding the update count), so
+//! a resumed run goes on exactly where the checkpoint left it. Rule: 0 SGD, 1 heavy-ball
+//! momentum, 2 Nesterov, 3 AdamW, 4 mean; its knobs `β` (or `β₁`), `β₂`, `ε`, `λ`, unused ones
+//! 0. Schedule: 0 constant, 1 step (`every`, `gamma` as `f64` bits), 2 warm-up then cosine
+//! (`warmup`, `total`, `floor` as `f64` bits), unused knobs 0.
+//!
+//! Formats 1 (no rule), 2 and 3 (a momentum coefficient `f64` and, when above 0, the momentum
+//! buffer in place of the rule's fields; 2 without identity) are still read: a run with plain
+//! SGD or heavy-ball momentum. A run resumed from a checkpoint must have the checkpoint's
+//! rule (the caller checks it with [`Checkpoint::optimizer`]).
 //!
 //! **Identity.** A format-3 checkpoint names the run that wrote it ([`RunIdentity`]): the
 //! digest of the run's settings, the run's id (made when the run started afresh, kept by
@@ -30,9 +39,10 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use syncopate::Version;
+use syncopate::proto::{AdamW, Optimizer, Rule, Schedule};
 
 const MAGIC: [u8; 8] = *b"SYNCKPT\0";
-const FORMAT: u32 = 3;
+const FORMAT: u32 = 4;
 const SUM_LEN: usize = 32;
 /// The longest label a checkpoint keeps (longer ones are cut at a character boundary).
 const MAX_LABEL_LEN: usize = 1024;
@@ -77,15 +87,33 @@ pub struct Checkpoint {
     pub version: Version,
     /// The parameters.
     pub params: Vec<f32>,
-    /// The run's SGD momentum coefficient (0: none, or a format-1 checkpoint).
-    pub momentum: f64,
-    /// With momentum: the model before the last update (the momentum buffer).
-    pub momentum_buffer: Option<Vec<f32>>,
+    /// The server's update rule (plain SGD for a format-1 checkpoint).
+    pub optimizer: Optimizer,
+    /// The rule's state ([`Optimizer::state_len`] elements), if it keeps any.
+    pub optimizer_state: Option<Vec<f32>>,
     /// The run that wrote it (`None`: a format-1 or -2 checkpoint, or none was given).
     pub identity: Option<RunIdentity>,
     /// Gradients the run had accepted when it was written, over all its sessions (0 when
     /// unknown: no identity).
     pub accepted: u64,
+}
+
+impl Checkpoint {
+    /// The heavy-ball momentum coefficient of the run's rule (0 for any other rule).
+    pub fn momentum(&self) -> f64 {
+        match self.optimizer.rule {
+            Rule::Momentum { beta } => beta,
+            _ => 0.0,
+        }
+    }
+
+    /// With heavy-ball momentum: the model before the last update (the momentum buffer).
+    pub fn momentum_buffer(&self) -> Option<&[f32]> {
+        match self.optimizer.rule {
+            Rule::Momentum { .. } => self.optimizer_state.as_deref().and_then(|s| s.get(..self.params.len())),
+            _ => None,
+        }
+    }
 }
 
 /// Why a checkpoint could not be read or written; displays as one line naming the file.
@@ -122,7 +150,49 @@ pub fn encode_with_momentum(
     params: &[f32],
     momentum: Option<(f64, &[f32])>,
 ) -> Vec<u8> {
-    encode_stamped(protocol, version, params, momentum, None, 0)
+    encode_stamped(protocol, version, params, momentum.map(|(b, s)| (Optimizer::momentum(b), s)), None, 0)
+}
+
+/// The rule's fields: its kind and knobs, the schedule's kind and knobs (unused ones 0).
+fn rule_fields(o: &Optimizer) -> (u8, [f64; 4], u8, [u64; 3]) {
+    let (kind, knobs) = match o.rule {
+        Rule::Sgd => (0, [0.0; 4]),
+        Rule::Momentum { beta } => (1, [beta, 0.0, 0.0, 0.0]),
+        Rule::Nesterov { beta } => (2, [beta, 0.0, 0.0, 0.0]),
+        Rule::AdamW(a) => (3, [a.beta1, a.beta2, a.eps, a.weight_decay]),
+        Rule::Mean => (4, [0.0; 4]),
+    };
+    let (schedule, s) = match o.schedule {
+        Schedule::Constant => (0, [0; 3]),
+        Schedule::Step { every, gamma } => (1, [every, gamma.to_bits(), 0]),
+        Schedule::WarmupCosine { warmup, total, floor } => (2, [warmup, total, floor.to_bits()]),
+    };
+    (kind, knobs, schedule, s)
+}
+
+/// The rule the fields name, if they are the fields of a rule ([`rule_fields`] of it).
+fn rule_from_fields(kind: u8, knobs: [f64; 4], schedule: u8, s: [u64; 3]) -> Option<Optimizer> {
+    let [k0, k1, k2, k3] = knobs;
+    let rule = match kind {
+        0 => Rule::Sgd,
+        1 => Rule::Momentum { beta: k0 },
+        2 => Rule::Nesterov { beta: k0 },
+        3 => Rule::AdamW(AdamW { beta1: k0, beta2: k1, eps: k2, weight_decay: k3 }),
+        4 => Rule::Mean,
+        _ => return None,
+    };
+    let f = f64::from_bits;
+    let schedule = match schedule {
+        0 => Schedule::Constant,
+        1 => Schedule::Step { every: s[0], gamma: f(s[1]) },
+        2 => Schedule::WarmupCosine { warmup: s[0], total: s[1], floor: f(s[2]) },
+        _ => return None,
+    };
+    let o = Optimizer { rule, schedule };
+    // One encoding per rule: unused knobs are 0 (bit for bit).
+    let (_, written, _, written_s) = rule_fields(&o);
+    let same = written.iter().zip(knobs).all(|(a, b)| a.to_bits() == b.to_bits()) && written_s == s;
+    (same && o.check().is_ok()).then_some(o)
 }
 
 /// The longest prefix of `s` of at most `max` bytes that ends at a character boundary.
@@ -135,12 +205,14 @@ fn cut(s: &str, max: usize) -> &[u8] {
 }
 
 /// The bytes of a checkpoint of the run `identity` (none: no identity), which had accepted
-/// `accepted` gradients over all its sessions.
+/// `accepted` gradients over all its sessions; `optimizer`: the server's rule and its state
+/// (none: plain SGD; a state is written with [`Optimizer::state_len`] elements, cut or padded
+/// with zeros).
 pub fn encode_stamped(
     protocol: &str,
     version: Version,
     params: &[f32],
-    momentum: Option<(f64, &[f32])>,
+    optimizer: Option<(Optimizer, &[f32])>,
     identity: Option<&RunIdentity>,
     accepted: u64,
 ) -> Vec<u8> {
@@ -155,10 +227,16 @@ pub fn encode_stamped(
     for p in params {
         out.extend_from_slice(&p.to_le_bytes());
     }
-    let (beta, prev) = momentum.filter(|(b, _)| *b > 0.0).unwrap_or((0.0, &[]));
-    out.extend_from_slice(&beta.to_le_bytes());
-    for p in prev {
-        out.extend_from_slice(&p.to_le_bytes());
+    let (o, state) = optimizer.unwrap_or((Optimizer::SGD, &[]));
+    let (kind, knobs, schedule, s) = rule_fields(&o);
+    out.push(kind);
+    knobs.iter().for_each(|k| out.extend_from_slice(&k.to_le_bytes()));
+    out.push(schedule);
+    s.iter().for_each(|k| out.extend_from_slice(&k.to_le_bytes()));
+    let len = o.state_len(params.len());
+    out.extend_from_slice(&(len as u64).to_le_bytes());
+    for i in 0..len {
+        out.extend_from_slice(&state.get(i).copied().unwrap_or(0.0).to_le_bytes());
     }
     let none = RunIdentity::default();
     let id = identity.filter(|i| !i.run.is_empty()).unwrap_or(&none);
@@ -209,15 +287,36 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> 
         data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or_default())).collect::<Vec<_>>()
     };
     let params = floats(take(data_len)?);
-    let (mut momentum, mut momentum_buffer) = (0.0, None);
-    if format >= 2 {
-        momentum = f64::from_le_bytes(take(8)?.try_into().unwrap_or_default());
+    let (mut optimizer, mut optimizer_state) = (Optimizer::SGD, None);
+    if (2..4).contains(&format) {
+        let momentum = f64::from_le_bytes(take(8)?.try_into().unwrap_or_default());
         if !(momentum.is_finite() && (0.0..1.0).contains(&momentum)) {
             return Err(err(path, format!("momentum {momentum} is not in [0, 1)")));
         }
+        optimizer = Optimizer::momentum(momentum);
         if momentum > 0.0 {
-            momentum_buffer = Some(floats(take(data_len)?));
+            optimizer_state = Some(floats(take(data_len)?));
         }
+    } else if format >= 4 {
+        let kind = take(1)?.first().copied().unwrap_or(u8::MAX);
+        let mut knobs = [0.0; 4];
+        for k in &mut knobs {
+            *k = f64::from_le_bytes(take(8)?.try_into().unwrap_or_default());
+        }
+        let schedule = take(1)?.first().copied().unwrap_or(u8::MAX);
+        let mut s = [0u64; 3];
+        for k in &mut s {
+            *k = u64::from_le_bytes(take(8)?.try_into().unwrap_or_default());
+        }
+        optimizer = rule_from_fields(kind, knobs, schedule, s)
+            .ok_or_else(|| err(path, "the update rule's fields are not those of a rule in range"))?;
+        let len = u64::from_le_bytes(take(8)?.try_into().unwrap_or_default());
+        let want = optimizer.state_len(usize::try_from(dim).unwrap_or(usize::MAX));
+        if usize::try_from(len).ok() != Some(want) {
+            return Err(err(path, format!("the update rule's state has {len} elements, the rule keeps {want}")));
+        }
+        let state_bytes = want.checked_mul(4).ok_or_else(|| err(path, "bad state length"))?;
+        optimizer_state = (want > 0).then(|| take(state_bytes).map(floats)).transpose()?;
     }
     let (mut identity, mut accepted) = (None, 0);
     if format >= 3 {
@@ -240,7 +339,7 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> 
     if !rest.is_empty() {
         return Err(err(path, "trailing bytes after the parameters"));
     }
-    Ok(Checkpoint { protocol, version, params, momentum, momentum_buffer, identity, accepted })
+    Ok(Checkpoint { protocol, version, params, optimizer, optimizer_state, identity, accepted })
 }
 
 /// Writes a checkpoint to `path` atomically ([`crate::file::replace`]).
@@ -259,19 +358,20 @@ pub fn save_with_momentum(
     save_bytes(path, &encode_with_momentum(protocol, version, params, momentum))
 }
 
-/// [`save_with_momentum`] for a run of `stamp`, which has accepted `accepted` gradients in
-/// this session: the checkpoint names the run and holds the run's total.
+/// A checkpoint with the server's rule and its state (none: plain SGD) for a run of `stamp`,
+/// which has accepted `accepted` gradients in this session: the checkpoint names the run and
+/// holds the run's total.
 pub fn save_stamped(
     path: &Path,
     protocol: &str,
     version: Version,
     params: &[f32],
-    momentum: Option<(f64, &[f32])>,
+    optimizer: Option<(Optimizer, &[f32])>,
     stamp: &Stamp,
     accepted: u64,
 ) -> Result<(), CheckpointError> {
     let total = stamp.accepted_before.saturating_add(accepted);
-    save_bytes(path, &encode_stamped(protocol, version, params, momentum, stamp.identity.as_ref(), total))
+    save_bytes(path, &encode_stamped(protocol, version, params, optimizer, stamp.identity.as_ref(), total))
 }
 
 /// Writes checkpoint `bytes` to `path` atomically ([`crate::file::replace`]).
@@ -480,134 +580,5 @@ pub fn lost_since(checkpoint: &Path, version: Version, run: Option<&str>) -> Res
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn round_trip_and_corruption() {
-        let dir = std::env::temp_dir().join(format!("syncopate-ckpt-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("m.ckpt");
-        let params = vec![1.5f32, -0.0, f32::MIN_POSITIVE, 3.0];
-        save(&path, "bsp", Version(42), &params).unwrap();
-        let c = load(&path, "bsp", 4).unwrap();
-        assert_eq!(
-            c,
-            Checkpoint {
-                protocol: "bsp".into(),
-                version: Version(42),
-                params: params.clone(),
-                momentum: 0.0,
-                momentum_buffer: None,
-                identity: None,
-                accepted: 0
-            }
-        );
-        assert!(load(&path, "asp", 4).unwrap_err().to_string().contains("made by protocol bsp"));
-        assert!(load(&path, "bsp", 5).unwrap_err().to_string().contains("holds 4 parameters"));
-        let mut bytes = fs::read(&path).unwrap();
-        for i in [0, 10, 30, bytes.len() - 1] {
-            bytes[i] ^= 0x40;
-            assert!(decode(&path, &bytes).is_err(), "flipped byte {i}");
-            bytes[i] ^= 0x40;
-        }
-        for cut in 0..bytes.len() {
-            assert!(decode(&path, &bytes[..cut]).is_err());
-        }
-        assert!(load(&dir.join("missing"), "bsp", 4).unwrap_err().to_string().contains("cannot read"));
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn momentum_and_its_buffer_round_trip_and_format_1_reads_as_no_momentum() {
-        let path = Path::new("m.ckpt");
-        let (params, prev) = ([1.0f32, 2.0], [0.5f32, 1.5]);
-        let bytes = encode_with_momentum("asp", Version(7), &params, Some((0.9, &prev)));
-        let c = decode(path, &bytes).unwrap();
-        assert_eq!((c.momentum, c.momentum_buffer.as_deref()), (0.9, Some(&prev[..])));
-        assert_eq!(c.params, params);
-        for cut in 0..bytes.len() {
-            assert!(decode(path, &bytes[..cut]).is_err());
-        }
-        // A format-1 file (what earlier builds wrote): no momentum fields.
-        let mut old = MAGIC.to_vec();
-        old.extend_from_slice(&1u32.to_le_bytes());
-        old.push(3);
-        old.extend_from_slice(b"asp");
-        old.extend_from_slice(&2u64.to_le_bytes());
-        old.extend_from_slice(&7u64.to_le_bytes());
-        old.extend(params.iter().flat_map(|p| p.to_le_bytes()));
-        let sum = Sha256::digest(&old);
-        old.extend_from_slice(&sum);
-        let c = decode(path, &old).unwrap();
-        assert_eq!((c.version, c.momentum, c.momentum_buffer), (Version(7), 0.0, None));
-    }
-
-    #[test]
-    fn the_journal_names_the_versions_after_the_checkpoint() {
-        let dir = std::env::temp_dir().join(format!("syncopate-journal-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("m.ckpt");
-        assert_eq!(lost_since(&path, Version(3), None).unwrap().versions, None, "no journal: nothing lost");
-        let t = |a: u64| Totals { received: a, accepted: a, applied: a, dropped: 0 };
-        let mut j = Journal::start(&path, Version(0), &t(0), "r1").unwrap();
-        j.update(Version(1), &[1, 1], &t(2)).unwrap();
-        j.update(Version(2), &[1, 1], &t(4)).unwrap();
-        j.restart(Version(2), &t(4)).unwrap();
-        j.update(Version(3), &[1, 1], &t(6)).unwrap();
-        j.update(Version(4), &[0, 1], &t(7)).unwrap();
-        let lost = lost_since(&path, Version(2), Some("r1")).unwrap();
-        assert_eq!(lost.versions, Some((Version(3), Version(4))));
-        assert_eq!((lost.contributions, lost.by_worker.clone()), (3, vec![1, 2]));
-        assert_eq!((lost.at_checkpoint, lost.at_last), (t(4), t(7)));
-        assert_eq!(
-            lost.line(),
-            "versions 3..=4 (3 contributions: worker 0: 1, worker 1: 2) lost since the checkpoint at version 2"
-        );
-        // The checkpoint of version 4 was written but the journal not yet restarted: nothing
-        // lost, and the checkpoint holds everything applied up to version 4.
-        let held = lost_since(&path, Version(4), Some("r1")).unwrap();
-        assert_eq!((held.versions, held.contributions), (None, 0));
-        assert_eq!((held.at_checkpoint, held.at_last), (t(7), t(7)));
-        // A torn last line is ignored.
-        fs::OpenOptions::new()
-            .append(true)
-            .open(Journal::path_for(&path))
-            .unwrap()
-            .write_all(b"update 5 contributions 1 workers 1,0 accepted 8 applied 8")
-            .unwrap();
-        assert_eq!(lost_since(&path, Version(2), Some("r1")).unwrap().versions, Some((Version(3), Version(4))));
-        // The journal of another run is not this checkpoint's.
-        let e = lost_since(&path, Version(2), Some("r2")).unwrap_err().to_string();
-        assert!(e.contains("belongs to run r1, the checkpoint to run r2"), "{e}");
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn a_checkpoint_names_its_run_and_the_gradients_it_accepted_over_its_sessions() {
-        let path = Path::new("m.ckpt");
-        let identity = RunIdentity { settings: [7; 32], run: "abc-1".into(), label: "bsp with 2 workers".into() };
-        let stamp = Stamp { identity: Some(identity.clone()), accepted_before: 1000 };
-        let bytes = encode_stamped("bsp", Version(9), &[1.0, 2.0], None, stamp.identity.as_ref(), 1012);
-        let c = decode(path, &bytes).unwrap();
-        assert_eq!((c.identity, c.accepted, c.version), (Some(identity), 1012, Version(9)));
-        for cut in 0..bytes.len() {
-            assert!(decode(path, &bytes[..cut]).is_err());
-        }
-        // No identity reads back as none; a label too long is cut at a character boundary.
-        let c = decode(path, &encode_with_momentum("bsp", Version(1), &[1.0], None)).unwrap();
-        assert_eq!((c.identity, c.accepted), (None, 0));
-        let long = RunIdentity { settings: [0; 32], run: "r".into(), label: "é".repeat(MAX_LABEL_LEN) };
-        let c = decode(path, &encode_stamped("bsp", Version(1), &[1.0], None, Some(&long), 3)).unwrap();
-        assert_eq!(c.identity.unwrap().label.len(), MAX_LABEL_LEN);
-        // A format-2 file (no identity) still reads.
-        let mut v2 = encode_with_momentum("bsp", Version(4), &[1.0], None);
-        v2.truncate(v2.len() - SUM_LEN - (32 + 1 + 2 + 8));
-        v2.splice(8..12, 2u32.to_le_bytes());
-        let sum = Sha256::digest(&v2);
-        v2.extend_from_slice(&sum);
-        let c = decode(path, &v2).unwrap();
-        assert_eq!((c.version, c.identity, c.accepted), (Version(4), None, 0));
-        assert_ne!(RunIdentity::new_run_id(), "");
-    }
-}
+#[path = "checkpoint_tests.rs"]
+mod tests;

@@ -9,6 +9,10 @@
 //! server pinned to a run) sends their SHA-256 ([`RunSettings::digest`]) in its hello, and
 //! the server refuses the worker if its own digest differs.
 //!
+//! The server's update rule ([`RunSettings::optimizer`]) follows the rest as a trailer,
+//! present only when the rule is not plain SGD at a constant rate: the settings of a run
+//! without a rule encode (and digest) as they did before rules were announced.
+//!
 //! The protocol is described as the CLI and scenario files describe it (a
 //! [`ProtocolSpec`] with the number of workers and the learning rate), and both sides build
 //! the core's [`ProtocolConfig`] from it with the same code, so they cannot disagree.
@@ -17,6 +21,7 @@ use crate::protocol_spec::{GroupLrScaling, InterruptMode, ProtocolKind, Protocol
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use syncopate::ProtocolConfig;
+use syncopate::proto::{AdamW, Optimizer, Rule, Schedule};
 
 /// The most bytes of encoded settings a server may announce.
 pub const MAX_SETTINGS_LEN: usize = 1024;
@@ -185,6 +190,62 @@ pub struct RunSettings {
     /// Every worker sends the times of its gradient steps before each contribution
     /// ([`step_times`](super::step_times)), for a server that records a step-time trace.
     pub report_step_times: bool,
+    /// The server's update rule (part of the digest, so a run resumed or rejoined with
+    /// another rule is refused). Encoded after the rest, and only when it is not plain SGD
+    /// at a constant rate. A worker of rule [`Rule::Mean`] receives each round's mean
+    /// gradient, not a model.
+    #[serde(skip)]
+    pub optimizer: Optimizer,
+}
+
+/// [`Rule`] as the settings' trailer encodes it.
+#[derive(Serialize, Deserialize)]
+enum RuleWire {
+    Sgd,
+    Momentum(f64),
+    Nesterov(f64),
+    AdamW { beta1: f64, beta2: f64, eps: f64, weight_decay: f64 },
+    Mean,
+}
+
+/// [`Schedule`] as the settings' trailer encodes it.
+#[derive(Serialize, Deserialize)]
+enum ScheduleWire {
+    Constant,
+    Step { every: u64, gamma: f64 },
+    WarmupCosine { warmup: u64, total: u64, floor: f64 },
+}
+
+fn to_wire(o: &Optimizer) -> (RuleWire, ScheduleWire) {
+    let rule = match o.rule {
+        Rule::Sgd => RuleWire::Sgd,
+        Rule::Momentum { beta } => RuleWire::Momentum(beta),
+        Rule::Nesterov { beta } => RuleWire::Nesterov(beta),
+        Rule::AdamW(a) => RuleWire::AdamW { beta1: a.beta1, beta2: a.beta2, eps: a.eps, weight_decay: a.weight_decay },
+        Rule::Mean => RuleWire::Mean,
+    };
+    let schedule = match o.schedule {
+        Schedule::Constant => ScheduleWire::Constant,
+        Schedule::Step { every, gamma } => ScheduleWire::Step { every, gamma },
+        Schedule::WarmupCosine { warmup, total, floor } => ScheduleWire::WarmupCosine { warmup, total, floor },
+    };
+    (rule, schedule)
+}
+
+fn from_wire((rule, schedule): (RuleWire, ScheduleWire)) -> Optimizer {
+    let rule = match rule {
+        RuleWire::Sgd => Rule::Sgd,
+        RuleWire::Momentum(beta) => Rule::Momentum { beta },
+        RuleWire::Nesterov(beta) => Rule::Nesterov { beta },
+        RuleWire::AdamW { beta1, beta2, eps, weight_decay } => Rule::AdamW(AdamW { beta1, beta2, eps, weight_decay }),
+        RuleWire::Mean => Rule::Mean,
+    };
+    let schedule = match schedule {
+        ScheduleWire::Constant => Schedule::Constant,
+        ScheduleWire::Step { every, gamma } => Schedule::Step { every, gamma },
+        ScheduleWire::WarmupCosine { warmup, total, floor } => Schedule::WarmupCosine { warmup, total, floor },
+    };
+    Optimizer { rule, schedule }
 }
 
 impl RunSettings {
@@ -198,6 +259,7 @@ impl RunSettings {
             shard: None,
             initial_from_worker: false,
             report_step_times: false,
+            optimizer: Optimizer::SGD,
         }
     }
 
@@ -279,7 +341,12 @@ impl RunSettings {
 
     /// The canonical bytes.
     pub fn encode(&self) -> Result<Vec<u8>, String> {
-        let bytes = postcard::to_allocvec(self).map_err(|e| format!("cannot encode the run's settings: {e}"))?;
+        let mut bytes = postcard::to_allocvec(self).map_err(|e| format!("cannot encode the run's settings: {e}"))?;
+        if !self.optimizer.is_plain() {
+            let trailer = postcard::to_allocvec(&to_wire(&self.optimizer))
+                .map_err(|e| format!("cannot encode the run's update rule: {e}"))?;
+            bytes.extend_from_slice(&trailer);
+        }
         if bytes.len() > MAX_SETTINGS_LEN {
             return Err(format!(
                 "the run's settings take {} bytes, at most {MAX_SETTINGS_LEN} fit in the handshake (is the data \
@@ -293,7 +360,15 @@ impl RunSettings {
     /// Settings from their canonical bytes; bytes that are not the canonical encoding of
     /// what they decode to are refused.
     pub fn decode(bytes: &[u8]) -> Result<Self, String> {
-        let s: Self = postcard::from_bytes(bytes).map_err(|e| format!("the server's settings do not decode: {e}"))?;
+        let (mut s, rest): (Self, _) =
+            postcard::take_from_bytes(bytes).map_err(|e| format!("the server's settings do not decode: {e}"))?;
+        if !rest.is_empty() {
+            let o = from_wire(
+                postcard::from_bytes(rest).map_err(|e| format!("the server's update rule does not decode: {e}"))?,
+            );
+            o.check().map_err(|e| format!("the server's update rule is out of range: {e}"))?;
+            s.optimizer = o;
+        }
         if s.encode().ok().as_deref() != Some(bytes) {
             return Err("the server's settings are not canonically encoded".into());
         }
@@ -351,6 +426,20 @@ impl RunSettings {
             .ok_or_else(|| format!("remote groups need the grouped protocol, not {}", config.name()))
     }
 
+    /// Refuses an update rule this run's server cannot run (rule `mean` under a protocol
+    /// that does not relay round means), naming the rule and the protocol.
+    pub fn check_optimizer(&self) -> Result<(), String> {
+        if self.optimizer.is_plain() {
+            return Ok(());
+        }
+        let config = self.server_config()?;
+        let o = self.optimizer;
+        let server: syncopate::AnyServer<f32, Vec<f32>, syncopate::proto::Heap> =
+            syncopate::AnyServer::new(&config, vec![0.0; 1], vec![0.0; config.server_scratch_len(1)])
+                .map_err(|e| e.to_string())?;
+        server.with_optimizer(o, vec![0.0; o.state_len(1)]).map(drop).map_err(|e| e.to_string())
+    }
+
     /// The number of peers that connect to a server of this run: the workers, or the
     /// groups of a central server of remote groups.
     pub fn peers(&self) -> Result<u32, String> {
@@ -375,6 +464,9 @@ impl RunSettings {
         }
         if self.report_step_times {
             label.push_str(", step times recorded");
+        }
+        if !self.optimizer.is_plain() {
+            label.push_str(&format!(", optimizer {}", crate::optimizer_spec::describe(&self.optimizer)));
         }
         label
     }
@@ -426,6 +518,9 @@ mod tests {
         other.protocol.k_min = Some(2);
         assert_ne!(other.digest().unwrap(), s.digest().unwrap());
         let mut trailing = bytes.clone();
+        trailing.push(0);
+        assert!(RunSettings::decode(&trailing).is_err());
+        // A plain rule written as a trailer is not canonical.
         trailing.push(0);
         assert!(RunSettings::decode(&trailing).is_err());
         for cut in 0..bytes.len() {
@@ -497,5 +592,43 @@ mod tests {
         s.workload.as_mut().unwrap().data =
             DataSource::File { path: "x".repeat(2000), format: "csv".into(), sha256: [0; 32] };
         assert!(s.encode().unwrap_err().contains("at most 1024"));
+    }
+
+    #[test]
+    fn the_update_rule_is_in_the_digest_and_absent_when_plain() {
+        let s = sample();
+        let plain = s.encode().unwrap();
+        let mut with = s.clone();
+        with.optimizer = Optimizer::momentum(0.0);
+        assert_eq!(with.encode().unwrap(), plain, "momentum 0 is plain SGD");
+        let rules = [
+            Optimizer::momentum(0.9),
+            Optimizer::nesterov(0.9),
+            Optimizer::adamw(AdamW::default()).with_schedule(Schedule::WarmupCosine {
+                warmup: 3,
+                total: 9,
+                floor: 0.1,
+            }),
+            Optimizer::MEAN,
+            Optimizer::SGD.with_schedule(Schedule::Step { every: 2, gamma: 0.5 }),
+        ];
+        let mut digests = vec![s.digest().unwrap()];
+        for o in rules {
+            with.optimizer = o;
+            let bytes = with.encode().unwrap();
+            assert!(bytes.starts_with(&plain) && bytes.len() > plain.len());
+            let back = RunSettings::decode(&bytes).unwrap();
+            assert_eq!(back, with);
+            assert!(back.label().contains(&format!("optimizer {}", o.rule_name())), "{}", back.label());
+            digests.push(back.digest().unwrap());
+        }
+        digests.sort();
+        digests.dedup();
+        assert_eq!(digests.len(), rules.len() + 1);
+        // A rule out of range from a peer is refused.
+        with.optimizer = Optimizer::momentum(0.9);
+        let mut bytes = plain.clone();
+        bytes.extend_from_slice(&postcard::to_allocvec(&to_wire(&Optimizer::momentum(1.5))).unwrap());
+        assert!(RunSettings::decode(&bytes).unwrap_err().contains("out of range"));
     }
 }

@@ -307,7 +307,7 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
 /// method (what a loss does to the open round beyond forgetting the worker); one input may queue `$extra` outputs
 /// beyond a close.
 macro_rules! backup_family_rules {
-    ($rules:ty, $extra:expr, $kind:expr) => {
+    ($rules:ty, $extra:expr, $kind:expr, $complete:expr) => {
         impl<T: $crate::math::Scalar, S: $crate::proto::Buffer<T>, M: $crate::proto::Storage>
             $crate::proto::Rules<T, S, M> for $rules
         {
@@ -319,8 +319,13 @@ macro_rules! backup_family_rules {
                 $kind
             }
 
-            fn relays_means(&self) -> bool {
-                true
+            // A straggler that runs to completion gets only the newest model after its late
+            // gradient: it would miss the rounds in between.
+            fn relays_means(&self) -> Result<(), &'static str> {
+                match self.engine.interrupt {
+                    $crate::proto::backup::Interrupt::Abort => Ok(()),
+                    $crate::proto::backup::Interrupt::RunToCompletion => Err($complete),
+                }
             }
 
             fn on_message(

@@ -75,7 +75,12 @@ impl<T, S> crate::proto::HasSlot for BackupRules<T, S> {
     type Slot = super::BackupSlot;
 }
 
-crate::proto::backup::backup_family_rules!(BackupRules<T, S>, 0, crate::proto::ProtocolKind::Backup);
+crate::proto::backup::backup_family_rules!(
+    BackupRules<T, S>,
+    0,
+    crate::proto::ProtocolKind::Backup,
+    "backup with interrupt complete"
+);
 
 impl<T, S> crate::proto::common::round_server::HasRound for BackupRules<T, S> {
     fn round_len(&self) -> usize {

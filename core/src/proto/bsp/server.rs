@@ -185,8 +185,8 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BspRules<T, S> {
         crate::proto::ProtocolKind::Bsp
     }
 
-    fn relays_means(&self) -> bool {
-        true
+    fn relays_means(&self) -> Result<(), &'static str> {
+        Ok(())
     }
 
     fn burst(&self) -> usize {

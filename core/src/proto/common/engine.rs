@@ -198,10 +198,12 @@ pub trait Rules<T: Scalar, S: Buffer<T>, M: Storage>: HasSlot {
     /// The protocol, named in errors.
     fn kind(&self) -> ProtocolKind;
 
-    /// Whether every update of the model is one round's mean gradient (BSP, static backup
-    /// workers, DBW): what the [`Rule::Mean`] relay needs. No by default.
-    fn relays_means(&self) -> bool {
-        false
+    /// Whether every update of the model is one round's mean gradient and every live worker
+    /// receives every round's model, in order (BSP; static backup workers and DBW whose
+    /// stragglers abort): what the [`Rule::Mean`] relay needs. `Err`: the protocol as the
+    /// refusal names it (by default [`Self::kind`]'s name).
+    fn relays_means(&self) -> Result<(), &'static str> {
+        Err(self.kind().as_str())
     }
 
     /// A message other than `Leave` from the member `from` (by reference: see
@@ -309,13 +311,12 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
     /// Refuses a rule the protocol cannot run: [`Rule::Mean`] unless every update is one
     /// round's mean ([`ConfigError::RuleUnsupported`]).
     fn check_rule(&self, optimizer: &Optimizer) -> Result<(), ConfigError> {
-        if optimizer.rule == Rule::Mean && !self.rules.relays_means() {
-            return Err(ConfigError::RuleUnsupported {
-                rule: optimizer.rule_name(),
-                protocol: self.rules.kind().as_str(),
-            });
+        match self.rules.relays_means() {
+            Err(protocol) if optimizer.rule == Rule::Mean => {
+                Err(ConfigError::RuleUnsupported { rule: optimizer.rule_name(), protocol })
+            }
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// The update rule (plain SGD unless one was set).

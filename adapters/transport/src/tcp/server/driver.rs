@@ -566,8 +566,8 @@ impl<S: Server<f32>> Core<S> {
         };
         let server = self.proto.server();
         let name = self.shared.announce.config.name();
-        let momentum = server.momentum_buffer().map(|prev| (self.shared.options.momentum, prev));
-        match persist.save(name, server.version(), server.params(), momentum, server.stats().accepted, &totals) {
+        let rule = server.optimizer_state().map(|state| (self.shared.options.settings.optimizer, state));
+        match persist.save(name, server.version(), server.params(), rule, server.stats().accepted, &totals) {
             Ok(journal_error) => {
                 self.report.checkpoints += 1;
                 if let Some(e) = journal_error {

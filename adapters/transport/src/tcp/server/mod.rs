@@ -70,7 +70,7 @@ use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread;
-use syncopate::proto::Heap;
+use syncopate::proto::{Heap, Optimizer, Rule};
 use syncopate::{AnyServer, ProtocolConfig, Server, ServerEvent, ToServer, Version, WorkerId};
 
 pub use ledger::SessionLedger;
@@ -123,13 +123,12 @@ pub struct ServerOptions {
     /// What every checkpoint says besides the model: the run's identity and the gradients
     /// its earlier sessions accepted (added to this server's count).
     pub checkpoint_stamp: crate::tcp::checkpoint::Stamp,
-    /// SGD with momentum on every update ([`run`](TcpServer::run)), in `[0, 1)`; 0 is plain
-    /// SGD. Checkpoints hold the momentum buffer with the model.
-    pub momentum: f64,
-    /// A resumed run with momentum: the momentum buffer from its checkpoint (the model
-    /// before the last update), so the run goes on with its velocity; `None` starts with
-    /// none.
-    pub momentum_buffer: Option<Vec<f32>>,
+    /// A resumed run: the state of the update rule ([`RunSettings::optimizer`], applied to
+    /// every update by [`run`](TcpServer::run)) from its checkpoint, [`Optimizer::state_len`]
+    /// elements, so the run goes on exactly (momentum's previous model, AdamW's moments and
+    /// update count); `None` starts the rule afresh. Checkpoints hold the rule's state with
+    /// the model.
+    pub optimizer_state: Option<Vec<f32>>,
     /// A session (a worker's, or the upstream one) silent this long (no frame, no
     /// heartbeat) is lost; heartbeats go out at [`heartbeat_interval`](super::heartbeat_interval)
     /// of it.
@@ -154,8 +153,7 @@ impl ServerOptions {
             write_timeout: Duration::from_secs(10),
             checkpoint: None,
             checkpoint_stamp: crate::tcp::checkpoint::Stamp::default(),
-            momentum: 0.0,
-            momentum_buffer: None,
+            optimizer_state: None,
             lost_after: super::DEFAULT_LOST_AFTER,
         }
     }
@@ -407,6 +405,14 @@ impl TcpServer {
             )));
         }
         crate::tcp::check_lost_after(options.lost_after).map_err(|e| TcpError(format!("lost_after: {e}")))?;
+        options.settings.check_optimizer().map_err(|e| TcpError(format!("invalid run settings: {e}")))?;
+        if options.settings.optimizer.rule == Rule::Mean && options.checkpoint.is_some() {
+            return Err(TcpError(
+                "no checkpoints under update rule mean: the server holds a round's mean gradient, not a model (the \
+                 workers hold the models and their optimizers' state)"
+                    .into(),
+            ));
+        }
         let announce = Announce::new(&options.settings).map_err(|e| TcpError(format!("invalid run settings: {e}")))?;
         let listener = listen(&addrs).map_err(|e| TcpError(format!("cannot listen on {addr}: {e}")))?;
         Ok(Self { listener, options, announce, control: Arc::default() })
@@ -450,11 +456,9 @@ impl TcpServer {
         if params.len() != dim {
             return Err(TcpError(format!("the model has {} parameters, the server expects {dim}", params.len())));
         }
-        let prev = self.options.momentum_buffer.take();
-        if prev.as_ref().is_some_and(|p| p.len() != dim) {
-            return Err(TcpError(format!("the momentum buffer does not have the model's {dim} parameters")));
-        }
-        let server = any_server(&self.announce.config, self.options.momentum, params, version, prev)?;
+        let state = self.options.optimizer_state.take();
+        let optimizer = self.options.settings.optimizer;
+        let server = any_server(&self.announce.config, optimizer, params, version, state)?;
         self.drive(server, None, plan, note)
     }
 
@@ -472,10 +476,10 @@ impl TcpServer {
         if !self.options.settings.initial_from_worker {
             return Err(TcpError("the run's settings do not ask worker 0 for the initial parameters".into()));
         }
-        let (config, momentum, dim) = (self.announce.config, self.options.momentum, self.announce.dim);
-        let placeholder = any_server(&config, momentum, vec![0.0; dim], Version::ZERO, None)?;
+        let (config, optimizer, dim) = (self.announce.config, self.options.settings.optimizer, self.announce.dim);
+        let placeholder = any_server(&config, optimizer, vec![0.0; dim], Version::ZERO, None)?;
         let build: initial_model::BuildServer<AnyServer<f32, Vec<f32>, Heap>> =
-            Box::new(move |params| any_server(&config, momentum, params, Version::ZERO, None).map_err(|e| e.0));
+            Box::new(move |params| any_server(&config, optimizer, params, Version::ZERO, None).map_err(|e| e.0));
         self.drive_inner(placeholder, None, plan, note, Some(build))
     }
 
@@ -570,11 +574,11 @@ impl TcpServer {
     }
 }
 
-/// The protocol's server for `config` on `params` at `version`, with SGD momentum if
-/// `momentum` is above 0 (going on from the momentum buffer `resumed`, if given).
+/// The protocol's server for `config` on `params` at `version`, every update through
+/// `optimizer` (going on from its checkpointed state `resumed`, if given).
 fn any_server(
     config: &ProtocolConfig,
-    momentum: f64,
+    optimizer: Optimizer,
     params: Vec<f32>,
     version: Version,
     resumed: Option<Vec<f32>>,
@@ -582,14 +586,25 @@ fn any_server(
     let dim = params.len();
     let scratch = vec![0.0f32; config.server_scratch_len(dim)];
     let spare = vec![0.0f32; config.spare_accumulator_len(dim)];
-    AnyServer::<f32, Vec<f32>, Heap>::resume(config, params, scratch, version)
+    let server = AnyServer::<f32, Vec<f32>, Heap>::resume(config, params, scratch, version)
         .and_then(|s| s.with_spare_accumulator(spare))
-        .and_then(|s| match (momentum > 0.0, resumed) {
-            (false, _) => Ok(s),
-            (true, Some(prev)) => s.with_momentum_state(momentum, prev),
-            (true, None) => s.with_momentum(momentum, vec![0.0f32; dim]),
-        })
-        .map_err(|e| TcpError(format!("invalid protocol settings: {e}")))
+        .map_err(|e| TcpError(format!("invalid protocol settings: {e}")))?;
+    let rule = || crate::optimizer_spec::describe(&optimizer);
+    let needed = optimizer.state_len(dim);
+    let ruled = match resumed {
+        _ if optimizer.is_plain() => return Ok(server),
+        Some(state) if state.len() != needed => {
+            return Err(TcpError(format!(
+                "the checkpoint's state of update rule {} has {} elements, the rule keeps {needed} for {dim} \
+                 parameters",
+                rule(),
+                state.len()
+            )));
+        }
+        Some(state) => server.with_optimizer_state(optimizer, state),
+        None => server.with_optimizer(optimizer, vec![0.0f32; needed]),
+    };
+    ruled.map_err(|e| TcpError(format!("update rule {}: {e}", rule())))
 }
 
 fn options_send_queue(shared: &Shared) -> usize {

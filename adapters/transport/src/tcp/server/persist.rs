@@ -89,8 +89,8 @@ impl Persist {
         core::mem::take(&mut self.due)
     }
 
-    /// Writes a checkpoint of `params` at `version` for protocol `name` (with the momentum
-    /// buffer, if any; `accepted` gradients in this session) and restarts the journal from
+    /// Writes a checkpoint of `params` at `version` for protocol `name` (with the update rule
+    /// and its state, if it keeps any; `accepted` gradients in this session) and restarts the journal from
     /// it: `Err` if the checkpoint was not written, `Ok(Some(error))` if it was but the
     /// journal could not restart.
     #[allow(clippy::too_many_arguments)]
@@ -99,11 +99,11 @@ impl Persist {
         name: &str,
         version: Version,
         params: &[f32],
-        momentum: Option<(f64, &[f32])>,
+        rule: Option<(syncopate::proto::Optimizer, &[f32])>,
         accepted: u64,
         totals: &Totals,
     ) -> Result<Option<String>, String> {
-        checkpoint::save_stamped(&self.path, name, version, params, momentum, &self.stamp, accepted)
+        checkpoint::save_stamped(&self.path, name, version, params, rule, &self.stamp, accepted)
             .map_err(|e| e.to_string())?;
         Ok(self.journal.as_mut().and_then(|j| j.restart(version, totals).err()).map(|e| e.to_string()))
     }

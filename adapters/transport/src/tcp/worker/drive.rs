@@ -61,6 +61,8 @@ pub(super) fn drive(
     // the model it was asked on (the worker's buffer is overwritten by the next model).
     let mut deferred: Option<Deferred> = None;
     let mut deferred_params: Vec<f32> = Vec::new();
+    // Each model the server sends, for a job that takes every round (`WorkerJob::round`).
+    let mut round_params: Vec<f32> = Vec::new();
     // When the server was last heard from (a frame or a heartbeat).
     let mut heard = StdInstant::now();
     loop {
@@ -168,6 +170,14 @@ pub(super) fn drive(
             Ok(p) => match wire::decode_to_worker::<f32>(p.of(&inbuf), &limits) {
                 Ok(msg) => {
                     heard = StdInstant::now();
+                    if let syncopate::msg::ToWorker::Model { version, ref values, .. } = msg {
+                        if job.wants_rounds() {
+                            round_params.resize(shape.dim, 0.0);
+                            if values.copy_into(&mut round_params).is_ok() {
+                                job.round(version, &round_params);
+                            }
+                        }
+                    }
                     let kind = msg.kind_name();
                     if let Err(e) = worker.handle(since(origin), msg) {
                         refused(me, log, report, &format!("the server's {kind} message"), &e);

@@ -119,6 +119,21 @@ pub trait WorkerJob {
         Err("the server takes its initial model from worker 0, but this worker has no initial parameters to send"
             .into())
     }
+
+    /// Whether the job takes every model the server sends ([`Self::round`]): a job that
+    /// applies each round's mean with its own optimizer (the server's rule `mean`). The
+    /// default takes none.
+    fn wants_rounds(&self) -> bool {
+        false
+    }
+
+    /// Called for every model the server sends, in the order sent (versions increasing),
+    /// before any gradient on it and whether or not the worker computes on it (a worker that
+    /// has several models queued computes on the newest only). Only when
+    /// [`Self::wants_rounds`]. A job that must stop sets the kill switch.
+    fn round(&mut self, version: syncopate::Version, params: &[f32]) {
+        let _ = (version, params);
+    }
 }
 
 impl<F: FnMut(&[f32], &mut [f32])> WorkerJob for F {

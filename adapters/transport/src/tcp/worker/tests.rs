@@ -162,3 +162,54 @@ fn a_worker_back_from_a_long_computation_still_obeys_a_stop_sent_meanwhile() {
     assert_eq!(models, [0.0], "no computation after the stop");
     assert!(report.stopped);
 }
+
+/// [`Uninterruptible`] that also takes every round ([`WorkerJob::round`]).
+struct EveryRound {
+    busy: Uninterruptible,
+    rounds: Vec<(u64, f32)>,
+}
+
+impl WorkerJob for EveryRound {
+    fn gradient(&mut self, params: &[f32], grad: &mut [f32]) -> Duration {
+        self.busy.gradient(params, grad)
+    }
+
+    fn wants_rounds(&self) -> bool {
+        true
+    }
+
+    fn round(&mut self, version: Version, params: &[f32]) {
+        self.rounds.push((version.0, params[0]));
+    }
+}
+
+#[test]
+fn a_job_that_takes_every_round_sees_each_model_in_order_though_it_computes_on_the_newest() {
+    let dim = 3;
+    let settings = RunSettings::new(ProtocolSettings::named(ProtocolKind::Backup, 3, 0.1), dim);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (busy, busy_rx) = mpsc::channel();
+    let (release_tx, release) = mpsc::channel();
+    let worker = thread::spawn(move || {
+        let mut job = EveryRound { busy: Uninterruptible { models: Vec::new(), busy, release }, rounds: Vec::new() };
+        let report = run_worker(&WorkerOptions::new(addr, WorkerId(0)), &mut job, &mut |_| {}).unwrap();
+        (report, job.busy.models, job.rounds)
+    });
+    let mut server = FakeServer::accept(&listener, &settings);
+    assert_eq!(server.next().0, "Join");
+    server.model(0, dim);
+    busy_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    for version in 1..=4 {
+        server.model(version, dim);
+    }
+    thread::sleep(Duration::from_millis(50));
+    release_tx.send(()).unwrap();
+    assert_eq!(server.next(), ("Grad", Some(4)));
+    server.send(&ToWorker::Stop);
+    let (report, models, rounds) = worker.join().unwrap();
+    assert_eq!(models, [0.0, 4.0], "the computations skip to the newest model");
+    let every: Vec<(u64, f32)> = (0..=4).map(|v| (v, v as f32)).collect();
+    assert_eq!(rounds, every, "every model reached the job, in order, before the next computation");
+    assert!(report.stopped);
+}

@@ -56,6 +56,8 @@ mod rule;
 mod schedule;
 #[cfg(all(test, feature = "optimizers"))]
 mod tests;
+#[cfg(all(test, feature = "optimizers"))]
+mod tests_mean;
 #[cfg(test)]
 mod tests_momentum;
 #[cfg(all(test, feature = "optimizers"))]
@@ -113,10 +115,12 @@ pub enum Rule {
     /// The relay for worker-side optimizers: after each update the model **is** the
     /// update's mean gradient `d` (`x ← d`, with `d = acc/k` divided exactly by the round's
     /// `k` contributions), the learning rate and schedule unused. Only for the protocols
-    /// whose every update is one round's mean gradient (BSP, static backup workers, DBW);
-    /// every other protocol refuses it ([`ConfigError::RuleUnsupported`]). The model at
-    /// version 0 stays the initial model; each worker applies every round's mean with its
-    /// own optimizer.
+    /// whose every update is one round's mean gradient and whose every live worker receives
+    /// every round's model (BSP; static backup workers and DBW with `Interrupt::Abort`);
+    /// every other protocol, and those two when stragglers run to completion (a straggler
+    /// then gets only the newest model), refuses it ([`ConfigError::RuleUnsupported`]). The
+    /// model at version 0 stays the initial model; each worker applies every round's mean
+    /// with its own optimizer.
     Mean,
 }
 
