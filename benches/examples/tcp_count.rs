@@ -10,7 +10,8 @@
 //!
 //! `serve` prints one line: `d`, `updates`, the server's CPU time per update (user + system,
 //! every thread, from `/proc/self/task/*/schedstat`) over the updates after a warm-up of
-//! [`WARMUP`] versions, and each worker's CPU time per update outside its gradient job
+//! [`WARMUP`] versions, the CPU time of a memory copy of the `2·n·d·4` bytes an update moves
+//! through the server and the ratio of the two, and each worker's CPU time per update outside its gradient job
 //! (every thread of the worker process, less the job's own CPU time). Under callgrind
 //! (which does not follow the worker processes) the difference of two runs with different
 //! update counts, divided by `D · Δupdates`, is the server's instructions per parameter per
@@ -53,6 +54,21 @@ fn thread_cpu_ns() -> u64 {
         .unwrap_or(0)
 }
 
+/// The least CPU time (ms) of five copies of `len` `f32`s (`copy_from_slice`, buffers
+/// already paged in): the memory copy the server's CPU per update is compared with.
+fn memcpy_ms(len: usize) -> f64 {
+    let src = vec![1.0f32; len];
+    let mut dst = vec![0.0f32; len];
+    (0..5)
+        .map(|_| {
+            let t = thread_cpu_ns();
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&dst);
+            thread_cpu_ns().saturating_sub(t) as f64 / 1e6
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
 fn serve(dim: usize, updates: u64, n: u32) -> Result<(), String> {
     let protocol = ProtocolSettings::named(ProtocolKind::Bsp, n, 1e-6);
     let options = ServerOptions::new(RunSettings::new(protocol, dim));
@@ -90,11 +106,14 @@ fn serve(dim: usize, updates: u64, n: u32) -> Result<(), String> {
         worker_ms.push(ms.unwrap_or_else(|| "?".into()));
     }
     let per = |x: f64| x / updates as f64;
+    let server_ms = per(to.0.saturating_sub(from.0) as f64 / 1e6);
+    let copy_ms = memcpy_ms(2 * n as usize * dim);
     println!(
-        "d={dim} n={n} updates={updates} version={} server_cpu_ms={:.3} wall_ms={:.3} worker_cpu_ms_outside_job={}",
+        "d={dim} n={n} updates={updates} version={} server_cpu_ms={server_ms:.3} wall_ms={:.3} memcpy_ms={copy_ms:.3} \
+         server/memcpy={:.2} worker_cpu_ms_outside_job={}",
         report.version.0,
-        per(to.0.saturating_sub(from.0) as f64 / 1e6),
         per(to.1.saturating_duration_since(from.1).as_secs_f64() * 1e3),
+        server_ms / copy_ms,
         worker_ms.join(",")
     );
     Ok(())
@@ -103,7 +122,10 @@ fn serve(dim: usize, updates: u64, n: u32) -> Result<(), String> {
 fn work(addr: &str, id: u32) -> Result<(), String> {
     let updates: u64 = std::env::var("TCP_COUNT_UPDATES").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
     let last = WARMUP + updates;
-    let opts = WorkerOptions::new(addr, WorkerId(id));
+    let mut opts = WorkerOptions::new(addr, WorkerId(id));
+    // A large model can take longer than the default rejoin wait to arrive on a loaded
+    // machine; a re-sent Join would make the server send it again.
+    opts.rejoin_after = None;
     let (mut calls, mut in_job, mut from, mut to) = (0u64, 0u64, 0u64, (0u64, 0u64));
     let mut job = |_params: &[f32], grad: &mut [f32]| {
         // The job's call k computes on version k: the window runs from the call on the

@@ -131,8 +131,11 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
             // A round with no gradient yet has an accumulator of `+0` (zeroed when built and
             // at every close), which the first gradient's admission need not read.
             let policy = &self.config.gradient_policy;
-            let (factor, _) =
-                if self.round.len() == 0 { policy.admit_copy_to(values, out)? } else { policy.admit_add_to(values, acc, out)? };
+            let (factor, _) = if self.round.len() == 0 {
+                policy.admit_copy_to(values, out)?
+            } else {
+                policy.admit_add_to(values, acc, out)?
+            };
             core::mem::swap(&mut self.acc, spare);
             core.roster.commit_seq(from, seq);
             core.stats.accepted += 1;
