@@ -111,6 +111,7 @@ impl GradientPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::vec;
     use std::vec::Vec;
 
     #[test]
@@ -130,19 +131,33 @@ mod tests {
 
     /// A round's first gradient: the fused admission onto a zero accumulator that it does
     /// not read gives the verdict and the bits of the one that reads it (a `-0` element
-    /// becomes `+0`, as added to `+0`).
+    /// becomes `+0`, as added to `+0`), in the vector loop and its tail alike.
     #[test]
     fn admission_onto_an_empty_round_agrees_with_the_fused_one() {
-        let zero = [0.0f32; 3];
+        const N: usize = 37;
+        let zero = [0.0f32; N];
         let clip = GradientPolicy { max_norm: Some(1.0), on_large: LargeGradient::Clip };
         let refuse = GradientPolicy { max_norm: Some(1.0), on_large: LargeGradient::Reject };
-        let cases: [&[f32]; 6] =
-            [&[3.0, 4.0, -0.0], &[0.5, -0.0, 0.25], &[f32::NAN, 0.0, 1.0], &[1e30, 1e30, 0.0], &[1.0], &[-0.0; 3]];
+        let mixed: Vec<f32> = (0..N).map(|i| if i % 3 == 0 { -0.0 } else { 0.01 * i as f32 - 0.1 }).collect();
+        let with = |i: usize, v: f32| {
+            let mut g = mixed.clone();
+            g[i] = v;
+            g
+        };
+        let cases = [
+            mixed.clone(),
+            with(5, 3.0),
+            with(7, f32::NAN),
+            with(35, f32::INFINITY),
+            vec![1e30; N],
+            vec![-0.0; N],
+            vec![1.0; N - 1],
+        ];
         for p in [GradientPolicy::default(), clip, refuse] {
-            for g in cases {
+            for g in &cases {
                 let bytes: Vec<u8> = g.iter().flat_map(|v| v.to_le_bytes()).collect();
                 for v in [Values::Slice(g), Values::LittleEndian(&bytes)] {
-                    let (mut want, mut got) = ([7.0f32; 3], [9.0f32; 3]);
+                    let (mut want, mut got) = ([7.0f32; N], [9.0f32; N]);
                     let expected = p.admit_add_to(&v, &zero, &mut want);
                     assert_eq!(p.admit_copy_to(&v, &mut got), expected, "{p:?} {g:?}");
                     if expected.is_ok() {
