@@ -203,38 +203,6 @@ impl<T: Scalar> Values<'_, T> {
         }
     }
 
-    /// [`Self::add_to_measured`] of an accumulator that holds only `+0` (a round's first
-    /// gradient), without reading it: `out = 0 + values`, returning `Σ values²` with the
-    /// bits of [`Self::squared_norm`] (see [`math::copy_to_measured`]).
-    pub fn copy_to_measured(&self, out: &mut [T]) -> Result<T, LengthMismatch> {
-        self.check_len(out.len())?;
-        match self {
-            Values::Slice(s) => math::copy_to_measured(out, s),
-            Values::LittleEndian(b) => {
-                let mut lanes = [T::zero(); LANES];
-                let mut oc = out.chunks_exact_mut(LANES);
-                let mut bc = b.chunks_exact(LANES * T::BYTES);
-                for (os, bs) in (&mut oc).zip(&mut bc) {
-                    let Ok(os) = <&mut [T; LANES]>::try_from(os) else {
-                        continue;
-                    };
-                    let v = decode_chunk::<T>(bs);
-                    for ((o, v), l) in os.iter_mut().zip(&v).zip(lanes.iter_mut()) {
-                        *o = T::zero() + *v;
-                        *l = *l + *v * *v;
-                    }
-                }
-                let mut tail = T::zero();
-                for (o, e) in oc.into_remainder().iter_mut().zip(bc.remainder().chunks_exact(T::BYTES)) {
-                    let v = T::from_le(e).unwrap_or_else(T::zero);
-                    *o = T::zero() + v;
-                    tail = tail + v * v;
-                }
-                Ok(math::sum_lanes(&{ lanes }) + tail)
-            }
-        }
-    }
-
     /// `out = acc + a * values`; every `out_i` has the bits [`Self::scaled_add_into`] would
     /// give `acc_i`.
     pub fn scaled_add_to(&self, acc: &[T], a: T, out: &mut [T]) -> Result<(), LengthMismatch> {

@@ -14,7 +14,6 @@ pub(crate) use vector::{FINITE_BLOCK, LANES, lanes_are_zero, sum_lanes, zero_if_
 pub use crate::error::LengthMismatch;
 pub use scalar::Scalar;
 pub use vector::{
-    add, add_apply_and_clear, add_to_measured, all_finite, apply_and_clear, clip_by_norm, copy, copy_finite,
-    copy_to_measured, fill_zero, mean_of, scale, scaled_add, scaled_add_apply_and_clear, scaled_add_to, squared_norm,
-    sub_into,
+    add, add_apply_and_clear, add_to_measured, all_finite, apply_and_clear, clip_by_norm, copy, copy_finite, fill_zero,
+    mean_of, scale, scaled_add, scaled_add_apply_and_clear, scaled_add_to, squared_norm, sub_into,
 };

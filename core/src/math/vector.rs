@@ -295,32 +295,6 @@ pub fn add_to_measured<T: Scalar>(out: &mut [T], acc: &[T], x: &[T]) -> Result<T
     Ok(sum_lanes(&{ lanes }) + tail)
 }
 
-/// `out = 0 + x`, returning `Σ x_i²` with exactly the bits of [`squared_norm`]`(x)`:
-/// [`add_to_measured`] of an accumulator known to hold only `+0` (a round's first
-/// gradient), which it does not read. Each `out_i` has the bits `add_to_measured` would give
-/// it (`+0 + x_i`: a `-0` gradient element becomes `+0`, as when added to the accumulator).
-pub fn copy_to_measured<T: Scalar>(out: &mut [T], x: &[T]) -> Result<T, LengthMismatch> {
-    check(out.len(), x.len())?;
-    let mut lanes = [T::zero(); LANES];
-    let mut oc = out.chunks_exact_mut(LANES);
-    let mut xc = x.chunks_exact(LANES);
-    for (os, xs) in (&mut oc).zip(&mut xc) {
-        let (Ok(os), Ok(xs)) = (<&mut [T; LANES]>::try_from(os), <&[T; LANES]>::try_from(xs)) else {
-            continue;
-        };
-        for ((o, v), l) in os.iter_mut().zip(xs).zip(lanes.iter_mut()) {
-            *o = T::zero() + *v;
-            *l = *l + *v * *v;
-        }
-    }
-    let mut tail = T::zero();
-    for (o, v) in oc.into_remainder().iter_mut().zip(xc.remainder()) {
-        *o = T::zero() + *v;
-        tail = tail + *v * *v;
-    }
-    Ok(sum_lanes(&{ lanes }) + tail)
-}
-
 /// `out = acc + a * x` (each `out_i` with the bits `scaled_add` would give `acc_i`).
 pub fn scaled_add_to<T: Scalar>(out: &mut [T], acc: &[T], a: T, x: &[T]) -> Result<(), LengthMismatch> {
     check(out.len(), acc.len())?;

@@ -128,14 +128,7 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
             // refusal) is the one of the two-pass path below.
             let (acc, out) = (self.acc.as_ref().get(..dim), spare.as_mut().get_mut(..dim));
             let (Some(acc), Some(out)) = (acc, out) else { return Err(Reject::Capacity) };
-            // A round with no gradient yet has an accumulator of `+0` (zeroed when built and
-            // at every close), which the first gradient's admission need not read.
-            let policy = &self.config.gradient_policy;
-            let (factor, _) = if self.round.len() == 0 {
-                policy.admit_copy_to(values, out)?
-            } else {
-                policy.admit_add_to(values, acc, out)?
-            };
+            let (factor, _) = self.config.gradient_policy.admit_add_to(values, acc, out)?;
             core::mem::swap(&mut self.acc, spare);
             core.roster.commit_seq(from, seq);
             core.stats.accepted += 1;

@@ -92,27 +92,9 @@ impl GradientPolicy {
     }
 }
 
-impl GradientPolicy {
-    /// [`Self::admit_add_to`] onto an accumulator that holds only `+0` (a round's first
-    /// gradient), which is not read: `out = 0 + factor · values`, with the verdict and the
-    /// bits `admit_add_to` would give. `out`'s prior contents are never read.
-    pub fn admit_copy_to<T: Scalar>(&self, values: &Values<'_, T>, out: &mut [T]) -> Result<(T, f64), Reject> {
-        values.check_len(out.len())?;
-        let sq = values.copy_to_measured(out)?;
-        let (factor, sq) = self.verdict(values, sq)?;
-        if factor != T::one() {
-            math::fill_zero(out);
-            values.scaled_add_into(out, factor)?;
-        }
-        Ok((factor, sq))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::vec;
-    use std::vec::Vec;
 
     #[test]
     fn screens_length_finiteness_and_norm() {
@@ -127,45 +109,6 @@ mod tests {
         let refuse = GradientPolicy { max_norm: Some(1.0), on_large: LargeGradient::Reject };
         assert_eq!(refuse.admit(&Values::Slice(&[3.0f64, 4.0]), 2), Err(Reject::NormTooLarge));
         assert_eq!(refuse.admit(&Values::Slice(&[0.5f64, 0.5]), 2), Ok(1.0));
-    }
-
-    /// A round's first gradient: the fused admission onto a zero accumulator that it does
-    /// not read gives the verdict and the bits of the one that reads it (a `-0` element
-    /// becomes `+0`, as added to `+0`), in the vector loop and its tail alike.
-    #[test]
-    fn admission_onto_an_empty_round_agrees_with_the_fused_one() {
-        const N: usize = 37;
-        let zero = [0.0f32; N];
-        let clip = GradientPolicy { max_norm: Some(1.0), on_large: LargeGradient::Clip };
-        let refuse = GradientPolicy { max_norm: Some(1.0), on_large: LargeGradient::Reject };
-        let mixed: Vec<f32> = (0..N).map(|i| if i % 3 == 0 { -0.0 } else { 0.01 * i as f32 - 0.1 }).collect();
-        let with = |i: usize, v: f32| {
-            let mut g = mixed.clone();
-            g[i] = v;
-            g
-        };
-        let cases = [
-            mixed.clone(),
-            with(5, 3.0),
-            with(7, f32::NAN),
-            with(35, f32::INFINITY),
-            vec![1e30; N],
-            vec![-0.0; N],
-            vec![1.0; N - 1],
-        ];
-        for p in [GradientPolicy::default(), clip, refuse] {
-            for g in &cases {
-                let bytes: Vec<u8> = g.iter().flat_map(|v| v.to_le_bytes()).collect();
-                for v in [Values::Slice(g), Values::LittleEndian(&bytes)] {
-                    let (mut want, mut got) = ([7.0f32; N], [9.0f32; N]);
-                    let expected = p.admit_add_to(&v, &zero, &mut want);
-                    assert_eq!(p.admit_copy_to(&v, &mut got), expected, "{p:?} {g:?}");
-                    if expected.is_ok() {
-                        assert_eq!(got.map(f32::to_bits), want.map(f32::to_bits), "{p:?} {g:?}");
-                    }
-                }
-            }
-        }
     }
 
     #[test]
