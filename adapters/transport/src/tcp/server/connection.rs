@@ -66,7 +66,8 @@ pub(super) fn connection(
         Ok(epoch)
     });
     drop(table);
-    let _verified = admitted.get().map(|worker| (Slot(&shared.connections), ClaimGuard { shared, worker }));
+    let _slot = admitted.get().map(|_| Slot(&shared.connections));
+    let claim = admitted.get().map(|worker| ClaimGuard { shared, worker });
     let session = match result {
         Ok(s) => s,
         Err(e) => {
@@ -136,6 +137,10 @@ pub(super) fn connection(
             Err(e) => break Some(e.to_string()),
         }
     };
+    // The session is over once its reader stops: its worker id is free for the next session
+    // before the protocol thread hears of the end (and closes the socket, which the worker
+    // may be waiting for before it reconnects), not only once the writer has finished.
+    drop(claim);
     if let Some(reason) = reason {
         let _ = tx.send(ConnEvent::Closed { conn, worker, reason });
     }

@@ -529,7 +529,8 @@ impl TcpServer {
             _ => {}
         }
         let version = server.version();
-        listener.set_nonblocking(true).map_err(|e| TcpError(format!("listener: {e}")))?;
+        accept::wait_for_connections(&listener).map_err(|e| TcpError(format!("listener: {e}")))?;
+        let waker = listener.try_clone().map_err(|e| TcpError(format!("listener: {e}")))?;
         let n = announce.config.workers() as usize;
         let server_id = u64::from_le_bytes(
             super::auth::nonce().map_err(|e| TcpError(e.to_string()))?[..8].try_into().unwrap_or_default(),
@@ -568,6 +569,7 @@ impl TcpServer {
         let reason = core.run(&in_rx, plan, &control, note);
         core.finish(reason, &in_rx, note);
         shared.closing.store(true, Ordering::SeqCst);
+        accept::wake(&waker);
         drop(in_rx);
         let _ = accept.join();
         Ok(core.into_report(reason, shared.evictions.load(Ordering::SeqCst)))

@@ -128,7 +128,15 @@ pub(super) fn drive(
         if let Some(h) = held.take_if(|_| due && !look_first()) {
             let (id, loss) = (h.id, h.loss);
             let took = h.finish(report).as_secs_f64();
-            match worker.handle_gradient_with_loss(since(origin), id, &grad, loss) {
+            // A gradient worker adopts the buffer itself (the two buffers trade places, and
+            // `grad` then holds the model the job computed on, which nothing reads again: the
+            // job writes every element of the next gradient); the others copy it.
+            let now = since(origin);
+            let handed = match &mut *worker {
+                AnyWorker::Gradient(gw) => gw.handle_gradient_in(now, id, &mut grad, loss),
+                other => other.handle_gradient_with_loss(now, id, &grad, loss),
+            };
+            match handed {
                 Ok(()) => {
                     report.steps += 1;
                     if shape.report_step_times {

@@ -96,7 +96,8 @@ pub trait WorkerJob {
         Ok(())
     }
 
-    /// Writes the gradient at `params` into `grad` (both of the model's length) and returns
+    /// Writes the gradient at `params` into `grad` (both of the model's length; every element
+    /// of `grad` must be written: its prior contents are unspecified) and returns
     /// how much longer this step should take: an emulated straggler's extra time, during
     /// which the worker still reads the server (an abort can cancel the step). Usually zero.
     fn gradient(&mut self, params: &[f32], grad: &mut [f32]) -> Duration;
