@@ -287,6 +287,9 @@ pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
             "connect to every shard",
             "is not a shard",
             "runs other settings than shard 0",
+            // Every handshake refusal, either way: the run's settings or this worker's.
+            "refusing the server's run",
+            "refused by peer",
         ];
         if usage.iter().any(|u| e.0.contains(u)) { Failure::Usage(e.0) } else { Failure::Run(e.0) }
     };
