@@ -89,6 +89,32 @@ fn a_killed_server_leaves_the_rows_recorded_before_the_kill() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// Every checkpoint writes out the trace: a server killed right after one (long before
+/// the 2 s flush) leaves a row for every gradient the checkpoint's model holds.
+#[test]
+fn a_server_killed_after_a_checkpoint_leaves_every_row_its_model_holds() {
+    let dir = scratch("checkpoint");
+    let (path, ckpt) = (dir.join("served.csv"), dir.join("m.ckpt"));
+    let (t, c) = (path.to_str().unwrap(), ckpt.to_str().unwrap());
+    let knobs = ["--protocol", "bsp", "--workers", "2", "--model", "nqm:100", "--batch-size", "16", "--lr", "0.05"];
+    let files = ["--record-trace", t, "--checkpoint", c, "--checkpoint-every", "3"];
+    let (mut server, addr) = serve(&[&knobs[..], &["--steps", "100000"], &files[..]].concat());
+    let _workers: Vec<Proc> = (0..2).map(|i| work(&addr, i, &["--step-ms", "60"])).collect();
+    let end = std::time::Instant::now() + Duration::from_secs(60);
+    let version = loop {
+        assert!(std::time::Instant::now() < end, "no checkpoint at version 12 within 60 s");
+        match syncopate_adapters::tcp::checkpoint::load(&ckpt, "bsp", 100) {
+            Ok(k) if k.version.0 >= 12 => break k.version.0,
+            _ => std::thread::sleep(Duration::from_millis(2)),
+        }
+    };
+    server.kill9();
+    let rows = trace::read_lines_with_stats(&path).unwrap_or_else(|e| panic!("the killed server's trace: {e}"));
+    // BSP over 2 workers: each of the checkpoint's `version` updates applied 2 gradients.
+    assert!(rows.len() as u64 >= 2 * version, "{} rows for a checkpoint at version {version}", rows.len());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// Under ASP the worker 4 times slower sends about a quarter as many gradients, each row a
 /// gradient on a model of its own, and `advise` reads the unequal table with --truncate.
 #[test]

@@ -94,7 +94,7 @@ pub(super) fn run(args: &GroupArgs) -> Result<(), Failure> {
         Note::Event(ServerEvent::Stalled { waiting_for, missing, .. }) => {
             eprintln!("group: stalled: waiting for worker {} ({missing} missing)", waiting_for.0);
         }
-        Note::Event(_) | Note::Model { .. } | Note::Started | Note::Contribution { .. } => {}
+        Note::Event(_) | Note::Model { .. } | Note::Started | Note::Contribution { .. } | Note::Checkpoint { .. } => {}
     });
     let report = match (result, bind_error) {
         (Ok(r), _) => r,

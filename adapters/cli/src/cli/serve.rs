@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
-use syncopate::{ServerEvent, Version};
+use syncopate::Version;
 
 /// Flags of `syncopate serve`.
 #[derive(Clone, Debug, Args)]
@@ -165,7 +165,9 @@ fn run_settings(args: &ServeArgs, source: &ModelSource) -> Result<RunSettings, S
     }
     settings.initial_from_worker = matches!(source, ModelSource::Worker { .. });
     settings.remote_groups = args.remote_groups;
-    settings.report_step_times = args.record_trace.is_some();
+    // The workers report their step times for the straggler report (and a trace); a shard
+    // or a central server of remote groups has no workers' steps of its own to report.
+    settings.report_step_times = args.record_trace.is_some() || (!args.remote_groups && args.shard.shard.is_none());
     // A knob error blames --remote-groups only when it was given.
     settings.server_config().map_err(|e| if args.remote_groups { format!("--remote-groups: {e}") } else { e })?;
     super::shard::apply(&args.shard, &mut settings)?;
@@ -389,9 +391,6 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         };
     let mut on_note = |note: Note<'_>| match note {
         Note::Log(line) => eprintln!("serve: {line}"),
-        Note::Event(ServerEvent::Stalled { waiting_for, missing, .. }) => {
-            eprintln!("serve: stalled: waiting for worker {} ({missing} missing)", waiting_for.0);
-        }
         Note::Event(_) => {}
         Note::Started => {
             start.set(Some(Instant::now()));
@@ -432,6 +431,12 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         Note::Contribution { worker, msg, step_seconds } => {
             if let Some(t) = recorded.as_mut() {
                 t.record(worker, msg, step_seconds);
+            }
+        }
+        // The trace covers every checkpoint: a server killed after one leaves its rows.
+        Note::Checkpoint { .. } => {
+            if let Some(t) = recorded.as_mut() {
+                t.flush_all();
             }
         }
     };
@@ -497,6 +502,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     if workload.is_none() || args.target_loss.is_some() || !report.loss_curve.is_empty() {
         summary.loss_curve = Some(LossCurve::new(report.loss_curve.clone(), args.target_loss));
     }
+    summary.stragglers = Some(report.stragglers.clone());
     summary.ledger = Some(TcpLedger {
         received: report.received,
         refused: report.refused_contributions,
