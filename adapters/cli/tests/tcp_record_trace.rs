@@ -40,6 +40,15 @@ fn serve_records_every_workers_step_times_and_gradient_columns_for_advise() {
     }
     let summary: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
     let received = summary["ledger"]["received"].as_u64().unwrap();
+    // The straggler report names worker 3 and accounts for every gradient.
+    let stragglers = summary["stragglers"].as_array().unwrap_or_else(|| panic!("{summary}"));
+    assert_eq!(stragglers.len(), 4, "{summary}");
+    assert!(stragglers[3]["ratio"].as_f64().unwrap() > 1.5, "{summary}");
+    assert!(stragglers[..3].iter().all(|r| r["ratio"].as_f64().unwrap() < 1.5), "{summary}");
+    let sum = |k: &str| stragglers.iter().map(|r| r[k].as_u64().unwrap()).sum::<u64>();
+    let g = &summary["gradients"];
+    let totals = [g["applied"].as_u64(), g["dropped"].as_u64(), g["held_at_stop"].as_u64()];
+    assert_eq!([Some(sum("applied")), Some(sum("dropped")), Some(sum("held"))], totals, "{summary}");
     let rows = trace::read_lines_with_stats(&path).unwrap();
     assert_eq!(rows.len() as u64, received, "one row per gradient received");
     for w in 0..4u32 {

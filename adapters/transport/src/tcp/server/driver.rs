@@ -608,6 +608,10 @@ impl<S: Server<f32>> Core<S> {
             // No model yet: a checkpoint of the placeholder would be taken for one.
             return;
         }
+        if self.persist.is_some() {
+            // Before the file: a checkpoint on disk is always covered by what the caller wrote.
+            note(Note::Checkpoint { version: self.proto.server().version() });
+        }
         let totals = self.totals();
         let Some(persist) = self.persist.as_mut() else {
             return;
@@ -618,7 +622,6 @@ impl<S: Server<f32>> Core<S> {
         match persist.save(name, server.version(), server.params(), momentum, server.stats().accepted, &totals) {
             Ok(journal_error) => {
                 self.report.checkpoints += 1;
-                note(Note::Checkpoint { version: server.version() });
                 if let Some(e) = journal_error {
                     note(Note::Log(&e));
                 }

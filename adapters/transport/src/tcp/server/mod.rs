@@ -210,8 +210,9 @@ pub enum Note<'a> {
     /// Every worker has connected at least once: the run's clock starts (wall time and
     /// time to target exclude the wait before).
     Started,
-    /// A checkpoint of the model at `version` was written (a recorder writes out what it
-    /// holds: a server killed later leaves a trace that covers its checkpoint).
+    /// A checkpoint of the model at `version` is about to be written: a recorder writes out
+    /// what it holds now, so that a server killed after the checkpoint leaves a trace that
+    /// covers it.
     Checkpoint {
         /// The version it holds.
         version: Version,
