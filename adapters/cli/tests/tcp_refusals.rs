@@ -16,7 +16,7 @@ fn vector(name: &str, n: usize) -> String {
     let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
     bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
     bytes.extend_from_slice(header.as_bytes());
-    bytes.extend(std::iter::repeat_n(0u8, 4 * n));
+    bytes.extend(core::iter::repeat_n(0u8, 4 * n));
     let path = dir.join("v.npy");
     std::fs::write(&path, bytes).unwrap();
     path.to_str().unwrap().to_owned()

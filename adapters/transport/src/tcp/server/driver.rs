@@ -360,11 +360,9 @@ impl<S: Server<f32>> Core<S> {
                     );
                 }
                 // The worker is told (a group server of remote groups speaks only the core's messages).
-                match self.conns.get(worker.index()) {
-                    Some(Some(conn)) if !self.shared.options.settings.remote_groups => {
-                        let _ = conn.tx.try_send(Arc::new(r.encode()));
-                    }
-                    _ => {}
+                let to = self.conns.get(worker.index()).and_then(Option::as_ref);
+                if let Some(conn) = to.filter(|_| !self.shared.options.settings.remote_groups) {
+                    let _ = conn.tx.try_send(Arc::new(r.encode()));
                 }
                 if r.ends_the_run() {
                     let line = format!(

@@ -240,8 +240,8 @@ mod tests {
     #[test]
     fn a_window_keeps_the_newest_times_only() {
         let mut s = Stragglers::new(1);
-        s.steps(WorkerId(0), &vec![1.0; 3 * WINDOW]);
-        s.steps(WorkerId(0), &vec![0.001; WINDOW / 2 + 1]);
+        s.steps(WorkerId(0), &[1.0; 3 * WINDOW]);
+        s.steps(WorkerId(0), &[0.001; WINDOW / 2 + 1]);
         let row = s.rows(&[])[0];
         assert_eq!(row.steps, 3 * WINDOW as u64 + WINDOW as u64 / 2 + 1);
         assert_eq!(row.median_step_s, Some(0.001f32.into()), "the newest times are the majority");
