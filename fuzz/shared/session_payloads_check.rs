@@ -1,8 +1,9 @@
 //! The checks of the `session_payloads` fuzz target, shared with
 //! `tests/tests/fuzz_parsers_corpus.rs`.
 //!
-//! The two transport messages of a session that are not the core's: worker 0's initial
-//! model (`INIT`, [`initial`]) and a worker's step times (`STEP`, [`step_times`]). Every
+//! The transport messages of a session that are not the core's: worker 0's initial model
+//! (`INIT`, [`initial`]), a worker's step times (`STEP`, [`step_times`]), and the
+//! not-finite reports both ways (`NFIN`, `RFSD`, [`refusal`]); these two round-trip. Every
 //! input is decoded as both, the initial model for several model sizes (its own length
 //! included). No panic; what is accepted has the announced size and only finite values
 //! (positive step times), is recognised by its magic, and re-encodes to the same bytes.
@@ -10,6 +11,7 @@
 //! always decode.
 
 use syncopate_adapters::tcp::initial;
+use syncopate_adapters::tcp::refusal;
 use syncopate_adapters::tcp::step_times::{self, PendingSteps};
 
 /// Runs every check on `data`; panics on a violation. Returns how many decodings accepted it.
@@ -33,6 +35,16 @@ pub(crate) fn check(data: &[u8]) -> usize {
         assert!(seconds.iter().all(|s| s.is_finite() && *s > 0.0), "accepted a step time that is not one");
         let again = step_times::encode(&seconds).unwrap_or_else(|e| panic!("accepted step times refused: {e}"));
         assert!(again == data, "re-encoding step times changed their bytes");
+    }
+    if let Ok(n) = refusal::NotFinite::decode(data) {
+        accepted += 1;
+        assert!(refusal::NOT_FINITE.is(data));
+        assert_eq!(refusal::NotFinite::decode(&n.encode()), Ok(n), "a not-finite message round-trips");
+    }
+    if let Ok(r) = refusal::Refusal::decode(data) {
+        accepted += 1;
+        assert!(refusal::CODEC.is(data) && r.limit >= 1);
+        assert_eq!(refusal::Refusal::decode(&r.encode()), Ok(r), "a refusal message round-trips");
     }
     check_pending(data);
     accepted

@@ -149,6 +149,21 @@ fn report_dict<'py>(
     let (sum, count, max) = report.staleness;
     d.set_item("staleness_mean", if count > 0 { sum as f64 / count as f64 } else { 0.0 })?;
     d.set_item("staleness_max", max)?;
+    // Per worker: median step time (none without step times), ratio to the median worker,
+    // contributions applied, dropped and held.
+    let stragglers = PyList::empty(py);
+    for r in &report.stragglers {
+        let row = PyDict::new(py);
+        row.set_item("worker", r.worker)?;
+        row.set_item("steps", r.steps)?;
+        row.set_item("median_step_s", r.median_step_s)?;
+        row.set_item("ratio", r.ratio)?;
+        row.set_item("applied", r.applied)?;
+        row.set_item("dropped", r.dropped)?;
+        row.set_item("held", r.held)?;
+        stragglers.append(row)?;
+    }
+    d.set_item("stragglers", stragglers)?;
     Ok(d)
 }
 
@@ -238,7 +253,8 @@ pub(crate) fn serve<'py>(
     }
     let trace_file = record_trace.as_deref().map(trace::create).transpose().map_err(PyValueError::new_err)?;
     let mut settings = RunSettings::new(protocol.settings.clone(), dim);
-    settings.report_step_times = record_trace.is_some();
+    // The workers report their step times for the straggler report (and a trace).
+    settings.report_step_times = true;
     let mut options = ServerOptions::new(settings);
     options.insecure = insecure;
     options.lost_after = lost_after;

@@ -158,6 +158,8 @@ pub(crate) struct Watch<'a> {
 impl Watch<'_> {
     pub(crate) fn note(&mut self, note: Note<'_>) {
         match note {
+            // Before the clock starts, the ticker names the workers still to connect.
+            Note::Log(line) if line.starts_with("stalled: waiting for") && lock(self.progress).started.is_none() => {}
             Note::Log(line) => self.log_line(line),
             Note::Started => lock(self.progress).started = Some(Instant::now()),
             Note::Event(ServerEvent::WorkerJoined { worker, .. }) => lock(self.progress).join(worker.index()),
@@ -165,17 +167,16 @@ impl Watch<'_> {
                 self.lost.push(worker.0);
                 lock(self.progress).lose(worker.index());
             }
-            Note::Event(ServerEvent::Stalled { waiting_for, missing, .. }) => {
-                // Before the clock starts, the ticker names the workers still to connect.
-                if lock(self.progress).started.is_some() {
-                    self.log_line(&format!("stalled: waiting for worker {} ({missing} missing)", waiting_for.0));
-                }
-            }
             Note::Event(_) => {}
             Note::Model { version, .. } => self.model(version),
             Note::Contribution { worker, msg, step_seconds } => {
                 if let Some(t) = self.trace.as_mut() {
                     t.record(worker, msg, step_seconds);
+                }
+            }
+            Note::Checkpoint { .. } => {
+                if let Some(t) = self.trace.as_mut() {
+                    t.flush_all();
                 }
             }
         }

@@ -39,7 +39,7 @@ use syncopate_adapters::tcp::checkpoint::{self, Journal, Totals};
 use syncopate_adapters::tcp::frame::FrameWriter;
 use syncopate_adapters::tcp::handshake::{ClientHello, Message, RefuseCode, Role, ServerHello};
 use syncopate_adapters::tcp::settings::{DataSource, WorkloadSettings};
-use syncopate_adapters::tcp::{ProtocolSettings, RunSettings, ShardSettings, initial, step_times};
+use syncopate_adapters::tcp::{ProtocolSettings, RunSettings, ShardSettings, initial, refusal, step_times};
 use syncopate_adapters::trace::{self, GradientStats, Step};
 
 type Seeds = Vec<(String, Vec<u8>)>;
@@ -219,6 +219,8 @@ fn session_payloads_corpus() {
         seed("initial_16", initial::encode(&[0.125; 16], 16).expect("initial")),
         seed("step_times_3", step_times::encode(&[0.05, 0.25, 1.5]).expect("steps")),
         seed("step_times_1", step_times::encode(&[f32::MIN_POSITIVE]).expect("steps")),
+        seed("not_finite_loss", refusal::NotFinite::Loss.encode()),
+        seed("refusal_2_of_3", refusal::Refusal { total: 2, in_a_row: 2, limit: 3 }.encode()),
     ];
     run("session_payloads", seeds, session_payloads_check::check);
     // The pending-steps part accepts nothing: it only has to hold for any input.

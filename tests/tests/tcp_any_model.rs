@@ -56,7 +56,7 @@ fn start_server_awaiting_initial(plan: RunPlan) -> tcp_common::Running {
         server.run_with_initial_from_worker(&plan, &mut |n| match n {
             Note::Log(line) => l2.lock().unwrap().push(line.to_owned()),
             Note::Event(ev) => e2.lock().unwrap().push(*ev),
-            Note::Model { .. } | Note::Started | Note::Contribution { .. } => {}
+            Note::Model { .. } | Note::Started | Note::Contribution { .. } | Note::Checkpoint { .. } => {}
         })
     });
     tcp_common::Running { addr, handle, logs, events, join }

@@ -40,6 +40,15 @@ fn serve_records_every_workers_step_times_and_gradient_columns_for_advise() {
     }
     let summary: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
     let received = summary["ledger"]["received"].as_u64().unwrap();
+    // The straggler report names worker 3 and accounts for every gradient.
+    let stragglers = summary["stragglers"].as_array().unwrap_or_else(|| panic!("{summary}"));
+    assert_eq!(stragglers.len(), 4, "{summary}");
+    assert!(stragglers[3]["ratio"].as_f64().unwrap() > 1.5, "{summary}");
+    assert!(stragglers[..3].iter().all(|r| r["ratio"].as_f64().unwrap() < 1.5), "{summary}");
+    let sum = |k: &str| stragglers.iter().map(|r| r[k].as_u64().unwrap()).sum::<u64>();
+    let g = &summary["gradients"];
+    let totals = [g["applied"].as_u64(), g["dropped"].as_u64(), g["held_at_stop"].as_u64()];
+    assert_eq!([Some(sum("applied")), Some(sum("dropped")), Some(sum("held"))], totals, "{summary}");
     let rows = trace::read_lines_with_stats(&path).unwrap();
     assert_eq!(rows.len() as u64, received, "one row per gradient received");
     for w in 0..4u32 {
@@ -86,6 +95,32 @@ fn a_killed_server_leaves_the_rows_recorded_before_the_kill() {
     }
     let advise = syncopate(&["advise", "--trace", t, "--truncate", "--seeds", "2", "--no-noise-sweep", "--no-phases"]);
     assert!(advise.status.success(), "{}", String::from_utf8_lossy(&advise.stderr));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Every checkpoint writes out the trace: a server killed right after one (long before
+/// the 2 s flush) leaves a row for every gradient the checkpoint's model holds.
+#[test]
+fn a_server_killed_after_a_checkpoint_leaves_every_row_its_model_holds() {
+    let dir = scratch("checkpoint");
+    let (path, ckpt) = (dir.join("served.csv"), dir.join("m.ckpt"));
+    let (t, c) = (path.to_str().unwrap(), ckpt.to_str().unwrap());
+    let knobs = ["--protocol", "bsp", "--workers", "2", "--model", "nqm:100", "--batch-size", "16", "--lr", "0.05"];
+    let files = ["--record-trace", t, "--checkpoint", c, "--checkpoint-every", "3"];
+    let (mut server, addr) = serve(&[&knobs[..], &["--steps", "100000"], &files[..]].concat());
+    let _workers: Vec<Proc> = (0..2).map(|i| work(&addr, i, &["--step-ms", "60"])).collect();
+    let end = std::time::Instant::now() + Duration::from_secs(60);
+    let version = loop {
+        assert!(std::time::Instant::now() < end, "no checkpoint at version 12 within 60 s");
+        match syncopate_adapters::tcp::checkpoint::load(&ckpt, "bsp", 100) {
+            Ok(k) if k.version.0 >= 12 => break k.version.0,
+            _ => std::thread::sleep(Duration::from_millis(2)),
+        }
+    };
+    server.kill9();
+    let rows = trace::read_lines_with_stats(&path).unwrap_or_else(|e| panic!("the killed server's trace: {e}"));
+    // BSP over 2 workers: each of the checkpoint's `version` updates applied 2 gradients.
+    assert!(rows.len() as u64 >= 2 * version, "{} rows for a checkpoint at version {version}", rows.len());
     std::fs::remove_dir_all(&dir).ok();
 }
 

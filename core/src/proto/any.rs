@@ -474,6 +474,9 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Server<T> for AnyServer<T, S, M> {
     fn has_upstream(&self) -> bool {
         dispatch!(self, s => s.has_upstream(), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Group, Ssp, Bap)
     }
+    fn awaits(&self, worker: WorkerId) -> bool {
+        dispatch!(self, s => s.awaits(worker), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Group, Ssp, Bap)
+    }
     fn handle_upstream(&mut self, now: Instant, msg: ToWorker<'_, T>) -> Result<(), Reject> {
         dispatch!(self, s => s.handle_upstream(now, msg), Bsp, Asp, Backup, Dbw, Wbsp, Grouped, Group, Ssp, Bap)
     }

@@ -442,6 +442,14 @@ pub trait Server<T: Scalar> {
     fn optimizer_steps(&self) -> u64 {
         0
     }
+    /// Whether the step the server is waiting for lacks `worker`'s contribution: the
+    /// workers a [`ServerEvent::Stalled`] report counts (it names only the first), for a
+    /// caller that names them all. `false` for every worker when nothing waits, and by
+    /// default (a server that does not say).
+    fn awaits(&self, worker: WorkerId) -> bool {
+        let _ = worker;
+        false
+    }
     /// Whether this server is a worker of a server above it: it emits
     /// [`ServerOutput::Upstream`] and takes [`Self::handle_upstream`], so its driver must
     /// give it an upstream link. False unless the server says otherwise.

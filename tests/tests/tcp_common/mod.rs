@@ -123,7 +123,7 @@ pub fn start_server_at(
         server.run(params, version, &plan, &mut |n| match n {
             Note::Log(line) => l2.lock().unwrap().push(line.to_owned()),
             Note::Event(ev) => e2.lock().unwrap().push(*ev),
-            Note::Model { .. } | Note::Started | Note::Contribution { .. } => {}
+            Note::Model { .. } | Note::Started | Note::Contribution { .. } | Note::Checkpoint { .. } => {}
         })
     });
     Running { addr, handle, logs, events, join }

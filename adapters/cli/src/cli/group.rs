@@ -8,7 +8,7 @@ use crate::tcp::{FrameTimeout, GroupOptions, Note, RunPlan, ServerOptions, StopR
 use clap::Args;
 use core::time::Duration;
 use std::path::PathBuf;
-use syncopate::{ServerEvent, WorkerId};
+use syncopate::WorkerId;
 
 /// Flags of `syncopate group`.
 #[derive(Clone, Debug, Args)]
@@ -90,11 +90,9 @@ pub(super) fn run(args: &GroupArgs) -> Result<(), Failure> {
     };
     let plan = RunPlan { max_gradients: u64::MAX, time_limit };
     let result = run_group(&up, &mut bind, &plan, &mut |note| match note {
+        // Stall reports come as log lines (the server names every worker it waits for).
         Note::Log(line) => eprintln!("group: {line}"),
-        Note::Event(ServerEvent::Stalled { waiting_for, missing, .. }) => {
-            eprintln!("group: stalled: waiting for worker {} ({missing} missing)", waiting_for.0);
-        }
-        Note::Event(_) | Note::Model { .. } | Note::Started | Note::Contribution { .. } => {}
+        Note::Event(_) | Note::Model { .. } | Note::Started | Note::Contribution { .. } | Note::Checkpoint { .. } => {}
     });
     let report = match (result, bind_error) {
         (Ok(r), _) => r,

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 use syncopate::proto::{Optimizer, Schedule};
-use syncopate::{ServerEvent, Version};
+use syncopate::Version;
 use syncopate_transport::optimizer_spec;
 
 /// Flags of `syncopate serve`.
@@ -165,7 +165,9 @@ fn run_settings(args: &ServeArgs, source: &ModelSource) -> Result<RunSettings, S
     }
     settings.initial_from_worker = matches!(source, ModelSource::Worker { .. });
     settings.remote_groups = args.remote_groups;
-    settings.report_step_times = args.record_trace.is_some();
+    // The workers report their step times for the straggler report (and a trace); a shard
+    // or a central server of remote groups has no workers' steps of its own to report.
+    settings.report_step_times = args.record_trace.is_some() || (!args.remote_groups && args.shard.shard.is_none());
     settings.optimizer = args.optimizer.optimizer()?;
     if settings.optimizer.rule == syncopate::proto::Rule::Mean {
         let what = if source.workload().is_some() {
@@ -428,9 +430,6 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         };
     let mut on_note = |note: Note<'_>| match note {
         Note::Log(line) => eprintln!("serve: {line}"),
-        Note::Event(ServerEvent::Stalled { waiting_for, missing, .. }) => {
-            eprintln!("serve: stalled: waiting for worker {} ({missing} missing)", waiting_for.0);
-        }
         Note::Event(_) => {}
         Note::Started => {
             start.set(Some(Instant::now()));
@@ -471,6 +470,12 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         Note::Contribution { worker, msg, step_seconds } => {
             if let Some(t) = recorded.as_mut() {
                 t.record(worker, msg, step_seconds);
+            }
+        }
+        // The trace covers every checkpoint: a server killed after one leaves its rows.
+        Note::Checkpoint { .. } => {
+            if let Some(t) = recorded.as_mut() {
+                t.flush_all();
             }
         }
     };
@@ -536,6 +541,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     if workload.is_none() || args.target_loss.is_some() || !report.loss_curve.is_empty() {
         summary.loss_curve = Some(LossCurve::new(report.loss_curve.clone(), args.target_loss));
     }
+    summary.stragglers = Some(report.stragglers.clone());
     summary.ledger = Some(TcpLedger {
         received: report.received,
         refused: report.refused_contributions,

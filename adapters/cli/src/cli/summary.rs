@@ -171,6 +171,11 @@ pub struct Summary {
     /// TCP runs: the server's side of the conservation ledger.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ledger: Option<TcpLedger>,
+    /// TCP runs: the straggler report, per worker (its median step time and ratio to the
+    /// median worker, none without reported step times; its contributions applied,
+    /// dropped and held).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stragglers: Option<Vec<crate::tcp::WorkerRow>>,
     /// The simulator's cost (simulated runs only): events processed, and per second of
     /// wall-clock time.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -241,6 +246,7 @@ impl Summary {
             diverged: crate::sim::divergence(&report.curve, report.ledger.refused_not_finite),
             curve: report.curve.clone(),
             ledger: None,
+            stragglers: None,
             loss_curve: None,
             test_set: true,
         }
@@ -284,6 +290,7 @@ impl Summary {
             diverged: crate::sim::divergence(&report.curve, report.not_finite),
             curve: report.curve.clone(),
             ledger: None,
+            stragglers: None,
             loss_curve: None,
             test_set: true,
         }
@@ -401,6 +408,9 @@ impl Summary {
             );
         }
         let _ = writeln!(out, "  compute share  {}", share.join(" "));
+        for line in self.stragglers.iter().flat_map(|rows| crate::tcp::straggler_lines(rows)) {
+            let _ = writeln!(out, "  {line}");
+        }
         for line in self.loss_curve.iter().flat_map(super::loss_curve::LossCurve::lines) {
             let _ = writeln!(out, "  {line}");
         }

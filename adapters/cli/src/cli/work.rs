@@ -294,7 +294,16 @@ pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
             "is not a shard",
             "runs other settings than shard 0",
         ];
-        if usage.iter().any(|u| e.0.contains(u)) { Failure::Usage(e.0) } else { Failure::Run(e.0) }
+        // A handshake refused either way (settings this worker cannot run, another
+        // version, a worker id or model size the server refuses) is the operator's to fix;
+        // a wrong or missing shared secret fails the run.
+        let secret = e.0.contains("shared secret") || e.0.contains("authentication");
+        let refused = e.0.contains("refusing the server's run") || e.0.contains("refused by peer");
+        if (refused && !secret) || usage.iter().any(|u| e.0.contains(u)) {
+            Failure::Usage(e.0)
+        } else {
+            Failure::Run(e.0)
+        }
     };
     let mut log = |line: &str| eprintln!("work: {line}");
     let (report, json) = if shards.len() > 1 {

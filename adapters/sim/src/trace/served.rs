@@ -12,7 +12,8 @@
 //!
 //! **Written as it goes** ([`ServedTrace::write_as_you_go`]): the header at once, then the
 //! rows in arrival order as their columns become final, buffered and written whole lines at
-//! a time at least every [`FLUSH_EVERY`] and at [`ServedTrace::flush`]. A row's mean norm is
+//! a time at least every [`FLUSH_EVERY`], at [`ServedTrace::flush`], and all of them at
+//! [`ServedTrace::flush_all`] (the server calls it at every checkpoint). A row's mean norm is
 //! final when its version's group closes: at each write every group but the newest is
 //! closed, so a gradient that arrives later on an older version starts a new group (its
 //! `mean_of` says how many gradients the mean holds). A server killed while recording
@@ -165,6 +166,18 @@ impl ServedTrace {
             return;
         }
         self.groups.close_all_but(1);
+        self.take_closed();
+        self.write_final();
+    }
+
+    /// Writes every row recorded so far, closing every gradient group (a checkpoint was
+    /// written: the trace holds every step the model in it has seen). A gradient that
+    /// arrives later on one of their versions starts a new group.
+    pub fn flush_all(&mut self) {
+        if self.sink.is_none() {
+            return;
+        }
+        self.groups.close_all_but(0);
         self.take_closed();
         self.write_final();
     }

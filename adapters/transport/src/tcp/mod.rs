@@ -48,6 +48,7 @@ pub mod group;
 pub mod handshake;
 pub mod initial;
 pub mod payload;
+pub mod refusal;
 pub mod server;
 pub mod settings;
 pub mod sharded;
@@ -60,6 +61,7 @@ pub use frame::FrameTimeout;
 pub use group::{GroupOptions, run_group};
 pub use server::{
     LossPoint, Note, RunPlan, ServerHandle, ServerOptions, ServerReport, SessionLedger, StopReason, TcpServer, Uplink,
+    WorkerRow, straggler_lines,
 };
 pub use settings::{DataSource, ProtocolSettings, RunSettings, ShardSettings, WorkloadSettings};
 pub use sharded::{ShardTally, ShardedReport, run_sharded_worker};

@@ -8,6 +8,7 @@
 //! | empty | a heartbeat: the peer is there ([`InboundFrame::Heartbeat`]) |
 //! | `"INIT"` + `f32`s | worker 0's initial parameters ([`initial`](super::initial)) |
 //! | `"STEP"` + `f32`s | a worker's step times ([`step_times`](super::step_times)) |
+//! | `"NFIN"` + `f32` | what a worker's protocol refused to send ([`refusal`](super::refusal)) |
 //! | anything else | a core message in the wire format (`core/WIRE.md`, magic `"SY"`) |
 //!
 //! The transport's own messages share one layout ([`F32Codec`]): a four-byte ASCII tag, then
@@ -66,6 +67,8 @@ pub enum FrameKind {
     InitialModel,
     /// A worker's step times.
     StepTimes,
+    /// What a worker's protocol refused to send for values that are not finite.
+    NotFinite,
     /// A core message (or bytes that are not one: the core's decoder says which).
     Core,
 }
@@ -79,6 +82,8 @@ impl FrameKind {
             Self::InitialModel
         } else if super::step_times::CODEC.is(payload) {
             Self::StepTimes
+        } else if super::refusal::NOT_FINITE.is(payload) {
+            Self::NotFinite
         } else {
             Self::Core
         }
@@ -94,6 +99,8 @@ pub enum InboundFrame<'a> {
     InitialModel(Vec<f32>),
     /// A worker's step times, each finite and positive.
     StepTimes(Vec<f32>),
+    /// What a worker's protocol refused to send.
+    NotFinite(super::refusal::NotFinite),
     /// A core message.
     Core(ToServer<'a, f32>),
 }
@@ -117,6 +124,7 @@ impl<'a> InboundFrame<'a> {
             FrameKind::Heartbeat => Ok(Self::Heartbeat),
             FrameKind::InitialModel => super::initial::decode(payload, dim).map(Self::InitialModel).map_err(bad),
             FrameKind::StepTimes => super::step_times::decode(payload).map(Self::StepTimes).map_err(bad),
+            FrameKind::NotFinite => super::refusal::NotFinite::decode(payload).map(Self::NotFinite).map_err(bad),
             FrameKind::Core => {
                 wire::decode_to_server::<f32>(payload, limits).map(Self::Core).map_err(|e| bad(e.to_string()))
             }

@@ -286,6 +286,14 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
         }
     }
 
+    /// Whether the open round lacks `worker`: a live worker not in it, or, when every live
+    /// worker is in, any worker not in it (the workers its stall report names first).
+    pub(crate) fn awaits<M: Storage>(core: &BackupCore<T, S, M>, worker: WorkerId) -> bool {
+        let version = core.version;
+        let missing = core.roster.record(worker).is_some() && !Round::contains(&core.roster, worker, version);
+        missing && (core.roster.is_live(worker) || Round::first_missing(&core.roster, version).is_none())
+    }
+
     pub(crate) fn timeout<M: Storage>(&mut self, core: &mut BackupCore<T, S, M>, now: Instant) {
         if !core.stall.due(now) {
             return;
@@ -361,6 +369,10 @@ macro_rules! backup_family_rules {
                 now: $crate::time::Instant,
             ) {
                 self.engine.timeout(core, now);
+            }
+
+            fn awaits(&self, core: &$crate::proto::backup::BackupCore<T, S, M>, worker: $crate::id::WorkerId) -> bool {
+                $crate::proto::backup::Engine::<T, S>::awaits(core, worker)
             }
         }
     };

@@ -504,6 +504,13 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BapRules<T, S, M> {
         self.try_close(core, now);
     }
 
+    /// The live workers whose gradient the head iteration lacks.
+    fn awaits(&self, core: &Core<T, S, M>, worker: WorkerId) -> bool {
+        let head = core.version.0.saturating_add(1);
+        let bit = self.slot_index(core, head).map_or(0, |k| 1u16 << k);
+        core.roster.is_live(worker) && core.roster.ext(worker).is_some_and(|x| x.got & bit == 0)
+    }
+
     fn on_timeout(&mut self, core: &mut Core<T, S, M>, now: Instant) {
         self.try_close(core, now);
         if core.stall.due(now) {

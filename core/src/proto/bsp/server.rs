@@ -215,6 +215,11 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BspRules<T, S> {
         }
     }
 
+    /// Every worker, live or not, whose gradient the open round lacks.
+    fn awaits(&self, core: &CoreOf<T, S, M, Self>, worker: WorkerId) -> bool {
+        core.roster.record(worker).is_some() && !Round::contains(&core.roster, worker, core.version)
+    }
+
     fn on_timeout(&mut self, core: &mut CoreOf<T, S, M, Self>, now: Instant) {
         if core.stall.due(now) {
             if let Some(waiting_for) = Round::first_missing_any(&core.roster, core.version) {

@@ -117,6 +117,17 @@ fn stall_is_reported_naming_the_missing_worker() {
 }
 
 #[test]
+fn the_server_says_every_worker_the_round_awaits_live_or_not() {
+    let mut s = server(4, 1);
+    assert!((0..4).all(|w| s.awaits(WorkerId(w))), "a fresh round awaits everyone");
+    s.handle(Instant::ZERO, WorkerId(2), grad(0, 0, &[1.0])).unwrap();
+    s.handle_worker_lost(Instant::ZERO, WorkerId(3)).unwrap();
+    drain(&mut s);
+    let awaited: Vec<u32> = (0..6).filter(|w| s.awaits(WorkerId(*w))).collect();
+    assert_eq!(awaited, [0, 1, 3], "the lost worker too; ids outside the run never");
+}
+
+#[test]
 fn join_answers_with_the_model_and_rejects_stale_epochs() {
     let mut s = server(2, 1);
     s.handle(Instant::ZERO, WorkerId(1), ToServer::Join { epoch: 2 }).unwrap();

@@ -232,6 +232,13 @@ pub trait Rules<T: Scalar, S: Buffer<T>, M: Storage>: HasSlot {
         core.stall.deadline()
     }
 
+    /// Whether the step the server waits for lacks `worker`'s contribution (the workers a
+    /// stall report counts); `false` by default.
+    fn awaits(&self, core: &CoreOf<T, S, M, Self>, worker: WorkerId) -> bool {
+        let _ = (core, worker);
+        false
+    }
+
     /// The clock a `Model` message carries (the version, except for SSP).
     fn model_clock(&self, core: &CoreOf<T, S, M, Self>) -> u64 {
         core.version.0
@@ -507,6 +514,10 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> Server<T> for Proto
         self.core.roster.defer_loss(worker, now);
         self.apply_pending_losses();
         Ok(())
+    }
+
+    fn awaits(&self, worker: WorkerId) -> bool {
+        self.rules.awaits(&self.core, worker)
     }
 
     fn handle_timeout(&mut self, now: Instant) {

@@ -381,6 +381,11 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for SspRules<T, S> {
         self.advance(core, now, None);
     }
 
+    /// The live workers at the slowest clock (those a parked pull waits for).
+    fn awaits(&self, core: &Core<T, S, M>, worker: WorkerId) -> bool {
+        core.roster.is_live(worker) && core.roster.ext(worker).is_some_and(|x| x.clock == self.clock)
+    }
+
     fn on_timeout(&mut self, core: &mut Core<T, S, M>, now: Instant) {
         if !core.stall.due(now) {
             return;

@@ -12,9 +12,11 @@ use super::ledger::{self, Entry, Ledger};
 use super::outbox::SharedBufs;
 use super::persist::Persist;
 use super::steps::PendingSteps;
+use super::stragglers::{self, Stragglers};
 use super::{Conn, ConnEvent, Control, Note, RawFrame, RunPlan, ServerReport, Shared, StopReason};
 use crate::tcp::checkpoint::Totals;
 use crate::tcp::payload::{BadFrame, FrameKind, InboundFrame};
+use crate::tcp::refusal::LossRefusals;
 use crate::tcp::{at, since};
 use core::sync::atomic::Ordering;
 use core::time::Duration;
@@ -50,6 +52,10 @@ pub(super) struct Core<S> {
     /// Checkpoints and their journal, if configured.
     persist: Option<Persist>,
     steps: PendingSteps,
+    /// The straggler report's makings, and when its table was last logged.
+    stragglers: (Stragglers, StdInstant),
+    /// Per worker, its contributions refused in a row for a loss that is not finite.
+    losses: LossRefusals,
     /// Set when a contribution was refused for holding NaN, ±∞ or an overflowing norm.
     diverged: bool,
     /// A shard: since when no worker has been connected (after the run started).
@@ -101,6 +107,8 @@ impl<S: Server<f32>> Core<S> {
             bufs: SharedBufs::new(2 * n + 2),
             persist,
             steps: PendingSteps::new(n),
+            stragglers: (Stragglers::new(n), StdInstant::now()),
+            losses: LossRefusals::new(n),
             diverged: false,
             gone_since: None,
         }
@@ -117,6 +125,7 @@ impl<S: Server<f32>> Core<S> {
         self.report.wall_s = self.started.unwrap_or(self.origin).elapsed().as_secs_f64();
         self.report.connect_wait_s = self.started.map(|t| t.duration_since(self.origin).as_secs_f64());
         self.report.evicted = evicted;
+        self.report.stragglers = self.stragglers.0.rows(&self.report.session_ledgers);
         self.report
     }
 
@@ -151,6 +160,10 @@ impl<S: Server<f32>> Core<S> {
             }
             if self.workers_gone() {
                 return StopReason::WorkersGone;
+            }
+            if self.started.is_some() && self.stragglers.1.elapsed() >= stragglers::REPORT_EVERY {
+                self.stragglers.1 = StdInstant::now();
+                self.stragglers.0.due_lines(&self.report.session_ledgers).iter().for_each(|l| note(Note::Log(l)));
             }
             let mut wake = StdInstant::now() + tick;
             if let Some(t) = self.proto.poll_timeout() {
@@ -276,6 +289,7 @@ impl<S: Server<f32>> Core<S> {
             Err(BadFrame { kind: FrameKind::InitialModel, reason }) => self.initial(worker, Err(reason), note),
             Ok(InboundFrame::StepTimes(seconds)) => self.step_times(worker, Ok(&seconds), note),
             Err(BadFrame { kind: FrameKind::StepTimes, reason }) => self.step_times(worker, Err(reason), note),
+            Ok(InboundFrame::NotFinite(what)) => self.not_finite(worker, "report of its gradient", what.reject(), note),
             Ok(InboundFrame::Core(msg)) => self.core_message(conn, worker, msg, note),
             Err(BadFrame { reason, .. }) => {
                 self.report.refused += 1;
@@ -293,6 +307,7 @@ impl<S: Server<f32>> Core<S> {
         if contribution {
             self.ledger.count(&mut self.report, conn, Entry::Received);
             note(Note::Contribution { worker, msg: &msg, step_seconds: self.steps.of(worker) });
+            self.stragglers.0.steps(worker, self.steps.of(worker));
             self.steps.clear(worker);
         }
         if matches!(msg, ToServer::Grad { .. } | ToServer::Delta { .. }) {
@@ -303,6 +318,9 @@ impl<S: Server<f32>> Core<S> {
         }
         let kind = msg.kind_name();
         let handled = self.proto.live().map(|server| server.handle(now, worker, msg));
+        if contribution && matches!(handled, Some(Ok(()))) {
+            self.losses.accepted(worker);
+        }
         if let Some(Err(e)) = handled {
             self.report.refused += 1;
             if contribution {
@@ -314,7 +332,9 @@ impl<S: Server<f32>> Core<S> {
 
     /// A contribution of `worker` (a `kind` message) refused for `reason`: one holding NaN,
     /// ±∞ or an overflowing norm means the model diverged, and the run ends; one with a loss
-    /// that is not finite is logged and counted (stall reports name it).
+    /// that is not finite is counted (stall reports name it), logged within bounds, and the
+    /// worker told ([`refusal`](crate::tcp::refusal)); a run of them from one worker ends
+    /// the run as diverged.
     fn not_finite(&mut self, worker: WorkerId, kind: &str, reason: Reject, note: &mut dyn FnMut(Note<'_>)) {
         match reason {
             Reject::NotFinite | Reject::NormTooLarge => {
@@ -327,10 +347,31 @@ impl<S: Server<f32>> Core<S> {
                 self.diverged = true;
             }
             Reject::LossNotFinite => {
-                if let Some(c) = self.report.refused_loss_not_finite.get_mut(worker.index()) {
+                let total = self.report.refused_loss_not_finite.get_mut(worker.index()).map_or(1, |c| {
                     *c += 1;
+                    *c
+                });
+                let r = self.losses.refused(worker, total);
+                if r.logged() {
+                    let w = worker.0;
+                    Self::log(
+                        note,
+                        &format!("worker {w} sent a {kind} whose loss is not finite: refused {}", r.counts()),
+                    );
                 }
-                Self::log(note, &format!("worker {} sent a {kind} whose loss is not finite: refused", worker.0));
+                // The worker is told (a group server of remote groups speaks only the core's messages).
+                let to = self.conns.get(worker.index()).and_then(Option::as_ref);
+                if let Some(conn) = to.filter(|_| !self.shared.options.settings.remote_groups) {
+                    let _ = conn.tx.try_send(Arc::new(r.encode()));
+                }
+                if r.ends_the_run() {
+                    let line = format!(
+                        "worker {} sent {} contributions in a row whose loss is not finite: the model has diverged, stopping",
+                        worker.0, r.in_a_row
+                    );
+                    Self::log(note, &line);
+                    self.diverged = true;
+                }
             }
             _ => {}
         }
@@ -463,11 +504,16 @@ impl<S: Server<f32>> Core<S> {
                     ServerOutput::Event(ev) => {
                         let t_s = self.started.map(|t| t.elapsed().as_secs_f64());
                         ledger::tally(&mut self.report, &ev, t_s);
+                        self.stragglers.0.event(&ev);
                         if let Some(p) = self.persist.as_mut() {
                             p.event(&ev);
                         }
                         note(Note::Event(&ev));
-                        if matches!(ev, ServerEvent::Stalled { .. }) {
+                        if let ServerEvent::Stalled { waiting_for, missing, .. } = ev {
+                            let server = self.proto.server();
+                            let n = self.conns.len() as u32;
+                            let awaited: Vec<u32> = (0..n).filter(|w| server.awaits(WorkerId(*w))).collect();
+                            note(Note::Log(&ledger::awaited_line(&awaited, waiting_for, missing)));
                             let connected: Vec<bool> = self.conns.iter().map(Option::is_some).collect();
                             for line in ledger::stall_lines(&self.report, &connected) {
                                 note(Note::Log(&line));
@@ -559,6 +605,10 @@ impl<S: Server<f32>> Core<S> {
         if !self.proto.is_known() {
             // No model yet: a checkpoint of the placeholder would be taken for one.
             return;
+        }
+        if self.persist.is_some() {
+            // Before the file: a checkpoint on disk is always covered by what the caller wrote.
+            note(Note::Checkpoint { version: self.proto.server().version() });
         }
         let totals = self.totals();
         let Some(persist) = self.persist.as_mut() else {

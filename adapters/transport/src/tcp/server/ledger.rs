@@ -8,7 +8,7 @@
 
 use super::report::{LossPoint, ServerReport};
 use std::collections::HashMap;
-use syncopate::ServerEvent;
+use syncopate::{ServerEvent, WorkerId};
 
 /// One session's part of the conservation ledger (see [`ServerReport::received`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -115,9 +115,9 @@ pub(super) fn tally(report: &mut ServerReport, ev: &ServerEvent, t_s: Option<f64
 /// The most workers one log line names; the rest are counted.
 const NAMED: usize = 8;
 
-/// For a stall report, which names only the first worker the round waits for: the workers
-/// not `connected`, and those whose contributions were refused for a loss that is not
-/// finite (which a round may wait for in vain), each list bounded to [`NAMED`] workers.
+/// A stall report's further lines, saying why workers are missing: those not `connected`,
+/// and those whose contributions were refused for a loss that is not finite (which a round
+/// may wait for in vain), each list bounded to [`NAMED`] workers.
 pub(super) fn stall_lines(report: &ServerReport, connected: &[bool]) -> Vec<String> {
     let gone = connected.iter().enumerate().filter(|(_, c)| !**c).map(|(w, _)| w.to_string());
     let bad = report.refused_loss_not_finite.iter().enumerate().filter(|(_, c)| **c > 0);
@@ -130,6 +130,27 @@ pub(super) fn stall_lines(report: &ServerReport, connected: &[bool]) -> Vec<Stri
     .filter(|(_, named)| !named.is_empty())
     .map(|(what, named)| format!("{what}{} {}", if named.len() > 1 { "s" } else { "" }, bounded_list(&named)))
     .collect()
+}
+
+/// The most workers a stall report's first line names; `…` stands for the rest.
+const AWAITED: usize = 16;
+
+/// A stall report's first line: the first worker the step waits for, how many are
+/// missing, and every worker the server says it awaits (`awaited`, in id order; at most
+/// [`AWAITED`] named, then `…`). A server that names none (or only the first) gets the
+/// event's line alone.
+pub(super) fn awaited_line(awaited: &[u32], waiting_for: WorkerId, missing: u32) -> String {
+    let first = format!("stalled: waiting for worker {} ({missing} missing", waiting_for.0);
+    if awaited.len() <= 1 {
+        return format!("{first})");
+    }
+    let mut names = awaited.iter().take(AWAITED).map(u32::to_string).collect::<Vec<_>>().join(", ");
+    if awaited.len() > AWAITED {
+        names.push_str(", …");
+    }
+    // A backup round waits for any `missing` of the workers not in it.
+    let which = if awaited.len() == missing as usize { ":" } else { ", any of" };
+    format!("{first}{which} workers {names})")
 }
 
 /// `names` joined by commas, the first [`NAMED`] of them, then how many more.
@@ -180,5 +201,20 @@ mod tests {
         );
         let names: Vec<String> = (0..8).map(|i| i.to_string()).collect();
         assert_eq!(bounded_list(&names), "0, 1, 2, 3, 4, 5, 6, 7");
+    }
+
+    #[test]
+    fn the_stall_line_names_every_awaited_worker_up_to_sixteen() {
+        let line =
+            |awaited: &[u32], missing| awaited_line(awaited, WorkerId(awaited.first().copied().unwrap_or(4)), missing);
+        assert_eq!(line(&[], 2), "stalled: waiting for worker 4 (2 missing)", "a server that names none");
+        assert_eq!(line(&[2], 1), "stalled: waiting for worker 2 (1 missing)");
+        assert_eq!(line(&[0, 3, 5], 3), "stalled: waiting for worker 0 (3 missing: workers 0, 3, 5)");
+        assert_eq!(line(&[0, 2], 1), "stalled: waiting for worker 0 (1 missing, any of workers 0, 2)");
+        let many: Vec<u32> = (0..20).collect();
+        assert_eq!(
+            line(&many, 20),
+            "stalled: waiting for worker 0 (20 missing: workers 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, …)"
+        );
     }
 }

@@ -36,7 +36,7 @@
 //! loop), `initial_model.rs` (where the model comes from: known, or awaited from worker 0
 //! with the other workers' messages held), `ledger.rs` (the conservation ledger and the
 //! report's counters), `persist.rs` (checkpoints and their journal), `steps.rs` (step
-//! times paired with contributions), `outbox.rs` (messages encoded once, shared by the
+//! times paired with contributions), `stragglers.rs` (the straggler report), `outbox.rs` (messages encoded once, shared by the
 //! writers), `close.rs` (the lingering close), `report.rs` (what a run reports). What a
 //! frame from a worker is, the framing layer [`payload`](super::payload) says.
 
@@ -51,6 +51,7 @@ mod outbox;
 mod persist;
 mod report;
 mod steps;
+mod stragglers;
 
 use super::TcpError;
 use super::auth::Secret;
@@ -75,6 +76,7 @@ use syncopate::{AnyServer, ProtocolConfig, Server, ServerEvent, ToServer, Versio
 
 pub use ledger::SessionLedger;
 pub use report::{LossPoint, ServerReport};
+pub use stragglers::{WorkerRow, lines as straggler_lines};
 
 /// An established session with an upstream server (see [`TcpServer::drive`]): the streams
 /// after a successful client handshake.
@@ -186,7 +188,8 @@ pub enum StopReason {
     /// workers reconnect to a restarted process.
     UpstreamLost,
     /// The model diverged: a worker's contribution was refused for holding NaN, ±∞ or an
-    /// overflowing norm, or the caller found its loss not finite
+    /// overflowing norm, or [`DIVERGED_AFTER`](crate::tcp::refusal::DIVERGED_AFTER) of one
+    /// worker's in a row for a loss that is not finite, or the caller found its loss not finite
     /// ([`ServerHandle::diverged`]). The workers were told to stop; no final checkpoint is
     /// written (it would hold the diverged model).
     Diverged,
@@ -205,6 +208,13 @@ pub enum Note<'a> {
     /// Every worker has connected at least once: the run's clock starts (wall time and
     /// time to target exclude the wait before).
     Started,
+    /// A checkpoint of the model at `version` is about to be written: a recorder writes out
+    /// what it holds now, so that a server killed after the checkpoint leaves a trace that
+    /// covers it.
+    Checkpoint {
+        /// The version it holds.
+        version: Version,
+    },
     /// The model changed.
     Model {
         /// Its version.

@@ -2,6 +2,7 @@
 
 use super::StopReason;
 use super::ledger::SessionLedger;
+use super::stragglers::WorkerRow;
 use syncopate::{ServerStats, Version, WorkerId};
 
 /// The outcome of a run.
@@ -70,6 +71,10 @@ pub struct ServerReport {
     /// ([`TcpServer::run_with_initial_from_worker`](super::TcpServer::run_with_initial_from_worker))
     /// and never got them: its `params` are then no model at all.
     pub initial_model_known: bool,
+    /// The straggler report, per worker in id order: its median step time, its ratio to
+    /// the median worker, and its contributions applied, dropped and held (see
+    /// [`straggler_lines`](super::straggler_lines)).
+    pub stragglers: Vec<WorkerRow>,
 }
 
 /// One point of [`ServerReport::loss_curve`].
@@ -113,6 +118,7 @@ impl ServerReport {
             session_ledgers: Vec::new(),
             loss_curve: Vec::new(),
             initial_model_known: true,
+            stragglers: Vec::new(),
         }
     }
 }

@@ -143,7 +143,19 @@ pub(super) fn drive(
                         steps.push(took);
                     }
                 }
-                Err(e) => refused(me, log, report, "a finished gradient", &e),
+                Err(e) => {
+                    refused(me, log, report, "a finished gradient", &e);
+                    // Values that are not finite: the server hears of it (a round would wait
+                    // for this gradient for ever) and the step is computed again on the
+                    // next minibatch (the server ends a run of such steps as diverged).
+                    if let Some(n) = crate::tcp::refusal::NotFinite::of(&e) {
+                        if uploads.send((n.encode(), Upload::Other)).is_err() {
+                            upload_failed = Some("the connection broke while sending".to_string());
+                        }
+                        let version = syncopate::Version(report.last_version.unwrap_or(0));
+                        compute(job, report, &mut held, &mut grad, id, version, worker.params_buffer());
+                    }
+                }
             }
             continue;
         }
@@ -175,6 +187,11 @@ pub(super) fn drive(
         match reader.read_frame(&mut inbuf, Some(wake)) {
             // A heartbeat: the server is there.
             Ok(p) if p.start == p.end => heard = StdInstant::now(),
+            // The server refused a contribution for its loss (see `refusal`).
+            Ok(p) if crate::tcp::refusal::CODEC.is(p.of(&inbuf)) => {
+                heard = StdInstant::now();
+                crate::tcp::refusal::worker_line(me, p.of(&inbuf)).iter().for_each(|l| log(l));
+            }
             Ok(p) => match wire::decode_to_worker::<f32>(p.of(&inbuf), &limits) {
                 Ok(msg) => {
                     heard = StdInstant::now();

@@ -25,6 +25,7 @@ pub(crate) use connect::{ConnectError, Opened, Retry, open};
 use super::TcpError;
 use super::auth::WorkerKey;
 use super::frame::FrameTimeout;
+use super::handshake::HandshakeError;
 use super::settings::RunSettings;
 use core::sync::atomic::{AtomicBool, Ordering};
 use core::time::Duration;
@@ -228,6 +229,10 @@ pub fn run_worker(
                     options.addr,
                     retry.give_up_after_s()
                 )));
+            }
+            // A refusal this worker sent names what it could not run.
+            Err(ConnectError::Handshake(HandshakeError::Refusing { message, worker: Some(_), .. })) => {
+                return Err(TcpError(format!("{who}: refusing the server's run: {message}")));
             }
             Err(ConnectError::Handshake(e)) => return Err(TcpError(format!("{who}: {e}"))),
             Err(ConnectError::Job(e)) => return Err(TcpError(format!("{who}: {e}"))),

@@ -7,6 +7,7 @@ use super::connect::{ConnectError, Opened, open};
 use super::{SessionEnd, WorkerJob, WorkerOptions, WorkerReport};
 use crate::tcp::core_duration;
 use crate::tcp::handshake::{self, ClientSide, Role};
+use crate::tcp::settings::RunSettings;
 use crate::tcp::writer::{Ledger, UPLOADS_IN_FLIGHT, Upload, write_uploads};
 use core::time::Duration;
 use std::thread;
@@ -55,13 +56,27 @@ pub(super) fn establish(
         dim: options.dim.map(|d| d as u64),
         lost_after: options.lost_after,
     };
-    let (s, settings) =
-        handshake::client_handshake(&mut reader, &mut writer, &me, deadline).map_err(ConnectError::Handshake)?;
+    // Settings this worker cannot run are refused inside the handshake, so the server logs
+    // the same reason the worker exits with.
+    let job = core::cell::RefCell::new(job);
+    let newly_prepared = core::cell::Cell::new(false);
+    let check = |settings: &RunSettings| -> Result<(), String> {
+        let refused = |e: String| format!("the server's settings ({}): {e}", settings.label());
+        settings.worker_config().map_err(refused)?;
+        settings.dim().map_err(refused)?;
+        if !*prepared && !newly_prepared.get() {
+            job.borrow_mut().prepare(settings)?;
+            newly_prepared.set(true);
+        }
+        Ok(())
+    };
+    let (s, settings) = handshake::client_handshake_checked(&mut reader, &mut writer, &me, deadline, &check)
+        .map_err(ConnectError::Handshake)?;
+    let job = job.into_inner();
     let refused = |e: String| ConnectError::Job(format!("the server's settings ({}): {e}", settings.label()));
     let config = settings.worker_config().map_err(refused)?;
     let dim = settings.dim().map_err(refused)?;
-    if !*prepared {
-        job.prepare(&settings).map_err(ConnectError::Job)?;
+    if newly_prepared.get() {
         *prepared = true;
         *pinned = Some(settings.digest().map_err(refused)?);
     }

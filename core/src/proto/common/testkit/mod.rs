@@ -224,6 +224,9 @@ impl<T: Scalar, S: crate::proto::Server<T> + ?Sized> crate::proto::Server<T> for
     fn stats(&self) -> &crate::proto::ServerStats {
         (**self).stats()
     }
+    fn awaits(&self, worker: crate::id::WorkerId) -> bool {
+        (**self).awaits(worker)
+    }
 }
 
 /// What every protocol's test module uses, in one import.
