@@ -3,8 +3,8 @@
 //! learns the run's settings there, and serves its members, which connect with `work
 //! --connect` exactly as they would to `serve`.
 
-use super::failure::Failure;
 use super::deadlines::Deadlines;
+use super::failure::Failure;
 use crate::tcp::{GroupOptions, Note, RunPlan, ServerOptions, StopReason, TcpServer, run_group};
 use clap::Args;
 use core::time::Duration;

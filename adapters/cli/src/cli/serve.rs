@@ -8,10 +8,10 @@
 //! (further signals within a grace period are noted and change nothing; a third one after it
 //! exits at once).
 
+use super::deadlines::Deadlines;
 use super::loss_curve::LossCurve;
 use super::model_source::{self, ModelSource};
 use super::summary::{Resumed, TcpLedger};
-use super::deadlines::Deadlines;
 use super::{failure::Failure, protocol::ProtocolArgs, summary::Summary, workload_args::WorkloadArgs};
 use crate::tcp::{
     self, DataSource, Note, ProtocolSettings, RunPlan, RunSettings, ServerOptions, StopReason, TcpServer,
