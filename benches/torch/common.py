@@ -14,9 +14,15 @@ import syncopate
 BATCH = 32
 
 
+WIDE_MLPS = {"mlp4m": 1650, "mlp16m": 3600, "mlp64m": 7600}
+MODELS = ("cnn", "mlp", *WIDE_MLPS)
+
+
 def make_model(name: str) -> torch.nn.Module:
     """`cnn`: two conv layers and a linear layer, 5,994 parameters. `mlp`: 784-1024-256-10,
-    1,068,810 parameters. The same initial weights in every process."""
+    1,068,810 parameters. `mlp4m`, `mlp16m`, `mlp64m`: 784-W-W-10 with W = 1,650, 3,600
+    and 7,600 (4.0 M, 15.8 M and 63.8 M parameters). The same initial weights in every
+    process."""
     torch.manual_seed(0)
     nn = torch.nn
     if name == "cnn":
@@ -29,7 +35,10 @@ def make_model(name: str) -> torch.nn.Module:
         return nn.Sequential(
             nn.Flatten(), nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 256), nn.ReLU(), nn.Linear(256, 10)
         )
-    raise ValueError(f"unknown model {name!r}: cnn or mlp")
+    if name in WIDE_MLPS:
+        w = WIDE_MLPS[name]
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 10))
+    raise ValueError(f"unknown model {name!r}: one of {', '.join(MODELS)}")
 
 
 def mnist(split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,18 +63,24 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 class Straggler:
-    """Emulated slowness, added (as a sleep) before each step's computation.
+    """Emulated slowness, added before each step's computation.
 
     `none`: nothing. `one4x`: worker 0 takes four times its measured step time. `shiftexp`:
     every worker's step takes its measured time times (1 + X), X exponential with mean 1 (a
     shifted exponential). The step time is measured once, before the run, on this worker
     (forward and backward of `BATCH` images, the median of 10).
+
+    `how`: `burn` (the default) spins on the CPU for the added time, as a slower worker
+    does, so the core is not handed to the other processes; `sleep` sleeps, which frees the
+    core for the ranks of a protocol that does not wait (rows made this way are labelled).
     """
 
-    def __init__(self, case: str, rank: int, seed: int, model: torch.nn.Module) -> None:
+    def __init__(self, case: str, rank: int, seed: int, model: torch.nn.Module, how: str = "burn") -> None:
         if case not in ("none", "one4x", "shiftexp"):
             raise ValueError(f"unknown case {case!r}: none, one4x or shiftexp")
-        self.case, self.rank = case, rank
+        if how not in ("burn", "sleep"):
+            raise ValueError(f"unknown straggler kind {how!r}: burn or sleep")
+        self.case, self.rank, self.how = case, rank, how
         self.rng = np.random.default_rng(seed * 7919 + rank)
         self.step_s = self.measure(model) if case != "none" else 0.0
 
@@ -81,8 +96,48 @@ class Straggler:
         model.zero_grad(set_to_none=True)
         return float(np.median(times))
 
+    def wait(self, seconds: float) -> None:
+        if self.how == "sleep":
+            time.sleep(seconds)
+            return
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
     def delay(self) -> None:
         if self.case == "one4x" and self.rank == 0:
-            time.sleep(3.0 * self.step_s)
+            self.wait(3.0 * self.step_s)
         elif self.case == "shiftexp":
-            time.sleep(self.step_s * float(self.rng.exponential(1.0)))
+            self.wait(self.step_s * float(self.rng.exponential(1.0)))
+
+
+# Post-local SGD: synchronous steps before every rank steps alone, and the steps between two
+# averagings of the models.
+LOCALSGD_START, LOCALSGD_PERIOD = 20, 4
+
+
+def ddp_model(system: str, model: torch.nn.Module, workers: int, lr: float, momentum: float) -> tuple:
+    """The DDP-wrapped model, its optimizer and (post-local SGD) the model averager.
+
+    `ddp`: SGD at `lr`. `ddp-scaled`: at `lr` times the number of workers (the linear scaling
+    rule for DDP's `workers`-times-larger global batch). `localsgd`: PyTorch's post-local SGD
+    (`post_localSGD_hook`, `PeriodicModelAverager`): `LOCALSGD_START` synchronous steps, then
+    every rank steps on its own gradient and the models are averaged every `LOCALSGD_PERIOD`
+    steps."""
+    import torch.distributed as dist
+
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    scaled = lr * workers if system == "ddp-scaled" else lr
+    opt = torch.optim.SGD(ddp.parameters(), lr=scaled, momentum=momentum)
+    averager = None
+    if system == "localsgd":
+        from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
+            PostLocalSGDState, post_localSGD_hook)
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
+        # Subgroups of one rank: after the start, a step's allreduce is the rank's alone.
+        alone, _ = dist.new_subgroups(group_size=1)
+        ddp.register_comm_hook(PostLocalSGDState(process_group=None, subgroup=alone,
+                                                 start_localSGD_iter=LOCALSGD_START), post_localSGD_hook)
+        averager = PeriodicModelAverager(period=LOCALSGD_PERIOD, warmup_steps=LOCALSGD_START)
+    return ddp, opt, averager

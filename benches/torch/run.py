@@ -33,11 +33,15 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import per_update  # noqa: E402
 
 import syncopate  # noqa: E402
 import syncopate.torch as st  # noqa: E402
 
-SYSTEMS = ("ddp", "bsp", "backup", "dbw", "ssp", "asp")
+SYSTEMS = ("ddp", "ddp-scaled", "localsgd", "bsp", "backup", "dbw", "ssp", "asp")
+# DDP's variants (`common.ddp_model`): `ddp-scaled` scales the learning rate to the global
+# batch; `localsgd` is PyTorch's post-local SGD, the straggler-tolerant baseline it ships.
+DDP_SYSTEMS = ("ddp", "ddp-scaled", "localsgd")
 
 
 def context() -> Any:
@@ -47,7 +51,7 @@ def context() -> Any:
     `torch._dynamo` is what DistributedDataParallel's constructor imports on first use."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "numpy", "syncopate",
-                                "syncopate.torch", "common"])
+                                "syncopate.torch", "common", "per_update"])
     return ctx
 
 
@@ -84,13 +88,12 @@ def time_to_target(evaluations: list[tuple[float, float]], target: float) -> flo
 # ---- DDP ----
 
 
-def ddp_worker(rank: int, args: argparse.Namespace, port: int, out: Any) -> None:
+def ddp_worker(rank: int, system: str, args: argparse.Namespace, port: int, out: Any) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.workers)
     model = common.make_model(args.model)
-    straggler = common.Straggler(args.case, rank, args.seed, model)
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
+    straggler = common.Straggler(args.case, rank, args.seed, model, args.straggle)
+    ddp, opt, averager = common.ddp_model(system, model, args.workers, args.lr, args.momentum)
     steps = args.gradients // args.workers
     every = args.eval_every
     stream = common.batches(rank, args.seed)
@@ -104,6 +107,8 @@ def ddp_worker(rank: int, args: argparse.Namespace, port: int, out: Any) -> None
         opt.zero_grad(set_to_none=False)
         torch.nn.functional.cross_entropy(ddp(xb), yb).backward()
         opt.step()
+        if averager is not None:
+            averager.average_parameters(ddp.parameters())
         if step % every == 0 or step == steps:
             dist.barrier()
             trained += time.perf_counter() - resumed
@@ -117,11 +122,11 @@ def ddp_worker(rank: int, args: argparse.Namespace, port: int, out: Any) -> None
     dist.destroy_process_group()
 
 
-def run_ddp(args: argparse.Namespace) -> dict[str, Any]:
+def run_ddp(system: str, args: argparse.Namespace, target: Any = None) -> dict[str, Any]:
     ctx = context()
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=ddp_worker, args=(r, args, port, out)) for r in range(args.workers)]
+    procs = [ctx.Process(target=target or ddp_worker, args=(r, system, args, port, out)) for r in range(args.workers)]
     for p in procs:
         p.start()
     result = out.get(timeout=3600)
@@ -136,7 +141,7 @@ def run_ddp(args: argparse.Namespace) -> dict[str, Any]:
 def syncopate_worker(rank: int, args: argparse.Namespace, ready: Any, address: Any) -> None:
     torch.set_num_threads(1)
     model = common.make_model(args.model)
-    straggler = common.Straggler(args.case, rank, args.seed, model)
+    straggler = common.Straggler(args.case, rank, args.seed, model, args.straggle)
     flat = st.FlatModel(model)
     stream = common.batches(rank, args.seed)
     ready.put(rank)
@@ -208,7 +213,7 @@ def run_syncopate(name: str, args: argparse.Namespace) -> dict[str, Any]:
 # ---- the link alone ----
 
 
-def ddp_link_worker(rank: int, args: argparse.Namespace, port: int, out: Any) -> None:
+def ddp_link_worker(rank: int, system: str, args: argparse.Namespace, port: int, out: Any) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.workers)
     dim = sum(p.numel() for p in common.make_model(args.model).parameters())
@@ -244,16 +249,8 @@ def link_worker(rank: int, cpu_out: Any, ready: Any, address: Any) -> None:
 
 def run_link(system: str, args: argparse.Namespace) -> dict[str, Any]:
     ctx = context()
-    if system == "ddp":
-        out = ctx.Queue()
-        port = free_port()
-        procs = [ctx.Process(target=ddp_link_worker, args=(r, args, port, out)) for r in range(args.workers)]
-        for p in procs:
-            p.start()
-        result = out.get(timeout=600)
-        for p in procs:
-            p.join()
-        return result
+    if system in DDP_SYSTEMS:
+        return run_ddp(system, args, ddp_link_worker)
     params = st.parameters_vector(common.make_model(args.model))
     cpu_out = ctx.Queue()
     procs, start = start_workers(link_worker, args, cpu_out)
@@ -275,9 +272,11 @@ def run_link(system: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="cnn", choices=["cnn", "mlp"])
+    p.add_argument("--model", default="cnn", choices=list(common.MODELS))
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--case", default="none", choices=["none", "one4x", "shiftexp"])
+    p.add_argument("--straggle", default="burn", choices=["burn", "sleep"],
+                   help="how a straggler takes its extra time: spinning on the CPU, or sleeping")
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--gradients", type=int, default=4000, help="minibatch gradients in all, per run")
@@ -288,6 +287,10 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--link", action="store_true", help="time one update's communication, no computation")
     p.add_argument("--link-updates", type=int, default=100)
+    p.add_argument("--per-update", action="store_true",
+                   help="time updates of real training (forward and backward included), no straggler")
+    p.add_argument("--warmup", type=int, default=5, help="--per-update: updates before the clock starts")
+    p.add_argument("--timed", type=int, default=60, help="--per-update: updates timed")
     p.add_argument("--out", default="torch-results.jsonl")
     p.add_argument("--allow-debug", action="store_true", help="run with a debug build of syncopate (smoke tests)")
     args = p.parse_args()
@@ -304,15 +307,19 @@ def main() -> int:
         # (other processes) falls on every system alike; the load average is recorded.
         for run in range(args.runs):
             for system in systems:
-                row: dict[str, Any] = {"system": system, "model": args.model, "workers": args.workers, "run": run,
+                row: dict[str, Any] = {"system": system, "model": args.model, "straggle": args.straggle, "workers": args.workers, "run": run,
                                        "lr": args.lr, "momentum": args.momentum, "cores": os.cpu_count(),
                                        "build": build, "load_before": os.getloadavg()[0]}
                 began = time.perf_counter()
-                if args.link:
+                if args.per_update:
+                    row.update(kind="per_update", **(per_update.run(system, args, context(), free_port(), start_workers)))
+                    print(f"{system:7} {row['per_update_ms']:.2f} ms/update (dim {row['dim']}, load "
+                          f"{row['load_before']:.1f})", flush=True)
+                elif args.link:
                     row.update(kind="link", **run_link(system, args))
                     print(f"{system:7} link {row['per_update_ms']:.2f} ms/update (dim {row['dim']})", flush=True)
                 else:
-                    result = run_ddp(args) if system == "ddp" else run_syncopate(system, args)
+                    result = run_ddp(system, args) if system in DDP_SYSTEMS else run_syncopate(system, args)
                     row.update(kind="train", case=args.case, gradients=args.gradients, target=args.target,
                                time_to_target_s=time_to_target(result["evaluations"], args.target),
                                final_accuracy=result["evaluations"][-1][1], wall_s=result["wall_s"],

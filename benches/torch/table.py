@@ -11,8 +11,8 @@ import sys
 from collections import defaultdict
 from typing import Any
 
-SYSTEMS = ("ddp", "bsp", "backup", "dbw", "ssp", "asp")
-LABELS = {"ddp": "DDP", "bsp": "BSP", "backup": "backup b=1", "dbw": "DBW", "ssp": "SSP s=3", "asp": "ASP"}
+SYSTEMS = ("ddp", "ddp-scaled", "localsgd", "bsp", "backup", "dbw", "ssp", "asp")
+LABELS = {"ddp": "DDP", "ddp-scaled": "DDP, lr × n", "localsgd": "post-local SGD", "bsp": "BSP", "backup": "backup b=1", "dbw": "DBW", "ssp": "SSP s=3", "asp": "ASP"}
 
 
 def median_time(rows: list[dict[str, Any]]) -> str:
@@ -49,13 +49,40 @@ def megabytes(floats: float) -> str:
     return f"{4 * floats / 1e6:.1f} MB"
 
 
+def print_per_update(groups: dict[tuple, dict[str, list[dict[str, Any]]]]) -> None:
+    print("Time and CPU per update of real training, no straggler (median of the runs)\n")
+    print("| parameters | workers | DDP | BSP over TCP | BSP / DDP | server CPU per update | "
+          "a memory copy of 2·n·d·4 bytes | worker CPU outside forward+backward: DDP, BSP | "
+          "all workers' CPU: DDP, BSP | runs | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for (dim, _model, workers), by in sorted(groups.items()):
+        if "ddp" not in by or "bsp" not in by:
+            continue
+        ddp, bsp = by["ddp"], by["bsp"]
+        d_ms, b_ms = median_of(ddp, "per_update_ms"), median_of(bsp, "per_update_ms")
+        copy = f"{median_of(bsp, 'memcpy_ms'):.1f} ms ({megabytes(2 * workers * dim)})" if any(
+            "memcpy_ms" in r for r in bsp) else megabytes(2 * workers * dim)
+        runs = min(len(ddp), len(bsp))
+        print(f"| {dim / 1e6:.2f} M | {workers} | {d_ms:.1f} ms | {b_ms:.1f} ms | {b_ms / d_ms:.2f} | "
+              f"{median_of(bsp, 'server_cpu_ms'):.1f} ms | {copy} | "
+              f"{median_of(ddp, 'outside_fwdbwd_ms'):.1f} ms, {median_of(bsp, 'outside_fwdbwd_ms'):.1f} ms | "
+              f"{median_of(ddp, 'all_workers_cpu_ms'):.1f} ms, {median_of(bsp, 'all_workers_cpu_ms'):.1f} ms | "
+              f"{runs} | {loads(ddp + bsp)} |")
+    print()
+
+
 def main(paths: list[str]) -> int:
     rows = [json.loads(line) for path in paths for line in open(path) if line.strip()]
     train: dict[tuple, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     link: dict[tuple, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    per_update: dict[tuple, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         if r["kind"] == "train":
-            train[(r["model"], r["case"], r["workers"], r["target"], r["gradients"])][r["system"]].append(r)
+            key = (r["model"], r["case"] + (" (sleep)" if r.get("straggle") == "sleep" and r["case"] != "none" else ""),
+                   r["workers"], r["target"], r["gradients"])
+            train[key][r["system"]].append(r)
+        elif r["kind"] == "per_update":
+            per_update[(r["dim"], r["model"], r["workers"])][r["system"]].append(r)
         else:
             link[(r["model"], r["dim"], r["workers"])][r["system"]].append(r)
     if train:
@@ -83,7 +110,7 @@ def main(paths: list[str]) -> int:
             ddp = statistics.median(r["time_to_target_s"] or float("inf") for r in by["ddp"])
             best = min(
                 ((statistics.median(r["time_to_target_s"] or float("inf") for r in by[s]), s)
-                 for s in SYSTEMS[1:] if s in by),
+                 for s in SYSTEMS[3:] if s in by),
                 default=None,
             )
             bsp = statistics.median(r["time_to_target_s"] or float("inf") for r in by["bsp"]) if "bsp" in by else None
@@ -94,6 +121,8 @@ def main(paths: list[str]) -> int:
                 parts.append(f"DDP / best ({LABELS[best[1]]}) = {ratio(ddp, best[0])}")
             print(f"- {model}, {case}, {workers} workers: " + "; ".join(parts))
         print()
+    if per_update:
+        print_per_update(per_update)
     if link:
         print("Cost of one update's communication (no computation; median ms per update)\n")
         print("| model | parameters | workers | DDP allreduce | syncopate BSP over TCP | BSP / DDP | "

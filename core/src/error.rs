@@ -103,6 +103,15 @@ pub enum ConfigError {
         /// The number of shards.
         shards: u32,
     },
+    /// The server's update rule cannot run under the protocol (the
+    /// [`Rule::Mean`](crate::proto::Rule::Mean) relay needs every update to be one round's
+    /// mean gradient: BSP, static backup workers or DBW).
+    RuleUnsupported {
+        /// The rule's name ([`Optimizer::rule_name`](crate::proto::Optimizer::rule_name)).
+        rule: &'static str,
+        /// The protocol's name ([`ProtocolKind::as_str`](crate::proto::ProtocolKind::as_str)).
+        protocol: &'static str,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -125,6 +134,11 @@ impl fmt::Display for ConfigError {
             Self::ShardLayout { dim, shards } => {
                 write!(f, "a model of {dim} elements does not split into {shards} shards of at least one element each")
             }
+            Self::RuleUnsupported { rule, protocol } => write!(
+                f,
+                "update rule `{rule}` does not run under protocol `{protocol}`: it relays one round's mean \
+                 gradient, and only bsp, backup and dbw make each update one round's mean"
+            ),
         }
     }
 }

@@ -4,6 +4,7 @@
 mod buffer;
 mod launch;
 mod machines;
+mod optimizer;
 mod protocol;
 mod serve;
 mod sim;
@@ -20,6 +21,7 @@ create_exception!(_native, WorkerError, PyRuntimeError, "A TCP worker ended with
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<protocol::Protocol>()?;
+    m.add_class::<optimizer::Optimizer>()?;
     m.add_class::<machines::Server>()?;
     m.add_class::<machines::Worker>()?;
     m.add_function(wrap_pyfunction!(tcp::run_worker, m)?)?;

@@ -23,6 +23,7 @@ use std::time::Instant;
 use syncopate::proto::Heap;
 use syncopate::{AnyServer, Version};
 use syncopate_sim::trace::{self, served::ServedTrace};
+use syncopate_transport::optimizer_spec::{self, OptimizerSpec, Rule};
 use syncopate_transport::tcp::{RunPlan, RunSettings, Secret, ServerOptions, ServerReport, StopReason, TcpServer};
 
 /// An [`ArrayBuffer`] the server's driving loop may hold while the GIL is released.
@@ -158,13 +159,14 @@ fn read_only_view(py: Python<'_>, params: &Bound<'_, PyAny>) -> PyResult<PyObjec
     Ok(py.import("numpy")?.call_method1("asarray", (view,))?.unbind())
 }
 
-/// Runs the parameter server of `protocol` on `params` until a bound says stop; with
-/// `momentum` > 0, SGD with (heavy-ball) momentum on every update.
+/// Runs the parameter server of `protocol` on `params` until a bound says stop, every update
+/// of the model through `optimizer` (plain SGD by default; `momentum` > 0 is the shorthand for
+/// `Optimizer("momentum", momentum=...)`; giving both is an error).
 #[pyfunction]
 #[pyo3(signature = (params, protocol, *, listen = "127.0.0.1:0", secret_file = None, insecure = false,
-    momentum = 0.0, evaluate = None, every = 1, target = None, updates = None, gradients = None,
+    optimizer = None, momentum = 0.0, evaluate = None, every = 1, target = None, updates = None, gradients = None,
     time_limit_s = None, on_listen = None, log = None, record_trace = None, wait_for_rejoin = false,
-    lost_after_s = 10.0))]
+    lost_after_s = 10.0, stop_when = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve<'py>(
     py: Python<'py>,
@@ -173,6 +175,7 @@ pub(crate) fn serve<'py>(
     listen: &str,
     secret_file: Option<&str>,
     insecure: bool,
+    optimizer: Option<crate::optimizer::Optimizer>,
     momentum: f64,
     evaluate: Option<PyObject>,
     every: u64,
@@ -185,6 +188,7 @@ pub(crate) fn serve<'py>(
     record_trace: Option<std::path::PathBuf>,
     wait_for_rejoin: bool,
     lost_after_s: f64,
+    stop_when: Option<PyObject>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let lost_after = crate::tcp::lost_after(lost_after_s)?;
     if every == 0 {
@@ -212,11 +216,25 @@ pub(crate) fn serve<'py>(
     let mut server = AnyServer::<f32, ServerBuffer, Heap>::resume(&config, model, scratch, Version(0))
         .and_then(|s| s.with_spare_accumulator(spare))
         .map_err(|e| PyValueError::new_err(format!("invalid protocol settings: {e}")))?;
-    if momentum != 0.0 {
-        let previous = zeros(py, dim, "momentum")?;
+    let optimizer = match optimizer {
+        Some(_) if momentum != 0.0 => {
+            return Err(PyValueError::new_err("momentum: give either optimizer= or the momentum= shorthand, not both"));
+        }
+        Some(o) => o.optimizer,
+        None => OptimizerSpec { momentum: Some(momentum), ..OptimizerSpec::default() }
+            .build()
+            .map_err(|e| PyValueError::new_err(format!("momentum {momentum}: {}", e.message)))?,
+    };
+    if optimizer.rule == Rule::Mean && evaluate.is_some() {
+        return Err(PyValueError::new_err(
+            "evaluate: under optimizer rule 'mean' the server holds each round's mean gradient, not a model",
+        ));
+    }
+    if !optimizer.is_plain() {
+        let state = zeros(py, optimizer.state_len(dim), "optimizer state")?;
         server = server
-            .with_momentum(momentum, previous)
-            .map_err(|e| PyValueError::new_err(format!("momentum {momentum}: {e}")))?;
+            .with_optimizer(optimizer, state)
+            .map_err(|e| PyValueError::new_err(format!("optimizer {}: {e}", optimizer_spec::describe(&optimizer))))?;
     }
     let trace_file = record_trace.as_deref().map(trace::create).transpose().map_err(PyValueError::new_err)?;
     let mut settings = RunSettings::new(protocol.settings.clone(), dim);
@@ -266,6 +284,7 @@ pub(crate) fn serve<'py>(
         stopped: None,
         interrupt: None,
         failure: None,
+        stop_when: stop_when.as_ref(),
     };
     let outcome = py.allow_threads(|| {
         std::thread::scope(|scope| {

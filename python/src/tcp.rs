@@ -104,8 +104,11 @@ struct PythonJob<'a> {
     arrays: Option<(Array, Array)>,
     /// The run as the server described it.
     label: String,
-    /// The loss `compute` returned for the latest gradient.
+    /// The loss `compute` returned for the latest gradient (NaN for none).
     loss: f64,
+    /// `optional_loss=True`: `compute` may return `None`, and that gradient travels without
+    /// a loss.
+    optional_loss: bool,
     failure: Option<Failure>,
     kill: Arc<AtomicBool>,
     /// `initial=`: the initial parameters (a float32 array, or a function returning one)
@@ -126,6 +129,10 @@ impl PythonJob<'_> {
             p.buffer.copy_from_slice(py, params).map_err(Failure::Raised)?;
             let result = self.compute.call1(py, (p.object.bind(py), g.object.bind(py))).map_err(Failure::Raised)?;
             let result = result.bind(py);
+            if self.optional_loss && result.is_none() {
+                g.buffer.copy_to_slice(py, grad).map_err(Failure::Raised)?;
+                return Ok(f64::NAN);
+            }
             // A Python number, a NumPy scalar or a one-element tensor (anything with
             // `__float__`), but not a bool, a string or None.
             let loss = if result.is_instance_of::<pyo3::types::PyBool>() { None } else { result.extract::<f64>().ok() };
@@ -185,9 +192,9 @@ impl WorkerJob for PythonJob<'_> {
     }
 
     fn loss(&mut self) -> Option<f32> {
-        // Set by the `gradient` call just made; NaN only after a failure, whose NaN gradient
-        // is refused anyway.
-        Some(self.loss as f32)
+        // Set by the `gradient` call just made; NaN after a failure, whose NaN gradient is
+        // refused anyway, or for a gradient without a loss (`optional_loss`).
+        if self.optional_loss && self.loss.is_nan() { None } else { Some(self.loss as f32) }
     }
 
     fn gradient(&mut self, params: &[f32], grad: &mut [f32]) -> Duration {
@@ -230,7 +237,7 @@ fn failure_error(py: Python<'_>, id: u32, failure: Failure) -> PyErr {
 /// without `connect`, `MASTER_ADDR:MASTER_PORT`.
 #[pyfunction]
 #[pyo3(signature = (connect, compute, *, id = None, secret_file = None, params = None, grad = None,
-    give_up_after_s = 30.0, log = None, initial = None, lost_after_s = 10.0))]
+    give_up_after_s = 30.0, log = None, initial = None, lost_after_s = 10.0, optional_loss = false))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_worker<'py>(
     py: Python<'py>,
@@ -244,6 +251,7 @@ pub(crate) fn run_worker<'py>(
     log: Option<PyObject>,
     initial: Option<PyObject>,
     lost_after_s: f64,
+    optional_loss: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let world = match id {
         Some(_) => None,
@@ -285,6 +293,7 @@ pub(crate) fn run_worker<'py>(
         arrays: None,
         label: String::new(),
         loss: f64::NAN,
+        optional_loss,
         failure: None,
         kill: Arc::clone(&kill),
         initial: initial.as_ref(),

@@ -279,6 +279,10 @@ pub(crate) struct Ticker<'a> {
     pub(crate) interrupt: Option<PyErr>,
     /// The exception the caller's `log` raised.
     pub(crate) failure: Option<PyErr>,
+    /// `stop_when(live, joined)`: called at every wake-up with the number of workers connected
+    /// and the number that ever joined; the run stops when it returns true (an exception stops
+    /// it too, and `serve` raises it).
+    pub(crate) stop_when: Option<&'a PyObject>,
 }
 
 impl Ticker<'_> {
@@ -292,6 +296,20 @@ impl Ticker<'_> {
             self.stop("interrupted");
             self.say("interrupted: the workers are told to stop; the model and the report are kept");
             return;
+        }
+        if let Some(f) = self.stop_when {
+            let (live, joined) = {
+                let p = lock(self.progress);
+                (p.live.iter().filter(|l| **l).count(), p.joined.iter().filter(|j| **j).count())
+            };
+            match Python::with_gil(|py| f.call1(py, (live, joined)).and_then(|r| r.bind(py).is_truthy())) {
+                Ok(false) => {}
+                Ok(true) => return self.stop("stopped"),
+                Err(e) => {
+                    self.failure.get_or_insert(e);
+                    return self.stop("stopped");
+                }
+            }
         }
         let (lines, stop) = self.decide(Instant::now());
         for line in &lines {

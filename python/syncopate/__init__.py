@@ -10,13 +10,16 @@ the Rust core's sans-IO state machines:
   model array is updated in place, no copy); messages are ``bytes`` in the core's wire
   format, times integer nanoseconds. Feed an input, drain ``poll_output()`` until it
   returns ``None``, wake up at ``poll_timeout()``.
+- :class:`Optimizer` -- the server's update rule (SGD, momentum, Nesterov, AdamW, with a
+  learning-rate schedule; or ``"mean"``, the relay for optimizers on the workers).
 - :func:`serve` -- the TCP parameter server on a float32 NumPy array (the live model), with
   an optional ``evaluate(view)`` (a read-only view of the model) every K updates.
 - :func:`run_worker` -- one worker of a TCP server (``serve`` or ``syncopate serve``): the
   protocol and the model's size come from the server; a Python callback
   ``compute(params, grad)`` fills ``grad`` and returns the minibatch loss.
-- :mod:`syncopate.torch` -- a PyTorch model as a worker (``train_worker``) and its initial
-  parameters for the server (``parameters_vector``); imports torch only when used.
+- :mod:`syncopate.torch` -- PyTorch: your own training loop (``init``,
+  ``DistributedOptimizer``, ``shutdown``), or a model as a worker whose loop syncopate runs
+  (``train_worker``); imports torch only when used.
 - :func:`compare` -- the simulator's protocol comparison, as a dict.
 - :func:`load_digits` -- the digits data, split exactly as ``syncopate serve`` splits it.
 """
@@ -31,6 +34,7 @@ from ._native import (
     PROTOCOLS,
     RANK_VARIABLES,
     WORLD_SIZE_VARIABLES,
+    Optimizer,
     Protocol,
     RejectedError,
     Server,
@@ -46,6 +50,7 @@ from ._native import run_worker as _run_worker
 
 __all__ = [
     "PROTOCOLS",
+    "Optimizer",
     "Protocol",
     "RANK_VARIABLES",
     "WORLD_SIZE_VARIABLES",
@@ -92,7 +97,8 @@ def run_worker(
     retried), ``log=`` (a function of one line; default: standard error), ``initial=`` (the
     model's initial parameters, a float32 array or a function returning one: worker 0 sends
     them to a server started with ``syncopate serve --init-from-worker``; other workers and
-    other servers never use them).
+    other servers never use them), ``optional_loss=True`` (``compute`` may return ``None``:
+    that gradient travels without a loss).
 
     A ``compute`` that raises or returns anything but a number ends this worker (the server
     counts it lost) with :class:`WorkerError` naming it. Returns the worker's report.

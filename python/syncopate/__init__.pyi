@@ -4,6 +4,7 @@ import numpy as np
 
 from ._native import (
     PROTOCOLS as PROTOCOLS,
+    Optimizer as Optimizer,
     Protocol as Protocol,
     RejectedError as RejectedError,
     Server as Server,

@@ -21,6 +21,48 @@ class RejectedError(ValueError):
 class WorkerError(RuntimeError):
     """A TCP worker ended with an error (its cause, e.g. the callback's exception, is chained)."""
 
+RuleName = Literal["sgd", "momentum", "nesterov", "adamw", "mean"]
+
+class Optimizer:
+    """The server's update rule (``syncopate serve --optimizer``), applied to every update of
+    the server's model at the protocol's learning rate scheduled by update count.
+
+    ``rule``: ``"sgd"``; ``"momentum"`` (heavy ball, PyTorch's ``SGD(momentum=...)``);
+    ``"nesterov"`` (``SGD(momentum=..., nesterov=True)``, ``momentum`` in (0, 1));
+    ``"adamw"`` (PyTorch's ``AdamW``: ``betas``, ``eps``, decoupled ``weight_decay``; note
+    PyTorch's own default weight decay is 0.01); ``"mean"``: the relay for optimizers on the
+    workers (BSP, backup and DBW only): after each round the server's vector is the round's
+    mean gradient, and every worker applies it with its own optimizer (no learning rate or
+    schedule here, no ``evaluate``). A knob the rule does not take is refused.
+    ``schedule``: None (constant), ``"step:EVERY:GAMMA"`` or
+    ``"warmup-cosine:WARMUP:TOTAL[:FLOOR]"``. Every bad setting raises ValueError naming it."""
+
+    def __init__(
+        self,
+        rule: RuleName = "sgd",
+        *,
+        momentum: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        schedule: Optional[str] = None,
+    ) -> None: ...
+    @property
+    def rule(self) -> RuleName: ...
+    @property
+    def momentum(self) -> float: ...
+    @property
+    def betas(self) -> tuple[float, float]: ...
+    @property
+    def eps(self) -> float: ...
+    @property
+    def weight_decay(self) -> float: ...
+    @property
+    def schedule(self) -> Optional[str]:
+        """The schedule as the CLI spells it; None for a constant rate."""
+    def state_len(self, dim: int) -> int:
+        """Elements of state the server keeps for a model of ``dim`` parameters."""
+
 class Protocol:
     """A synchronization protocol and its knobs, as the ``syncopate`` CLI's ``--protocol``
     flags spell them (the same defaults, so a Python worker matches ``syncopate serve``).
@@ -51,9 +93,10 @@ class Protocol:
     def worker_scratch_len(self, dim: int) -> int: ...
 
 class Server:
-    """A parameter server updating ``params`` (float32, C-contiguous, writable) in place."""
+    """A parameter server updating ``params`` (float32, C-contiguous, writable) in place;
+    ``momentum`` in ``[0, 1)``: SGD with (heavy-ball) momentum on every update (0: plain SGD)."""
 
-    def __init__(self, protocol: Protocol, params: Float32Array, version: int = 0) -> None: ...
+    def __init__(self, protocol: Protocol, params: Float32Array, version: int = 0, momentum: float = 0.0) -> None: ...
     def handle(self, now_ns: int, worker: int, message: bytes) -> bool:
         """Feeds a wire message from ``worker``: True if taken, False if it repeated a message
         already received (a worker's retry; dropped and counted). Raises RejectedError for any
@@ -94,8 +137,9 @@ class Worker:
     def handle(self, now_ns: int, message: bytes) -> bool:
         """Feeds a wire message from the server: True if taken, False if it repeated a
         message already received (dropped). Raises RejectedError for any other refusal."""
-    def handle_gradient(self, now_ns: int, compute_id: int, grad: Float32Array) -> None:
-        """Hands in the gradient of job ``compute_id`` (read in place, no copy)."""
+    def handle_gradient(self, now_ns: int, compute_id: int, grad: Float32Array, loss: Optional[float] = None) -> None:
+        """Hands in the gradient of job ``compute_id`` (read in place, no copy), with the
+        minibatch loss it was computed with, if any (sent to the server with it)."""
     def handle_timeout(self, now_ns: int) -> None: ...
     def poll_output(
         self,
@@ -108,6 +152,8 @@ class Worker:
         """The next output; a ``("compute", compute_id, version, params)`` hands out the
         worker's own array (no copy): compute the gradient before the next call."""
     def poll_timeout(self) -> Optional[int]: ...
+    def stats(self) -> dict[str, Any]:
+        """Counters: ``outputs_lost`` (outputs that found the queue full: zero unless there is a bug)."""
     @property
     def is_stopped(self) -> bool: ...
     @property
@@ -124,6 +170,8 @@ def run_worker(
     give_up_after_s: float = 30.0,
     log: Optional[Callable[[str], object]] = None,
     initial: Optional[Union[Float32Array, Callable[[], Float32Array]]] = None,
+    lost_after_s: float = 10.0,
+    optional_loss: bool = False,
 ) -> dict[str, Any]:
     """Runs worker ``id`` of the server at ``connect`` until the server says stop; the protocol
     and the model's size come from the server. Without ``id``, the launcher's rank (the run's
@@ -131,7 +179,10 @@ def run_worker(
     ``MASTER_ADDR:MASTER_PORT``. ``compute(params, grad)`` fills ``grad`` and
     returns the minibatch loss. ``params``/``grad``: the caller's own float32 arrays of the
     model's size, written and read in place. A ``compute`` that raises or returns a
-    non-number ends the worker (the server sees it lost) with WorkerError."""
+    non-number ends the worker (the server sees it lost) with WorkerError; with
+    ``optional_loss=True`` it may return ``None`` (that gradient travels without a loss).
+    ``lost_after_s``: a server silent this long (no message, no heartbeat) is lost and the
+    worker reconnects; heartbeats go out every tenth of it."""
 
 def serve(
     params: Float32Array,
@@ -140,6 +191,7 @@ def serve(
     listen: str = "127.0.0.1:0",
     secret_file: Optional[str] = None,
     insecure: bool = False,
+    optimizer: Optional[Optimizer] = None,
     momentum: float = 0.0,
     evaluate: Optional[Callable[[Float32Array], Any]] = None,
     every: int = 1,
@@ -151,20 +203,28 @@ def serve(
     log: Optional[Callable[[str], object]] = None,
     record_trace: Optional[str] = None,
     wait_for_rejoin: bool = False,
+    lost_after_s: float = 10.0,
+    stop_when: Optional[Callable[[int, int], object]] = None,
 ) -> dict[str, Any]:
     """Runs the TCP parameter server of ``protocol`` on ``params`` (float32, updated in place)
     until ``updates`` model updates, ``gradients`` accepted gradients, ``time_limit_s``
     seconds from the call (evaluations excluded) or ``evaluate``'s result reaching ``target``.
-    ``momentum``: SGD with momentum (beta in [0, 1)) on every update. ``evaluate(view)``
+    ``optimizer``: the update rule (plain SGD by default); ``momentum`` (beta in [0, 1)) is
+    the shorthand for ``Optimizer("momentum", momentum=beta)``, refused beside
+    ``optimizer``. ``evaluate(view)``
     runs on the server's thread every ``every`` updates with a read-only view of the model;
     its time is excluded from the report's times and the time limit. Ctrl-C stops the run
     cleanly and returns the report (reason ``"interrupted"``). A server still waiting for
     workers names them every stall report interval; one whose every worker has been lost
     stops after the server's ``lost_after`` (reason ``"all_workers_lost"``) unless
-    ``wait_for_rejoin``. ``record_trace``: a
+    ``wait_for_rejoin``. ``lost_after_s``: a worker silent this long (no message, no
+    heartbeat) is lost; heartbeats go out every tenth of it. ``record_trace``: a
     path; the workers send their step times and the server writes them, with each step's
     loss and gradient norms, as a trace for ``syncopate advise --trace`` (the report's
-    ``trace_steps`` counts its rows)."""
+    ``trace_steps`` counts its rows). ``stop_when(live, joined)``: called every few
+    milliseconds with the number of workers connected and the number that ever joined (each
+    worker counted once); the run stops (reason ``"stopped"``) when it
+    returns true, and an exception it raises stops the run and is raised."""
 
 def compare(
     path: Optional[str] = None,

@@ -1,5 +1,6 @@
-"""The PyTorch guide's script is python/examples/pytorch_mnist.py, word for word, and at
-most 60 lines (test_torch_mnist.py runs that file as written)."""
+"""The PyTorch guide's scripts are python/examples/pytorch_mnist.py (your own loop) and
+pytorch_mnist_short.py (train_worker), word for word, each at most 60 lines
+(test_torch_mnist.py runs both files as written)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from conftest import ROOT
 
 def test_the_guide_shows_the_example_script_as_it_is() -> None:
     guide = (ROOT / "docs" / "guide" / "pytorch.md").read_text()
-    script = (ROOT / "python" / "examples" / "pytorch_mnist.py").read_text()
     blocks = re.findall(r"```python\n(.*?)```", guide, flags=re.S)
-    assert script in blocks, "docs/guide/pytorch.md must show python/examples/pytorch_mnist.py unchanged"
-    assert len(script.splitlines()) <= 60
+    for name in ("pytorch_mnist.py", "pytorch_mnist_short.py"):
+        script = (ROOT / "python" / "examples" / name).read_text()
+        assert script in blocks, f"docs/guide/pytorch.md must show python/examples/{name} unchanged"
+        assert len(script.splitlines()) <= 60

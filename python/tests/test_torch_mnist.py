@@ -1,5 +1,6 @@
-"""A small PyTorch CNN trained on MNIST 5k by two PyTorch worker processes, to 0.90 test
-accuracy with Python's `serve` (the guide's script, run as written).
+"""A small PyTorch CNN trained on MNIST 5k by two PyTorch worker processes to 0.90 test
+accuracy: the guide's scripts, run as written (your own loop under torchrun, and the short
+path with Python's `serve` and `train_worker`).
 
 torch is required: without it these tests fail, unless $SYNCOPATE_NO_TORCH=1 says torch is
 not expected here (then they are skipped).
@@ -18,6 +19,7 @@ import pytest
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 GUIDE_SCRIPT = EXAMPLES / "pytorch_mnist.py"
+SHORT_SCRIPT = EXAMPLES / "pytorch_mnist_short.py"
 
 if os.environ.get("SYNCOPATE_NO_TORCH") == "1":
     pytest.skip("$SYNCOPATE_NO_TORCH=1: torch is not expected here", allow_module_level=True)
@@ -27,8 +29,17 @@ except ImportError as e:  # a missing torch is a failure, not a skip
     raise RuntimeError(f"torch is required by these tests ({e}); set SYNCOPATE_NO_TORCH=1 to skip them") from e
 
 
-def test_the_guide_script_trains_the_cnn_to_090_with_python_serve() -> None:
-    run = subprocess.run([sys.executable, str(GUIDE_SCRIPT)], capture_output=True, text=True, timeout=300)
+def test_the_guide_script_trains_the_cnn_to_090_under_torchrun() -> None:
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(GUIDE_SCRIPT)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    m = re.search(r"bsp: test accuracy (\S+) after (\d+) updates", run.stdout)
+    assert m, run.stdout + run.stderr[-3000:]
+    assert float(m.group(1)) >= 0.90, run.stdout
+
+
+def test_the_short_script_trains_the_cnn_to_090_with_python_serve() -> None:
+    run = subprocess.run([sys.executable, str(SHORT_SCRIPT)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     m = re.search(r"bsp: test accuracy (\S+) after (\d+) updates", run.stdout)
     assert m, run.stdout + run.stderr[-3000:]

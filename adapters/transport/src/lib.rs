@@ -29,5 +29,6 @@
 pub mod channel;
 pub mod file;
 pub mod launcher;
+pub mod optimizer_spec;
 pub mod protocol_spec;
 pub mod tcp;

@@ -271,6 +271,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> AnyServer<T, S, M> {
             Self::Grouped(s) => Self::Grouped(set!(s)),
             Self::Group(s) => {
                 o.check()?;
+                super::grouped::refuse_mean(&o)?;
                 Self::Group(s)
             }
             Self::Ssp(s) => Self::Ssp(set!(s)),

@@ -144,6 +144,11 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> AspServer<T, S, M> {
 }
 
 impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for AspRules<T> {
+    fn kind(&self) -> crate::proto::ProtocolKind {
+        use crate::proto::ProtocolKind;
+        ProtocolKind::Asp
+    }
+
     fn burst(&self) -> usize {
         4
     }

@@ -289,12 +289,20 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
 /// `after_loss(core, now)` method (what a loss does to the open round beyond forgetting the
 /// worker); one input may queue `$extra` outputs beyond a close.
 macro_rules! backup_family_rules {
-    ($rules:ty, $extra:expr) => {
+    ($rules:ty, $extra:expr, $kind:expr) => {
         impl<T: $crate::math::Scalar, S: $crate::proto::Buffer<T>, M: $crate::proto::Storage>
             $crate::proto::Rules<T, S, M> for $rules
         {
             fn burst(&self) -> usize {
                 $crate::proto::backup::Engine::<T, S>::BURST + $extra
+            }
+
+            fn kind(&self) -> $crate::proto::ProtocolKind {
+                $kind
+            }
+
+            fn relays_means(&self) -> bool {
+                true
             }
 
             fn on_join(

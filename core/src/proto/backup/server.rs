@@ -71,7 +71,7 @@ impl<T, S> crate::proto::HasSlot for BackupRules<T, S> {
     type Slot = super::BackupSlot;
 }
 
-crate::proto::backup::backup_family_rules!(BackupRules<T, S>, 0);
+crate::proto::backup::backup_family_rules!(BackupRules<T, S>, 0, crate::proto::ProtocolKind::Backup);
 
 impl<T, S> crate::proto::common::round_server::HasRound for BackupRules<T, S> {
     fn round_len(&self) -> usize {

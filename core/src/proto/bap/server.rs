@@ -344,6 +344,11 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
 }
 
 impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BapRules<T, S, M> {
+    fn kind(&self) -> crate::proto::ProtocolKind {
+        use crate::proto::ProtocolKind;
+        ProtocolKind::Bap
+    }
+
     fn burst(&self) -> usize {
         // Up to `s_bap + 1` closes (three batches and the update event each), a drop, a
         // join's or pull's answer.

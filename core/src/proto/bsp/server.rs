@@ -103,6 +103,14 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
 }
 
 impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BspRules<T, S> {
+    fn kind(&self) -> crate::proto::ProtocolKind {
+        crate::proto::ProtocolKind::Bsp
+    }
+
+    fn relays_means(&self) -> bool {
+        true
+    }
+
     fn burst(&self) -> usize {
         // A close: the contributors' events (one batch), the update event and the broadcast.
         4

@@ -13,7 +13,7 @@
 
 use super::input::{Clock, Delta, Grad, Join, Pull};
 use super::loss::LossTally;
-use super::optim::{Optimizer, Update, UpdateRule};
+use super::optim::{Optimizer, Rule, Update, UpdateRule};
 use super::queue::{BatchKind, ServerItem, ServerQueue};
 use super::roster::Roster;
 use super::round::{Round, check_learning_rate};
@@ -24,6 +24,7 @@ use crate::id::{Version, WorkerId};
 use crate::math::{LengthMismatch, Scalar};
 use crate::msg::ToServer;
 use crate::msg::{ToWorker, Values};
+use crate::proto::ProtocolKind;
 use crate::proto::{Buffer, Recipient, Server, ServerEvent, ServerOutput, ServerStats};
 use crate::time::{Duration, Instant};
 use core::marker::PhantomData;
@@ -195,6 +196,15 @@ pub trait Rules<T: Scalar, S: Buffer<T>, M: Storage>: HasSlot {
     /// items but through a batch.
     fn burst(&self) -> usize;
 
+    /// The protocol, named in errors.
+    fn kind(&self) -> ProtocolKind;
+
+    /// Whether every update of the model is one round's mean gradient (BSP, static backup
+    /// workers, DBW): what the [`Rule::Mean`] relay needs. No by default.
+    fn relays_means(&self) -> bool {
+        false
+    }
+
     /// A `Join` from the member `join.from`.
     fn on_join(&mut self, core: &mut CoreOf<T, S, M, Self>, join: Join) -> Result<(), Reject>;
 
@@ -319,6 +329,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
     /// run use [`Self::with_optimizer_state`]. Plain SGD at a constant rate (momentum 0
     /// included) leaves the server's updates as they are, bit for bit, and drops `state`.
     pub fn with_optimizer(mut self, optimizer: Optimizer, state: S) -> Result<Self, ConfigError> {
+        self.check_rule(&optimizer)?;
         self.core.rule = UpdateRule::new(optimizer, state, self.core.params.as_ref(), true)?;
         Ok(self)
     }
@@ -329,8 +340,21 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S
     /// one or holds other settings than `optimizer` is refused
     /// ([`ConfigError::Knob`]`("optimizer state")`).
     pub fn with_optimizer_state(mut self, optimizer: Optimizer, state: S) -> Result<Self, ConfigError> {
+        self.check_rule(&optimizer)?;
         self.core.rule = UpdateRule::new(optimizer, state, self.core.params.as_ref(), false)?;
         Ok(self)
+    }
+
+    /// Refuses a rule the protocol cannot run: [`Rule::Mean`] unless every update is one
+    /// round's mean ([`ConfigError::RuleUnsupported`]).
+    fn check_rule(&self, optimizer: &Optimizer) -> Result<(), ConfigError> {
+        if optimizer.rule == Rule::Mean && !self.rules.relays_means() {
+            return Err(ConfigError::RuleUnsupported {
+                rule: optimizer.rule_name(),
+                protocol: self.rules.kind().as_str(),
+            });
+        }
+        Ok(())
     }
 
     /// The update rule (plain SGD unless one was set).

@@ -124,7 +124,8 @@ impl Round {
         learning_rate: f64,
     ) {
         // Lengths were fixed at construction; a mismatch is impossible here.
-        let _ = core.apply(Cleared { acc, a: Self::rate(learning_rate, self.count), lr: learning_rate });
+        let (a, k) = (Self::rate(learning_rate, self.count), self.count);
+        let _ = core.rule.apply_round(core.params.as_mut(), Cleared { acc, a, lr: learning_rate }, k);
         self.finish(core);
     }
 
@@ -148,7 +149,7 @@ impl Round {
     ) -> Result<(), Reject> {
         let k = self.count + usize::from(!Self::contains(&core.roster, worker, core.version));
         let a = Self::rate(learning_rate, k);
-        core.apply(FoldedLast { acc, values, factor, a, lr: learning_rate })?;
+        core.rule.apply_round(core.params.as_mut(), FoldedLast { acc, values, factor, a, lr: learning_rate }, k)?;
         self.record(&mut core.roster, core.version, worker, factor, &mut core.loss);
         self.finish(core);
         Ok(())

@@ -383,7 +383,7 @@ fn mean_pass<T: Scalar, const DIFF: bool>(prev: &mut [T], acc: &[T], inv_k: T) -
 }
 
 // A close, plus the `BackupChosen` report.
-crate::proto::backup::backup_family_rules!(DbwRules<T, S, M>, 1);
+crate::proto::backup::backup_family_rules!(DbwRules<T, S, M>, 1, crate::proto::ProtocolKind::Dbw);
 
 impl<T, S, M: Storage> crate::proto::common::round_server::HasRound for DbwRules<T, S, M> {
     fn round_len(&self) -> usize {

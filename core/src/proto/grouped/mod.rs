@@ -142,6 +142,7 @@ mod tests;
 
 pub use group_server::GroupServer;
 pub use server::GroupedServer;
+pub(crate) use server::refuse_mean;
 
 use crate::error::ConfigError;
 use crate::id::{MAX_WORKERS, WorkerId};

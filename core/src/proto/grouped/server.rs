@@ -44,12 +44,14 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> GroupedServer<T, S, M> {
     /// acts on each group aggregate the central server applies, as an outer optimizer over
     /// the groups' steps (a group's own `H − 1` local steps stay plain SGD).
     pub fn with_optimizer(mut self, optimizer: Optimizer, state: S) -> Result<Self, ConfigError> {
+        refuse_mean(&optimizer)?;
         self.central = self.central.with_optimizer(optimizer, state)?;
         Ok(self)
     }
 
     /// [`Self::with_optimizer`] from a checkpoint's state.
     pub fn with_optimizer_state(mut self, optimizer: Optimizer, state: S) -> Result<Self, ConfigError> {
+        refuse_mean(&optimizer)?;
         self.central = self.central.with_optimizer_state(optimizer, state)?;
         Ok(self)
     }
@@ -364,4 +366,16 @@ impl<T: Scalar> Update<T> for CopyOut<'_, T> {
             *a = T::zero();
         }
     }
+}
+
+/// Refuses the [`Rule::Mean`](crate::proto::Rule::Mean) relay: a central update is one
+/// group's aggregate, made on a stale central model.
+pub(crate) fn refuse_mean(optimizer: &Optimizer) -> Result<(), ConfigError> {
+    if optimizer.rule == crate::proto::Rule::Mean {
+        return Err(ConfigError::RuleUnsupported {
+            rule: optimizer.rule_name(),
+            protocol: crate::proto::ProtocolKind::Grouped.as_str(),
+        });
+    }
+    Ok(())
 }

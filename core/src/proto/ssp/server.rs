@@ -235,6 +235,11 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
 }
 
 impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for SspRules<T, S> {
+    fn kind(&self) -> crate::proto::ProtocolKind {
+        use crate::proto::ProtocolKind;
+        ProtocolKind::Ssp
+    }
+
     fn burst(&self) -> usize {
         // Every parked pull may be answered by one input (one batch), beside a join's event
         // and model, or an update's two events.

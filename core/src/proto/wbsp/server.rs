@@ -154,6 +154,11 @@ impl<T: Scalar, S: Buffer<T>> WbspRules<T, S> {
 }
 
 impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for WbspRules<T, S> {
+    fn kind(&self) -> crate::proto::ProtocolKind {
+        use crate::proto::ProtocolKind;
+        if self.config.overlap { ProtocolKind::WbspOverlap } else { ProtocolKind::Wbsp }
+    }
+
     fn burst(&self) -> usize {
         4
     }

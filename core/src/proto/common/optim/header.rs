@@ -4,7 +4,7 @@
 //! Ten 64-bit slots, each as four elements holding its 16-bit pieces (low first) as whole
 //! numbers in `[0, 65535]`: exact in `f32` and `f64`, finite, and refused on reading unless
 //! every piece is such a number. Slots: the update count; the rule's kind (0 SGD,
-//! 1 momentum, 2 Nesterov, 3 AdamW) and its four knobs as `f64` bits (`β` or `β₁`, `β₂`,
+//! 1 momentum, 2 Nesterov, 3 AdamW, 4 mean) and its four knobs as `f64` bits (`β` or `β₁`, `β₂`,
 //! `ε`, `λ`; unused ones 0); the schedule's kind (0 constant, 1 step, 2 warm-up and cosine)
 //! and its three knobs (`every` or `warmup`; `gamma` as bits or `total`; `floor` as bits).
 
@@ -25,6 +25,7 @@ fn slots(o: &Optimizer, steps: u64) -> [u64; SLOTS] {
         Rule::Momentum { beta } => (1, [beta, 0.0, 0.0, 0.0]),
         Rule::Nesterov { beta } => (2, [beta, 0.0, 0.0, 0.0]),
         Rule::AdamW(a) => (3, [a.beta1, a.beta2, a.eps, a.weight_decay]),
+        Rule::Mean => (4, [0.0; 4]),
     };
     let (schedule, s) = match o.schedule {
         Schedule::Constant => (0, [0; 3]),
@@ -79,6 +80,7 @@ pub(crate) fn read<T: Scalar>(head: &[T]) -> Option<(Optimizer, u64)> {
         1 => Rule::Momentum { beta: f(k0) },
         2 => Rule::Nesterov { beta: f(k0) },
         3 => Rule::AdamW(AdamW { beta1: f(k0), beta2: f(k1), eps: f(k2), weight_decay: f(k3) }),
+        4 => Rule::Mean,
         _ => return None,
     };
     let schedule = match schedule {

@@ -110,6 +110,14 @@ pub enum Rule {
     },
     /// AdamW with decoupled weight decay.
     AdamW(AdamW),
+    /// The relay for worker-side optimizers: after each update the model **is** the
+    /// update's mean gradient `d` (`x ← d`, with `d = acc/k` divided exactly by the round's
+    /// `k` contributions), the learning rate and schedule unused. Only for the protocols
+    /// whose every update is one round's mean gradient (BSP, static backup workers, DBW);
+    /// every other protocol refuses it ([`ConfigError::RuleUnsupported`]). The model at
+    /// version 0 stays the initial model; each worker applies every round's mean with its
+    /// own optimizer.
+    Mean,
 }
 
 /// The server's update rule and its learning-rate schedule.
@@ -145,21 +153,43 @@ impl Optimizer {
         Self { rule: Rule::AdamW(settings), schedule: Schedule::Constant }
     }
 
+    /// The rule's name as the adapters spell it: `sgd`, `momentum`, `nesterov`, `adamw` or
+    /// `mean`.
+    pub const fn rule_name(&self) -> &'static str {
+        match self.rule {
+            Rule::Sgd => "sgd",
+            Rule::Momentum { .. } => "momentum",
+            Rule::Nesterov { .. } => "nesterov",
+            Rule::AdamW(_) => "adamw",
+            Rule::Mean => "mean",
+        }
+    }
+
     /// The same rule under `schedule`.
     pub const fn with_schedule(self, schedule: Schedule) -> Self {
         Self { schedule, ..self }
     }
 
+    /// The relay of each round's mean gradient ([`Rule::Mean`]).
+    pub const MEAN: Self = Self { rule: Rule::Mean, schedule: Schedule::Constant };
+
     /// Refuses a knob out of range (NaN and infinities included), naming it:
     /// [`ConfigError::Knob`] with `"momentum"`, `"nesterov"`, `"beta1"`, `"beta2"`, `"eps"`,
-    /// `"weight_decay"`, or the schedule's (see [`Schedule::check`]).
+    /// `"weight_decay"`, `"schedule"` (a schedule other than constant under [`Rule::Mean`],
+    /// which has no learning rate), or the schedule's (see [`Schedule::check`]).
     pub fn check(&self) -> Result<(), ConfigError> {
         #[cfg(not(feature = "optimizers"))]
-        if matches!(self.rule, Rule::Nesterov { .. } | Rule::AdamW(_)) || self.schedule != Schedule::Constant {
-            return Err(ConfigError::Knob("optimizer (Nesterov, AdamW and schedules need the `optimizers` feature)"));
+        if matches!(self.rule, Rule::Nesterov { .. } | Rule::AdamW(_) | Rule::Mean)
+            || self.schedule != Schedule::Constant
+        {
+            return Err(ConfigError::Knob(
+                "optimizer (Nesterov, AdamW, mean and schedules need the `optimizers` feature)",
+            ));
         }
         match self.rule {
             Rule::Sgd => {}
+            Rule::Mean if self.schedule != Schedule::Constant => return Err(ConfigError::Knob("schedule")),
+            Rule::Mean => {}
             Rule::Momentum { beta } => check_beta_named(beta, "momentum")?,
             Rule::Nesterov { beta } => check_beta_named(beta, "nesterov")?,
             Rule::AdamW(a) => {
@@ -181,7 +211,7 @@ impl Optimizer {
     /// model before the last update); otherwise the per-element state (momentum's previous
     /// model or Nesterov's velocity: `dim`; AdamW's `m` then `v`: `2·dim`; SGD: none)
     /// followed by a header of 40 elements holding the settings and the update count (so the
-    /// buffer alone is a checkpoint of the rule).
+    /// buffer alone is a checkpoint of the rule). [`Rule::Mean`] keeps the header alone.
     pub fn state_len(&self, dim: usize) -> usize {
         if self.is_plain() {
             0
@@ -195,7 +225,7 @@ impl Optimizer {
     /// The per-element part of [`Self::state_len`].
     pub(crate) fn element_state_len(&self, dim: usize) -> usize {
         match self.rule {
-            Rule::Sgd => 0,
+            Rule::Sgd | Rule::Mean => 0,
             Rule::Momentum { .. } | Rule::Nesterov { .. } => dim,
             Rule::AdamW(_) => dim.saturating_mul(2),
         }
@@ -221,7 +251,7 @@ impl Optimizer {
         let sgd = match self.rule {
             Rule::Sgd => true,
             Rule::Momentum { beta } | Rule::Nesterov { beta } => beta == 0.0,
-            Rule::AdamW(_) => false,
+            Rule::AdamW(_) | Rule::Mean => false,
         };
         sgd && self.schedule == Schedule::Constant
     }

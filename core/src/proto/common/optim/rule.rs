@@ -123,7 +123,23 @@ impl<T: Scalar, S: Buffer<T>> UpdateRule<T, S> {
     pub(crate) fn apply<U: Update<T>>(&mut self, params: &mut [T], update: U) -> Result<(), LengthMismatch> {
         match self.0.as_mut() {
             None => update.plain(params),
-            Some(active) => active.apply(params, update),
+            Some(active) => active.apply(params, update, None),
+        }
+    }
+
+    /// [`Self::apply`] for an update that is one round's accumulated gradients over `k`
+    /// contributions (its direction `acc/k`): [`Rule::Mean`] sets the model to `acc/k`,
+    /// dividing by `k` exactly; every other rule steps as [`Self::apply`] does.
+    #[inline(always)]
+    pub(crate) fn apply_round<U: Update<T>>(
+        &mut self,
+        params: &mut [T],
+        update: U,
+        k: usize,
+    ) -> Result<(), LengthMismatch> {
+        match self.0.as_mut() {
+            None => update.plain(params),
+            Some(active) => active.apply(params, update, Some(k)),
         }
     }
 }
@@ -142,7 +158,7 @@ impl<T: Scalar, S: Buffer<T>> Active<T, S> {
     /// loads (a rule's settings and rate are read only here).
     #[cold]
     #[inline(never)]
-    fn apply<U: Update<T>>(&mut self, params: &mut [T], update: U) -> Result<(), LengthMismatch> {
+    fn apply<U: Update<T>>(&mut self, params: &mut [T], update: U, k: Option<usize>) -> Result<(), LengthMismatch> {
         let dim = params.len();
         update.check(dim)?;
         if self.light {
@@ -150,19 +166,30 @@ impl<T: Scalar, S: Buffer<T>> Active<T, S> {
             extrapolate(params, prev, self.beta);
             return update.plain(params);
         }
-        self.apply_full(params, update)
+        self.apply_full(params, update, k)
     }
 
     /// Without the `optimizers` feature every rule is light (a configuration that needs more
     /// is refused when it is checked): the plain step.
     #[cfg(not(feature = "optimizers"))]
-    fn apply_full<U: Update<T>>(&mut self, params: &mut [T], update: U) -> Result<(), LengthMismatch> {
+    fn apply_full<U: Update<T>>(
+        &mut self,
+        params: &mut [T],
+        update: U,
+        _k: Option<usize>,
+    ) -> Result<(), LengthMismatch> {
         update.plain(params)
     }
 
-    /// The rule's step with its settings and update count from the state's header.
+    /// The rule's step with its settings and update count from the state's header; `k`: the
+    /// round's contributions when the update is one round's accumulated gradients.
     #[cfg(feature = "optimizers")]
-    fn apply_full<U: Update<T>>(&mut self, params: &mut [T], update: U) -> Result<(), LengthMismatch> {
+    fn apply_full<U: Update<T>>(
+        &mut self,
+        params: &mut [T],
+        update: U,
+        k: Option<usize>,
+    ) -> Result<(), LengthMismatch> {
         let dim = params.len();
         let given = self.state.as_ref().len();
         let (optimizer, t) = self.decoded(dim).ok_or(LengthMismatch { expected: dim, actual: given })?;
@@ -192,6 +219,15 @@ impl<T: Scalar, S: Buffer<T>> Active<T, S> {
                 });
             }
             Rule::AdamW(settings) => adamw(params, state, update, settings, lr, t, c),
+            // The round's mean, divided exactly by its count; an update that is not a round's
+            // (refused with the rule when the server was set up) publishes its direction.
+            Rule::Mean => match k {
+                Some(k) => {
+                    let k = T::from_f64(k.max(1) as f64);
+                    update.each(params, |x, u| *x = u / k);
+                }
+                None => update.each(params, |x, u| *x = c * u),
+            },
         }
         header::write_steps(head, t.saturating_add(1));
         Ok(())

@@ -1,7 +1,5 @@
-"""A PyTorch model as a syncopate worker, and its parameters as the server's initial model.
-
-Importing this module imports ``torch`` (``pip install torch``); ``import syncopate`` never
-does.
+"""The short path: a PyTorch model as a syncopate worker whose loop syncopate runs, and its
+parameters as the server's initial model.
 
 - :func:`parameters_vector` -- a model's parameters as one flat float32 NumPy array (a copy),
   in ``model.parameters()`` order: the server's initial model (``syncopate.serve``).
@@ -20,7 +18,7 @@ from typing import Any, Callable, Iterable, Optional
 import numpy as np
 import torch
 
-from . import run_worker
+from .. import run_worker
 
 __all__ = ["FlatModel", "load_vector", "parameters_vector", "train_worker"]
 

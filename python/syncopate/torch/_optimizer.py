@@ -1,0 +1,190 @@
+""":class:`DistributedOptimizer`: your torch optimizer, wrapped so that ``step()`` trains
+through the run's protocol (see :func:`syncopate.torch.init`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional
+
+import torch
+
+from . import _session
+from ._layout import Layout
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """Wraps ``optimizer`` (any ``torch.optim.Optimizer`` over ``model``'s parameters) so that
+    the training loop stays as written: ``zero_grad()``, forward, ``loss.backward()`` (several
+    times to accumulate), ``clip_grad_norm_``, ``step()``, ``scheduler.step()``.
+
+    Making it connects (:func:`syncopate.torch.init` first): rank 0 starts the server on its
+    model, and every worker installs the server's initial model, so every rank starts from
+    rank 0's parameters and buffers.
+
+    ``step(loss=None)`` sends the accumulated gradients (and ``loss``, a number or a one-element
+    tensor, for the server's loss curve; none without it) and returns once the protocol hands
+    back the next vector:
+
+    - rule ``"mean"`` (BSP, backup, DBW by default): the vector is the round's mean gradient
+      (and the mean of the workers' buffers); ``step()`` writes it into ``.grad`` and calls
+      your optimizer, so every worker applies the same update and the models stay identical.
+    - any other rule: the server's optimizer updated the model; ``step()`` installs it and
+      your optimizer is not called. A torch LR scheduler then cannot be honoured and is
+      refused, unless ``server_schedule=True`` says the server's :class:`syncopate.Optimizer`
+      carries the schedule.
+
+    Once the server has stopped, ``should_stop`` is true and ``step()`` returns without
+    sending. A bad step (before backward, a NaN or infinite gradient) makes this worker leave
+    the server (it is counted lost) and raises ``ValueError`` naming the parameter.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, *,
+                 server_schedule: bool = False) -> None:
+        # The wrapped optimizer owns the parameter groups and state; this object shares them
+        # (an LR scheduler built on it changes the wrapped optimizer's learning rates).
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        session = _session.current()
+        self._inner = optimizer
+        self._session = session
+        self._server_schedule = server_schedule
+        try:
+            self._layout = layout = self._check(optimizer, model)
+        except (ValueError, TypeError):
+            session.abandon()
+            raise
+        self._lrs = [group.get("lr") for group in optimizer.param_groups]
+        self.should_stop = False
+        #: Under the rule "mean": the last round applied (its version).
+        self.rounds = 0
+        self._left: Optional[str] = None
+        session.start(layout.received.numpy(), layout.sent.numpy(), layout.vector())
+        session.on_close.append(self._install_server_model)
+        self._receive()
+
+    def _check(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> Layout:
+        session = self._session
+        layout = Layout(model, with_buffers=session.worker_side)
+        owned = {id(p): name for name, p in model.named_parameters()}
+        in_optimizer: set[int] = set()
+        for i, group in enumerate(optimizer.param_groups):
+            for p in group["params"]:
+                if id(p) not in owned:
+                    raise ValueError(f"parameter group {i} of the optimizer holds a tensor of shape {tuple(p.shape)} "
+                                     "that is not a parameter of the model")
+                in_optimizer.add(id(p))
+        if not session.worker_side:
+            for name, p in layout.params:
+                if id(p) not in in_optimizer:
+                    raise ValueError(f"parameter {name} is not in the optimizer, but under {session.protocol.name} "
+                                     "the server's optimizer updates every parameter that requires a gradient")
+        return layout
+
+    # The wrapped optimizer's state, shared.
+    @property  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self._inner.param_groups
+
+    @property  # type: ignore[override]
+    def state(self) -> Any:
+        return self._inner.state
+
+    @property  # type: ignore[override]
+    def defaults(self) -> dict[str, Any]:
+        return self._inner.defaults
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._inner.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._inner.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._inner.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        raise RuntimeError("add_param_group after DistributedOptimizer: the model's layout is fixed; "
+                           "add the group to the optimizer before wrapping it")
+
+    def __repr__(self) -> str:
+        return f"DistributedOptimizer({self._inner!r})"
+
+    def _leave(self, why: str) -> None:
+        self._left = why
+        bridge = self._session.bridge
+        if bridge is not None:
+            bridge.leave()
+
+    def _receive(self) -> bool:
+        """Waits for the next vector and installs it; False once the run has ended."""
+        bridge = self._session.bridge
+        assert bridge is not None
+        try:
+            arrived = bridge.wait(self._session.step_timeout_s)
+        except TimeoutError as e:
+            self._leave(str(e))
+            raise
+        if not arrived:
+            self.should_stop = True
+            if bridge.error is not None and not bridge.leaving:
+                error = bridge.error
+                self._left = f"the worker ended: {error}"
+                raise error
+            return False
+        if self._session.worker_side:
+            for version, vector in bridge.take_rounds():
+                self._apply_round(version, torch.from_numpy(vector))
+        else:
+            self._layout.install_parameters()
+        return True
+
+    def _apply_round(self, version: int, vector: torch.Tensor) -> None:
+        # Version 0 is the initial model (rank 0's); every later version one round's mean
+        # gradient (and mean buffers), applied by the wrapped optimizer, in version order, so
+        # a worker whose gradient a round did not need still applies that round.
+        layout = self._layout
+        src = vector.to(layout.device, non_blocking=True)
+        if version == 0:
+            layout.install_parameters(src)
+        else:
+            layout.install_gradients(src[: layout.n_params])
+            self._inner.step()
+        if layout.buffers:
+            layout.install_buffers(src)
+        self.rounds = version
+
+    def step(self, closure: Optional[Callable[[], float]] = None, *, loss: Any = None) -> None:  # type: ignore[override]
+        if closure is not None:
+            raise TypeError("DistributedOptimizer.step() takes no closure: call backward before step()")
+        if self._left is not None:
+            raise RuntimeError(f"this worker has left the server ({self._left}): step() cannot send")
+        if self.should_stop:
+            return None
+        session = self._session
+        if not session.worker_side and not self._server_schedule:
+            for i, group in enumerate(self._inner.param_groups):
+                if "initial_lr" in group or group.get("lr") != self._lrs[i]:
+                    why = (f"the learning rate of parameter group {i} is scheduled (a torch LR scheduler), but under "
+                           f"{session.protocol.name} the server's optimizer makes every update and cannot honour it: "
+                           "give the schedule to syncopate.Optimizer(schedule=...) and pass server_schedule=True")
+                    self._leave(why)
+                    raise ValueError(why)
+        try:
+            self._layout.gather()
+            value = None if loss is None else float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"step(loss=...) got a loss of {value}: not sent")
+        except (ValueError, TypeError, RuntimeError) as e:
+            self._leave(str(e))
+            raise
+        bridge = session.bridge
+        assert bridge is not None
+        bridge.submit(value)
+        self._receive()
+        return None
+
+    def _install_server_model(self) -> None:
+        # The host's model becomes the server's final model when the server ran the optimizer.
+        params = self._session.server_params
+        if params is not None and not self._session.worker_side:
+            self._layout.install_parameters(torch.from_numpy(params).to(self._layout.device))

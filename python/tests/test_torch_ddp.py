@@ -1,0 +1,107 @@
+"""A DDP script converted to syncopate in at most 10 lines (python/examples/ddp_digits.py and
+syncopate_digits.py), trained over TCP by 2 worker processes, started by hand and by
+torchrun; and 2 workers' models (parameters and BatchNorm buffers) staying identical.
+
+torch is required: without it these tests fail, unless $SYNCOPATE_NO_TORCH=1 says torch is
+not expected here (then they are skipped).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+if os.environ.get("SYNCOPATE_NO_TORCH") == "1":
+    pytest.skip("$SYNCOPATE_NO_TORCH=1: torch is not expected here", allow_module_level=True)
+try:
+    import torch
+except ImportError as e:  # a missing torch is a failure, not a skip
+    raise RuntimeError(f"torch is required by these tests ({e}); set SYNCOPATE_NO_TORCH=1 to skip them") from e
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+HERE = pathlib.Path(__file__).resolve().parent
+DDP, CONVERTED = EXAMPLES / "ddp_digits.py", EXAMPLES / "syncopate_digits.py"
+#: The accuracy the converted script reaches on the digits test split (the DDP original
+#: reaches it too; the test runs only the converted one).
+TARGET = 0.90
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def changed_lines(a: list[str], b: list[str]) -> int:
+    """Lines replaced, inserted or deleted to turn ``a`` into ``b`` (a replaced block counts
+    its longer side)."""
+    ops = difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes()
+    return sum(max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in ops if tag != "equal")
+
+
+def test_the_ddp_script_converts_by_changing_at_most_10_lines() -> None:
+    ddp, converted = DDP.read_text().splitlines(), CONVERTED.read_text().splitlines()
+    assert changed_lines(ddp, converted) <= 10, "\n".join(difflib.unified_diff(ddp, converted, lineterm=""))
+    # The loop is the user's: clip, step, schedule, accumulation and the epoch's shuffle stay.
+    for kept in ("clip_grad_norm_", "sched.step()", "% ACCUMULATE", "sampler.set_epoch(epoch)", "model.train()"):
+        assert kept in "\n".join(converted)
+
+
+def launch(rank: int, port: int, *args: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    return subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def finish(procs: list[subprocess.Popen[str]], timeout_s: float = 120.0) -> list[str]:
+    outs = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        assert p.returncode == 0, err[-3000:]
+        outs.append(out)
+    return outs
+
+
+def accuracies(text: str) -> dict[int, float]:
+    return {int(r): float(a) for r, a in re.findall(r"rank (\d+): test accuracy (\S+)", text)}
+
+
+def test_the_converted_script_trains_with_2_worker_processes_over_tcp() -> None:
+    port = free_port()
+    outs = finish([launch(rank, port, str(CONVERTED)) for rank in range(2)])
+    found = accuracies("".join(outs))
+    assert set(found) == {0, 1}, outs
+    # BSP with the mean relayed: both ranks hold the same model.
+    assert found[0] == found[1] >= TARGET, found
+
+
+def test_the_converted_script_runs_under_torchrun() -> None:
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(CONVERTED)],
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = accuracies(run.stdout)
+    assert set(found) == {0, 1} and found[0] == found[1] >= TARGET, run.stdout + run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("protocol", ["bsp"])
+def test_two_workers_models_stay_identical_buffers_included(protocol: str, tmp_path: pathlib.Path) -> None:
+    port = free_port()
+    finish([launch(rank, port, str(HERE / "torch_identical_worker.py"), protocol, str(tmp_path)) for rank in range(2)])
+    a, b = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    assert a.keys() == b.keys() and "1.running_mean" in a
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert int(a["1.num_batches_tracked"]) == 24  # 12 steps of 2 forwards
+    assert float(a["1.running_var"].sub(1).abs().max()) > 0.05  # the statistics moved
