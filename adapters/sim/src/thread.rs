@@ -103,7 +103,7 @@ pub struct ThreadLedger {
 }
 
 /// The outcome of a threaded run.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct ThreadReport {
     /// Evaluations over time.
     pub curve: Vec<EvalPoint>,
@@ -345,22 +345,7 @@ fn server_loop(
     progress: &mut dyn FnMut(&EvalPoint),
 ) -> ThreadReport {
     let limits = Limits::for_model(workload.model.dim());
-    let mut side = ServerSide {
-        port,
-        report: ThreadReport {
-            curve: Vec::new(),
-            time_to_target_s: None,
-            wall_s: 0.0,
-            stats: ServerStats::default(),
-            workers: Vec::new(),
-            staleness: (0, 0, 0),
-            stalls: 0,
-            refused: 0,
-            lost: 0,
-            params: Vec::new(),
-            ledger: ThreadLedger::default(),
-        },
-    };
+    let mut side = ServerSide { port, report: ThreadReport::default() };
     let mut last_eval: Option<(u64, StdInstant)> = None;
     let tick = StdDuration::from_millis(50);
     loop {
@@ -576,19 +561,7 @@ mod tests {
     use syncopate::{Values, Version, WorkerId};
 
     fn empty_report() -> ThreadReport {
-        ThreadReport {
-            curve: Vec::new(),
-            time_to_target_s: None,
-            wall_s: 0.0,
-            stats: ServerStats::default(),
-            workers: Vec::new(),
-            staleness: (0, 0, 0),
-            stalls: 0,
-            refused: 0,
-            lost: 0,
-            params: Vec::new(),
-            ledger: ThreadLedger::default(),
-        }
+        ThreadReport::default()
     }
 
     /// Workers 1, 2 and 3 are found gone in one drain; the loss of worker 1, the laggard,

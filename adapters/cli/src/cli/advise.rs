@@ -1,7 +1,7 @@
 //! `syncopate advise` (which protocol and knobs for a recorded trace) and `syncopate
 //! trace-gen` (seeded synthetic traces of seven kinds).
 
-use super::Failure;
+use super::failure::Failure;
 use super::output::outln;
 use crate::scenario::Scenario;
 use crate::trace;
@@ -256,7 +256,7 @@ pub(super) fn advise(args: &AdviseArgs) -> Result<(), Failure> {
     };
     let jobs = args.jobs.map_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()), |j| j as usize);
     // The phases found in the trace add sweeps as they are found: the total is not known.
-    let bar = super::progress_counter("simulations", args.json);
+    let bar = super::progress::progress_counter("simulations", args.json);
     bar.set_message(args.trace.display().to_string());
     let advice = advise::advise(&table, &candidates, &options, jobs, &|| bar.inc(1));
     bar.finish_and_clear();

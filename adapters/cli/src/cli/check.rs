@@ -1,6 +1,6 @@
 //! A command line checked without running it: what the docs' commands are tested with.
 
-use super::{Cli, Command, one_line_error};
+use super::command::{Cli, Command, one_line_error};
 use crate::scenario::Scenario;
 use clap::Parser;
 use std::path::Path;
@@ -21,7 +21,9 @@ where
         Command::Train(train) => check_train(train),
         Command::Mpi(mpi) => mpi.check().and_then(|()| check_train(&mpi.train_without_shards())),
         Command::Serve(serve) => serve.protocol.config().map(drop),
-        Command::Work(work) => super::parse_stragglers(&work.straggler, syncopate::MAX_WORKERS as u32).map(drop),
+        Command::Work(work) => {
+            crate::straggler::parse_stragglers(&work.straggler, syncopate::MAX_WORKERS as u32).map(drop)
+        }
         Command::Compare(compare) => check_scenario(compare.scenario.as_deref(), compare.preset.as_deref()),
         _ => Ok(()),
     }
@@ -30,7 +32,7 @@ where
 fn check_train(train: &super::train::TrainArgs) -> Result<(), String> {
     train.check()?;
     let protocol = train.protocol.config()?;
-    super::parse_stragglers(&train.straggler, protocol.workers())?;
+    crate::straggler::parse_stragglers(&train.straggler, protocol.workers())?;
     Ok(())
 }
 

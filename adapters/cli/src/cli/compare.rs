@@ -1,7 +1,7 @@
 //! `syncopate compare`: every protocol of a scenario in the simulator, a table and a plot
 //! (`syncopate advise` is in [`super::advise`]).
 
-use super::Failure;
+use super::failure::Failure;
 use super::output::outln;
 use crate::compare::{self, Comparison};
 use crate::scenario::Scenario;
@@ -94,9 +94,9 @@ pub(super) fn open_plot(path: &std::path::Path) -> Result<std::fs::File, Failure
 fn execute(s: &Scenario, jobs: Option<u32>, json: bool) -> Result<Comparison, Failure> {
     let jobs = jobs.map_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()), |j| j as usize);
     let total = s.runs.len() as u64 * u64::from(s.seeds.max(1));
-    let bar = super::progress_bar(total, json);
+    let bar = super::progress::progress_bar(total, json);
     bar.set_message(s.name.clone());
-    let lines = super::ProgressLines::new("compare", "simulations", total, json);
+    let lines = super::progress::ProgressLines::new("compare", "simulations", total, json);
     let result = compare::run(s, None, jobs, &|_| {
         bar.inc(1);
         lines.one_done();

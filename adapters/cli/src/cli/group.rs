@@ -3,8 +3,9 @@
 //! learns the run's settings there, and serves its members, which connect with `work
 //! --connect` exactly as they would to `serve`.
 
-use super::Failure;
-use crate::tcp::{FrameTimeout, GroupOptions, Note, RunPlan, ServerOptions, StopReason, TcpServer, run_group};
+use super::deadlines::Deadlines;
+use super::failure::Failure;
+use crate::tcp::{GroupOptions, Note, RunPlan, ServerOptions, StopReason, TcpServer, run_group};
 use clap::Args;
 use core::time::Duration;
 use std::path::PathBuf;
@@ -37,12 +38,9 @@ pub struct GroupArgs {
     /// Stop after this many seconds, whatever the progress.
     #[arg(long, value_name = "SECS")]
     pub time_limit: Option<f64>,
-    /// Absolute deadline of a connection's handshake, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub handshake_timeout: u64,
-    /// Deadline of one frame from its first byte, in milliseconds (plus 1 s per MiB).
-    #[arg(long, value_name = "MS", default_value_t = 10000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub frame_timeout: u64,
+    /// The connection deadlines.
+    #[command(flatten)]
+    pub deadlines: Deadlines,
     /// A member (or the central server) silent this many seconds (no message, no
     /// heartbeat) is lost. Heartbeats go out every tenth of it (between 10 ms and 1 s).
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
@@ -55,10 +53,10 @@ pub(super) fn run(args: &GroupArgs) -> Result<(), Failure> {
     let time_limit = super::values::time_limit(args.time_limit).map_err(Failure::Usage)?;
     let lost_after = super::values::lost_after(args.lost_after).map_err(Failure::Usage)?;
     let secret = super::values::load_secret(args.secret_file.as_deref()).map_err(Failure::Usage)?;
-    let frame_timeout = FrameTimeout { base: Duration::from_millis(args.frame_timeout), ..FrameTimeout::default() };
+    let frame_timeout = args.deadlines.frame();
     let mut up = GroupOptions::new(args.connect.clone(), args.group);
     up.key = secret.as_ref().map(|s| s.worker_key(WorkerId(args.group)));
-    up.handshake_timeout = Duration::from_millis(args.handshake_timeout);
+    up.handshake_timeout = args.deadlines.handshake();
     up.frame_timeout = frame_timeout;
     up.backoff.give_up_after = Duration::from_secs(args.give_up_after);
     up.lost_after = lost_after;
@@ -75,7 +73,7 @@ pub(super) fn run(args: &GroupArgs) -> Result<(), Failure> {
         let mut options = ServerOptions::new(settings);
         options.secret = secret.clone();
         options.insecure = args.insecure;
-        options.handshake_timeout = Duration::from_millis(args.handshake_timeout);
+        options.handshake_timeout = args.deadlines.handshake();
         options.frame_timeout = frame_timeout;
         options.lost_after = lost_after;
         let server = TcpServer::bind(&args.listen, options).inspect_err(|e| bind_error = Some(e.0.clone()))?;

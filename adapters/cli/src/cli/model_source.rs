@@ -11,7 +11,7 @@
 //!
 //! `--save FILE.npy` writes the final parameters, atomically, whatever the source.
 
-use super::WorkloadArgs;
+use super::workload_args::WorkloadArgs;
 use crate::workload::Workload;
 use std::path::{Path, PathBuf};
 

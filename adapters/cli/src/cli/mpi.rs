@@ -8,7 +8,7 @@
 //! The transport is the `syncopate-mpi` crate, built only with this crate's `mpi` feature;
 //! without it the subcommand says how to enable it and exits with 2.
 
-use super::Failure;
+use super::failure::Failure;
 use super::train::TrainArgs;
 use clap::Args;
 
@@ -154,7 +154,8 @@ pub(super) fn run(args: &MpiArgs) -> Result<(), Failure> {
     }
     let train = &train;
     let protocol = train.protocol.config().map_err(Failure::Usage)?;
-    let stragglers = super::parse_stragglers(&train.straggler, protocol.workers()).map_err(Failure::Usage)?;
+    let stragglers =
+        crate::straggler::parse_stragglers(&train.straggler, protocol.workers()).map_err(Failure::Usage)?;
     let workload = train.workload.workload().map_err(Failure::Usage)?;
     // Shards: a model that does not split into S slices of at least one parameter.
     syncopate_mpi::shard_layout(workload.model.dim(), shards).map_err(|e| Failure::Usage(e.0))?;
@@ -175,7 +176,7 @@ pub(super) fn run(args: &MpiArgs) -> Result<(), Failure> {
 
 #[cfg(feature = "mpi")]
 mod server {
-    use super::super::{Failure, Summary};
+    use super::super::{failure::Failure, summary::Summary};
     use super::TrainArgs;
     use crate::thread::{EvalPoint, ThreadReport, WorkerTally};
     use crate::workload::Workload;
@@ -345,7 +346,7 @@ mod server {
 
 #[cfg(feature = "mpi")]
 mod worker {
-    use super::super::Failure;
+    use super::super::failure::Failure;
     use super::TrainArgs;
     use crate::sim::{ComputeModel, ComputeSampler};
     use crate::workload::{BatchSampler, Workload};

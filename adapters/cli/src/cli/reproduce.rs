@@ -6,7 +6,7 @@
 //! REPRODUCTION.md; `--quick` shortens the budgets and drops some configurations (for CI);
 //! both use seeds 1–5.
 
-use super::Failure;
+use super::failure::Failure;
 use crate::scenario::reproduction::{
     DBW_BATCH, DBW_HELD_OUT_SEEDS, DBW_LR, DBW_N, GROUPED_STRAGGLERS, MLP_BATCH, MLP_LR, NQM_DIM, NQM_POOL,
     WBSP_MULTIPLES, acc_ladder, bap_bsp, bap_protocols, bap_scenarios, dbw_adaptive, dbw_ladder, dbw_run,

@@ -8,12 +8,13 @@
 //! (further signals within a grace period are noted and change nothing; a third one after it
 //! exits at once).
 
+use super::deadlines::Deadlines;
 use super::loss_curve::LossCurve;
 use super::model_source::{self, ModelSource};
 use super::summary::{Resumed, TcpLedger};
-use super::{Failure, ProtocolArgs, Summary, WorkloadArgs};
+use super::{failure::Failure, protocol::ProtocolArgs, summary::Summary, workload_args::WorkloadArgs};
 use crate::tcp::{
-    self, DataSource, FrameTimeout, Note, ProtocolSettings, RunPlan, RunSettings, ServerOptions, StopReason, TcpServer,
+    self, DataSource, Note, ProtocolSettings, RunPlan, RunSettings, ServerOptions, StopReason, TcpServer,
     WorkloadSettings, checkpoint,
 };
 use crate::thread::{EvalPoint, ThreadReport, WorkerTally};
@@ -81,12 +82,9 @@ pub struct ServeArgs {
     pub resume: bool,
     #[command(flatten)]
     pub optimizer: super::optimizer::OptimizerArgs,
-    /// Absolute deadline of a connection's handshake, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub handshake_timeout: u64,
-    /// Deadline of one frame from its first byte, in milliseconds (plus 1 s per MiB).
-    #[arg(long, value_name = "MS", default_value_t = 10000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub frame_timeout: u64,
+    /// The connection deadlines.
+    #[command(flatten)]
+    pub deadlines: Deadlines,
     /// A worker silent this many seconds (no message, no heartbeat: hung, stopped or cut
     /// off) becomes a lost worker and the run goes on without it if the protocol can.
     /// Heartbeats go out every tenth of it (between 10 ms and 1 s).
@@ -385,8 +383,8 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     let mut options = ServerOptions::new(settings);
     options.secret = secret;
     options.insecure = args.insecure;
-    options.handshake_timeout = Duration::from_millis(args.handshake_timeout);
-    options.frame_timeout = FrameTimeout { base: Duration::from_millis(args.frame_timeout), ..FrameTimeout::default() };
+    options.handshake_timeout = args.deadlines.handshake();
+    options.frame_timeout = args.deadlines.frame();
     options.checkpoint = args.checkpoint.clone().map(|p| (p, args.checkpoint_every));
     options.checkpoint_stamp = stamp.clone();
     options.optimizer_state = resumed_state;

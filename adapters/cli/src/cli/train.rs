@@ -1,6 +1,6 @@
 //! `syncopate train`: one training run with real threads, or in the simulator with `--sim`.
 
-use super::{Failure, ProtocolArgs, Summary, WorkloadArgs};
+use super::{failure::Failure, protocol::ProtocolArgs, summary::Summary, workload_args::WorkloadArgs};
 use crate::sim::{self, ComputeModel, ComputeSampler, SimConfig, StopRule};
 use crate::thread::{self, StepDelay, ThreadConfig};
 use crate::trace;
@@ -111,7 +111,7 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
     args.check().map_err(Failure::Usage)?;
     let protocol = args.protocol.config().map_err(Failure::Usage)?;
     let n = protocol.workers();
-    let stragglers = super::parse_stragglers(&args.straggler, n).map_err(Failure::Usage)?;
+    let stragglers = crate::straggler::parse_stragglers(&args.straggler, n).map_err(Failure::Usage)?;
     let workload = args.workload.workload().map_err(Failure::Usage)?;
     let model_name = args.workload.model.to_string();
     let dim = workload.model.dim();
@@ -121,7 +121,7 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
     }
     check_thread_memory(n, dim, super::values::mem_available()).map_err(Failure::Usage)?;
     let base = args.base_step();
-    let bar = super::progress_bar(args.steps.saturating_mul(u64::from(n)), args.json);
+    let bar = super::progress::progress_bar(args.steps.saturating_mul(u64::from(n)), args.json);
     let delays: Vec<StepDelay> = stragglers
         .into_iter()
         .enumerate()

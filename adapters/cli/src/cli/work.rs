@@ -17,7 +17,8 @@
 //!
 //! Its minibatch sampler is seeded from the run's seed and its id, as in `train`.
 
-use super::{DataFormat, Failure, WorkloadArgs};
+use super::failure::Failure;
+use super::workload_args::{DataFormat, WorkloadArgs};
 use crate::sim::{ComputeModel, ComputeSampler};
 use crate::tcp::{
     DataSource, FrameTimeout, RunSettings, WorkerJob, WorkerOptions, WorkloadSettings, run_sharded_worker, run_worker,
@@ -143,7 +144,7 @@ impl Job {
             return Err(format!("the workload has {dim} parameters but the server's model has {}", settings.dim));
         }
         let n = settings.protocol.workers;
-        let models = super::parse_stragglers(&self.straggler, n)?;
+        let models = crate::straggler::parse_stragglers(&self.straggler, n)?;
         let model = models.get(self.id as usize).cloned().unwrap_or(ComputeModel::None);
         let seed = w.seed ^ (u64::from(self.id) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         Ok(Ready {
@@ -218,15 +219,15 @@ fn read_data_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
 /// `--batch-size` is, the model by the workload's own limits, a data file by
 /// [`read_data_file`].
 fn workload(w: &WorkloadSettings, data_override: Option<&PathBuf>) -> Result<Workload, String> {
-    if !(1..=super::MAX_BATCH_SIZE).contains(&w.batch_size) {
+    if !(1..=crate::workload::limits::MAX_BATCH_SIZE).contains(&w.batch_size) {
         return Err(format!(
             "the server's batch size {} is outside 1..={} (a worker sizes its buffers from it)",
             w.batch_size,
-            super::MAX_BATCH_SIZE
+            crate::workload::limits::MAX_BATCH_SIZE
         ));
     }
     let model: ModelKind = w.model.parse().map_err(|e| format!("the server's model: {e}"))?;
-    super::check_hidden(model).map_err(|e| format!("the server's model: {e}"))?;
+    crate::workload::limits::check_hidden(model).map_err(|e| format!("the server's model: {e}"))?;
     let (data, data_format) = match &w.data {
         DataSource::Digits => (None, DataFormat::Csv),
         DataSource::File { path, format, sha256 } => {
@@ -252,7 +253,7 @@ pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
         )));
     }
     // Checked for syntax now; worker ids in it are checked against the server's count.
-    super::parse_stragglers(&args.straggler, syncopate::MAX_WORKERS as u32).map_err(Failure::Usage)?;
+    crate::straggler::parse_stragglers(&args.straggler, syncopate::MAX_WORKERS as u32).map_err(Failure::Usage)?;
     let shards = crate::tcp::sharded::shard_addresses(&args.connect);
     for addr in &shards {
         check_address(addr).map_err(Failure::Usage)?;

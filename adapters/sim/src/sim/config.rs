@@ -241,6 +241,11 @@ pub struct SimConfig {
 }
 
 impl SimConfig {
+    /// Refuses what no simulator can run: a batch of no rows.
+    pub(crate) fn check_runnable(&self) -> Result<(), super::SimError> {
+        if self.batch_size == 0 { Err(super::SimError::BatchSize) } else { Ok(()) }
+    }
+
     /// Defaults: seed 1, batch 32, 10 ms per step, no stragglers, 0.5 ms / 1 GB/s links, no
     /// crashes, 60 s of virtual time, evaluation every 50 ms, target 0.90.
     pub fn new(protocol: ProtocolConfig, model: ModelKind) -> Self {

@@ -123,6 +123,9 @@ pub fn run(config: &SimConfig, workload: &Workload) -> SimReport {
     run_observed(config, workload, &mut |_| {})
 }
 
+/// What a run shows every [`Observation`] to as it happens.
+pub(crate) type Observer<'o> = &'o mut dyn FnMut(&Observation<'_>);
+
 /// Runs `config` on `workload`, showing every [`Observation`] to `observer` as it happens.
 ///
 /// # Panics

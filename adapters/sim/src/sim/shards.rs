@@ -27,8 +27,8 @@ use super::compute::ComputeSampler;
 use super::network::{BufferPool, Link};
 use super::report::closing;
 use super::report::{CurvePoint, Fnv, Observation, ShardReport, SimReport, WorkerReport};
-use super::run_loop;
 use super::{GradientSource, SimConfig, SimError};
+use super::{Observer, run_loop};
 use crate::workload::{BatchSampler, Scratch, Workload};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -118,7 +118,7 @@ struct Card {
 struct Sim<'a, 'o> {
     config: &'a SimConfig,
     workload: &'a Workload,
-    observer: &'o mut dyn FnMut(&Observation<'_>),
+    observer: Observer<'o>,
     layout: ShardLayout,
     limits: Limits,
     now: Instant,
@@ -146,25 +146,15 @@ struct Sim<'a, 'o> {
 
 /// Runs a sharded simulation (see the [module docs](self)); with one shard, one server
 /// whose network card is a shared bottleneck (the main engine gives its server none).
-pub(crate) fn run(
-    config: &SimConfig,
-    workload: &Workload,
-    observer: &mut dyn FnMut(&Observation<'_>),
-) -> Result<SimReport, SimError> {
+pub(crate) fn run(config: &SimConfig, workload: &Workload, observer: Observer<'_>) -> Result<SimReport, SimError> {
     let mut sim = Sim::new(config, workload, observer)?;
     let reason = sim.run();
     Ok(sim.report(reason))
 }
 
 impl<'a, 'o> Sim<'a, 'o> {
-    fn new(
-        config: &'a SimConfig,
-        workload: &'a Workload,
-        observer: &'o mut dyn FnMut(&Observation<'_>),
-    ) -> Result<Self, SimError> {
-        if config.batch_size == 0 {
-            return Err(SimError::BatchSize);
-        }
+    fn new(config: &'a SimConfig, workload: &'a Workload, observer: Observer<'o>) -> Result<Self, SimError> {
+        config.check_runnable()?;
         let f = &config.faults;
         if f.message_faults() || f.crash_rate > 0.0 || !f.server_crashes.is_empty() || !config.crashes.is_empty() {
             return Err(SimError::Unsupported("faults and crashes with sharded servers"));
@@ -370,28 +360,30 @@ impl<'a, 'o> Sim<'a, 'o> {
         }
     }
 
+    /// A delivered message is done with: its slot goes back to the pool, and it counts as
+    /// delivered if it decoded (`outcome`: what handling it gave), else as a codec error.
+    fn settle<R>(&mut self, slot: usize, outcome: Option<R>) -> Option<R> {
+        self.pool.release(slot);
+        match outcome {
+            Some(_) => self.delivered += 1,
+            None => self.codec_errors += 1,
+        }
+        outcome
+    }
+
     fn deliver_to_shard(&mut self, slot: usize, worker: u32, shard: u32) {
         let now = self.now;
         let Some(s) = self.shards.get_mut(shard as usize) else { return };
-        let (contribution, result) = match wire::decode_to_server::<f32>(self.pool.bytes(slot), &self.limits) {
-            Ok(msg) => {
-                let contribution =
-                    matches!(msg, ToServer::Grad { .. } | ToServer::Delta { .. } | ToServer::Clock { .. });
-                (contribution, s.server.handle(now, WorkerId(worker), msg))
-            }
-            Err(_) => {
-                self.codec_errors += 1;
-                self.pool.release(slot);
-                return;
-            }
-        };
-        self.pool.release(slot);
-        self.delivered += 1;
+        let outcome = wire::decode_to_server::<f32>(self.pool.bytes(slot), &self.limits).ok().map(|msg| {
+            let contribution = matches!(msg, ToServer::Grad { .. } | ToServer::Delta { .. } | ToServer::Clock { .. });
+            (contribution, s.server.handle(now, WorkerId(worker), msg))
+        });
+        let Some((contribution, result)) = self.settle(slot, outcome) else { return };
         if contribution {
-            s.in_flight = s.in_flight.saturating_sub(1);
-            s.delivered += 1;
-            if result.is_err() {
-                s.refused += 1;
+            if let Some(s) = self.shards.get_mut(shard as usize) {
+                s.in_flight = s.in_flight.saturating_sub(1);
+                s.delivered += 1;
+                s.refused += u64::from(result.is_err());
             }
             if matches!(result, Err(syncopate::Reject::NotFinite | syncopate::Reject::NormTooLarge)) {
                 self.not_finite += 1;
@@ -404,16 +396,9 @@ impl<'a, 'o> Sim<'a, 'o> {
     fn deliver_to_worker(&mut self, slot: usize, worker: u32, shard: u32) {
         let now = self.now;
         let Some(h) = self.hosts.get_mut(worker as usize) else { return };
-        let result = match wire::decode_to_worker::<f32>(self.pool.bytes(slot), &self.limits) {
-            Ok(msg) => h.worker.handle(now, shard, msg),
-            Err(_) => {
-                self.codec_errors += 1;
-                self.pool.release(slot);
-                return;
-            }
-        };
-        self.pool.release(slot);
-        self.delivered += 1;
+        let outcome = wire::decode_to_worker::<f32>(self.pool.bytes(slot), &self.limits).ok();
+        let outcome = outcome.map(|msg| h.worker.handle(now, shard, msg));
+        let Some(result) = self.settle(slot, outcome) else { return };
         if result.is_err() {
             self.worker_rejects += 1;
         }

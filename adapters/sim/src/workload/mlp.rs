@@ -9,9 +9,8 @@
 //! row-major `W2` makes the output layer `n_classes` dot products and `axpy`s of length
 //! `hidden` rather than many short ones.
 
-use super::dataset::Dataset;
 use super::numeric::{
-    Scratch, dense_layer_backward, dot, nonzeros, relu_backward, softmax_cross_entropy, sparse_layer_backward,
+    Pass, Scratch, dense_layer_backward, dot, nonzeros, relu_backward, softmax_cross_entropy, sparse_layer_backward,
     sparse_relu_layer,
 };
 
@@ -40,15 +39,8 @@ pub(super) fn forward(n_features: usize, hidden: usize, params: &[f32], x: &[f32
 
 /// Adds the cross-entropy gradient of every row in `batch` to `grad` (not divided by the batch
 /// size) by backpropagation and returns the summed loss.
-pub(super) fn accumulate(
-    n_features: usize,
-    hidden: usize,
-    params: &[f32],
-    data: &Dataset,
-    batch: &[usize],
-    grad: &mut [f32],
-    scratch: &mut Scratch,
-) -> f32 {
+pub(super) fn accumulate(n_features: usize, hidden: usize, pass: Pass<'_>) -> f32 {
+    let Pass { params, data, batch, grad, scratch } = pass;
     let n_classes = scratch.logits.len();
     let (_, _, w2, _) = blocks(n_features, hidden, n_classes, params);
     let (gw1, rest) = grad.split_at_mut(n_features * hidden);

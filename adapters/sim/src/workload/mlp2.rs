@@ -5,9 +5,8 @@
 //! [`super::mlp`], so zero inputs are skipped), `b1` (`h1`), `W2` as `h2 x h1` (row `j` =
 //! weights into unit `j` of the second layer), `b2` (`h2`), `W3` as `n_classes x h2`, `b3`.
 
-use super::dataset::Dataset;
 use super::numeric::{
-    Scratch, dense_layer_backward, dot, nonzeros, relu_backward, softmax_cross_entropy, sparse_layer_backward,
+    Pass, Scratch, dense_layer_backward, dot, nonzeros, relu_backward, softmax_cross_entropy, sparse_layer_backward,
     sparse_relu_layer,
 };
 
@@ -57,17 +56,8 @@ pub(super) fn forward(
 
 /// Adds the cross-entropy gradient of every row in `batch` to `grad` (not divided by the batch
 /// size) by backpropagation and returns the summed loss.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn accumulate(
-    n_features: usize,
-    h1: usize,
-    h2: usize,
-    params: &[f32],
-    data: &Dataset,
-    batch: &[usize],
-    grad: &mut [f32],
-    scratch: &mut Scratch,
-) -> f32 {
+pub(super) fn accumulate(n_features: usize, h1: usize, h2: usize, pass: Pass<'_>) -> f32 {
+    let Pass { params, data, batch, grad, scratch } = pass;
     let n_classes = scratch.logits.len();
     let [_, _, w2, _, w3, _] = blocks(n_features, h1, h2, n_classes, params);
     let s = sizes(n_features, h1, h2, n_classes);

@@ -5,7 +5,7 @@ use core::fmt;
 use core::str::FromStr;
 
 use super::dataset::Dataset;
-use super::numeric::{Scratch, argmax, log_sum_exp};
+use super::numeric::{Pass, Scratch, argmax, log_sum_exp};
 use super::{mlp, mlp2, nqm, softmax};
 use syncopate::rng::Rng;
 
@@ -259,12 +259,11 @@ impl Model {
         if batch.is_empty() {
             return 0.0;
         }
+        let pass = Pass { params, data, batch, grad: &mut *grad, scratch };
         let total = match self.kind {
-            ModelKind::Softmax => softmax::accumulate(self.n_features, params, data, batch, grad, scratch),
-            ModelKind::Mlp { hidden } => mlp::accumulate(self.n_features, hidden, params, data, batch, grad, scratch),
-            ModelKind::Mlp2 { hidden1, hidden2 } => {
-                mlp2::accumulate(self.n_features, hidden1, hidden2, params, data, batch, grad, scratch)
-            }
+            ModelKind::Softmax => softmax::accumulate(self.n_features, pass),
+            ModelKind::Mlp { hidden } => mlp::accumulate(self.n_features, hidden, pass),
+            ModelKind::Mlp2 { hidden1, hidden2 } => mlp2::accumulate(self.n_features, hidden1, hidden2, pass),
             // Already the batch mean.
             ModelKind::Nqm { .. } => return nqm::gradient(params, data, batch, grad),
         };

@@ -19,6 +19,17 @@ pub struct Scratch {
     pub(super) d_hidden2: Vec<f32>,
 }
 
+/// One backpropagation pass over a minibatch: the model's parameters, the rows of `data`
+/// it takes (`batch`), the buffer the summed gradient is added to, and the work buffers.
+#[derive(Debug)]
+pub(super) struct Pass<'a> {
+    pub(super) params: &'a [f32],
+    pub(super) data: &'a super::dataset::Dataset,
+    pub(super) batch: &'a [usize],
+    pub(super) grad: &'a mut [f32],
+    pub(super) scratch: &'a mut Scratch,
+}
+
 impl Scratch {
     /// Makes the buffers the right size (allocates only when a size changes).
     pub(super) fn fit(&mut self, n_features: usize, n_classes: usize, (hidden, hidden2): (usize, usize)) {

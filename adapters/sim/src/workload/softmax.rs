@@ -5,8 +5,7 @@
 //! `n_classes` dot products and its weight gradient `n_classes` `axpy`s, all over contiguous
 //! rows of length `n_features`.
 
-use super::dataset::Dataset;
-use super::numeric::{Scratch, axpy, dot, softmax_cross_entropy};
+use super::numeric::{Pass, Scratch, axpy, dot, softmax_cross_entropy};
 
 /// Writes the logits of row `x` into `scratch.logits` (already sized `n_classes`).
 pub(super) fn forward(n_features: usize, params: &[f32], x: &[f32], scratch: &mut Scratch) {
@@ -19,14 +18,8 @@ pub(super) fn forward(n_features: usize, params: &[f32], x: &[f32], scratch: &mu
 
 /// Adds the cross-entropy gradient of every row in `batch` to `grad` (not divided by the batch
 /// size) and returns the summed loss.
-pub(super) fn accumulate(
-    n_features: usize,
-    params: &[f32],
-    data: &Dataset,
-    batch: &[usize],
-    grad: &mut [f32],
-    scratch: &mut Scratch,
-) -> f32 {
+pub(super) fn accumulate(n_features: usize, pass: Pass<'_>) -> f32 {
+    let Pass { params, data, batch, grad, scratch } = pass;
     let n_classes = scratch.logits.len();
     let (gw, gb) = grad.split_at_mut(n_classes * n_features);
     let mut total = 0.0;

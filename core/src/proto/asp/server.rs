@@ -5,13 +5,13 @@ use super::AspConfig;
 use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
 use crate::math::Scalar;
-use crate::msg::{ToServer, Values};
+use crate::msg::Values;
+use crate::proto::common::input::{Grad, Join};
 use crate::proto::common::optim::{Scaled, Update};
 use crate::proto::{
     Buffer, CoreOf, DEFAULT_INLINE_WORKERS, GradientPolicy, HasSlot, Inline, ProtocolServer, Recipient, Rules,
     ServerCore, ServerEvent, Storage,
 };
-use crate::time::Instant;
 use core::marker::PhantomData;
 
 /// The ASP server. `S` is the caller's storage for the model, `M` for the per-worker table.
@@ -47,26 +47,6 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> AspServer<T, S, M> {
 }
 
 impl<T: Scalar> AspRules<T> {
-    /// A gradient from `from`. `quiet`: for a sender in the same state machine
-    /// ([`AspServer::apply_screened`]) whose values passed the default policy already: not
-    /// screened again if this server's policy is the default, and no outputs queued.
-    #[inline(always)]
-    fn on_grad<S: Buffer<T>, M: Storage>(
-        &mut self,
-        core: &mut CoreOf<T, S, M, Self>,
-        from: WorkerId,
-        base: Version,
-        seq: u64,
-        values: &Values<'_, T>,
-        quiet: bool,
-    ) -> Result<(), Reject> {
-        let factor = self.screen(core, from, base, seq, values, quiet)?;
-        // Admission checked the length: the update below cannot fail.
-        core.apply(Scaled { values, a: self.scale(factor), lr: self.config.learning_rate })?;
-        self.applied(core, from, base, seq, factor, quiet);
-        Ok(())
-    }
-
     /// The checks of a gradient from `from` (sequence, admission, version); returns its
     /// admission factor. Changes nothing.
     #[inline(always)]
@@ -173,17 +153,16 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for AspRules<T> {
         4
     }
 
-    fn on_message(
-        &mut self,
-        core: &mut CoreOf<T, S, M, Self>,
-        _now: Instant,
-        from: WorkerId,
-        msg: &ToServer<'_, T>,
-    ) -> Result<(), Reject> {
-        match *msg {
-            ToServer::Join { epoch } => core.join_and_send_model(from, epoch).map(|_| ()),
-            ToServer::Grad { base, seq, ref values, .. } => self.on_grad(core, from, base, seq, values, false),
-            _ => Err(Reject::Unexpected { kind: msg.kind_name() }),
-        }
+    fn on_join(&mut self, core: &mut CoreOf<T, S, M, Self>, join: Join) -> Result<(), Reject> {
+        core.join_and_send_model(join.from, join.epoch).map(|_| ())
+    }
+
+    fn on_grad(&mut self, core: &mut CoreOf<T, S, M, Self>, grad: Grad<'_, '_, T>) -> Result<(), Reject> {
+        let Grad { from, base, seq, values, .. } = grad;
+        let factor = self.screen(core, from, base, seq, values, false)?;
+        // Admission checked the length: the update below cannot fail.
+        core.apply(Scaled { values, a: self.scale(factor), lr: self.config.learning_rate })?;
+        self.applied(core, from, base, seq, factor, false);
+        Ok(())
     }
 }

@@ -6,7 +6,7 @@ use super::Interrupt;
 use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
 use crate::math::Scalar;
-use crate::msg::Values;
+use crate::proto::common::input::{Grad, Join};
 use crate::proto::common::queue::BatchKind;
 use crate::proto::common::round::{Round, mark_of};
 use crate::proto::common::table::{Slot, flag};
@@ -127,13 +127,8 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
         }
     }
 
-    pub(crate) fn on_join<M: Storage>(
-        &mut self,
-        core: &mut BackupCore<T, S, M>,
-        now: Instant,
-        from: WorkerId,
-        epoch: u32,
-    ) -> Result<(), Reject> {
+    pub(crate) fn on_join<M: Storage>(&mut self, core: &mut BackupCore<T, S, M>, join: Join) -> Result<(), Reject> {
+        let Join { now, from, epoch } = join;
         let fresh = core.join(from, epoch)?;
         Self::set_known(core, from, true);
         if self.iteration_start.is_none() {
@@ -158,12 +153,9 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
     pub(crate) fn admit<M: Storage>(
         &mut self,
         core: &mut BackupCore<T, S, M>,
-        now: Instant,
-        from: WorkerId,
-        base: Version,
-        seq: u64,
-        values: &Values<'_, T>,
+        grad: Grad<'_, '_, T>,
     ) -> Result<Admitted, Reject> {
+        let Grad { now, from, base, seq, values, .. } = grad;
         core.roster.check_seq(from, seq)?;
         let (factor, sq_norm) = self.policy.admit_measured(values, core.dim())?;
         if base > core.version {
@@ -213,18 +205,8 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
     pub(crate) fn close<M: Storage>(&mut self, core: &mut BackupCore<T, S, M>, now: Instant) -> (u64, Duration) {
         let contributors = mark_of(core.version);
         let dim = core.dim();
-        let (params, scratch) = (core.params.as_mut(), self.scratch.as_mut());
-        let acc = scratch.get_mut(..dim).unwrap_or(&mut []);
-        core.version = self.round.close(
-            &mut core.rule,
-            params,
-            acc,
-            self.learning_rate,
-            core.version,
-            &mut core.queue,
-            &mut core.stats,
-            &mut core.loss,
-        );
+        let acc = self.scratch.as_mut().get_mut(..dim).unwrap_or(&mut []);
+        self.round.close(core, acc, self.learning_rate);
         let elapsed = self.iteration_start.map_or(Duration::ZERO, |s| now - s);
         (contributors, elapsed)
     }
@@ -310,10 +292,10 @@ impl<T: Scalar, S: Buffer<T>> Engine<T, S> {
 
 /// The [`Rules`](crate::proto::Rules) of a backup-family protocol, written once for static `b`
 /// and DBW: `$rules` (a type over `T`, `S` and possibly `M`, with `Slot = BackupSlot`) has an
-/// `engine: Engine<T, S>` field, an
-/// `on_grad(core, now, from, base, seq, &values)` method and an `after_loss(core, now)`
-/// method (what a loss does to the open round beyond forgetting the worker); one input may queue `$extra` outputs
-/// beyond a close.
+/// `engine: Engine<T, S>` field, an `after_grad(core, now, from, admitted)` method (what a
+/// gradient the engine admitted does beyond the round: its estimates, the close) and an
+/// `after_loss(core, now)` method (what a loss does to the open round beyond forgetting the
+/// worker); one input may queue `$extra` outputs beyond a close.
 macro_rules! backup_family_rules {
     ($rules:ty, $extra:expr, $kind:expr, $complete:expr) => {
         impl<T: $crate::math::Scalar, S: $crate::proto::Buffer<T>, M: $crate::proto::Storage>
@@ -336,20 +318,22 @@ macro_rules! backup_family_rules {
                 }
             }
 
-            fn on_message(
+            fn on_join(
                 &mut self,
                 core: &mut $crate::proto::backup::BackupCore<T, S, M>,
-                now: $crate::time::Instant,
-                from: $crate::id::WorkerId,
-                msg: &$crate::msg::ToServer<'_, T>,
+                join: $crate::proto::common::input::Join,
             ) -> Result<(), $crate::error::Reject> {
-                use $crate::msg::ToServer;
-                match *msg {
-                    ToServer::Join { epoch } => self.engine.on_join(core, now, from, epoch),
-                    // By reference: `values` is read where the caller put it, never copied.
-                    ToServer::Grad { base, seq, ref values, .. } => self.on_grad(core, now, from, base, seq, values),
-                    _ => Err($crate::error::Reject::Unexpected { kind: msg.kind_name() }),
-                }
+                self.engine.on_join(core, join)
+            }
+
+            fn on_grad(
+                &mut self,
+                core: &mut $crate::proto::backup::BackupCore<T, S, M>,
+                grad: $crate::proto::common::input::Grad<'_, '_, T>,
+            ) -> Result<(), $crate::error::Reject> {
+                let admitted = self.engine.admit(core, grad)?;
+                self.after_grad(core, grad.now, grad.from, admitted);
+                Ok(())
             }
 
             fn on_lost(

@@ -54,7 +54,7 @@ mod server;
 mod worker;
 
 pub use engine::BackupSlot;
-pub(crate) use engine::{BackupCore, Engine, backup_family_rules};
+pub(crate) use engine::{Admitted, BackupCore, Engine, backup_family_rules};
 pub use server::{BackupRules, BackupServer};
 pub use worker::BackupWorker;
 

@@ -1,11 +1,10 @@
 //! The static backup-worker server: the backup-family [`Engine`] with a fixed `k = n − b`,
 //! over the shared [`ServerCore`].
 
-use super::{BackupConfig, BackupCore, Engine};
-use crate::error::{ConfigError, Reject};
+use super::{Admitted, BackupConfig, BackupCore, Engine};
+use crate::error::ConfigError;
 use crate::id::{Version, WorkerId};
 use crate::math::Scalar;
-use crate::msg::Values;
 use crate::proto::{Buffer, DEFAULT_INLINE_WORKERS, Inline, ProtocolServer, ServerCore, Storage};
 use crate::time::Instant;
 
@@ -46,21 +45,18 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BackupServer<T, S, M> {
 }
 
 impl<T: Scalar, S: Buffer<T>> BackupRules<T, S> {
-    fn on_grad<M: Storage>(
+    /// A full round closes and its model goes out at once.
+    fn after_grad<M: Storage>(
         &mut self,
         core: &mut BackupCore<T, S, M>,
         now: Instant,
-        from: WorkerId,
-        base: Version,
-        seq: u64,
-        values: &Values<'_, T>,
-    ) -> Result<(), Reject> {
-        let admitted = self.engine.admit(core, now, from, base, seq, values)?;
+        _: WorkerId,
+        admitted: Admitted,
+    ) {
         if admitted.full {
             let (contributors, _) = self.engine.close(core, now);
             self.engine.publish(core, now, contributors);
         }
-        Ok(())
     }
 }
 

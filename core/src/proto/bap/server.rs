@@ -8,7 +8,7 @@ use super::{BapConfig, TimeoutFrom};
 use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
 use crate::math::Scalar;
-use crate::msg::{ToServer, Values};
+use crate::proto::common::input::{Grad, Join, Pull};
 use crate::proto::common::loss::LossTally;
 use crate::proto::common::optim::Cleared;
 use crate::proto::common::queue::{BatchKind, ServerItem};
@@ -341,20 +341,34 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
         core.stats.count_drop(reason);
         core.queue.push(ServerItem::Event(ServerEvent::Dropped { worker, base, reason }));
     }
+}
 
-    // Left to the compiler to inline into `on_message`: forced out of line it executes one
+impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BapRules<T, S, M> {
+    fn kind(&self) -> crate::proto::ProtocolKind {
+        use crate::proto::ProtocolKind;
+        ProtocolKind::Bap
+    }
+
+    fn burst(&self) -> usize {
+        // Up to `s_bap + 1` closes (three batches and the update event each), a drop, a
+        // join's or pull's answer.
+        4 * self.open() as usize + 4
+    }
+
+    #[inline(never)]
+    fn on_join(&mut self, core: &mut Core<T, S, M>, join: Join) -> Result<(), Reject> {
+        let Join { from, epoch, .. } = join;
+        core.join_and_send_model(from, epoch)?;
+        if let Some(x) = core.roster.ext_mut(from) {
+            x.pending = 0;
+        }
+        Ok(())
+    }
+
+    // Left to the compiler to inline into the engine's dispatch: forced out of line it executes one
     // instruction fewer per message but runs slower (docs/perf-log.md).
-    #[allow(clippy::too_many_arguments)]
-    fn on_grad(
-        &mut self,
-        core: &mut Core<T, S, M>,
-        now: Instant,
-        from: WorkerId,
-        base: Version,
-        j: u64,
-        seq: u64,
-        values: &Values<'_, T>,
-    ) -> Result<(), Reject> {
+    fn on_grad(&mut self, core: &mut Core<T, S, M>, grad: Grad<'_, '_, T>) -> Result<(), Reject> {
+        let Grad { now, from, base, iteration: j, seq, values } = grad;
         core.roster.check_seq(from, seq)?;
         let factor = self.config.gradient_policy.admit(values, self.dim(core))?;
         if base > core.version {
@@ -421,13 +435,8 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
         Ok(())
     }
 
-    fn on_pull(
-        &mut self,
-        core: &mut Core<T, S, M>,
-        from: WorkerId,
-        have: Version,
-        min_clock: u64,
-    ) -> Result<(), Reject> {
+    fn on_pull(&mut self, core: &mut Core<T, S, M>, pull: Pull) -> Result<(), Reject> {
+        let Pull { from, have, min_clock, .. } = pull;
         core.check_have(have)?;
         let reachable = core.version.0.saturating_add(1).saturating_add(self.s);
         if min_clock > reachable {
@@ -456,45 +465,6 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> BapRules<T, S, M> {
             }
         }
         Ok(())
-    }
-
-    #[inline(never)]
-    fn on_join(&mut self, core: &mut Core<T, S, M>, from: WorkerId, epoch: u32) -> Result<(), Reject> {
-        core.join_and_send_model(from, epoch)?;
-        if let Some(x) = core.roster.ext_mut(from) {
-            x.pending = 0;
-        }
-        Ok(())
-    }
-}
-
-impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BapRules<T, S, M> {
-    fn kind(&self) -> crate::proto::ProtocolKind {
-        use crate::proto::ProtocolKind;
-        ProtocolKind::Bap
-    }
-
-    fn burst(&self) -> usize {
-        // Up to `s_bap + 1` closes (three batches and the update event each), a drop, a
-        // join's or pull's answer.
-        4 * self.open() as usize + 4
-    }
-
-    fn on_message(
-        &mut self,
-        core: &mut Core<T, S, M>,
-        now: Instant,
-        from: WorkerId,
-        msg: &ToServer<'_, T>,
-    ) -> Result<(), Reject> {
-        match *msg {
-            ToServer::Join { epoch } => self.on_join(core, from, epoch),
-            ToServer::Grad { base, iteration, seq, ref values, .. } => {
-                self.on_grad(core, now, from, base, iteration, seq, values)
-            }
-            ToServer::Pull { have, min_clock } => self.on_pull(core, from, have, min_clock),
-            _ => Err(Reject::Unexpected { kind: msg.kind_name() }),
-        }
     }
 
     fn on_lost(&mut self, core: &mut Core<T, S, M>, now: Instant, worker: WorkerId, _was_live: bool) {

@@ -5,9 +5,9 @@ use super::BapConfig;
 use crate::error::{ConfigError, Reject};
 use crate::id::{ComputeId, Version};
 use crate::math::Scalar;
-use crate::msg::{ToWorker, Values};
+use crate::msg::ToWorker;
 use crate::proto::common::queue::WorkerItem;
-use crate::proto::common::worker::{CachePhase, ProtocolWorker, WorkerCore, WorkerRules};
+use crate::proto::common::worker::{CachePhase, Computed, ProtocolWorker, Received, WorkerCore, WorkerRules};
 use crate::proto::{Buffer, WorkerEvent, WorkerSetup};
 use crate::time::Instant;
 
@@ -93,14 +93,11 @@ impl BapWorkerRules {
             self.pull(core, now, needed);
         }
     }
+}
 
-    fn on_model<T: Scalar, S: Buffer<T>>(
-        &mut self,
-        core: &mut WorkerCore<T, S>,
-        now: Instant,
-        version: Version,
-        values: Values<'_, T>,
-    ) -> Result<(), Reject> {
+impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for BapWorkerRules {
+    fn on_model(&mut self, core: &mut WorkerCore<T, S>, now: Instant, model: Received<'_, T>) -> Result<(), Reject> {
+        let Received { version, values, .. } = model;
         core.check_model(&values)?;
         if let CachePhase::Pulling { min, .. } = self.phase {
             if self.has_model && version == self.cache_version && version.0 < min {
@@ -127,12 +124,9 @@ impl BapWorkerRules {
         }
         Ok(())
     }
-}
 
-impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for BapWorkerRules {
     fn on_message(&mut self, core: &mut WorkerCore<T, S>, now: Instant, msg: ToWorker<'_, T>) -> Result<(), Reject> {
         match msg {
-            ToWorker::Model { version, values, .. } => self.on_model(core, now, version, values),
             ToWorker::NotNewer { version } => {
                 if core.stopped {
                     return Err(Reject::Stopped);
@@ -163,13 +157,8 @@ impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for BapWorkerRules {
         self.phase.job().map(|job| job.id)
     }
 
-    fn on_gradient(
-        &mut self,
-        core: &mut WorkerCore<T, S>,
-        now: Instant,
-        grad: &[T],
-        loss: Option<f32>,
-    ) -> Result<(), Reject> {
+    fn on_gradient(&mut self, core: &mut WorkerCore<T, S>, now: Instant, done: Computed<'_, T>) -> Result<(), Reject> {
+        let Computed { grad, loss } = done;
         let CachePhase::Computing(Job { iteration, base, .. }) = self.phase else {
             return Err(Reject::NoSuchComputation);
         };
@@ -191,8 +180,7 @@ impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for BapWorkerRules {
         Ok(())
     }
 
-    fn waiting_since(&self, core: &WorkerCore<T, S>) -> Option<Instant> {
-        let _ = core;
+    fn waiting_since(&self, _: &WorkerCore<T, S>) -> Option<Instant> {
         self.phase.waiting_since()
     }
 

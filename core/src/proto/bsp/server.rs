@@ -3,9 +3,9 @@
 
 use super::BspConfig;
 use crate::error::{ConfigError, Reject};
-use crate::id::{Version, WorkerId};
+use crate::id::Version;
 use crate::math::Scalar;
-use crate::msg::{ToServer, Values};
+use crate::proto::common::input::{Grad, Join};
 use crate::proto::common::round::Round;
 use crate::proto::common::table::RoundSlot;
 use crate::proto::common::validate::zero_scratch;
@@ -85,15 +85,47 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
         needed
     }
 
-    fn on_grad<M: Storage>(
+    /// After a gradient went into the round: closes it when complete.
+    fn after_add<M: Storage>(
         &mut self,
         core: &mut CoreOf<T, S, M, Self>,
         now: Instant,
-        from: WorkerId,
-        base: Version,
-        seq: u64,
-        values: &Values<'_, T>,
+        dim: usize,
     ) -> Result<(), Reject> {
+        if self.round.len() == Self::needed(core) {
+            let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
+            self.round.close(core, acc, self.config.learning_rate);
+            core.send_model(Recipient::AllWorkers);
+        }
+        core.stall.progress(now);
+        Ok(())
+    }
+}
+
+impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BspRules<T, S> {
+    fn kind(&self) -> crate::proto::ProtocolKind {
+        crate::proto::ProtocolKind::Bsp
+    }
+
+    fn relays_means(&self) -> Result<(), &'static str> {
+        Ok(())
+    }
+
+    fn burst(&self) -> usize {
+        // A close: the contributors' events (one batch), the update event and the broadcast.
+        4
+    }
+
+    fn on_join(&mut self, core: &mut CoreOf<T, S, M, Self>, join: Join) -> Result<(), Reject> {
+        let fresh = core.join(join.from, join.epoch)?;
+        if !core.join_waits_for_round(join.from, fresh) {
+            core.send_model(Recipient::Worker(join.from));
+        }
+        Ok(())
+    }
+
+    fn on_grad(&mut self, core: &mut CoreOf<T, S, M, Self>, grad: Grad<'_, '_, T>) -> Result<(), Reject> {
+        let Grad { now, from, base, seq, values, .. } = grad;
         core.roster.check_seq(from, seq)?;
         let dim = core.dim();
         let current = base == core.version && !Round::contains(&core.roster, from, base);
@@ -103,20 +135,7 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
             let factor = self.config.gradient_policy.admit(values, dim)?;
             let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
             // The lengths passed admission: the update below cannot fail.
-            core.version = self.round.add_and_close(
-                &mut core.roster,
-                &mut core.rule,
-                from,
-                values,
-                factor,
-                core.params.as_mut(),
-                acc,
-                self.config.learning_rate,
-                core.version,
-                &mut core.queue,
-                &mut core.stats,
-                &mut core.loss,
-            )?;
+            self.round.add_and_close(core, from, values, factor, acc, self.config.learning_rate)?;
             core.roster.commit_seq(from, seq);
             core.stats.accepted += 1;
             core.send_model(Recipient::AllWorkers);
@@ -154,69 +173,8 @@ impl<T: Scalar, S: Buffer<T>> BspRules<T, S> {
         self.after_add(core, now, dim)
     }
 
-    /// After a gradient went into the round: closes it when complete.
-    fn after_add<M: Storage>(
-        &mut self,
-        core: &mut CoreOf<T, S, M, Self>,
-        now: Instant,
-        dim: usize,
-    ) -> Result<(), Reject> {
-        if self.round.len() == Self::needed(core) {
-            let acc = self.acc.as_mut().get_mut(..dim).ok_or(Reject::Capacity)?;
-            core.version = self.round.close(
-                &mut core.rule,
-                core.params.as_mut(),
-                acc,
-                self.config.learning_rate,
-                core.version,
-                &mut core.queue,
-                &mut core.stats,
-                &mut core.loss,
-            );
-            core.send_model(Recipient::AllWorkers);
-        }
-        core.stall.progress(now);
-        Ok(())
-    }
-}
-
-impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BspRules<T, S> {
-    fn kind(&self) -> crate::proto::ProtocolKind {
-        crate::proto::ProtocolKind::Bsp
-    }
-
-    fn relays_means(&self) -> Result<(), &'static str> {
-        Ok(())
-    }
-
-    fn burst(&self) -> usize {
-        // A close: the contributors' events (one batch), the update event and the broadcast.
-        4
-    }
-
-    fn on_message(
-        &mut self,
-        core: &mut CoreOf<T, S, M, Self>,
-        now: Instant,
-        from: WorkerId,
-        msg: &ToServer<'_, T>,
-    ) -> Result<(), Reject> {
-        match *msg {
-            ToServer::Join { epoch } => {
-                let fresh = core.join(from, epoch)?;
-                if !core.join_waits_for_round(from, fresh) {
-                    core.send_model(Recipient::Worker(from));
-                }
-                Ok(())
-            }
-            // By reference: a copy of `values` out of the caller's message waits on its stores.
-            ToServer::Grad { base, seq, ref values, .. } => self.on_grad(core, now, from, base, seq, values),
-            _ => Err(Reject::Unexpected { kind: msg.kind_name() }),
-        }
-    }
-
     /// Every worker, live or not, whose gradient the open round lacks.
-    fn awaits(&self, core: &CoreOf<T, S, M, Self>, worker: WorkerId) -> bool {
+    fn awaits(&self, core: &CoreOf<T, S, M, Self>, worker: crate::id::WorkerId) -> bool {
         core.roster.record(worker).is_some() && !Round::contains(&core.roster, worker, core.version)
     }
 

@@ -37,33 +37,11 @@ fn refusals_change_nothing() {
     let _ = drain(&mut s);
     let before = (s.params().to_vec(), s.version(), s.contributors().collect::<Vec<_>>());
     let now = Instant::ZERO;
-    assert_eq!(
-        s.handle(now, WorkerId(0), grad(0, 3, &[1.0, 1.0])),
-        Err(Reject::Duplicate { worker: WorkerId(0), seq: 3 })
-    );
-    assert_eq!(
-        s.handle(now, WorkerId(0), grad(0, 2, &[1.0, 1.0])),
-        Err(Reject::Duplicate { worker: WorkerId(0), seq: 2 })
-    );
-    assert_eq!(
-        s.handle(now, WorkerId(0), grad(0, 4, &[1.0, 1.0])),
-        Err(Reject::Duplicate { worker: WorkerId(0), seq: 4 })
-    );
-    assert_eq!(s.handle(now, WorkerId(2), grad(0, 0, &[1.0, 1.0])), Err(Reject::UnknownWorker(WorkerId(2))));
-    assert_eq!(
-        s.handle(now, WorkerId(u32::MAX), grad(0, 0, &[1.0, 1.0])),
-        Err(Reject::UnknownWorker(WorkerId(u32::MAX)))
-    );
-    assert!(matches!(s.handle(now, WorkerId(1), grad(0, 0, &[1.0])), Err(Reject::WrongLength(_))));
-    assert_eq!(s.handle(now, WorkerId(1), grad(0, 0, &[f64::NAN, 1.0])), Err(Reject::NotFinite));
-    assert_eq!(s.handle(now, WorkerId(1), grad(0, 0, &[f64::INFINITY, 1.0])), Err(Reject::NotFinite));
+    assert_duplicates(&mut s, now, &[3, 2, 4]);
+    assert_gradient_refusals(&mut s, now, 2);
     assert_eq!(
         s.handle(now, WorkerId(1), grad(7, 0, &[1.0, 1.0])),
         Err(Reject::FutureVersion { claimed: Version(7), current: Version(0) })
-    );
-    assert_eq!(
-        s.handle(now, WorkerId(1), ToServer::Pull { have: Version(0), min_clock: 0 }),
-        Err(Reject::Unexpected { kind: "Pull" })
     );
     let le = [0u8; 15];
     assert!(matches!(

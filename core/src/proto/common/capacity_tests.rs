@@ -7,7 +7,6 @@
 use super::testkit::prelude::*;
 use super::testkit::{Cluster, Entry, Job, NetConfig};
 use crate::id::MAX_WORKERS;
-use crate::proto::WorkerSetup;
 use crate::proto::asp::AspConfig;
 use crate::proto::backup::{BackupConfig, Interrupt};
 use crate::proto::bap::BapConfig;
@@ -16,7 +15,7 @@ use crate::proto::dbw::DbwConfig;
 use crate::proto::grouped::GroupedConfig;
 use crate::proto::ssp::SspConfig;
 use crate::proto::wbsp::WbspConfig;
-use crate::proto::{AnyServer, AnyWorker, Heap, ProtocolConfig};
+use crate::proto::{AnyServer, Heap, ProtocolConfig};
 use std::vec;
 use std::vec::Vec;
 
@@ -59,12 +58,7 @@ fn run(config: &ProtocolConfig, inputs: usize) -> (usize, u64) {
     let dim = DIM;
     let n = config.workers();
     let server: Srv = AnyServer::new(config, vec![0.0; dim], vec![0.0; config.server_scratch_len(dim)]).unwrap();
-    let workers: Vec<AnyWorker<f64, Vec<f64>>> = (0..n)
-        .map(|i| {
-            let setup = WorkerSetup { id: WorkerId(i), epoch: 1, rejoin_after: None };
-            AnyWorker::new(config, setup, vec![0.0; dim], vec![0.0; config.worker_scratch_len(dim)]).unwrap()
-        })
-        .collect();
+    let workers = any_workers(config, dim);
     let us = Duration::from_micros;
     let links =
         NetConfig { latency: (us(100), us(1300)), compute: (us(700), us(700)), fifo: true, ..NetConfig::default() };

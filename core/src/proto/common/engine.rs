@@ -11,6 +11,7 @@
 //! parameter `M` ([`Storage`]: [`Inline<N>`](super::table::Inline) by default, `Heap` with
 //! the `alloc` feature); the output queue's depth is a constant.
 
+use super::input::{Clock, Delta, Grad, Join, Pull};
 use super::loss::LossTally;
 use super::optim::{Optimizer, Rule, Update, UpdateRule};
 use super::queue::{BatchKind, ServerItem, ServerQueue};
@@ -206,15 +207,33 @@ pub trait Rules<T: Scalar, S: Buffer<T>, M: Storage>: HasSlot {
         Err(self.kind().as_str())
     }
 
-    /// A message other than `Leave` from the member `from` (by reference: see
-    /// [`ProtocolServer`]'s `handle`).
-    fn on_message(
-        &mut self,
-        core: &mut CoreOf<T, S, M, Self>,
-        now: Instant,
-        from: WorkerId,
-        msg: &ToServer<'_, T>,
-    ) -> Result<(), Reject>;
+    /// A `Join` from the member `join.from`.
+    fn on_join(&mut self, core: &mut CoreOf<T, S, M, Self>, join: Join) -> Result<(), Reject>;
+
+    /// A `Grad` (by reference: see [`ProtocolServer`]'s `handle`); refused unless the
+    /// protocol takes gradients.
+    fn on_grad(&mut self, core: &mut CoreOf<T, S, M, Self>, grad: Grad<'_, '_, T>) -> Result<(), Reject> {
+        let _ = (core, grad);
+        Err(Reject::Unexpected { kind: "Grad" })
+    }
+
+    /// A `Delta`; refused unless the protocol takes deltas.
+    fn on_delta(&mut self, core: &mut CoreOf<T, S, M, Self>, delta: Delta<'_, '_, T>) -> Result<(), Reject> {
+        let _ = (core, delta);
+        Err(Reject::Unexpected { kind: "Delta" })
+    }
+
+    /// A `Clock`; refused unless the protocol takes clocks.
+    fn on_clock(&mut self, core: &mut CoreOf<T, S, M, Self>, clock: Clock<'_, '_, T>) -> Result<(), Reject> {
+        let _ = (core, clock);
+        Err(Reject::Unexpected { kind: "Clock" })
+    }
+
+    /// A `Pull`; refused unless the protocol answers pulls.
+    fn on_pull(&mut self, core: &mut CoreOf<T, S, M, Self>, pull: Pull) -> Result<(), Reject> {
+        let _ = (core, pull);
+        Err(Reject::Unexpected { kind: "Pull" })
+    }
 
     /// `worker` was declared lost (the roster already marked it and, if it was live, the
     /// [`ServerEvent::WorkerLost`] event is queued).
@@ -286,6 +305,26 @@ pub struct ProtocolServer<T, S, R: HasSlot, M: Storage = Inline<DEFAULT_INLINE_W
 impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> ProtocolServer<T, S, R, M> {
     pub(crate) fn from_parts(core: ServerCore<T, S, M, R::Slot>, rules: R) -> Self {
         Self { core, rules }
+    }
+
+    /// Hands a screened message other than `Leave` to the rules' verb for its kind.
+    #[inline]
+    fn dispatch(&mut self, now: Instant, from: WorkerId, msg: &ToServer<'_, T>) -> Result<(), Reject> {
+        let core = &mut self.core;
+        match *msg {
+            ToServer::Join { epoch } => self.rules.on_join(core, Join { now, from, epoch }),
+            ToServer::Grad { base, iteration, seq, ref values, .. } => {
+                self.rules.on_grad(core, Grad { now, from, base, iteration, seq, values })
+            }
+            ToServer::Delta { round, local_steps, seq, ref values, .. } => {
+                self.rules.on_delta(core, Delta { now, from, round, local_steps, seq, values })
+            }
+            ToServer::Clock { clock, seq, ref values, .. } => {
+                self.rules.on_clock(core, Clock { now, from, clock, seq, values })
+            }
+            ToServer::Pull { have, min_clock } => self.rules.on_pull(core, Pull { now, from, have, min_clock }),
+            ToServer::Leave => Err(Reject::Unexpected { kind: "Leave" }),
+        }
     }
 
     /// The protocol's own state.
@@ -488,11 +527,11 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, R: Rules<T, S, M>> Server<T> for Proto
                         return Err(Reject::LossNotFinite);
                     }
                     self.core.loss.incoming = Some(l);
-                    let result = self.rules.on_message(&mut self.core, now, from, &msg);
+                    let result = self.dispatch(now, from, &msg);
                     self.core.loss.incoming = None;
                     result
                 }
-                _ => self.rules.on_message(&mut self.core, now, from, &msg),
+                _ => self.dispatch(now, from, &msg),
             }
         });
         if result.is_err() {

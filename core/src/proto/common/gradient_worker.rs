@@ -22,7 +22,7 @@
 //! comes after it has been written whole again (the next accepted gradient or model).
 
 use super::queue::{WORKER_QUEUE, WorkerItem};
-use super::worker::{ProtocolWorker, WorkerCore, WorkerRules};
+use super::worker::{Computed, ProtocolWorker, Received, WorkerCore, WorkerRules};
 use crate::error::{ConfigError, Reject};
 use crate::id::{ComputeId, Version, WorkerId};
 use crate::math::{self, Scalar};
@@ -99,7 +99,7 @@ impl<T: Scalar, S: Buffer<T>> ProtocolWorker<T, S, GradientRules> {
     pub fn handle_model_in(&mut self, now: Instant, version: Version, buf: &mut S) -> Result<(), Reject> {
         let _ = now;
         self.core.queue.ensure_room(3)?;
-        self.rules.on_model(&mut self.core, version, Install::Swap(buf))
+        self.rules.install(&mut self.core, version, Install::Swap(buf))
     }
 
     /// [`Worker::handle_gradient`](crate::proto::Worker::handle_gradient) of the gradient in `buf`: the same screening and verdict
@@ -176,7 +176,7 @@ impl GradientRules {
         self.phase = Phase::Waiting { since: now, sent: Some(version) };
     }
 
-    fn on_model<T: Scalar, S: Buffer<T>>(
+    fn install<T: Scalar, S: Buffer<T>>(
         &mut self,
         core: &mut WorkerCore<T, S>,
         version: Version,
@@ -206,9 +206,12 @@ impl GradientRules {
 }
 
 impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for GradientRules {
+    fn on_model(&mut self, core: &mut WorkerCore<T, S>, _: Instant, model: Received<'_, T>) -> Result<(), Reject> {
+        self.install(core, model.version, Install::Copy(model.values))
+    }
+
     fn on_message(&mut self, core: &mut WorkerCore<T, S>, now: Instant, msg: ToWorker<'_, T>) -> Result<(), Reject> {
         match msg {
-            ToWorker::Model { version, values, .. } => self.on_model(core, version, Install::Copy(values)),
             ToWorker::Abort { iteration } => {
                 if let (false, Phase::Computing { id, version }) = (core.stopped, self.phase) {
                     if version.0 == iteration {
@@ -229,13 +232,8 @@ impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for GradientRules {
         }
     }
 
-    fn on_gradient(
-        &mut self,
-        core: &mut WorkerCore<T, S>,
-        now: Instant,
-        grad: &[T],
-        loss: Option<f32>,
-    ) -> Result<(), Reject> {
+    fn on_gradient(&mut self, core: &mut WorkerCore<T, S>, now: Instant, done: Computed<'_, T>) -> Result<(), Reject> {
+        let Computed { grad, loss } = done;
         let version = self.gradient_base(core, grad.len())?;
         if core.queue.ensure_room(WORKER_QUEUE).is_ok() {
             // No pending output reads the buffer (the host already has its `Compute`), and

@@ -14,6 +14,7 @@
 
 pub mod engine;
 pub mod gradient_worker;
+pub mod input;
 pub mod loss;
 pub mod optim;
 pub mod queue;

@@ -4,16 +4,17 @@
 //! caller-owned accumulator; and the close that applies the mean and reports one outcome per
 //! contribution as one batched item.
 
+use super::engine::ServerCore;
 use super::loss::LossTally;
-use super::optim::{Cleared, FoldedLast, UpdateRule};
-use super::queue::{BatchKind, ServerItem, ServerQueue};
+use super::optim::{Cleared, FoldedLast};
+use super::queue::{BatchKind, ServerItem};
 use super::roster::Roster;
 use super::table::{Slot, Storage};
 use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
 use crate::math::Scalar;
 use crate::msg::Values;
-use crate::proto::{Buffer, ServerEvent, ServerStats};
+use crate::proto::{Buffer, ServerEvent};
 
 /// Refuses a learning rate that is not finite and positive.
 pub(crate) fn check_learning_rate(lr: f64) -> Result<(), ConfigError> {
@@ -113,25 +114,19 @@ impl Round {
         }
     }
 
-    /// Closes the round: `params -= lr/k * acc` by `rule`, `acc = 0`, queues the contributors'
-    /// `Applied` events (one batch, expanded in id order) and a `ModelUpdated` with the
-    /// mean of the losses in `loss`. Returns the new version.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn close<T: Scalar, S: Buffer<T>>(
+    /// Closes the round: `params -= lr/k * acc` by the core's rule, `acc = 0`, queues the
+    /// contributors' `Applied` events (one batch, expanded in id order) and a `ModelUpdated`
+    /// with the mean of the losses counted, and moves the core to the next version.
+    pub(crate) fn close<T: Scalar, S: Buffer<T>, M: Storage, X: Slot>(
         &mut self,
-        rule: &mut UpdateRule<T, S>,
-        params: &mut [T],
+        core: &mut ServerCore<T, S, M, X>,
         acc: &mut [T],
         learning_rate: f64,
-        base: Version,
-        queue: &mut ServerQueue,
-        stats: &mut ServerStats,
-        loss: &mut LossTally,
-    ) -> Version {
+    ) {
         // Lengths were fixed at construction; a mismatch is impossible here.
         let (a, k) = (Self::rate(learning_rate, self.count), self.count);
-        let _ = rule.apply_round(params, Cleared { acc, a, lr: learning_rate }, k);
-        self.finish(base, queue, stats, loss)
+        let _ = core.rule.apply_round(core.params.as_mut(), Cleared { acc, a, lr: learning_rate }, k);
+        self.finish(core);
     }
 
     /// The update's factor `−lr/k` for `k` contributions (at least 1).
@@ -140,48 +135,36 @@ impl Round {
     }
 
     /// [`Self::add`] of the round's last gradient fused with [`Self::close`]: one pass does
-    /// `params += a · (acc + factor · values); acc = 0` by `rule` (without one, the bits of the two calls, one pass
-    /// over the accumulator fewer). `worker` is not in the round. On `Err` (a length
-    /// mismatch) nothing changed.
-    #[allow(clippy::too_many_arguments)]
+    /// `params += a · (acc + factor · values); acc = 0` by the core's rule (without one, the
+    /// bits of the two calls, one pass over the accumulator fewer). `worker` is not in the
+    /// round. On `Err` (a length mismatch) nothing changed.
     pub(crate) fn add_and_close<T: Scalar, S: Buffer<T>, M: Storage, X: Slot>(
         &mut self,
-        roster: &mut Roster<M, X>,
-        rule: &mut UpdateRule<T, S>,
+        core: &mut ServerCore<T, S, M, X>,
         worker: WorkerId,
         values: &Values<'_, T>,
         factor: T,
-        params: &mut [T],
         acc: &mut [T],
         learning_rate: f64,
-        base: Version,
-        queue: &mut ServerQueue,
-        stats: &mut ServerStats,
-        loss: &mut LossTally,
-    ) -> Result<Version, Reject> {
-        let k = self.count + usize::from(!Self::contains(roster, worker, base));
+    ) -> Result<(), Reject> {
+        let k = self.count + usize::from(!Self::contains(&core.roster, worker, core.version));
         let a = Self::rate(learning_rate, k);
-        rule.apply_round(params, FoldedLast { acc, values, factor, a, lr: learning_rate }, k)?;
-        self.record(roster, base, worker, factor, loss);
-        Ok(self.finish(base, queue, stats, loss))
+        core.rule.apply_round(core.params.as_mut(), FoldedLast { acc, values, factor, a, lr: learning_rate }, k)?;
+        self.record(&mut core.roster, core.version, worker, factor, &mut core.loss);
+        self.finish(core);
+        Ok(())
     }
 
     /// The bookkeeping of a close once the update is applied: events, stats, next version.
-    fn finish(
-        &mut self,
-        base: Version,
-        queue: &mut ServerQueue,
-        stats: &mut ServerStats,
-        loss: &mut LossTally,
-    ) -> Version {
+    fn finish<T, S, M: Storage, X: Slot>(&mut self, core: &mut ServerCore<T, S, M, X>) {
         let k = self.count.max(1);
-        let version = base.next();
-        queue.push_batch(BatchKind::Applied { base, version, k: k as u32 });
-        stats.applied += k as u64;
-        stats.updates += 1;
-        let mean_loss = loss.take_mean();
-        queue.push(ServerItem::Event(ServerEvent::ModelUpdated { version, contributions: k as u32, mean_loss }));
+        let (base, version) = (core.version, core.version.next());
+        core.queue.push_batch(BatchKind::Applied { base, version, k: k as u32 });
+        core.stats.applied += k as u64;
+        core.stats.updates += 1;
+        let mean_loss = core.loss.take_mean();
+        core.queue.push(ServerItem::Event(ServerEvent::ModelUpdated { version, contributions: k as u32, mean_loss }));
         self.count = 0;
-        version
+        core.version = version;
     }
 }

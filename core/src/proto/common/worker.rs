@@ -227,6 +227,28 @@ impl<J: Copy> CachePhase<J> {
     }
 }
 
+/// A model from the server as a protocol's worker rules receive it: its version, the clock
+/// it carries (SSP's server clock; the version for the others) and its values.
+#[derive(Clone, Copy, Debug)]
+pub struct Received<'a, T> {
+    /// The model's version.
+    pub version: Version,
+    /// The clock it carries.
+    pub clock: u64,
+    /// The model.
+    pub values: Values<'a, T>,
+}
+
+/// A finished computation as a protocol's worker rules receive it: the host's gradient and
+/// its minibatch loss, if reported (finite: the engine refused any other).
+#[derive(Clone, Copy, Debug)]
+pub struct Computed<'a, T> {
+    /// The gradient.
+    pub grad: &'a [T],
+    /// The minibatch loss it was computed with.
+    pub loss: Option<f32>,
+}
+
 /// What makes a protocol's worker: the state only it keeps and its reactions, over a
 /// [`WorkerCore`].
 ///
@@ -242,21 +264,22 @@ pub trait WorkerRules<T: Scalar, S: Buffer<T>> {
     /// What a stopped worker answers to a gradient.
     const STOPPED_GRADIENT: Reject = Reject::NoSuchComputation;
 
-    /// A message from the server other than `Stop`.
-    fn on_message(&mut self, core: &mut WorkerCore<T, S>, now: Instant, msg: ToWorker<'_, T>) -> Result<(), Reject>;
+    /// A model from the server.
+    fn on_model(&mut self, core: &mut WorkerCore<T, S>, now: Instant, model: Received<'_, T>) -> Result<(), Reject>;
+
+    /// A message from the server other than `Model` and `Stop`; refused unless the protocol
+    /// takes it.
+    fn on_message(&mut self, core: &mut WorkerCore<T, S>, now: Instant, msg: ToWorker<'_, T>) -> Result<(), Reject> {
+        let _ = (core, now);
+        Err(Reject::Unexpected { kind: msg.kind_name() })
+    }
 
     /// The computation the host is running for this worker, if any.
     fn computing(&self) -> Option<ComputeId>;
 
     /// The host's gradient for [`Self::computing`], with its minibatch loss if reported
     /// (finite: the engine refused any other).
-    fn on_gradient(
-        &mut self,
-        core: &mut WorkerCore<T, S>,
-        now: Instant,
-        grad: &[T],
-        loss: Option<f32>,
-    ) -> Result<(), Reject>;
+    fn on_gradient(&mut self, core: &mut WorkerCore<T, S>, now: Instant, done: Computed<'_, T>) -> Result<(), Reject>;
 
     /// Since when the worker waits for the server (the rejoin timer runs from there), if it
     /// waits.
@@ -323,6 +346,9 @@ impl<T: Scalar, S: Buffer<T>, P: WorkerRules<T, S>> Worker<T> for ProtocolWorker
                 self.core.stop();
                 Ok(())
             }
+            ToWorker::Model { version, clock, values } => {
+                self.rules.on_model(&mut self.core, now, Received { version, clock, values })
+            }
             msg => self.rules.on_message(&mut self.core, now, msg),
         }
     }
@@ -336,7 +362,7 @@ impl<T: Scalar, S: Buffer<T>, P: WorkerRules<T, S>> Worker<T> for ProtocolWorker
     ) -> Result<(), Reject> {
         self.check_computation(id)?;
         crate::proto::common::loss::LossTally::check(loss)?;
-        self.rules.on_gradient(&mut self.core, now, grad, loss)
+        self.rules.on_gradient(&mut self.core, now, Computed { grad, loss })
     }
 
     fn handle_timeout(&mut self, now: Instant) {

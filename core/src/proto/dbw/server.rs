@@ -2,15 +2,14 @@
 //! online estimates, over the shared [`ServerCore`].
 
 use super::{DbwConfig, LEta};
-use crate::error::{ConfigError, Reject};
+use crate::error::ConfigError;
 use crate::id::{Version, WorkerId};
 use crate::math::dbw_policy::{
     CurvatureSplit, LossTrend, RTT_TRACKED_WORKERS, WorkerRtts, choose_k_bounded, choose_k_loss_rate,
 };
 use crate::math::estimate::{Ema, MAX_EXACT_ORDER, MAX_RTT_SAMPLES, RttWindow, choose_k, noise_estimate};
 use crate::math::{self, Scalar};
-use crate::msg::Values;
-use crate::proto::backup::{BackupCore, Engine};
+use crate::proto::backup::{Admitted, BackupCore, Engine};
 use crate::proto::common::table::flag;
 use crate::proto::{Buffer, DEFAULT_INLINE_WORKERS, Inline, ProtocolServer, ServerCore, ServerEvent, Storage};
 use crate::time::Instant;
@@ -157,28 +156,19 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> DbwRules<T, S, M> {
         choose_k_loss_rate(fit.level, floor, tau, k_range).map_or(gradient_k, |k| k.min(gradient_k))
     }
 
-    fn on_grad(
-        &mut self,
-        core: &mut BackupCore<T, S, M>,
-        now: Instant,
-        from: WorkerId,
-        base: Version,
-        seq: u64,
-        values: &Values<'_, T>,
-    ) -> Result<(), Reject> {
-        let admitted = self.engine.admit(core, now, from, base, seq, values)?;
+    /// An admitted gradient feeds the estimators (its round trip, its squared norm from
+    /// admission, no second pass); a full round closes.
+    fn after_grad(&mut self, core: &mut BackupCore<T, S, M>, now: Instant, from: WorkerId, admitted: Admitted) {
         if let Some(rtt) = admitted.rtt {
             self.window.push(rtt, false);
             self.rtts.push(from.index(), rtt, false);
         }
         if admitted.contributed {
-            // The squared norm from admission (no second pass), for the variance estimate.
             self.sum_sq += admitted.sq_norm;
         }
         if admitted.full {
             self.close(core, now);
         }
-        Ok(())
     }
 
     /// A loss that leaves the open iteration waiting for more gradients than it holds plus

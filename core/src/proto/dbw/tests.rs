@@ -89,18 +89,25 @@ fn shifted_exp(rng: &mut Rng) -> f64 {
     1.0 - libm::log(1.0 - rng.next_f64())
 }
 
-#[test]
-fn clean_gradients_pick_k_min_noisy_ones_wait_for_more() {
-    let n = 16;
+/// `n` workers, η = 0.1 and a fixed `L·η` of 1, the choice of `k` on after 5 warm-up
+/// iterations.
+fn quick_config(n: u32) -> DbwConfig {
     let mut config = DbwConfig::new(n, 0.1);
     config.warmup_iterations = 5;
     config.warmup_k = None;
     config.l_eta = LEta::Fixed(1.0);
+    config
+}
+
+#[test]
+fn clean_gradients_pick_k_min_noisy_ones_wait_for_more() {
+    let n = 16;
+    let config = quick_config(n);
     // Identical gradients (S = 0): more gradients add nothing, so the fastest k_min win.
     let mut rng = Rng::new(7);
     let mut s = server(config, 4);
     let clean = drive(&mut s, n, 60, |_| shifted_exp(&mut rng), |_, p| p.to_vec());
-    let ks: Vec<u32> = clean.iter().map(|e| if let ServerEvent::BackupChosen { k, .. } = e { *k } else { 0 }).collect();
+    let ks = ks_of(&clean);
     // Version 0 and the next four wait for all (five warm-up iterations).
     assert!(ks[..4].iter().all(|k| *k == n), "warm-up waits for all: {ks:?}");
     assert!(ks[4..].iter().all(|k| *k == 2), "{ks:?}");
@@ -118,17 +125,7 @@ fn clean_gradients_pick_k_min_noisy_ones_wait_for_more() {
     assert!((observed_sum / m - exact).abs() / exact < 0.2, "observed {} vs {exact}", observed_sum / m);
 
     // Gradients dominated by noise (S ≫ G): wait for (nearly) everyone.
-    let mut rng = Rng::new(8);
-    let mut noise = Rng::new(9);
-    let mut s = server(config, 4);
-    let noisy = drive(
-        &mut s,
-        n,
-        60,
-        |_| shifted_exp(&mut rng),
-        |_, p| p.iter().map(|x| x + 50.0 * (noise.next_f64() - 0.5)).collect(),
-    );
-    let ks: Vec<u32> = noisy.iter().map(|e| if let ServerEvent::BackupChosen { k, .. } = e { *k } else { 0 }).collect();
+    let ks = noisy_run(config, None);
     let mean = ks[10..].iter().map(|k| f64::from(*k)).sum::<f64>() / (ks.len() - 10) as f64;
     assert!(mean > 12.0, "{ks:?}");
 }
@@ -162,10 +159,7 @@ fn noisy_run(config: DbwConfig, loss: Option<f32>) -> Vec<u32> {
 #[test]
 fn reported_losses_bound_k_by_the_loss_above_the_noise_floor() {
     let n = 16;
-    let mut config = DbwConfig::new(n, 0.1);
-    config.warmup_iterations = 5;
-    config.warmup_k = None;
-    config.l_eta = LEta::Fixed(1.0);
+    let mut config = quick_config(n);
     config.use_reported_losses = true;
     let gradient_rule = noisy_run(config, None);
     let mean = |ks: &[u32]| ks[10..].iter().map(|k| f64::from(*k)).sum::<f64>() / (ks.len() - 10) as f64;

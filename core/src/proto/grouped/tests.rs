@@ -34,7 +34,7 @@ enum Out {
     Up(ToServerOwned),
 }
 
-fn drain_server<S: Server<f64>>(s: &mut S) -> Vec<Out> {
+fn drain_server<T: Scalar, S: Server<T>>(s: &mut S) -> Vec<Out> {
     let mut outs = Vec::new();
     while let Some(out) = s.poll_output() {
         outs.push(match out {
@@ -304,17 +304,6 @@ fn run(h: &mut impl Harnessed, n: u32, seed: u64, updates: u64, dup_percent: u64
 
 fn without_group_events(trace: &[Rec]) -> Vec<Rec> {
     trace.iter().filter(|r| !matches!(r, Rec::Out(Out::Event(ServerEvent::GroupApplied { .. })))).cloned().collect()
-}
-fn drain_server_f32<S: Server<f32>>(s: &mut S) -> Vec<Out> {
-    let mut outs = Vec::new();
-    while let Some(out) = s.poll_output() {
-        outs.push(match out {
-            ServerOutput::Event(e) => Out::Event(e),
-            ServerOutput::Send { to, msg } => Out::Send(to, ToWorkerOwned::from(&msg)),
-            ServerOutput::Upstream(msg) => Out::Up(ToServerOwned::from(&msg)),
-        });
-    }
-    outs
 }
 
 mod equivalence;

@@ -190,12 +190,34 @@ enum Msg {
 /// A worker's pending outputs: messages with their shard, computations with their params.
 type Outputs = (Vec<(u32, ToServerOwned)>, Vec<(ComputeId, Vec<f64>)>);
 
+/// One output of a worker as the lockstep network reads it.
+enum HostOutput {
+    /// A message for the server of this shard.
+    Send(u32, ToServerOwned),
+    /// A computation on these params.
+    Compute(ComputeId, Vec<f64>),
+    /// An event (the network ignores it).
+    Event,
+}
+
 /// A worker as the lockstep network drives it: plain (one server) or sharded.
 trait HostWorker {
     fn deliver(&mut self, now: Instant, shard: u32, msg: ToWorker<'_, f64>);
     fn gradient(&mut self, now: Instant, id: ComputeId, grad: &[f64]);
+    /// The next pending output, if any.
+    fn next_output(&mut self) -> Option<HostOutput>;
     /// The pending outputs: messages with their shard, computations with their params.
-    fn outputs(&mut self) -> Outputs;
+    fn outputs(&mut self) -> Outputs {
+        let (mut sends, mut jobs) = (Vec::new(), Vec::new());
+        while let Some(o) = self.next_output() {
+            match o {
+                HostOutput::Send(shard, msg) => sends.push((shard, msg)),
+                HostOutput::Compute(id, params) => jobs.push((id, params)),
+                HostOutput::Event => {}
+            }
+        }
+        (sends, jobs)
+    }
 }
 
 impl HostWorker for AnyWorker<f64, Vec<f64>> {
@@ -205,16 +227,12 @@ impl HostWorker for AnyWorker<f64, Vec<f64>> {
     fn gradient(&mut self, now: Instant, id: ComputeId, grad: &[f64]) {
         let _ = self.handle_gradient(now, id, grad);
     }
-    fn outputs(&mut self) -> Outputs {
-        let (mut sends, mut jobs) = (Vec::new(), Vec::new());
-        while let Some(o) = self.poll_output() {
-            match o {
-                WorkerOutput::Send(m) => sends.push((0, ToServerOwned::from(&m))),
-                WorkerOutput::Compute { id, params, .. } => jobs.push((id, params.to_vec())),
-                WorkerOutput::Event(_) => {}
-            }
-        }
-        (sends, jobs)
+    fn next_output(&mut self) -> Option<HostOutput> {
+        self.poll_output().map(|o| match o {
+            WorkerOutput::Send(m) => HostOutput::Send(0, ToServerOwned::from(&m)),
+            WorkerOutput::Compute { id, params, .. } => HostOutput::Compute(id, params.to_vec()),
+            WorkerOutput::Event(_) => HostOutput::Event,
+        })
     }
 }
 
@@ -225,16 +243,12 @@ impl HostWorker for HeapShardedWorker<f64> {
     fn gradient(&mut self, now: Instant, id: ComputeId, grad: &[f64]) {
         let _ = self.handle_gradient(now, id, grad);
     }
-    fn outputs(&mut self) -> Outputs {
-        let (mut sends, mut jobs) = (Vec::new(), Vec::new());
-        while let Some(o) = self.poll_output() {
-            match o {
-                ShardedOutput::Send { shard, msg } => sends.push((shard, ToServerOwned::from(&msg))),
-                ShardedOutput::Compute { id, params, .. } => jobs.push((id, params.to_vec())),
-                ShardedOutput::Event(_) => {}
-            }
-        }
-        (sends, jobs)
+    fn next_output(&mut self) -> Option<HostOutput> {
+        self.poll_output().map(|o| match o {
+            ShardedOutput::Send { shard, msg } => HostOutput::Send(shard, ToServerOwned::from(&msg)),
+            ShardedOutput::Compute { id, params, .. } => HostOutput::Compute(id, params.to_vec()),
+            ShardedOutput::Event(_) => HostOutput::Event,
+        })
     }
 }
 

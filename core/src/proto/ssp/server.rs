@@ -5,7 +5,7 @@ use super::SspConfig;
 use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
 use crate::math::Scalar;
-use crate::msg::{ToServer, Values};
+use crate::proto::common::input::{Clock, Join, Pull};
 use crate::proto::common::optim::UnitOrScaled;
 use crate::proto::common::queue::{BatchKind, ServerItem};
 use crate::proto::common::table::{Slot, flag};
@@ -232,14 +232,22 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
             self.parked -= 1;
         }
     }
+}
 
-    fn on_join<M: Storage>(
-        &mut self,
-        core: &mut Core<T, S, M>,
-        now: Instant,
-        from: WorkerId,
-        epoch: u32,
-    ) -> Result<(), Reject> {
+impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for SspRules<T, S> {
+    fn kind(&self) -> crate::proto::ProtocolKind {
+        use crate::proto::ProtocolKind;
+        ProtocolKind::Ssp
+    }
+
+    fn burst(&self) -> usize {
+        // Every parked pull may be answered by one input (one batch), beside a join's event
+        // and model, or an update's two events.
+        4
+    }
+
+    fn on_join(&mut self, core: &mut Core<T, S, M>, join: Join) -> Result<(), Reject> {
+        let Join { now, from, epoch } = join;
         let before = Self::live_clock(core, from);
         core.join(from, epoch)?;
         let server_clock = self.clock;
@@ -264,15 +272,8 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
         Ok(())
     }
 
-    fn on_clock<M: Storage>(
-        &mut self,
-        core: &mut Core<T, S, M>,
-        now: Instant,
-        from: WorkerId,
-        clock: u64,
-        seq: u64,
-        values: &Values<'_, T>,
-    ) -> Result<(), Reject> {
+    fn on_clock(&mut self, core: &mut Core<T, S, M>, update: Clock<'_, '_, T>) -> Result<(), Reject> {
+        let Clock { now, from, clock, seq, values } = update;
         core.roster.check_seq(from, seq)?;
         let factor = self.policy.admit(values, core.params.as_ref().len())?;
         // Lengths are checked: the update below cannot fail, and does nothing if it does. The
@@ -321,14 +322,8 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
         Ok(())
     }
 
-    fn on_pull<M: Storage>(
-        &mut self,
-        core: &mut Core<T, S, M>,
-        now: Instant,
-        from: WorkerId,
-        have: Version,
-        min_clock: u64,
-    ) -> Result<(), Reject> {
+    fn on_pull(&mut self, core: &mut Core<T, S, M>, pull: Pull) -> Result<(), Reject> {
+        let Pull { now, from, have, min_clock } = pull;
         core.check_have(have)?;
         let waiting = self.parked > 0;
         let r = core.roster.record_mut(from).ok_or(Reject::UnknownWorker(from))?;
@@ -342,34 +337,6 @@ impl<T: Scalar, S: Buffer<T>> SspRules<T, S> {
         }
         self.advance(core, now, Some(from));
         Ok(())
-    }
-}
-
-impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for SspRules<T, S> {
-    fn kind(&self) -> crate::proto::ProtocolKind {
-        use crate::proto::ProtocolKind;
-        ProtocolKind::Ssp
-    }
-
-    fn burst(&self) -> usize {
-        // Every parked pull may be answered by one input (one batch), beside a join's event
-        // and model, or an update's two events.
-        4
-    }
-
-    fn on_message(
-        &mut self,
-        core: &mut Core<T, S, M>,
-        now: Instant,
-        from: WorkerId,
-        msg: &ToServer<'_, T>,
-    ) -> Result<(), Reject> {
-        match *msg {
-            ToServer::Join { epoch } => self.on_join(core, now, from, epoch),
-            ToServer::Clock { clock, seq, ref values, .. } => self.on_clock(core, now, from, clock, seq, values),
-            ToServer::Pull { have, min_clock } => self.on_pull(core, now, from, have, min_clock),
-            _ => Err(Reject::Unexpected { kind: msg.kind_name() }),
-        }
     }
 
     fn on_lost(&mut self, core: &mut Core<T, S, M>, now: Instant, worker: WorkerId, was_live: bool) {

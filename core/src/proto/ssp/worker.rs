@@ -5,9 +5,8 @@ use super::SspConfig;
 use crate::error::{ConfigError, Reject};
 use crate::id::{ComputeId, Version};
 use crate::math::{self, Scalar};
-use crate::msg::{ToWorker, Values};
 use crate::proto::common::queue::WorkerItem;
-use crate::proto::common::worker::{CachePhase, ProtocolWorker, WorkerCore, WorkerRules};
+use crate::proto::common::worker::{CachePhase, Computed, ProtocolWorker, Received, WorkerCore, WorkerRules};
 use crate::proto::{Buffer, WorkerEvent, WorkerSetup};
 use crate::time::Instant;
 
@@ -84,15 +83,11 @@ impl<T: Scalar> SspWorkerRules<T> {
             self.phase = CachePhase::Pulling { since: now, min: min_clock };
         }
     }
+}
 
-    fn on_model<S: Buffer<T>>(
-        &mut self,
-        core: &mut WorkerCore<T, S>,
-        now: Instant,
-        version: Version,
-        clock: u64,
-        values: Values<'_, T>,
-    ) -> Result<(), Reject> {
+impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for SspWorkerRules<T> {
+    fn on_model(&mut self, core: &mut WorkerCore<T, S>, now: Instant, model: Received<'_, T>) -> Result<(), Reject> {
+        let Received { version, clock, values } = model;
         core.check_model(&values)?;
         match self.phase {
             CachePhase::Computing(_) => {
@@ -120,27 +115,13 @@ impl<T: Scalar> SspWorkerRules<T> {
         self.proceed(core, now);
         Ok(())
     }
-}
-
-impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for SspWorkerRules<T> {
-    fn on_message(&mut self, core: &mut WorkerCore<T, S>, now: Instant, msg: ToWorker<'_, T>) -> Result<(), Reject> {
-        match msg {
-            ToWorker::Model { version, clock, values } => self.on_model(core, now, version, clock, values),
-            other => Err(Reject::Unexpected { kind: other.kind_name() }),
-        }
-    }
 
     fn computing(&self) -> Option<ComputeId> {
         self.phase.job()
     }
 
-    fn on_gradient(
-        &mut self,
-        core: &mut WorkerCore<T, S>,
-        now: Instant,
-        grad: &[T],
-        loss: Option<f32>,
-    ) -> Result<(), Reject> {
+    fn on_gradient(&mut self, core: &mut WorkerCore<T, S>, now: Instant, done: Computed<'_, T>) -> Result<(), Reject> {
+        let Computed { grad, loss } = done;
         core.queue.ensure_room(3)?;
         core.check_gradient(grad)?;
         let (cache, out) = core.buffers_mut();
@@ -157,8 +138,7 @@ impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for SspWorkerRules<T> {
         Ok(())
     }
 
-    fn waiting_since(&self, core: &WorkerCore<T, S>) -> Option<Instant> {
-        let _ = core;
+    fn waiting_since(&self, _: &WorkerCore<T, S>) -> Option<Instant> {
         self.phase.waiting_since()
     }
 

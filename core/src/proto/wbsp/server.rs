@@ -5,7 +5,7 @@ use super::WbspConfig;
 use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
 use crate::math::Scalar;
-use crate::msg::{ToServer, Values};
+use crate::proto::common::input::{Delta, Join, Pull};
 use crate::proto::common::optim::Cleared;
 use crate::proto::common::queue::{BatchKind, ServerItem};
 use crate::proto::common::round::mark_of;
@@ -151,18 +151,27 @@ impl<T: Scalar, S: Buffer<T>> WbspRules<T, S> {
             self.close(core, now);
         }
     }
+}
 
-    #[allow(clippy::too_many_arguments)]
-    fn on_delta<M: Storage>(
-        &mut self,
-        core: &mut Core<T, S, M>,
-        now: Instant,
-        from: WorkerId,
-        round: Version,
-        local_steps: u32,
-        seq: u64,
-        values: &Values<'_, T>,
-    ) -> Result<(), Reject> {
+impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for WbspRules<T, S> {
+    fn kind(&self) -> crate::proto::ProtocolKind {
+        use crate::proto::ProtocolKind;
+        if self.config.overlap { ProtocolKind::WbspOverlap } else { ProtocolKind::Wbsp }
+    }
+
+    fn burst(&self) -> usize {
+        4
+    }
+
+    fn on_join(&mut self, core: &mut Core<T, S, M>, join: Join) -> Result<(), Reject> {
+        core.join(join.from, join.epoch)?;
+        self.start_clock(join.now);
+        core.send_model(Recipient::Worker(join.from));
+        Ok(())
+    }
+
+    fn on_delta(&mut self, core: &mut Core<T, S, M>, delta: Delta<'_, '_, T>) -> Result<(), Reject> {
+        let Delta { now, from, round, local_steps, seq, values } = delta;
         core.roster.check_seq(from, seq)?;
         if local_steps == 0 {
             return Err(Reject::Unexpected { kind: "Delta with local_steps = 0" });
@@ -202,43 +211,10 @@ impl<T: Scalar, S: Buffer<T>> WbspRules<T, S> {
         Ok(())
     }
 
-    fn on_pull<M: Storage>(&mut self, core: &mut Core<T, S, M>, from: WorkerId, have: Version) -> Result<(), Reject> {
-        core.check_have(have)?;
-        core.answer_pull(from, have);
+    fn on_pull(&mut self, core: &mut Core<T, S, M>, pull: Pull) -> Result<(), Reject> {
+        core.check_have(pull.have)?;
+        core.answer_pull(pull.from, pull.have);
         Ok(())
-    }
-}
-
-impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for WbspRules<T, S> {
-    fn kind(&self) -> crate::proto::ProtocolKind {
-        use crate::proto::ProtocolKind;
-        if self.config.overlap { ProtocolKind::WbspOverlap } else { ProtocolKind::Wbsp }
-    }
-
-    fn burst(&self) -> usize {
-        4
-    }
-
-    fn on_message(
-        &mut self,
-        core: &mut Core<T, S, M>,
-        now: Instant,
-        from: WorkerId,
-        msg: &ToServer<'_, T>,
-    ) -> Result<(), Reject> {
-        match *msg {
-            ToServer::Join { epoch } => {
-                core.join(from, epoch)?;
-                self.start_clock(now);
-                core.send_model(Recipient::Worker(from));
-                Ok(())
-            }
-            ToServer::Delta { round, local_steps, seq, ref values, .. } => {
-                self.on_delta(core, now, from, round, local_steps, seq, values)
-            }
-            ToServer::Pull { have, .. } => self.on_pull(core, from, have),
-            _ => Err(Reject::Unexpected { kind: msg.kind_name() }),
-        }
     }
 
     fn on_lost(&mut self, core: &mut Core<T, S, M>, now: Instant, _worker: WorkerId, was_live: bool) {

@@ -26,10 +26,10 @@ use super::WbspConfig;
 use crate::error::{ConfigError, Reject};
 use crate::id::{ComputeId, Version};
 use crate::math::{self, Scalar};
-use crate::msg::{ToServer, ToWorker, Values};
+use crate::msg::{ToServer, ToWorker};
 use crate::proto::common::loss::LossTally;
 use crate::proto::common::queue::WorkerItem;
-use crate::proto::common::worker::{ProtocolWorker, WorkerCore, WorkerRules};
+use crate::proto::common::worker::{Computed, ProtocolWorker, Received, WorkerCore, WorkerRules};
 use crate::proto::{Buffer, WorkerOutput, WorkerSetup};
 use crate::time::Instant;
 
@@ -170,36 +170,6 @@ impl WbspWorkerRules {
         if self.delta_unpolled { Err(Reject::Capacity) } else { Ok(()) }
     }
 
-    fn on_model<T: Scalar, S: Buffer<T>>(
-        &mut self,
-        core: &mut WorkerCore<T, S>,
-        now: Instant,
-        version: Version,
-        values: Values<'_, T>,
-    ) -> Result<(), Reject> {
-        core.check_model_age(&values, version, self.have)?;
-        if !self.awaiting_model {
-            return Err(Reject::Unexpected { kind: "Model" });
-        }
-        self.check_drained()?;
-        let (params, last) = core.buffers_mut();
-        values.copy_into(params)?;
-        if last.len() == params.len() {
-            last.copy_from_slice(params);
-        }
-        self.scratch_is_delta = false;
-        self.discarded += u64::from(self.steps_since_upload);
-        self.steps_since_upload = 0;
-        let _ = self.losses.take_mean();
-        self.have = Some(version);
-        self.awaiting_model = false;
-        // A rejoin's model also answers a lost upload reply.
-        self.awaiting_ack = false;
-        self.since = now;
-        self.start_compute(core);
-        Ok(())
-    }
-
     fn on_push_ack<T: Scalar, S: Buffer<T>>(
         &mut self,
         core: &mut WorkerCore<T, S>,
@@ -231,9 +201,33 @@ impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for WbspWorkerRules {
     const REFUSE_WHEN_STOPPED: bool = true;
     const STOPPED_GRADIENT: Reject = Reject::Stopped;
 
+    fn on_model(&mut self, core: &mut WorkerCore<T, S>, now: Instant, model: Received<'_, T>) -> Result<(), Reject> {
+        let Received { version, values, .. } = model;
+        core.check_model_age(&values, version, self.have)?;
+        if !self.awaiting_model {
+            return Err(Reject::Unexpected { kind: "Model" });
+        }
+        self.check_drained()?;
+        let (params, last) = core.buffers_mut();
+        values.copy_into(params)?;
+        if last.len() == params.len() {
+            last.copy_from_slice(params);
+        }
+        self.scratch_is_delta = false;
+        self.discarded += u64::from(self.steps_since_upload);
+        self.steps_since_upload = 0;
+        let _ = self.losses.take_mean();
+        self.have = Some(version);
+        self.awaiting_model = false;
+        // A rejoin's model also answers a lost upload reply.
+        self.awaiting_ack = false;
+        self.since = now;
+        self.start_compute(core);
+        Ok(())
+    }
+
     fn on_message(&mut self, core: &mut WorkerCore<T, S>, now: Instant, msg: ToWorker<'_, T>) -> Result<(), Reject> {
         match msg {
-            ToWorker::Model { version, values, .. } => self.on_model(core, now, version, values),
             ToWorker::PushAck { pull_now, .. } => self.on_push_ack(core, now, pull_now),
             ToWorker::NotNewer { .. } => {
                 if !self.awaiting_model || self.have.is_none() {
@@ -254,13 +248,8 @@ impl<T: Scalar, S: Buffer<T>> WorkerRules<T, S> for WbspWorkerRules {
         self.computing
     }
 
-    fn on_gradient(
-        &mut self,
-        core: &mut WorkerCore<T, S>,
-        now: Instant,
-        grad: &[T],
-        loss: Option<f32>,
-    ) -> Result<(), Reject> {
+    fn on_gradient(&mut self, core: &mut WorkerCore<T, S>, now: Instant, done: Computed<'_, T>) -> Result<(), Reject> {
+        let Computed { grad, loss } = done;
         core.check_gradient(grad)?;
         core.queue.ensure_room(3)?;
         self.check_drained()?;

@@ -7,25 +7,23 @@ use super::*;
 impl Core<'_, '_> {
     /// Encodes a worker's message into a pool buffer; `None` on a codec error.
     pub(super) fn encode_to_server(&mut self, msg: &ToServer<'_, f32>) -> Option<(usize, usize)> {
-        let len = wire::encoded_len_to_server(msg);
-        let slot = self.pool.take(len);
-        match wire::encode_to_server(msg, self.pool.bytes_mut(slot)) {
-            Ok(n) => {
-                self.pool.set_len(slot, n);
-                Some((slot, n))
-            }
-            Err(e) => {
-                self.pool.release(slot);
-                self.codec_error(&e);
-                None
-            }
-        }
+        self.encode(wire::encoded_len_to_server(msg), |out| wire::encode_to_server(msg, out))
     }
 
+    /// Encodes the server's message into a pool buffer; `None` on a codec error.
     pub(super) fn encode_to_worker(&mut self, msg: &ToWorker<'_, f32>) -> Option<(usize, usize)> {
-        let len = wire::encoded_len_to_worker(msg);
+        self.encode(wire::encoded_len_to_worker(msg), |out| wire::encode_to_worker(msg, out))
+    }
+
+    /// Writes `len` bytes with `encode` into a pool buffer: its slot and the length written,
+    /// or `None` (the buffer back in the pool, the codec error counted).
+    fn encode(
+        &mut self,
+        len: usize,
+        encode: impl FnOnce(&mut [u8]) -> Result<usize, wire::EncodeError>,
+    ) -> Option<(usize, usize)> {
         let slot = self.pool.take(len);
-        match wire::encode_to_worker(msg, self.pool.bytes_mut(slot)) {
+        match encode(self.pool.bytes_mut(slot)) {
             Ok(n) => {
                 self.pool.set_len(slot, n);
                 Some((slot, n))

@@ -30,7 +30,7 @@ use super::report::closing::{self, add_stats};
 use super::report::{
     CurvePoint, FastDebug, Fault, Fnv, Node, Observation, SimReport, StalenessStats, TraceRecorder, WorkerReport,
 };
-use super::run_loop;
+use super::{Observer, run_loop};
 use crate::workload::{BatchSampler, Scratch, Workload};
 use core::cmp::Ordering;
 use core::fmt::Write as _;
@@ -145,7 +145,7 @@ struct SubNode {
 struct Core<'a, 'o> {
     config: &'a SimConfig,
     workload: &'a Workload,
-    observer: &'o mut dyn FnMut(&Observation<'_>),
+    observer: Observer<'o>,
     limits: Limits,
     now: Instant,
     queue: BinaryHeap<Scheduled>,
@@ -210,14 +210,8 @@ pub(super) fn momentum<M: syncopate::proto::Storage>(
 }
 
 impl<'a, 'o> Engine<'a, 'o> {
-    pub(crate) fn new(
-        config: &'a SimConfig,
-        workload: &'a Workload,
-        observer: &'o mut dyn FnMut(&Observation<'_>),
-    ) -> Result<Self, SimError> {
-        if config.batch_size == 0 {
-            return Err(SimError::BatchSize);
-        }
+    pub(crate) fn new(config: &'a SimConfig, workload: &'a Workload, observer: Observer<'o>) -> Result<Self, SimError> {
+        config.check_runnable()?;
         let protocol = &config.protocol;
         let model = &workload.model;
         let dim = model.dim();

@@ -238,6 +238,7 @@ pub(crate) mod prelude {
     pub(crate) use crate::id::{ComputeId, Version, WorkerId};
     pub(crate) use crate::math::{self, Scalar};
     pub(crate) use crate::msg::{ToServer, ToWorker, Values};
+    use crate::proto::AnyWorker;
     pub(crate) use crate::proto::{
         Buffer, DropReason, GradientPolicy, GradientWorker, GradientWorkerConfig, Recipient, Server, ServerEvent,
         ServerOutput, ServerStats, Worker, WorkerEvent, WorkerOutput, WorkerSetup,
@@ -245,10 +246,46 @@ pub(crate) mod prelude {
     pub(crate) use crate::time::{Duration, Instant};
     use proptest::prelude::{TestCaseError, prop_assert, prop_assert_eq};
     use std::vec;
+    use std::vec::Vec;
 
     /// A `Grad` of iteration 0 on `base`.
     pub(crate) fn grad(base: u64, seq: u64, values: &[f64]) -> ToServer<'_, f64> {
         ToServer::Grad { base: Version(base), iteration: 0, seq, values: Values::Slice(values), loss: None }
+    }
+
+    /// Asserts that worker 0's gradients (on version 0, two elements) of the sequence
+    /// numbers `seqs` are refused at `now` as duplicates.
+    pub(crate) fn assert_duplicates<S: Server<f64>>(s: &mut S, now: Instant, seqs: &[u64]) {
+        for &seq in seqs {
+            let refused = Err(Reject::Duplicate { worker: WorkerId(0), seq });
+            assert_eq!(s.handle(now, WorkerId(0), grad(0, seq, &[1.0, 1.0])), refused);
+        }
+    }
+
+    /// Asserts the refusals every gradient-taking server without pulls gives at `now` (a
+    /// model of two elements, `n` workers, worker 1 a member): a sender outside the roster, a
+    /// gradient of the wrong length, one holding NaN or infinity, and a `Pull`.
+    pub(crate) fn assert_gradient_refusals<S: Server<f64>>(s: &mut S, now: Instant, n: u32) {
+        let one = [1.0, 1.0];
+        for outsider in [n, u32::MAX] {
+            let refused = Err(Reject::UnknownWorker(WorkerId(outsider)));
+            assert_eq!(s.handle(now, WorkerId(outsider), grad(0, 0, &one)), refused);
+        }
+        assert!(matches!(s.handle(now, WorkerId(1), grad(0, 0, &[1.0])), Err(Reject::WrongLength(_))));
+        assert_eq!(s.handle(now, WorkerId(1), grad(0, 0, &[f64::NAN, 1.0])), Err(Reject::NotFinite));
+        assert_eq!(s.handle(now, WorkerId(1), grad(0, 0, &[f64::INFINITY, 1.0])), Err(Reject::NotFinite));
+        let pull = ToServer::Pull { have: Version(0), min_clock: 0 };
+        assert_eq!(s.handle(now, WorkerId(1), pull), Err(Reject::Unexpected { kind: "Pull" }));
+    }
+
+    /// `config`'s workers over a model of `dim` elements, one per id, each in session 1
+    /// without a rejoin timer.
+    pub(crate) fn any_workers(config: &crate::proto::ProtocolConfig, dim: usize) -> Vec<AnyWorker<f64, Vec<f64>>> {
+        let worker = |i| {
+            let setup = WorkerSetup { id: WorkerId(i), epoch: 1, rejoin_after: None };
+            AnyWorker::new(config, setup, vec![0.0; dim], vec![0.0; config.worker_scratch_len(dim)]).unwrap()
+        };
+        (0..config.workers()).map(worker).collect()
     }
 
     /// Worker `id`'s setup: session 0, no rejoin timer.
