@@ -238,6 +238,8 @@ pub(crate) fn serve<'py>(
     let trace_file = record_trace.as_deref().map(trace::create).transpose().map_err(PyValueError::new_err)?;
     let mut settings = RunSettings::new(protocol.settings.clone(), dim);
     settings.report_step_times = record_trace.is_some();
+    // The workers learn the rule (under `mean` they apply each round themselves).
+    settings.optimizer = optimizer;
     let mut options = ServerOptions::new(settings);
     options.insecure = insecure;
     options.lost_after = lost_after;
