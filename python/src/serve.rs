@@ -255,6 +255,8 @@ pub(crate) fn serve<'py>(
     let mut settings = RunSettings::new(protocol.settings.clone(), dim);
     // The workers report their step times for the straggler report (and a trace).
     settings.report_step_times = true;
+    // The workers learn the rule (under `mean` they apply each round themselves).
+    settings.optimizer = optimizer;
     let mut options = ServerOptions::new(settings);
     options.insecure = insecure;
     options.lost_after = lost_after;

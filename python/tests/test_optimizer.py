@@ -16,8 +16,9 @@ TARGET = np.linspace(-1.0, 1.0, DIM).astype(np.float32)
 
 
 def run(protocol: syncopate.Protocol, params: np.ndarray, computes: list[Callable[..., Any]],
-        **options: Any) -> dict[str, Any]:
-    """`serve` on `params` with one worker thread per `compute`; returns the report."""
+        on_round: Any = None, **options: Any) -> dict[str, Any]:
+    """`serve` on `params` with one worker thread per `compute` (each with `on_round`, if
+    given); returns the report. A minute at most."""
     results: dict[int, Any] = {}
     threads: list[threading.Thread] = []
 
@@ -25,14 +26,15 @@ def run(protocol: syncopate.Protocol, params: np.ndarray, computes: list[Callabl
         for i, compute in enumerate(computes):
             def work(i: int = i, compute: Callable[..., Any] = compute) -> None:
                 try:
-                    results[i] = syncopate.run_worker(address, compute, id=i, log=lambda _: None)
+                    results[i] = syncopate.run_worker(address, compute, id=i, log=lambda _: None,
+                                                      on_round=on_round)
                 except Exception as e:  # noqa: BLE001 - the test inspects it
                     results[i] = e
             t = threading.Thread(target=work, daemon=True)
             t.start()
             threads.append(t)
 
-    report = syncopate.serve(params, protocol, on_listen=start, log=lambda _: None, **options)
+    report = syncopate.serve(params, protocol, on_listen=start, log=lambda _: None, time_limit_s=60.0, **options)
     for t in threads:
         t.join(timeout=60)
         assert not t.is_alive(), "a worker did not end"
@@ -177,8 +179,8 @@ def test_mean_publishes_each_rounds_exact_mean_gradient(name: str) -> None:
         return compute
 
     rounds = 12
-    run(protocol, params, [worker(i) for i in range(workers)], optimizer=syncopate.Optimizer("mean"),
-        updates=rounds)
+    run(protocol, params, [worker(i) for i in range(workers)], on_round=lambda vector, version: None,
+        optimizer=syncopate.Optimizer("mean"), updates=rounds)
     for i in range(workers):
         assert np.array_equal(received[i][0], initial)
         assert len(received[i]) >= rounds
@@ -202,6 +204,9 @@ def test_on_round_gives_every_worker_every_rounds_mean_under_backup_workers() ->
     params = np.zeros(DIM, dtype=np.float32)
     seen: dict[int, list[tuple[int, np.ndarray]]] = {i: [] for i in range(workers)}
     sent: dict[tuple[int, int], np.ndarray] = {}
+    # The first round closes only once every worker joined (a worker joining after it could
+    # not apply it, and would end with an error: tested below).
+    all_joined = threading.Barrier(workers)
 
     def worker(i: int) -> tuple[Callable[..., float], Callable[[np.ndarray, int], None]]:
         rng = np.random.default_rng(10 + i)
@@ -209,6 +214,8 @@ def test_on_round_gives_every_worker_every_rounds_mean_under_backup_workers() ->
         def on_round(vector: np.ndarray, version: int) -> None:
             assert vector.dtype == np.float32 and vector.shape == (DIM,)
             seen[i].append((version, vector))
+            if version == 0:
+                all_joined.wait(30)
 
         def compute(p: np.ndarray, g: np.ndarray) -> float:
             if i == 2:
@@ -237,7 +244,7 @@ def test_on_round_gives_every_worker_every_rounds_mean_under_backup_workers() ->
             threads.append(t)
 
     report = syncopate.serve(params, protocol, on_listen=start, log=lambda _: None,
-                             optimizer=syncopate.Optimizer("mean"), updates=rounds)
+                             optimizer=syncopate.Optimizer("mean"), updates=rounds, time_limit_s=60.0)
     for t in threads:
         t.join(timeout=60)
     for i in range(workers):
@@ -258,3 +265,69 @@ def test_on_round_gives_every_worker_every_rounds_mean_under_backup_workers() ->
 def test_on_round_must_be_callable() -> None:
     with pytest.raises(ValueError, match="on_round must be callable"):
         syncopate.run_worker("127.0.0.1:1", pull_to_target, id=0, on_round=3)
+
+
+def test_a_worker_without_on_round_is_refused_by_a_mean_server() -> None:
+    params = np.zeros(DIM, dtype=np.float32)
+    results: dict[int, Any] = {}
+
+    def start(address: str) -> None:
+        def work() -> None:
+            try:
+                results[0] = syncopate.run_worker(address, pull_to_target, id=0, log=lambda _: None,
+                                                  give_up_after_s=2.0)
+            except Exception as e:  # noqa: BLE001 - the test inspects it
+                results[0] = e
+        threading.Thread(target=work, daemon=True).start()
+
+    report = syncopate.serve(params, syncopate.Protocol("bsp", workers=1), optimizer=syncopate.Optimizer("mean"),
+                             on_listen=start, log=lambda _: None, updates=5, time_limit_s=3.0)
+    assert report["updates"] == 0
+    assert isinstance(results.get(0), syncopate.WorkerError), results
+    assert "pass on_round= to apply every round" in str(results[0])
+
+
+def test_a_worker_that_joins_after_rounds_it_never_saw_ends_naming_them() -> None:
+    """Backup b = 1: rounds close with two workers while the third has not joined; under
+    on_round it cannot apply the rounds it missed, and says so."""
+    protocol = syncopate.Protocol("backup", workers=3, lr=0.1, backup_workers=1)
+    params = np.zeros(DIM, dtype=np.float32)
+    results: dict[int, Any] = {}
+    reached = threading.Event()
+
+    def on_round_of(i: int) -> Callable[[np.ndarray, int], None]:
+        def on_round(vector: np.ndarray, version: int) -> None:
+            if version >= 3:
+                reached.set()
+        return on_round
+
+    def compute(p: np.ndarray, g: np.ndarray) -> float:
+        threading.Event().wait(0.002)
+        g[:] = 1.0
+        return 1.0
+
+    def work(address: str, i: int) -> None:
+        try:
+            results[i] = syncopate.run_worker(address, compute, id=i, log=lambda _: None, on_round=on_round_of(i))
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            results[i] = e
+
+    def start(address: str) -> None:
+        for i in (0, 1):
+            threading.Thread(target=work, args=(address, i), daemon=True).start()
+
+        def late() -> None:
+            reached.wait(30)
+            work(address, 2)
+        threading.Thread(target=late, daemon=True).start()
+
+    syncopate.serve(params, protocol, optimizer=syncopate.Optimizer("mean"), on_listen=start, log=lambda _: None,
+                    updates=400, time_limit_s=20.0)
+    deadline = threading.Event()
+    for _ in range(100):
+        if 2 in results:
+            break
+        deadline.wait(0.1)
+    error = results.get(2)
+    assert isinstance(error, syncopate.WorkerError), error
+    assert "on_round needs every round in order" in str(error) and "never reached this worker" in str(error)

@@ -199,8 +199,9 @@ fn a_worker_of_another_model_size_is_refused_naming_both_sizes() {
 fn momentum_on_the_tcp_server_follows_the_heavy_ball_recurrence() {
     bounded(Duration::from_secs(60), || {
         let (updates, beta) = (12u64, 0.5);
-        let mut options = ServerOptions::new(settings());
-        options.momentum = beta;
+        let mut s = settings();
+        s.optimizer = syncopate::proto::Optimizer::momentum(beta);
+        let options = ServerOptions::new(s);
         let server = start_server_at("127.0.0.1:0", options, vec![0.0; 4], Version::ZERO, plan(2 * updates, 30));
         let workers: Vec<_> = (0..2)
             .map(|i| {
@@ -234,9 +235,10 @@ fn a_run_resumed_from_a_checkpoint_goes_on_with_its_momentum() {
         let (updates, beta) = (6u64, 0.5);
         let path = std::env::temp_dir().join(format!("syncopate-momentum-resume-{}.ckpt", std::process::id()));
         let run = |params: Vec<f32>, version: Version, buffer: Option<Vec<f32>>| {
-            let mut options = ServerOptions::new(settings());
-            options.momentum = beta;
-            options.momentum_buffer = buffer;
+            let mut s = settings();
+            s.optimizer = syncopate::proto::Optimizer::momentum(beta);
+            let mut options = ServerOptions::new(s);
+            options.optimizer_state = buffer;
             options.checkpoint = Some((path.clone(), 1));
             let server = start_server_at("127.0.0.1:0", options, params, version, plan(2 * updates, 30));
             let workers: Vec<_> = (0..2)
@@ -256,9 +258,10 @@ fn a_run_resumed_from_a_checkpoint_goes_on_with_its_momentum() {
         let first = run(vec![0.0; 4], Version::ZERO, None);
         assert_eq!(first.version.0, updates);
         let saved = syncopate_adapters::tcp::checkpoint::load(&path, "bsp", 4).unwrap();
-        assert_eq!(saved.momentum, beta);
+        assert_eq!(saved.momentum(), beta);
         assert_eq!(saved.version, first.version);
-        let second = run(saved.params, saved.version, saved.momentum_buffer);
+        let buffer = saved.momentum_buffer().map(<[f32]>::to_vec);
+        let second = run(saved.params, saved.version, buffer);
         assert_eq!(second.version.0, 2 * updates);
         // The same heavy-ball recurrence as a run that never stopped.
         for (i, t) in TARGET.iter().enumerate() {
