@@ -18,6 +18,7 @@ use std::thread;
 use std::time::Instant;
 use syncopate::WorkerId;
 use syncopate_adapters::tcp::frame::{FrameReader, FrameTimeout, FrameWriter};
+use syncopate_adapters::tcp::handshake::TCP_VERSION;
 use syncopate_adapters::tcp::handshake::{self, ClientHello, ClientSide, Message, RefuseCode, Role};
 use syncopate_adapters::tcp::{
     DEFAULT_LOST_AFTER, Secret, ServerOptions, StopReason, TcpServer, WorkerOptions, session_max_len,
@@ -143,9 +144,12 @@ fn mismatched_version_settings_and_id_are_refused_clearly() {
             }
             other => panic!("{other:?}"),
         }
-        match exchange(server.addr, &raw_hello(|h| h.tcp_version = 7)) {
-            Message::Refuse { code: RefuseCode::TcpVersion, .. } => {}
-            other => panic!("{other:?}"),
+        // A worker of the previous transport version, and one of the next.
+        for other in [TCP_VERSION - 1, TCP_VERSION + 1] {
+            match exchange(server.addr, &raw_hello(|h| h.tcp_version = other)) {
+                Message::Refuse { code: RefuseCode::TcpVersion, .. } => {}
+                other => panic!("{other:?}"),
+            }
         }
         // A worker that pins settings (as a reconnecting worker does) other than the
         // server's: refused, naming the server's.

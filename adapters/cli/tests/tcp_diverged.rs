@@ -33,8 +33,12 @@ fn a_diverging_run_stops_as_diverged_under_bsp_and_asp() {
         let summary = json(&out);
         assert!(summary["diverged"].is_string(), "{protocol}: {summary}");
         for w in workers {
-            let (code, out) = w.finish(Duration::from_secs(20));
-            assert_eq!(code, 0, "{protocol}: {out}");
+            let lines = w.lines();
+            let (code, out) = w.finish(Duration::from_secs(40));
+            // Every worker whose handshake completed is told to stop. ASP may diverge before
+            // a worker's handshake completes: that worker finds the server gone and says so.
+            let never_joined = !lines.iter().any(|l| l.contains("connected to"));
+            assert!(code == 0 || (protocol == "asp" && never_joined), "{protocol}: exit {code}: {out} {lines:#?}");
         }
     }
 }

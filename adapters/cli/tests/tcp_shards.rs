@@ -437,3 +437,28 @@ fn every_shard_session_is_authenticated_with_the_run_secret() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A diverging sharded BSP run ends: with a learning rate that sends the model to infinity
+/// the workers' losses and gradients stop being finite, their protocol refuses to send them,
+/// and each worker tells every shard so (and computes again); every shard then stops as
+/// diverged instead of waiting for ever for gradients that never come.
+#[test]
+fn a_diverging_sharded_run_stops_as_diverged_on_every_shard() {
+    let dir = temp_dir("diverged");
+    let args =
+        ["--protocol", "bsp", "--workers", "3", "--model", "mlp", "--lr", "1e30", "--time-limit", "600", "--json"];
+    let (procs, addrs, _) = shards(&dir, 2, &args);
+    let joined = addrs.join(",");
+    let workers: Vec<Proc> = (0..N).map(|i| work(&joined, i, &[])).collect();
+    for (k, p) in procs.into_iter().enumerate() {
+        let (code, out) = p.finish(Duration::from_secs(90));
+        assert_eq!(code, 0, "shard {k}: {out}");
+        let summary = json(&out);
+        assert!(summary["diverged"].is_string(), "shard {k}: {summary}");
+    }
+    for (i, w) in workers.into_iter().enumerate() {
+        let (code, out) = w.finish(Duration::from_secs(30));
+        assert_eq!(code, 0, "worker {i}: {out}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -25,8 +25,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
-use syncopate::proto::{Optimizer, Schedule};
 use syncopate::Version;
+use syncopate::proto::{Optimizer, Schedule};
 use syncopate_transport::optimizer_spec;
 
 /// Flags of `syncopate serve`.

@@ -1,5 +1,6 @@
-//! What a session frame carries: the one layer that says what each frame from a worker is,
-//! and the one codec of the transport's own messages.
+//! What a session frame carries: the one layer that says what each frame is (from a worker:
+//! [`InboundFrame`]; from the server: [`FromServerKind`]), and the one codec of the
+//! transport's own messages.
 //!
 //! After the handshake, a frame's payload is exactly one of:
 //!
@@ -84,6 +85,32 @@ impl FrameKind {
             Self::StepTimes
         } else if super::refusal::NOT_FINITE.is(payload) {
             Self::NotFinite
+        } else {
+            Self::Core
+        }
+    }
+}
+
+/// The kind of a session frame's payload from the server, as a worker reads it: a
+/// heartbeat (empty), a refusal of a contribution for its loss (`"RFSD"`,
+/// [`refusal`](super::refusal)), or a core message (magic `"SY"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FromServerKind {
+    /// An empty payload.
+    Heartbeat,
+    /// The server refused a contribution whose loss is not finite.
+    Refused,
+    /// A core message (or bytes that are not one: the core's decoder says which).
+    Core,
+}
+
+impl FromServerKind {
+    /// The kind of `payload`.
+    pub fn of(payload: &[u8]) -> Self {
+        if payload.is_empty() {
+            Self::Heartbeat
+        } else if super::refusal::CODEC.is(payload) {
+            Self::Refused
         } else {
             Self::Core
         }

@@ -6,7 +6,8 @@
 //! `"NFIN"` followed by one little-endian `f32`: 0 for the values, 1 for the loss
 //! ([`NotFinite`]). The server counts it as it counts such a contribution refused: values
 //! that are not finite end the run as diverged; a loss goes by the rule below. Without it a
-//! synchronous round would wait for that worker for ever.
+//! synchronous round would wait for that worker for ever. A worker of a sharded run sends
+//! it to every shard, each of which counts it alike.
 //!
 //! **From the server.**
 //! A contribution whose reported loss is NaN or ±∞ is refused by the protocol (nothing of it

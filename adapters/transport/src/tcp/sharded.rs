@@ -29,6 +29,7 @@
 use super::auth::WorkerKey;
 use super::frame::{FrameError, FrameReader};
 use super::handshake::{self, ClientSide, HandshakeError, RefuseCode, Role};
+use super::payload::FromServerKind;
 use super::settings::RunSettings;
 use super::worker::step::{Held, compute, refused};
 use super::worker::{ConnectError, Opened, Retry, open};
@@ -431,6 +432,8 @@ impl Run<'_> {
         let mut grad = vec![0.0f32; layout.dim()];
         let mut held: Option<Held> = None;
         let mut first_stop: Option<StdInstant> = None;
+        // The version of the model the held step computes on (recomputed on a refusal).
+        let mut computing_on = syncopate::Version(0);
         let inbound = self.inbound.1.clone();
         loop {
             // A message that could not be encoded ends its shard's session (it would be
@@ -452,6 +455,7 @@ impl Run<'_> {
                         }
                     }
                     ShardedOutput::Compute { id, version, params } => {
+                        computing_on = version;
                         compute(job, &mut self.report.total, &mut held, &mut grad, id, version, params);
                     }
                     ShardedOutput::Event(WorkerEvent::Abandoned { id }) => {
@@ -473,7 +477,20 @@ impl Run<'_> {
                 h.finish(&mut self.report.total);
                 match worker.handle_gradient_with_loss(since(origin), id, &grad, loss) {
                     Ok(()) => self.report.total.steps += 1,
-                    Err(e) => refused(me, log, &mut self.report.total, "a finished gradient", &e),
+                    Err(e) => {
+                        refused(me, log, &mut self.report.total, "a finished gradient", &e);
+                        // Values that are not finite: every shard hears of it (its round would
+                        // wait for this gradient for ever) and the step is computed again on
+                        // the next minibatch (each shard ends a run of such steps as diverged).
+                        if let Some(n) = crate::tcp::refusal::NotFinite::of(&e) {
+                            for uploads in self.links.iter().filter(|l| !l.lost).filter_map(|l| l.uploads.as_ref()) {
+                                // A session whose writer is gone is lost; its reader reports it.
+                                let _ = uploads.send((n.encode(), Upload::Other));
+                            }
+                            let params = worker.params_buffer().as_ref();
+                            compute(job, &mut self.report.total, &mut held, &mut grad, id, computing_on, params);
+                        }
+                    }
                 }
                 continue;
             }
@@ -518,6 +535,14 @@ impl Run<'_> {
                     let home = link.home.clone();
                     let payload = buf.get(start..end).unwrap_or_default();
                     let limits = limits.get(shard).copied().unwrap_or_else(|| Limits::for_model(1));
+                    // A shard refused a contribution for its loss (see `refusal`): logged.
+                    if FromServerKind::of(payload) == FromServerKind::Refused {
+                        if let Some(line) = super::refusal::worker_line(me, payload) {
+                            log(&format!("{line} (shard {shard})"));
+                        }
+                        let _ = home.try_send(buf);
+                        continue;
+                    }
                     match wire::decode_to_worker::<f32>(payload, &limits) {
                         Ok(msg) => {
                             if let syncopate::ToWorker::Model { version, .. } = &msg {

@@ -8,6 +8,7 @@ use core::sync::atomic::Ordering;
 use core::time::Duration;
 use crossbeam_channel::Receiver;
 use std::net::Shutdown;
+use std::sync::Arc;
 use std::thread;
 use std::time::Instant;
 
@@ -18,6 +19,36 @@ const LINGER: Duration = Duration::from_secs(2);
 pub(super) fn cut(conns: Vec<Conn>) {
     for c in conns {
         let _ = c.stream.shutdown(Shutdown::Both);
+    }
+}
+
+/// Tells a session whose handshake completed while the run ended to stop, as the others
+/// were (it would otherwise see its connection closed without a word and retry a server
+/// that is gone): the queued `Connected` events get `stop` and join `conns`; a peer whose
+/// `Closed` is queued leaves `conns`; every other queued event goes to `other`.
+pub(super) fn stop_late(
+    conns: &mut Vec<Conn>,
+    from_conns: &Receiver<ConnEvent>,
+    stop: Option<Arc<Vec<u8>>>,
+    other: &mut dyn FnMut(ConnEvent),
+) {
+    while let Ok(event) = from_conns.try_recv() {
+        match event {
+            ConnEvent::Connected { conn, tx, stream, done, .. } => {
+                if let Some(bytes) = &stop {
+                    let _ = tx.send(bytes.clone());
+                }
+                conns.push(Conn { id: conn, tx, stream, done });
+            }
+            // Its peer has closed already: nothing to linger for.
+            ConnEvent::Closed { conn, .. } => conns.retain(|c| {
+                if c.id == conn {
+                    let _ = c.stream.shutdown(Shutdown::Both);
+                }
+                c.id != conn
+            }),
+            event => other(event),
+        }
     }
 }
 

@@ -7,6 +7,7 @@ use super::session::SessionShape;
 use super::step::{Held, compute, refused};
 use super::{SessionEnd, WorkerJob, WorkerOptions, WorkerReport, killed};
 use crate::tcp::frame::{FrameError, FrameReader};
+use crate::tcp::payload::FromServerKind;
 use crate::tcp::writer::Upload;
 use crate::tcp::{at, since};
 use core::time::Duration;
@@ -186,9 +187,9 @@ pub(super) fn drive(
         wake = wake.min(heard + shape.lost_after).max(StdInstant::now() + Duration::from_millis(1));
         match reader.read_frame(&mut inbuf, Some(wake)) {
             // A heartbeat: the server is there.
-            Ok(p) if p.start == p.end => heard = StdInstant::now(),
+            Ok(p) if FromServerKind::of(p.of(&inbuf)) == FromServerKind::Heartbeat => heard = StdInstant::now(),
             // The server refused a contribution for its loss (see `refusal`).
-            Ok(p) if crate::tcp::refusal::CODEC.is(p.of(&inbuf)) => {
+            Ok(p) if FromServerKind::of(p.of(&inbuf)) == FromServerKind::Refused => {
                 heard = StdInstant::now();
                 crate::tcp::refusal::worker_line(me, p.of(&inbuf)).iter().for_each(|l| log(l));
             }
