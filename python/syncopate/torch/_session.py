@@ -236,8 +236,11 @@ class Session:
 
         def run() -> None:
             try:
+                # `on_round`: a worker without it is refused in the handshake by a server of the
+                # rule "mean", and would never join to say it left.
                 syncopate.run_worker(address, leave, id=self.rank, secret_file=self._secret_file, log=lambda _: None,
-                                     give_up_after_s=min(self._give_up_after_s, 10.0))
+                                     give_up_after_s=min(self._give_up_after_s, 10.0),
+                                     on_round=lambda _vector, _version: None)
             except Exception:  # noqa: BLE001 - leaving; the caller raises its own error
                 pass
 

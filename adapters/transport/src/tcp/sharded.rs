@@ -482,7 +482,10 @@ impl Run<'_> {
                         // Values that are not finite: every shard hears of it (its round would
                         // wait for this gradient for ever) and the step is computed again on
                         // the next minibatch (each shard ends a run of such steps as diverged).
-                        if let Some(n) = crate::tcp::refusal::NotFinite::of(&e) {
+                        // A job that failed poisons its gradient and sets the kill switch:
+                        // nothing more is sent.
+                        let killed = self.options.kill.as_ref().is_some_and(|k| k.load(Ordering::SeqCst));
+                        if let Some(n) = crate::tcp::refusal::NotFinite::of(&e).filter(|_| !killed) {
                             for uploads in self.links.iter().filter(|l| !l.lost).filter_map(|l| l.uploads.as_ref()) {
                                 // A session whose writer is gone is lost; its reader reports it.
                                 let _ = uploads.send((n.encode(), Upload::Other));

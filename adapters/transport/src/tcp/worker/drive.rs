@@ -149,7 +149,9 @@ pub(super) fn drive(
                     // Values that are not finite: the server hears of it (a round would wait
                     // for this gradient for ever) and the step is computed again on the
                     // next minibatch (the server ends a run of such steps as diverged).
-                    if let Some(n) = crate::tcp::refusal::NotFinite::of(&e) {
+                    // A job that failed poisons its gradient and sets the kill switch: the
+                    // session ends with nothing more sent.
+                    if let Some(n) = crate::tcp::refusal::NotFinite::of(&e).filter(|_| !killed(options)) {
                         if uploads.send((n.encode(), Upload::Other)).is_err() {
                             upload_failed = Some("the connection broke while sending".to_string());
                         }
