@@ -410,10 +410,13 @@ fn trace_csv_corpus() {
 ///   holding a newline (or any control byte) still makes a one-line error.
 /// - `journal/contributions_overflow`: `lost_since` adds a journal's counts saturating, so two
 ///   updates whose counts sum past `u64::MAX` neither panic nor wrap.
+/// - `checkpoint/momentum_without_parameters`: a format-3 checkpoint of momentum over a model
+///   of no parameters keeps no state (`None`), as the rule's `state_len` of 0 says.
 #[test]
 fn fuzz_findings_stay_fixed() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/regressions");
-    let checks: [(&str, Check); 2] = [("npy", npy_check::check), ("journal", journal_check::check)];
+    let checks: [(&str, Check); 3] =
+        [("npy", npy_check::check), ("journal", journal_check::check), ("checkpoint", checkpoint_check::check)];
     for (target, check) in checks {
         for entry in fs::read_dir(root.join(target)).expect("the regression inputs") {
             check(&fs::read(entry.expect("dir entry").path()).expect("read a regression input"));

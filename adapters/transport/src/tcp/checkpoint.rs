@@ -294,7 +294,8 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> 
             return Err(err(path, format!("momentum {momentum} is not in [0, 1)")));
         }
         optimizer = Optimizer::momentum(momentum);
-        if momentum > 0.0 {
+        // A model of no parameters keeps no state: `None`, as the rule's `state_len` says.
+        if momentum > 0.0 && data_len > 0 {
             optimizer_state = Some(floats(take(data_len)?));
         }
     } else if format >= 4 {
