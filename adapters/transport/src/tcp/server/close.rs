@@ -53,8 +53,14 @@ pub(super) fn stop_late(
 }
 
 /// Closes `conns` gracefully: lets each writer finish its queue, waits (within [`LINGER`])
-/// for each peer to close, handing every frame that still arrives to `late`, then closes.
-pub(super) fn linger(conns: Vec<Conn>, from_conns: &Receiver<ConnEvent>, late: &mut dyn FnMut(RawFrame)) {
+/// for each peer to close, handing every frame that still arrives to `late` and `stop` to
+/// every session whose handshake completes meanwhile, then closes.
+pub(super) fn linger(
+    conns: Vec<Conn>,
+    from_conns: &Receiver<ConnEvent>,
+    stop: Option<Arc<Vec<u8>>>,
+    late: &mut dyn FnMut(RawFrame),
+) {
     let deadline = Instant::now() + LINGER;
     let mut pending = Vec::new();
     for Conn { id, tx, stream, done } in conns {
@@ -70,6 +76,15 @@ pub(super) fn linger(conns: Vec<Conn>, from_conns: &Receiver<ConnEvent>, late: &
         match from_conns.recv_deadline(deadline) {
             Ok(ConnEvent::Closed { conn, .. }) => open.retain(|id| *id != conn),
             Ok(ConnEvent::Frame(frame)) => late(frame),
+            // A handshake that completed meanwhile: that session is told to stop too.
+            Ok(ConnEvent::Connected { conn, tx, stream, done, .. }) => {
+                if let Some(bytes) = &stop {
+                    let _ = tx.send(bytes.clone());
+                }
+                drop(tx);
+                open.push(conn);
+                pending.push((conn, stream, done));
+            }
             Ok(_) => {}
             Err(_) => break,
         }

@@ -667,14 +667,15 @@ impl<S: Server<f32>> Core<S> {
         let stop = self.bufs.fill(wire::encoded_len_to_worker(&ToWorker::<f32>::Stop), |buf| {
             wire::encode_to_worker(&ToWorker::<f32>::Stop, buf)
         });
-        close::stop_late(&mut conns, from_conns, stop.ok(), &mut |event| match event {
+        let stop = stop.ok();
+        close::stop_late(&mut conns, from_conns, stop.clone(), &mut |event| match event {
             ConnEvent::Frame(frame) if self.is_contribution(frame.payload()) => {
                 self.ledger.count(&mut self.report, frame.conn, Entry::InFlightAtStop);
             }
             ConnEvent::Log(line) => Self::log(note, &line),
             _ => {}
         });
-        close::linger(conns, from_conns, &mut |frame| {
+        close::linger(conns, from_conns, stop, &mut |frame| {
             if self.is_contribution(frame.payload()) {
                 self.ledger.count(&mut self.report, frame.conn, Entry::InFlightAtStop);
             }
