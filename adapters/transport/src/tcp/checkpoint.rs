@@ -39,7 +39,7 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use syncopate::Version;
-use syncopate::proto::{AdamW, Optimizer, Rule, Schedule};
+use syncopate::proto::{Optimizer, Rule};
 
 const MAGIC: [u8; 8] = *b"SYNCKPT\0";
 const FORMAT: u32 = 4;
@@ -153,44 +153,11 @@ pub fn encode_with_momentum(
     encode_stamped(protocol, version, params, momentum.map(|(b, s)| (Optimizer::momentum(b), s)), None, 0)
 }
 
-/// The rule's fields: its kind and knobs, the schedule's kind and knobs (unused ones 0).
-fn rule_fields(o: &Optimizer) -> (u8, [f64; 4], u8, [u64; 3]) {
-    let (kind, knobs) = match o.rule {
-        Rule::Sgd => (0, [0.0; 4]),
-        Rule::Momentum { beta } => (1, [beta, 0.0, 0.0, 0.0]),
-        Rule::Nesterov { beta } => (2, [beta, 0.0, 0.0, 0.0]),
-        Rule::AdamW(a) => (3, [a.beta1, a.beta2, a.eps, a.weight_decay]),
-        Rule::Mean => (4, [0.0; 4]),
-    };
-    let (schedule, s) = match o.schedule {
-        Schedule::Constant => (0, [0; 3]),
-        Schedule::Step { every, gamma } => (1, [every, gamma.to_bits(), 0]),
-        Schedule::WarmupCosine { warmup, total, floor } => (2, [warmup, total, floor.to_bits()]),
-    };
-    (kind, knobs, schedule, s)
-}
-
 /// The rule the fields name, if they are the fields of a rule ([`rule_fields`] of it).
 fn rule_from_fields(kind: u8, knobs: [f64; 4], schedule: u8, s: [u64; 3]) -> Option<Optimizer> {
-    let [k0, k1, k2, k3] = knobs;
-    let rule = match kind {
-        0 => Rule::Sgd,
-        1 => Rule::Momentum { beta: k0 },
-        2 => Rule::Nesterov { beta: k0 },
-        3 => Rule::AdamW(AdamW { beta1: k0, beta2: k1, eps: k2, weight_decay: k3 }),
-        4 => Rule::Mean,
-        _ => return None,
-    };
-    let f = f64::from_bits;
-    let schedule = match schedule {
-        0 => Schedule::Constant,
-        1 => Schedule::Step { every: s[0], gamma: f(s[1]) },
-        2 => Schedule::WarmupCosine { warmup: s[0], total: s[1], floor: f(s[2]) },
-        _ => return None,
-    };
-    let o = Optimizer { rule, schedule };
+    let o = Optimizer::from_fields(kind, knobs, schedule, s)?;
     // One encoding per rule: unused knobs are 0 (bit for bit).
-    let (_, written, _, written_s) = rule_fields(&o);
+    let (_, written, _, written_s) = o.fields();
     let same = written.iter().zip(knobs).all(|(a, b)| a.to_bits() == b.to_bits()) && written_s == s;
     (same && o.check().is_ok()).then_some(o)
 }
@@ -228,7 +195,7 @@ pub fn encode_stamped(
         out.extend_from_slice(&p.to_le_bytes());
     }
     let (o, state) = optimizer.unwrap_or((Optimizer::SGD, &[]));
-    let (kind, knobs, schedule, s) = rule_fields(&o);
+    let (kind, knobs, schedule, s) = o.fields();
     out.push(kind);
     knobs.iter().for_each(|k| out.extend_from_slice(&k.to_le_bytes()));
     out.push(schedule);

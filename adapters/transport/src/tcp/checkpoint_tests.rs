@@ -1,6 +1,7 @@
 //! Tests of the checkpoint format.
 
 use super::*;
+use syncopate::proto::{AdamW, Schedule};
 
 #[test]
 fn round_trip_and_corruption() {

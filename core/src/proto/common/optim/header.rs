@@ -8,7 +8,7 @@
 //! `ε`, `λ`; unused ones 0); the schedule's kind (0 constant, 1 step, 2 warm-up and cosine)
 //! and its three knobs (`every` or `warmup`; `gamma` as bits or `total`; `floor` as bits).
 
-use super::{AdamW, Optimizer, Rule, Schedule};
+use super::Optimizer;
 use crate::math::Scalar;
 
 /// Slots in a header.
@@ -20,21 +20,10 @@ pub(crate) const LEN: usize = SLOTS * PIECES;
 
 /// The slots of `o` with the update count `steps`.
 fn slots(o: &Optimizer, steps: u64) -> [u64; SLOTS] {
-    let (kind, knobs) = match o.rule {
-        Rule::Sgd => (0, [0.0; 4]),
-        Rule::Momentum { beta } => (1, [beta, 0.0, 0.0, 0.0]),
-        Rule::Nesterov { beta } => (2, [beta, 0.0, 0.0, 0.0]),
-        Rule::AdamW(a) => (3, [a.beta1, a.beta2, a.eps, a.weight_decay]),
-        Rule::Mean => (4, [0.0; 4]),
-    };
-    let (schedule, s) = match o.schedule {
-        Schedule::Constant => (0, [0; 3]),
-        Schedule::Step { every, gamma } => (1, [every, gamma.to_bits(), 0]),
-        Schedule::WarmupCosine { warmup, total, floor } => (2, [warmup, total, floor.to_bits()]),
-    };
+    let (kind, knobs, schedule, s) = o.fields();
     let [k0, k1, k2, k3] = knobs.map(f64::to_bits);
     let [s0, s1, s2] = s;
-    [steps, kind, k0, k1, k2, k3, schedule, s0, s1, s2]
+    [steps, u64::from(kind), k0, k1, k2, k3, u64::from(schedule), s0, s1, s2]
 }
 
 /// Writes the header of `o` at update count `steps` into `head` (its first [`LEN`]
@@ -74,20 +63,8 @@ pub(crate) fn read<T: Scalar>(head: &[T]) -> Option<(Optimizer, u64)> {
         *slot = get(piece)?;
     }
     let [steps, kind, k0, k1, k2, k3, schedule, s0, s1, s2] = s;
-    let f = f64::from_bits;
-    let rule = match kind {
-        0 => Rule::Sgd,
-        1 => Rule::Momentum { beta: f(k0) },
-        2 => Rule::Nesterov { beta: f(k0) },
-        3 => Rule::AdamW(AdamW { beta1: f(k0), beta2: f(k1), eps: f(k2), weight_decay: f(k3) }),
-        4 => Rule::Mean,
-        _ => return None,
-    };
-    let schedule = match schedule {
-        0 => Schedule::Constant,
-        1 => Schedule::Step { every: s0, gamma: f(s1) },
-        2 => Schedule::WarmupCosine { warmup: s0, total: s1, floor: f(s2) },
-        _ => return None,
-    };
-    Some((Optimizer { rule, schedule }, steps))
+    let kind = u8::try_from(kind).ok()?;
+    let schedule = u8::try_from(schedule).ok()?;
+    let o = Optimizer::from_fields(kind, [k0, k1, k2, k3].map(f64::from_bits), schedule, [s0, s1, s2])?;
+    Some((o, steps))
 }

@@ -249,6 +249,47 @@ impl Optimizer {
         }
     }
 
+    /// The rule as numbers, as checkpoints store it: the rule's kind (0 SGD, 1 momentum,
+    /// 2 Nesterov, 3 AdamW, 4 mean) and its knobs, the schedule's kind (0 constant, 1 step,
+    /// 2 warm-up and cosine) and its knobs as bits; unused knobs are 0.
+    pub fn fields(&self) -> (u8, [f64; 4], u8, [u64; 3]) {
+        let (kind, knobs) = match self.rule {
+            Rule::Sgd => (0, [0.0; 4]),
+            Rule::Momentum { beta } => (1, [beta, 0.0, 0.0, 0.0]),
+            Rule::Nesterov { beta } => (2, [beta, 0.0, 0.0, 0.0]),
+            Rule::AdamW(a) => (3, [a.beta1, a.beta2, a.eps, a.weight_decay]),
+            Rule::Mean => (4, [0.0; 4]),
+        };
+        let (schedule, s) = match self.schedule {
+            Schedule::Constant => (0, [0; 3]),
+            Schedule::Step { every, gamma } => (1, [every, gamma.to_bits(), 0]),
+            Schedule::WarmupCosine { warmup, total, floor } => (2, [warmup, total, floor.to_bits()]),
+        };
+        (kind, knobs, schedule, s)
+    }
+
+    /// The rule whose [`Self::fields`] these are; `None` for a kind out of range. Knobs are
+    /// taken as given (neither range-checked nor required to be 0 where unused).
+    pub fn from_fields(kind: u8, knobs: [f64; 4], schedule: u8, s: [u64; 3]) -> Option<Self> {
+        let [k0, k1, k2, k3] = knobs;
+        let rule = match kind {
+            0 => Rule::Sgd,
+            1 => Rule::Momentum { beta: k0 },
+            2 => Rule::Nesterov { beta: k0 },
+            3 => Rule::AdamW(AdamW { beta1: k0, beta2: k1, eps: k2, weight_decay: k3 }),
+            4 => Rule::Mean,
+            _ => return None,
+        };
+        let [s0, s1, s2] = s;
+        let schedule = match schedule {
+            0 => Schedule::Constant,
+            1 => Schedule::Step { every: s0, gamma: f64::from_bits(s1) },
+            2 => Schedule::WarmupCosine { warmup: s0, total: s1, floor: f64::from_bits(s2) },
+            _ => return None,
+        };
+        Some(Self { rule, schedule })
+    }
+
     /// Whether the rule is plain SGD at a constant rate (momentum 0 included): each
     /// protocol's own step, with no rule in the update path.
     pub fn is_plain(&self) -> bool {
