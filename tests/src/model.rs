@@ -28,6 +28,7 @@ use syncopate::{
 mod bap;
 mod grouped;
 mod run;
+mod select;
 mod ssp;
 mod sync;
 mod wbsp;
@@ -35,6 +36,7 @@ mod wbsp;
 pub use bap::BapModel;
 pub use grouped::GroupedModel;
 pub use run::{Coverage, run, search};
+pub use select::model_for;
 pub use ssp::SspModel;
 pub use sync::SyncModel;
 pub use wbsp::WbspModel;
@@ -314,22 +316,4 @@ impl Model for AspModel {
     fn roster(&mut self) -> &mut Roster {
         &mut self.roster
     }
-}
-
-/// The model of `config`'s protocol (grouped has none here).
-pub fn model_for(config: &ProtocolConfig, real: &AnyServer<f64, Vec<f64>>) -> Option<Box<dyn Model>> {
-    let n = config.workers();
-    Some(match (config, real) {
-        (ProtocolConfig::Asp(_), _) => Box::new(AspModel::new(n)),
-        (ProtocolConfig::Bsp(_), _) => Box::new(SyncModel::new(n, n, false)),
-        (ProtocolConfig::Backup(b), _) => Box::new(SyncModel::new(n, n - b.backup_workers, false)),
-        (ProtocolConfig::Dbw(_), _) => Box::new(SyncModel::new(n, n, true)),
-        (ProtocolConfig::Wbsp(w), _) => {
-            Box::new(WbspModel::new(n, w.round_deadline.map(|d| d.as_nanos().div_ceil(1_000_000))))
-        }
-        (ProtocolConfig::Bap(_), AnyServer::Bap(s)) => Box::new(BapModel::new(n, s.s_bap())),
-        (ProtocolConfig::Ssp(s), _) => Box::new(SspModel::new(n, s.staleness)),
-        (ProtocolConfig::Grouped(g), _) if g.local_steps == 1 => Box::new(GroupedModel::new(g)),
-        _ => return None,
-    })
 }

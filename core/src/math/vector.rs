@@ -2,7 +2,7 @@
 //! the fused passes (copy-and-check, apply-and-clear, add-apply-and-clear, add-and-measure
 //! into a second buffer).
 
-use super::Scalar;
+use super::scalar::Scalar;
 use crate::error::LengthMismatch;
 
 #[inline]

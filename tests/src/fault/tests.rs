@@ -1,6 +1,8 @@
 //! The checker's own rules on hand-made logs.
 
+use super::checker::Ctx;
 use super::*;
+use syncopate::{Version, WorkerId};
 
 /// Found by the soak run on the swarm's first network (SSP seed 4375, C2 at version 979):
 /// worker 2's session 13 sent clock 317, crashed, and its session 14 started on a model

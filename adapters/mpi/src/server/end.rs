@@ -1,7 +1,8 @@
 //! The end of a run at a server rank: the workers' final tallies, this shard's report and,
 //! at rank 0 of a sharded run, the model and counters assembled from every shard's.
 
-use super::{ServerReport, Side, StopReason, is_contribution};
+use super::report::{ServerReport, StopReason};
+use super::side::{Side, is_contribution};
 use crate::Shared;
 use crate::ledger::ShardSummary;
 use crate::link::Kind;

@@ -71,6 +71,7 @@
 mod compute;
 mod config;
 mod engine;
+mod error;
 pub mod network;
 mod report;
 mod run_loop;
@@ -81,38 +82,14 @@ pub use config::{
     Crash, Direction, FaultConfig, GradientSource, LinkCut, NetworkConfig, ServerCrash, SimConfig, StopRule,
 };
 pub use engine::FAULT_STREAM;
+pub use error::SimError;
+pub(crate) use report::Observer;
 pub use report::{
     Bucket, CurvePoint, DIVERGED_LOSS_GROWTH, Fault, FaultStats, Node, Observation, ShardReport, SimReport,
     StalenessStats, Target, TraceStep, WorkerReport, divergence,
 };
 
 use crate::workload::Workload;
-use core::fmt;
-use syncopate::ConfigError;
-
-/// Why a simulation could not start.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum SimError {
-    /// The protocol refused its configuration.
-    Config(ConfigError),
-    /// The batch size must be at least 1.
-    BatchSize,
-    /// A combination of settings the simulator does not support (named).
-    Unsupported(&'static str),
-}
-
-impl fmt::Display for SimError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Config(e) => write!(f, "invalid protocol configuration: {e}"),
-            Self::BatchSize => f.write_str("batch size must be at least 1"),
-            Self::Unsupported(what) => write!(f, "unsupported simulator setting: {what}"),
-        }
-    }
-}
-
-impl core::error::Error for SimError {}
 
 /// Runs `config` on `workload` and reports.
 ///
@@ -122,9 +99,6 @@ impl core::error::Error for SimError {}
 pub fn run(config: &SimConfig, workload: &Workload) -> SimReport {
     run_observed(config, workload, &mut |_| {})
 }
-
-/// What a run shows every [`Observation`] to as it happens.
-pub(crate) type Observer<'o> = &'o mut dyn FnMut(&Observation<'_>);
 
 /// Runs `config` on `workload`, showing every [`Observation`] to `observer` as it happens.
 ///

@@ -28,6 +28,9 @@ impl fmt::Display for Node {
     }
 }
 
+/// What a run shows every [`Observation`] to as it happens.
+pub(crate) type Observer<'o> = &'o mut dyn FnMut(&Observation<'_>);
+
 /// Something that happened during a run, shown to the observer of [`super::run_observed`].
 #[derive(Debug)]
 #[non_exhaustive]

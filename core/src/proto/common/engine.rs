@@ -16,9 +16,9 @@ use super::loss::LossTally;
 use super::optim::{Optimizer, Rule, Update, UpdateRule};
 use super::queue::{BatchKind, ServerItem, ServerQueue};
 use super::roster::Roster;
-use super::round::{Round, check_learning_rate};
 use super::stall::StallWatch;
 use super::table::{DEFAULT_INLINE_WORKERS, Inline, Slot, Storage, WorkerRecord};
+use super::validate::check_learning_rate;
 use crate::error::{ConfigError, Reject};
 use crate::id::{Version, WorkerId};
 use crate::math::{LengthMismatch, Scalar};
@@ -172,7 +172,7 @@ impl<T: Scalar, S: Buffer<T>, M: Storage, X: Slot> ServerCore<T, S, M, X> {
     /// step again only for the server to refuse the repeat as a duplicate. The round's update
     /// brings it the next model.
     pub(crate) fn join_waits_for_round(&self, from: WorkerId, fresh: bool) -> bool {
-        !fresh && Round::contains(&self.roster, from, self.version)
+        !fresh && self.roster.in_round(from, self.version)
     }
 }
 

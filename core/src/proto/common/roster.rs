@@ -4,9 +4,16 @@
 
 use super::table::{Storage, WorkerRecord, flag};
 use crate::error::{ConfigError, Reject};
-use crate::id::{MAX_WORKERS, WorkerId, first_seq};
+use crate::id::{MAX_WORKERS, Version, WorkerId, first_seq};
 use crate::time::Instant;
 use core::fmt::Debug;
+
+/// The mark of the round open while the model is at `version`: a worker is in it when its
+/// record's mark equals this. Moving to the next version empties the round without touching
+/// the records.
+pub(crate) const fn mark_of(version: Version) -> u64 {
+    version.0.saturating_add(1)
+}
 
 /// Who the workers are, which session each is in, and the lowest sequence number each may
 /// still send. Deduplication is a per-worker high-water mark: a sequence number at or
@@ -62,6 +69,12 @@ impl<M: Storage, X: Copy + Debug> Roster<M, X> {
     /// `id`'s record.
     pub(crate) fn record(&self, id: WorkerId) -> Option<&WorkerRecord<X>> {
         self.records.as_ref().get(id.index())
+    }
+
+    /// Whether `id` contributed to the round open while the model is at `version` (its
+    /// record's mark is [`mark_of`] that version).
+    pub(crate) fn in_round(&self, id: WorkerId, version: Version) -> bool {
+        self.record(id).is_some_and(|r| r.mark == mark_of(version))
     }
 
     /// `id`'s record, mutable.

@@ -8,25 +8,13 @@ use super::engine::ServerCore;
 use super::loss::LossTally;
 use super::optim::{Cleared, FoldedLast};
 use super::queue::{BatchKind, ServerItem};
-use super::roster::Roster;
+use super::roster::{Roster, mark_of};
 use super::table::{Slot, Storage};
-use crate::error::{ConfigError, Reject};
+use crate::error::Reject;
 use crate::id::{Version, WorkerId};
 use crate::math::Scalar;
 use crate::msg::Values;
 use crate::proto::{Buffer, ServerEvent};
-
-/// Refuses a learning rate that is not finite and positive.
-pub(crate) fn check_learning_rate(lr: f64) -> Result<(), ConfigError> {
-    if lr.is_finite() && lr > 0.0 { Ok(()) } else { Err(ConfigError::LearningRate) }
-}
-
-/// The mark of the round open while the model is at `version`: a worker is in it when its
-/// record's mark equals this. Moving to the next version empties the round without touching
-/// the records.
-pub(crate) const fn mark_of(version: Version) -> u64 {
-    version.0.saturating_add(1)
-}
 
 /// The aggregation state of one synchronous iteration: how many workers contributed (who
 /// they are is in their records' marks) into an accumulator.
@@ -47,7 +35,7 @@ impl Round {
 
     /// Whether `worker` contributed to the round open at `version`.
     pub(crate) fn contains<M: Storage, X: Slot>(roster: &Roster<M, X>, worker: WorkerId, version: Version) -> bool {
-        roster.record(worker).is_some_and(|r| r.mark == mark_of(version))
+        roster.in_round(worker, version)
     }
 
     /// The workers of `roster` in the round open at `version`, in id order.

@@ -5,6 +5,11 @@ use crate::math;
 use crate::math::Scalar;
 use crate::msg::Values;
 
+/// Refuses a learning rate that is not finite and positive.
+pub(crate) fn check_learning_rate(lr: f64) -> Result<(), ConfigError> {
+    if lr.is_finite() && lr > 0.0 { Ok(()) } else { Err(ConfigError::LearningRate) }
+}
+
 /// Zeroes the first `needed` elements of a server's scratch, or refuses a scratch shorter
 /// than that with [`ConfigError::ScratchTooSmall`] (every server checks its scratch this way
 /// when it is built).

@@ -1,10 +1,15 @@
 //! The grouped servers' vocabulary: the partition, a member's record, and the output items
 //! and batches queued before their payload is attached.
 
-use super::MAX_GROUPS;
 use crate::id::Version;
 use crate::proto::common::table::{Slot, flag};
 use crate::proto::{Recipient, ServerEvent};
+
+/// The most groups one configuration may have.
+pub const MAX_GROUPS: usize = 256;
+
+// Group indices are stored as `u8`.
+const _: () = assert!(MAX_GROUPS <= 256);
 
 /// The validated partition: the number of groups and the size of each (each worker's group
 /// is in its record).

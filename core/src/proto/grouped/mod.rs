@@ -148,20 +148,14 @@ use crate::error::ConfigError;
 use crate::id::{MAX_WORKERS, WorkerId};
 use crate::proto::GradientPolicy;
 use crate::proto::asp::AspConfig;
-use crate::proto::common::round::check_learning_rate;
+use crate::proto::common::validate::check_learning_rate;
 use crate::time::Duration;
-pub use items::GroupedSlot;
 use items::Layout;
+pub use items::{GroupedSlot, MAX_GROUPS};
 use num_traits::Float;
-
-/// The most groups one configuration may have.
-pub const MAX_GROUPS: usize = 256;
 
 /// The most workers an [`Partition::Explicit`] table lists.
 pub const MAX_EXPLICIT_WORKERS: usize = 256;
-
-// Group indices are stored as `u8`.
-const _: () = assert!(MAX_GROUPS <= 256);
 
 /// How the `n` workers are split into `G` groups.
 // The explicit table (for at most MAX_EXPLICIT_WORKERS workers) is 256 bytes of plain configuration data, kept inline so that a

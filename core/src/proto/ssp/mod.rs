@@ -135,7 +135,7 @@ pub use worker::{SspWorker, SspWorkerRules};
 
 use crate::error::ConfigError;
 use crate::proto::GradientPolicy;
-use crate::proto::common::round::check_learning_rate;
+use crate::proto::common::validate::check_learning_rate;
 use crate::time::Duration;
 
 #[cfg(test)]

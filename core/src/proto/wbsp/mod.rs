@@ -131,7 +131,7 @@ pub use worker::{WbspWorker, WbspWorkerRules};
 
 use super::GradientPolicy;
 use crate::error::ConfigError;
-use crate::proto::common::round::check_learning_rate;
+use crate::proto::common::validate::check_learning_rate;
 use crate::time::Duration;
 
 /// How the server scales a delta before adding it to the round's accumulator.

@@ -8,7 +8,7 @@ use crate::math::Scalar;
 use crate::proto::common::input::{Delta, Join, Pull};
 use crate::proto::common::optim::Cleared;
 use crate::proto::common::queue::{BatchKind, ServerItem};
-use crate::proto::common::round::mark_of;
+use crate::proto::common::roster::mark_of;
 use crate::proto::common::table::flag;
 use crate::proto::common::validate::zero_scratch;
 use crate::proto::{

@@ -13,11 +13,12 @@
 //!
 //! Here: the events, the nodes and the driving contract. Messages between the nodes are in
 //! `links`, the fault injector (message faults, partitions, crashes, server restarts) in
-//! `faults`, the time-to-target detection in `crossing`.
+//! `inject` (its state in `faults`), the time-to-target detection in `crossing`.
 
 mod crossing;
 mod drain;
 mod faults;
+mod inject;
 mod links;
 mod record;
 

@@ -8,7 +8,7 @@
 //! `ε`, `λ`; unused ones 0); the schedule's kind (0 constant, 1 step, 2 warm-up and cosine)
 //! and its three knobs (`every` or `warmup`; `gamma` as bits or `total`; `floor` as bits).
 
-use super::Optimizer;
+use super::{HEADER_LEN, Optimizer};
 use crate::math::Scalar;
 
 /// Slots in a header.
@@ -16,7 +16,8 @@ const SLOTS: usize = 10;
 /// Elements per slot.
 const PIECES: usize = 4;
 /// Elements of a header.
-pub(crate) const LEN: usize = SLOTS * PIECES;
+pub(crate) const LEN: usize = HEADER_LEN;
+const _: () = assert!(SLOTS * PIECES == LEN);
 
 /// The slots of `o` with the update count `steps`.
 fn slots(o: &Optimizer, steps: u64) -> [u64; SLOTS] {

@@ -72,6 +72,10 @@ pub(crate) use update::{Cleared, FoldedLast, Scaled, UnitOrScaled, Update};
 
 use crate::error::ConfigError;
 
+/// Elements of the header at the end of a rule's state buffer (ten slots of four elements:
+/// see the `header` module).
+pub(crate) const HEADER_LEN: usize = 40;
+
 /// The rule's settings for [`Rule::AdamW`] (PyTorch's `AdamW` names and defaults: betas
 /// `(0.9, 0.999)`, `eps = 1e-8`, `weight_decay = 0.01`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -222,7 +226,7 @@ impl Optimizer {
         } else if self.is_light() {
             dim
         } else {
-            self.normalised().element_state_len(dim).saturating_add(header::LEN)
+            self.normalised().element_state_len(dim).saturating_add(HEADER_LEN)
         }
     }
 
