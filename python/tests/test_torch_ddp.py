@@ -2,8 +2,7 @@
 syncopate_digits.py), trained over TCP by 2 worker processes, started by hand and by
 torchrun; and 2 workers' models (parameters and BatchNorm buffers) staying identical.
 
-torch is required: without it these tests fail, unless $SYNCOPATE_NO_TORCH=1 says torch is
-not expected here (then they are skipped).
+torch is required (see torch_required.py).
 """
 
 from __future__ import annotations
@@ -17,13 +16,9 @@ import subprocess
 import sys
 
 import pytest
+from torch_required import require_torch
 
-if os.environ.get("SYNCOPATE_NO_TORCH") == "1":
-    pytest.skip("$SYNCOPATE_NO_TORCH=1: torch is not expected here", allow_module_level=True)
-try:
-    import torch
-except ImportError as e:  # a missing torch is a failure, not a skip
-    raise RuntimeError(f"torch is required by these tests ({e}); set SYNCOPATE_NO_TORCH=1 to skip them") from e
+torch = require_torch()
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 HERE = pathlib.Path(__file__).resolve().parent

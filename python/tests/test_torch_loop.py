@@ -2,13 +2,11 @@
 process: one worker, the server hosted in a thread of the test's process. Every run is
 bounded (the server's time limit, the test's own timeouts): a failure never hangs.
 
-torch is required: without it these tests fail, unless $SYNCOPATE_NO_TORCH=1 says torch is
-not expected here (then they are skipped).
+torch is required (see torch_required.py).
 """
 
 from __future__ import annotations
 
-import os
 import pathlib
 import socket
 import subprocess
@@ -17,13 +15,9 @@ import threading
 from typing import Any, Iterator
 
 import pytest
+from torch_required import require_torch
 
-if os.environ.get("SYNCOPATE_NO_TORCH") == "1":
-    pytest.skip("$SYNCOPATE_NO_TORCH=1: torch is not expected here", allow_module_level=True)
-try:
-    import torch
-except ImportError as e:  # a missing torch is a failure, not a skip
-    raise RuntimeError(f"torch is required by these tests ({e}); set SYNCOPATE_NO_TORCH=1 to skip them") from e
+torch = require_torch()
 
 import syncopate
 import syncopate.torch as st

@@ -2,13 +2,11 @@
 accuracy: the guide's scripts, run as written (your own loop under torchrun, and the short
 path with Python's `serve` and `train_worker`).
 
-torch is required: without it these tests fail, unless $SYNCOPATE_NO_TORCH=1 says torch is
-not expected here (then they are skipped).
+torch is required (see torch_required.py).
 """
 
 from __future__ import annotations
 
-import os
 import pathlib
 import re
 import subprocess
@@ -16,17 +14,13 @@ import sys
 
 import numpy as np
 import pytest
+from torch_required import require_torch
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 GUIDE_SCRIPT = EXAMPLES / "pytorch_mnist.py"
 SHORT_SCRIPT = EXAMPLES / "pytorch_mnist_short.py"
 
-if os.environ.get("SYNCOPATE_NO_TORCH") == "1":
-    pytest.skip("$SYNCOPATE_NO_TORCH=1: torch is not expected here", allow_module_level=True)
-try:
-    import torch  # noqa: F401
-except ImportError as e:  # a missing torch is a failure, not a skip
-    raise RuntimeError(f"torch is required by these tests ({e}); set SYNCOPATE_NO_TORCH=1 to skip them") from e
+require_torch()
 
 
 def test_the_guide_script_trains_the_cnn_to_090_under_torchrun() -> None:

@@ -3,8 +3,7 @@ CNN with two PyTorch worker processes on MNIST 5k: worker 0 sends the initial mo
 server saves the final one, and this test loads it into the model and measures its test
 accuracy (at least 0.90).
 
-torch is required: without it these tests fail, unless $SYNCOPATE_NO_TORCH=1 says torch is
-not expected here (then they are skipped).
+torch is required (see torch_required.py).
 """
 
 from __future__ import annotations
@@ -19,13 +18,9 @@ import threading
 
 import numpy as np
 import pytest
+from torch_required import require_torch
 
-if os.environ.get("SYNCOPATE_NO_TORCH") == "1":
-    pytest.skip("$SYNCOPATE_NO_TORCH=1: torch is not expected here", allow_module_level=True)
-try:
-    import torch
-except ImportError as e:  # a missing torch is a failure, not a skip
-    raise RuntimeError(f"torch is required by these tests ({e}); set SYNCOPATE_NO_TORCH=1 to skip them") from e
+torch = require_torch()
 
 import syncopate
 import syncopate.torch as st

@@ -1,23 +1,17 @@
 """`syncopate.torch`'s vectors: `parameters_vector` and `load_vector` copy, never alias.
 
-torch is required: without it these tests fail, unless $SYNCOPATE_NO_TORCH=1 says torch is
-not expected here (then they are skipped).
+torch is required (see torch_required.py).
 """
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import numpy as np
 import pytest
+from torch_required import require_torch
 
-if os.environ.get("SYNCOPATE_NO_TORCH") == "1":
-    pytest.skip("$SYNCOPATE_NO_TORCH=1: torch is not expected here", allow_module_level=True)
-try:
-    import torch
-except ImportError as e:  # a missing torch is a failure, not a skip
-    raise RuntimeError(f"torch is required by these tests ({e}); set SYNCOPATE_NO_TORCH=1 to skip them") from e
+torch = require_torch()
 
 import syncopate.torch as st
 
