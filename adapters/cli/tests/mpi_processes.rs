@@ -143,18 +143,30 @@ mod with_mpi {
             line.rsplit(' ').next().and_then(|p| p.parse().ok()).expect("a pid")
         }
 
-        /// Waits for exit (bounded); returns the exit code and stdout.
-        fn finish(mut self, within: Duration) -> (i32, String) {
+        /// Waits for exit (bounded); returns the exit code, stdout and the stderr lines.
+        fn finish(mut self, within: Duration) -> (i32, String, Vec<String>) {
             let end = Instant::now() + within;
             loop {
                 if let Some(status) = self.child.try_wait().expect("try_wait") {
                     let out = self.out.take().expect("stdout thread").join().expect("stdout");
-                    return (status.code().unwrap_or(-1), out);
+                    return (status.code().unwrap_or(-1), out, self.stderr());
                 }
                 assert!(Instant::now() < end, "mpirun did not exit within {within:?}: {:#?}", self.stderr());
                 thread::sleep(Duration::from_millis(20));
             }
         }
+
+        /// Waits for a failed exit (bounded; a success fails the test); returns the stderr lines.
+        fn refused(self, within: Duration) -> Vec<String> {
+            let (code, out, err) = self.finish(within);
+            assert_ne!(code, 0, "{out} {err:#?}");
+            err
+        }
+    }
+
+    /// The first `error: ` line of `err`.
+    fn error_line(err: &[String]) -> &str {
+        err.iter().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("{err:#?}"))
     }
 
     impl Drop for Job {
@@ -183,7 +195,7 @@ mod with_mpi {
         let mut args = vec!["--protocol", protocol, "--workers", "4", "--steps", "300", "--step-ms", "2", "--json"];
         args.extend_from_slice(extra);
         let job = Job::spawn(5, &args);
-        let (code, out) = job.finish(Duration::from_secs(240));
+        let (code, out, _) = job.finish(Duration::from_secs(240));
         assert_eq!(code, 0, "{protocol}: {out}");
         let s = summary(&out);
         assert_eq!(
@@ -241,7 +253,7 @@ mod with_mpi {
                 momentum,
                 "--json",
             ];
-            let (code, out) = Job::spawn(3, &args).finish(Duration::from_secs(120));
+            let (code, out, _) = Job::spawn(3, &args).finish(Duration::from_secs(120));
             assert_eq!(code, 0, "momentum {momentum}: {out}");
             summary(&out)["final_loss"].as_f64().expect("final_loss")
         };
@@ -278,7 +290,7 @@ mod with_mpi {
         job.wait_err("mpi: finished (Budget)", Duration::from_secs(180));
         // Let it go: it gets the Stop rank 0 sent it, and the job ends cleanly.
         signal(pid, "-CONT");
-        let (code, out) = job.finish(Duration::from_secs(60));
+        let (code, out, _) = job.finish(Duration::from_secs(60));
         assert_eq!(code, 0, "{out}");
         let s = summary(&out);
         assert!(s["gradients"]["accepted"].as_u64().expect("accepted") >= 4 * 300, "{s}");
@@ -299,9 +311,7 @@ mod with_mpi {
         let _job = one_job();
         let args = ["--protocol", "bsp", "--workers", "2", "--steps", "3", "--lost-after", "1", "--json"];
         let job = Job::spawn_env(3, &args, &[("SYNCOPATE_MPI_BLOCK_STEP", "2:2500")]);
-        let err = Arc::clone(&job.err);
-        let (code, out) = job.finish(Duration::from_secs(120));
-        let err = err.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let (code, out, err) = job.finish(Duration::from_secs(120));
         assert_eq!(code, 0, "{out} {err:#?}");
         assert!(!err.iter().any(|l| l.contains("silent")), "a computing rank is live: {err:#?}");
         let s = summary(&out);
@@ -325,7 +335,7 @@ mod with_mpi {
         job.wait_err("rank 2 (worker 1) rejoined with epoch 1: counted back", Duration::from_secs(60));
         let line = job.wait_err("mpi: finished (", Duration::from_secs(180));
         assert!(line.contains("finished (Budget)") && line.contains("rejoined rank 2"), "{line}");
-        let (code, out) = job.finish(Duration::from_secs(60));
+        let (code, out, _) = job.finish(Duration::from_secs(60));
         assert_eq!(code, 0, "{out}");
         let s = summary(&out);
         assert!(s["gradients"]["accepted"].as_u64().expect("accepted") >= 2 * 150, "{s}");
@@ -360,7 +370,7 @@ mod with_mpi {
                 assert!(lost.contains(rank), "{protocol}: {rank} counted lost: {line}");
                 assert!(line.split(", rejoined").nth(1).is_some_and(|r| r.contains(rank)), "{protocol}: {line}");
             }
-            let (code, out) = job.finish(Duration::from_secs(60));
+            let (code, out, _) = job.finish(Duration::from_secs(60));
             assert_eq!(code, 0, "{protocol}: {out}");
             let s = summary(&out);
             assert!(s["gradients"]["accepted"].as_u64().expect("accepted") >= 4 * 300, "{protocol}: {s}");
@@ -380,9 +390,7 @@ mod with_mpi {
                 let s_arg = shards.to_string();
                 let args = ["--protocol", protocol, "--shards", &s_arg, "--steps", "300", "--step-ms", "2", "--json"];
                 let job = Job::spawn(shards + 2, &args);
-                let err = Arc::clone(&job.err);
-                let (code, out) = job.finish(Duration::from_secs(240));
-                let err = err.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                let (code, out, err) = job.finish(Duration::from_secs(240));
                 assert_eq!(code, 0, "{protocol} S={shards}: {out} {err:#?}");
                 let s = summary(&out);
                 assert_eq!(s["workers"].as_u64(), Some(2), "{s}");
@@ -419,10 +427,8 @@ mod with_mpi {
         job.wait_err("shard 1: rank 3 (worker 1) rejoined with epoch 1: counted back", Duration::from_secs(60));
         let line = job.wait_err("mpi: finished (", Duration::from_secs(180));
         assert!(line.contains("finished (Budget)"), "{line}");
-        let err = Arc::clone(&job.err);
-        let (code, out) = job.finish(Duration::from_secs(60));
+        let (code, out, err) = job.finish(Duration::from_secs(60));
         assert_eq!(code, 0, "{out}");
-        let err = err.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let ledgers: Vec<&String> = err.iter().filter(|l| l.contains(": ledger ")).collect();
         assert_eq!(ledgers.len(), 2, "{err:#?}");
         assert!(ledgers.iter().all(|l| l.ends_with("ledger balanced")), "{ledgers:#?}");
@@ -444,10 +450,7 @@ mod with_mpi {
         let line = job.wait_err("shard 0: shard 1 (rank 1) silent for", Duration::from_secs(60));
         assert!(line.contains("lost shard, the run stops"), "{line}");
         signal(pid, "-CONT");
-        let err = Arc::clone(&job.err);
-        let (code, _) = job.finish(Duration::from_secs(120));
-        assert_ne!(code, 0);
-        let err = err.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let err = job.refused(Duration::from_secs(120));
         assert!(err.iter().any(|l| l.contains("shard 1 (rank 1) was lost: the run stopped")), "{err:#?}");
     }
 
@@ -456,10 +459,7 @@ mod with_mpi {
     fn shards_without_a_worker_rank_are_refused() {
         let _job = one_job();
         let job = Job::spawn(3, &["--shards", "3"]);
-        let err = Arc::clone(&job.err);
-        let (code, _) = job.finish(Duration::from_secs(60));
-        assert_ne!(code, 0);
-        let err = err.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let err = job.refused(Duration::from_secs(60));
         assert!(err.iter().any(|l| l.contains("3 MPI ranks for --shards 3")), "{err:#?}");
     }
 
@@ -470,10 +470,7 @@ mod with_mpi {
         let pid = job.pid_of(2);
         thread::sleep(Duration::from_millis(300));
         signal(pid, "-KILL");
-        let err = job.err.clone();
-        let (code, _) = job.finish(Duration::from_secs(60));
-        assert_ne!(code, 0);
-        let err = err.lock().unwrap_or_else(PoisonError::into_inner).join("\n");
+        let err = job.refused(Duration::from_secs(60)).join("\n");
         assert!(err.contains("rank 2") && err.contains("signal 9"), "mpirun names the killed rank: {err}");
     }
 
@@ -502,11 +499,8 @@ mod with_mpi {
             "2",
         ]);
         let job = Job::start(cmd);
-        let err = job.err.clone();
-        let (code, _) = job.finish(Duration::from_secs(60));
-        assert_ne!(code, 0);
-        let err = err.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        let line = err.iter().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("{err:#?}"));
+        let err = job.refused(Duration::from_secs(60));
+        let line = error_line(&err);
         assert!(line.contains("rank 1 was started with other settings than rank 0"), "{line}");
     }
 
@@ -520,11 +514,8 @@ mod with_mpi {
         let same = ["mpi", "--workers", "1", "--shards", "2"];
         cmd.args(["-n", "2", BIN]).args(same).args([":", "-n", "1", BIN, "mpi", "--workers", "1", "--shards", "1"]);
         let job = Job::start(cmd);
-        let err = Arc::clone(&job.err);
-        let (code, _) = job.finish(Duration::from_secs(60));
-        assert_ne!(code, 0);
-        let err = err.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        let line = err.iter().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("{err:#?}"));
+        let err = job.refused(Duration::from_secs(60));
+        let line = error_line(&err);
         assert!(line.contains("rank 2 was started with other settings than rank 0"), "{line}");
     }
 
@@ -532,10 +523,7 @@ mod with_mpi {
     fn a_wrong_number_of_ranks_is_refused() {
         let _job = one_job();
         let job = Job::spawn(3, &["--workers", "4"]);
-        let err = job.err.clone();
-        let (code, _) = job.finish(Duration::from_secs(60));
-        assert_ne!(code, 0);
-        let err = err.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let err = job.refused(Duration::from_secs(60));
         assert!(err.iter().any(|l| l.contains("3 MPI ranks for --workers 4: launch 5 ranks")), "{err:#?}");
         assert!(!err.iter().any(|l| l.contains("error: error:")), "{err:#?}");
     }
@@ -545,7 +533,7 @@ mod with_mpi {
     fn the_world_size_gives_the_workers() {
         let _job = one_job();
         let job = Job::spawn(3, &["--steps", "20", "--json"]);
-        let (code, out) = job.finish(Duration::from_secs(60));
+        let (code, out, _) = job.finish(Duration::from_secs(60));
         assert_eq!(code, 0, "{out}");
         assert_eq!(summary(&out)["workers"], 2, "{out}");
     }

@@ -30,10 +30,12 @@ mod ledger;
 #[path = "procs/mod.rs"]
 mod procs;
 
+mod resume;
+
 use core::time::Duration;
 use ledger::{Ledger, Loss};
 use procs::{Proc, json, serve_as_given};
-use std::path::{Path, PathBuf};
+use resume::{add_killed_server, journal};
 use std::thread;
 use std::time::Instant;
 use syncopate::ProtocolKind;
@@ -58,12 +60,6 @@ fn knobs(kind: ProtocolKind) -> Vec<&'static str> {
         _ => {}
     }
     k
-}
-
-fn journal(checkpoint: &Path) -> PathBuf {
-    let mut p = checkpoint.as_os_str().to_owned();
-    p.push(".journal");
-    PathBuf::from(p)
 }
 
 /// Which server a session was with.
@@ -336,12 +332,7 @@ fn schedule(kind: ProtocolKind, seed: u64, steps: u64, kill_server: bool) -> Str
             at("at_last_update", 2) - at("at_checkpoint", 2),
             "lost = applied after the checkpoint"
         );
-        ledger.applied += at("at_checkpoint", 2);
-        ledger.dropped[0] += at("at_last_update", 3);
-        ledger.add_lost(Loss::Refused, at("at_last_update", 0) - at("at_last_update", 1));
-        ledger.add_lost(Loss::RolledBack, rolled_back);
-        let held = at("at_last_update", 1) - at("at_last_update", 2) - at("at_last_update", 3);
-        ledger.add_lost(Loss::HeldAtCrash, held);
+        add_killed_server(&mut ledger, r, rolled_back);
         // Read by the killed server after its last journal line, read from a session it had
         // replaced, or never read.
         let gone = to_killed_server.checked_sub(at("at_last_update", 0)).unwrap_or_else(|| {

@@ -23,12 +23,13 @@ mod ledger;
 #[path = "procs/mod.rs"]
 mod procs;
 
+mod resume;
+
 use core::time::Duration;
 use ledger::{Ledger, Loss};
 use procs::{Proc, json, serve_as_given};
+use resume::{add_killed_server, has_update, wait_for_checkpoint};
 use std::path::{Path, PathBuf};
-use std::thread;
-use std::time::Instant;
 use syncopate::ProtocolKind;
 use syncopate_adapters::tcp::checkpoint;
 use syncopate_adapters::workload::{ModelKind, Workload};
@@ -162,10 +163,15 @@ fn every_protocol_trains_digits_over_three_shards() {
     every_protocol_trains_over(3);
 }
 
-fn journal(checkpoint: &Path) -> PathBuf {
-    let mut p = checkpoint.as_os_str().to_owned();
-    p.push(".journal");
-    PathBuf::from(p)
+/// Kills shard 1 of 2 (the last of `servers`, SIGKILL) and waits until every worker says
+/// it lost the shard at `addr`.
+fn kill_shard_1(servers: &mut Vec<Proc>, workers: &[Proc], addr: &str) {
+    let mut killed = servers.pop().unwrap();
+    killed.kill9();
+    drop(killed);
+    for w in workers {
+        w.wait_err(&format!("shard 1 at {addr} lost"), Duration::from_secs(20));
+    }
 }
 
 /// Kills shard 1 of 2 once it has checkpointed past version 4 (with a checkpoint every
@@ -179,23 +185,8 @@ fn kill_a_shard_then_resume(protocol: &'static str, every: u64) {
     let list = addrs.join(",");
     let workers: Vec<Proc> = (0..N).map(|i| work(&list, i, &["--step-ms", "5", "--lost-after", "3"])).collect();
     // Kill shard 1 between two checkpoints: once a checkpoint was written and updates followed.
-    let end = Instant::now() + Duration::from_secs(30);
-    loop {
-        let text = std::fs::read_to_string(journal(&ckpts[1])).unwrap_or_default();
-        let version = text.lines().next().and_then(|l| l.strip_prefix("checkpoint ")?.split(' ').next()?.parse().ok());
-        let after = version.is_some_and(|v: u64| v >= 4);
-        if after && (every == 1 || text.lines().any(|l| l.starts_with("update"))) {
-            break;
-        }
-        assert!(Instant::now() < end, "{protocol}: no checkpoint followed by updates: {text}");
-        thread::sleep(Duration::from_millis(2));
-    }
-    let mut killed_shard = servers.pop().unwrap();
-    killed_shard.kill9();
-    drop(killed_shard);
-    for w in &workers {
-        w.wait_err(&format!("shard 1 at {} lost", addrs[1]), Duration::from_secs(20));
-    }
+    wait_for_checkpoint(&ckpts[1], 4, |text| every == 1 || has_update(text));
+    kill_shard_1(&mut servers, &workers, &addrs[1]);
     let ck = ckpts[1].to_str().unwrap();
     let mut resume = vec!["--listen", addrs[1].as_str(), "--shard", "1/2", "--resume", "--checkpoint", ck];
     resume.extend(["--steps", "40", "--json", "--time-limit", "60"]);
@@ -247,13 +238,10 @@ fn kill_a_shard_then_resume(protocol: &'static str, every: u64) {
     let l = &summary["ledger"];
     let mut ledger = Ledger::from_summary_json(&summary["gradients"]).unwrap();
     ledger.sent = sent;
-    ledger.applied += at("at_checkpoint", 2);
-    ledger.dropped[0] += at("at_last_update", 3);
+    add_killed_server(&mut ledger, r, lost);
     ledger.in_flight = l["in_flight_at_stop"].as_u64().unwrap();
-    ledger.add_lost(Loss::Refused, l["refused"].as_u64().unwrap() + at("at_last_update", 0) - at("at_last_update", 1));
+    ledger.add_lost(Loss::Refused, l["refused"].as_u64().unwrap());
     ledger.add_lost(Loss::ConnectionLost, l["discarded"].as_u64().unwrap());
-    ledger.add_lost(Loss::RolledBack, lost);
-    ledger.add_lost(Loss::HeldAtCrash, at("at_last_update", 1) - at("at_last_update", 2) - at("at_last_update", 3));
     let gone = sent.checked_sub(ledger.accounted()).unwrap_or_else(|| panic!("{protocol}: {}", ledger.line()));
     ledger.add_lost(Loss::ServerGone, gone);
     eprintln!("{protocol}, shard 1 killed and resumed: {}", ledger.line());
@@ -295,22 +283,8 @@ fn a_shard_resumed_with_the_runs_own_flags_ends_with_the_run() {
     let (mut servers, addrs, ckpts) = shards(&dir, 2, &args);
     let list = addrs.join(",");
     let workers: Vec<Proc> = (0..N).map(|i| work(&list, i, &["--step-ms", "5", "--lost-after", "3"])).collect();
-    let end = Instant::now() + Duration::from_secs(30);
-    loop {
-        let text = std::fs::read_to_string(journal(&ckpts[1])).unwrap_or_default();
-        let version = text.lines().next().and_then(|l| l.strip_prefix("checkpoint ")?.split(' ').next()?.parse().ok());
-        if version.is_some_and(|v: u64| v >= 4) {
-            break;
-        }
-        assert!(Instant::now() < end, "no checkpoint at version 4: {text}");
-        thread::sleep(Duration::from_millis(2));
-    }
-    let mut killed = servers.pop().unwrap();
-    killed.kill9();
-    drop(killed);
-    for w in &workers {
-        w.wait_err(&format!("shard 1 at {} lost", addrs[1]), Duration::from_secs(20));
-    }
+    wait_for_checkpoint(&ckpts[1], 4, |_| true);
+    kill_shard_1(&mut servers, &workers, &addrs[1]);
     let ck = ckpts[1].to_str().unwrap();
     let resume =
         [&["--listen", addrs[1].as_str(), "--shard", "1/2", "--resume", "--checkpoint", ck][..], &args].concat();
