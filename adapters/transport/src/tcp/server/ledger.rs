@@ -6,26 +6,9 @@
 //! cut) or `in_flight_at_stop` (arrived after the run stopped). With the workers' own counts
 //! of what they sent, nothing goes unaccounted for.
 
-use super::report::{LossPoint, ServerReport};
+use super::report::{LossPoint, ServerReport, SessionLedger};
 use std::collections::HashMap;
 use syncopate::{ServerEvent, WorkerId};
-
-/// One session's part of the conservation ledger (see [`ServerReport::received`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct SessionLedger {
-    /// The worker.
-    pub worker: u32,
-    /// Its session epoch.
-    pub epoch: u32,
-    /// Contributions read and handed to the protocol.
-    pub received: u64,
-    /// Of those, refused.
-    pub refused: u64,
-    /// Read after the session was replaced or cut.
-    pub discarded: u64,
-    /// Arrived after the run stopped.
-    pub in_flight_at_stop: u64,
-}
 
 /// Where a contribution ended up, for [`Ledger::count`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -74,8 +74,7 @@ use std::thread;
 use syncopate::proto::{Heap, Optimizer, Rule};
 use syncopate::{AnyServer, ProtocolConfig, Server, ServerEvent, ToServer, Version, WorkerId};
 
-pub use ledger::SessionLedger;
-pub use report::{LossPoint, ServerReport};
+pub use report::{LossPoint, ServerReport, SessionLedger};
 pub use stragglers::{WorkerRow, lines as straggler_lines};
 
 /// An established session with an upstream server (see [`TcpServer::drive`]): the streams

@@ -1,7 +1,6 @@
 //! What a run reports: its outcome, counters and loss curve.
 
 use super::StopReason;
-use super::ledger::SessionLedger;
 use super::stragglers::WorkerRow;
 use syncopate::{ServerStats, Version, WorkerId};
 
@@ -75,6 +74,23 @@ pub struct ServerReport {
     /// the median worker, and its contributions applied, dropped and held (see
     /// [`straggler_lines`](super::straggler_lines)).
     pub stragglers: Vec<WorkerRow>,
+}
+
+/// One session's part of the conservation ledger (see [`ServerReport::received`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SessionLedger {
+    /// The worker.
+    pub worker: u32,
+    /// Its session epoch.
+    pub epoch: u32,
+    /// Contributions read and handed to the protocol.
+    pub received: u64,
+    /// Of those, refused.
+    pub refused: u64,
+    /// Read after the session was replaced or cut.
+    pub discarded: u64,
+    /// Arrived after the run stopped.
+    pub in_flight_at_stop: u64,
 }
 
 /// One point of [`ServerReport::loss_curve`].

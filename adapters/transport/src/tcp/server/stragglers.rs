@@ -11,7 +11,7 @@
 //! clock has started (when something changed), slowest workers first, at most [`NAMED`]
 //! of them.
 
-use super::ledger::SessionLedger;
+use super::report::SessionLedger;
 use core::time::Duration;
 use std::collections::VecDeque;
 use std::fmt::Write as _;
