@@ -5,6 +5,9 @@
 //! "SIMD loop" means a chunked loop with 16 explicit lanes per step: the best the compiler
 //! makes of plain Rust on this target (std::simd is nightly-only), measured in the same run
 //! as the kernel.
+//!
+//! Layering: this file and [`drive`] import nothing of this crate; [`inmem`] imports
+//! [`drive`]; the binaries under `src/bin` import only the crate's public items.
 
 pub mod drive;
 pub mod inmem;

@@ -23,7 +23,7 @@
 //! `GradientWorker::handle_model_in` / `handle_gradient_in` trade buffers instead of
 //! copying). Those buffers are copy-on-write (`Arc::make_mut`): a send holds the buffer
 //! until it completed, and a write meanwhile (a model updated while its sends are in
-//! flight) copies it first. The server decodes every message whole, as before: a wrong
+//! flight) copies it first. The server decodes every message whole: a wrong
 //! length, a non-finite value, a stale or replayed message gets the core's typed refusal.
 //!
 //! - [`settings`]: the hash every rank takes of its own settings (MPI-free).
@@ -46,9 +46,11 @@
 //! Without the `mpi` feature the crate holds only the MPI-free parts, so a machine without
 //! an MPI library still builds the workspace.
 //!
-//! Layering: `agree`, `compute`, [`ledger`], `machine`, `outbox` and [`settings`] import
-//! nothing of this crate; `link` imports `outbox`; the server and worker loops (top) import
-//! `link` and the modules below it.
+//! Layering (no module imports one after it): this file's shared vocabulary ([`MpiError`],
+//! [`RunPlan`], the shared buffer and tally, the clock and size checks) imports none of its
+//! modules; `agree`, `compute`, [`ledger`], `machine`, `outbox` and [`settings`] import only
+//! it; `link` imports `outbox`; the server (`server/`: `report` and `ranks`, then `side`,
+//! then `end`, then its `mod.rs`) and the worker import `link` and the modules above.
 
 #![allow(clippy::std_instead_of_core, clippy::alloc_instead_of_core)]
 #![deny(missing_docs)]
@@ -246,16 +248,16 @@ pub fn shard_layout(dim: usize, shards: u32) -> Result<syncopate::proto::sharded
     })
 }
 
-/// The core's clock: nanoseconds since `epoch`.
+/// The core's clock: nanoseconds since `origin`.
 #[cfg(feature = "mpi")]
-fn since(epoch: std::time::Instant) -> syncopate::Instant {
-    syncopate::Instant::from_nanos(u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
+fn since(origin: std::time::Instant) -> syncopate::Instant {
+    syncopate::Instant::from_nanos(u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// How long until the core instant `at`.
 #[cfg(feature = "mpi")]
-fn until(epoch: std::time::Instant, at: syncopate::Instant) -> Duration {
-    Duration::from_nanos(at.as_nanos().saturating_sub(since(epoch).as_nanos()))
+fn until(origin: std::time::Instant, at: syncopate::Instant) -> Duration {
+    Duration::from_nanos(at.as_nanos().saturating_sub(since(origin).as_nanos()))
 }
 
 #[cfg(test)]

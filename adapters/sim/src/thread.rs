@@ -143,12 +143,12 @@ impl std::fmt::Display for ThreadError {
 
 impl std::error::Error for ThreadError {}
 
-fn since(epoch: StdInstant) -> Instant {
-    Instant::from_nanos(u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
+fn since(origin: StdInstant) -> Instant {
+    Instant::from_nanos(u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
 }
 
-fn until(epoch: StdInstant, at: Instant) -> StdDuration {
-    StdDuration::from_nanos(at.as_nanos().saturating_sub(since(epoch).as_nanos()))
+fn until(origin: StdInstant, at: Instant) -> StdDuration {
+    StdDuration::from_nanos(at.as_nanos().saturating_sub(since(origin).as_nanos()))
 }
 
 /// Runs `config` on `workload` with one thread per worker; `delays[i]` is worker `i`'s
@@ -192,7 +192,7 @@ pub fn run_recording(
         return Err(ThreadError("the server needs an upstream link, which threaded runs do not have".into()));
     }
     let (port, ports) = channel::star(n, 64);
-    let epoch = StdInstant::now();
+    let origin = StdInstant::now();
     let mut delays = delays.into_iter();
     let mut handles = Vec::with_capacity(n);
     for worker_port in ports {
@@ -217,11 +217,11 @@ pub fn run_recording(
         handles.push(
             thread::Builder::new()
                 .name(format!("worker-{}", id.0))
-                .spawn(move || worker_loop(worker, worker_port, &workload, (batch, seed), delay, epoch, groups))
+                .spawn(move || worker_loop(worker, worker_port, &workload, (batch, seed), delay, origin, groups))
                 .map_err(|e| ThreadError(format!("cannot start a worker thread: {e}")))?,
         );
     }
-    let mut report = server_loop(server, &port, &workload, config, epoch, progress);
+    let mut report = server_loop(server, &port, &workload, config, origin, progress);
     // What the workers sent after the server stopped reading is in flight at the stop: read
     // it until every worker has ended (they end on the server's `Stop`), for a bounded time.
     let limits = Limits::for_model(dim);
@@ -273,14 +273,14 @@ impl ServerSide<'_> {
     /// Drains the server's outputs; a worker whose channel is gone is reported lost, and
     /// what the losses produce is drained in turn. Every loss is reported (the core refuses
     /// none for want of room); a refusal (an id outside the run) is counted.
-    fn drain(&mut self, server: &mut AnyServer<f32, Vec<f32>, Heap>, epoch: StdInstant) {
+    fn drain(&mut self, server: &mut AnyServer<f32, Vec<f32>, Heap>, origin: StdInstant) {
         loop {
             let lost = self.drain_once(server);
             if lost.is_empty() {
                 return;
             }
             for w in lost {
-                if server.handle_worker_lost(since(epoch), w).is_err() {
+                if server.handle_worker_lost(since(origin), w).is_err() {
                     self.report.refused += 1;
                 }
             }
@@ -341,7 +341,7 @@ fn server_loop(
     port: &ServerPort,
     workload: &Workload,
     config: &ThreadConfig,
-    epoch: StdInstant,
+    origin: StdInstant,
     progress: &mut dyn FnMut(&EvalPoint),
 ) -> ThreadReport {
     let limits = Limits::for_model(workload.model.dim());
@@ -349,21 +349,21 @@ fn server_loop(
     let mut last_eval: Option<(u64, StdInstant)> = None;
     let tick = StdDuration::from_millis(50);
     loop {
-        side.drain(&mut server, epoch);
+        side.drain(&mut server, origin);
         let version = server.version().0;
         let due = last_eval.is_none_or(|(v, at)| v != version && at.elapsed() >= config.eval_interval);
         if due {
             last_eval = Some((version, StdInstant::now()));
             let e = workload.model.evaluate(server.params(), &workload.test);
             let point =
-                EvalPoint { time_s: epoch.elapsed().as_secs_f64(), version, accuracy: e.accuracy, loss: e.loss };
+                EvalPoint { time_s: origin.elapsed().as_secs_f64(), version, accuracy: e.accuracy, loss: e.loss };
             if side.report.time_to_target_s.is_none() && e.accuracy >= config.target_accuracy {
                 side.report.time_to_target_s = Some(point.time_s);
             }
             progress(&point);
             side.report.curve.push(point);
         }
-        if server.stats().accepted >= config.max_gradients || config.time_limit.is_some_and(|t| epoch.elapsed() >= t) {
+        if server.stats().accepted >= config.max_gradients || config.time_limit.is_some_and(|t| origin.elapsed() >= t) {
             break;
         }
         // Diverged: a model with a NaN or infinite loss cannot recover, and a contribution
@@ -373,29 +373,29 @@ fn server_loop(
         if not_finite_loss || side.report.ledger.refused_not_finite > 0 {
             break;
         }
-        let wait = server.poll_timeout().map_or(tick, |at| until(epoch, at).min(tick));
+        let wait = server.poll_timeout().map_or(tick, |at| until(origin, at).min(tick));
         match port.recv(Some(wait)) {
             Ok(packet) => {
-                side.feed(&mut server, &packet, &limits, since(epoch));
+                side.feed(&mut server, &packet, &limits, since(origin));
                 port.recycle(packet);
             }
-            Err(RecvError::Timeout) => server.handle_timeout(since(epoch)),
+            Err(RecvError::Timeout) => server.handle_timeout(since(origin)),
             Err(RecvError::Disconnected) => break,
         }
     }
     server.stop();
-    side.drain(&mut server, epoch);
+    side.drain(&mut server, origin);
     let mut report = side.report;
     if report.curve.last().is_none_or(|p| p.version != server.version().0) {
         let e = workload.model.evaluate(server.params(), &workload.test);
         report.curve.push(EvalPoint {
-            time_s: epoch.elapsed().as_secs_f64(),
+            time_s: origin.elapsed().as_secs_f64(),
             version: server.version().0,
             accuracy: e.accuracy,
             loss: e.loss,
         });
     }
-    report.wall_s = epoch.elapsed().as_secs_f64();
+    report.wall_s = origin.elapsed().as_secs_f64();
     report.stats = *server.stats();
     report.params = server.params().to_vec();
     report
@@ -417,7 +417,7 @@ fn worker_loop(
     workload: &Workload,
     (batch_size, seed): (usize, u64),
     mut delay: StepDelay,
-    epoch: StdInstant,
+    origin: StdInstant,
     groups: Option<SharedGroups>,
 ) -> WorkerTally {
     let me = port.id().0 as usize;
@@ -473,7 +473,7 @@ fn worker_loop(
             // the server's replies or its `Stop`.
             match port.recv(Some(StdDuration::ZERO)) {
                 Ok(packet) => {
-                    deliver(&mut worker, &port, packet, &limits, epoch, &mut refusals, &mut tally);
+                    deliver(&mut worker, &port, packet, &limits, origin, &mut refusals, &mut tally);
                     continue;
                 }
                 Err(RecvError::Disconnected) => break,
@@ -493,7 +493,7 @@ fn worker_loop(
                 groups.add((me, tally.step_times.len()), key, &grad);
             }
             tally.step_times.push(took);
-            if let Err(e) = worker.handle_gradient_with_loss(since(epoch), j.id, &grad, j.loss) {
+            if let Err(e) = worker.handle_gradient_with_loss(since(origin), j.id, &grad, j.loss) {
                 note_refusal(&mut refusals, &mut tally, "a finished gradient", &e);
             }
             continue;
@@ -503,11 +503,11 @@ fn worker_loop(
             wait = wait.min(j.ready.saturating_duration_since(StdInstant::now()));
         }
         if let Some(at) = worker.poll_timeout() {
-            wait = wait.min(until(epoch, at));
+            wait = wait.min(until(origin, at));
         }
         match port.recv(Some(wait)) {
-            Ok(packet) => deliver(&mut worker, &port, packet, &limits, epoch, &mut refusals, &mut tally),
-            Err(RecvError::Timeout) => worker.handle_timeout(since(epoch)),
+            Ok(packet) => deliver(&mut worker, &port, packet, &limits, origin, &mut refusals, &mut tally),
+            Err(RecvError::Timeout) => worker.handle_timeout(since(origin)),
             Err(RecvError::Disconnected) => break,
         }
     }
@@ -533,14 +533,14 @@ fn deliver(
     port: &WorkerPort,
     packet: Packet,
     limits: &Limits,
-    epoch: StdInstant,
+    origin: StdInstant,
     refusals: &mut Refusals,
     tally: &mut WorkerTally,
 ) {
     match wire::decode_to_worker::<f32>(&packet.bytes, limits) {
         Ok(msg) => {
             let kind = msg.kind_name();
-            if let Err(e) = worker.handle(since(epoch), msg) {
+            if let Err(e) = worker.handle(since(origin), msg) {
                 note_refusal(refusals, tally, &format!("the server's {kind} message"), &e);
             }
         }
@@ -576,26 +576,26 @@ mod tests {
             AnyServer::new(&protocol, vec![0.0; dim], vec![0.0; protocol.server_scratch_len(dim)]).unwrap();
         let (port, ports) = channel::star(n as usize, 64);
         let mut side = ServerSide { port: &port, report: empty_report() };
-        let epoch = StdInstant::now();
-        let now = since(epoch);
+        let origin = StdInstant::now();
+        let now = since(origin);
         for w in 0..n {
             server.handle(now, WorkerId(w), ToServer::Join { epoch: 0 }).unwrap();
         }
-        side.drain(&mut server, epoch);
+        side.drain(&mut server, origin);
         let grad = [0.5f32, -0.5];
         for w in [0, 2, 3] {
             let clock = ToServer::Clock { clock: 1, seq: 1, values: Values::Slice(&grad), loss: None };
             server.handle(now, WorkerId(w), clock).unwrap();
-            side.drain(&mut server, epoch);
+            side.drain(&mut server, origin);
             let pull = ToServer::Pull { have: Version::ZERO, min_clock: 1 };
             server.handle(now, WorkerId(w), pull).unwrap();
-            side.drain(&mut server, epoch);
+            side.drain(&mut server, origin);
         }
         let mut ports = ports.into_iter();
         let _keep = ports.next();
         drop(ports);
         server.stop();
-        side.drain(&mut server, epoch);
+        side.drain(&mut server, origin);
         assert_eq!(side.report.lost, 3, "every gone worker is lost");
         assert_eq!(side.report.refused, 0);
         assert_eq!(server.stats().outputs_lost, 0);

@@ -144,7 +144,7 @@ pub(super) fn write_record(checkpoint: &Path, settings: &RunSettings, run: &str)
 
 /// Checks that the record next to `checkpoint` is of this run's settings (and for a shard,
 /// of its own slice) and returns the id of the run that started last on this checkpoint:
-/// `None` for a whole model without a record (written before records were).
+/// `None` for a whole model without a record (a checkpoint need not have one).
 pub(super) fn check_record(checkpoint: &Path, settings: &RunSettings) -> Result<Option<String>, String> {
     let path = record_path(checkpoint, settings);
     let text = match (std::fs::read_to_string(&path), &settings.shard) {

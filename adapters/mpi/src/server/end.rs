@@ -111,7 +111,7 @@ pub(super) fn collect_tallies(
     side: &mut Side<'_>,
     server: &mut AnyServer<f32, Shared, Heap>,
     limits: &Limits,
-    epoch: Instant,
+    origin: Instant,
     patience: Duration,
 ) {
     let deadline = Instant::now() + patience;
@@ -123,7 +123,7 @@ pub(super) fn collect_tallies(
     while missing(side) {
         let Some(m) = side.link.recv_until(deadline, None, None) else { break };
         match m.kind {
-            Kind::Tally => side.feed(server, &m, limits, epoch),
+            Kind::Tally => side.feed(server, &m, limits, origin),
             Kind::Wire if m.from >= side.ranks.first && is_contribution(m.message()) => side.ledger.late += 1,
             Kind::ShardReport | Kind::ShardStop | Kind::Heartbeat if m.from < side.ranks.first => {
                 side.feed_from_shard(&m);

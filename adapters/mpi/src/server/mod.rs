@@ -101,7 +101,7 @@ pub fn run_shard(
         started: Instant::now(),
         log,
     };
-    let epoch = side.started;
+    let origin = side.started;
     let tick = Duration::from_millis(50);
     let mut seen: Option<Version> = None;
     let reason = loop {
@@ -113,13 +113,13 @@ pub fn run_shard(
         if server.stats().accepted >= plan.max_gradients {
             break StopReason::Budget;
         }
-        if plan.time_limit.is_some_and(|t| epoch.elapsed() >= t) {
+        if plan.time_limit.is_some_and(|t| origin.elapsed() >= t) {
             break StopReason::TimeLimit;
         }
         if let Some(reason) = side.stop {
             break reason;
         }
-        side.check_silence(&mut server, plan.lost_after, epoch);
+        side.check_silence(&mut server, plan.lost_after, origin);
         if side.ranks.live.is_empty() {
             break StopReason::AllWorkersLost;
         }
@@ -130,21 +130,21 @@ pub fn run_shard(
             break StopReason::ShardLost(k);
         }
         let now = Instant::now();
-        let mut wait = server.poll_timeout().map_or(tick, |at| crate::until(epoch, at).min(tick));
+        let mut wait = server.poll_timeout().map_or(tick, |at| crate::until(origin, at).min(tick));
         if !side.peers.ranks.is_empty() {
             wait = wait.min(side.peers.next_heartbeat.saturating_duration_since(now));
         }
         match side.link.recv_until(now + wait, None, None) {
             Some(m) => {
-                side.feed(&mut server, &m, &limits, epoch);
+                side.feed(&mut server, &m, &limits, origin);
                 side.link.recycle(m);
             }
-            None => server.handle_timeout(since(epoch)),
+            None => server.handle_timeout(since(origin)),
         }
     };
     server.stop();
     side.drain(&mut server);
-    let wall_s = epoch.elapsed().as_secs_f64();
+    let wall_s = origin.elapsed().as_secs_f64();
     // A lost rank that comes back must stop too.
     let lost: Vec<Rank> = (0..n).map(WorkerId).filter(|w| side.ranks.is_lost(*w)).map(|w| side.ranks.rank(w)).collect();
     if !lost.is_empty() {
@@ -159,7 +159,7 @@ pub fn run_shard(
     // another's, so its tally may come that much later.
     let patience =
         plan.lost_after.max(Duration::from_secs(5)) + if shards > 1 { plan.lost_after } else { Duration::ZERO };
-    collect_tallies(&mut side, &mut server, &limits, epoch, patience);
+    collect_tallies(&mut side, &mut server, &limits, origin, patience);
     // Sends to live ranks complete (they are reading); those to lost ranks may never.
     for rank in &lost {
         side.link.abandon(*rank);

@@ -117,7 +117,7 @@ impl Side<'_> {
         server: &mut AnyServer<f32, Shared, Heap>,
         m: &Incoming,
         limits: &Limits,
-        epoch: Instant,
+        origin: Instant,
     ) {
         if m.from < self.ranks.first {
             self.feed_from_shard(m);
@@ -131,7 +131,7 @@ impl Side<'_> {
             *t = Instant::now();
         }
         match m.kind {
-            Kind::Wire => self.feed_wire(server, w, m.message(), limits, epoch),
+            Kind::Wire => self.feed_wire(server, w, m.message(), limits, origin),
             Kind::Heartbeat => {
                 if self.ranks.is_lost(w) {
                     self.tell_rejoin(w);
@@ -158,7 +158,7 @@ impl Side<'_> {
         w: WorkerId,
         bytes: &[u8],
         limits: &Limits,
-        epoch: Instant,
+        origin: Instant,
     ) {
         let contribution = is_contribution(bytes);
         if contribution {
@@ -172,7 +172,7 @@ impl Side<'_> {
         };
         let fed = match decoded {
             Ok(msg) if !lost || join.is_some_and(|e| e > self.ranks.epoch(w)) => {
-                server.handle(since(epoch), w, msg).is_ok()
+                server.handle(since(origin), w, msg).is_ok()
             }
             _ => false,
         };
@@ -244,7 +244,7 @@ impl Side<'_> {
         &mut self,
         server: &mut AnyServer<f32, Shared, Heap>,
         lost_after: Duration,
-        epoch: Instant,
+        origin: Instant,
     ) {
         let now = Instant::now();
         for i in 0..self.ranks.lost.len() {
@@ -263,7 +263,7 @@ impl Side<'_> {
                 self.report.lost.push(w);
                 // Never refused for want of room (the core applies a loss reported during a
                 // batch once it has drained); a refusal is counted and logged.
-                if let Err(e) = server.handle_worker_lost(since(epoch), w) {
+                if let Err(e) = server.handle_worker_lost(since(origin), w) {
                     self.report.refused += 1;
                     (self.log)(&format!("the protocol refused the loss of worker {i}: {e}"));
                 }

@@ -47,9 +47,9 @@ fn several_silent_ranks_in_one_pass_are_all_lost_and_counted_for_every_protocol(
             AnyServer::new(&protocol, Shared::zeroed(dim), Shared::zeroed(protocol.server_scratch_len(dim)))
                 .and_then(|s| s.with_spare_accumulator(Shared::zeroed(protocol.spare_accumulator_len(dim))))
                 .expect("a server");
-        let epoch = Instant::now();
+        let origin = Instant::now();
         for w in 0..N {
-            server.handle(since(epoch), WorkerId(w), ToServer::Join { epoch: 0 }).expect("a join");
+            server.handle(since(origin), WorkerId(w), ToServer::Join { epoch: 0 }).expect("a join");
             while server.poll_output().is_some() {}
         }
         let mut lines = Vec::new();
@@ -72,7 +72,7 @@ fn several_silent_ranks_in_one_pass_are_all_lost_and_counted_for_every_protocol(
         for w in 0..3 {
             side.ranks.last_heard[w] = long_ago;
         }
-        side.check_silence(&mut server, Duration::from_secs(1), epoch);
+        side.check_silence(&mut server, Duration::from_secs(1), origin);
         let name = protocol.name();
         assert_eq!(side.report.lost, [WorkerId(0), WorkerId(1), WorkerId(2)], "{name}");
         assert_eq!(side.report.refused, 0, "{name}: a loss was refused");

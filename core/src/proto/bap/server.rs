@@ -365,8 +365,8 @@ impl<T: Scalar, S: Buffer<T>, M: Storage> Rules<T, S, M> for BapRules<T, S, M> {
         Ok(())
     }
 
-    // Left to the compiler to inline into the engine's dispatch: forced out of line it executes one
-    // instruction fewer per message but runs slower (docs/perf-log.md).
+    // Left to the compiler to inline into the engine's dispatch, never forced out of line
+    // (docs/perf-log.md, "Per-kind methods").
     fn on_grad(&mut self, core: &mut Core<T, S, M>, grad: Grad<'_, '_, T>) -> Result<(), Reject> {
         let Grad { now, from, base, iteration: j, seq, values } = grad;
         core.roster.check_seq(from, seq)?;

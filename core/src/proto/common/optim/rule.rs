@@ -154,8 +154,8 @@ impl<T: Scalar, S: Buffer<T>> Active<T, S> {
         header::read(self.state.as_ref().get(at..at.checked_add(header::LEN)?)?)
     }
 
-    /// Out of line and cold: the plain step's path in each protocol keeps its registers and
-    /// loads (a rule's settings and rate are read only here).
+    /// Out of line and cold: a rule's settings and rate are read only here, never on the
+    /// plain step's path of a protocol (docs/perf-log.md, "Hot-path shapes").
     #[cold]
     #[inline(never)]
     fn apply<U: Update<T>>(&mut self, params: &mut [T], update: U, k: Option<usize>) -> Result<(), LengthMismatch> {
