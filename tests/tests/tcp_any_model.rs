@@ -8,10 +8,8 @@ mod tcp_common;
 use core::time::Duration;
 use syncopate::Version;
 use syncopate_adapters::scenario::ProtocolKind;
-use syncopate_adapters::tcp::{
-    DEFAULT_LOST_AFTER, ProtocolSettings, RunPlan, RunSettings, ServerOptions, WorkerJob, run_worker,
-};
-use tcp_common::{bounded, plan, start_server_at, worker_options};
+use syncopate_adapters::tcp::{ProtocolSettings, RunPlan, RunSettings, ServerOptions, WorkerJob, run_worker};
+use tcp_common::{bounded, plan, start_server_at, worker_options, worker_side};
 
 /// `f(w) = ½‖w − target‖²`: gradient `w − target`, loss `f(w)`.
 struct LeastSquares {
@@ -282,18 +280,11 @@ fn a_run_resumed_from_a_checkpoint_goes_on_with_its_momentum() {
 fn send_raw(addr: std::net::SocketAddr, id: u32, frames: &[Vec<u8>]) {
     use std::io::BufWriter;
     use syncopate_adapters::tcp::frame::{FrameReader, FrameTimeout, FrameWriter};
-    use syncopate_adapters::tcp::handshake::{ClientSide, Role, client_handshake};
+    use syncopate_adapters::tcp::handshake::client_handshake;
     let stream = std::net::TcpStream::connect(addr).unwrap();
     let mut reader = FrameReader::new(stream.try_clone().unwrap(), 0, FrameTimeout::default());
     let mut writer = FrameWriter::new(BufWriter::new(stream.try_clone().unwrap()), 0);
-    let me = ClientSide {
-        worker: syncopate::WorkerId(id),
-        role: Role::Worker,
-        key: None,
-        want: None,
-        dim: None,
-        lost_after: DEFAULT_LOST_AFTER,
-    };
+    let me = worker_side(id, None);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     client_handshake(&mut reader, &mut writer, &me, deadline).unwrap();
     for f in frames {

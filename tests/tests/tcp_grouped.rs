@@ -21,7 +21,6 @@ use syncopate_adapters::tcp::{
     GroupOptions, Note, ProtocolSettings, RunSettings, ServerOptions, ServerReport, StopReason, TcpError, TcpServer,
     run_group,
 };
-use syncopate_adapters::thread::{self as threads, ThreadConfig};
 
 const WORKERS: u32 = 4;
 const GROUPS: u32 = 2;
@@ -43,23 +42,6 @@ fn grouped() -> GroupedConfig {
         ProtocolConfig::Grouped(c) => c,
         other => panic!("{other:?}"),
     }
-}
-
-fn threads_accuracy() -> f64 {
-    let w = workload();
-    let config = ThreadConfig {
-        protocol: ProtocolConfig::Grouped(grouped()),
-        batch_size: BATCH,
-        seed: SEED,
-        max_gradients: STEPS * u64::from(WORKERS),
-        time_limit: Some(Duration::from_secs(30)),
-        eval_interval: Duration::from_millis(50),
-        rejoin_after: Some(Duration::from_secs(1)),
-        target_accuracy: 0.9,
-        momentum: 0.0,
-    };
-    let report = threads::run(&config, Arc::clone(&w), Vec::new(), &mut |_| {}).unwrap();
-    accuracy(&w, &report.params)
 }
 
 type GroupRun = (JoinHandle<Result<ServerReport, TcpError>>, core::net::SocketAddr, Arc<Mutex<Vec<String>>>);
@@ -126,7 +108,7 @@ fn group_processes_over_tcp_match_in_process_grouped() {
         // Every central aggregate carries one gradient of each of the group's 2 members.
         assert!(member_grads >= 2 * report.stats.applied, "{member_grads} member gradients");
         let tcp = accuracy(&w, &report.params);
-        let threads = threads_accuracy();
+        let threads = threads_accuracy(ProtocolConfig::Grouped(grouped()), STEPS * u64::from(WORKERS));
         eprintln!("grouped over group processes: tcp accuracy {tcp:.4}, in-process threads {threads:.4}");
         assert!(tcp > 0.9, "tcp accuracy {tcp}");
         assert!((tcp - threads).abs() < 0.02, "tcp {tcp} vs threads {threads}");

@@ -14,10 +14,10 @@ use core::time::Duration;
 use std::net::{SocketAddr, TcpStream};
 use std::time::Instant;
 use syncopate::wire::{self, Limits};
-use syncopate::{ToServer, ToWorker, Values, Version, WorkerId};
+use syncopate::{ToServer, ToWorker, Values, Version};
 use syncopate_adapters::tcp::frame::{FrameReader, FrameTimeout, FrameWriter};
-use syncopate_adapters::tcp::handshake::{self, ClientSide, Role};
-use syncopate_adapters::tcp::{DEFAULT_LOST_AFTER, ServerOptions, StopReason, session_max_len};
+use syncopate_adapters::tcp::handshake::{self};
+use syncopate_adapters::tcp::{ServerOptions, StopReason, session_max_len};
 
 /// A raw session as worker 0: the handshake and a Join, then the model's version once the
 /// server sends it.
@@ -25,14 +25,7 @@ fn join(addr: SocketAddr, dim: usize) -> (FrameReader, FrameWriter<TcpStream>, V
     let s = TcpStream::connect(addr).unwrap();
     let mut w = FrameWriter::new(s.try_clone().unwrap(), 0);
     let mut r = FrameReader::new(s, 0, FrameTimeout::default());
-    let me = ClientSide {
-        worker: WorkerId(0),
-        role: Role::Worker,
-        key: None,
-        want: None,
-        dim: None,
-        lost_after: DEFAULT_LOST_AFTER,
-    };
+    let me = worker_side(0, None);
     handshake::client_handshake(&mut r, &mut w, &me, Instant::now() + Duration::from_secs(3)).unwrap();
     r.set_max_len(session_max_len(dim));
     w.set_max_len(session_max_len(dim));

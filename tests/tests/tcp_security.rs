@@ -19,10 +19,8 @@ use std::time::Instant;
 use syncopate::WorkerId;
 use syncopate_adapters::tcp::frame::{FrameReader, FrameTimeout, FrameWriter};
 use syncopate_adapters::tcp::handshake::TCP_VERSION;
-use syncopate_adapters::tcp::handshake::{self, ClientHello, ClientSide, Message, RefuseCode, Role};
-use syncopate_adapters::tcp::{
-    DEFAULT_LOST_AFTER, Secret, ServerOptions, StopReason, TcpServer, WorkerOptions, session_max_len,
-};
+use syncopate_adapters::tcp::handshake::{self, ClientHello, Message, RefuseCode, Role};
+use syncopate_adapters::tcp::{Secret, ServerOptions, StopReason, TcpServer, WorkerOptions, session_max_len};
 
 fn secret(s: &[u8]) -> Secret {
     Secret::new(s).unwrap()
@@ -105,14 +103,7 @@ fn wrong_secret_is_refused_and_logged_on_both_sides() {
         let s = TcpStream::connect(impostor.addr).unwrap();
         let mut w = FrameWriter::new(BufWriter::new(s.try_clone().unwrap()), 512);
         let mut r = FrameReader::new(s, 0, FrameTimeout::default());
-        let me = ClientSide {
-            worker: WorkerId(0),
-            role: Role::Worker,
-            key: Some(&key),
-            want: None,
-            dim: None,
-            lost_after: DEFAULT_LOST_AFTER,
-        };
+        let me = worker_side(0, Some(&key));
         // The impostor cannot check our early MAC either, so it refuses us; both sides see why.
         let err = handshake::client_handshake(&mut r, &mut w, &me, Instant::now() + Duration::from_secs(3))
             .unwrap_err()
@@ -232,14 +223,7 @@ fn session(addr: SocketAddr, dim: usize, key: &Secret) -> (TcpStream, FrameWrite
     let mut r = FrameReader::new(s.try_clone().unwrap(), 0, FrameTimeout::default());
     let k = key.worker_key(WorkerId(0));
     let deadline = Instant::now() + Duration::from_secs(3);
-    let me = ClientSide {
-        worker: WorkerId(0),
-        role: Role::Worker,
-        key: Some(&k),
-        want: None,
-        dim: None,
-        lost_after: DEFAULT_LOST_AFTER,
-    };
+    let me = worker_side(0, Some(&k));
     let (_, settings) = handshake::client_handshake(&mut r, &mut w, &me, deadline).unwrap();
     assert_eq!(settings.dim().unwrap(), dim, "the settings carry the model's shape");
     let join: syncopate::ToServer<'_, f32> = syncopate::ToServer::Join { epoch: 0 };
@@ -322,14 +306,7 @@ fn slow_loris_is_cut_off_at_the_absolute_deadline() {
         let s = TcpStream::connect(server.addr).unwrap();
         let mut w = FrameWriter::new(BufWriter::new(s.try_clone().unwrap()), 512);
         let mut r = FrameReader::new(s.try_clone().unwrap(), 512, FrameTimeout::default());
-        let me = ClientSide {
-            worker: WorkerId(1),
-            role: Role::Worker,
-            key: None,
-            want: None,
-            dim: None,
-            lost_after: DEFAULT_LOST_AFTER,
-        };
+        let me = worker_side(1, None);
         handshake::client_handshake(&mut r, &mut w, &me, Instant::now() + Duration::from_secs(3)).unwrap();
         let start = Instant::now();
         let s2 = s.try_clone().unwrap();

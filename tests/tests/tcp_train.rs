@@ -9,27 +9,9 @@ use common::*;
 use core::time::Duration;
 use std::sync::Arc;
 use syncopate_adapters::tcp::{RunSettings, ServerOptions};
-use syncopate_adapters::thread::{self, ThreadConfig};
 
 const WORKERS: u32 = 3;
 const STEPS: u64 = 150;
-
-fn threads_accuracy(settings: &RunSettings) -> f64 {
-    let w = workload();
-    let config = ThreadConfig {
-        protocol: settings.worker_config().unwrap(),
-        batch_size: BATCH,
-        seed: SEED,
-        max_gradients: STEPS * u64::from(WORKERS),
-        time_limit: Some(Duration::from_secs(30)),
-        eval_interval: Duration::from_millis(50),
-        rejoin_after: Some(Duration::from_secs(1)),
-        target_accuracy: 0.9,
-        momentum: 0.0,
-    };
-    let report = thread::run(&config, Arc::clone(&w), Vec::new(), &mut |_| {}).unwrap();
-    accuracy(&w, &report.params)
-}
 
 fn tcp_run(settings: &RunSettings, secret: bool) -> (f64, syncopate_adapters::tcp::ServerReport) {
     let w = workload();
@@ -63,7 +45,7 @@ fn tcp_run(settings: &RunSettings, secret: bool) -> (f64, syncopate_adapters::tc
 
 fn check(settings: RunSettings, secret: bool) {
     let (tcp, report) = tcp_run(&settings, secret);
-    let threads = threads_accuracy(&settings);
+    let threads = threads_accuracy(settings.worker_config().unwrap(), STEPS * u64::from(WORKERS));
     eprintln!("{}: tcp accuracy {tcp:.4}, threads {threads:.4}, report {report:?}", settings.label());
     assert!(report.connect_wait_s.is_some(), "every worker connected");
     assert!(report.busy_s.iter().all(|b| *b > 0.0), "compute time is measured per worker: {:?}", report.busy_s);

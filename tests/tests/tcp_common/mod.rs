@@ -9,12 +9,15 @@ use core::time::Duration;
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Instant;
-use syncopate::{Version, WorkerId};
+use syncopate::{ProtocolConfig, Version, WorkerId};
 use syncopate_adapters::scenario::ProtocolKind;
+use syncopate_adapters::tcp::handshake::{ClientSide, Role};
+use syncopate_adapters::tcp::{DEFAULT_LOST_AFTER, WorkerKey};
 use syncopate_adapters::tcp::{
     Note, ProtocolSettings, RunPlan, RunSettings, ServerHandle, ServerOptions, ServerReport, TcpError, TcpServer,
     WorkerJob, WorkerOptions, WorkerReport, run_worker,
 };
+use syncopate_adapters::thread::ThreadConfig;
 use syncopate_adapters::workload::{BatchSampler, ModelKind, Workload};
 
 pub const SEED: u64 = 5;
@@ -199,6 +202,31 @@ pub fn kill_switch() -> Arc<AtomicBool> {
 
 pub fn accuracy(w: &Workload, params: &[f32]) -> f64 {
     w.model.evaluate(params, &w.test).accuracy
+}
+
+/// The test accuracy of `protocol` trained on the test workload for `max_gradients` by the
+/// threaded adapter (no sockets): the reference a TCP run is compared with.
+pub fn threads_accuracy(protocol: ProtocolConfig, max_gradients: u64) -> f64 {
+    let w = workload();
+    let config = ThreadConfig {
+        protocol,
+        batch_size: BATCH,
+        seed: SEED,
+        max_gradients,
+        time_limit: Some(Duration::from_secs(30)),
+        eval_interval: Duration::from_millis(50),
+        rejoin_after: Some(Duration::from_secs(1)),
+        target_accuracy: 0.9,
+        momentum: 0.0,
+    };
+    let report = syncopate_adapters::thread::run(&config, Arc::clone(&w), Vec::new(), &mut |_| {}).unwrap();
+    accuracy(&w, &report.params)
+}
+
+/// A worker's side of the handshake as `run_worker` makes it: worker `id`, authenticated with
+/// `key` if given, asking for no model and offering none.
+pub fn worker_side(id: u32, key: Option<&WorkerKey>) -> ClientSide<'_> {
+    ClientSide { worker: WorkerId(id), role: Role::Worker, key, want: None, dim: None, lost_after: DEFAULT_LOST_AFTER }
 }
 
 /// Fails the test if `f` takes longer than `limit` (runs it on a thread).
