@@ -219,27 +219,14 @@ pub fn summary(rows: &[Measured], candidates: &[Candidate], workers: u32) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::advise::{candidates, stats};
+    use crate::advise::candidates;
 
     fn measured(c: &Candidate, mean: f64) -> Measured {
         Measured {
             label: c.spec.label(),
             protocol: c.spec.name.as_str().to_string(),
             median_multiple: c.median_multiple,
-            count_knob: None,
-            times_s: vec![Some(mean); 2],
-            reached: 2,
-            repeats: 2,
-            time: stats::interval(&[mean, mean]),
-            ladder_s: Vec::new(),
-            speedup_vs_bsp: None,
-            updates: 0.0,
-            trace_used: 0.0,
-            tied: false,
-            gradients_per_update: 0.0,
-            effective_batch: 0.0,
-            stopped_early: None,
-            extension: false,
+            ..crate::advise::race::test_row(&[mean, mean])
         }
     }
 

@@ -451,46 +451,48 @@ pub fn pick(rows: &[Measured], ranks: &[u32]) -> (Option<usize>, Option<usize>, 
     (Some(best), pick, tied)
 }
 
+/// A row measured at `times` (every seed reached the target), nothing else set: for tests.
+#[cfg(test)]
+pub(crate) fn test_row(times: &[f64]) -> Measured {
+    Measured {
+        label: String::new(),
+        protocol: String::new(),
+        median_multiple: None,
+        count_knob: None,
+        times_s: times.iter().map(|&t| Some(t)).collect(),
+        reached: times.len() as u32,
+        repeats: times.len() as u32,
+        time: stats::interval(times),
+        ladder_s: Vec::new(),
+        speedup_vs_bsp: None,
+        updates: 0.0,
+        trace_used: 0.0,
+        tied: false,
+        gradients_per_update: 0.0,
+        effective_batch: 0.0,
+        stopped_early: None,
+        extension: false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn row(times: &[f64]) -> Measured {
-        Measured {
-            label: String::new(),
-            protocol: String::new(),
-            median_multiple: None,
-            count_knob: None,
-            times_s: times.iter().map(|&t| Some(t)).collect(),
-            reached: times.len() as u32,
-            repeats: times.len() as u32,
-            time: stats::interval(times),
-            ladder_s: Vec::new(),
-            speedup_vs_bsp: None,
-            updates: 0.0,
-            trace_used: 0.0,
-            tied: false,
-            gradients_per_update: 0.0,
-            effective_batch: 0.0,
-            stopped_early: None,
-            extension: false,
-        }
-    }
-
     #[test]
     fn the_pick_is_the_simplest_of_the_tied_and_never_a_measurably_slower_one() {
         // Row 1 is fastest; row 0 (simpler) is tied and within 5%: picked.
-        let rows = [row(&[1.02, 1.05, 0.99]), row(&[1.0, 1.01, 1.0]), row(&[1.5, 1.5, 1.5])];
+        let rows = [test_row(&[1.02, 1.05, 0.99]), test_row(&[1.0, 1.01, 1.0]), test_row(&[1.5, 1.5, 1.5])];
         let (fastest, picked, tied) = pick(&rows, &[0, 1, 2]);
         assert_eq!((fastest, picked), (Some(1), Some(0)));
         assert_eq!(tied, [0, 1]);
         // Consistently 4% slower on every pair: not tied, the fastest is picked.
-        let rows = [row(&[1.04, 1.144, 1.248]), row(&[1.0, 1.1, 1.2])];
+        let rows = [test_row(&[1.04, 1.144, 1.248]), test_row(&[1.0, 1.1, 1.2])];
         assert_eq!(pick(&rows, &[0, 1]), (Some(1), Some(1), vec![1]));
         // A candidate that missed on one pair is never picked.
-        let mut missed = row(&[0.5, 0.5, 0.5]);
+        let mut missed = test_row(&[0.5, 0.5, 0.5]);
         missed.reached = 2;
-        let rows = [missed, row(&[1.0, 1.0, 1.0])];
+        let rows = [missed, test_row(&[1.0, 1.0, 1.0])];
         assert_eq!(pick(&rows, &[0, 1]).1, Some(1));
     }
 

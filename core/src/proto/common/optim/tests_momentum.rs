@@ -79,20 +79,19 @@ fn zero_momentum_is_plain_sgd_bit_for_bit() {
     assert_ne!(run(Some(0.5)), run(None));
 }
 
-/// Every protocol on the test network (lock-step workers, a constant gradient) for a
-/// fixed number of steps: the final model and version.
-fn cluster_run(config: &crate::proto::ProtocolConfig, beta: Option<f64>) -> (Vec<u64>, Vec<f64>, u64) {
-    use crate::proto::common::testkit::{Cluster, Job, NetConfig};
-    use crate::proto::{AnyServer, AnyWorker, WorkerSetup};
+/// `server` and `config`'s workers on the test network (lock-step, each step's gradient from
+/// `gradient`) for at most 400 steps; the server at the end.
+pub(super) fn run_lockstep(
+    config: &crate::proto::ProtocolConfig,
+    server: crate::proto::AnyServer<f64, Vec<f64>, crate::proto::Heap>,
+    gradient: fn(&crate::proto::common::testkit::Job<'_>) -> Vec<f64>,
+) -> crate::proto::AnyServer<f64, Vec<f64>, crate::proto::Heap> {
+    use crate::proto::Server;
+    use crate::proto::common::testkit::{Cluster, NetConfig};
+    use crate::proto::{AnyWorker, WorkerSetup};
     use crate::time::Duration;
-    let dim = 4;
-    let n = config.workers();
-    let mut server: AnyServer<f64, Vec<f64>, crate::proto::Heap> =
-        AnyServer::new(config, vec![0.0; dim], vec![0.0; config.server_scratch_len(dim)]).unwrap();
-    if let Some(b) = beta {
-        server = server.with_momentum(b, vec![0.0; dim]).unwrap();
-    }
-    let workers: Vec<AnyWorker<f64, Vec<f64>>> = (0..n)
+    let dim = server.params().len();
+    let workers: Vec<AnyWorker<f64, Vec<f64>>> = (0..config.workers())
         .map(|i| {
             let setup = WorkerSetup { id: WorkerId(i), epoch: 1, rejoin_after: None };
             AnyWorker::new(config, setup, vec![0.0; dim], vec![0.0; config.worker_scratch_len(dim)]).unwrap()
@@ -101,15 +100,28 @@ fn cluster_run(config: &crate::proto::ProtocolConfig, beta: Option<f64>) -> (Vec
     let us = Duration::from_micros;
     let links =
         NetConfig { latency: (us(100), us(900)), compute: (us(700), us(700)), fifo: true, ..NetConfig::default() };
-    let gradient = |_: &Job<'_>| vec![1.0, -1.0, 0.5, 0.25];
     let mut net = Cluster::new(server, workers, 3, links, gradient).without_snapshots();
     for _ in 0..400 {
         if !net.step() {
             break;
         }
     }
-    let params = net.server.params().to_vec();
-    (params.iter().map(|x| x.to_bits()).collect(), params, net.version().0)
+    net.server
+}
+
+/// Every protocol on the test network (lock-step workers, a constant gradient) for a
+/// fixed number of steps: the final model and version.
+fn cluster_run(config: &crate::proto::ProtocolConfig, beta: Option<f64>) -> (Vec<u64>, Vec<f64>, u64) {
+    use crate::proto::AnyServer;
+    let dim = 4;
+    let mut server: AnyServer<f64, Vec<f64>, crate::proto::Heap> =
+        AnyServer::new(config, vec![0.0; dim], vec![0.0; config.server_scratch_len(dim)]).unwrap();
+    if let Some(b) = beta {
+        server = server.with_momentum(b, vec![0.0; dim]).unwrap();
+    }
+    let server = run_lockstep(config, server, |_| vec![1.0, -1.0, 0.5, 0.25]);
+    let params = server.params().to_vec();
+    (params.iter().map(|x| x.to_bits()).collect(), params, server.version().0)
 }
 
 #[test]

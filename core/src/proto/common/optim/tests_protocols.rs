@@ -4,9 +4,7 @@
 
 use super::{AdamW, Optimizer, Schedule};
 use crate::id::WorkerId;
-use crate::proto::common::testkit::{Cluster, Job, NetConfig};
-use crate::proto::{AnyServer, AnyWorker, Heap, ProtocolConfig, Server, WorkerSetup};
-use crate::time::Duration;
+use crate::proto::{AnyServer, Heap, ProtocolConfig, Server};
 use std::vec;
 use std::vec::Vec;
 
@@ -16,28 +14,12 @@ const GRADIENT: [f64; 4] = [1.0, -1.0, 0.5, 0.25];
 /// number of steps under `optimizer`: the final model, the server's updates and the rule's.
 fn cluster_run(config: &ProtocolConfig, optimizer: Optimizer) -> (Vec<f64>, u64, u64) {
     let dim = GRADIENT.len();
-    let n = config.workers();
     let mut server: AnyServer<f64, Vec<f64>, Heap> =
         AnyServer::new(config, vec![0.0; dim], vec![0.0; config.server_scratch_len(dim)]).unwrap();
     server = server.with_optimizer(optimizer, vec![0.0; optimizer.state_len(dim)]).unwrap();
-    let workers: Vec<AnyWorker<f64, Vec<f64>>> = (0..n)
-        .map(|i| {
-            let setup = WorkerSetup { id: WorkerId(i), epoch: 1, rejoin_after: None };
-            AnyWorker::new(config, setup, vec![0.0; dim], vec![0.0; config.worker_scratch_len(dim)]).unwrap()
-        })
-        .collect();
-    let us = Duration::from_micros;
-    let links =
-        NetConfig { latency: (us(100), us(900)), compute: (us(700), us(700)), fifo: true, ..NetConfig::default() };
-    let gradient = |_: &Job<'_>| GRADIENT.to_vec();
-    let mut net = Cluster::new(server, workers, 3, links, gradient).without_snapshots();
-    for _ in 0..400 {
-        if !net.step() {
-            break;
-        }
-    }
-    let updates = net.server.stats().updates;
-    (net.server.params().to_vec(), updates, net.server.optimizer_steps())
+    let server = super::tests_momentum::run_lockstep(config, server, |_| GRADIENT.to_vec());
+    let updates = server.stats().updates;
+    (server.params().to_vec(), updates, server.optimizer_steps())
 }
 
 /// The rate the rule steps with on `config`: the protocol's learning rate, for SSP the
