@@ -30,7 +30,7 @@ mod resume;
 use core::time::Duration;
 use ledger::{Ledger, Loss};
 use procs::{Proc, json, serve_as_given};
-use resume::{add_killed_server, has_update, wait_for_checkpoint};
+use resume::{check_ledger_across_kill, has_update, wait_for_checkpoint};
 use std::path::PathBuf;
 use std::thread;
 
@@ -173,20 +173,7 @@ fn kill_the_server_then_resume(protocol: &'static str) {
         assert_eq!(code, 0, "{protocol}: work {i}");
         sent += written(&json(&out));
     }
-    let l = &summary["ledger"];
-    let mut ledger = Ledger::from_summary_json(&summary["gradients"]).unwrap();
-    ledger.sent = sent;
-    // The killed server's drops are its journal's total (not the reasons).
-    add_killed_server(&mut ledger, r, lost);
-    ledger.in_flight = l["in_flight_at_stop"].as_u64().unwrap();
-    ledger.add_lost(Loss::Refused, l["refused"].as_u64().unwrap());
-    ledger.add_lost(Loss::ConnectionLost, l["discarded"].as_u64().unwrap());
-    // What the killed server read after its last journaled update, or never read.
-    let gone = sent.checked_sub(ledger.accounted()).unwrap_or_else(|| panic!("{protocol}: {}", ledger.line()));
-    ledger.add_lost(Loss::ServerGone, gone);
-    eprintln!("{protocol}, server killed and resumed: {}", ledger.line());
-    assert!(gone <= 4 * u64::from(N), "{protocol}: {gone} contributions unaccounted for at the kill");
-    ledger.check().unwrap_or_else(|e| panic!("{protocol}: {e}"));
+    check_ledger_across_kill(&summary, sent, 4 * u64::from(N), &format!("{protocol}, server killed and resumed"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

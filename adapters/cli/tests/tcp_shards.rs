@@ -28,7 +28,7 @@ mod resume;
 use core::time::Duration;
 use ledger::{Ledger, Loss};
 use procs::{Proc, json, serve_as_given};
-use resume::{add_killed_server, has_update, wait_for_checkpoint};
+use resume::{check_ledger_across_kill, has_update, wait_for_checkpoint};
 use std::path::{Path, PathBuf};
 use syncopate::ProtocolKind;
 use syncopate_adapters::tcp::checkpoint;
@@ -235,18 +235,7 @@ fn kill_a_shard_then_resume(protocol: &'static str, every: u64) {
         .iter()
         .map(|r| r["shards"][1]["sent"].as_u64().unwrap() + r["shards"][1]["resent"].as_u64().unwrap())
         .sum();
-    let l = &summary["ledger"];
-    let mut ledger = Ledger::from_summary_json(&summary["gradients"]).unwrap();
-    ledger.sent = sent;
-    add_killed_server(&mut ledger, r, lost);
-    ledger.in_flight = l["in_flight_at_stop"].as_u64().unwrap();
-    ledger.add_lost(Loss::Refused, l["refused"].as_u64().unwrap());
-    ledger.add_lost(Loss::ConnectionLost, l["discarded"].as_u64().unwrap());
-    let gone = sent.checked_sub(ledger.accounted()).unwrap_or_else(|| panic!("{protocol}: {}", ledger.line()));
-    ledger.add_lost(Loss::ServerGone, gone);
-    eprintln!("{protocol}, shard 1 killed and resumed: {}", ledger.line());
-    assert!(gone <= 4 * u64::from(N), "{protocol}: {gone} contributions unaccounted for at the kill");
-    ledger.check().unwrap_or_else(|e| panic!("{protocol}: {e}"));
+    check_ledger_across_kill(&summary, sent, 4 * u64::from(N), &format!("{protocol}, shard 1 killed and resumed"));
     for s in servers {
         s.signal("TERM");
         let (code, _) = s.finish(Duration::from_secs(30));

@@ -48,3 +48,24 @@ pub fn add_killed_server(ledger: &mut Ledger, resumed: &serde_json::Value, rolle
     ledger.add_lost(Loss::RolledBack, rolled_back);
     ledger.add_lost(Loss::HeldAtCrash, at("at_last_update", 1) - at("at_last_update", 2) - at("at_last_update", 3));
 }
+
+/// Checks the conservation ledger across a kill and resume: what the workers `sent` to the
+/// killed server and the resumed one against the resumed server's `summary` (its own counts,
+/// and the killed server's part from the journal). What neither accounts for went with the
+/// killed server (read after its last journaled update, or never read): at most `bound`.
+/// `what` names the run in messages.
+pub fn check_ledger_across_kill(summary: &serde_json::Value, sent: u64, bound: u64, what: &str) {
+    let l = &summary["ledger"];
+    let mut ledger = Ledger::from_summary_json(&summary["gradients"]).unwrap();
+    ledger.sent = sent;
+    // The killed server's drops are its journal's total (not the reasons).
+    add_killed_server(&mut ledger, &l["resumed"], l["resumed"]["lost_contributions"].as_u64().unwrap());
+    ledger.in_flight = l["in_flight_at_stop"].as_u64().unwrap();
+    ledger.add_lost(Loss::Refused, l["refused"].as_u64().unwrap());
+    ledger.add_lost(Loss::ConnectionLost, l["discarded"].as_u64().unwrap());
+    let gone = sent.checked_sub(ledger.accounted()).unwrap_or_else(|| panic!("{what}: {}", ledger.line()));
+    ledger.add_lost(Loss::ServerGone, gone);
+    eprintln!("{what}: {}", ledger.line());
+    assert!(gone <= bound, "{what}: {gone} contributions unaccounted for at the kill");
+    ledger.check().unwrap_or_else(|e| panic!("{what}: {e}"));
+}
