@@ -8,7 +8,9 @@ mod tcp_common;
 use core::time::Duration;
 use syncopate::Version;
 use syncopate_adapters::scenario::ProtocolKind;
-use syncopate_adapters::tcp::{ProtocolSettings, RunPlan, RunSettings, ServerOptions, WorkerJob, run_worker};
+use syncopate_adapters::tcp::{
+    ProtocolSettings, RunPlan, RunSettings, ServerOptions, ServerReport, WorkerJob, run_worker,
+};
 use tcp_common::{bounded, plan, start_server_at, worker_options, worker_side};
 
 /// `f(w) = ½‖w − target‖²`: gradient `w − target`, loss `f(w)`.
@@ -58,6 +60,26 @@ fn start_server_awaiting_initial(plan: RunPlan) -> tcp_common::Running {
         })
     });
     tcp_common::Running { addr, handle, logs, events, join }
+}
+
+/// Runs two workers computing the least-squares gradient (their `dim` given or not) against
+/// `server` until it stops them; its report.
+fn two_least_squares_workers(server: tcp_common::Running, dim: Option<usize>) -> ServerReport {
+    let workers: Vec<_> = (0..2)
+        .map(|i| {
+            let mut o = worker_options(server.addr, i);
+            o.dim = dim;
+            std::thread::spawn(move || {
+                let mut job = LeastSquares { target: TARGET.to_vec(), loss: None };
+                run_worker(&o, &mut job, &mut |_| {})
+            })
+        })
+        .collect();
+    let report = server.finish();
+    for w in workers {
+        assert!(w.join().unwrap().unwrap().stopped);
+    }
+    report
 }
 
 #[test]
@@ -149,20 +171,7 @@ fn bsp_trains_a_model_it_does_not_know_and_keeps_the_loss_curve() {
             Version::ZERO,
             plan(2 * updates, 30),
         );
-        let workers: Vec<_> = (0..2)
-            .map(|i| {
-                let mut o = worker_options(server.addr, i);
-                o.dim = Some(TARGET.len());
-                std::thread::spawn(move || {
-                    let mut job = LeastSquares { target: TARGET.to_vec(), loss: None };
-                    run_worker(&o, &mut job, &mut |_| {})
-                })
-            })
-            .collect();
-        let report = server.finish();
-        for w in workers {
-            assert!(w.join().unwrap().unwrap().stopped);
-        }
+        let report = two_least_squares_workers(server, Some(TARGET.len()));
         // Both workers compute on the same model, so update v reports the loss at model
         // v − 1: `w_v − target = (1 − lr)^v (w_0 − target)`, so the loss is
         // `½ (1 − lr)^(2(v−1)) ‖target‖²`.
@@ -201,19 +210,7 @@ fn momentum_on_the_tcp_server_follows_the_heavy_ball_recurrence() {
         s.optimizer = syncopate::proto::Optimizer::momentum(beta);
         let options = ServerOptions::new(s);
         let server = start_server_at("127.0.0.1:0", options, vec![0.0; 4], Version::ZERO, plan(2 * updates, 30));
-        let workers: Vec<_> = (0..2)
-            .map(|i| {
-                let o = worker_options(server.addr, i);
-                std::thread::spawn(move || {
-                    let mut job = LeastSquares { target: TARGET.to_vec(), loss: None };
-                    run_worker(&o, &mut job, &mut |_| {})
-                })
-            })
-            .collect();
-        let report = server.finish();
-        for w in workers {
-            assert!(w.join().unwrap().unwrap().stopped);
-        }
+        let report = two_least_squares_workers(server, None);
         // x_{v+1} = x_v + β(x_v − x_{v−1}) − lr (x_v − target), from x_0 = x_{−1} = 0.
         for (i, t) in TARGET.iter().enumerate() {
             let (mut prev, mut x) = (0.0f64, 0.0f64);
