@@ -212,5 +212,7 @@ if __name__ == '__main__':
             if verbose:
                 cs = set(comp)
                 for m in sorted(comp):
-                    for w in sorted(E[m] & cs): print('    ', name(m), '->', name(w), ' via', ' '.join(sorted(c.why[(m, w)])[:4]))
+                    for w in sorted(E[m] & cs):
+                        via = ' '.join(sorted(c.why[(m, w)])[:4])
+                        print('    ', name(m), '->', name(w), ' via', via)
     sys.exit(1 if total else 0)

@@ -1,5 +1,6 @@
-//! Swarm fault simulation over the pure core: one [`AnyServer`] and `n` [`AnyWorker`]s on the
-//! core's one test network (`syncopate::testkit::Cluster`): seeded, lossy, duplicating,
+//! Swarm fault simulation over the pure core: one [`AnyServer`](syncopate::AnyServer) and
+//! `n` [`AnyWorker`](syncopate::AnyWorker)s on the core's one test network
+//! (`syncopate::testkit::Cluster`): seeded, lossy, duplicating,
 //! reordering, with worker crashes and restarts, one-way partitions and server restarts
 //! from a checkpoint. A [`Checker`] verifies the
 //! invariants after every event; then a quiet phase switches the faults off and requires
