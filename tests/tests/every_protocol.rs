@@ -17,7 +17,7 @@ use syncopate_adapters::scenario::{ProtocolSpec, Scenario};
 use syncopate_adapters::sim::{self, SimConfig};
 use syncopate_adapters::tcp::{ProtocolSettings, RunSettings, ServerOptions, StopReason, run_worker};
 use syncopate_adapters::thread::{self, ThreadConfig};
-use syncopate_adapters::workload::ModelKind;
+use syncopate_adapters::workload::{ModelKind, Workload};
 use syncopate_ffi::SyncopateConfig;
 
 const WORKERS: u32 = 4;
@@ -111,24 +111,31 @@ fn threads_over_channels_run_every_protocol() {
 
 #[test]
 fn tcp_on_loopback_runs_every_protocol() {
+    on_every_protocol_over_tcp(|kind, server, w| {
+        let workers: Vec<_> =
+            (0..WORKERS).map(|i| spawn_worker(worker_options(server.addr, i), Arc::clone(&w))).collect();
+        let report = server.finish();
+        let mut reports = Vec::new();
+        for h in workers {
+            let (r, logs) = h.join().unwrap();
+            reports.push(r.unwrap_or_else(|e| panic!("{kind}: worker failed: {e}; {logs:?}")));
+        }
+        check_ledger(&report, &reports);
+        assert!(report.stats.applied > 0, "{kind}: {:?}", report.stats);
+    });
+}
+
+/// Runs `body` on a server of every protocol (each bounded to 120 s) on the loopback, with a
+/// budget every worker joins well before (as in `tcp_train`): a worker that first connects as
+/// the run ends is not what these tests are about.
+fn on_every_protocol_over_tcp(body: fn(ProtocolKind, Running, Arc<Workload>)) {
     let w = workload();
     for kind in ProtocolKind::ALL {
         let w = Arc::clone(&w);
         bounded(Duration::from_secs(120), move || {
             let settings = run_settings(ProtocolSettings::named(kind, WORKERS, LR));
-            // A budget every worker joins well before (as in `tcp_train`): a worker that first
-            // connects as the run ends is not what this test is about.
             let server = start_server(ServerOptions::new(settings), &w, plan(150 * u64::from(WORKERS), 30));
-            let workers: Vec<_> =
-                (0..WORKERS).map(|i| spawn_worker(worker_options(server.addr, i), Arc::clone(&w))).collect();
-            let report = server.finish();
-            let mut reports = Vec::new();
-            for h in workers {
-                let (r, logs) = h.join().unwrap();
-                reports.push(r.unwrap_or_else(|e| panic!("{kind}: worker failed: {e}; {logs:?}")));
-            }
-            check_ledger(&report, &reports);
-            assert!(report.stats.applied > 0, "{kind}: {:?}", report.stats);
+            body(kind, server, w);
         });
     }
 }
@@ -139,30 +146,24 @@ fn tcp_on_loopback_runs_every_protocol() {
 /// could never read its socket).
 #[test]
 fn tcp_workers_whose_steps_take_no_time_still_read_the_server() {
-    let w = workload();
-    for kind in ProtocolKind::ALL {
-        let w = Arc::clone(&w);
-        bounded(Duration::from_secs(120), move || {
-            let settings = run_settings(ProtocolSettings::named(kind, WORKERS, LR));
-            let server = start_server(ServerOptions::new(settings), &w, plan(150 * u64::from(WORKERS), 30));
-            let workers: Vec<_> = (0..WORKERS)
-                .map(|i| {
-                    let options = worker_options(server.addr, i);
-                    std::thread::spawn(move || {
-                        let mut job = |_: &[f32], grad: &mut [f32]| grad.fill(1e-3);
-                        run_worker(&options, &mut job, &mut |_| {})
-                    })
+    on_every_protocol_over_tcp(|kind, server, _| {
+        let workers: Vec<_> = (0..WORKERS)
+            .map(|i| {
+                let options = worker_options(server.addr, i);
+                std::thread::spawn(move || {
+                    let mut job = |_: &[f32], grad: &mut [f32]| grad.fill(1e-3);
+                    run_worker(&options, &mut job, &mut |_| {})
                 })
-                .collect();
-            let report = server.finish();
-            assert_eq!(report.reason, StopReason::Budget, "{kind}: {report:?}");
-            let mut reports = Vec::new();
-            for h in workers {
-                let r = h.join().unwrap().unwrap_or_else(|e| panic!("{kind}: worker failed: {e}"));
-                assert!(r.stopped, "{kind}: a worker did not get the Stop: {r:?}");
-                reports.push(r);
-            }
-            check_ledger(&report, &reports);
-        });
-    }
+            })
+            .collect();
+        let report = server.finish();
+        assert_eq!(report.reason, StopReason::Budget, "{kind}: {report:?}");
+        let mut reports = Vec::new();
+        for h in workers {
+            let r = h.join().unwrap().unwrap_or_else(|e| panic!("{kind}: worker failed: {e}"));
+            assert!(r.stopped, "{kind}: a worker did not get the Stop: {r:?}");
+            reports.push(r);
+        }
+        check_ledger(&report, &reports);
+    });
 }
