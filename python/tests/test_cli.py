@@ -162,11 +162,16 @@ def quadratic_worker(address: str, id: int, target: np.ndarray) -> dict:
     return syncopate.run_worker(address, compute, id=id, log=lambda _: None, give_up_after_s=10.0)
 
 
-def test_serve_trains_a_vector_of_your_own_with_two_python_workers(tmp_path):
+def vector_files(tmp_path, n):
+    """`n` elements of 4.0 saved as init.npy, the path final.npy, the start and a target in [-1, 1]."""
     init, final = tmp_path / "init.npy", tmp_path / "final.npy"
-    start = np.full(16, 4.0, np.float32)
-    target = np.linspace(-1, 1, 16).astype(np.float32)
+    start = np.full(n, 4.0, np.float32)
     np.save(init, start)
+    return init, final, start, np.linspace(-1, 1, n).astype(np.float32)
+
+
+def test_serve_trains_a_vector_of_your_own_with_two_python_workers(tmp_path):
+    init, final, start, target = vector_files(tmp_path, 16)
     proc, address = start_serve(tmp_path, "--init", str(init), "--workers", "2", "--lr", "0.2", "--steps", "60",
                                 "--save", str(final), "--target-loss", "0.5", "--json")
     workers = [threading.Thread(target=quadratic_worker, args=(address, i, target)) for i in range(2)]
@@ -236,10 +241,7 @@ def test_every_command_goes_to_the_rust_cli_when_one_is_installed(tmp_path, sync
 def test_serve_runs_the_update_rule_its_flags_name(tmp_path):
     # One AdamW step moves every coordinate by the learning rate against the gradient's sign
     # (m / sqrt(v) = sign(g) at the first step), where SGD would move it by lr x gradient.
-    init, final = tmp_path / "init.npy", tmp_path / "final.npy"
-    start = np.full(8, 4.0, np.float32)
-    target = np.linspace(-1, 1, 8).astype(np.float32)
-    np.save(init, start)
+    init, final, start, target = vector_files(tmp_path, 8)
     proc, address = start_serve(tmp_path, "--init", str(init), "--workers", "1", "--lr", "0.25", "--steps", "1",
                                 "--optimizer", "adamw", "--weight-decay", "0", "--save", str(final))
     worker = threading.Thread(target=quadratic_worker, args=(address, 0, target))
