@@ -293,6 +293,7 @@ fn send_raw(addr: std::net::SocketAddr, id: u32, frames: &[Vec<u8>]) {
         want: None,
         dim: None,
         lost_after: DEFAULT_LOST_AFTER,
+        wire: None,
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     client_handshake(&mut reader, &mut writer, &me, deadline).unwrap();

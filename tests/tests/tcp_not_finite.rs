@@ -32,6 +32,7 @@ fn join(addr: SocketAddr, dim: usize) -> (FrameReader, FrameWriter<TcpStream>, V
         want: None,
         dim: None,
         lost_after: DEFAULT_LOST_AFTER,
+        wire: None,
     };
     handshake::client_handshake(&mut r, &mut w, &me, Instant::now() + Duration::from_secs(3)).unwrap();
     r.set_max_len(session_max_len(dim));

@@ -112,6 +112,7 @@ fn wrong_secret_is_refused_and_logged_on_both_sides() {
             want: None,
             dim: None,
             lost_after: DEFAULT_LOST_AFTER,
+            wire: None,
         };
         // The impostor cannot check our early MAC either, so it refuses us; both sides see why.
         let err = handshake::client_handshake(&mut r, &mut w, &me, Instant::now() + Duration::from_secs(3))
@@ -239,6 +240,7 @@ fn session(addr: SocketAddr, dim: usize, key: &Secret) -> (TcpStream, FrameWrite
         want: None,
         dim: None,
         lost_after: DEFAULT_LOST_AFTER,
+        wire: None,
     };
     let (_, settings) = handshake::client_handshake(&mut r, &mut w, &me, deadline).unwrap();
     assert_eq!(settings.dim().unwrap(), dim, "the settings carry the model's shape");
@@ -329,6 +331,7 @@ fn slow_loris_is_cut_off_at_the_absolute_deadline() {
             want: None,
             dim: None,
             lost_after: DEFAULT_LOST_AFTER,
+            wire: None,
         };
         handshake::client_handshake(&mut r, &mut w, &me, Instant::now() + Duration::from_secs(3)).unwrap();
         let start = Instant::now();
