@@ -635,7 +635,7 @@ mod tests {
             }
         }
         let hello = Message::ClientHello(ClientHello::new(WorkerId(0), Role::Worker, None, None).unwrap());
-        assert_eq!(hello.encode().len(), 110, "adapters/transport/TCP.md §5 gives this length");
+        assert_eq!(hello.encode().len(), 111, "adapters/transport/TCP.md §5 gives this length");
         assert!(hello.encode().len() + 8 <= HANDSHAKE_MAX_LEN);
         assert_eq!(Message::decode(b"GET / HTTP/1.1\r\n"), None);
     }
