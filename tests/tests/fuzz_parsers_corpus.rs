@@ -183,7 +183,7 @@ fn handshake_corpus() {
             epoch: 2,
             version: 40,
             lost_after_ms: 10_000,
-            wire: syncopate::wire::Encoding::F32,
+            wire: wire::Encoding::F32,
             settings: s.encode().expect("settings"),
             mac: [6; 32],
         })
