@@ -103,3 +103,20 @@ fn a_gradient_beyond_fp16_is_refused_as_not_finite_by_its_worker() {
         assert_eq!(report.stats.accepted, 0, "nothing beyond fp16 reached the server as a gradient");
     });
 }
+
+#[test]
+fn a_model_beyond_fp16_ends_the_run_as_diverged() {
+    bounded(Duration::from_secs(30), || {
+        let w = workload();
+        let mut options = ServerOptions::new(bsp(1));
+        options.wire = Encoding::Fp16;
+        let mut params = vec![0.0f32; w.model.dim()];
+        params[3] = 1.0e5;
+        let server = start_server_at("127.0.0.1:0", options, params, syncopate::Version::ZERO, plan(u64::MAX, 20));
+        let worker = spawn_worker(worker_options(server.addr, 0), Arc::clone(&w));
+        server.wait_log("cannot encode a Model message: value 3 of the tensor is not finite in fp16; the model has diverged, stopping", Duration::from_secs(10));
+        let report = server.finish();
+        assert_eq!(report.reason, StopReason::Diverged);
+        let _ = worker.join();
+    });
+}

@@ -499,7 +499,13 @@ impl<S: Server<f32>> Core<S> {
                         let model = matches!(msg, ToWorker::Model { .. });
                         match self.bufs.fill(len, |buf| wire::encode_to_worker_as(&msg, enc, buf)) {
                             Ok(bytes) => outbox.push((to, bytes, model)),
-                            Err(e) => note(Note::Log(&format!("cannot encode a {} message: {e}", msg.kind_name()))),
+                            Err(e) => {
+                                // A model beyond the wire's range has diverged for this run.
+                                let diverged = matches!(e, wire::EncodeError::NotFinite { .. });
+                                let end = if diverged { "; the model has diverged, stopping" } else { "" };
+                                note(Note::Log(&format!("cannot encode a {} message: {e}{end}", msg.kind_name())));
+                                self.diverged |= diverged;
+                            }
                         }
                     }
                     ServerOutput::Event(ev) => {
