@@ -14,6 +14,13 @@ import syncopate
 BATCH = 32
 
 
+def wire_of(system: str) -> tuple[str, str]:
+    """A syncopate system's protocol and wire encoding: `bsp-bf16` is `bsp` with gradients and
+    models in bfloat16 on the wire (the server keeps float32)."""
+    name, _, wire = system.partition("-")
+    return (name, wire) if wire in ("bf16", "fp16") else (system, "f32")
+
+
 WIDE_MLPS = {"mlp4m": 1650, "mlp16m": 3600, "mlp64m": 7600}
 MODELS = ("cnn", "mlp", *WIDE_MLPS)
 
@@ -119,7 +126,9 @@ LOCALSGD_START, LOCALSGD_PERIOD = 20, 4
 def ddp_model(system: str, model: torch.nn.Module, workers: int, lr: float, momentum: float) -> tuple:
     """The DDP-wrapped model, its optimizer and (post-local SGD) the model averager.
 
-    `ddp`: SGD at `lr`. `ddp-scaled`: at `lr` times the number of workers (the linear scaling
+    `ddp`: SGD at `lr`. `ddp-bf16`: the same with PyTorch's `bf16_compress_hook` (each
+    bucket allreduced in bfloat16, the compressed counterpart of syncopate's `bsp-bf16`).
+    `ddp-scaled`: at `lr` times the number of workers (the linear scaling
     rule for DDP's `workers`-times-larger global batch). `localsgd`: PyTorch's post-local SGD
     (`post_localSGD_hook`, `PeriodicModelAverager`): `LOCALSGD_START` synchronous steps, then
     every rank steps on its own gradient and the models are averaged every `LOCALSGD_PERIOD`
@@ -130,6 +139,10 @@ def ddp_model(system: str, model: torch.nn.Module, workers: int, lr: float, mome
     scaled = lr * workers if system == "ddp-scaled" else lr
     opt = torch.optim.SGD(ddp.parameters(), lr=scaled, momentum=momentum)
     averager = None
+    if system == "ddp-bf16":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+
+        ddp.register_comm_hook(None, bf16_compress_hook)
     if system == "localsgd":
         from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
             PostLocalSGDState, post_localSGD_hook)

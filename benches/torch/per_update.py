@@ -6,7 +6,8 @@ straggler, no evaluation); the clock runs over `--timed` updates after `--warmup
 workers), the CPU time of one forward and backward alone (measured on each worker before
 the run, the median of 10, so `worker_cpu_ms - fwdbwd_ms` is what a worker spends outside
 its computation), and for syncopate the server process's CPU time over the whole run divided
-by its updates. DDP: `ddp`, `ddp-scaled` (gloo, default buckets); syncopate: `bsp` over TCP.
+by its updates. DDP: `ddp`, `ddp-scaled` (gloo, default buckets), `ddp-bf16` (with
+`bf16_compress_hook`); syncopate: `bsp` over TCP, `bsp-bf16` with the wire in bfloat16.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def run(system: str, args: argparse.Namespace, ctx: Any, port: int,
         start_workers: Callable[..., Any]) -> dict[str, Any]:
     """One run of `system`; `ctx` makes the worker processes, DDP's ranks meet at `port`."""
     dim = sum(p.numel() for p in common.make_model(args.model).parameters())
-    if system in ("ddp", "ddp-scaled"):
+    if system in ("ddp", "ddp-scaled", "ddp-bf16"):
         out = ctx.Queue()
         procs = [ctx.Process(target=ddp_worker, args=(r, system, args, port, out)) for r in range(args.workers)]
         for p in procs:
@@ -140,15 +141,16 @@ def run(system: str, args: argparse.Namespace, ctx: Any, port: int,
         for p in procs:
             p.join()
         return {"dim": dim, **summary(ranks, args.timed)}
-    if system != "bsp":
-        raise ValueError(f"--per-update compares ddp, ddp-scaled and bsp, not {system}")
+    name, wire = common.wire_of(system)
+    if name != "bsp":
+        raise ValueError(f"--per-update compares ddp, ddp-scaled, ddp-bf16, bsp and bsp-bf16, not {system}")
     out = ctx.Queue()
     procs, start = start_workers(syncopate_worker, args, args, out)
     params = st.parameters_vector(common.make_model(args.model))
     cpu = process_cpu_s()
     report = syncopate.serve(params, syncopate.Protocol("bsp", workers=args.workers, lr=args.lr),
                              momentum=args.momentum, updates=args.warmup + args.timed + 1, on_listen=start,
-                             log=lambda _: None)
+                             log=lambda _: None, wire=wire)
     cpu = process_cpu_s() - cpu
     ranks = [out.get(timeout=600) for _ in procs]
     for p in procs:

@@ -38,10 +38,12 @@ import per_update  # noqa: E402
 import syncopate  # noqa: E402
 import syncopate.torch as st  # noqa: E402
 
-SYSTEMS = ("ddp", "ddp-scaled", "localsgd", "bsp", "backup", "dbw", "ssp", "asp")
+SYSTEMS = ("ddp", "ddp-scaled", "ddp-bf16", "localsgd", "bsp", "bsp-bf16", "backup", "dbw", "ssp", "asp")
 # DDP's variants (`common.ddp_model`): `ddp-scaled` scales the learning rate to the global
-# batch; `localsgd` is PyTorch's post-local SGD, the straggler-tolerant baseline it ships.
-DDP_SYSTEMS = ("ddp", "ddp-scaled", "localsgd")
+# batch; `ddp-bf16` allreduces in bfloat16 (`bf16_compress_hook`); `localsgd` is PyTorch's
+# post-local SGD, the straggler-tolerant baseline it ships. `bsp-bf16` is `bsp` with the wire
+# in bfloat16 (`serve(wire="bf16")`): compressed is compared with compressed.
+DDP_SYSTEMS = ("ddp", "ddp-scaled", "ddp-bf16", "localsgd")
 
 
 def context() -> Any:
@@ -68,6 +70,7 @@ def free_port() -> int:
 
 
 def protocol(name: str, args: argparse.Namespace) -> syncopate.Protocol:
+    name, _ = common.wire_of(name)
     knobs: dict[str, Any] = {}
     if name == "backup":
         knobs["backup_workers"] = 1
@@ -78,7 +81,7 @@ def protocol(name: str, args: argparse.Namespace) -> syncopate.Protocol:
 
 def gradients_per_update(name: str, n: int) -> float:
     """About how many gradients one model update takes (to evaluate about equally often)."""
-    return {"bsp": n, "backup": n - 1, "dbw": max(n - 1, 1)}.get(name, 1)
+    return {"bsp": n, "backup": n - 1, "dbw": max(n - 1, 1)}.get(common.wire_of(name)[0], 1)
 
 
 def time_to_target(evaluations: list[tuple[float, float]], target: float) -> float | None:
@@ -202,7 +205,8 @@ def run_syncopate(name: str, args: argparse.Namespace) -> dict[str, Any]:
     every = max(1, round(args.eval_every * args.workers / gradients_per_update(name, args.workers)))
     params = st.parameters_vector(model)  # the live model: `serve` trains it in place
     report = syncopate.serve(params, protocol(name, args), momentum=args.momentum, evaluate=evaluate,
-                             every=every, gradients=args.gradients, on_listen=start, log=lambda _: None)
+                             every=every, gradients=args.gradients, on_listen=start, log=lambda _: None,
+                             wire=common.wire_of(name)[1])
     for p in procs:
         p.join()
     evaluations = [(t, acc) for _, t, acc in report["evaluations"]]
@@ -259,7 +263,7 @@ def run_link(system: str, args: argparse.Namespace) -> dict[str, Any]:
     # threads of this process.
     thread_cpu, cpu = time.thread_time(), process_cpu_s()
     report = syncopate.serve(params, protocol(system, args), updates=args.link_updates, on_listen=start,
-                             log=lambda _: None)
+                             log=lambda _: None, wire=common.wire_of(system)[1])
     thread_cpu, cpu = time.thread_time() - thread_cpu, process_cpu_s() - cpu
     worker_cpu = [cpu_out.get(timeout=60) for _ in procs]
     for p in procs:

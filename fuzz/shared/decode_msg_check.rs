@@ -5,9 +5,12 @@
 //! For every input: decoding as `ToServer` and `ToWorker`, `f32` and `f64`, under tight and
 //! loose limits, and peeking at the header, must not panic. Whatever is accepted must be
 //! canonical: re-encoding gives back the input byte for byte, and decoding that again gives
-//! the same message.
+//! the same message. Widening as each 16-bit encoding (`bf16`, `fp16`) must not panic either;
+//! what widens is an `f32` message of the same kind with as many elements, and when it
+//! decodes and holds only values finite in the encoding, narrowing it again gives back the
+//! input byte for byte.
 
-use syncopate::wire::{self, Limits};
+use syncopate::wire::{self, Encoding, Limits};
 use syncopate::{Scalar, ToServer, ToWorker, Values};
 
 /// Tight limits (smaller than most seeds' tensors) and loose ones.
@@ -20,6 +23,9 @@ pub(crate) fn check(data: &[u8]) -> usize {
     let mut accepted = 0;
     for limits in &LIMITS {
         accepted += check_scalar::<f32>(data, limits) + check_scalar::<f64>(data, limits);
+        for enc in [Encoding::Bf16, Encoding::Fp16] {
+            accepted += check_widened(data, enc, limits);
+        }
     }
     if accepted > 0 {
         // An accepted message has a valid header that announces exactly its length.
@@ -52,6 +58,34 @@ fn check_scalar<T: Scalar>(data: &[u8], limits: &Limits) -> usize {
         assert!(matches!(wire::decode_to_server::<T>(data, limits), Err(wire::DecodeError::WrongDirection)));
     }
     accepted
+}
+
+/// Widens `data` as `enc`; an accepted message becomes an `f32` message of the same kind,
+/// and narrowing what decodes gives back `data` (unless a value is not finite in `enc`).
+fn check_widened(data: &[u8], enc: Encoding, limits: &Limits) -> usize {
+    let Ok(len) = wire::widened_len(data, enc, limits) else {
+        let mut out = vec![0u8; 64];
+        assert!(wire::widen(data, enc, limits, &mut out).is_err(), "widen accepted what widened_len refused");
+        return 0;
+    };
+    let mut out = vec![0u8; len];
+    assert_eq!(wire::widen(data, enc, limits, &mut out), Ok(len));
+    let h = wire::peek_header(&out).expect("a widened message has a valid header");
+    assert_eq!((h.scalar_tag, h.message_len()), (4, len));
+    assert_eq!(out.get(..4), data.get(..4), "magic, version and kind kept");
+    let narrowed = |n: Result<usize, wire::EncodeError>, buf: &[u8]| match n {
+        Ok(n) => assert_eq!(&buf[..n], data, "narrowing a widened message changed its bytes"),
+        Err(wire::EncodeError::NotFinite { encoding, .. }) => assert_eq!(encoding, enc),
+        Err(e) => panic!("narrowing a widened message failed: {e}"),
+    };
+    let mut buf = vec![0u8; data.len()];
+    if let Ok(msg) = wire::decode_to_server::<f32>(&out, limits) {
+        narrowed(wire::encode_to_server_as(&msg, enc, &mut buf), &buf);
+    }
+    if let Ok(msg) = wire::decode_to_worker::<f32>(&out, limits) {
+        narrowed(wire::encode_to_worker_as(&msg, enc, &mut buf), &buf);
+    }
+    1
 }
 
 /// A message's kind, integer fields and payload bytes, for comparison.

@@ -32,6 +32,12 @@ use syncopate::WorkerId;
 use syncopate_transport::launcher::{self, FromEnv};
 use syncopate_transport::tcp::{RunSettings, Secret, WorkerJob, WorkerOptions, run_worker as tcp_run_worker};
 
+/// `wire` as a tensor encoding: `"f32"`, `"bf16"` or `"fp16"`.
+pub(crate) fn wire(name: &str) -> PyResult<syncopate::wire::Encoding> {
+    syncopate::wire::Encoding::from_name(name)
+        .ok_or_else(|| PyValueError::new_err(format!("wire: {name:?} is not a wire encoding: give \"f32\", \"bf16\" or \"fp16\"")))
+}
+
 /// `lost_after_s` as a duration: how long a silent peer is waited on before its session counts
 /// as lost (a positive number of seconds, at least the transport's shortest silence limit).
 pub(crate) fn lost_after(lost_after_s: f64) -> PyResult<Duration> {
@@ -301,7 +307,7 @@ fn failure_error(py: Python<'_>, id: u32, failure: Failure) -> PyErr {
 #[pyfunction]
 #[pyo3(signature = (connect, compute, *, id = None, secret_file = None, params = None, grad = None,
     give_up_after_s = 30.0, log = None, initial = None, lost_after_s = 10.0, on_round = None,
-    optional_loss = false))]
+    optional_loss = false, wire = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_worker<'py>(
     py: Python<'py>,
@@ -317,7 +323,9 @@ pub(crate) fn run_worker<'py>(
     lost_after_s: f64,
     on_round: Option<PyObject>,
     optional_loss: bool,
+    wire: Option<&str>,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let wire = wire.map(self::wire).transpose()?;
     if on_round.as_ref().is_some_and(|f| !f.bind(py).is_callable()) {
         return Err(PyValueError::new_err("on_round must be callable: on_round(vector, version)"));
     }
@@ -329,6 +337,7 @@ pub(crate) fn run_worker<'py>(
     let connect = crate::launch::server_address(connect)?;
     let mut options = options(&connect, id, secret_file, give_up_after_s)?;
     options.lost_after = lost_after(lost_after_s)?;
+    options.wire = wire;
     // The size of the caller's own arrays travels in the hello: the server refuses another
     // size at the handshake, naming both.
     let sizes: Vec<usize> = [&params, &grad]

@@ -173,6 +173,7 @@ def run_worker(
     lost_after_s: float = 10.0,
     on_round: Optional[Callable[[Float32Array, int], object]] = None,
     optional_loss: bool = False,
+    wire: Optional[str] = None,
 ) -> dict[str, Any]:
     """Runs worker ``id`` of the server at ``connect`` until the server says stop; the protocol
     and the model's size come from the server. Without ``id``, the launcher's rank (the run's
@@ -183,7 +184,9 @@ def run_worker(
     non-number ends the worker (the server sees it lost) with WorkerError; with
     ``optional_loss=True`` it may return ``None`` (that gradient travels without a loss).
     ``lost_after_s``: a server silent this long (no message, no heartbeat) is lost and the
-    worker reconnects; heartbeats go out every tenth of it.
+    worker reconnects; heartbeats go out every tenth of it. ``wire``: the tensor encoding to
+    insist on (``"f32"``, ``"bf16"`` or ``"fp16"``); a server that speaks another refuses the
+    worker at the handshake (WorkerError naming both); ``None`` takes the server's.
 
     ``on_round(vector, version)``: called for every model the server sends, in version order,
     before the next ``compute`` (under ``Optimizer("mean")``, each round's mean gradient); a
@@ -210,6 +213,7 @@ def serve(
     wait_for_rejoin: bool = False,
     lost_after_s: float = 10.0,
     stop_when: Optional[Callable[[int, int], object]] = None,
+    wire: str = "f32",
 ) -> dict[str, Any]:
     """Runs the TCP parameter server of ``protocol`` on ``params`` (float32, updated in place)
     until ``updates`` model updates, ``gradients`` accepted gradients, ``time_limit_s``
@@ -229,7 +233,10 @@ def serve(
     ``trace_steps`` counts its rows). ``stop_when(live, joined)``: called every few
     milliseconds with the number of workers connected and the number that ever joined (each
     worker counted once); the run stops (reason ``"stopped"``) when it
-    returns true, and an exception it raises stops the run and is raised."""
+    returns true, and an exception it raises stops the run and is raised. ``wire``: the
+    tensor encoding of gradients and models on the wire, ``"f32"``, ``"bf16"`` or ``"fp16"``
+    (half the bytes, rounded to nearest even); the server sums, applies and keeps ``params``
+    in float32, and a worker asking for another encoding is refused at the handshake."""
 
 def compare(
     path: Optional[str] = None,

@@ -166,6 +166,8 @@ def serve_parser(protocols: Sequence[str]) -> Parser:
     p.add_argument("--weight-decay", type=float)
     p.add_argument("--schedule", metavar="SPEC", help="constant, step:EVERY:GAMMA or warmup-cosine:WARMUP:TOTAL[:FLOOR]")
     p.add_argument("--lost-after", type=positive(float, "--lost-after"), default=10.0, metavar="SECS")
+    p.add_argument("--wire", choices=["f32", "bf16", "fp16"], default="f32",
+                   help="the tensor encoding on the wire (the server keeps float32)")
     p.add_argument("--init", metavar="FILE.npy", help="the flat float32 vector to train (required here)")
     p.add_argument("--save", metavar="FILE.npy")
     p.add_argument("--target-loss", type=float, metavar="L")
@@ -343,7 +345,7 @@ def serve(argv: Sequence[str]) -> int:
             params, protocol, listen=args.listen, secret_file=secret_file, insecure=args.insecure,
             optimizer=optimizer, gradients=args.steps * args.workers, time_limit_s=args.time_limit,
             on_listen=listening, log=lambda line: print(f"serve: {line}", file=sys.stderr, flush=True),
-            record_trace=args.record_trace, lost_after_s=args.lost_after,
+            record_trace=args.record_trace, lost_after_s=args.lost_after, wire=args.wire,
         )
     except ValueError as e:
         raise UsageError(str(e)) from None

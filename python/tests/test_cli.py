@@ -107,6 +107,7 @@ def test_unknown_command_is_usage():
         (["serve", "--init", "x.npy", "--optimizer", "lamb"], "--optimizer 'lamb': expected one of"),
         (["serve", "--init", "x.npy", "--optimizer", "adamw", "--beta2", "1"], "--beta2 must be a number in [0, 1)"),
         (["serve", "--init", "x.npy", "--schedule", "cosine"], "--schedule "),
+        (["serve", "--init", "x.npy", "--wire", "f16"], "invalid choice: 'f16'"),
     ],
 )
 def test_serve_usage_errors_exit_2_on_one_line(args, says):
@@ -194,6 +195,26 @@ def test_serve_trains_a_vector_of_your_own_with_two_python_workers(tmp_path):
     means = [np.mean([p["loss"] for p in curve["points"][i - 9 : i + 1]]) for i in range(9, 60)]
     first = next(i for i, m in enumerate(means) if m <= 0.5)
     assert curve["version_at_target_loss"] == curve["points"][first + 9]["version"]
+
+
+def test_serve_wire_bf16_trains_a_float32_vector(tmp_path):
+    init, final = tmp_path / "init.npy", tmp_path / "final.npy"
+    start = np.full(16, 4.0, np.float32)
+    target = np.linspace(-1, 1, 16).astype(np.float32)
+    np.save(init, start)
+    proc, address = start_serve(tmp_path, "--init", str(init), "--workers", "2", "--lr", "0.2", "--steps", "60",
+                                "--save", str(final), "--wire", "bf16", "--json")
+    workers = [threading.Thread(target=quadratic_worker, args=(address, i, target)) for i in range(2)]
+    for w in workers:
+        w.start()
+    out, _ = proc.communicate(timeout=60)
+    for w in workers:
+        w.join(timeout=30)
+    assert proc.returncode == 0
+    assert json.loads(out)["updates"] == 60
+    trained = np.load(final)
+    assert trained.dtype == np.float32
+    assert np.abs(trained - target).max() < 1e-2 * np.abs(start - target).max()
 
 
 def test_serve_stops_cleanly_on_sigterm_and_still_saves(tmp_path):

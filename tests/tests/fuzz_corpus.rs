@@ -100,7 +100,41 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("push_ack_f32", enc_worker::<f32>(ToWorker::PushAck { round: Version(5), pull_now: true })),
         ("abort_f64", enc_worker::<f64>(ToWorker::Abort { iteration: 42 })),
         ("stop_f64", enc_worker::<f64>(ToWorker::Stop)),
+        (
+            "grad_bf16",
+            enc_server_as(
+                ToServer::Grad {
+                    base: Version(300),
+                    iteration: 5,
+                    seq: 1,
+                    values: Values::Slice(&[1.0f32, -2.0, 0.1]),
+                    loss: Some(0.5),
+                },
+                wire::Encoding::Bf16,
+            ),
+        ),
+        (
+            "model_fp16",
+            enc_worker_as(
+                ToWorker::Model { version: Version(9), clock: 9, values: Values::Slice(&[3.0f32, -0.0, 65_504.0]) },
+                wire::Encoding::Fp16,
+            ),
+        ),
     ]
+}
+
+fn enc_server_as(msg: ToServer<'_, f32>, enc: wire::Encoding) -> Vec<u8> {
+    let mut buf = vec![0u8; wire::encoded_len_to_server_as(&msg, enc)];
+    let n = wire::encode_to_server_as(&msg, enc, &mut buf).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+fn enc_worker_as(msg: ToWorker<'_, f32>, enc: wire::Encoding) -> Vec<u8> {
+    let mut buf = vec![0u8; wire::encoded_len_to_worker_as(&msg, enc)];
+    let n = wire::encode_to_worker_as(&msg, enc, &mut buf).unwrap();
+    buf.truncate(n);
+    buf
 }
 
 #[test]

@@ -113,6 +113,7 @@ fn client_hello() -> ClientHello {
         want: [0; 32],
         dim: 0,
         lost_after_ms: 10_000,
+        wire: None,
         early_mac: [0; 16],
     }
 }
@@ -182,6 +183,7 @@ fn handshake_corpus() {
             epoch: 2,
             version: 40,
             lost_after_ms: 10_000,
+            wire: wire::Encoding::F32,
             settings: s.encode().expect("settings"),
             mac: [6; 32],
         })

@@ -27,6 +27,14 @@ pub enum EncodeError {
     /// No message of this wire version does this (a test checks the largest); the variant
     /// exists so that encoding has no panicking path.
     Control,
+    /// A value of the tensor is not finite once in the wire's 16-bit encoding: NaN or ±∞, or
+    /// a finite `f32` beyond the encoding's range.
+    NotFinite {
+        /// The value's index in the tensor.
+        index: usize,
+        /// The encoding.
+        encoding: super::Encoding,
+    },
 }
 
 impl fmt::Display for EncodeError {
@@ -38,6 +46,9 @@ impl fmt::Display for EncodeError {
             }
             Self::PayloadTooLarge { bytes } => write!(f, "payload of {bytes} bytes exceeds the 32-bit length field"),
             Self::Control => f.write_str("control fields exceed the maximum control length"),
+            Self::NotFinite { index, encoding } => {
+                write!(f, "value {index} of the tensor is not finite in {encoding}")
+            }
         }
     }
 }
@@ -108,6 +119,11 @@ pub enum DecodeError {
     /// The control section decodes but is not the canonical encoding of its value (an
     /// overlong varint); every message has exactly one encoding.
     NonCanonical,
+    /// [`widen`](super::widen) only: the output buffer is shorter than the widened message.
+    OutputTooSmall {
+        /// Bytes the widened message needs ([`widened_len`](super::widened_len)).
+        required: usize,
+    },
 }
 
 impl fmt::Display for DecodeError {
@@ -134,6 +150,7 @@ impl fmt::Display for DecodeError {
             Self::Control(e) => write!(f, "bad control section: {e}"),
             Self::ControlNotConsumed { extra } => write!(f, "{extra} unused bytes in the control section"),
             Self::NonCanonical => f.write_str("non-canonical control encoding"),
+            Self::OutputTooSmall { required } => write!(f, "output buffer too small: {required} bytes required"),
         }
     }
 }

@@ -10,7 +10,7 @@
 //! | 0 | 2 | magic [`MAGIC`] = `"SY"` (`53 59`) |
 //! | 2 | 1 | [`WIRE_VERSION`] = 2 |
 //! | 3 | 1 | [`MessageKind`]; the high bit is the direction (0: to the server, 1: to a worker) |
-//! | 4 | 1 | element type tag [`Scalar::WIRE_TAG`] (4 = `f32`, 8 = `f64`), also on messages without a tensor |
+//! | 4 | 1 | element type tag [`Scalar::WIRE_TAG`] (4 = `f32`, 8 = `f64`), or a 16-bit [`Encoding`]'s (2 = `fp16`, `0x82` = `bf16`), also on messages without a tensor |
 //! | 5 | 2 | control length, `u16` little-endian, at most [`MAX_CONTROL_LEN`] |
 //! | 7 | 4 | payload length in bytes, `u32` little-endian, a multiple of the element size |
 //!
@@ -30,6 +30,12 @@
 //! returns the number of bytes written; on a short buffer it returns
 //! [`EncodeError::TooSmall`] and leaves the buffer untouched. [`encoded_len_to_server`] and
 //! [`encoded_len_to_worker`] give the exact size beforehand.
+//!
+//! **Compressed tensors.** A session may carry its `f32` tensors in 16 bits ([`Encoding`]):
+//! [`encode_to_server_as`] / [`encode_to_worker_as`] narrow them (round to nearest even, and
+//! refuse a tensor with a value that is not finite once narrowed), and [`widen`] turns such a
+//! message back into the `f32` message the decoders take (exactly), so everything after
+//! the decoder sees `f32` alone.
 //!
 //! This codec frames nothing: a stream transport (the TCP adapter) adds its own length
 //! prefix around each message.
@@ -56,12 +62,18 @@
 //! }
 //! ```
 
+mod compressed;
 mod control;
 mod error;
+mod half;
 #[cfg(test)]
 mod tests;
 
+pub use compressed::{
+    encode_to_server_as, encode_to_worker_as, encoded_len_to_server_as, encoded_len_to_worker_as, widen, widened_len,
+};
 pub use error::{ControlError, DecodeError, EncodeError};
+pub use half::{Encoding, bf16_from_f32, f32_from_bf16, f32_from_fp16, fp16_from_f32};
 
 use crate::id::Version;
 use crate::math::Scalar;
@@ -287,7 +299,7 @@ fn check_lengths(kind: MessageKind, raw: &RawHeader, elem: usize, max_payload: u
 }
 
 /// Reads and validates the header of a message whose element type is not yet known: length,
-/// magic, version, kind, element tag (4 or 8), control length, and the payload length
+/// magic, version, kind, element tag (4 or 8, or a 16-bit [`Encoding`]'s), control length, and the payload length
 /// (zero for kinds without a tensor, a multiple of the element size otherwise; no
 /// [`Limits`] are applied). Only the first [`HEADER_LEN`] bytes are read; `bytes` may be a
 /// prefix of the message.
@@ -295,9 +307,11 @@ pub fn peek_header(bytes: &[u8]) -> Result<Header, DecodeError> {
     let raw = read_raw_header(bytes)?;
     let kind = MessageKind::from_byte(raw.kind).ok_or(DecodeError::UnknownKind(raw.kind))?;
     let elem = match raw.tag {
-        4 => 4,
         8 => 8,
-        t => return Err(DecodeError::UnknownScalarTag(t)),
+        t => match Encoding::from_tag(t) {
+            Some(e) => e.element_bytes(),
+            None => return Err(DecodeError::UnknownScalarTag(t)),
+        },
     };
     check_lengths(kind, &raw, elem, usize::MAX)?;
     Ok(Header { kind, scalar_tag: raw.tag, control_len: raw.control_len, payload_len: raw.payload_len })
@@ -494,6 +508,22 @@ fn encode<T: Scalar>(control: &Control, values: Option<&Values<'_, T>>, out: &mu
         }
         v => payload_len(v),
     };
+    encode_raw(control, T::WIRE_TAG, payload_len, out, |payload_out| {
+        if let Some(values) = values {
+            write_payload(values, payload_out);
+        }
+    })
+}
+
+/// Writes the header (with element tag `tag`), the control section and, through `write`,
+/// a payload of exactly `payload_len` bytes; all checks come before the first byte written.
+fn encode_raw(
+    control: &Control,
+    tag: u8,
+    payload_len: usize,
+    out: &mut [u8],
+    write: impl FnOnce(&mut [u8]),
+) -> Result<usize, EncodeError> {
     let Ok(payload_len_field) = u32::try_from(payload_len) else {
         return Err(EncodeError::PayloadTooLarge { bytes: payload_len });
     };
@@ -513,11 +543,9 @@ fn encode<T: Scalar>(control: &Control, values: Option<&Values<'_, T>>, out: &mu
     let [c0, c1] = control_len_field.to_le_bytes();
     let [p0, p1, p2, p3] = payload_len_field.to_le_bytes();
     let [m0, m1] = MAGIC;
-    head.copy_from_slice(&[m0, m1, WIRE_VERSION, control.kind().byte(), T::WIRE_TAG, c0, c1, p0, p1, p2, p3]);
+    head.copy_from_slice(&[m0, m1, WIRE_VERSION, control.kind().byte(), tag, c0, c1, p0, p1, p2, p3]);
     ctl_out.copy_from_slice(ctl);
-    if let Some(values) = values {
-        write_payload(values, payload_out);
-    }
+    write(payload_out);
     Ok(required)
 }
 

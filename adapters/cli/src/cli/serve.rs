@@ -90,6 +90,11 @@ pub struct ServeArgs {
     /// Heartbeats go out every tenth of it (between 10 ms and 1 s).
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub lost_after: f64,
+    /// The tensor encoding on the wire, both ways: f32, bf16 or fp16 (half the bytes,
+    /// rounded to nearest even). The server sums, applies and checkpoints in f32; a worker
+    /// asking for another encoding is refused at the handshake.
+    #[arg(long, value_name = "ENC", default_value = "f32", value_parser = super::values::wire)]
+    pub wire: syncopate::wire::Encoding,
     /// Train the flat float32 vector in this NumPy file (dtype '<f4', one dimension) instead
     /// of a built-in model, with workers of your own (Python `run_worker`,
     /// `syncopate.torch.train_worker`). There is no built-in test set: progress is the
@@ -389,6 +394,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     options.checkpoint_stamp = stamp.clone();
     options.optimizer_state = resumed_state;
     options.lost_after = super::values::lost_after(args.lost_after).map_err(Failure::Usage)?;
+    options.wire = args.wire;
     let authenticated = options.secret.is_some();
     let server = TcpServer::bind(&args.listen, options).map_err(|e| Failure::Usage(e.0))?;
     let addr = server.local_addr().map_err(|e| Failure::Run(e.0))?;

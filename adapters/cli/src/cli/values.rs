@@ -142,3 +142,9 @@ mod tests {
         assert!(e.starts_with("invalid value '1073740799' for '--dim'") && e.contains("GB"), "{e}");
     }
 }
+
+/// `--wire ENC`: `f32`, `bf16` or `fp16`.
+pub(crate) fn wire(value: &str) -> Result<syncopate::wire::Encoding, String> {
+    syncopate::wire::Encoding::from_name(value)
+        .ok_or_else(|| format!("'{value}' is not a wire encoding: give f32, bf16 or fp16"))
+}

@@ -69,6 +69,10 @@ pub struct WorkArgs {
     /// 10 ms and 1 s), also while a gradient is being computed.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub lost_after: f64,
+    /// The tensor encoding to insist on (f32, bf16 or fp16): a server that speaks another
+    /// refuses this worker at the handshake (exit 2). Default: the server's.
+    #[arg(long, value_name = "ENC", value_parser = super::values::wire)]
+    pub wire: Option<syncopate::wire::Encoding>,
 }
 
 /// The worker id from `--id` or, without it, from the first launcher variable `get` finds.
@@ -270,6 +274,7 @@ pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
     options.backoff.give_up_after = Duration::from_secs(args.give_up_after);
     options.frame_timeout = FrameTimeout::default();
     options.lost_after = super::values::lost_after(args.lost_after).map_err(Failure::Usage)?;
+    options.wire = args.wire;
     let mut job = Job {
         id: id.0,
         data_override: args.data.clone(),
@@ -294,6 +299,8 @@ pub(super) fn run(args: &WorkArgs) -> Result<(), Failure> {
             "connect to every shard",
             "is not a shard",
             "runs other settings than shard 0",
+            // Another tensor encoding than the server's (or another shard's).
+            "server speaks",
         ];
         // A handshake refused either way (settings this worker cannot run, another
         // version, a worker id or model size the server refuses) is the operator's to fix;

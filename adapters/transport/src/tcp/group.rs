@@ -159,6 +159,7 @@ fn try_connect(options: &GroupOptions) -> Result<(Uplink, u32, RunSettings), Con
         want: None,
         dim: None,
         lost_after: options.lost_after,
+        wire: Some(syncopate::wire::Encoding::F32),
     };
     let (session, settings) =
         handshake::client_handshake(&mut reader, &mut writer, &me, deadline).map_err(ConnectError::Handshake)?;

@@ -18,7 +18,7 @@
 //! sees only payloads of its own kind.
 
 use syncopate::ToServer;
-use syncopate::wire::{self, Limits};
+use syncopate::wire::{self, Encoding, Limits};
 
 /// A transport message of `f32` values: [`tag`](Self::tag), then the values as little-endian
 /// `f32`. Each message type names itself and its values for error messages.
@@ -163,6 +163,54 @@ impl<'a> InboundFrame<'a> {
     pub fn is_contribution(&self) -> bool {
         matches!(self, Self::Core(ToServer::Grad { .. } | ToServer::Delta { .. } | ToServer::Clock { .. }))
     }
+}
+
+/// A frame from a session whose wire is `enc`, as the decoders take it: a core message of
+/// a 16-bit wire widened to its `f32` message (into a buffer from `pool`, `buf` going back
+/// `home`); every other frame as it is, and so is a core message that does not widen (the
+/// decoder that follows then names what is wrong with it). Returns the buffer and the
+/// payload's range in it. The widened message is bounded by the session's frame limit
+/// times two, which its reader already applied.
+pub fn widened(
+    buf: Vec<u8>,
+    range: core::ops::Range<usize>,
+    pool: &crossbeam_channel::Receiver<Vec<u8>>,
+    enc: Encoding,
+    home: &crossbeam_channel::Sender<Vec<u8>>,
+) -> (Vec<u8>, usize, usize) {
+    let payload = buf.get(range.clone()).unwrap_or_default();
+    if enc == Encoding::F32 || FrameKind::of(payload) != FrameKind::Core {
+        return (buf, range.start, range.end);
+    }
+    let limits = Limits::for_model(usize::MAX);
+    let Ok(len) = wire::widened_len(payload, enc, &limits) else {
+        return (buf, range.start, range.end);
+    };
+    let mut out = pool.try_recv().unwrap_or_default();
+    out.resize(len, 0);
+    match wire::widen(payload, enc, &limits, &mut out) {
+        Ok(n) => {
+            let _ = home.try_send(buf);
+            (out, 0, n)
+        }
+        Err(_) => (buf, range.start, range.end),
+    }
+}
+
+/// Decodes a core message from the server of a session whose wire is `enc`: a 16-bit
+/// wire's message widened into `wide` first, then decoded as `f32`.
+pub fn decode_to_worker<'a>(
+    payload: &'a [u8],
+    enc: Encoding,
+    limits: &Limits,
+    wide: &'a mut Vec<u8>,
+) -> Result<syncopate::ToWorker<'a, f32>, wire::DecodeError> {
+    if enc == Encoding::F32 {
+        return wire::decode_to_worker::<f32>(payload, limits);
+    }
+    wide.resize(wire::widened_len(payload, enc, limits)?, 0);
+    let n = wire::widen(payload, enc, limits, wide)?;
+    wire::decode_to_worker::<f32>(wide.get(..n).unwrap_or_default(), limits)
 }
 
 #[cfg(test)]

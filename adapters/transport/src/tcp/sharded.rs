@@ -43,7 +43,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Instant as StdInstant;
 use syncopate::proto::sharded::{HeapShardedWorker, ShardLayout, ShardSlot, ShardedOutput, ShardedWorker};
-use syncopate::wire::{self, Limits};
+use syncopate::wire::{Encoding, Limits};
 use syncopate::{AnyWorker, ProtocolConfig, Worker, WorkerEvent, WorkerSetup, WorkerStats};
 
 /// One shard's part of a [`ShardedReport`].
@@ -107,6 +107,7 @@ pub fn run_sharded_worker(
         },
         stats: vec![WorkerStats::default(); addrs.len()],
         generation: 0,
+        wire: options.wire,
     };
     let result = run.start(job, log).and_then(|(worker, config)| run.drive(worker, &config, job, log));
     for k in 0..run.links.len() {
@@ -191,6 +192,8 @@ struct Agreed {
     version: u64,
     /// The heartbeat interval both sides agreed on.
     beat: Duration,
+    /// The shard's tensor encoding.
+    wire: Encoding,
 }
 
 /// What a session's reader hands the main thread.
@@ -215,6 +218,9 @@ struct Run<'a> {
     /// Per shard: what was handed to its connections (sequence numbers are per shard).
     stats: Vec<WorkerStats>,
     generation: u64,
+    /// The tensor encoding of every shard: the worker's choice, else the first shard's
+    /// (each later shard is asked for it and refuses another at its handshake).
+    wire: Option<Encoding>,
 }
 
 impl Run<'_> {
@@ -290,7 +296,7 @@ impl Run<'_> {
                 ConnectError::Killed => "killed".to_owned(),
             },
         );
-        let (Opened { stream, reader, writer }, Agreed { epoch, version, beat }, settings) = match established {
+        let (Opened { stream, reader, writer }, Agreed { epoch, version, beat, wire }, settings) = match established {
             Ok(session) => session,
             Err(ConnectError::Unreachable(e)) => {
                 return Err(TcpError(format!(
@@ -313,6 +319,7 @@ impl Run<'_> {
             t.sessions += 1;
         }
         self.report.total.sessions += 1;
+        self.wire = Some(wire);
         self.pinned[shard] = Some(settings.digest().map_err(|e| TcpError(format!("worker {me}: {e}")))?);
         log(&format!(
             "worker {me}: connected to shard {shard} at {addr} (epoch {epoch}, shard at version {version}; {})",
@@ -336,6 +343,7 @@ impl Run<'_> {
             want: self.pinned[shard],
             dim: None,
             lost_after: options.lost_after,
+            wire: self.wire,
         };
         let (index, count, first) = (shard as u32, self.count, self.first.as_ref());
         let check = |s: &RunSettings| s.check_shard(index, count, addr, first);
@@ -346,7 +354,7 @@ impl Run<'_> {
         let beat = session.beat(options.lost_after);
         Ok((
             Opened { stream, reader, writer },
-            Agreed { epoch: session.epoch, version: session.version, beat },
+            Agreed { epoch: session.epoch, version: session.version, beat, wire: session.wire },
             settings,
         ))
     }
@@ -435,6 +443,7 @@ impl Run<'_> {
         // The version of the model the held step computes on (recomputed on a refusal).
         let mut computing_on = syncopate::Version(0);
         let inbound = self.inbound.1.clone();
+        let mut wide = Vec::new();
         loop {
             // A message that could not be encoded ends its shard's session (it would be
             // lost unseen otherwise); the shard is reconnected once the outputs are drained.
@@ -446,7 +455,7 @@ impl Run<'_> {
                         let Some(link) = self.links.get(k).filter(|l| !l.lost) else { continue };
                         let Some(uploads) = &link.uploads else { continue };
                         let Some(stats) = self.stats.get_mut(k) else { continue };
-                        match Upload::encode(&msg, stats, &self.spare.1) {
+                        match Upload::encode(&msg, self.wire.unwrap_or_default(), stats, &self.spare.1) {
                             // A session whose writer is gone is lost; its reader reports it.
                             Ok(upload) => {
                                 let _ = uploads.send(upload);
@@ -475,7 +484,13 @@ impl Run<'_> {
             if let Some(h) = held.take_if(|h| h.is_due() && inbound.is_empty()) {
                 let (id, loss) = (h.id, h.loss);
                 h.finish(&mut self.report.total);
-                match worker.handle_gradient_with_loss(since(origin), id, &grad, loss) {
+                let enc = self.wire.unwrap_or_default();
+                let handed = if super::worker::fits_wire(enc, &grad) {
+                    worker.handle_gradient_with_loss(since(origin), id, &grad, loss)
+                } else {
+                    Err(syncopate::Reject::NotFinite)
+                };
+                match handed {
                     Ok(()) => self.report.total.steps += 1,
                     Err(e) => {
                         refused(me, log, &mut self.report.total, "a finished gradient", &e);
@@ -546,7 +561,7 @@ impl Run<'_> {
                         let _ = home.try_send(buf);
                         continue;
                     }
-                    match wire::decode_to_worker::<f32>(payload, &limits) {
+                    match super::payload::decode_to_worker(payload, self.wire.unwrap_or_default(), &limits, &mut wide) {
                         Ok(msg) => {
                             if let syncopate::ToWorker::Model { version, .. } = &msg {
                                 if let Some(t) = self.report.shards.get_mut(shard) {

@@ -73,12 +73,14 @@ impl Upload {
     /// (the counters of one connection's sequence numbers); returns the frame with its class.
     pub(crate) fn encode(
         msg: &ToServer<'_, f32>,
+        enc: wire::Encoding,
         stats: &mut WorkerStats,
         spare: &Receiver<Vec<u8>>,
     ) -> Result<(Vec<u8>, Self), String> {
         let mut out = spare.try_recv().unwrap_or_default();
-        out.resize(wire::encoded_len_to_server(msg), 0);
-        let n = wire::encode_to_server(msg, &mut out).map_err(|e| format!("cannot encode {}: {e}", msg.kind_name()))?;
+        out.resize(wire::encoded_len_to_server_as(msg, enc), 0);
+        let n = wire::encode_to_server_as(msg, enc, &mut out)
+            .map_err(|e| format!("cannot encode {}: {e}", msg.kind_name()))?;
         out.truncate(n);
         let before = *stats;
         stats.record(msg);
@@ -142,9 +144,9 @@ mod tests {
         let mut stats = WorkerStats::default();
         let grad = [1.0f32; 3];
         let msg = ToServer::Grad { base: Version(0), iteration: 1, seq: 1, values: Values::Slice(&grad), loss: None };
-        let first = Upload::encode(&msg, &mut stats, &spare).unwrap();
+        let first = Upload::encode(&msg, wire::Encoding::F32, &mut stats, &spare).unwrap();
         let first_len = first.0.len();
-        let again = Upload::encode(&msg, &mut stats, &spare).unwrap();
+        let again = Upload::encode(&msg, wire::Encoding::F32, &mut stats, &spare).unwrap();
         assert_eq!((first.1, again.1), (Upload::New, Upload::Again));
         let mut writer = FrameWriter::new(Vec::new(), 1 << 10);
         std::thread::scope(|s| {

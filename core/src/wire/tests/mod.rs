@@ -5,7 +5,9 @@ use super::*;
 use std::vec;
 use std::vec::Vec;
 
+mod compressed;
 mod golden;
+mod half;
 mod limits;
 mod properties;
 mod refusals;

@@ -4,11 +4,12 @@
 use crate::tcp::auth::{KEY_LEN, LABEL_HELLO, TAG_LEN, WorkerKey, nonce};
 use crate::tcp::settings::MAX_SETTINGS_LEN;
 use syncopate::WorkerId;
+use syncopate::wire::Encoding;
 
 /// `"SYNT"`: the first bytes of every handshake message after its type byte.
 pub const MAGIC: [u8; 4] = *b"SYNT";
 /// The version of this transport (framing and handshake).
-pub const TCP_VERSION: u16 = 7;
+pub const TCP_VERSION: u16 = 8;
 /// The largest frame `len` the server accepts before the handshake completes.
 pub const HANDSHAKE_MAX_LEN: usize = 512;
 /// The largest frame `len` a worker accepts before the handshake completes (the server
@@ -54,6 +55,8 @@ pub enum RefuseCode {
     Role,
     /// Sessions of this worker id keep replacing live ones: two processes claim the id.
     Claimed,
+    /// The worker asks for another tensor encoding on the wire than the server's.
+    Wire,
     /// Any other code (from a newer peer).
     Other(u8),
 }
@@ -74,6 +77,7 @@ impl RefuseCode {
             Self::Busy => 10,
             Self::Role => 11,
             Self::Claimed => 12,
+            Self::Wire => 13,
             Self::Other(b) => b,
         }
     }
@@ -93,6 +97,7 @@ impl RefuseCode {
             10 => Self::Busy,
             11 => Self::Role,
             12 => Self::Claimed,
+            13 => Self::Wire,
             b => Self::Other(b),
         }
     }
@@ -161,6 +166,8 @@ pub struct ClientHello {
     /// in milliseconds (the server beats often enough for it; see
     /// [`heartbeat_interval`](crate::tcp::heartbeat_interval)).
     pub lost_after_ms: u64,
+    /// The tensor encoding the worker asks for; `None`: the server's.
+    pub wire: Option<Encoding>,
     /// `early_mac` (zeros without a secret).
     pub early_mac: [u8; TAG_LEN],
 }
@@ -183,6 +190,7 @@ impl ClientHello {
             want: want.unwrap_or([0; KEY_LEN]),
             dim: 0,
             lost_after_ms: ms(crate::tcp::DEFAULT_LOST_AFTER),
+            wire: None,
             early_mac: [0; TAG_LEN],
         };
         if let Some(k) = key {
@@ -223,6 +231,8 @@ pub struct ServerHello {
     /// How long the server waits on a silent worker before it counts the worker as lost,
     /// in milliseconds (the worker beats often enough for it).
     pub lost_after_ms: u64,
+    /// The tensor encoding of the session's core messages, both ways.
+    pub wire: Encoding,
     /// The run's settings, canonically encoded ([`RunSettings::encode`](crate::tcp::settings::RunSettings::encode)).
     pub settings: Vec<u8>,
     /// `mac_s` (zeros without a secret).
@@ -353,6 +363,7 @@ impl Message {
         out.extend_from_slice(&h.want);
         out.extend_from_slice(&h.dim.to_le_bytes());
         out.extend_from_slice(&h.lost_after_ms.to_le_bytes());
+        out.push(h.wire.map_or(0, Encoding::tag));
         out
     }
 
@@ -370,6 +381,7 @@ impl Message {
         out.extend_from_slice(&h.epoch.to_le_bytes());
         out.extend_from_slice(&h.version.to_le_bytes());
         out.extend_from_slice(&h.lost_after_ms.to_le_bytes());
+        out.push(h.wire.tag());
         put_bytes16(&mut out, &h.settings, MAX_SETTINGS_LEN);
         out
     }
@@ -390,6 +402,10 @@ impl Message {
                     want: c.array()?,
                     dim: c.u64()?,
                     lost_after_ms: c.u64()?,
+                    wire: match c.u8()? {
+                        0 => None,
+                        t => Some(Encoding::from_tag(t)?),
+                    },
                     early_mac: c.array()?,
                 })
             }
@@ -404,6 +420,7 @@ impl Message {
                     epoch: c.u32()?,
                     version: c.u64()?,
                     lost_after_ms: c.u64()?,
+                    wire: Encoding::from_tag(c.u8()?)?,
                     settings: c.bytes16(MAX_SETTINGS_LEN)?.to_vec(),
                     mac: c.array()?,
                 })

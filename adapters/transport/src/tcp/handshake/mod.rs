@@ -4,8 +4,8 @@
 //!
 //! ```text
 //! worker                                         server
-//!   ClientHello{versions, auth, role, id, nonce_c, want, dim, lost_after, early_mac}  ->
-//!     <-  ServerHello{versions, auth, nonce_s, server id, epoch, version, lost_after, settings, mac_s}
+//!   ClientHello{versions, auth, role, id, nonce_c, want, dim, lost_after, wire, early_mac}  ->
+//!     <-  ServerHello{versions, auth, nonce_s, server id, epoch, version, lost_after, wire, settings, mac_s}
 //!   ClientAuth{mac_c}                                                ->
 //!                <-  Accept{mac_a}            (or Refuse{code, message} at any step)
 //! ```
@@ -27,6 +27,10 @@
 //! bytes, covered by `mac_s`; `want` in the client hello is the SHA-256 of the settings the
 //! worker insists on (all zero: whatever the server runs).
 //!
+//! **Wire.** The server hello names the tensor encoding of the session's core messages
+//! (`f32`, `bf16` or `fp16`, [`Encoding`]); a worker that asks for another one in its hello
+//! is refused ([`RefuseCode::Wire`]) with a line naming both.
+//!
 //! **Liveness.** Each hello carries its sender's silence limit (`lost_after`, in
 //! milliseconds): each side then beats at the [`heartbeat_interval`](super::heartbeat_interval)
 //! of the smaller of the two limits ([`Session::beat`]), so neither side declares a healthy
@@ -47,6 +51,7 @@ use core::fmt;
 use std::io::Write;
 use std::time::Instant;
 use syncopate::WorkerId;
+use syncopate::wire::Encoding;
 
 /// Why a handshake failed.
 #[derive(Debug)]
@@ -159,6 +164,8 @@ pub struct ServerSide<'a> {
     pub dim: u64,
     /// How long the server waits on a silent worker.
     pub lost_after: core::time::Duration,
+    /// The tensor encoding of every session.
+    pub wire: Encoding,
 }
 
 /// The deadlines of the server's side of a handshake.
@@ -183,6 +190,8 @@ pub struct Session {
     pub version: u64,
     /// How long the peer waits on a silent session before it counts it as lost.
     pub peer_lost_after: core::time::Duration,
+    /// The tensor encoding of the session's core messages, both ways.
+    pub wire: Encoding,
 }
 
 impl Session {
@@ -288,6 +297,10 @@ fn check_terms(h: &ClientHello, side: &ServerSide<'_>) -> Result<(), (RefuseCode
             format!("wire version mismatch: server speaks {wire}, worker {}", h.wire_version),
         ));
     }
+    if let Some(asked) = h.wire.filter(|w| *w != side.wire) {
+        let message = format!("worker asks for {asked}, server speaks {} (worker {})", side.wire, h.worker.0);
+        return Err((RefuseCode::Wire, message));
+    }
     if h.role != side.role {
         return Err((
             RefuseCode::Role,
@@ -366,6 +379,7 @@ pub fn server_handshake<W: Write>(
         epoch,
         version: side.version,
         lost_after_ms: ms(side.lost_after),
+        wire: side.wire,
         settings: side.settings.to_vec(),
         mac: [0; KEY_LEN],
     };
@@ -406,7 +420,7 @@ pub fn server_handshake<W: Write>(
     reader.set_max_len(session_max_len);
     writer.set_max_len(session_max_len);
     let peer_lost_after = core::time::Duration::from_millis(hello.lost_after_ms);
-    Ok(Session { worker, epoch, server_id: side.server_id, version: side.version, peer_lost_after })
+    Ok(Session { worker, epoch, server_id: side.server_id, version: side.version, peer_lost_after, wire: side.wire })
 }
 
 /// Who the worker side of a handshake is.
@@ -425,6 +439,8 @@ pub struct ClientSide<'a> {
     pub dim: Option<u64>,
     /// How long the worker waits on a silent server.
     pub lost_after: core::time::Duration,
+    /// The tensor encoding the worker asks for; `None`: the server's.
+    pub wire: Option<Encoding>,
 }
 
 /// Runs the worker side over a fresh connection and returns the session with the run's
@@ -456,6 +472,7 @@ pub fn client_handshake_checked<W: Write>(
     let mut hello = ClientHello::new(worker, me.role, me.want, key)?;
     hello.dim = me.dim.unwrap_or(0);
     hello.lost_after_ms = ms(me.lost_after);
+    hello.wire = me.wire;
     // Signed again: the early MAC covers the fields just set.
     if let Some(k) = key {
         hello.sign(k);
@@ -487,6 +504,10 @@ pub fn client_handshake_checked<W: Write>(
             "server runs without a shared secret but this worker has one"
         };
         return Err(refuse(writer, RefuseCode::AuthMode, message.into(), Some(worker)));
+    }
+    if let Some(asked) = me.wire.filter(|w| *w != sh.wire) {
+        let message = format!("worker asks for {asked}, server speaks {}", sh.wire);
+        return Err(refuse(writer, RefuseCode::Wire, message, Some(worker)));
     }
     let mut mac_c = [0; KEY_LEN];
     if let Some(k) = key {
@@ -542,7 +563,8 @@ pub fn client_handshake_checked<W: Write>(
     reader.set_hard_deadline(None);
     reader.set_max_len(session_max_len);
     writer.set_max_len(session_max_len);
-    let session = Session { worker, epoch: sh.epoch, server_id: sh.server_id, version: sh.version, peer_lost_after };
+    let (epoch, server_id, version, wire) = (sh.epoch, sh.server_id, sh.version, sh.wire);
+    let session = Session { worker, epoch, server_id, version, peer_lost_after, wire };
     Ok((session, settings))
 }
 
@@ -581,6 +603,7 @@ mod tests {
                 want: [4; 32],
                 dim: 5994,
                 lost_after_ms: 500,
+                wire: Some(Encoding::Bf16),
                 early_mac: [8; 16],
             }),
             Message::ServerHello(ServerHello {
@@ -592,6 +615,7 @@ mod tests {
                 epoch: 4,
                 version: 12,
                 lost_after_ms: 10_000,
+                wire: Encoding::Fp16,
                 settings: settings(),
                 mac: [2; 32],
             }),
@@ -611,7 +635,7 @@ mod tests {
             }
         }
         let hello = Message::ClientHello(ClientHello::new(WorkerId(0), Role::Worker, None, None).unwrap());
-        assert_eq!(hello.encode().len(), 110, "adapters/transport/TCP.md §5 gives this length");
+        assert_eq!(hello.encode().len(), 111, "adapters/transport/TCP.md §5 gives this length");
         assert!(hello.encode().len() + 8 <= HANDSHAKE_MAX_LEN);
         assert_eq!(Message::decode(b"GET / HTTP/1.1\r\n"), None);
     }
@@ -631,11 +655,16 @@ mod tests {
             version: 0,
             dim: 7,
             lost_after: crate::tcp::DEFAULT_LOST_AFTER,
+            wire: Encoding::F32,
         };
         let key = secret.worker_key(WorkerId(1));
         let good = ClientHello::new(WorkerId(1), Role::Worker, Some(digest(&s)), Some(&key)).unwrap();
         assert!(check_identity(&good, &side).unwrap().is_some());
         assert!(check_terms(&good, &side).is_ok());
+        let asks = ClientHello { wire: Some(Encoding::Bf16), ..good.clone() };
+        let (code, line) = check_terms(&asks, &side).unwrap_err();
+        assert_eq!((code, line.as_str()), (RefuseCode::Wire, "worker asks for bf16, server speaks f32 (worker 1)"));
+        assert!(check_terms(&ClientHello { wire: Some(Encoding::F32), ..good.clone() }, &side).is_ok());
         // A worker of another model size is refused, both sizes named; one of the same
         // size, or one that takes the server's (0), is not.
         let mut sized = good.clone();

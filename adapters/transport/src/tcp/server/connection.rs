@@ -55,6 +55,7 @@ pub(super) fn connection(
         version: shared.version.load(Ordering::SeqCst),
         dim: a.dim as u64,
         lost_after: opts.lost_after,
+        wire: opts.wire,
     };
     let now = StdInstant::now();
     let deadlines =
@@ -126,8 +127,8 @@ pub(super) fn connection(
                 let _ = home.try_send(buf);
             }
             Ok(p) => {
-                let frame =
-                    ConnEvent::Frame(RawFrame { conn, worker, buf, start: p.start, end: p.end, home: home.clone() });
+                let (buf, start, end) = crate::tcp::payload::widened(buf, p.start..p.end, &pool, opts.wire, &home);
+                let frame = ConnEvent::Frame(RawFrame { conn, worker, buf, start, end, home: home.clone() });
                 if tx.send(frame).is_err() {
                     break None;
                 }

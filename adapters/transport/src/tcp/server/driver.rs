@@ -494,11 +494,18 @@ impl<S: Server<f32>> Core<S> {
             while let Some(out) = self.proto.server_mut().poll_output() {
                 match out {
                     ServerOutput::Send { to, msg } => {
-                        let len = wire::encoded_len_to_worker(&msg);
+                        let enc = self.shared.options.wire;
+                        let len = wire::encoded_len_to_worker_as(&msg, enc);
                         let model = matches!(msg, ToWorker::Model { .. });
-                        match self.bufs.fill(len, |buf| wire::encode_to_worker(&msg, buf)) {
+                        match self.bufs.fill(len, |buf| wire::encode_to_worker_as(&msg, enc, buf)) {
                             Ok(bytes) => outbox.push((to, bytes, model)),
-                            Err(e) => note(Note::Log(&format!("cannot encode a {} message: {e}", msg.kind_name()))),
+                            Err(e) => {
+                                // A model beyond the wire's range has diverged for this run.
+                                let diverged = matches!(e, wire::EncodeError::NotFinite { .. });
+                                let end = if diverged { "; the model has diverged, stopping" } else { "" };
+                                note(Note::Log(&format!("cannot encode a {} message: {e}{end}", msg.kind_name())));
+                                self.diverged |= diverged;
+                            }
                         }
                     }
                     ServerOutput::Event(ev) => {
@@ -664,8 +671,9 @@ impl<S: Server<f32>> Core<S> {
             close::cut(conns);
             return;
         }
-        let stop = self.bufs.fill(wire::encoded_len_to_worker(&ToWorker::<f32>::Stop), |buf| {
-            wire::encode_to_worker(&ToWorker::<f32>::Stop, buf)
+        let enc = self.shared.options.wire;
+        let stop = self.bufs.fill(wire::encoded_len_to_worker_as(&ToWorker::<f32>::Stop, enc), |buf| {
+            wire::encode_to_worker_as(&ToWorker::<f32>::Stop, enc, buf)
         });
         let stop = stop.ok();
         close::stop_late(&mut conns, from_conns, stop.clone(), &mut |event| match event {

@@ -134,6 +134,9 @@ pub struct ServerOptions {
     /// heartbeat) is lost; heartbeats go out at [`heartbeat_interval`](super::heartbeat_interval)
     /// of it.
     pub lost_after: Duration,
+    /// The tensor encoding of every session's core messages (announced in the handshake; a
+    /// worker asking for another is refused). The model, its sum and checkpoints stay `f32`.
+    pub wire: syncopate::wire::Encoding,
 }
 
 impl ServerOptions {
@@ -156,6 +159,7 @@ impl ServerOptions {
             checkpoint_stamp: crate::tcp::checkpoint::Stamp::default(),
             optimizer_state: None,
             lost_after: super::DEFAULT_LOST_AFTER,
+            wire: syncopate::wire::Encoding::F32,
         }
     }
 }

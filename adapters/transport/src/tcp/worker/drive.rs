@@ -13,7 +13,7 @@ use crate::tcp::{at, since};
 use core::time::Duration;
 use std::net::TcpStream;
 use std::time::Instant as StdInstant;
-use syncopate::wire::{self, Limits};
+use syncopate::wire::Limits;
 use syncopate::{AnyWorker, ComputeId, Worker, WorkerEvent, WorkerOutput};
 
 /// The session's upload queue to its writer thread and the buffers it gives back.
@@ -49,7 +49,7 @@ pub(super) fn drive(
     let me = options.id.0;
     let Uploads { tx: uploads, spare } = uploads;
     let limits = Limits::for_model(shape.dim);
-    let (mut inbuf, mut grad) = (Vec::new(), vec![0.0f32; shape.dim]);
+    let (mut inbuf, mut wide, mut grad) = (Vec::new(), Vec::new(), vec![0.0f32; shape.dim]);
     // The times of the steps handed over since the last contribution (sent only when the
     // run asks for them).
     let mut steps = crate::tcp::step_times::PendingSteps::new(shape.dim);
@@ -70,7 +70,7 @@ pub(super) fn drive(
         while let Some(o) = worker.poll_output() {
             match o {
                 WorkerOutput::Send(msg) if upload_failed.is_none() => {
-                    match Upload::encode(&msg, &mut report.stats, spare) {
+                    match Upload::encode(&msg, shape.wire, &mut report.stats, spare) {
                         Ok((out, class)) => {
                             let new = matches!(class, Upload::New) && shape.report_step_times;
                             if let Some(times) = new.then(|| steps.take_message()).flatten() {
@@ -134,6 +134,8 @@ pub(super) fn drive(
             // job writes every element of the next gradient); the others copy it.
             let now = since(origin);
             let handed = match &mut *worker {
+                // A gradient the session's wire cannot carry is refused as one not finite.
+                _ if !fits_wire(shape.wire, &grad) => Err(syncopate::Reject::NotFinite),
                 AnyWorker::Gradient(gw) => gw.handle_gradient_in(now, id, &mut grad, loss),
                 other => other.handle_gradient_with_loss(now, id, &grad, loss),
             };
@@ -195,7 +197,7 @@ pub(super) fn drive(
                 heard = StdInstant::now();
                 crate::tcp::refusal::worker_line(me, p.of(&inbuf)).iter().for_each(|l| log(l));
             }
-            Ok(p) => match wire::decode_to_worker::<f32>(p.of(&inbuf), &limits) {
+            Ok(p) => match crate::tcp::payload::decode_to_worker(p.of(&inbuf), shape.wire, &limits, &mut wide) {
                 Ok(msg) => {
                     heard = StdInstant::now();
                     if let syncopate::msg::ToWorker::Model { version, ref values, .. } = msg {
@@ -242,6 +244,12 @@ pub(super) fn drive(
             worker.handle_timeout(since(origin));
         }
     }
+}
+
+/// Whether a gradient stays finite in the session's wire (always, for `f32`: the protocol
+/// checks finiteness itself).
+pub(crate) fn fits_wire(wire: syncopate::wire::Encoding, grad: &[f32]) -> bool {
+    wire == syncopate::wire::Encoding::F32 || wire.carries(grad)
 }
 
 /// Whether the server sent bytes not read yet (or closed the connection, or the socket has

@@ -21,6 +21,7 @@ pub(crate) mod step;
 
 pub use connect::Backoff;
 pub(crate) use connect::{ConnectError, Opened, Retry, open};
+pub(crate) use drive::fits_wire;
 
 use super::TcpError;
 use super::auth::WorkerKey;
@@ -66,6 +67,9 @@ pub struct WorkerOptions {
     /// refuses the worker at the handshake if its model has another size (both sizes
     /// named, in the server's log and in the worker's error). `None` takes the server's.
     pub dim: Option<usize>,
+    /// The tensor encoding this worker asks for on the wire; `None` takes the server's. A
+    /// server that speaks another refuses the worker at the handshake, naming both.
+    pub wire: Option<syncopate::wire::Encoding>,
 }
 
 impl WorkerOptions {
@@ -84,6 +88,7 @@ impl WorkerOptions {
             kill: None,
             lost_after: super::DEFAULT_LOST_AFTER,
             dim: None,
+            wire: None,
         }
     }
 }

@@ -26,6 +26,8 @@ pub(super) struct SessionShape {
     pub lost_after: Duration,
     /// How often this side sends a heartbeat when it has nothing else to send.
     pub beat: Duration,
+    /// The tensor encoding of the session's core messages.
+    pub wire: syncopate::wire::Encoding,
 }
 
 /// A session whose handshake succeeded.
@@ -55,6 +57,7 @@ pub(super) fn establish(
         want: *pinned,
         dim: options.dim.map(|d| d as u64),
         lost_after: options.lost_after,
+        wire: options.wire,
     };
     // Settings this worker cannot run are refused inside the handshake, so the server logs
     // the same reason the worker exits with.
@@ -103,8 +106,8 @@ pub(super) fn establish(
     let worker = AnyWorker::new(&config, setup, vec![0.0f32; dim], vec![0.0f32; config.worker_scratch_len(dim)])
         .map_err(|e| refused(e.to_string()))?;
     let lost_after = options.lost_after;
-    let shape =
-        SessionShape { dim, report_step_times: settings.report_step_times, lost_after, beat: s.beat(lost_after) };
+    let (report_step_times, beat, wire) = (settings.report_step_times, s.beat(lost_after), s.wire);
+    let shape = SessionShape { dim, report_step_times, lost_after, beat, wire };
     Ok(Session { link: Opened { stream, reader, writer }, worker, shape })
 }
 

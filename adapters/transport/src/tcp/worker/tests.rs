@@ -63,6 +63,7 @@ impl FakeServer {
             version: 0,
             dim: dim as u64,
             lost_after: crate::tcp::DEFAULT_LOST_AFTER,
+            wire: wire::Encoding::F32,
         };
         let now = StdInstant::now();
         let deadlines = Deadlines { hello: now + Duration::from_secs(5), done: now + Duration::from_secs(5) };
