@@ -135,11 +135,16 @@ pub struct ServerOptions {
     /// heartbeat) is lost; heartbeats go out at [`heartbeat_interval`](super::heartbeat_interval)
     /// of it.
     pub lost_after: Duration,
+    /// Offer a shared-memory region to each worker session that asks for one
+    /// ([`shm`](super::shm)): a session whose worker proves it mapped the region (it runs on
+    /// this host) sends its gradients and receives its models through it; every other
+    /// session, and everything else, stays on TCP.
+    pub shared_memory: bool,
 }
 
 impl ServerOptions {
     /// Defaults for a run of `settings`: no secret, hellos within 1 s, handshakes within 5 s,
-    /// 10 s frames, 64 queued frames, checkpoints off.
+    /// 10 s frames, 64 queued frames, checkpoints off, shared memory offered.
     pub fn new(settings: RunSettings) -> Self {
         let n = settings.peers().unwrap_or(settings.protocol.workers) as usize;
         Self {
@@ -157,6 +162,7 @@ impl ServerOptions {
             checkpoint_stamp: crate::tcp::checkpoint::Stamp::default(),
             optimizer_state: None,
             lost_after: super::DEFAULT_LOST_AFTER,
+            shared_memory: true,
         }
     }
 }
@@ -322,6 +328,12 @@ enum ConnEvent {
         done: Arc<AtomicBool>,
     },
     Frame(RawFrame),
+    /// A frame for session `conn`'s writer from its reader (the shared-memory exchange).
+    Reply {
+        conn: u64,
+        worker: WorkerId,
+        bytes: Vec<u8>,
+    },
     Closed {
         conn: u64,
         worker: WorkerId,
@@ -346,12 +358,20 @@ struct RawFrame {
     start: usize,
     end: usize,
     home: Sender<Vec<u8>>,
+    /// For a slot frame of a session whose shared memory is on: the message in the slot.
+    slot: Option<connection::SlotRef>,
 }
 
 impl RawFrame {
     /// The frame's payload.
     fn payload(&self) -> &[u8] {
         self.buf.get(self.start..self.end).unwrap_or_default()
+    }
+
+    /// The message the frame carries: the slot's for a slot frame that matches its slot
+    /// (the slot goes back to the worker when the frame is dropped), else the payload.
+    fn message(&self) -> &[u8] {
+        self.slot.as_ref().and_then(connection::SlotRef::bytes).unwrap_or_else(|| self.payload())
     }
 
     /// Gives the buffer back to its reader.
@@ -387,6 +407,8 @@ struct Shared {
     failures: AtomicU64,
     closing: AtomicBool,
     session_max_len: usize,
+    /// The sessions' shared-memory regions, unlinked when the run ends.
+    shm: super::shm::Registry,
 }
 
 /// Decrements a counter when dropped.
@@ -561,6 +583,7 @@ impl TcpServer {
             connections: AtomicUsize::new(0),
             failures: AtomicU64::new(0),
             closing: AtomicBool::new(false),
+            shm: super::shm::Registry::default(),
         });
         let (in_tx, in_rx) = bounded::<ConnEvent>(4 * n + 64);
         let accept = {
@@ -578,6 +601,7 @@ impl TcpServer {
         let mut core = Core::new(server, build, up, Arc::clone(&shared), note);
         let reason = core.run(&in_rx, plan, &control, note);
         core.finish(reason, &in_rx, note);
+        shared.shm.unlink_all();
         shared.closing.store(true, Ordering::SeqCst);
         accept::wake(&waker);
         drop(in_rx);

@@ -66,10 +66,15 @@ pub struct WorkerOptions {
     /// refuses the worker at the handshake if its model has another size (both sizes
     /// named, in the server's log and in the worker's error). `None` takes the server's.
     pub dim: Option<usize>,
+    /// Ask the server for a shared-memory region ([`shm`](super::shm)): where the server
+    /// offers one and this worker can map it (the same host), gradients and models travel
+    /// through it; otherwise the session stays on TCP.
+    pub shared_memory: bool,
 }
 
 impl WorkerOptions {
-    /// Defaults: no key, 5 s handshakes, 10 s frames, default backoff, rejoin after 2 s.
+    /// Defaults: no key, 5 s handshakes, 10 s frames, default backoff, rejoin after 2 s,
+    /// shared memory asked for.
     pub fn new(addr: impl Into<String>, id: WorkerId) -> Self {
         Self {
             addr: addr.into(),
@@ -84,6 +89,7 @@ impl WorkerOptions {
             kill: None,
             lost_after: super::DEFAULT_LOST_AFTER,
             dim: None,
+            shared_memory: true,
         }
     }
 }
