@@ -181,7 +181,7 @@ fn read_only_view(py: Python<'_>, params: &Bound<'_, PyAny>) -> PyResult<PyObjec
 #[pyo3(signature = (params, protocol, *, listen = "127.0.0.1:0", secret_file = None, insecure = false,
     optimizer = None, momentum = 0.0, evaluate = None, every = 1, target = None, updates = None, gradients = None,
     time_limit_s = None, on_listen = None, log = None, record_trace = None, wait_for_rejoin = false,
-    lost_after_s = 10.0, stop_when = None))]
+    lost_after_s = 10.0, stop_when = None, shared_memory = true))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve<'py>(
     py: Python<'py>,
@@ -204,6 +204,7 @@ pub(crate) fn serve<'py>(
     wait_for_rejoin: bool,
     lost_after_s: f64,
     stop_when: Option<PyObject>,
+    shared_memory: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let lost_after = crate::tcp::lost_after(lost_after_s)?;
     if every == 0 {
@@ -260,6 +261,7 @@ pub(crate) fn serve<'py>(
     let mut options = ServerOptions::new(settings);
     options.insecure = insecure;
     options.lost_after = lost_after;
+    options.shared_memory = shared_memory;
     if let Some(path) = secret_file {
         options.secret = Some(Secret::from_file(Path::new(path)).map_err(|e| PyValueError::new_err(e.to_string()))?);
     }

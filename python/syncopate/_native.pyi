@@ -210,6 +210,7 @@ def serve(
     wait_for_rejoin: bool = False,
     lost_after_s: float = 10.0,
     stop_when: Optional[Callable[[int, int], object]] = None,
+    shared_memory: bool = True,
 ) -> dict[str, Any]:
     """Runs the TCP parameter server of ``protocol`` on ``params`` (float32, updated in place)
     until ``updates`` model updates, ``gradients`` accepted gradients, ``time_limit_s``
@@ -229,7 +230,10 @@ def serve(
     ``trace_steps`` counts its rows). ``stop_when(live, joined)``: called every few
     milliseconds with the number of workers connected and the number that ever joined (each
     worker counted once); the run stops (reason ``"stopped"``) when it
-    returns true, and an exception it raises stops the run and is raised."""
+    returns true, and an exception it raises stops the run and is raised.
+    ``shared_memory``: offer each worker session a shared-memory region; a worker on this
+    host then sends its gradients and receives its models through it (``False``: every
+    session stays on TCP)."""
 
 def compare(
     path: Optional[str] = None,

@@ -8,7 +8,7 @@ use syncopate::WorkerId;
 /// `"SYNT"`: the first bytes of every handshake message after its type byte.
 pub const MAGIC: [u8; 4] = *b"SYNT";
 /// The version of this transport (framing and handshake).
-pub const TCP_VERSION: u16 = 7;
+pub const TCP_VERSION: u16 = 8;
 /// The largest frame `len` the server accepts before the handshake completes.
 pub const HANDSHAKE_MAX_LEN: usize = 512;
 /// The largest frame `len` a worker accepts before the handshake completes (the server

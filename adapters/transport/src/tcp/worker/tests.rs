@@ -89,13 +89,15 @@ impl FakeServer {
         self.send(&ToWorker::Model { version: Version(version), clock: version, values: Values::Slice(&values) });
     }
 
-    /// The next message from the worker that is not a heartbeat: its kind and, for a
+    /// The next message from the worker that is not a heartbeat (nor a shared-memory
+    /// request): its kind and, for a
     /// gradient, the model version it was computed on.
     fn next(&mut self) -> (&'static str, Option<u64>) {
         loop {
             let deadline = StdInstant::now() + Duration::from_secs(10);
             let p = self.reader.read_frame(&mut self.buf, Some(deadline)).unwrap();
-            if p.start == p.end {
+            // This server offers no shared memory: a worker's request goes unanswered.
+            if p.start == p.end || crate::tcp::shm::messages::Exchange::is(p.of(&self.buf)) {
                 continue;
             }
             let msg = wire::decode_to_server::<f32>(p.of(&self.buf), &self.limits).unwrap();
