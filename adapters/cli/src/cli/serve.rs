@@ -550,6 +550,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         refused: report.refused_contributions,
         discarded: report.discarded,
         in_flight_at_stop: report.in_flight_at_stop,
+        via_shared_memory: report.via_shared_memory,
         sessions: report.session_ledgers.clone(),
         workers_lost: report.lost,
         resumed,

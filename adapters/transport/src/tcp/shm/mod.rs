@@ -163,9 +163,17 @@ impl Region {
         if meta.len() != len as u64 {
             return Err(format!("{} has {} bytes, a region for this model has {len}", path.display(), meta.len()));
         }
-        let file =
-            OpenOptions::new().read(true).write(true).open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let size = file.metadata().map_err(|e| format!("{}: {e}", path.display()))?.len();
+        let mut opts = OpenOptions::new();
+        opts.read(true).write(true);
+        // A link swapped in after the check above is not followed.
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::custom_flags(&mut opts, libc::O_NOFOLLOW);
+        let file = opts.open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let opened = file.metadata().map_err(|e| format!("{}: {e}", path.display()))?;
+        if !opened.file_type().is_file() {
+            return Err(format!("{} is not a regular file", path.display()));
+        }
+        let size = opened.len();
         if size != len as u64 {
             return Err(format!("{} has {size} bytes, a region for this model has {len}", path.display()));
         }
