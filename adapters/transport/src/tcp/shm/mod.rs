@@ -26,10 +26,11 @@
 //! it lies, and once done with it stores `consumed = k` (Release). A writer whose slot is
 //! still unconsumed sends the ordinary full frame instead: it never waits and never
 //! overwrites what the reader may still be reading. Each side reads only a slot the other
-//! writes, bounded by the capacity both sides computed from the model's size; a peer that
-//! scribbles on its own slot while the other reads it only changes the values read, which
-//! are checked as the values of any frame (the server's fused admission measures exactly
-//! the values it sums).
+//! writes, bounded by the capacity both sides computed from the model's size. A peer that
+//! writes its slot while the other reads it breaks the protocol and only changes the values
+//! read; they are checked as those of any frame, but a server that reads a gradient twice
+//! (admission, then accumulation) checks the first reading. Only a process of the server's
+//! own user can open the file (mode 0600), and such a process can alter the server itself.
 
 #![allow(unsafe_code)]
 
