@@ -4,11 +4,14 @@
 //! thread, its connections' reader and writer threads).
 //!
 //! ```text
-//! tcp_count serve D UPDATES [N]     # server CPU per update (all its threads), N = 2 workers
-//! tcp_count work ADDR ID            # one worker (started by `serve`)
+//! tcp_count serve D UPDATES [N [PATH]]  # server CPU per update (all its threads), N = 2 workers
+//! tcp_count work ADDR ID                # one worker (started by `serve`)
 //! ```
 //!
-//! `serve` prints one line: `d`, `updates`, the server's CPU time per update (user + system,
+//! `PATH` is `tcp` (every gradient and model through the sockets), `shm` (through the
+//! sessions' shared-memory slots, the server's default for workers on its host) or `both`
+//! (the default: one run of each, in that order, in this process). `serve` prints one line
+//! per run: the path, `d`, `updates`, the server's CPU time per update (user + system,
 //! every thread, from `/proc/self/task/*/schedstat`) over the updates after a warm-up of
 //! [`WARMUP`] versions, the CPU time of a memory copy of the `2·n·d·4` bytes an update moves
 //! through the server and the ratio of the two, and each worker's CPU time per update outside its gradient job
@@ -18,8 +21,8 @@
 //! update:
 //!
 //! ```text
-//! valgrind --tool=callgrind --callgrind-out-file=/tmp/a.out target/release/examples/tcp_count serve 1000000 5
-//! valgrind --tool=callgrind --callgrind-out-file=/tmp/b.out target/release/examples/tcp_count serve 1000000 25
+//! valgrind --tool=callgrind --callgrind-out-file=/tmp/a.out target/release/examples/tcp_count serve 1000000 5 2 shm
+//! valgrind --tool=callgrind --callgrind-out-file=/tmp/b.out target/release/examples/tcp_count serve 1000000 25 2 shm
 //! ```
 
 use std::io::{BufRead, BufReader};
@@ -69,9 +72,10 @@ fn memcpy_ms(len: usize) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-fn serve(dim: usize, updates: u64, n: u32) -> Result<(), String> {
+fn serve(dim: usize, updates: u64, n: u32, shared_memory: bool) -> Result<(), String> {
     let protocol = ProtocolSettings::named(ProtocolKind::Bsp, n, 1e-6);
-    let options = ServerOptions::new(RunSettings::new(protocol, dim));
+    let mut options = ServerOptions::new(RunSettings::new(protocol, dim));
+    options.shared_memory = shared_memory;
     let server = TcpServer::bind("127.0.0.1:0", options).map_err(|e| e.to_string())?;
     let addr = server.local_addr().map_err(|e| e.to_string())?.to_string();
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -108,9 +112,11 @@ fn serve(dim: usize, updates: u64, n: u32) -> Result<(), String> {
     let per = |x: f64| x / updates as f64;
     let server_ms = per(to.0.saturating_sub(from.0) as f64 / 1e6);
     let copy_ms = memcpy_ms(2 * n as usize * dim);
+    let path = if shared_memory { "shm" } else { "tcp" };
     println!(
-        "d={dim} n={n} updates={updates} version={} server_cpu_ms={server_ms:.3} wall_ms={:.3} memcpy_ms={copy_ms:.3} \
+        "path={path} via_shm={} d={dim} n={n} updates={updates} version={} server_cpu_ms={server_ms:.3} wall_ms={:.3} memcpy_ms={copy_ms:.3} \
          server/memcpy={:.2} worker_cpu_ms_outside_job={}",
+        report.via_shared_memory,
         report.version.0,
         per(to.1.saturating_duration_since(from.1).as_secs_f64() * 1e3),
         server_ms / copy_ms,
@@ -157,13 +163,18 @@ fn main() {
             let dim = arg(1).and_then(|s| s.parse().ok()).unwrap_or(1_000_000);
             let updates = arg(2).and_then(|s| s.parse().ok()).unwrap_or(20);
             let n = arg(3).and_then(|s| s.parse().ok()).unwrap_or(2);
-            serve(dim, updates, n)
+            match arg(4).unwrap_or("both") {
+                "tcp" => serve(dim, updates, n, false),
+                "shm" => serve(dim, updates, n, true),
+                "both" => serve(dim, updates, n, false).and_then(|()| serve(dim, updates, n, true)),
+                other => Err(format!("PATH must be tcp, shm or both, not {other:?}")),
+            }
         }
         Some("work") => match (arg(1), arg(2).and_then(|s| s.parse().ok())) {
             (Some(addr), Some(id)) => work(addr, id),
             _ => Err("usage: tcp_count work ADDR ID".into()),
         },
-        _ => Err("usage: tcp_count serve D UPDATES [N] | tcp_count work ADDR ID".into()),
+        _ => Err("usage: tcp_count serve D UPDATES [N [tcp|shm|both]] | tcp_count work ADDR ID".into()),
     };
     if let Err(e) = result {
         eprintln!("tcp_count: {e}");

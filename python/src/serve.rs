@@ -181,7 +181,7 @@ fn read_only_view(py: Python<'_>, params: &Bound<'_, PyAny>) -> PyResult<PyObjec
 #[pyo3(signature = (params, protocol, *, listen = "127.0.0.1:0", secret_file = None, insecure = false,
     optimizer = None, momentum = 0.0, evaluate = None, every = 1, target = None, updates = None, gradients = None,
     time_limit_s = None, on_listen = None, log = None, record_trace = None, wait_for_rejoin = false,
-    lost_after_s = 10.0, stop_when = None, wire = "f32"))]
+    lost_after_s = 10.0, stop_when = None, wire = "f32", shared_memory = true))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve<'py>(
     py: Python<'py>,
@@ -205,6 +205,7 @@ pub(crate) fn serve<'py>(
     lost_after_s: f64,
     stop_when: Option<PyObject>,
     wire: &str,
+    shared_memory: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let lost_after = crate::tcp::lost_after(lost_after_s)?;
     let wire = crate::tcp::wire(wire)?;
@@ -263,6 +264,7 @@ pub(crate) fn serve<'py>(
     options.insecure = insecure;
     options.lost_after = lost_after;
     options.wire = wire;
+    options.shared_memory = shared_memory;
     if let Some(path) = secret_file {
         options.secret = Some(Secret::from_file(Path::new(path)).map_err(|e| PyValueError::new_err(e.to_string()))?);
     }

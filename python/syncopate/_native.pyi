@@ -214,6 +214,7 @@ def serve(
     lost_after_s: float = 10.0,
     stop_when: Optional[Callable[[int, int], object]] = None,
     wire: str = "f32",
+    shared_memory: bool = True,
 ) -> dict[str, Any]:
     """Runs the TCP parameter server of ``protocol`` on ``params`` (float32, updated in place)
     until ``updates`` model updates, ``gradients`` accepted gradients, ``time_limit_s``
@@ -236,7 +237,10 @@ def serve(
     returns true, and an exception it raises stops the run and is raised. ``wire``: the
     tensor encoding of gradients and models on the wire, ``"f32"``, ``"bf16"`` or ``"fp16"``
     (half the bytes, rounded to nearest even); the server sums, applies and keeps ``params``
-    in float32, and a worker asking for another encoding is refused at the handshake."""
+    in float32, and a worker asking for another encoding is refused at the handshake.
+    ``shared_memory``: offer each worker session a shared-memory region; a worker on this
+    host then sends its gradients and receives its models through it (``False``: every
+    session stays on TCP; a compressed ``wire`` keeps every session on TCP too)."""
 
 def compare(
     path: Optional[str] = None,

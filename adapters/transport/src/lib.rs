@@ -20,7 +20,9 @@
 //! Layering: [`channel`], [`file`](mod@file), [`launcher`] and [`protocol_spec`] import
 //! nothing of this crate; [`tcp`] imports [`protocol_spec`] and [`file`](mod@file).
 
-#![forbid(unsafe_code)]
+// Unsafe code is denied everywhere but in the shared-memory payload path (`tcp::shm`), which
+// maps a file another process writes.
+#![deny(unsafe_code)]
 // This crate is the std side by design; the workspace lint that steers the core to `core::`
 // paths has nothing to protect here.
 #![allow(clippy::std_instead_of_core, clippy::alloc_instead_of_core)]

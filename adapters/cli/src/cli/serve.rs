@@ -67,6 +67,10 @@ pub struct ServeArgs {
     /// Allow listening beyond loopback without a shared secret.
     #[arg(long)]
     pub insecure: bool,
+    /// Keep every session on TCP: offer no shared-memory region to workers on this host
+    /// (by default their gradients and models travel through one).
+    #[arg(long)]
+    pub no_shared_memory: bool,
     /// Write the model and its version to this file (atomically) every --checkpoint-every
     /// updates and at the end.
     #[arg(long, value_name = "FILE")]
@@ -388,6 +392,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
     let mut options = ServerOptions::new(settings);
     options.secret = secret;
     options.insecure = args.insecure;
+    options.shared_memory = !args.no_shared_memory;
     options.handshake_timeout = args.deadlines.handshake();
     options.frame_timeout = args.deadlines.frame();
     options.checkpoint = args.checkpoint.clone().map(|p| (p, args.checkpoint_every));
@@ -551,6 +556,7 @@ pub(super) fn run(args: &ServeArgs) -> Result<(), Failure> {
         refused: report.refused_contributions,
         discarded: report.discarded,
         in_flight_at_stop: report.in_flight_at_stop,
+        via_shared_memory: report.via_shared_memory,
         sessions: report.session_ledgers.clone(),
         workers_lost: report.lost,
         resumed,

@@ -85,6 +85,9 @@ pub struct TcpLedger {
     pub discarded: u64,
     /// Contributions that arrived after the run stopped.
     pub in_flight_at_stop: u64,
+    /// Of the contributions received, those read from their session's shared-memory slot
+    /// (a worker on the server's host) instead of its socket.
+    pub via_shared_memory: u64,
     /// The same counts per session (a worker's connection and epoch).
     pub sessions: Vec<crate::tcp::SessionLedger>,
     /// Workers the protocol was told are lost (connection closed or silent past

@@ -52,6 +52,7 @@ pub mod refusal;
 pub mod server;
 pub mod settings;
 pub mod sharded;
+pub mod shm;
 pub mod step_times;
 pub mod worker;
 pub(crate) mod writer;

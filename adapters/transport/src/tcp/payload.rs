@@ -10,6 +10,8 @@
 //! | `"INIT"` + `f32`s | worker 0's initial parameters ([`initial`](super::initial)) |
 //! | `"STEP"` + `f32`s | a worker's step times ([`step_times`](super::step_times)) |
 //! | `"NFIN"` + `f32` | what a worker's protocol refused to send ([`refusal`](super::refusal)) |
+//! | `"SLOT"` + seq + len | a core message in the sender's shared-memory slot ([`shm`](super::shm)) |
+//! | `"SHM…"` | the shared-memory exchange, handled by the connection's reader ([`shm`](super::shm)) |
 //! | anything else | a core message in the wire format (`core/WIRE.md`, magic `"SY"`) |
 //!
 //! The transport's own messages share one layout ([`F32Codec`]): a four-byte ASCII tag, then
@@ -70,6 +72,9 @@ pub enum FrameKind {
     StepTimes,
     /// What a worker's protocol refused to send for values that are not finite.
     NotFinite,
+    /// A slot frame that does not match a message in the session's shared memory (one
+    /// that does is decoded as the message in the slot).
+    Slot,
     /// A core message (or bytes that are not one: the core's decoder says which).
     Core,
 }
@@ -85,6 +90,8 @@ impl FrameKind {
             Self::StepTimes
         } else if super::refusal::NOT_FINITE.is(payload) {
             Self::NotFinite
+        } else if super::shm::messages::SlotFrame::is(payload) {
+            Self::Slot
         } else {
             Self::Core
         }
@@ -100,6 +107,10 @@ pub enum FromServerKind {
     Heartbeat,
     /// The server refused a contribution whose loss is not finite.
     Refused,
+    /// A message of the shared-memory exchange ([`shm`](super::shm)).
+    SharedMemory,
+    /// A core message in the worker's shared-memory slot.
+    Slot,
     /// A core message (or bytes that are not one: the core's decoder says which).
     Core,
 }
@@ -111,6 +122,10 @@ impl FromServerKind {
             Self::Heartbeat
         } else if super::refusal::CODEC.is(payload) {
             Self::Refused
+        } else if super::shm::messages::Exchange::is(payload) {
+            Self::SharedMemory
+        } else if super::shm::messages::SlotFrame::is(payload) {
+            Self::Slot
         } else {
             Self::Core
         }
@@ -152,6 +167,7 @@ impl<'a> InboundFrame<'a> {
             FrameKind::InitialModel => super::initial::decode(payload, dim).map(Self::InitialModel).map_err(bad),
             FrameKind::StepTimes => super::step_times::decode(payload).map(Self::StepTimes).map_err(bad),
             FrameKind::NotFinite => super::refusal::NotFinite::decode(payload).map(Self::NotFinite).map_err(bad),
+            FrameKind::Slot => Err(bad("a shared-memory slot frame that matches no message in its slot".into())),
             FrameKind::Core => {
                 wire::decode_to_server::<f32>(payload, limits).map(Self::Core).map_err(|e| bad(e.to_string()))
             }

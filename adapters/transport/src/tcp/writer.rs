@@ -39,12 +39,27 @@ pub(crate) fn write_with_heartbeats<W: std::io::Write, T: Outgoing>(
     writer: &mut FrameWriter<W>,
     frames: &Receiver<T>,
     beat: Duration,
+    written: impl FnMut(T),
+) -> std::io::Result<()> {
+    write_placed(writer, frames, beat, written, |_| None)
+}
+
+/// [`write_with_heartbeats`], where `place` may put a frame's payload elsewhere (a
+/// shared-memory slot, [`shm`](super::shm)) and return the small frame sent in its stead.
+pub(crate) fn write_placed<W: std::io::Write, T: Outgoing>(
+    writer: &mut FrameWriter<W>,
+    frames: &Receiver<T>,
+    beat: Duration,
     mut written: impl FnMut(T),
+    mut place: impl FnMut(&[u8]) -> Option<[u8; super::shm::messages::SlotFrame::LEN]>,
 ) -> std::io::Result<()> {
     loop {
         match frames.recv_timeout(beat) {
             Ok(frame) => {
-                writer.write_frame(frame.payload())?;
+                match place(frame.payload()) {
+                    Some(small) => writer.write_frame(&small)?,
+                    None => writer.write_frame(frame.payload())?,
+                }
                 written(frame);
             }
             Err(RecvTimeoutError::Timeout) => writer.write_frame(&[])?,
@@ -82,16 +97,44 @@ impl Upload {
         let n = wire::encode_to_server_as(msg, enc, &mut out)
             .map_err(|e| format!("cannot encode {}: {e}", msg.kind_name()))?;
         out.truncate(n);
+        Ok((out, Self::classify(msg, stats)))
+    }
+
+    /// [`Self::encode`], with a contribution encoded straight into the worker's slot of
+    /// `region` when that is free: the frame is then the slot frame
+    /// ([`shm`](super::shm)); otherwise the message itself.
+    pub(crate) fn encode_placed(
+        msg: &ToServer<'_, f32>,
+        stats: &mut WorkerStats,
+        spare: &Receiver<Vec<u8>>,
+        region: &super::shm::Region,
+    ) -> Result<(Vec<u8>, Self), String> {
+        use super::shm::messages::SlotFrame;
+        let contribution = matches!(msg, ToServer::Grad { .. } | ToServer::Delta { .. } | ToServer::Clock { .. });
+        let placed = contribution
+            .then(|| region.try_write(super::shm::Dir::ToServer, |slot| wire::encode_to_server(msg, slot)))
+            .flatten();
+        let Some((seq, len)) = placed else {
+            return Self::encode(msg, stats, spare);
+        };
+        let len = u32::try_from(len).map_err(|_| format!("a {} message too long for a slot", msg.kind_name()))?;
+        let mut out = spare.try_recv().unwrap_or_default();
+        out.clear();
+        out.extend_from_slice(&SlotFrame { seq, len }.encode());
+        Ok((out, Self::classify(msg, stats)))
+    }
+
+    /// Records `msg` in `stats` and says what it is for the ledger.
+    fn classify(msg: &ToServer<'_, f32>, stats: &mut WorkerStats) -> Self {
         let before = *stats;
         stats.record(msg);
-        let class = if stats.contributions > before.contributions {
+        if stats.contributions > before.contributions {
             Self::New
         } else if stats.resent > before.resent {
             Self::Again
         } else {
             Self::Other
-        };
-        Ok((out, class))
+        }
     }
 }
 

@@ -7,14 +7,16 @@ use super::{Conn, ConnEvent, RawFrame, Shared, Slot, Uplink};
 use crate::tcp::TcpError;
 use crate::tcp::frame::{FrameError, FrameReader, FrameWriter};
 use crate::tcp::handshake::{self, Deadlines, HandshakeError, ServerSide};
-use crate::tcp::writer::write_with_heartbeats;
+use crate::tcp::shm::messages::{Exchange, SlotFrame};
+use crate::tcp::shm::{self, Dir, Region};
+use crate::tcp::writer::{write_placed, write_with_heartbeats};
 use core::net::SocketAddr;
 use core::sync::atomic::{AtomicBool, Ordering};
 use core::time::Duration;
 use crossbeam_channel::{Sender, bounded};
 use std::io::BufWriter;
 use std::net::{Shutdown, TcpStream};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::Instant as StdInstant;
 
@@ -96,8 +98,12 @@ pub(super) fn connection(
     let done = Arc::new(AtomicBool::new(false));
     let done2 = Arc::clone(&done);
     let beat = session.beat(opts.lost_after);
+    // The session's shared-memory region, once its worker proved it mapped it.
+    let on: Arc<OnceLock<Arc<Region>>> = Arc::default();
+    let placed = Arc::clone(&on);
     let spawned = thread::Builder::new().name(format!("syncopate-write-{}", worker.0)).spawn(move || {
-        if let Err(e) = write_with_heartbeats(&mut writer, &out_rx, beat, drop) {
+        let place = |p: &[u8]| placed.get().and_then(|r| place_model(r, p));
+        if let Err(e) = write_placed(&mut writer, &out_rx, beat, drop, place) {
             let _ = writer_tx.send(ConnEvent::Closed { conn, worker, reason: format!("write failed: {e}") });
             let _ = stream2.shutdown(Shutdown::Both);
             done2.store(true, Ordering::SeqCst);
@@ -119,6 +125,8 @@ pub(super) fn connection(
     }
     // Read frames until the connection ends; buffers come back through `home`.
     let (home, pool) = bounded::<Vec<u8>>(8);
+    // A region offered and not yet answered for.
+    let mut offered: Option<Arc<Region>> = None;
     let reason = loop {
         let mut buf = pool.try_recv().unwrap_or_default();
         match reader.read_frame(&mut buf, Some(StdInstant::now() + opts.lost_after)) {
@@ -126,10 +134,29 @@ pub(super) fn connection(
             Ok(p) if p.start == p.end => {
                 let _ = home.try_send(buf);
             }
+            Ok(p) if Exchange::is(p.of(&buf)) => {
+                let reply = exchange(shared, &mut offered, &on, p.of(&buf));
+                let _ = home.try_send(buf);
+                match reply {
+                    Ok((bytes, log)) => {
+                        if let Some(line) = log {
+                            let _ = tx.send(ConnEvent::Log(format!("worker {}: {line}", worker.0)));
+                        }
+                        if let Some(bytes) = bytes {
+                            let _ = tx.send(ConnEvent::Reply { conn, worker, bytes });
+                        }
+                    }
+                    Err(e) => break Some(e),
+                }
+            }
             Ok(p) => {
+                let slot = SlotFrame::decode(p.of(&buf)).and_then(|f| {
+                    let region = Arc::clone(on.get()?);
+                    Some(SlotRef { region, seq: f.seq, len: f.len as usize })
+                });
                 let (buf, start, end) = crate::tcp::payload::widened(buf, p.start..p.end, &pool, opts.wire, &home);
-                let frame = ConnEvent::Frame(RawFrame { conn, worker, buf, start, end, home: home.clone() });
-                if tx.send(frame).is_err() {
+                let frame = RawFrame { conn, worker, buf, start, end, home: home.clone(), slot };
+                if tx.send(ConnEvent::Frame(frame)).is_err() {
                     break None;
                 }
             }
@@ -138,6 +165,10 @@ pub(super) fn connection(
             Err(e) => break Some(e.to_string()),
         }
     };
+    drop(offered);
+    if let Some(region) = on.get() {
+        region.unlink();
+    }
     // The session is over once its reader stops: its worker id is free for the next session
     // before the protocol thread hears of the end (and closes the socket, which the worker
     // may be waiting for before it reconnects), not only once the writer has finished.
@@ -149,6 +180,95 @@ pub(super) fn connection(
     // it has (a final Stop) before the socket closes.
     let _ = writer_thread.join();
     let _ = stream.shutdown(Shutdown::Both);
+}
+
+/// The message of a slot frame from a worker whose shared memory is on; the slot goes back
+/// to the worker when this is dropped.
+pub(super) struct SlotRef {
+    region: Arc<Region>,
+    seq: u64,
+    len: usize,
+}
+
+impl SlotRef {
+    /// The message, if the worker published exactly this one in its slot.
+    pub(super) fn bytes(&self) -> Option<&[u8]> {
+        self.region.read(Dir::ToServer, self.seq, self.len)
+    }
+}
+
+impl Drop for SlotRef {
+    fn drop(&mut self) {
+        self.region.consume(Dir::ToServer, self.seq);
+    }
+}
+
+/// What the writer sends in place of `payload` when the session's shared memory is on: a
+/// slot frame, for a model message placed in the worker's slot while that is free.
+fn place_model(region: &Region, payload: &[u8]) -> Option<[u8; SlotFrame::LEN]> {
+    // A core message of kind `Model` (`core/WIRE.md`).
+    if payload.get(..2) != Some(b"SY") || payload.get(3) != Some(&0x81) {
+        return None;
+    }
+    let (seq, len) = region.try_write(Dir::ToWorker, |slot| {
+        slot.get_mut(..payload.len()).map(|s| s.copy_from_slice(payload)).map(|()| payload.len()).ok_or(())
+    })?;
+    Some(SlotFrame { seq, len: u32::try_from(len).ok()? }.encode())
+}
+
+/// A worker's shared-memory exchange message: the reply for its writer (if any) and a line
+/// for the log (if any), or why the session ends. A request gets a new region (or a reason
+/// why not); an answer unlinks it and, with the right proof, turns the path on.
+fn exchange(
+    shared: &Shared,
+    offered: &mut Option<Arc<Region>>,
+    on: &OnceLock<Arc<Region>>,
+    payload: &[u8],
+) -> Result<(Option<Vec<u8>>, Option<String>), String> {
+    let msg = Exchange::decode(payload).map_err(|e| format!("sent {e}"))?;
+    match msg {
+        Exchange::Request if offered.is_some() || on.get().is_some() => {
+            Err("asked for a second shared-memory region".into())
+        }
+        Exchange::Request if !shared.options.shared_memory => {
+            Ok((Some(Exchange::Declined("the server runs without shared memory").encode()), None))
+        }
+        // A compressed wire is for links: slots carry `f32` messages only.
+        Exchange::Request if shared.options.wire != syncopate::wire::Encoding::F32 => {
+            Ok((Some(Exchange::Declined("the server's wire is compressed; shared memory carries f32").encode()), None))
+        }
+        Exchange::Request => match Region::create(&shm::default_dir(), shared.announce.dim) {
+            Ok(region) => {
+                let region = Arc::new(region);
+                shared.shm.add(&region);
+                let path = region.path().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+                let size = shm::region_len(shared.announce.dim) as u64;
+                let offer = Exchange::Offer { size, path: &path }.encode();
+                *offered = Some(region);
+                Ok((Some(offer), None))
+            }
+            Err(e) => {
+                let line = format!("cannot create a shared-memory region ({e}): the session stays on TCP");
+                Ok((Some(Exchange::Declined("the server could not create a region").encode()), Some(line)))
+            }
+        },
+        Exchange::Answer(proof) => {
+            let region = offered.take().ok_or("answered a shared-memory offer it did not get")?;
+            region.unlink();
+            if proof == region.proof() {
+                let _ = on.set(region);
+                let line = "gradients and models through shared memory (same host)".to_owned();
+                return Ok((Some(Exchange::On.encode()), Some(line)));
+            }
+            let why = if proof == [0; 32] {
+                "declined the shared-memory region"
+            } else {
+                "gave a wrong proof for the shared-memory region"
+            };
+            Ok((None, Some(format!("{why}: the session stays on TCP"))))
+        }
+        _ => Err("sent a server's shared-memory message".into()),
+    }
 }
 
 /// Starts the reader and writer threads of the upstream session: frames from upstream go to

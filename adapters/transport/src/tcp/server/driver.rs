@@ -228,6 +228,11 @@ impl<S: Server<f32>> Core<S> {
                 }
             }
             ConnEvent::Frame(frame) => self.frame(frame, note),
+            ConnEvent::Reply { conn, worker, bytes } => {
+                if let Some(Some(c)) = self.conns.get(worker.index()).filter(|_| self.current(worker, conn)) {
+                    let _ = c.tx.try_send(Arc::new(bytes));
+                }
+            }
             ConnEvent::Closed { conn, worker, reason } => {
                 if self.current(worker, conn) {
                     Self::log(note, &format!("worker {} lost: {reason}", worker.0));
@@ -259,12 +264,12 @@ impl<S: Server<f32>> Core<S> {
     /// a core message of the current session waits while the model is awaited.
     fn frame(&mut self, frame: RawFrame, note: &mut dyn FnMut(Note<'_>)) {
         let current = self.current(frame.worker, frame.conn);
-        let frame = if current && FrameKind::of(frame.payload()) == FrameKind::Core {
+        let frame = if current && FrameKind::of(frame.message()) == FrameKind::Core {
             match self.proto.hold(frame) {
                 Hold::Pass(frame) => frame,
                 Hold::Held(dropped) => {
                     if let Some(old) = dropped {
-                        if self.is_contribution(old.payload()) {
+                        if self.is_contribution(old.message()) {
                             self.ledger.count(&mut self.report, old.conn, Entry::Discarded);
                         }
                         old.recycle();
@@ -276,7 +281,7 @@ impl<S: Server<f32>> Core<S> {
             frame
         };
         let (conn, worker) = (frame.conn, frame.worker);
-        let decoded = InboundFrame::decode(frame.payload(), &self.limits, self.shared.announce.dim);
+        let decoded = InboundFrame::decode(frame.message(), &self.limits, self.shared.announce.dim);
         match decoded {
             Ok(f) if !current => {
                 if f.is_contribution() {
@@ -290,7 +295,14 @@ impl<S: Server<f32>> Core<S> {
             Ok(InboundFrame::StepTimes(seconds)) => self.step_times(worker, Ok(&seconds), note),
             Err(BadFrame { kind: FrameKind::StepTimes, reason }) => self.step_times(worker, Err(reason), note),
             Ok(InboundFrame::NotFinite(what)) => self.not_finite(worker, "report of its gradient", what.reject(), note),
-            Ok(InboundFrame::Core(msg)) => self.core_message(conn, worker, msg, note),
+            Ok(InboundFrame::Core(msg)) => {
+                if frame.slot.is_some()
+                    && matches!(msg, ToServer::Grad { .. } | ToServer::Delta { .. } | ToServer::Clock { .. })
+                {
+                    self.report.via_shared_memory += 1;
+                }
+                self.core_message(conn, worker, msg, note);
+            }
             Err(BadFrame { reason, .. }) => {
                 self.report.refused += 1;
                 Self::log(note, &format!("worker {} sent a bad message ({reason}); disconnecting", worker.0));
@@ -677,14 +689,14 @@ impl<S: Server<f32>> Core<S> {
         });
         let stop = stop.ok();
         close::stop_late(&mut conns, from_conns, stop.clone(), &mut |event| match event {
-            ConnEvent::Frame(frame) if self.is_contribution(frame.payload()) => {
+            ConnEvent::Frame(frame) if self.is_contribution(frame.message()) => {
                 self.ledger.count(&mut self.report, frame.conn, Entry::InFlightAtStop);
             }
             ConnEvent::Log(line) => Self::log(note, &line),
             _ => {}
         });
         close::linger(conns, from_conns, stop, &mut |frame| {
-            if self.is_contribution(frame.payload()) {
+            if self.is_contribution(frame.message()) {
                 self.ledger.count(&mut self.report, frame.conn, Entry::InFlightAtStop);
             }
         });

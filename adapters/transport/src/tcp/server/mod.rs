@@ -137,11 +137,16 @@ pub struct ServerOptions {
     /// The tensor encoding of every session's core messages (announced in the handshake; a
     /// worker asking for another is refused). The model, its sum and checkpoints stay `f32`.
     pub wire: syncopate::wire::Encoding,
+    /// Offer a shared-memory region to each worker session that asks for one
+    /// ([`shm`](super::shm)): a session whose worker proves it mapped the region (it runs on
+    /// this host) sends its gradients and receives its models through it; every other
+    /// session, and everything else, stays on TCP.
+    pub shared_memory: bool,
 }
 
 impl ServerOptions {
     /// Defaults for a run of `settings`: no secret, hellos within 1 s, handshakes within 5 s,
-    /// 10 s frames, 64 queued frames, checkpoints off.
+    /// 10 s frames, 64 queued frames, checkpoints off, shared memory offered.
     pub fn new(settings: RunSettings) -> Self {
         let n = settings.peers().unwrap_or(settings.protocol.workers) as usize;
         Self {
@@ -160,6 +165,7 @@ impl ServerOptions {
             optimizer_state: None,
             lost_after: super::DEFAULT_LOST_AFTER,
             wire: syncopate::wire::Encoding::F32,
+            shared_memory: true,
         }
     }
 }
@@ -325,6 +331,12 @@ enum ConnEvent {
         done: Arc<AtomicBool>,
     },
     Frame(RawFrame),
+    /// A frame for session `conn`'s writer from its reader (the shared-memory exchange).
+    Reply {
+        conn: u64,
+        worker: WorkerId,
+        bytes: Vec<u8>,
+    },
     Closed {
         conn: u64,
         worker: WorkerId,
@@ -349,12 +361,20 @@ struct RawFrame {
     start: usize,
     end: usize,
     home: Sender<Vec<u8>>,
+    /// For a slot frame of a session whose shared memory is on: the message in the slot.
+    slot: Option<connection::SlotRef>,
 }
 
 impl RawFrame {
     /// The frame's payload.
     fn payload(&self) -> &[u8] {
         self.buf.get(self.start..self.end).unwrap_or_default()
+    }
+
+    /// The message the frame carries: the slot's for a slot frame that matches its slot
+    /// (the slot goes back to the worker when the frame is dropped), else the payload.
+    fn message(&self) -> &[u8] {
+        self.slot.as_ref().and_then(connection::SlotRef::bytes).unwrap_or_else(|| self.payload())
     }
 
     /// Gives the buffer back to its reader.
@@ -390,6 +410,8 @@ struct Shared {
     failures: AtomicU64,
     closing: AtomicBool,
     session_max_len: usize,
+    /// The sessions' shared-memory regions, unlinked when the run ends.
+    shm: super::shm::Registry,
 }
 
 /// Decrements a counter when dropped.
@@ -564,6 +586,7 @@ impl TcpServer {
             connections: AtomicUsize::new(0),
             failures: AtomicU64::new(0),
             closing: AtomicBool::new(false),
+            shm: super::shm::Registry::default(),
         });
         let (in_tx, in_rx) = bounded::<ConnEvent>(4 * n + 64);
         let accept = {
@@ -581,6 +604,7 @@ impl TcpServer {
         let mut core = Core::new(server, build, up, Arc::clone(&shared), note);
         let reason = core.run(&in_rx, plan, &control, note);
         core.finish(reason, &in_rx, note);
+        shared.shm.unlink_all();
         shared.closing.store(true, Ordering::SeqCst);
         accept::wake(&waker);
         drop(in_rx);

@@ -59,6 +59,9 @@ pub struct ServerReport {
     pub discarded: u64,
     /// Contributions that arrived after the run stopped (in flight at the stop).
     pub in_flight_at_stop: u64,
+    /// Of [`Self::received`], those read from their session's shared-memory slot
+    /// ([`shm`](crate::tcp::shm)) instead of its socket.
+    pub via_shared_memory: u64,
     /// The same four counts per session (connection), in the order sessions began.
     pub session_ledgers: Vec<SessionLedger>,
     /// The loss curve: for every update whose contributions reported minibatch losses,
@@ -131,6 +134,7 @@ impl ServerReport {
             refused_contributions: 0,
             discarded: 0,
             in_flight_at_stop: 0,
+            via_shared_memory: 0,
             session_ledgers: Vec::new(),
             loss_curve: Vec::new(),
             initial_model_known: true,

@@ -8,6 +8,8 @@ use super::step::{Held, compute, refused};
 use super::{SessionEnd, WorkerJob, WorkerOptions, WorkerReport, killed};
 use crate::tcp::frame::{FrameError, FrameReader};
 use crate::tcp::payload::FromServerKind;
+use crate::tcp::shm::messages::{Exchange, SlotFrame};
+use crate::tcp::shm::{Dir, Region};
 use crate::tcp::writer::Upload;
 use crate::tcp::{at, since};
 use core::time::Duration;
@@ -66,11 +68,19 @@ pub(super) fn drive(
     let mut round_params: Vec<f32> = Vec::new();
     // When the server was last heard from (a frame or a heartbeat).
     let mut heard = StdInstant::now();
+    // The session's shared-memory region once mapped, and whether the server took the
+    // proof (contributions then go through it).
+    let mut region: Option<Region> = None;
+    let mut upload_slot = false;
     loop {
         while let Some(o) = worker.poll_output() {
             match o {
                 WorkerOutput::Send(msg) if upload_failed.is_none() => {
-                    match Upload::encode(&msg, shape.wire, &mut report.stats, spare) {
+                    let encoded = match region.as_ref().filter(|_| upload_slot) {
+                        Some(r) => Upload::encode_placed(&msg, &mut report.stats, spare, r),
+                        None => Upload::encode(&msg, shape.wire, &mut report.stats, spare),
+                    };
+                    match encoded {
                         Ok((out, class)) => {
                             let new = matches!(class, Upload::New) && shape.report_step_times;
                             if let Some(times) = new.then(|| steps.take_message()).flatten() {
@@ -197,24 +207,45 @@ pub(super) fn drive(
                 heard = StdInstant::now();
                 crate::tcp::refusal::worker_line(me, p.of(&inbuf)).iter().for_each(|l| log(l));
             }
-            Ok(p) => match crate::tcp::payload::decode_to_worker(p.of(&inbuf), shape.wire, &limits, &mut wide) {
-                Ok(msg) => {
-                    heard = StdInstant::now();
-                    if let syncopate::msg::ToWorker::Model { version, ref values, .. } = msg {
-                        if job.wants_rounds() {
-                            round_params.resize(shape.dim, 0.0);
-                            if values.copy_into(&mut round_params).is_ok() {
-                                job.round(version, &round_params);
-                            }
+            // The shared-memory exchange (see `shm`).
+            Ok(p) if FromServerKind::of(p.of(&inbuf)) == FromServerKind::SharedMemory => {
+                heard = StdInstant::now();
+                match exchange(p.of(&inbuf), shape.dim, &mut region, me, log) {
+                    Ok(Some(answer)) => {
+                        if uploads.send((answer, Upload::Other)).is_err() {
+                            upload_failed = Some("the connection broke while sending".to_string());
                         }
                     }
-                    let kind = msg.kind_name();
-                    if let Err(e) = worker.handle(since(origin), msg) {
-                        refused(me, log, report, &format!("the server's {kind} message"), &e);
-                    }
+                    Ok(None) => upload_slot = region.is_some(),
+                    Err(e) => return SessionEnd::Lost(e),
                 }
-                Err(e) => return SessionEnd::Lost(format!("server sent a bad message: {e}")),
-            },
+            }
+            Ok(p) => {
+                let (bytes, slot) = match slot_message(region.as_ref(), p.of(&inbuf)) {
+                    Ok(found) => found,
+                    Err(e) => return SessionEnd::Lost(e),
+                };
+                // A slot always holds an `f32` message (see `shm`); a frame, the session's wire.
+                let enc = if slot.is_some() { syncopate::wire::Encoding::F32 } else { shape.wire };
+                let handled = handle_message(
+                    worker,
+                    (bytes, enc, &mut wide),
+                    (&limits, shape.dim),
+                    origin,
+                    job,
+                    &mut round_params,
+                    report,
+                    log,
+                    me,
+                );
+                if let (Some(r), Some(k)) = (region.as_ref(), slot) {
+                    r.consume(Dir::ToWorker, k);
+                }
+                match handled {
+                    Ok(()) => heard = StdInstant::now(),
+                    Err(e) => return SessionEnd::Lost(e),
+                }
+            }
             Err(FrameError::Idle) => {
                 if let Some(e) = upload_failed.take() {
                     return SessionEnd::Lost(e);
@@ -246,10 +277,91 @@ pub(super) fn drive(
     }
 }
 
-/// Whether a gradient stays finite in the session's wire (always, for `f32`: the protocol
-/// checks finiteness itself).
-pub(crate) fn fits_wire(wire: syncopate::wire::Encoding, grad: &[f32]) -> bool {
-    wire == syncopate::wire::Encoding::F32 || wire.carries(grad)
+/// A core message from the server, handed to the protocol (and to a job that takes every
+/// round); `Err` when it does not decode.
+#[allow(clippy::too_many_arguments)]
+fn handle_message(
+    worker: &mut AnyWorker<f32, Vec<f32>>,
+    (bytes, enc, wide): (&[u8], syncopate::wire::Encoding, &mut Vec<u8>),
+    (limits, dim): (&Limits, usize),
+    origin: StdInstant,
+    job: &mut dyn WorkerJob,
+    round_params: &mut Vec<f32>,
+    report: &mut WorkerReport,
+    log: &mut dyn FnMut(&str),
+    me: u32,
+) -> Result<(), String> {
+    let msg = crate::tcp::payload::decode_to_worker(bytes, enc, limits, wide)
+        .map_err(|e| format!("server sent a bad message: {e}"))?;
+    if let syncopate::msg::ToWorker::Model { version, ref values, .. } = msg {
+        if job.wants_rounds() {
+            round_params.resize(dim, 0.0);
+            if values.copy_into(round_params).is_ok() {
+                job.round(version, round_params);
+            }
+        }
+    }
+    let kind = msg.kind_name();
+    if let Err(e) = worker.handle(since(origin), msg) {
+        refused(me, log, report, &format!("the server's {kind} message"), &e);
+    }
+    Ok(())
+}
+
+/// The message a frame from the server carries: for a slot frame, the one in the worker's
+/// slot (with its sequence number, to hand the slot back once read); else the payload.
+fn slot_message<'a>(region: Option<&'a Region>, payload: &'a [u8]) -> Result<(&'a [u8], Option<u64>), String> {
+    let Some(frame) = SlotFrame::decode(payload) else {
+        return Ok((payload, None));
+    };
+    let region = region.ok_or("the server sent a slot frame, but this session has no shared memory")?;
+    let bytes = region
+        .read(Dir::ToWorker, frame.seq, frame.len as usize)
+        .ok_or("the server sent a slot frame that matches no message in its slot")?;
+    Ok((bytes, Some(frame.seq)))
+}
+
+/// A message of the shared-memory exchange from the server: an offer is mapped (the
+/// answer is returned for the writer: the proof, or zeros when the region cannot be
+/// used, which is logged); `On` returns nothing and turns the upload slot on; a refusal
+/// is logged. `Err` for a message a server never sends.
+fn exchange(
+    payload: &[u8],
+    dim: usize,
+    region: &mut Option<Region>,
+    me: u32,
+    log: &mut dyn FnMut(&str),
+) -> Result<Option<Vec<u8>>, String> {
+    match Exchange::decode(payload).map_err(|e| format!("the server sent {e}"))? {
+        Exchange::Offer { size, path } if region.is_none() => {
+            let mapped = if size == crate::tcp::shm::region_len(dim) as u64 {
+                Region::open(std::path::Path::new(path), dim)
+            } else {
+                Err(format!("the offered region has {size} bytes, not {}", crate::tcp::shm::region_len(dim)))
+            };
+            let proof = match mapped {
+                Ok(r) => {
+                    let proof = r.proof();
+                    *region = Some(r);
+                    proof
+                }
+                Err(e) => {
+                    log(&format!("worker {me}: cannot use the server's shared memory ({e}): the session stays on TCP"));
+                    [0; 32]
+                }
+            };
+            Ok(Some(Exchange::Answer(proof).encode()))
+        }
+        Exchange::On if region.is_some() => Ok(None),
+        Exchange::Declined(reason) => {
+            log(&format!(
+                "worker {me}: no shared memory ({}): the session stays on TCP",
+                crate::tcp::handshake::PeerText(reason)
+            ));
+            Ok(None)
+        }
+        _ => Err("the server sent a shared-memory message out of turn".into()),
+    }
 }
 
 /// Whether the server sent bytes not read yet (or closed the connection, or the socket has
@@ -268,4 +380,10 @@ fn server_has_sent(stream: &TcpStream) -> bool {
 #[cfg(not(unix))]
 fn server_has_sent(_: &TcpStream) -> bool {
     true
+}
+
+/// Whether a gradient stays finite in the session's wire (always, for `f32`: the protocol
+/// checks finiteness itself).
+pub(crate) fn fits_wire(wire: syncopate::wire::Encoding, grad: &[f32]) -> bool {
+    wire == syncopate::wire::Encoding::F32 || wire.carries(grad)
 }

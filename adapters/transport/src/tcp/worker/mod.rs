@@ -70,10 +70,15 @@ pub struct WorkerOptions {
     /// The tensor encoding this worker asks for on the wire; `None` takes the server's. A
     /// server that speaks another refuses the worker at the handshake, naming both.
     pub wire: Option<syncopate::wire::Encoding>,
+    /// Ask the server for a shared-memory region ([`shm`](super::shm)): where the server
+    /// offers one and this worker can map it (the same host), gradients and models travel
+    /// through it; otherwise the session stays on TCP.
+    pub shared_memory: bool,
 }
 
 impl WorkerOptions {
-    /// Defaults: no key, 5 s handshakes, 10 s frames, default backoff, rejoin after 2 s.
+    /// Defaults: no key, 5 s handshakes, 10 s frames, default backoff, rejoin after 2 s,
+    /// shared memory asked for.
     pub fn new(addr: impl Into<String>, id: WorkerId) -> Self {
         Self {
             addr: addr.into(),
@@ -89,6 +94,7 @@ impl WorkerOptions {
             lost_after: super::DEFAULT_LOST_AFTER,
             dim: None,
             wire: None,
+            shared_memory: true,
         }
     }
 }

@@ -93,6 +93,11 @@ pub(super) fn establish(
             .map_err(|e| ConnectError::Job(format!("the initial parameters: {e}")))?;
         writer.write_frame(&message).map_err(ConnectError::io)?;
     }
+    if options.shared_memory {
+        // The offer comes back while the session runs (see `shm`).
+        let request = crate::tcp::shm::messages::Exchange::Request.encode();
+        writer.write_frame(&request).map_err(ConnectError::io)?;
+    }
     report.sessions += 1;
     log(&format!(
         "worker {}: connected to {} (epoch {}, server at version {}; {})",

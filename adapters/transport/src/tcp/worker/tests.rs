@@ -41,6 +41,8 @@ struct FakeServer {
     writer: FrameWriter<TcpStream>,
     buf: Vec<u8>,
     limits: Limits,
+    /// The worker's shared-memory exchange messages, in order.
+    exchange: Vec<Vec<u8>>,
 }
 
 impl FakeServer {
@@ -76,7 +78,7 @@ impl FakeServer {
             |_| Ok(0),
         )
         .unwrap();
-        Self { reader, writer, buf: Vec::new(), limits: Limits::for_model(dim) }
+        Self { reader, writer, buf: Vec::new(), limits: Limits::for_model(dim), exchange: Vec::new() }
     }
 
     fn send(&mut self, msg: &ToWorker<'_, f32>) {
@@ -90,12 +92,18 @@ impl FakeServer {
         self.send(&ToWorker::Model { version: Version(version), clock: version, values: Values::Slice(&values) });
     }
 
-    /// The next message from the worker that is not a heartbeat: its kind and, for a
+    /// The next message from the worker that is not a heartbeat (nor a shared-memory
+    /// request): its kind and, for a
     /// gradient, the model version it was computed on.
     fn next(&mut self) -> (&'static str, Option<u64>) {
         loop {
             let deadline = StdInstant::now() + Duration::from_secs(10);
             let p = self.reader.read_frame(&mut self.buf, Some(deadline)).unwrap();
+            // The shared-memory exchange is kept aside (a worker's request may go unanswered).
+            if crate::tcp::shm::messages::Exchange::is(p.of(&self.buf)) {
+                self.exchange.push(p.of(&self.buf).to_vec());
+                continue;
+            }
             if p.start == p.end {
                 continue;
             }
@@ -213,4 +221,43 @@ fn a_job_that_takes_every_round_sees_each_model_in_order_though_it_computes_on_t
     let every: Vec<(u64, f32)> = (0..=4).map(|v| (v, v as f32)).collect();
     assert_eq!(rounds, every, "every model reached the job, in order, before the next computation");
     assert!(report.stopped);
+}
+
+/// A region offered by a server that the worker finds truncated is declined (zeros for a
+/// proof, a line in its log), and the session goes on over TCP: the gradient comes as a
+/// full frame.
+#[test]
+fn a_worker_offered_a_truncated_region_declines_it_and_stays_on_tcp() {
+    use crate::tcp::shm::messages::Exchange;
+    let dim = 8;
+    let settings = RunSettings::new(ProtocolSettings::named(ProtocolKind::Bsp, 1, 0.1), dim);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let worker = thread::spawn(move || {
+        let mut job = |_: &[f32], g: &mut [f32]| g.fill(0.5);
+        let mut lines = Vec::new();
+        let report = run_worker(&WorkerOptions::new(addr, WorkerId(0)), &mut job, &mut |l| lines.push(l.to_owned()));
+        (report.unwrap(), lines)
+    });
+    let mut server = FakeServer::accept(&listener, &settings);
+    assert_eq!(server.next().0, "Join");
+    let len = crate::tcp::shm::region_len(dim);
+    let path = crate::tcp::shm::default_dir().join(format!(
+        "{}test-truncated-{}",
+        crate::tcp::shm::FILE_PREFIX,
+        std::process::id()
+    ));
+    std::fs::write(&path, vec![0u8; len - 4096]).unwrap();
+    let offer = Exchange::Offer { size: len as u64, path: path.to_str().unwrap() }.encode();
+    server.writer.write_frame(&offer).unwrap();
+    server.model(0, dim);
+    assert_eq!(server.next(), ("Grad", Some(0)), "the gradient comes as a full frame");
+    server.send(&ToWorker::Stop);
+    let (report, lines) = worker.join().unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert!(report.stopped);
+    assert_eq!(server.exchange, [Exchange::Request.encode(), Exchange::Answer([0; 32]).encode()]);
+    let declined =
+        lines.iter().any(|l| l.contains("cannot use the server's shared memory") && l.contains("stays on TCP"));
+    assert!(declined, "{lines:?}");
 }
