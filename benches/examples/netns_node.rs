@@ -24,8 +24,8 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 use syncopate::{ProtocolKind, Version, WorkerId};
 use syncopate_adapters::tcp::{
-    FrameTimeout, Note, ProtocolSettings, RunPlan, RunSettings, ServerOptions, ShardSettings, TcpServer,
-    WorkerOptions, run_sharded_worker, run_worker,
+    FrameTimeout, Note, ProtocolSettings, RunPlan, RunSettings, ServerOptions, ShardSettings, TcpServer, WorkerOptions,
+    run_sharded_worker, run_worker,
 };
 
 /// The value of every gradient element.

@@ -279,7 +279,7 @@ run_one() {
       wait_for "$budget" "${servers[@]}" || { ok=0; echo "run.sh: $tag: a server failed or went past $budget s (see $OUT/$tag.s*.err)" >&2; }
       # The rounds are the servers'; a worker still trying to reach a server that has
       # finished is stopped.
-      wait_for 10 "${PIDS[@]:${#servers[@]}}" || echo "run.sh: $tag: a worker failed or was stopped after its servers finished (see $OUT/$tag.w*.err)" >&2
+      wait_for 3 "${PIDS[@]:${#servers[@]}}" || echo "run.sh: $tag: a worker failed or was stopped after its servers finished (see $OUT/$tag.w*.err)" >&2
       stop_pids
       [ "$ok" = 1 ] && "$PYTHON" "$DRIVE" rounds --warmup "$WARMUP" "${files[@]}" >"$OUT/$tag.times" || true
       ;;
