@@ -236,8 +236,13 @@ impl WorkerJob for PythonJob<'_> {
         }
         self.last_round = Some(v);
         let called = Python::with_gil(|py| -> PyResult<()> {
+            // A fresh array filled by one copy of the floats (never a list of Python floats:
+            // a model of millions of parameters would cost a Python object per parameter).
             let np = py.import("numpy")?;
-            let vector = np.call_method1("array", (params.to_vec(), np.getattr("float32")?))?;
+            let vector = np.call_method1("empty", (params.len(), np.getattr("float32")?))?;
+            let buffer = PyBuffer::<f32>::get(&vector)?;
+            buffer.copy_from_slice(py, params)?;
+            buffer.release(py);
             on_round.call1(py, (vector, v))?;
             Ok(())
         });
