@@ -227,9 +227,18 @@ impl WorkerJob for PythonJob<'_> {
             return;
         }
         if v != expected {
+            // The server keeps no model to hand a late worker under the rule mean (each version
+            // after 0 is a round's mean gradient), so the worker cannot catch up.
+            let cause = if self.last_round.is_none() {
+                "it joined after round 0 (each model the server sends after version 0 is a round's mean \
+                 gradient, not the model, so a worker cannot start from it): start every rank before training \
+                 begins"
+            } else {
+                "it rejoined after them"
+            };
             self.failure = Some(Failure::MissedRounds(format!(
                 "on_round needs every round in order, but the server's next model is version {v} and rounds \
-                 {expected}..{v} never reached this worker (it joined late or rejoined after them)"
+                 {expected}..{v} never reached this worker: {cause}"
             )));
             self.kill.store(true, Ordering::SeqCst);
             return;
