@@ -276,6 +276,32 @@ def test_a_cuda_model_trains_with_staging_through_pinned_memory() -> None:
         torch.testing.assert_close(p, q)
 
 
+def test_the_staging_path_of_a_gpu_model_runs_on_the_cpu_and_trains_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The CUDA test needs a GPU; the staging code it runs (host buffers apart from the
+    # model's tensors, copies out after backward and in before the next forward) runs here.
+    from syncopate.torch import _layout
+
+    monkeypatch.setattr(_layout, "STAGE_CPU", True)
+    model, reference = mlp(batch_norm=True), mlp(batch_norm=True)
+    one_worker()
+    opt = st.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01), model)
+    assert opt._layout.staged and not opt._layout.sent.is_pinned()
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=0.01)
+    for step in range(5):
+        for m, o in ((model, opt), (reference, ref_opt)):
+            o.zero_grad()
+            x, y = batch(step)
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            o.step()
+    for (name, a), b in zip(model.state_dict().items(), reference.state_dict().values()):
+        assert torch.equal(a, b), name
+    x, y = batch(0)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    model[0].weight.grad[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="gradient of parameter 0.weight has NaN or infinity"):
+        opt.step()
+
+
 def test_the_host_waits_for_every_worker_to_connect_and_no_longer() -> None:
     model = mlp()
     st.init("bsp", workers=2, rank=0, address="127.0.0.1:0", log=lambda _: None, connect_timeout_s=1.0,

@@ -201,7 +201,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # gradient (and mean buffers), applied by the wrapped optimizer, in version order, so
         # a worker whose gradient a round did not need still applies that round.
         layout = self._layout
-        src = vector.to(layout.device, non_blocking=True)
+        src = layout.to_device(vector)
         if version == 0:
             layout.install_parameters(src)
         else:
@@ -246,4 +246,4 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # The host's model becomes the server's final model when the server ran the optimizer.
         params = self._session.server_params
         if params is not None and not self._session.worker_side:
-            self._layout.install_parameters(torch.from_numpy(params).to(self._layout.device))
+            self._layout.install_parameters(self._layout.to_device(torch.from_numpy(params)))
