@@ -72,11 +72,16 @@ class Phases:
             self.totals.clear()
 
 
+#: The key of the whole process's CPU time (every thread, those that ended included).
+PROCESS = "(process: all threads)"
+
+
 def thread_cpu() -> dict[int, tuple[str, float]]:
-    """Every thread of this process: its name and CPU seconds (user and system) so far."""
+    """Every thread of this process: its name and CPU seconds (user and system) so far; and
+    the whole process's under the id -1."""
     tick = os.sysconf("SC_CLK_TCK")
     names = {t.native_id: t.name for t in threading.enumerate()}
-    found = {}
+    found = {-1: (PROCESS, run.process_cpu_s())}
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/stat") as f:
@@ -93,7 +98,7 @@ def thread_cpu() -> dict[int, tuple[str, float]]:
 def thread_delta(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
     out: dict[str, float] = defaultdict(float)
     for tid, (name, cpu) in after.items():
-        key = "main" if tid == os.getpid() else name
+        key = "main" if tid == os.getpid() else PROCESS if tid == -1 else name
         out[key] += cpu - before.get(tid, (name, 0.0))[1]
     return dict(out)
 

@@ -147,11 +147,21 @@ class Layout:
     def install_gradients(self, src: torch.Tensor) -> None:
         """Makes the received vector's parameter part every parameter's gradient."""
         with torch.no_grad():
+            grads, views = [], []
             for p, v in self._parts(src, self.params, 0):
                 if p.grad is None:
                     p.grad = v.clone()
                 else:
-                    p.grad.copy_(v)
+                    grads.append(p.grad)
+                    views.append(v)
+            if grads:
+                # One call for every parameter (the loop of copies where torch lacks it).
+                copy = getattr(torch, "_foreach_copy_", None)
+                if copy is not None:
+                    copy(grads, views)
+                else:
+                    for g, v in zip(grads, views):
+                        g.copy_(v)
 
     def install_buffers(self, src: torch.Tensor) -> None:
         """Copies the received vector's buffer part into the buffers (integers rounded)."""
