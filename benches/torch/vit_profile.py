@@ -133,8 +133,38 @@ def wrap_callback(cls: Any, method: str, name: str, phases: Phases, last: dict[i
     setattr(cls, method, timed)
 
 
+def hand_offs(phases: Phases) -> None:
+    """Wall time of the two hand-overs between the threads: from the worker's thread entering
+    `compute` (a vector arrived) to the training thread's `wait` returning, and from
+    `submit` to `compute` returning on the worker's thread."""
+    marks: dict[str, float] = {}
+    compute, wait, submit = _session.Bridge._compute, _session.Bridge.wait, _session.Bridge.submit
+
+    def timed_compute(self: Any, *a: Any) -> Any:
+        marks["arrived"] = time.perf_counter()
+        try:
+            return compute(self, *a)
+        finally:
+            if "submitted" in marks:
+                phases.add("hand-off: gradient to the worker's thread", 0.0, time.perf_counter() - marks["submitted"])
+
+    def timed_wait(self: Any, *a: Any) -> Any:
+        try:
+            return wait(self, *a)
+        finally:
+            if "arrived" in marks:
+                phases.add("hand-off: vector to the training thread", 0.0, time.perf_counter() - marks["arrived"])
+
+    def timed_submit(self: Any, *a: Any) -> Any:
+        marks["submitted"] = time.perf_counter()
+        return submit(self, *a)
+
+    _session.Bridge._compute, _session.Bridge.wait, _session.Bridge.submit = timed_compute, timed_wait, timed_submit
+
+
 def instrument(phases: Phases) -> None:
     last: dict[int, tuple[float, float]] = {}
+    hand_offs(phases)
     wrap(_layout.Layout, "gather", "step: gather", phases)
     wrap(_session.Bridge, "wait", "step: wait", phases)
     wrap(_optimizer.DistributedOptimizer, "_apply_round", "step: apply", phases)
