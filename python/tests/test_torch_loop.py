@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -355,6 +356,16 @@ def test_a_stated_server_schedule_keeps_the_torch_scheduler_line_under_asp() -> 
     # The server's schedule made the updates: lr 0.1, then 0.05.
     for p, p0, g0, g1 in zip(model.parameters(), start, *grads):
         torch.testing.assert_close(p.detach(), p0 - 0.1 * g0 - 0.05 * g1)
+
+
+@pytest.mark.parametrize("optimizer", [None, "sgd"])
+def test_a_server_schedule_stated_for_a_server_without_one_is_refused(optimizer: Any) -> None:
+    model = mlp()
+    one_worker("ssp", **({} if optimizer is None else {"optimizer": syncopate.Optimizer(optimizer)}))
+    what = "the default SGD" if optimizer is None else "syncopate.Optimizer('sgd')"
+    with pytest.raises(ValueError, match=re.escape(f"server_schedule=True, but the server's optimizer ({what}) has no "
+                                                   "schedule") + ".* under ssp a torch LR scheduler cannot change"):
+        st.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, server_schedule=True)
 
 
 def test_server_false_under_torchrun_needs_the_servers_address(monkeypatch: pytest.MonkeyPatch) -> None:

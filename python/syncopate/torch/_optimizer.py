@@ -39,7 +39,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     - any other rule: the server's optimizer updated the model; ``step()`` installs it and
       your optimizer is not called. A torch LR scheduler then cannot be honoured and is
       refused, unless ``server_schedule=True`` says the server's :class:`syncopate.Optimizer`
-      carries the schedule.
+      carries the schedule (refused when the server this run hosts has none).
 
     Once the server has stopped, ``should_stop`` is true and ``step()`` returns without
     sending. A bad step (before backward, a NaN or infinite gradient) makes this worker leave
@@ -94,6 +94,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if id(p) not in in_optimizer:
                     raise ValueError(f"parameter {name} is not in the optimizer, but under {session.protocol.name} "
                                      "the server's optimizer updates every parameter that requires a gradient")
+            rule = session.optimizer
+            if self._server_schedule and not session.server_apart and getattr(rule, "schedule", None) in (None,
+                                                                                                      "constant"):
+                # The server this run hosts keeps one rate: a torch scheduler kept for show
+                # would change nothing.
+                what = "the default SGD" if rule is None else f"syncopate.Optimizer({rule.rule!r})"
+                raise ValueError(f"server_schedule=True, but the server's optimizer ({what}) has no schedule: give "
+                                 f"it one (init(optimizer=syncopate.Optimizer(..., schedule=...))); under "
+                                 f"{session.protocol.name} a torch LR scheduler cannot change the server's rate")
         return layout
 
     # The wrapped optimizer's state, shared.
