@@ -368,6 +368,19 @@ def test_a_server_schedule_stated_for_a_server_without_one_is_refused(optimizer:
         st.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, server_schedule=True)
 
 
+def test_the_schedulers_stepped_for_missed_rounds_are_the_outermost_ones() -> None:
+    # A worker catching up steps the schedulers built on its optimizer between rounds
+    # (test_torch_rounds.py runs that); a SequentialLR steps the one it holds, itself.
+    model = mlp()
+    one_worker()
+    opt = st.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    warm = torch.optim.lr_scheduler.LinearLR(opt, 0.1, total_iters=2)
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10)
+    both = torch.optim.lr_scheduler.SequentialLR(opt, [warm, cosine], milestones=[2])
+    other = torch.optim.lr_scheduler.StepLR(torch.optim.SGD(mlp(1).parameters(), lr=0.1), 1)  # not this one's
+    assert opt._schedulers() == [both] and other.optimizer is not opt
+
+
 def test_server_false_under_torchrun_needs_the_servers_address(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in (("TORCHELASTIC_USE_AGENT_STORE", "True"), ("MASTER_ADDR", "127.0.0.1"),
                         ("MASTER_PORT", "29500"), ("RANK", "0"), ("WORLD_SIZE", "1")):
