@@ -233,17 +233,31 @@ impl WorkerJob for PythonJob<'_> {
             return;
         }
         if v != expected {
+            // The server keeps no model to hand a late worker under the rule mean (each version
+            // after 0 is a round's mean gradient), so the worker cannot catch up.
+            let cause = if self.last_round.is_none() {
+                "it joined after round 0 (each model the server sends after version 0 is a round's mean \
+                 gradient, not the model, so a worker cannot start from it): start every rank before training \
+                 begins"
+            } else {
+                "it rejoined after them"
+            };
             self.failure = Some(Failure::MissedRounds(format!(
                 "on_round needs every round in order, but the server's next model is version {v} and rounds \
-                 {expected}..{v} never reached this worker (it joined late or rejoined after them)"
+                 {expected}..{v} never reached this worker: {cause}"
             )));
             self.kill.store(true, Ordering::SeqCst);
             return;
         }
         self.last_round = Some(v);
         let called = Python::with_gil(|py| -> PyResult<()> {
+            // A fresh array filled by one copy of the floats (never a list of Python floats:
+            // a model of millions of parameters would cost a Python object per parameter).
             let np = py.import("numpy")?;
-            let vector = np.call_method1("array", (params.to_vec(), np.getattr("float32")?))?;
+            let vector = np.call_method1("empty", (params.len(), np.getattr("float32")?))?;
+            let buffer = PyBuffer::<f32>::get(&vector)?;
+            buffer.copy_from_slice(py, params)?;
+            buffer.release(py);
             on_round.call1(py, (vector, v))?;
             Ok(())
         });

@@ -8,6 +8,7 @@ torch is required (see torch_required.py).
 from __future__ import annotations
 
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -270,6 +271,32 @@ def test_a_cuda_model_trains_with_staging_through_pinned_memory() -> None:
         torch.testing.assert_close(p, q)
 
 
+def test_the_staging_path_of_a_gpu_model_runs_on_the_cpu_and_trains_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The CUDA test needs a GPU; the staging code it runs (host buffers apart from the
+    # model's tensors, copies out after backward and in before the next forward) runs here.
+    from syncopate.torch import _layout
+
+    monkeypatch.setattr(_layout, "STAGE_CPU", True)
+    model, reference = mlp(batch_norm=True), mlp(batch_norm=True)
+    one_worker()
+    opt = st.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01), model)
+    assert opt._layout.staged and not opt._layout.sent.is_pinned()
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=0.01)
+    for step in range(5):
+        for m, o in ((model, opt), (reference, ref_opt)):
+            o.zero_grad()
+            x, y = batch(step)
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            o.step()
+    for (name, a), b in zip(model.state_dict().items(), reference.state_dict().values()):
+        assert torch.equal(a, b), name
+    x, y = batch(0)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    model[0].weight.grad[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="gradient of parameter 0.weight has NaN or infinity"):
+        opt.step()
+
+
 def test_the_host_waits_for_every_worker_to_connect_and_no_longer() -> None:
     model = mlp()
     st.init("bsp", workers=2, rank=0, address="127.0.0.1:0", log=lambda _: None, connect_timeout_s=1.0,
@@ -323,6 +350,29 @@ def test_a_stated_server_schedule_keeps_the_torch_scheduler_line_under_asp() -> 
     # The server's schedule made the updates: lr 0.1, then 0.05.
     for p, p0, g0, g1 in zip(model.parameters(), start, *grads):
         torch.testing.assert_close(p.detach(), p0 - 0.1 * g0 - 0.05 * g1)
+
+
+@pytest.mark.parametrize("optimizer", [None, "sgd"])
+def test_a_server_schedule_stated_for_a_server_without_one_is_refused(optimizer: Any) -> None:
+    model = mlp()
+    one_worker("ssp", **({} if optimizer is None else {"optimizer": syncopate.Optimizer(optimizer)}))
+    what = "the default SGD" if optimizer is None else "syncopate.Optimizer('sgd')"
+    with pytest.raises(ValueError, match=re.escape(f"server_schedule=True, but the server's optimizer ({what}) has no "
+                                                   "schedule") + ".* under ssp a torch LR scheduler cannot change"):
+        st.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, server_schedule=True)
+
+
+def test_the_schedulers_stepped_for_missed_rounds_are_the_outermost_ones() -> None:
+    # A worker catching up steps the schedulers built on its optimizer between rounds
+    # (test_torch_rounds.py runs that); a SequentialLR steps the one it holds, itself.
+    model = mlp()
+    one_worker()
+    opt = st.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    warm = torch.optim.lr_scheduler.LinearLR(opt, 0.1, total_iters=2)
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10)
+    both = torch.optim.lr_scheduler.SequentialLR(opt, [warm, cosine], milestones=[2])
+    other = torch.optim.lr_scheduler.StepLR(torch.optim.SGD(mlp(1).parameters(), lr=0.1), 1)  # not this one's
+    assert opt._schedulers() == [both] and other.optimizer is not opt
 
 
 def test_server_false_under_torchrun_needs_the_servers_address(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,6 +19,11 @@ import torch
 
 _HALF = (torch.float16, torch.bfloat16)
 
+#: Whether a CPU model's vectors take a GPU model's staging path (copies between the device
+#: tensors and the host buffers, without pinned memory or a stream to wait for), so that the
+#: path runs on a machine without a GPU (set by tests).
+STAGE_CPU = False
+
 
 def check_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     """The model's parameters, refused with the parameter named if one is not float32 or the
@@ -61,6 +66,8 @@ class Layout:
         self.buffers = [(n, b) for n, b in model.named_buffers() if _travels(b)] if with_buffers else []
         self.n_params = sum(p.numel() for _, p in self.params)
         self.dim = self.n_params + sum(b.numel() for _, b in self.buffers)
+        #: Whether the vectors are staged through host buffers apart from the model's tensors.
+        self.staged = self.device.type != "cpu" or STAGE_CPU
         pin = self.device.type == "cuda"
         # `received`: written by the worker loop (the server's vector); `sent`: the gradient
         # (and buffers) this worker hands over. Both float32, C-contiguous, `dim` long.
@@ -95,15 +102,19 @@ class Layout:
                 parts.append(g.detach().reshape(-1).to(torch.float32))
         with torch.no_grad():
             parts += [b.detach().reshape(-1).to(self.device, torch.float32) for _, b in self.buffers]
-            if self.device.type == "cpu":
+            if not self.staged:
                 torch.cat(parts, out=self.sent)
             else:
                 self.sent.copy_(torch.cat(parts), non_blocking=True)
-                # The worker loop reads `sent` from another thread: the copy must be done. This
-                # also completes every earlier copy out of `received`.
-                torch.cuda.current_stream(self.device).synchronize()
+                if self.device.type == "cuda":
+                    # The worker loop reads `sent` from another thread: the copy must be done.
+                    # This also completes every earlier copy out of `received`.
+                    torch.cuda.current_stream(self.device).synchronize()
         grad = self.sent[: self.n_params]
-        if not bool(torch.isfinite(grad).all()):
+        # One reduction decides: a NaN or an infinity makes the sum NaN or infinite. A sum of
+        # finite values can overflow too: the scan by parameter then finds none, and the
+        # gradient is sent.
+        if not bool(torch.isfinite(grad.sum())):
             offset = 0
             for name, p in self.params:
                 n = p.numel()
@@ -111,8 +122,14 @@ class Layout:
                     raise ValueError(f"the gradient of parameter {name} has NaN or infinity: not sent")
                 offset += n
 
+    def to_device(self, host: torch.Tensor) -> torch.Tensor:
+        """``host`` (a vector in host memory) where the model is: itself for an unstaged
+        model, else a copy on the model's device (asynchronous from pinned memory: the next
+        forward runs after it on the same stream)."""
+        return host if not self.staged else host.to(self.device, non_blocking=True, copy=True)
+
     def _source(self) -> torch.Tensor:
-        return self.received if self.device.type == "cpu" else self.received.to(self.device, non_blocking=True)
+        return self.to_device(self.received)
 
     def _parts(self, src: torch.Tensor, tensors: Iterable[tuple[str, torch.Tensor]], offset: int) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
         for _, t in tensors:
@@ -130,11 +147,21 @@ class Layout:
     def install_gradients(self, src: torch.Tensor) -> None:
         """Makes the received vector's parameter part every parameter's gradient."""
         with torch.no_grad():
+            grads, views = [], []
             for p, v in self._parts(src, self.params, 0):
                 if p.grad is None:
                     p.grad = v.clone()
                 else:
-                    p.grad.copy_(v)
+                    grads.append(p.grad)
+                    views.append(v)
+            if grads:
+                # One call for every parameter (the loop of copies where torch lacks it).
+                copy = getattr(torch, "_foreach_copy_", None)
+                if copy is not None:
+                    copy(grads, views)
+                else:
+                    for g, v in zip(grads, views):
+                        g.copy_(v)
 
     def install_buffers(self, src: torch.Tensor) -> None:
         """Copies the received vector's buffer part into the buffers (integers rounded)."""

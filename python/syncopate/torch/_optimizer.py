@@ -3,10 +3,13 @@ through the run's protocol (see :func:`syncopate.torch.init`)."""
 
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
+from torch.optim.lr_scheduler import LRScheduler
 
 from . import _session
 from ._layout import Layout
@@ -29,10 +32,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
     - rule ``"mean"`` (BSP, backup, DBW by default): the vector is the round's mean gradient
       (and the mean of the workers' buffers); ``step()`` writes it into ``.grad`` and calls
       your optimizer, so every worker applies the same update and the models stay identical.
+      A worker whose gradient a round did not need (backup, DBW) applies every round it
+      missed in its next ``step()``, and the LR schedulers built on this optimizer step
+      between those rounds (your ``scheduler.step()`` after ``step()`` makes the last one),
+      so every round is applied at the same learning rate on every worker.
     - any other rule: the server's optimizer updated the model; ``step()`` installs it and
       your optimizer is not called. A torch LR scheduler then cannot be honoured and is
       refused, unless ``server_schedule=True`` says the server's :class:`syncopate.Optimizer`
-      carries the schedule.
+      carries the schedule (refused when the server this run hosts has none).
 
     Once the server has stopped, ``should_stop`` is true and ``step()`` returns without
     sending. A bad step (before backward, a NaN or infinite gradient) makes this worker leave
@@ -60,6 +67,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         #: Under the rule "mean": the last round applied (its version).
         self.rounds = 0
         self._last_round: Optional[torch.Tensor] = None
+        self._found_schedulers: Optional[list[weakref.ref[Any]]] = None
         self._left: Optional[str] = None
         session.start(layout.received.numpy(), layout.sent.numpy(), layout.vector())
         session.on_close.append(self._install_server_model)
@@ -86,6 +94,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if id(p) not in in_optimizer:
                     raise ValueError(f"parameter {name} is not in the optimizer, but under {session.protocol.name} "
                                      "the server's optimizer updates every parameter that requires a gradient")
+            rule = session.optimizer
+            if self._server_schedule and not session.server_apart and getattr(rule, "schedule", None) in (None,
+                                                                                                      "constant"):
+                # The server this run hosts keeps one rate: a torch scheduler kept for show
+                # would change nothing.
+                what = "the default SGD" if rule is None else f"syncopate.Optimizer({rule.rule!r})"
+                raise ValueError(f"server_schedule=True, but the server's optimizer ({what}) has no schedule: give "
+                                 f"it one (init(optimizer=syncopate.Optimizer(..., schedule=...))); under "
+                                 f"{session.protocol.name} a torch LR scheduler cannot change the server's rate")
         return layout
 
     # The wrapped optimizer's state, shared.
@@ -133,8 +150,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._leave(str(e))
             raise
         if self._session.worker_side:
-            # Every round received, the last ones before a stop included.
+            # Every round received, the last ones before a stop included. The caller's LR
+            # schedulers step once per step() (after it): when this step() applies several
+            # rounds (a worker catching up on rounds its gradient was not needed for), they
+            # step between them, so every round is applied at the learning rate every other
+            # worker applied it at.
+            applied = 0
             for version, vector in bridge.take_rounds():
+                if version > 0:
+                    if applied:
+                        self._step_schedulers()
+                    applied += 1
                 self._apply_round(version, torch.from_numpy(vector))
         elif arrived:
             self._layout.install_parameters()
@@ -151,12 +177,40 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return False
         return True
 
+    def _schedulers(self) -> list[Any]:
+        """The LR schedulers built on this optimizer (found once, the first time a step
+        applies several rounds): a composite one (``SequentialLR``, ``ChainedScheduler``)
+        in place of the schedulers it holds."""
+        if self._found_schedulers is None:
+            found: dict[int, Any] = {}
+            for ref in gc.get_referrers(self):
+                owners = [ref]
+                if isinstance(ref, dict) and ref.get("optimizer") is self:
+                    # The scheduler's attribute dictionary: the scheduler is its owner.
+                    owners = [o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref]
+                for o in owners:
+                    if isinstance(o, LRScheduler) and getattr(o, "optimizer", None) is self:
+                        found[id(o)] = o
+            held = {id(s) for o in found.values() for s in getattr(o, "_schedulers", ())}
+            self._found_schedulers = [weakref.ref(o) for i, o in found.items() if i not in held]
+        return [s for s in (r() for r in self._found_schedulers) if s is not None]
+
+    def _step_schedulers(self) -> None:
+        for sched in self._schedulers():
+            if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                why = ("a ReduceLROnPlateau scheduler cannot step for the rounds this worker catches up on (its "
+                       "step needs the metric): under the rule mean, schedule by step (LambdaLR, "
+                       "CosineAnnealingLR...) so that every worker keeps the same learning rate; this worker left")
+                self._leave(why)
+                raise ValueError(why)
+            sched.step()
+
     def _apply_round(self, version: int, vector: torch.Tensor) -> None:
         # Version 0 is the initial model (rank 0's); every later version one round's mean
         # gradient (and mean buffers), applied by the wrapped optimizer, in version order, so
         # a worker whose gradient a round did not need still applies that round.
         layout = self._layout
-        src = vector.to(layout.device, non_blocking=True)
+        src = layout.to_device(vector)
         if version == 0:
             layout.install_parameters(src)
         else:
@@ -201,4 +255,4 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # The host's model becomes the server's final model when the server ran the optimizer.
         params = self._session.server_params
         if params is not None and not self._session.worker_side:
-            self._layout.install_parameters(torch.from_numpy(params).to(self._layout.device))
+            self._layout.install_parameters(self._layout.to_device(torch.from_numpy(params)))

@@ -161,6 +161,9 @@ class Session:
         self.joined = 0
         self._close_deadline = 0.0
         self.on_close: list[Callable[[], None]] = []
+        #: Whether the server was started apart (``init(server=False)``): its rule is then
+        #: known only as far as ``optimizer`` says.
+        self.server_apart = False
 
     @property
     def worker_side(self) -> bool:
@@ -380,6 +383,7 @@ def init(
             raise ValueError(f"{name} must be positive, got {value}")
     _current = Session(proto, rank, proto.workers, address, host, optimizer, store, serve_options, secret_file, log,
                        give_up_after_s, step_timeout_s, connect_timeout_s)
+    _current.server_apart = server is False
     return _current
 
 
