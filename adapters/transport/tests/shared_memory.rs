@@ -160,6 +160,7 @@ impl Raw {
             want: None,
             dim: None,
             lost_after: DEFAULT_LOST_AFTER,
+            wire: None,
         };
         handshake::client_handshake(&mut r, &mut w, &me, Instant::now() + Duration::from_secs(3)).unwrap();
         r.set_max_len(session_max_len(DIM));

@@ -100,7 +100,8 @@ impl Upload {
         Ok((out, Self::classify(msg, stats)))
     }
 
-    /// [`Self::encode`], with a contribution encoded straight into the worker's slot of
+    /// [`Self::encode`] in `f32` (a session with shared memory has the `f32` wire), with a
+    /// contribution encoded straight into the worker's slot of
     /// `region` when that is free: the frame is then the slot frame
     /// ([`shm`](super::shm)); otherwise the message itself.
     pub(crate) fn encode_placed(
@@ -115,7 +116,7 @@ impl Upload {
             .then(|| region.try_write(super::shm::Dir::ToServer, |slot| wire::encode_to_server(msg, slot)))
             .flatten();
         let Some((seq, len)) = placed else {
-            return Self::encode(msg, stats, spare);
+            return Self::encode(msg, wire::Encoding::F32, stats, spare);
         };
         let len = u32::try_from(len).map_err(|_| format!("a {} message too long for a slot", msg.kind_name()))?;
         let mut out = spare.try_recv().unwrap_or_default();
