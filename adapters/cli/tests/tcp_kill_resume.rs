@@ -30,7 +30,7 @@ mod resume;
 use core::time::Duration;
 use ledger::{Ledger, Loss};
 use procs::{Proc, json, serve_as_given};
-use resume::{check_ledger_across_kill, has_update, wait_for_checkpoint};
+use resume::{check_ledger_across_kill, has_update, knobs, wait_for_checkpoint};
 use std::path::PathBuf;
 use std::thread;
 
@@ -39,16 +39,6 @@ const N: u32 = 3;
 fn work(addr: &str, id: u32) -> Proc {
     let id = id.to_string();
     Proc::spawn(&["work", "--connect", addr, "--id", &id, "--give-up-after", "20", "--step-ms", "20", "--json"])
-}
-
-fn knobs(protocol: &'static str) -> Vec<&'static str> {
-    let mut k = vec!["--protocol", protocol, "--workers", "3", "--model", "softmax"];
-    match protocol {
-        "backup" => k.extend(["--backup-workers", "1"]),
-        "ssp" => k.extend(["--staleness", "2"]),
-        _ => {}
-    }
-    k
 }
 
 /// Per session: received + discarded + in flight at the stop.

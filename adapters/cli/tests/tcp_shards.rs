@@ -28,7 +28,7 @@ mod resume;
 use core::time::Duration;
 use ledger::{Ledger, Loss};
 use procs::{Proc, json, serve_as_given};
-use resume::{check_ledger_across_kill, has_update, wait_for_checkpoint};
+use resume::{check_ledger_across_kill, has_update, knobs, wait_for_checkpoint};
 use std::path::{Path, PathBuf};
 use syncopate::ProtocolKind;
 use syncopate_adapters::tcp::checkpoint;
@@ -44,16 +44,6 @@ fn work(addrs: &str, id: u32, extra: &[&str]) -> Proc {
     }
     args.extend_from_slice(extra);
     Proc::spawn(&args)
-}
-
-fn knobs(protocol: &'static str) -> Vec<&'static str> {
-    let mut k = vec!["--protocol", protocol, "--workers", "3", "--model", "softmax"];
-    match protocol {
-        "backup" => k.extend(["--backup-workers", "1"]),
-        "ssp" => k.extend(["--staleness", "2"]),
-        _ => {}
-    }
-    k
 }
 
 fn temp_dir(name: &str) -> PathBuf {

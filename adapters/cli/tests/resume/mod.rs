@@ -9,6 +9,18 @@ use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::Instant;
 
+/// The flags of `protocol` for the kill and resume runs: 3 workers on softmax, one backup
+/// worker for backup, staleness 2 for SSP.
+pub fn knobs(protocol: &'static str) -> Vec<&'static str> {
+    let mut k = vec!["--protocol", protocol, "--workers", "3", "--model", "softmax"];
+    match protocol {
+        "backup" => k.extend(["--backup-workers", "1"]),
+        "ssp" => k.extend(["--staleness", "2"]),
+        _ => {}
+    }
+    k
+}
+
 /// The journal beside `checkpoint` (`<checkpoint>.journal`).
 pub fn journal(checkpoint: &Path) -> PathBuf {
     let mut p = checkpoint.as_os_str().to_owned();
