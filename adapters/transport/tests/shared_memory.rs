@@ -2,7 +2,8 @@
 //! their gradients and receive their models through shared memory end with bitwise the
 //! models the same runs end with over TCP alone; a region offered to a worker that vanishes
 //! before answering, or still named when the server ends, leaves no file behind; a wrong
-//! proof leaves the session on TCP; and a gradient holding NaN read from a slot is refused
+//! proof leaves the session on TCP, a second request or a slot frame on a session without
+//! shared memory ends it; and a gradient holding NaN read from a slot is refused
 //! as one read from the socket.
 
 use core::net::SocketAddr;
@@ -230,7 +231,7 @@ fn a_region_never_answered_for_is_unlinked_when_its_worker_dies_or_the_server_en
 }
 
 #[test]
-fn a_wrong_proof_leaves_the_session_on_tcp() {
+fn a_wrong_proof_leaves_the_session_on_tcp_and_misplaced_messages_end_it() {
     let server = start(ServerOptions::new(settings(ProtocolKind::Bsp, 1)), 1);
     let mut raw = Raw::connect(server.addr, 0);
     let path = raw.offer();
@@ -248,6 +249,15 @@ fn a_wrong_proof_leaves_the_session_on_tcp() {
     raw.send_msg(&ToServer::Grad { base: version, iteration: 0, seq: 0, values: Values::Slice(&grad), loss: None });
     let report = server.thread.join().unwrap();
     assert_eq!((report.version, report.via_shared_memory), (Version(1), 0));
+    // A second request ends the session.
+    let server = start(ServerOptions::new(settings(ProtocolKind::Bsp, 1)), 1);
+    let mut raw = Raw::connect(server.addr, 0);
+    raw.offer();
+    raw.send(&Exchange::Answer([0; 32]).encode());
+    raw.send(&Exchange::Request.encode());
+    server.wait_log("asked for a second shared-memory region");
+    server.handle.stop();
+    server.thread.join().unwrap();
     // A slot frame on that session is a bad message.
     let server = start(ServerOptions::new(settings(ProtocolKind::Bsp, 1)), 1);
     let mut raw = Raw::connect(server.addr, 0);

@@ -125,8 +125,9 @@ pub(super) fn connection(
     }
     // Read frames until the connection ends; buffers come back through `home`.
     let (home, pool) = bounded::<Vec<u8>>(8);
-    // A region offered and not yet answered for.
-    let mut offered: Option<Arc<Region>> = None;
+    // Whether the worker asked for a region (once per session), and the region offered
+    // and not yet answered for.
+    let (mut asked, mut offered) = (false, None::<Arc<Region>>);
     let reason = loop {
         let mut buf = pool.try_recv().unwrap_or_default();
         match reader.read_frame(&mut buf, Some(StdInstant::now() + opts.lost_after)) {
@@ -135,7 +136,7 @@ pub(super) fn connection(
                 let _ = home.try_send(buf);
             }
             Ok(p) if Exchange::is(p.of(&buf)) => {
-                let reply = exchange(shared, &mut offered, &on, p.of(&buf));
+                let reply = exchange(shared, (&mut asked, &mut offered), &on, p.of(&buf));
                 let _ = home.try_send(buf);
                 match reply {
                     Ok((bytes, log)) => {
@@ -217,19 +218,18 @@ fn place_model(region: &Region, payload: &[u8]) -> Option<[u8; SlotFrame::LEN]> 
 }
 
 /// A worker's shared-memory exchange message: the reply for its writer (if any) and a line
-/// for the log (if any), or why the session ends. A request gets a new region (or a reason
-/// why not); an answer unlinks it and, with the right proof, turns the path on.
+/// for the log (if any), or why the session ends. The one request of a session gets a new
+/// region (or a reason why not); an answer unlinks it and, with the right proof, turns the
+/// path on.
 fn exchange(
     shared: &Shared,
-    offered: &mut Option<Arc<Region>>,
+    (asked, offered): (&mut bool, &mut Option<Arc<Region>>),
     on: &OnceLock<Arc<Region>>,
     payload: &[u8],
 ) -> Result<(Option<Vec<u8>>, Option<String>), String> {
     let msg = Exchange::decode(payload).map_err(|e| format!("sent {e}"))?;
     match msg {
-        Exchange::Request if offered.is_some() || on.get().is_some() => {
-            Err("asked for a second shared-memory region".into())
-        }
+        Exchange::Request if core::mem::replace(asked, true) => Err("asked for a second shared-memory region".into()),
         Exchange::Request if !shared.options.shared_memory => {
             Ok((Some(Exchange::Declined("the server runs without shared memory").encode()), None))
         }

@@ -282,6 +282,8 @@ impl<S: Server<f32>> Core<S> {
         };
         let (conn, worker) = (frame.conn, frame.worker);
         let decoded = InboundFrame::decode(frame.message(), &self.limits, self.shared.announce.dim);
+        let via_slot = current && frame.slot.is_some() && decoded.as_ref().is_ok_and(InboundFrame::is_contribution);
+        self.report.via_shared_memory += u64::from(via_slot);
         match decoded {
             Ok(f) if !current => {
                 if f.is_contribution() {
@@ -295,14 +297,7 @@ impl<S: Server<f32>> Core<S> {
             Ok(InboundFrame::StepTimes(seconds)) => self.step_times(worker, Ok(&seconds), note),
             Err(BadFrame { kind: FrameKind::StepTimes, reason }) => self.step_times(worker, Err(reason), note),
             Ok(InboundFrame::NotFinite(what)) => self.not_finite(worker, "report of its gradient", what.reject(), note),
-            Ok(InboundFrame::Core(msg)) => {
-                if frame.slot.is_some()
-                    && matches!(msg, ToServer::Grad { .. } | ToServer::Delta { .. } | ToServer::Clock { .. })
-                {
-                    self.report.via_shared_memory += 1;
-                }
-                self.core_message(conn, worker, msg, note);
-            }
+            Ok(InboundFrame::Core(msg)) => self.core_message(conn, worker, msg, note),
             Err(BadFrame { reason, .. }) => {
                 self.report.refused += 1;
                 Self::log(note, &format!("worker {} sent a bad message ({reason}); disconnecting", worker.0));
