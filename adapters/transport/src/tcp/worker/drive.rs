@@ -69,6 +69,14 @@ pub(super) fn drive(
     loop {
         while let Some(o) = worker.poll_output() {
             match o {
+                // A contribution the wire cannot carry (a delta beyond its range): the server
+                // hears of values that are not finite, and ends the run as diverged.
+                WorkerOutput::Send(msg) if upload_failed.is_none() && !contribution_fits(shape.wire, &msg) => {
+                    let n = crate::tcp::refusal::NotFinite::Values;
+                    if uploads.send((n.encode(), Upload::Other)).is_err() {
+                        upload_failed = Some("the connection broke while sending".to_string());
+                    }
+                }
                 WorkerOutput::Send(msg) if upload_failed.is_none() => {
                     match Upload::encode(&msg, shape.wire, &mut report.stats, spare) {
                         Ok((out, class)) => {
@@ -250,6 +258,17 @@ pub(super) fn drive(
 /// checks finiteness itself).
 pub(crate) fn fits_wire(wire: syncopate::wire::Encoding, grad: &[f32]) -> bool {
     wire == syncopate::wire::Encoding::F32 || wire.carries(grad)
+}
+
+/// Whether a contribution's values stay finite in the session's wire (any other message:
+/// yes).
+fn contribution_fits(wire: syncopate::wire::Encoding, msg: &syncopate::ToServer<'_, f32>) -> bool {
+    use syncopate::ToServer::{Clock, Delta, Grad};
+    let (Grad { values, .. } | Delta { values, .. } | Clock { values, .. }) = msg else {
+        return true;
+    };
+    let mut all = (0..values.len()).filter_map(|i| values.get(i));
+    wire == syncopate::wire::Encoding::F32 || wire.first_not_carried(&mut all).is_none()
 }
 
 /// Whether the server sent bytes not read yet (or closed the connection, or the socket has
