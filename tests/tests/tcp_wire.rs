@@ -120,3 +120,34 @@ fn a_model_beyond_fp16_ends_the_run_as_diverged() {
         let _ = worker.join();
     });
 }
+
+/// Gradients of 6e4 in every element: within fp16's range.
+struct Large;
+
+impl WorkerJob for Large {
+    fn gradient(&mut self, _params: &[f32], grad: &mut [f32]) -> Duration {
+        grad.fill(6.0e4);
+        Duration::ZERO
+    }
+}
+
+#[test]
+fn a_delta_beyond_fp16_is_reported_as_not_finite_and_the_run_diverges() {
+    bounded(Duration::from_secs(30), || {
+        let w = workload();
+        // WBSP uploads the worker's model change: 2 x 6e4 per step, beyond fp16.
+        let settings = run_settings(syncopate_adapters::tcp::ProtocolSettings::named(
+            syncopate_adapters::scenario::ProtocolKind::Wbsp,
+            1,
+            2.0,
+        ));
+        let mut options = ServerOptions::new(settings);
+        options.wire = Encoding::Fp16;
+        let server = start_server(options, &w, plan(u64::MAX, 20));
+        let mut logs = Vec::new();
+        let _ = run_worker(&worker_options(server.addr, 0), &mut Large, &mut |l| logs.push(l.to_owned()));
+        let report = server.finish();
+        assert_eq!(report.reason, StopReason::Diverged, "{report:?}; {logs:?}");
+        assert_eq!(report.stats.accepted, 0, "no delta beyond fp16 reached the server");
+    });
+}

@@ -415,3 +415,34 @@ fn a_diverging_sharded_run_stops_as_diverged_on_every_shard() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn shards_speak_one_wire_a_worker_takes_it_and_a_shard_of_another_is_refused() {
+    let dir = temp_dir("wire");
+    let mut all = vec!["--steps", "30", "--time-limit", "60", "--run-id", "w", "--wire", "bf16"];
+    all.extend(knobs("bsp"));
+    let (servers, addrs, _) = shards(&dir, 2, &all);
+    let list = addrs.join(",");
+    let workers: Vec<Proc> = (0..N).map(|i| work(&list, i, &[])).collect();
+    for w in workers {
+        let lines = w.lines();
+        let (code, _) = w.finish(Duration::from_secs(60));
+        assert_eq!(code, 0, "{lines:#?}");
+    }
+    for s in servers {
+        assert_eq!(s.finish(Duration::from_secs(30)).0, 0);
+    }
+    // Shard 1 speaking f32 beside a bf16 shard 0: the worker takes shard 0's and is refused.
+    let (ck0, ck1) = (dir.join("a.ckpt"), dir.join("b.ckpt"));
+    let base = ["--steps", "100000", "--time-limit", "30", "--run-id", "x"];
+    let mut zero = vec!["--listen", "127.0.0.1:0", "--shard", "0/2", "--checkpoint", ck0.to_str().unwrap()];
+    zero.extend(base.iter().chain(&["--wire", "bf16"]).chain(knobs("bsp").iter()));
+    let mut one = vec!["--listen", "127.0.0.1:0", "--shard", "1/2", "--checkpoint", ck1.to_str().unwrap()];
+    one.extend(base.iter().chain(knobs("bsp").iter()));
+    let ((_s0, a0), (s1, a1)) = (serve_as_given(&zero), serve_as_given(&one));
+    let w = work(&format!("{a0},{a1}"), 0, &[]);
+    w.wait_err("worker asks for bf16, server speaks f32", Duration::from_secs(20));
+    assert_eq!(w.finish(Duration::from_secs(20)).0, 2);
+    s1.wait_err("worker asks for bf16, server speaks f32 (worker 0)", Duration::from_secs(10));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -9,7 +9,7 @@
 //! The control section and the direction are left to the decoder that follows.
 
 use super::control::Control;
-use super::half::Encoding;
+use super::half::{Encoding, bf16_from_f32, f32_from_bf16, f32_from_fp16, fp16_from_f32};
 use super::{
     DecodeError, EncodeError, HEADER_LEN, Limits, MessageKind, check_lengths, encode, encode_raw, read_raw_header,
     server_parts, worker_parts,
@@ -19,20 +19,6 @@ use crate::msg::{ToServer, ToWorker, Values};
 /// The little-endian `f32`s of a payload (whole elements only).
 fn le_f32s(b: &[u8]) -> impl Iterator<Item = f32> + '_ {
     b.chunks_exact(4).map(|c| c.try_into().map_or(f32::NAN, f32::from_le_bytes))
-}
-
-impl Encoding {
-    /// Whether `x` stays finite in this encoding: the threshold form of
-    /// `round_trip(x).is_finite()` (a test checks the two agree). For `bf16` the bound is
-    /// the midpoint between its largest finite value (odd) and ∞, which rounds up; for `fp16`
-    /// likewise 65,520.
-    fn keeps(self, x: f32) -> bool {
-        match self {
-            Self::F32 => x.is_finite(),
-            Self::Bf16 => x.to_bits() & 0x7FFF_FFFF < 0x7F7F_8000,
-            Self::Fp16 => x.abs() < 65_520.0,
-        }
-    }
 }
 
 /// The number of elements of a payload; a little-endian payload must hold whole `f32`s.
@@ -45,9 +31,21 @@ fn elements(values: Option<&Values<'_, f32>>) -> Result<usize, EncodeError> {
     }
 }
 
+/// Writes each value narrowed to `enc` (one loop per encoding, its conversion inlined).
 fn narrow_into(enc: Encoding, values: impl Iterator<Item = f32>, out: &mut [u8]) {
-    for (chunk, x) in out.chunks_exact_mut(2).zip(values) {
-        chunk.copy_from_slice(&enc.narrow(x).to_le_bytes());
+    let pairs = out.chunks_exact_mut(2).zip(values);
+    match enc {
+        Encoding::Fp16 => pairs.for_each(|(c, x)| c.copy_from_slice(&fp16_from_f32(x).to_le_bytes())),
+        Encoding::F32 | Encoding::Bf16 => pairs.for_each(|(c, x)| c.copy_from_slice(&bf16_from_f32(x).to_le_bytes())),
+    }
+}
+
+/// Writes each 16-bit element of `src` widened from `enc` (one loop per encoding).
+fn widen_into(enc: Encoding, src: &[u8], out: &mut [u8]) {
+    let pairs = out.chunks_exact_mut(4).zip(src.chunks_exact(2).map(|c| c.try_into().map_or(0, u16::from_le_bytes)));
+    match enc {
+        Encoding::Fp16 => pairs.for_each(|(d, h)| d.copy_from_slice(&f32_from_fp16(h).to_le_bytes())),
+        Encoding::F32 | Encoding::Bf16 => pairs.for_each(|(d, h)| d.copy_from_slice(&f32_from_bf16(h).to_le_bytes())),
     }
 }
 
@@ -63,8 +61,8 @@ fn encode_as(
     let n = elements(values)?;
     let first_bad = match values {
         None => None,
-        Some(Values::Slice(s)) => s.iter().position(|x| !enc.keeps(*x)),
-        Some(Values::LittleEndian(b)) => le_f32s(b).position(|x| !enc.keeps(x)),
+        Some(Values::Slice(s)) => enc.first_not_carried(s.iter().copied()),
+        Some(Values::LittleEndian(b)) => enc.first_not_carried(le_f32s(b)),
     };
     if let Some(index) = first_bad {
         return Err(EncodeError::NotFinite { index, encoding: enc });
@@ -176,10 +174,7 @@ pub fn widen(bytes: &[u8], enc: Encoding, limits: &Limits, out: &mut [u8]) -> Re
     if enc == Encoding::F32 {
         payload_out.copy_from_slice(c.payload);
     } else {
-        for (dst, src) in payload_out.chunks_exact_mut(4).zip(c.payload.chunks_exact(2)) {
-            let h = src.try_into().map_or(0, u16::from_le_bytes);
-            dst.copy_from_slice(&enc.widen(h).to_le_bytes());
-        }
+        widen_into(enc, c.payload, payload_out);
     }
     Ok(c.widened)
 }

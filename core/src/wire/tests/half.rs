@@ -101,6 +101,18 @@ fn overflow_and_underflow_are_where_the_formats_put_them() {
 }
 
 #[test]
+fn the_range_test_agrees_with_rounding_around_each_bound() {
+    // Every f32 from well below to just past each encoding's overflow bound, both signs.
+    for (enc, lo, hi) in [(Encoding::Bf16, 0x7F7E_0000u32, 0x7F80_0100), (Encoding::Fp16, 0x477E_0000, 0x4781_0000)] {
+        for bits in lo..=hi {
+            for x in [f32::from_bits(bits), -f32::from_bits(bits)] {
+                assert_eq!(enc.first_not_carried([x]).is_none(), enc.round_trip(x).is_finite(), "{enc} {x:e}");
+            }
+        }
+    }
+}
+
+#[test]
 fn names_and_tags_are_one_to_one() {
     for enc in Encoding::ALL {
         assert_eq!(Encoding::from_name(enc.name()), Some(enc));

@@ -75,6 +75,14 @@ pub(super) fn drive(
     loop {
         while let Some(o) = worker.poll_output() {
             match o {
+                // A contribution the wire cannot carry (a delta beyond its range): the server
+                // hears of values that are not finite, and ends the run as diverged.
+                WorkerOutput::Send(msg) if upload_failed.is_none() && !contribution_fits(shape.wire, &msg) => {
+                    let n = crate::tcp::refusal::NotFinite::Values;
+                    if uploads.send((n.encode(), Upload::Other)).is_err() {
+                        upload_failed = Some("the connection broke while sending".to_string());
+                    }
+                }
                 WorkerOutput::Send(msg) if upload_failed.is_none() => {
                     let encoded = match region.as_ref().filter(|_| upload_slot) {
                         Some(r) => Upload::encode_placed(&msg, &mut report.stats, spare, r),
@@ -362,6 +370,17 @@ fn exchange(
         }
         _ => Err("the server sent a shared-memory message out of turn".into()),
     }
+}
+
+/// Whether a contribution's values stay finite in the session's wire (any other message:
+/// yes).
+fn contribution_fits(wire: syncopate::wire::Encoding, msg: &syncopate::ToServer<'_, f32>) -> bool {
+    use syncopate::ToServer::{Clock, Delta, Grad};
+    let (Grad { values, .. } | Delta { values, .. } | Clock { values, .. }) = msg else {
+        return true;
+    };
+    let mut all = (0..values.len()).filter_map(|i| values.get(i));
+    wire == syncopate::wire::Encoding::F32 || wire.first_not_carried(&mut all).is_none()
 }
 
 /// Whether the server sent bytes not read yet (or closed the connection, or the socket has
