@@ -311,6 +311,7 @@ def init(
     lost_after_s: float = 10.0,
     step_timeout_s: float = 600.0,
     connect_timeout_s: float = 600.0,
+    wire: Optional[str] = None,
     **knobs: Any,
 ) -> Session:
     """Joins a run: this process is worker ``rank`` of ``workers``, and rank 0 hosts the server.
@@ -332,8 +333,9 @@ def init(
     the protocol's next vector (a round that a lost worker never completes) before this worker
     leaves and raises ``TimeoutError``; ``connect_timeout_s``: how long the host's
     :class:`DistributedOptimizer` waits for every worker to connect (as DDP's start waits for
-    every rank). Nothing connects until
-    :class:`DistributedOptimizer` is made.
+    every rank). ``wire``: the hosted server's encoding of gradients and models on the wire
+    (``"f32"``, the default, ``"bf16"`` or ``"fp16"``; the workers take the server's). Nothing
+    connects until :class:`DistributedOptimizer` is made.
     """
     global _current
     if _current is not None:
@@ -378,6 +380,8 @@ def init(
         serve_options["time_limit_s"] = time_limit_s
     if log is not None:
         serve_options["log"] = log
+    if wire is not None:
+        serve_options["wire"] = wire
     for name, value in (("step_timeout_s", step_timeout_s), ("connect_timeout_s", connect_timeout_s)):
         if not value > 0:
             raise ValueError(f"{name} must be positive, got {value}")
