@@ -16,9 +16,18 @@ BATCH = 32
 
 def wire_of(system: str) -> tuple[str, str]:
     """A syncopate system's protocol and wire encoding: `bsp-bf16` is `bsp` with gradients and
-    models in bfloat16 on the wire (the server keeps float32)."""
+    models in bfloat16 on the wire (the server keeps float32); `bsp-tcp` is `bsp` in f32."""
     name, _, wire = system.partition("-")
+    if wire == "tcp":
+        return name, "f32"
     return (name, wire) if wire in ("bf16", "fp16") else (system, "f32")
+
+
+def shared_memory_of(system: str) -> bool:
+    """Whether a syncopate system's workers may use the server's shared memory (on one host):
+    `bsp-tcp` keeps every gradient and model on the TCP sockets, as a worker on another host
+    would; a compressed wire always does."""
+    return not system.endswith("-tcp")
 
 
 WIDE_MLPS = {"mlp4m": 1650, "mlp16m": 3600, "mlp64m": 7600}

@@ -7,7 +7,9 @@ workers), the CPU time of one forward and backward alone (measured on each worke
 the run, the median of 10, so `worker_cpu_ms - fwdbwd_ms` is what a worker spends outside
 its computation), and for syncopate the server process's CPU time over the whole run divided
 by its updates. DDP: `ddp`, `ddp-scaled` (gloo, default buckets), `ddp-bf16` (with
-`bf16_compress_hook`); syncopate: `bsp` over TCP, `bsp-bf16` with the wire in bfloat16.
+`bf16_compress_hook`); syncopate: `bsp` (workers on the server's host exchange gradients
+and models through its shared memory), `bsp-tcp` (every byte over TCP, as from another
+host), `bsp-bf16` with the wire in bfloat16 (over TCP).
 """
 
 from __future__ import annotations
@@ -143,14 +145,15 @@ def run(system: str, args: argparse.Namespace, ctx: Any, port: int,
         return {"dim": dim, **summary(ranks, args.timed)}
     name, wire = common.wire_of(system)
     if name != "bsp":
-        raise ValueError(f"--per-update compares ddp, ddp-scaled, ddp-bf16, bsp and bsp-bf16, not {system}")
+        raise ValueError(f"--per-update compares ddp, ddp-scaled, ddp-bf16, bsp, bsp-tcp and bsp-bf16, not {system}")
     out = ctx.Queue()
     procs, start = start_workers(syncopate_worker, args, args, out)
     params = st.parameters_vector(common.make_model(args.model))
     cpu = process_cpu_s()
     report = syncopate.serve(params, syncopate.Protocol("bsp", workers=args.workers, lr=args.lr),
                              momentum=args.momentum, updates=args.warmup + args.timed + 1, on_listen=start,
-                             log=lambda _: None, wire=wire)
+                             log=lambda _: None, wire=wire,
+                             shared_memory=common.shared_memory_of(system))
     cpu = process_cpu_s() - cpu
     ranks = [out.get(timeout=600) for _ in procs]
     for p in procs:

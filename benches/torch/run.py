@@ -38,11 +38,12 @@ import per_update  # noqa: E402
 import syncopate  # noqa: E402
 import syncopate.torch as st  # noqa: E402
 
-SYSTEMS = ("ddp", "ddp-scaled", "ddp-bf16", "localsgd", "bsp", "bsp-bf16", "backup", "dbw", "ssp", "asp")
+SYSTEMS = ("ddp", "ddp-scaled", "ddp-bf16", "localsgd", "bsp", "bsp-tcp", "bsp-bf16", "backup", "dbw", "ssp", "asp")
 # DDP's variants (`common.ddp_model`): `ddp-scaled` scales the learning rate to the global
 # batch; `ddp-bf16` allreduces in bfloat16 (`bf16_compress_hook`); `localsgd` is PyTorch's
 # post-local SGD, the straggler-tolerant baseline it ships. `bsp-bf16` is `bsp` with the wire
-# in bfloat16 (`serve(wire="bf16")`): compressed is compared with compressed.
+# in bfloat16 (`serve(wire="bf16")`): compressed is compared with compressed. `bsp-tcp` is
+# `bsp` with every byte on TCP sockets (`serve(shared_memory=False)`), as across hosts.
 DDP_SYSTEMS = ("ddp", "ddp-scaled", "ddp-bf16", "localsgd")
 
 
@@ -206,7 +207,7 @@ def run_syncopate(name: str, args: argparse.Namespace) -> dict[str, Any]:
     params = st.parameters_vector(model)  # the live model: `serve` trains it in place
     report = syncopate.serve(params, protocol(name, args), momentum=args.momentum, evaluate=evaluate,
                              every=every, gradients=args.gradients, on_listen=start, log=lambda _: None,
-                             wire=common.wire_of(name)[1])
+                             wire=common.wire_of(name)[1], shared_memory=common.shared_memory_of(name))
     for p in procs:
         p.join()
     evaluations = [(t, acc) for _, t, acc in report["evaluations"]]
@@ -263,7 +264,8 @@ def run_link(system: str, args: argparse.Namespace) -> dict[str, Any]:
     # threads of this process.
     thread_cpu, cpu = time.thread_time(), process_cpu_s()
     report = syncopate.serve(params, protocol(system, args), updates=args.link_updates, on_listen=start,
-                             log=lambda _: None, wire=common.wire_of(system)[1])
+                             log=lambda _: None, wire=common.wire_of(system)[1],
+                             shared_memory=common.shared_memory_of(system))
     thread_cpu, cpu = time.thread_time() - thread_cpu, process_cpu_s() - cpu
     worker_cpu = [cpu_out.get(timeout=60) for _ in procs]
     for p in procs:
