@@ -501,10 +501,8 @@ impl<S: Server<f32>> Core<S> {
             while let Some(out) = self.proto.server_mut().poll_output() {
                 match out {
                     ServerOutput::Send { to, msg } => {
-                        let enc = self.shared.options.wire;
-                        let len = wire::encoded_len_to_worker_as(&msg, enc);
                         let model = matches!(msg, ToWorker::Model { .. });
-                        match self.bufs.fill(len, |buf| wire::encode_to_worker_as(&msg, enc, buf)) {
+                        match self.bufs.encode(&msg, self.shared.options.wire) {
                             Ok(bytes) => outbox.push((to, bytes, model)),
                             Err(e) => {
                                 // A model beyond the wire's range has diverged for this run.
@@ -678,11 +676,7 @@ impl<S: Server<f32>> Core<S> {
             close::cut(conns);
             return;
         }
-        let enc = self.shared.options.wire;
-        let stop = self.bufs.fill(wire::encoded_len_to_worker_as(&ToWorker::<f32>::Stop, enc), |buf| {
-            wire::encode_to_worker_as(&ToWorker::<f32>::Stop, enc, buf)
-        });
-        let stop = stop.ok();
+        let stop = self.bufs.encode(&ToWorker::<f32>::Stop, self.shared.options.wire).ok();
         close::stop_late(&mut conns, from_conns, stop.clone(), &mut |event| match event {
             ConnEvent::Frame(frame) if self.is_contribution(frame.message()) => {
                 self.ledger.count(&mut self.report, frame.conn, Entry::InFlightAtStop);

@@ -41,6 +41,15 @@ impl SharedBufs {
         }
         written.map(|()| shared)
     }
+
+    /// A buffer holding `msg` encoded in `enc`, ready to share.
+    pub(super) fn encode(
+        &mut self,
+        msg: &syncopate::ToWorker<'_, f32>,
+        enc: wire::Encoding,
+    ) -> Result<Arc<Vec<u8>>, wire::EncodeError> {
+        self.fill(wire::encoded_len_to_worker_as(msg, enc), |buf| wire::encode_to_worker_as(msg, enc, buf))
+    }
 }
 
 /// Makes `buf` exactly `len` bytes and lets `encode` fill it, keeping what it wrote. Only
