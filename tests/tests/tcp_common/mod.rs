@@ -226,7 +226,15 @@ pub fn threads_accuracy(protocol: ProtocolConfig, max_gradients: u64) -> f64 {
 /// A worker's side of the handshake as `run_worker` makes it: worker `id`, authenticated with
 /// `key` if given, asking for no model and offering none.
 pub fn worker_side(id: u32, key: Option<&WorkerKey>) -> ClientSide<'_> {
-    ClientSide { worker: WorkerId(id), role: Role::Worker, key, want: None, dim: None, lost_after: DEFAULT_LOST_AFTER, wire: None }
+    ClientSide {
+        worker: WorkerId(id),
+        role: Role::Worker,
+        key,
+        want: None,
+        dim: None,
+        lost_after: DEFAULT_LOST_AFTER,
+        wire: None,
+    }
 }
 
 /// Fails the test if `f` takes longer than `limit` (runs it on a thread).
