@@ -68,9 +68,11 @@ def expand_use(tree):
     return out
 
 def drop_test_mods(t):
-    """Inline `#[cfg(test)] mod x { ... }` bodies are a module of their own, not the file's code."""
+    """Inline `#[cfg(test)] mod x { ... }` bodies (or `#[cfg(all(test, ...))]`) are a module of
+    their own, not the file's code."""
     out, i = [], 0
-    for m in re.finditer(r'#\[cfg\(test\)\]\s*(?:pub(?:\([\w:]+\))?\s+)?mod\s+\w+\s*\{', t):
+    test_cfg = r'#\[cfg\((?:test|all\([^\]]*?(?<!not\()\btest\b[^\]]*\))\)\]'
+    for m in re.finditer(test_cfg + r'\s*(?:pub(?:\([\w:]+\))?\s+)?mod\s+\w+\s*\{', t):
         if m.start() < i: continue
         out.append(t[i:m.start()])
         depth, j = 1, m.end()
@@ -193,6 +195,11 @@ def self_test():
              'm.rs': 'pub fn f() {}\n#[cfg(test)]\nmod tests {\n    use crate::n::g;\n}\n',
              'n.rs': 'pub fn g() { crate::m::f() }\n'}
     assert crate(tests) == [], crate(tests)
+    # Likewise under a narrower test-only cfg, while a `not(test)` module is the file's code.
+    narrow = dict(tests, **{'m.rs': tests['m.rs'].replace('cfg(test)', 'cfg(all(test, target_os = "linux"))')})
+    assert crate(narrow) == [], crate(narrow)
+    shipped = dict(tests, **{'m.rs': tests['m.rs'].replace('cfg(test)', 'cfg(all(not(test), unix))')})
+    assert crate(shipped) == [['m', 'n']], crate(shipped)
     print('self-test passed')
 
 

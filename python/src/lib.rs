@@ -1,7 +1,13 @@
 //! The native module of the `syncopate` Python package (see `python/syncopate/__init__.py`
 //! for the Python-facing documentation and `_native.pyi` for the types).
+//!
+//! Layering (no module imports one after it): `errors`, `buffer`, `launch`, `optimizer`,
+//! `sim` and `watch` import nothing of this crate; `protocol` imports `launch`; `machines`
+//! and `tcp` import those before them; `serve` imports `tcp` and the rest; this file only
+//! registers what they define.
 
 mod buffer;
+mod errors;
 mod launch;
 mod machines;
 mod optimizer;
@@ -11,12 +17,8 @@ mod sim;
 mod tcp;
 mod watch;
 
-use pyo3::create_exception;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use errors::{RejectedError, WorkerError};
 use pyo3::prelude::*;
-
-create_exception!(_native, RejectedError, PyValueError, "A state machine refused an input; nothing changed.");
-create_exception!(_native, WorkerError, PyRuntimeError, "A TCP worker ended with an error.");
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -17,8 +17,11 @@
 //! Each is a thin loop: read the clock, feed an input, drain the outputs, sleep until the
 //! next deadline. Anything about protocol state lives in the core.
 //!
-//! Layering: [`channel`], [`file`](mod@file), [`launcher`] and [`protocol_spec`] import
-//! nothing of this crate; [`tcp`] imports [`protocol_spec`] and [`file`](mod@file).
+//! Layering (no module imports one after it): [`channel`], [`file`](mod@file),
+//! [`launcher`], [`optimizer_spec`] and [`protocol_spec`] import nothing of this crate;
+//! [`tcp`] imports [`file`](mod@file), [`optimizer_spec`] and [`protocol_spec`], and inside
+//! it the framing (frames, handshake, settings, the transport's own messages, what each
+//! frame is) comes before the writer thread, then the server and the worker.
 
 // Unsafe code is denied everywhere but in the shared-memory payload path (`tcp::shm`), which
 // maps a file another process writes.

@@ -14,7 +14,7 @@
 //!
 //! [`RunSettings::initial_from_worker`]: super::settings::RunSettings::initial_from_worker
 
-use super::payload::F32Codec;
+use super::codec::F32Codec;
 
 /// The first four bytes of the message.
 pub const MAGIC: [u8; 4] = *b"INIT";

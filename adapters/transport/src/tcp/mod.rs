@@ -28,9 +28,9 @@
 //! - [`initial`]: the initial parameters from worker 0, for a server that takes its model
 //!   from its first worker.
 //! - [`step_times`]: the workers' step times, for a server that records a step-time trace.
-//! - [`payload`]: what a session frame carries (a heartbeat, one of the two transport messages
-//!   above, or a core message), decided in one place, and the codec the transport's own
-//!   messages share.
+//! - [`codec`]: the one layout the transport's own messages share (a tag, then `f32`s).
+//! - [`payload`]: what a session frame carries (a heartbeat, one of the transport's own
+//!   messages, or a core message), decided in one place.
 //! - [`group`]: a group server of the grouped protocol as its own process: the server above
 //!   toward its member workers, and a worker-style session upstream to a central ASP server
 //!   (the generic [`TcpServer::drive`] with an [`Uplink`]).
@@ -43,6 +43,7 @@
 
 pub mod auth;
 pub mod checkpoint;
+pub mod codec;
 pub mod frame;
 pub mod group;
 pub mod handshake;

@@ -23,7 +23,7 @@
 //! start of a core message (`"SY"`). Only a worker gets it (never a group server of remote
 //! groups); a worker of an earlier transport version is refused at the handshake.
 
-use super::payload::F32Codec;
+use super::codec::F32Codec;
 
 /// What a worker's protocol refused to send ([`NOT_FINITE`], `"NFIN"`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -22,7 +22,7 @@
 //!
 //! [`RunSettings::report_step_times`]: super::settings::RunSettings::report_step_times
 
-use super::payload::F32Codec;
+use super::codec::F32Codec;
 
 /// The first four bytes of the message.
 pub const MAGIC: [u8; 4] = *b"STEP";

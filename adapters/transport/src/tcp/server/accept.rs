@@ -1,8 +1,9 @@
 //! The listener and the accept thread: each new connection enters the unverified table and
 //! gets a thread of its own (see [`connection`](super::connection)).
 
+use super::admission::{Shared, Slot};
 use super::connection::connection;
-use super::{ConnEvent, Shared, Slot};
+use super::events::ConnEvent;
 use core::net::SocketAddr;
 use core::sync::atomic::Ordering;
 use core::time::Duration;

@@ -4,12 +4,13 @@
 //! replacing each other), and the step that turns a verified hello into a session slot and
 //! an epoch.
 
-use super::Shared;
+use super::options::{Announce, ServerOptions};
 use crate::tcp::handshake::{ClientHello, RefuseCode};
 use core::net::IpAddr;
-use core::sync::atomic::Ordering;
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::collections::{HashSet, VecDeque};
 use std::net::TcpStream;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use syncopate::WorkerId;
 
@@ -203,4 +204,38 @@ pub(super) fn admit(shared: &Shared, pending: u64, hello: &ClientHello) -> Resul
         *e = e.saturating_add(1);
         mine
     }))
+}
+
+/// What the connection threads share: the server's options and announcement, the admission
+/// tables and the counters of connections and threads.
+pub(super) struct Shared {
+    pub(super) options: ServerOptions,
+    pub(super) announce: Announce,
+    pub(super) unverified: Mutex<Unverified>,
+    /// Nonces of verified hellos (bounded), so a recorded hello cannot be replayed.
+    pub(super) seen: Mutex<SeenNonces>,
+    pub(super) evictions: AtomicU64,
+    /// Connection threads alive (bounds the threads and sockets an attack can pin).
+    pub(super) threads: AtomicUsize,
+    pub(super) server_id: u64,
+    pub(super) version: AtomicU64,
+    pub(super) epochs: Mutex<Vec<u32>>,
+    /// Live sessions and recent replacements of live sessions, per worker id.
+    pub(super) claims: Mutex<Claims>,
+    pub(super) next_conn: AtomicU64,
+    pub(super) connections: AtomicUsize,
+    pub(super) failures: AtomicU64,
+    pub(super) closing: AtomicBool,
+    pub(super) session_max_len: usize,
+    /// The sessions' shared-memory regions, unlinked when the run ends.
+    pub(super) shm: crate::tcp::shm::Registry,
+}
+
+/// Decrements a counter when dropped.
+pub(super) struct Slot<'a>(pub(super) &'a AtomicUsize);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }

@@ -3,7 +3,7 @@
 //! Closing first while a late frame of the peer sits unread would reset the connection, and
 //! a reset can discard the `Stop` before the peer has read it.
 
-use super::{Conn, ConnEvent, RawFrame};
+use super::events::{Conn, ConnEvent, RawFrame};
 use core::sync::atomic::Ordering;
 use core::time::Duration;
 use crossbeam_channel::Receiver;

@@ -3,7 +3,9 @@
 //! reader and writer for the upstream session of a group server.
 
 use super::admission::{ClaimGuard, LeaveTable, admit};
-use super::{Conn, ConnEvent, RawFrame, Shared, Slot, Uplink};
+use super::admission::{Shared, Slot};
+use super::events::{Conn, ConnEvent, RawFrame, SlotRef};
+use super::options::Uplink;
 use crate::tcp::TcpError;
 use crate::tcp::frame::{FrameError, FrameReader, FrameWriter};
 use crate::tcp::handshake::{self, Deadlines, HandshakeError, ServerSide};
@@ -181,27 +183,6 @@ pub(super) fn connection(
     // it has (a final Stop) before the socket closes.
     let _ = writer_thread.join();
     let _ = stream.shutdown(Shutdown::Both);
-}
-
-/// The message of a slot frame from a worker whose shared memory is on; the slot goes back
-/// to the worker when this is dropped.
-pub(super) struct SlotRef {
-    region: Arc<Region>,
-    seq: u64,
-    len: usize,
-}
-
-impl SlotRef {
-    /// The message, if the worker published exactly this one in its slot.
-    pub(super) fn bytes(&self) -> Option<&[u8]> {
-        self.region.read(Dir::ToServer, self.seq, self.len)
-    }
-}
-
-impl Drop for SlotRef {
-    fn drop(&mut self) {
-        self.region.consume(Dir::ToServer, self.seq);
-    }
 }
 
 /// What the writer sends in place of `payload` when the session's shared memory is on: a

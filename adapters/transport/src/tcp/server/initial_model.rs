@@ -8,7 +8,7 @@
 //! run's clock does not start. Worker 0's valid parameters build the real server
 //! ([`Protocol::receive`]) and the held messages are replayed to it in arrival order.
 
-use super::RawFrame;
+use super::events::RawFrame;
 use std::collections::VecDeque;
 use syncopate::{Instant, Server};
 

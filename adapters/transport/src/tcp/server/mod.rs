@@ -30,23 +30,29 @@
 //! Checkpoints (if configured) are written after every `every`-th model update, before the
 //! new model is sent to anyone, and at the end of a run.
 //!
-//! **Files, one concern each.** `accept.rs` (the listener and the accept thread),
-//! `admission.rs` (the unverified table, nonces, claims on worker ids), `connection.rs` (a
-//! session's handshake, reader and writer threads), `driver.rs` (the protocol thread's
-//! loop), `initial_model.rs` (where the model comes from: known, or awaited from worker 0
-//! with the other workers' messages held), `ledger.rs` (the conservation ledger and the
-//! report's counters), `persist.rs` (checkpoints and their journal), `steps.rs` (step
-//! times paired with contributions), `stragglers.rs` (the straggler report), `outbox.rs` (messages encoded once, shared by the
-//! writers), `close.rs` (the lingering close), `report.rs` (what a run reports). What a
-//! frame from a worker is, the framing layer [`payload`](super::payload) says.
+//! **Files, one concern each, each importing only those before it.** `options.rs` (what
+//! the caller gives and hears back, and the settings announced), `events.rs` (what the
+//! connection threads hand the protocol thread), `admission.rs` (the state the connection
+//! threads share: the unverified table, nonces, claims on worker ids), `connection.rs` (a
+//! session's handshake, reader and writer threads), `accept.rs` (the listener and the
+//! accept thread), `report.rs` (what a run reports), `stragglers.rs` (the straggler
+//! report), `ledger.rs` (the conservation ledger and the report's counters),
+//! `initial_model.rs` (where the model comes from: known, or awaited from worker 0 with the
+//! other workers' messages held), `persist.rs` (checkpoints and their journal), `steps.rs`
+//! (step times paired with contributions), `outbox.rs` (messages encoded once, shared by the
+//! writers), `close.rs` (the lingering close), `driver.rs` (the protocol thread's loop), and
+//! this file (binding and starting them). What a frame from a worker is, the framing layer
+//! [`payload`](super::payload) says.
 
 mod accept;
 mod admission;
 mod close;
 mod connection;
 mod driver;
+mod events;
 mod initial_model;
 mod ledger;
+mod options;
 mod outbox;
 mod persist;
 mod report;
@@ -54,230 +60,26 @@ mod steps;
 mod stragglers;
 
 use super::TcpError;
-use super::auth::Secret;
-use super::frame::{FrameReader, FrameTimeout, FrameWriter};
-use super::handshake::Role;
+#[cfg(doc)]
 use super::settings::RunSettings;
 use accept::{accept_loop, is_loopback, listen};
-use admission::{SeenNonces, Unverified};
+use admission::Shared;
 use connection::start_uplink;
 use core::net::SocketAddr;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use core::time::Duration;
-use crossbeam_channel::{Sender, bounded};
+use crossbeam_channel::bounded;
 use driver::Core;
-use std::io::BufWriter;
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
-use std::path::PathBuf;
+use events::{Conn, ConnEvent, RawFrame};
+use options::{Announce, Control};
+use std::net::{TcpListener, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use syncopate::proto::{Heap, Optimizer, Rule};
-use syncopate::{AnyServer, ProtocolConfig, Server, ServerEvent, ToServer, Version, WorkerId};
+use syncopate::{AnyServer, ProtocolConfig, Server, Version};
 
-pub use report::{LossPoint, ServerReport, SessionLedger};
-pub use stragglers::{WorkerRow, lines as straggler_lines};
-
-/// An established session with an upstream server (see [`TcpServer::drive`]): the streams
-/// after a successful client handshake.
-#[derive(Debug)]
-pub struct Uplink {
-    /// The upstream server's address, for log lines.
-    pub addr: String,
-    /// The connection.
-    pub stream: TcpStream,
-    /// Reads the session's frames.
-    pub reader: FrameReader,
-    /// Writes the session's frames.
-    pub writer: FrameWriter<BufWriter<TcpStream>>,
-    /// The heartbeat interval agreed in its handshake ([`Session::beat`](crate::tcp::handshake::Session::beat)).
-    pub beat: Duration,
-}
-
-/// Settings of a [`TcpServer`].
-#[derive(Clone, Debug)]
-pub struct ServerOptions {
-    /// The run's settings, announced to every worker in the handshake; the server runs
-    /// [`RunSettings::server_config`].
-    pub settings: RunSettings,
-    /// The shared secret; `None` runs unauthenticated (loopback only unless `insecure`).
-    pub secret: Option<Secret>,
-    /// Allow listening beyond loopback without a secret.
-    pub insecure: bool,
-    /// The absolute deadline of a handshake, from the connection's accept.
-    pub handshake_timeout: Duration,
-    /// The deadline of the first frame (the client hello), from the connection's accept: a
-    /// worker sends it at once.
-    pub hello_timeout: Duration,
-    /// The deadline of each frame, from its first byte.
-    pub frame_timeout: FrameTimeout,
-    /// The most verified connections at once (past their hello, or in session).
-    pub max_connections: usize,
-    /// The most unverified connections (hello not yet in and verified); a new connection
-    /// evicts one when the table is full.
-    pub max_unauthenticated: usize,
-    /// Frames queued per connection before the worker counts as not reading.
-    pub send_queue: usize,
-    /// How long one socket write may block.
-    pub write_timeout: Duration,
-    /// Write a checkpoint here every `every` model updates (and at the end).
-    pub checkpoint: Option<(PathBuf, u64)>,
-    /// What every checkpoint says besides the model: the run's identity and the gradients
-    /// its earlier sessions accepted (added to this server's count).
-    pub checkpoint_stamp: crate::tcp::checkpoint::Stamp,
-    /// A resumed run: the state of the update rule ([`RunSettings::optimizer`], applied to
-    /// every update by [`run`](TcpServer::run)) from its checkpoint, [`Optimizer::state_len`]
-    /// elements, so the run goes on exactly (momentum's previous model, AdamW's moments and
-    /// update count); `None` starts the rule afresh. Checkpoints hold the rule's state with
-    /// the model.
-    pub optimizer_state: Option<Vec<f32>>,
-    /// A session (a worker's, or the upstream one) silent this long (no frame, no
-    /// heartbeat) is lost; heartbeats go out at [`heartbeat_interval`](super::heartbeat_interval)
-    /// of it.
-    pub lost_after: Duration,
-    /// The tensor encoding of every session's core messages (announced in the handshake; a
-    /// worker asking for another is refused). The model, its sum and checkpoints stay `f32`.
-    pub wire: syncopate::wire::Encoding,
-    /// Offer a shared-memory region to each worker session that asks for one
-    /// ([`shm`](super::shm)): a session whose worker proves it mapped the region (it runs on
-    /// this host) sends its gradients and receives its models through it; every other
-    /// session, and everything else, stays on TCP.
-    pub shared_memory: bool,
-}
-
-impl ServerOptions {
-    /// Defaults for a run of `settings`: no secret, hellos within 1 s, handshakes within 5 s,
-    /// 10 s frames, 64 queued frames, checkpoints off, shared memory offered.
-    pub fn new(settings: RunSettings) -> Self {
-        let n = settings.peers().unwrap_or(settings.protocol.workers) as usize;
-        Self {
-            settings,
-            secret: None,
-            insecure: false,
-            handshake_timeout: Duration::from_secs(5),
-            hello_timeout: Duration::from_secs(1),
-            frame_timeout: FrameTimeout::default(),
-            max_connections: 2 * n + 16,
-            max_unauthenticated: (4 * n + 64).min(1024),
-            send_queue: 64,
-            write_timeout: Duration::from_secs(10),
-            checkpoint: None,
-            checkpoint_stamp: crate::tcp::checkpoint::Stamp::default(),
-            optimizer_state: None,
-            lost_after: super::DEFAULT_LOST_AFTER,
-            wire: syncopate::wire::Encoding::F32,
-            shared_memory: true,
-        }
-    }
-}
-
-/// When a run ends.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RunPlan {
-    /// Stop (telling workers to stop) once the server has accepted this many gradients.
-    pub max_gradients: u64,
-    /// Stop after this much wall time, whatever the progress.
-    pub time_limit: Option<Duration>,
-}
-
-/// Why a run ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-pub enum StopReason {
-    /// The gradient budget was reached; workers were told to stop.
-    Budget,
-    /// The time limit passed; workers were told to stop.
-    TimeLimit,
-    /// [`ServerHandle::stop`] was called; workers were told to stop.
-    Stopped,
-    /// [`ServerHandle::crash`] was called: the server vanished without a word (tests of
-    /// restarts).
-    Crashed,
-    /// The upstream server said stop; the workers were told to stop.
-    UpstreamStopped,
-    /// The upstream connection was lost: the connections were cut without a word, so the
-    /// workers reconnect to a restarted process.
-    UpstreamLost,
-    /// The model diverged: a worker's contribution was refused for holding NaN, ±∞ or an
-    /// overflowing norm, or [`DIVERGED_AFTER`](crate::tcp::refusal::DIVERGED_AFTER) of one
-    /// worker's in a row for a loss that is not finite, or the caller found its loss not finite
-    /// ([`ServerHandle::diverged`]). The workers were told to stop; no final checkpoint is
-    /// written (it would hold the diverged model).
-    Diverged,
-    /// A shard whose every worker had left for the server's `lost_after`, after the run
-    /// started: a shard's workers leave when another shard ended the run.
-    WorkersGone,
-}
-
-/// What the server reports while it runs.
-#[derive(Debug)]
-pub enum Note<'a> {
-    /// A line for the operator's log (connections, refusals, losses).
-    Log(&'a str),
-    /// An event of the protocol.
-    Event(&'a ServerEvent),
-    /// Every worker has connected at least once: the run's clock starts (wall time and
-    /// time to target exclude the wait before).
-    Started,
-    /// A checkpoint of the model at `version` is about to be written: a recorder writes out
-    /// what it holds now, so that a server killed after the checkpoint leaves a trace that
-    /// covers it.
-    Checkpoint {
-        /// The version it holds.
-        version: Version,
-    },
-    /// The model changed.
-    Model {
-        /// Its version.
-        version: Version,
-        /// The parameters.
-        params: &'a [f32],
-    },
-    /// A worker's contribution (gradient, delta or clock update), before the protocol
-    /// handles it, with the seconds of the gradient steps it holds when the run asks the
-    /// workers for them ([`RunSettings::report_step_times`]; empty otherwise).
-    Contribution {
-        /// The worker.
-        worker: WorkerId,
-        /// The contribution.
-        msg: &'a ToServer<'a, f32>,
-        /// Its steps' times, oldest first.
-        step_seconds: &'a [f32],
-    },
-}
-
-#[derive(Debug, Default)]
-struct Control {
-    stop: Arc<AtomicBool>,
-    crash: AtomicBool,
-    diverged: AtomicBool,
-}
-
-/// Stops a running server from another thread.
-#[derive(Clone, Debug)]
-pub struct ServerHandle(Arc<Control>);
-
-impl ServerHandle {
-    /// Ends the run: workers are told to stop, a final checkpoint is written.
-    pub fn stop(&self) {
-        self.0.stop.store(true, Ordering::SeqCst);
-    }
-
-    /// The flag [`stop`](Self::stop) sets, for a signal handler to set instead.
-    pub fn stop_flag(&self) -> Arc<AtomicBool> {
-        Arc::clone(&self.0.stop)
-    }
-
-    /// Ends the run as [`StopReason::Diverged`]: the caller's evaluation found the model's
-    /// loss not finite. Workers are told to stop; no final checkpoint is written.
-    pub fn diverged(&self) {
-        self.0.diverged.store(true, Ordering::SeqCst);
-    }
-
-    /// Ends the run abruptly, as if the process died: connections are cut, nothing is sent,
-    /// no final checkpoint.
-    pub fn crash(&self) {
-        self.0.crash.store(true, Ordering::SeqCst);
-    }
-}
+pub use options::{Note, RunPlan, ServerHandle, ServerOptions, StopReason, Uplink};
+pub use report::{LossPoint, ServerReport, SessionLedger, WorkerRow};
+pub use stragglers::lines as straggler_lines;
 
 /// A bound server, ready to [`run`](Self::run).
 #[derive(Debug)]
@@ -286,141 +88,6 @@ pub struct TcpServer {
     options: ServerOptions,
     announce: Announce,
     control: Arc<Control>,
-}
-
-/// What the server announces and runs, derived once from its settings.
-#[derive(Clone, Debug)]
-struct Announce {
-    /// The canonical bytes of the settings.
-    bytes: Vec<u8>,
-    /// Their SHA-256.
-    digest: [u8; 32],
-    /// One line describing them.
-    label: String,
-    /// The configuration this server runs.
-    config: ProtocolConfig,
-    /// The model dimension.
-    dim: usize,
-    /// The role of every peer.
-    role: Role,
-}
-
-impl Announce {
-    fn new(settings: &RunSettings) -> Result<Self, String> {
-        let bytes = settings.encode()?;
-        let config = settings.server_config()?;
-        // A shard serves its slice of the model.
-        let dim = settings.served_range()?.len();
-        let role = if settings.remote_groups { Role::Group } else { Role::Worker };
-        Ok(Self { digest: super::settings::digest(&bytes), bytes, label: settings.label(), config, dim, role })
-    }
-}
-
-/// What the connection threads (accept, readers, writers, the upstream session's) tell the
-/// protocol thread, over one bounded channel.
-enum ConnEvent {
-    Log(String),
-    HandshakeFailed,
-    Connected {
-        conn: u64,
-        worker: WorkerId,
-        epoch: u32,
-        addr: SocketAddr,
-        tx: Sender<Arc<Vec<u8>>>,
-        stream: TcpStream,
-        done: Arc<AtomicBool>,
-    },
-    Frame(RawFrame),
-    /// A frame for session `conn`'s writer from its reader (the shared-memory exchange).
-    Reply {
-        conn: u64,
-        worker: WorkerId,
-        bytes: Vec<u8>,
-    },
-    Closed {
-        conn: u64,
-        worker: WorkerId,
-        reason: String,
-    },
-    Upstream {
-        buf: Vec<u8>,
-        start: usize,
-        end: usize,
-    },
-    UpstreamClosed {
-        reason: String,
-    },
-}
-
-/// A frame read from a worker's session `conn`: its payload is `buf[start..end]`, and the
-/// buffer goes back to its reader's pool through `home`.
-struct RawFrame {
-    conn: u64,
-    worker: WorkerId,
-    buf: Vec<u8>,
-    start: usize,
-    end: usize,
-    home: Sender<Vec<u8>>,
-    /// For a slot frame of a session whose shared memory is on: the message in the slot.
-    slot: Option<connection::SlotRef>,
-}
-
-impl RawFrame {
-    /// The frame's payload.
-    fn payload(&self) -> &[u8] {
-        self.buf.get(self.start..self.end).unwrap_or_default()
-    }
-
-    /// The message the frame carries: the slot's for a slot frame that matches its slot
-    /// (the slot goes back to the worker when the frame is dropped), else the payload.
-    fn message(&self) -> &[u8] {
-        self.slot.as_ref().and_then(connection::SlotRef::bytes).unwrap_or_else(|| self.payload())
-    }
-
-    /// Gives the buffer back to its reader.
-    fn recycle(self) {
-        let _ = self.home.try_send(self.buf);
-    }
-}
-
-struct Conn {
-    id: u64,
-    tx: Sender<Arc<Vec<u8>>>,
-    stream: TcpStream,
-    /// Set by the writer thread when it has exited.
-    done: Arc<AtomicBool>,
-}
-
-struct Shared {
-    options: ServerOptions,
-    announce: Announce,
-    unverified: Mutex<Unverified>,
-    /// Nonces of verified hellos (bounded), so a recorded hello cannot be replayed.
-    seen: Mutex<SeenNonces>,
-    evictions: AtomicU64,
-    /// Connection threads alive (bounds the threads and sockets an attack can pin).
-    threads: AtomicUsize,
-    server_id: u64,
-    version: AtomicU64,
-    epochs: Mutex<Vec<u32>>,
-    /// Live sessions and recent replacements of live sessions, per worker id.
-    claims: Mutex<admission::Claims>,
-    next_conn: AtomicU64,
-    connections: AtomicUsize,
-    failures: AtomicU64,
-    closing: AtomicBool,
-    session_max_len: usize,
-    /// The sessions' shared-memory regions, unlinked when the run ends.
-    shm: super::shm::Registry,
-}
-
-/// Decrements a counter when dropped.
-struct Slot<'a>(&'a AtomicUsize);
-
-impl Drop for Slot<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
 }
 
 impl TcpServer {

@@ -1,7 +1,6 @@
 //! What a run reports: its outcome, counters and loss curve.
 
-use super::StopReason;
-use super::stragglers::WorkerRow;
+use super::options::StopReason;
 use syncopate::{ServerStats, Version, WorkerId};
 
 /// The outcome of a run.
@@ -141,4 +140,24 @@ impl ServerReport {
             stragglers: Vec::new(),
         }
     }
+}
+
+/// One worker's row of the straggler report.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct WorkerRow {
+    /// The worker.
+    pub worker: u32,
+    /// Step times it reported over the run.
+    pub steps: u64,
+    /// The median of its newest step times (64), in seconds (`None`: it reported none).
+    pub median_step_s: Option<f64>,
+    /// Its median over the median worker's (`None` without step times).
+    pub ratio: Option<f64>,
+    /// Its contributions applied to the model.
+    pub applied: u64,
+    /// Its contributions the protocol dropped (stale, late, superseded, from a lost
+    /// session).
+    pub dropped: u64,
+    /// Its contributions accepted and neither applied nor dropped.
+    pub held: u64,
 }

@@ -11,7 +11,7 @@
 //! clock has started (when something changed), slowest workers first, at most [`NAMED`]
 //! of them.
 
-use super::report::SessionLedger;
+use super::report::{SessionLedger, WorkerRow};
 use core::time::Duration;
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -25,26 +25,6 @@ pub(super) const REPORT_EVERY: Duration = Duration::from_secs(5);
 
 /// The most workers one table names; the rest are counted.
 pub(super) const NAMED: usize = 16;
-
-/// One worker's row of the straggler report.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
-pub struct WorkerRow {
-    /// The worker.
-    pub worker: u32,
-    /// Step times it reported over the run.
-    pub steps: u64,
-    /// The median of its newest step times (64), in seconds (`None`: it reported none).
-    pub median_step_s: Option<f64>,
-    /// Its median over the median worker's (`None` without step times).
-    pub ratio: Option<f64>,
-    /// Its contributions applied to the model.
-    pub applied: u64,
-    /// Its contributions the protocol dropped (stale, late, superseded, from a lost
-    /// session).
-    pub dropped: u64,
-    /// Its contributions accepted and neither applied nor dropped.
-    pub held: u64,
-}
 
 /// What the report is made of, per worker.
 #[derive(Debug)]

@@ -3,9 +3,8 @@
 //! protocol's timeouts, and the server's silence judged against `lost_after` (never the
 //! worker's own: time the worker itself was stopped does not count as the server's silence).
 
-use super::session::SessionShape;
+use super::job::{WorkerJob, WorkerOptions, WorkerReport, killed};
 use super::step::{Held, compute, refused};
-use super::{SessionEnd, WorkerJob, WorkerOptions, WorkerReport, killed};
 use crate::tcp::frame::{FrameError, FrameReader};
 use crate::tcp::payload::FromServerKind;
 use crate::tcp::shm::messages::{Exchange, SlotFrame};
@@ -17,6 +16,29 @@ use std::net::TcpStream;
 use std::time::Instant as StdInstant;
 use syncopate::wire::Limits;
 use syncopate::{AnyWorker, ComputeId, Worker, WorkerEvent, WorkerOutput};
+
+/// What a session's settings fix for its loop.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SessionShape {
+    /// The model's number of parameters.
+    pub dim: usize,
+    /// Whether each new contribution is preceded by its steps' times
+    /// ([`step_times`](crate::tcp::step_times)).
+    pub report_step_times: bool,
+    /// How long the server may stay silent before the session is lost.
+    pub lost_after: Duration,
+    /// How often this side sends a heartbeat when it has nothing else to send.
+    pub beat: Duration,
+    /// The tensor encoding of the session's core messages.
+    pub wire: syncopate::wire::Encoding,
+}
+
+/// How a session ended.
+pub(super) enum SessionEnd {
+    Stopped,
+    Killed,
+    Lost(String),
+}
 
 /// The session's upload queue to its writer thread and the buffers it gives back.
 pub(super) struct Uploads<'a> {

@@ -4,31 +4,15 @@
 //! session's writer thread around the [drive loop](super::drive).
 
 use super::connect::{ConnectError, Opened, open};
-use super::{SessionEnd, WorkerJob, WorkerOptions, WorkerReport};
+use super::drive::{SessionEnd, SessionShape};
+use super::job::{WorkerJob, WorkerOptions, WorkerReport};
 use crate::tcp::core_duration;
 use crate::tcp::handshake::{self, ClientSide, Role};
 use crate::tcp::settings::RunSettings;
 use crate::tcp::writer::{Ledger, UPLOADS_IN_FLIGHT, Upload, write_uploads};
-use core::time::Duration;
 use std::thread;
 use std::time::Instant as StdInstant;
 use syncopate::{AnyWorker, WorkerId, WorkerSetup};
-
-/// What a session's settings fix for its loop.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct SessionShape {
-    /// The model's number of parameters.
-    pub dim: usize,
-    /// Whether each new contribution is preceded by its steps' times
-    /// ([`step_times`](crate::tcp::step_times)).
-    pub report_step_times: bool,
-    /// How long the server may stay silent before the session is lost.
-    pub lost_after: Duration,
-    /// How often this side sends a heartbeat when it has nothing else to send.
-    pub beat: Duration,
-    /// The tensor encoding of the session's core messages.
-    pub wire: syncopate::wire::Encoding,
-}
 
 /// A session whose handshake succeeded.
 pub(super) struct Session {

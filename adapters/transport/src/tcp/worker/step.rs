@@ -2,7 +2,7 @@
 //! gradient into the worker's buffer, which is held until the job's emulated step time has
 //! passed; the report counts the steps, the time spent and the refusals.
 
-use super::{WorkerJob, WorkerReport};
+use super::job::{WorkerJob, WorkerReport};
 use core::time::Duration;
 use std::time::Instant as StdInstant;
 use syncopate::{ComputeId, Reject, Version};

@@ -3,14 +3,17 @@
 
 use super::*;
 use crate::protocol_spec::ProtocolKind;
+use crate::tcp::frame::FrameTimeout;
 use crate::tcp::frame::{FrameReader, FrameWriter};
 use crate::tcp::handshake::{self, Role};
 use crate::tcp::handshake::{Deadlines, ServerSide};
-use crate::tcp::settings::ProtocolSettings;
+use crate::tcp::settings::{ProtocolSettings, RunSettings};
+use core::time::Duration;
 use std::net::TcpListener;
 use std::net::TcpStream;
 use std::sync::mpsc;
 use std::thread;
+use syncopate::WorkerId;
 use syncopate::wire::{self, Limits};
 use syncopate::{ToServer, ToWorker, Version, msg::Values};
 
