@@ -307,7 +307,7 @@ def run_serve(system: str, args: argparse.Namespace) -> dict[str, Any]:
     params = st.parameters_vector(model)
     report = syncopate.serve(params, protocol(system, args), optimizer=server_optimizer(system, args),
                              evaluate=evaluate, every=every, target=args.target, gradients=args.gradients,
-                             on_listen=start, log=lambda _: None)
+                             on_listen=start, log=lambda _: None, wire=args.wire)
     for p in procs:
         p.join()
     evaluations = [(t, acc) for _, t, acc in report["evaluations"]]
@@ -331,7 +331,7 @@ def loop_worker(rank: int, system: str, args: argparse.Namespace, port: int, out
     optimizer = server_optimizer(system, args) if server_side else None
     budget = max(1, round(args.gradients / args.workers * updates_per_round(system, args.workers)))
     st.init(protocol(system, args), optimizer=optimizer, rank=rank, address=f"127.0.0.1:{port}", updates=budget,
-            log=lambda _: None, give_up_after_s=5.0)
+            log=lambda _: None, give_up_after_s=5.0, wire=args.wire)
     opt = st.DistributedOptimizer(adamw(model.parameters(), system_lr(system, args), args), model,
                                   server_schedule=server_side)
     sched = None if server_side else torch.optim.lr_scheduler.LambdaLR(opt, lambda t: warmup_cosine(t, warmup, total))
@@ -392,6 +392,11 @@ def run_loop(system: str, args: argparse.Namespace) -> dict[str, Any]:
 # ---- the table ----
 
 
+def api_label(args: argparse.Namespace) -> str:
+    """The syncopate side's API as the table shows it, with a compressed wire named."""
+    return args.api if args.wire == "f32" else f"{args.api}, {args.wire}"
+
+
 def table(paths: list[str]) -> int:
     """Medians per (case, ranks, target, model, budget) and system (with the syncopate side's
     API), and their ratios to DDP's."""
@@ -439,6 +444,8 @@ def main() -> int:
     p.add_argument("--case", default="none", choices=["none", "burn4x"])
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--api", default="loop", choices=["loop", "serve"], help="the syncopate side's API")
+    p.add_argument("--wire", default="f32", choices=["f32", "bf16", "fp16"],
+                   help="the syncopate side's encoding of gradients and models on the wire")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--gradients", type=int, default=1600, help="minibatch gradients in all, at most, per run")
     p.add_argument("--eval-every", type=int, default=20, help="rounds (one gradient per worker) between evaluations")
@@ -484,7 +491,7 @@ def main() -> int:
         for rep in range(args.runs):
             for system in systems:
                 row: dict[str, Any] = {"system": system, "case": args.case, "workers": args.workers, "run": rep,
-                                       "api": args.api if system in SYNCOPATE else "ddp", "params": params,
+                                       "api": api_label(args) if system in SYNCOPATE else "ddp", "params": params,
                                        "lr": system_lr(system, args), "batch": args.batch, "target": args.target,
                                        "gradients": args.gradients, "cores": os.cpu_count(), "build": build,
                                        "threads_per_rank": 1, "load_before": os.getloadavg()[0]}
