@@ -34,8 +34,9 @@ use syncopate_transport::tcp::{RunSettings, Secret, WorkerJob, WorkerOptions, ru
 
 /// `wire` as a tensor encoding: `"f32"`, `"bf16"` or `"fp16"`.
 pub(crate) fn wire(name: &str) -> PyResult<syncopate::wire::Encoding> {
-    syncopate::wire::Encoding::from_name(name)
-        .ok_or_else(|| PyValueError::new_err(format!("wire: {name:?} is not a wire encoding: give \"f32\", \"bf16\" or \"fp16\"")))
+    syncopate::wire::Encoding::from_name(name).ok_or_else(|| {
+        PyValueError::new_err(format!("wire: {name:?} is not a wire encoding: give \"f32\", \"bf16\" or \"fp16\""))
+    })
 }
 
 /// `lost_after_s` as a duration: how long a silent peer is waited on before its session counts

@@ -70,7 +70,8 @@ def finish(procs: list[subprocess.Popen[str]], timeout_s: float = 120.0) -> list
 
 
 def accuracies(text: str) -> dict[int, float]:
-    return {int(r): float(a) for r, a in re.findall(r"rank (\d+): test accuracy (\S+)", text)}
+    # Two ranks share one stdout under torchrun: a line may run into the next rank's.
+    return {int(r): float(a) for r, a in re.findall(r"rank (\d+): test accuracy (\d+(?:\.\d+)?)", text)}
 
 
 def test_the_converted_script_trains_with_2_worker_processes_over_tcp() -> None:

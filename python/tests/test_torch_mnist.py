@@ -20,7 +20,7 @@ EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 GUIDE_SCRIPT = EXAMPLES / "pytorch_mnist.py"
 SHORT_SCRIPT = EXAMPLES / "pytorch_mnist_short.py"
 
-require_torch()
+torch = require_torch()
 
 
 def test_the_guide_script_trains_the_cnn_to_090_under_torchrun() -> None:
