@@ -8,14 +8,14 @@ torch is required (see torch_required.py).
 from __future__ import annotations
 
 import difflib
-import os
 import pathlib
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
+import ranks
+from ranks import free_port, launch
 from torch_required import require_torch
 
 torch = require_torch()
@@ -26,12 +26,6 @@ DDP, CONVERTED = EXAMPLES / "ddp_digits.py", EXAMPLES / "syncopate_digits.py"
 #: The accuracy the converted script reaches on the digits test split (the DDP original
 #: reaches it too; the test runs only the converted one).
 TARGET = 0.90
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def changed_lines(a: list[str], b: list[str]) -> int:
@@ -49,24 +43,12 @@ def test_the_ddp_script_converts_by_changing_at_most_10_lines() -> None:
         assert kept in "\n".join(converted)
 
 
-def launch(rank: int, port: int, *args: str) -> subprocess.Popen[str]:
-    env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    return subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-
-
 def finish(procs: list[subprocess.Popen[str]], timeout_s: float = 120.0) -> list[str]:
-    outs = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        assert p.returncode == 0, err[-3000:]
-        outs.append(out)
-    return outs
+    """Every process's stdout, each having exited with 0."""
+    done = ranks.finish(procs, timeout_s)
+    for code, _, err in done:
+        assert code == 0, err[-3000:]
+    return [out for _, out, _ in done]
 
 
 def accuracies(text: str) -> dict[int, float]:

@@ -9,44 +9,14 @@ not expected here (then they are skipped).
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import socket
 import subprocess
 import sys
 import pytest
+from ranks import finish, free_port, launch
+from torch_required import require_torch
 
-if os.environ.get("SYNCOPATE_NO_TORCH") == "1":
-    pytest.skip("$SYNCOPATE_NO_TORCH=1: torch is not expected here", allow_module_level=True)
-try:
-    import torch
-except ImportError as e:  # a missing torch is a failure, not a skip
-    raise RuntimeError(f"torch is required by these tests ({e}); set SYNCOPATE_NO_TORCH=1 to skip them") from e
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(rank: int, port: int, script: pathlib.Path, *args: str) -> subprocess.Popen[str]:
-    env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    return subprocess.Popen([sys.executable, str(script), *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def finish(procs: list[subprocess.Popen[str]], timeout_s: float = 120.0) -> list[tuple[int, str, str]]:
-    done = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        done.append((p.returncode, out, err))
-    return done
+torch = require_torch()
 
 
 #: One rank of a backup run (1 backup worker, 16 updates): AdamW with a LambdaLR whose rate
@@ -89,7 +59,7 @@ def test_a_worker_catching_up_on_rounds_steps_its_scheduler_once_per_round(tmp_p
     script = tmp_path / "catch_up.py"
     script.write_text(CATCH_UP)
     port = free_port()
-    done = finish([launch(rank, port, script, str(tmp_path)) for rank in range(2)])
+    done = finish([launch(rank, port, str(script), str(tmp_path)) for rank in range(2)])
     for code, _, err in done:
         assert code == 0, err[-3000:]
     fast, slow = (json.loads(out.strip().splitlines()[-1]) for _, out, _ in done)
